@@ -1,0 +1,72 @@
+# Small helpers so every CMakeLists.txt in the tree reads the same way.
+#
+#   meshrun_add_library(NAME SOURCES a.cc b.cc DEPS lib1 lib2)
+#   meshrun_add_test(NAME SOURCES t.cc DEPS lib LABELS unit [TIMEOUT s])
+#   meshrun_add_executable(NAME SOURCES main.cc DEPS lib [OUTPUT_NAME name])
+
+function(meshrun_add_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PUBLIC_DEFS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  if(ARG_PUBLIC_DEFS)
+    target_compile_definitions(${name} PUBLIC ${ARG_PUBLIC_DEFS})
+  endif()
+  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+endfunction()
+
+function(meshrun_add_executable name)
+  cmake_parse_arguments(ARG "" "OUTPUT_NAME" "SOURCES;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS})
+  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+  if(ARG_OUTPUT_NAME)
+    set_target_properties(${name} PROPERTIES OUTPUT_NAME ${ARG_OUTPUT_NAME})
+  endif()
+endfunction()
+
+# Tests run from the build tree; each gets a label (unit, integration, gpu) so CI and
+# scripts/gpu-check can pick them with `ctest -L`.
+function(meshrun_add_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  if(NOT ARG_LABELS)
+    set(ARG_LABELS unit)
+  endif()
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    ENVIRONMENT "MESHRUN_SOURCE_DIR=${PROJECT_SOURCE_DIR};MESHRUN_BINARY_DIR=${PROJECT_BINARY_DIR}")
+endfunction()
+
+# Generates C++ (messages and gRPC stubs) for every .proto given, into one static library.
+#   meshrun_add_proto_library(NAME PROTO_ROOT dir PROTOS a.proto b.proto)
+function(meshrun_add_proto_library name)
+  cmake_parse_arguments(ARG "" "PROTO_ROOT" "PROTOS" ${ARGN})
+  set(out_dir ${PROJECT_BINARY_DIR}/gen)
+  file(MAKE_DIRECTORY ${out_dir})
+  set(srcs)
+  foreach(proto ${ARG_PROTOS})
+    file(RELATIVE_PATH rel ${ARG_PROTO_ROOT} ${proto})
+    string(REGEX REPLACE "\\.proto$" "" base ${rel})
+    set(gen ${out_dir}/${base}.pb.cc ${out_dir}/${base}.pb.h
+            ${out_dir}/${base}.grpc.pb.cc ${out_dir}/${base}.grpc.pb.h)
+    add_custom_command(
+      OUTPUT ${gen}
+      COMMAND ${MESHRUN_PROTOC} --proto_path=${ARG_PROTO_ROOT}
+              --cpp_out=${out_dir} --grpc_out=${out_dir}
+              --plugin=protoc-gen-grpc=${MESHRUN_GRPC_CPP_PLUGIN} ${proto}
+      DEPENDS ${proto}
+      COMMENT "protoc ${rel}")
+    list(APPEND srcs ${out_dir}/${base}.pb.cc ${out_dir}/${base}.grpc.pb.cc)
+  endforeach()
+  add_library(${name} STATIC ${srcs})
+  target_include_directories(${name} PUBLIC ${out_dir})
+  target_link_libraries(${name} PUBLIC PkgConfig::GRPCPP PkgConfig::PROTOBUF)
+endfunction()

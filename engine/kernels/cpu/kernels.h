@@ -1,0 +1,109 @@
+// CPU kernels of the engine: each op has a forward and a backward, on raw pointers (llm.c
+// style), templated on the element type so the tests can check every backward in float64
+// against central finite differences while training runs in float32.
+//
+// Conventions for every kernel here:
+//  - Row-major, contiguous buffers; N is a number of rows (tokens), C a row width.
+//  - Backward kernels ACCUMULATE (+=) into every gradient they write, so gradient
+//    accumulation over micro-batches and partial (ring) contributions need no extra buffers.
+//  - Results are deterministic for a fixed thread count (no atomics, fixed reduction order),
+//    which the bit-for-bit resume test relies on.
+//  - Multithreaded with OpenMP; the thread count is SetNumThreads() (set once at rank start
+//    from the spec or OMP_NUM_THREADS).
+#pragma once
+
+#include <cstdint>
+
+namespace meshrun::cpu {
+
+// Threads used by every kernel (and by the BLAS library). n <= 0 keeps the current setting.
+void SetNumThreads(int n);
+int NumThreads();
+
+// ---- embedding: out[i,:] = wte[tokens[i],:] + wpe[positions[i],:]
+// positions are global positions (context parallel passes non-contiguous ones).
+template <typename T>
+void EmbeddingForward(T* out, const int32_t* tokens, const int32_t* positions, const T* wte,
+                      const T* wpe, int64_t N, int64_t C);
+// dwte[tokens[i],:] += dout[i,:]; dwpe[positions[i],:] += dout[i,:]. dwpe may be null.
+template <typename T>
+void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
+                       const int32_t* positions, int64_t N, int64_t C);
+
+// ---- LayerNorm over the last dim. mean and rstd (N each) are saved for backward.
+template <typename T>
+void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
+                      int64_t N, int64_t C, double eps);
+template <typename T>
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
+                       const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C);
+
+// ---- matmul (a Linear layer): out[N,OC] = inp[N,C] · weight[OC,C]ᵀ + bias[OC].
+// weight has PyTorch Linear layout (out, in). bias may be null. Uses BLAS (OpenBLAS sgemm /
+// dgemm) when built with it, else a blocked fallback.
+template <typename T>
+void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
+                   int64_t OC);
+// dinp[N,C] += dout·weight; dweight[OC,C] += doutᵀ·inp; dbias[OC] += Σ_rows dout.
+// dinp and dbias may be null (skipped).
+template <typename T>
+void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                    int64_t N, int64_t C, int64_t OC);
+
+// ---- causal multi-head attention, blocked with online softmax (flash-attention style):
+// never more than one block of scores per head in memory.
+// q: (B,H,Tq,D); k, v: (B,H,Tk,D); out: (B,H,Tq,D); lse: (B,H,Tq) log-sum-exp of the scaled
+// scores of each query row. Query i sees key j iff k_pos[j] <= q_pos[i] (global positions,
+// so context-parallel chunks and ring blocks work unchanged). A row that sees no key gets
+// out = 0 and lse = -inf. scale is usually 1/sqrt(D).
+template <typename T>
+void AttentionForward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* q_pos,
+                      const int32_t* k_pos, int64_t B, int64_t H, int64_t Tq, int64_t Tk,
+                      int64_t D, double scale);
+// Recomputes the scores block by block. out and lse are those of the FULL attention of each
+// query row (after any log-sum-exp merge across blocks), so calling this once per K/V block
+// with the merged out/lse yields exact gradients for a ring. dq, dk, dv are accumulated.
+template <typename T>
+void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                       const T* out, const T* lse, const int32_t* q_pos, const int32_t* k_pos,
+                       int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D, double scale);
+// Merges a partial attention result (out_b, lse_b) into (out_a, lse_a) in place:
+// lse = log(exp(lse_a) + exp(lse_b)); out = (exp(lse_a-lse)·out_a + exp(lse_b-lse)·out_b).
+// rows = B·H·Tq.
+template <typename T>
+void AttentionMerge(T* out_a, T* lse_a, const T* out_b, const T* lse_b, int64_t rows, int64_t D);
+
+// ---- tanh-GELU (gelu_new): 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))).
+template <typename T>
+void GeluForward(T* out, const T* inp, int64_t n);
+template <typename T>
+void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);  // dinp += gelu'(inp)·dout
+
+// ---- residual: out = a + b; its backward is Accumulate(da, dout) and Accumulate(db, dout).
+template <typename T>
+void ResidualForward(T* out, const T* a, const T* b, int64_t n);
+template <typename T>
+void Accumulate(T* dst, const T* src, int64_t n);  // dst += src
+
+// ---- fused softmax cross-entropy over V classes for N rows.
+// losses[i] = -log softmax(logits[i,:])[targets[i]].
+// If dlogits is non-null: dlogits[i,:] = grad_scale·(softmax(logits[i,:]) − onehot(targets[i]))
+// (overwritten, not accumulated; dlogits may alias logits to save memory).
+template <typename T>
+void SoftmaxCrossEntropy(T* losses, T* dlogits, const T* logits, const int32_t* targets,
+                         int64_t N, int64_t V, T grad_scale);
+
+// ---- optimizer and clipping.
+// torch.optim.AdamW for n elements; step is 1-based (bias correction uses it).
+// p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²;
+// p ← p − lr·(m/(1−β1^step)) / (sqrt(v/(1−β2^step)) + eps).
+template <typename T>
+void AdamW(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1, double beta2,
+           double eps, double weight_decay, int64_t step);
+// Σ x² in double, deterministic for a fixed thread count.
+template <typename T>
+double SumOfSquares(const T* x, int64_t n);
+template <typename T>
+void Scale(T* x, int64_t n, double s);  // x *= s
+
+}  // namespace meshrun::cpu
