@@ -1,0 +1,153 @@
+// Tensor storage and the counting CPU allocator.
+#include "engine/core/tensor.h"
+
+#include <cassert>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <stdexcept>
+
+namespace meshrun {
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat64: return 8;
+    case DType::kBFloat16: return 2;
+    case DType::kInt32: return 4;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kInt32: return "int32";
+  }
+  return "?";
+}
+
+namespace {
+
+// Counts every byte it hands out. Blocks come straight from aligned_alloc: the engine
+// allocates its buffers once per run, so a caching layer would buy nothing on CPU.
+class CountingCpuAllocator final : public Allocator {
+ public:
+  void* Allocate(size_t bytes) override {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (p == nullptr) throw std::bad_alloc();
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.allocated_bytes += static_cast<int64_t>(rounded);
+    stats_.reserved_bytes += static_cast<int64_t>(rounded);
+    if (stats_.allocated_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.allocated_bytes;
+    return p;
+  }
+  void Free(void* ptr, size_t bytes) override {
+    if (ptr == nullptr) return;
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    std::free(ptr);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.allocated_bytes -= static_cast<int64_t>(rounded);
+    stats_.reserved_bytes -= static_cast<int64_t>(rounded);
+  }
+  MemoryStats Stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void ResetPeak() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_bytes = stats_.allocated_bytes;
+  }
+  Device device() const override { return Device{DeviceType::kCpu, 0}; }
+
+ private:
+  mutable std::mutex mu_;
+  MemoryStats stats_;
+};
+
+}  // namespace
+
+Allocator& CpuAllocator() {
+  static CountingCpuAllocator* allocator = new CountingCpuAllocator();  // never destroyed
+  return *allocator;
+}
+
+Allocator& AllocatorFor(Device device) {
+  if (device.type != DeviceType::kCpu) {
+    throw std::runtime_error("only the cpu allocator is built into this engine");
+  }
+  return CpuAllocator();
+}
+
+Tensor::Storage::~Storage() {
+  if (allocator != nullptr) allocator->Free(ptr, bytes);
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape_) n *= d;
+  return n;
+}
+
+Tensor Tensor::Empty(std::vector<int64_t> shape, DType dtype, Device device) {
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  auto storage = std::make_shared<Storage>();
+  storage->allocator = &AllocatorFor(device);
+  storage->bytes = t.nbytes();
+  storage->ptr = storage->allocator->Allocate(storage->bytes);
+  t.storage_ = std::move(storage);
+  return t;
+}
+
+Tensor Tensor::Zeros(std::vector<int64_t> shape, DType dtype, Device device) {
+  Tensor t = Empty(std::move(shape), dtype, device);
+  std::memset(t.raw(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::View(int64_t element_offset, std::vector<int64_t> shape) const {
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  t.offset_bytes_ = offset_bytes_ + static_cast<size_t>(element_offset) * DTypeSize(dtype_);
+  assert(t.offset_bytes_ + t.nbytes() <= storage_->bytes);
+  return t;
+}
+
+void Tensor::Fill(double value) {
+  const int64_t n = numel();
+  switch (dtype_) {
+    case DType::kFloat32: {
+      float* p = data<float>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(value);
+      break;
+    }
+    case DType::kFloat64: {
+      double* p = data<double>();
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+      break;
+    }
+    case DType::kInt32: {
+      int32_t* p = data<int32_t>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(value);
+      break;
+    }
+    case DType::kBFloat16: throw std::runtime_error("Fill: bfloat16 not supported on cpu");
+  }
+}
+
+std::string Tensor::ShapeString() const {
+  std::string s = "[";
+  for (size_t i = 0; i < shape_.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape_[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace meshrun

@@ -1,0 +1,97 @@
+// Tensors and the per-device allocators that count their memory.
+// A Tensor is a shape, a dtype, a device and a shared reference to storage obtained from that
+// device's Allocator; views share storage. The allocators count allocated, peak and reserved
+// bytes, which the training loop reports as metrics (CONVENTIONS §7 meshrun_rank_memory_bytes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace meshrun {
+
+enum class DType { kFloat32, kFloat64, kBFloat16, kInt32 };
+enum class DeviceType { kCpu, kCuda };
+
+struct Device {
+  DeviceType type = DeviceType::kCpu;
+  int index = 0;
+  bool operator==(const Device&) const = default;
+};
+
+size_t DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);
+
+struct MemoryStats {
+  int64_t allocated_bytes = 0;  // live bytes handed out
+  int64_t peak_bytes = 0;       // high-water mark of allocated_bytes
+  int64_t reserved_bytes = 0;   // bytes held from the system (≥ allocated; caches keep more)
+};
+
+// One allocator per device. Thread-safe. Owned by the process (see CpuAllocator()).
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Free(void* ptr, size_t bytes) = 0;
+  virtual MemoryStats Stats() const = 0;
+  virtual void ResetPeak() = 0;
+  virtual Device device() const = 0;
+};
+
+// The process-wide CPU allocator: 64-byte aligned blocks, counted. Thread-safe.
+Allocator& CpuAllocator();
+Allocator& AllocatorFor(Device device);
+
+// A dense, row-major tensor. Copying a Tensor copies the reference, not the data.
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor Empty(std::vector<int64_t> shape, DType dtype, Device device = {});
+  static Tensor Zeros(std::vector<int64_t> shape, DType dtype, Device device = {});
+
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t numel() const;
+  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  bool defined() const { return storage_ != nullptr; }
+
+  void* raw() const { return static_cast<char*>(storage_->ptr) + offset_bytes_; }
+  template <typename T>
+  T* data() const { return static_cast<T*>(raw()); }
+
+  // A view of `shape` starting `element_offset` elements into this tensor's data.
+  Tensor View(int64_t element_offset, std::vector<int64_t> shape) const;
+  void Fill(double value);
+  std::string ShapeString() const;
+
+ private:
+  struct Storage {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+    Allocator* allocator = nullptr;
+    ~Storage();
+  };
+  std::vector<int64_t> shape_;
+  DType dtype_ = DType::kFloat32;
+  Device device_;
+  std::shared_ptr<Storage> storage_;
+  size_t offset_bytes_ = 0;
+};
+
+template <typename T>
+constexpr DType DTypeOf();
+template <>
+constexpr DType DTypeOf<float>() { return DType::kFloat32; }
+template <>
+constexpr DType DTypeOf<double>() { return DType::kFloat64; }
+template <>
+constexpr DType DTypeOf<int32_t>() { return DType::kInt32; }
+
+}  // namespace meshrun

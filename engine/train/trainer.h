@@ -1,0 +1,105 @@
+// The training loop of one rank: data → forward/backward over micro-batches → clip → AdamW,
+// with metrics per step, periodic evaluation and checkpoints (CONVENTIONS §2–§4).
+// Instrumentation reaches the outside only through TrainObserver; the math stays in Step().
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "common/status.h"
+#include "engine/data/batch_sampler.h"
+#include "engine/data/token_stream.h"
+#include "engine/model/gpt2.h"
+
+namespace meshrun {
+
+struct StepMetrics {
+  int64_t step = 0;  // 1-based: the number of updates done after this step
+  double loss = 0;   // mean loss of the step's global batch, before its update
+  double lr = 0;     // learning rate of this step's update
+  double grad_norm = 0;
+  double step_seconds = 0;
+  double tokens_per_second = 0;
+  double tflops = 0;
+  double mfu = 0;
+  int64_t allocated_memory_bytes = 0;
+  int64_t peak_memory_bytes = 0;
+  int64_t reserved_memory_bytes = 0;
+};
+
+struct EvalMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  int64_t tokens = 0;
+};
+
+struct RunSummary {
+  int64_t steps = 0;        // steps run by this process
+  int64_t first_step = 0;   // 1-based number of the first step run (after a resume, > 1)
+  double final_loss = 0;
+  std::vector<double> losses;
+  double tokens_per_second = 0;
+  double mfu = 0;
+  int64_t peak_memory_bytes = 0;
+  std::map<std::string, double> comm_bytes;  // per axis, per rank per step
+  std::string last_checkpoint;               // step dir of the last checkpoint written
+};
+
+// Receives what the loop produces. Called on the training thread; must not throw.
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  virtual void OnStep(const StepMetrics&) {}
+  virtual void OnEval(const EvalMetrics&) {}
+  virtual void OnLog(const std::string& /*line*/) {}
+};
+
+struct TrainOptions {
+  int64_t stop_after_step = 0;  // > 0: stop (with a checkpoint) after this step
+  double peak_flops = 0;        // device peak for MFU; 0: measure a float32 GEMM at start
+};
+
+// Owns the model, optimizer state and data of one rank. Not thread-safe; one per process.
+class Trainer {
+ public:
+  static StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, TrainOptions options);
+
+  // Resumes when the spec asks for it, then trains to the last step (or stop_after_step).
+  StatusOr<RunSummary> Run(TrainObserver* observer);
+
+  // Mean loss over every window of `stream` (CONVENTIONS §2 windows, in batches).
+  StatusOr<EvalMetrics> Evaluate(const TokenStream& stream, int64_t max_windows);
+
+  GPT2<float>& model() { return *model_; }
+  int64_t step() const { return step_; }
+  Status SaveCheckpoint();
+  // Loads the newest complete checkpoint under checkpoint.dir; NOT_FOUND when there is none.
+  Status LoadLatestCheckpoint(TrainObserver* observer);
+  Status LoadCheckpoint(const std::string& step_dir);
+
+ private:
+  Trainer(JobSpec spec, TrainOptions options);
+  Status Init();
+  // One optimizer step over the global batch of step_ (0-based); returns the mean loss.
+  StatusOr<double> Step(StepMetrics* metrics);
+
+  JobSpec spec_;
+  TrainOptions options_;
+  std::unique_ptr<GPT2<float>> model_;
+  Tensor adam_m_, adam_v_;
+  std::unique_ptr<TokenStream> train_data_, val_data_;
+  std::unique_ptr<BatchSampler> sampler_;
+  int64_t step_ = 0;  // updates done so far
+  double peak_flops_ = 0;
+  std::string last_checkpoint_;
+};
+
+// Float32 GEMM throughput of this machine with the current thread count (FLOP/s): the CPU
+// "peak" that MFU is measured against (CONVENTIONS §7).
+double MeasureCpuGemmPeakFlops();
+
+}  // namespace meshrun
