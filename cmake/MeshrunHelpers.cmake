@@ -47,22 +47,32 @@ endfunction()
 
 # Generates C++ (messages and gRPC stubs) for every .proto given, into one static library.
 #   meshrun_add_proto_library(NAME PROTO_ROOT dir PROTOS a.proto b.proto)
+# PROTOS may be absolute or relative to the calling CMakeLists.txt; imports are resolved from
+# PROTO_ROOT (and protoc's own include path for google/protobuf/*.proto), and headers are
+# included as "<path under PROTO_ROOT>.pb.h". Each file is regenerated when any proto of the
+# library changes, since a file's generated code depends on the files it imports.
 function(meshrun_add_proto_library name)
   cmake_parse_arguments(ARG "" "PROTO_ROOT" "PROTOS" ${ARGN})
   set(out_dir ${PROJECT_BINARY_DIR}/gen)
   file(MAKE_DIRECTORY ${out_dir})
-  set(srcs)
+  get_filename_component(root ${ARG_PROTO_ROOT} ABSOLUTE)
+  set(protos)
   foreach(proto ${ARG_PROTOS})
-    file(RELATIVE_PATH rel ${ARG_PROTO_ROOT} ${proto})
+    get_filename_component(abs ${proto} ABSOLUTE)
+    list(APPEND protos ${abs})
+  endforeach()
+  set(srcs)
+  foreach(proto ${protos})
+    file(RELATIVE_PATH rel ${root} ${proto})
     string(REGEX REPLACE "\\.proto$" "" base ${rel})
     set(gen ${out_dir}/${base}.pb.cc ${out_dir}/${base}.pb.h
             ${out_dir}/${base}.grpc.pb.cc ${out_dir}/${base}.grpc.pb.h)
     add_custom_command(
       OUTPUT ${gen}
-      COMMAND ${MESHRUN_PROTOC} --proto_path=${ARG_PROTO_ROOT}
+      COMMAND ${MESHRUN_PROTOC} --proto_path=${root}
               --cpp_out=${out_dir} --grpc_out=${out_dir}
               --plugin=protoc-gen-grpc=${MESHRUN_GRPC_CPP_PLUGIN} ${proto}
-      DEPENDS ${proto}
+      DEPENDS ${protos} ${MESHRUN_PROTOC} ${MESHRUN_GRPC_CPP_PLUGIN}
       COMMENT "protoc ${rel}")
     list(APPEND srcs ${out_dir}/${base}.pb.cc ${out_dir}/${base}.grpc.pb.cc)
   endforeach()

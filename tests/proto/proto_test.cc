@@ -1,0 +1,298 @@
+// Checks the generated control-plane API against the contract: JobSpec mirrors CONVENTIONS §5
+// field for field and round-trips, the event and session oneofs behave, and CoordinatorService
+// declares exactly the RPCs of docs/api.md with XxxRequest/XxxResponse types.
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "meshrun/v1/coordinator.grpc.pb.h"
+#include "meshrun/v1/coordinator.pb.h"
+#include "meshrun/v1/job_spec.pb.h"
+#include "meshrun/v1/store.pb.h"
+#include "meshrun/v1/types.pb.h"
+#include "meshrun/v1/worker.pb.h"
+
+namespace meshrun::v1 {
+namespace {
+
+using google::protobuf::Descriptor;
+using google::protobuf::DescriptorPool;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::MethodDescriptor;
+using google::protobuf::ServiceDescriptor;
+using google::protobuf::util::MessageDifferencer;
+
+// The spec of CONVENTIONS §5, tp=2 × dp_shard=2.
+JobSpec TinyDemoSpec() {
+  JobSpec spec;
+  spec.set_name("tiny-demo");
+  ModelSpec* model = spec.mutable_model();
+  model->set_arch("gpt2");
+  model->set_n_layer(2);
+  model->set_n_head(4);
+  model->set_d_model(64);
+  model->set_seq_len(64);
+  model->set_vocab_size(256);
+  ParallelismSpec* par = spec.mutable_parallelism();
+  par->set_dp_replicate_size(1);
+  par->set_dp_shard_size(2);
+  par->set_cp_size(1);
+  par->set_tp_size(2);
+  par->set_cp_comm_strategy("allgather");
+  TrainSpec* train = spec.mutable_train();
+  train->set_steps(20);
+  train->set_global_batch_size(8);
+  train->set_micro_batch_size(2);
+  train->set_lr(3.0e-4);
+  train->set_min_lr(3.0e-5);
+  train->set_warmup_steps(2);
+  train->set_weight_decay(0.1);
+  train->set_grad_clip(1.0);
+  train->set_beta1(0.9);
+  train->set_beta2(0.95);
+  train->set_eps(1.0e-8);
+  train->set_seed(1337);
+  train->set_precision("fp32");
+  DataSpec* data = spec.mutable_data();
+  data->set_train("examples/data/tiny.txt");
+  data->set_val("examples/data/tiny-val.txt");
+  data->set_format("auto");
+  data->set_order("sequential");
+  data->set_eval_every(0);
+  CheckpointSpec* ckpt = spec.mutable_checkpoint();
+  ckpt->set_dir("/tmp/ckpt");
+  ckpt->set_every(0);
+  ckpt->set_keep(2);
+  ckpt->set_resume("auto");
+  spec.mutable_resources()->set_device("cpu");
+  spec.mutable_resources()->set_threads(0);
+  spec.mutable_restart()->set_max_restarts(0);
+  spec.set_source_yaml("name: tiny-demo\nparallelism: {tp_size: 1}\n");
+  spec.add_set_overrides("parallelism.tp_size=2");
+  return spec;
+}
+
+TEST(JobSpecTest, RoundTripsThroughTheWireFormat) {
+  const JobSpec spec = TinyDemoSpec();
+  std::string wire;
+  ASSERT_TRUE(spec.SerializeToString(&wire));
+
+  JobSpec parsed;
+  ASSERT_TRUE(parsed.ParseFromString(wire));
+  EXPECT_TRUE(MessageDifferencer::Equals(spec, parsed));
+  EXPECT_EQ(parsed.name(), "tiny-demo");
+  EXPECT_EQ(parsed.parallelism().tp_size(), 2);
+  EXPECT_EQ(parsed.parallelism().dp_shard_size(), 2);
+  EXPECT_DOUBLE_EQ(parsed.train().lr(), 3.0e-4);
+  EXPECT_EQ(parsed.train().seed(), 1337);
+  EXPECT_EQ(parsed.checkpoint().resume(), "auto");
+  EXPECT_EQ(parsed.source_yaml(), spec.source_yaml());
+  ASSERT_EQ(parsed.set_overrides_size(), 1);
+  EXPECT_EQ(parsed.set_overrides(0), "parallelism.tp_size=2");
+}
+
+TEST(JobSpecTest, ModelSizesKeepPresenceForInitFrom) {
+  // With init_from, a size left out must stay distinguishable from a size of 0.
+  JobSpec spec;
+  spec.mutable_model()->set_init_from("/models/gpt2");
+  spec.mutable_model()->set_seq_len(128);
+  JobSpec parsed;
+  ASSERT_TRUE(parsed.ParseFromString(spec.SerializeAsString()));
+  EXPECT_FALSE(parsed.model().has_n_layer());
+  EXPECT_FALSE(parsed.model().has_d_model());
+  EXPECT_TRUE(parsed.model().has_seq_len());
+  EXPECT_EQ(parsed.model().seq_len(), 128);
+}
+
+// Field names of a message, in declaration order.
+std::vector<std::string> FieldNames(const Descriptor* d) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  return names;
+}
+
+TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
+  using Names = std::vector<std::string>;
+  const Descriptor* job = JobSpec::descriptor();
+  EXPECT_EQ(FieldNames(job), (Names{"name", "model", "parallelism", "train", "data", "checkpoint",
+                                    "resources", "restart", "source_yaml", "set_overrides"}));
+  const std::map<std::string, Names> sections = {
+      {"model", {"arch", "n_layer", "n_head", "d_model", "seq_len", "vocab_size", "init_from"}},
+      {"parallelism",
+       {"dp_replicate_size", "dp_shard_size", "cp_size", "tp_size", "cp_comm_strategy"}},
+      {"train",
+       {"steps", "global_batch_size", "micro_batch_size", "lr", "min_lr", "warmup_steps",
+        "weight_decay", "grad_clip", "beta1", "beta2", "eps", "seed", "precision"}},
+      {"data", {"train", "val", "format", "order", "eval_every"}},
+      {"checkpoint", {"dir", "every", "keep", "resume"}},
+      {"resources", {"device", "threads"}},
+      {"restart", {"max_restarts"}},
+  };
+  for (const auto& [section, keys] : sections) {
+    const FieldDescriptor* field = job->FindFieldByName(section);
+    ASSERT_NE(field, nullptr) << section;
+    ASSERT_EQ(field->type(), FieldDescriptor::TYPE_MESSAGE) << section;
+    EXPECT_EQ(FieldNames(field->message_type()), keys) << section;
+  }
+}
+
+TEST(WatchJobTest, EventOneofHoldsOneKindAtATime) {
+  WatchJobResponse response;
+  JobEvent* event = response.mutable_event();
+  event->set_sequence(42);
+  event->set_job_id("job-1");
+  EXPECT_EQ(event->kind_case(), JobEvent::KIND_NOT_SET);
+
+  MetricsSample* sample = event->mutable_metrics();
+  sample->set_job_id("job-1");
+  sample->set_attempt(1);
+  sample->set_step(7);
+  sample->set_loss(3.25);
+  sample->set_memory_peak_bytes(1 << 20);
+  CommStats* comm = sample->add_comm();
+  comm->set_axis(MESH_AXIS_TP);
+  comm->set_op(COMM_OP_ALL_REDUCE);
+  comm->set_bytes(4096);
+  EXPECT_EQ(event->kind_case(), JobEvent::kMetrics);
+  EXPECT_FALSE(sample->has_rank());  // job-level aggregate
+
+  WatchJobResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(response.SerializeAsString()));
+  ASSERT_EQ(parsed.event().kind_case(), JobEvent::kMetrics);
+  EXPECT_EQ(parsed.event().sequence(), 42u);
+  EXPECT_EQ(parsed.event().metrics().step(), 7);
+  EXPECT_DOUBLE_EQ(parsed.event().metrics().loss(), 3.25);
+  ASSERT_EQ(parsed.event().metrics().comm_size(), 1);
+  EXPECT_EQ(parsed.event().metrics().comm(0).axis(), MESH_AXIS_TP);
+
+  // Setting another member replaces the first.
+  event->mutable_log()->set_text("step 7 loss 3.25");
+  EXPECT_EQ(event->kind_case(), JobEvent::kLog);
+  EXPECT_FALSE(event->has_metrics());
+
+  event->mutable_state_changed()->set_state(JOB_STATE_SUCCEEDED);
+  ASSERT_TRUE(parsed.ParseFromString(response.SerializeAsString()));
+  EXPECT_EQ(parsed.event().kind_case(), JobEvent::kStateChanged);
+  EXPECT_EQ(parsed.event().state_changed().state(), JOB_STATE_SUCCEEDED);
+}
+
+TEST(WorkerSessionTest, UpAndDownMessagesCarryTheContractFields) {
+  WorkerSessionRequest up;
+  RankExited* exited = up.mutable_rank_exited();
+  exited->set_job_id("job-1");
+  exited->set_attempt(2);
+  exited->set_rank(3);
+  exited->set_exit_code(-1);
+  exited->set_signal(9);
+  exited->set_error("killed by SIGKILL");
+  EXPECT_EQ(up.kind_case(), WorkerSessionRequest::kRankExited);
+
+  WorkerSessionResponse down;
+  RankAssignment* assign = down.mutable_assign();
+  assign->set_job_id("job-1");
+  assign->set_attempt(2);
+  assign->set_rank(3);
+  assign->set_world_size(4);
+  assign->mutable_coords()->set_dp_shard(1);
+  assign->mutable_coords()->set_tp(1);
+  assign->mutable_mesh()->set_dp_replicate_size(1);
+  assign->mutable_mesh()->set_dp_shard_size(2);
+  assign->mutable_mesh()->set_cp_size(1);
+  assign->mutable_mesh()->set_tp_size(2);
+  *assign->mutable_spec() = TinyDemoSpec();
+  assign->mutable_store()->set_address("127.0.0.1:7070");
+  assign->mutable_store()->set_prefix("job-1/2/");
+  assign->set_resume_checkpoint("/tmp/ckpt/step-00000010");
+
+  WorkerSessionResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(down.SerializeAsString()));
+  ASSERT_EQ(parsed.kind_case(), WorkerSessionResponse::kAssign);
+  const MeshCoords& c = parsed.assign().coords();
+  const MeshShape& m = parsed.assign().mesh();
+  // Global rank g = ((r·S + s)·C + c)·T + t.
+  const int g =
+      ((c.dp_replicate() * m.dp_shard_size() + c.dp_shard()) * m.cp_size() + c.cp()) * m.tp_size() +
+      c.tp();
+  EXPECT_EQ(g, parsed.assign().rank());
+  EXPECT_EQ(parsed.assign().spec().name(), "tiny-demo");
+
+  down.mutable_stop()->set_reason(STOP_REASON_CANCELLED);
+  EXPECT_EQ(down.kind_case(), WorkerSessionResponse::kStop);
+  EXPECT_FALSE(down.has_assign());
+}
+
+// Every RPC of the contract, with its streaming shape.
+struct Rpc {
+  std::string name;
+  bool client_streaming;
+  bool server_streaming;
+};
+
+const std::vector<Rpc>& ContractRpcs() {
+  static const std::vector<Rpc> rpcs = {
+      {"SubmitJob", false, false},  {"GetJob", false, false},         {"ListJobs", false, false},
+      {"CancelJob", false, false},  {"WatchJob", false, true},        {"ListWorkers", false, false},
+      {"GetJobLogs", false, false}, {"RegisterWorker", false, false}, {"WorkerSession", true, true},
+      {"StoreSet", false, false},   {"StoreGet", false, false},       {"StoreAdd", false, false},
+  };
+  return rpcs;
+}
+
+TEST(CoordinatorServiceTest, DescriptorListsEveryRpcOfTheContract) {
+  EXPECT_STREQ(CoordinatorService::service_full_name(), "meshrun.v1.CoordinatorService");
+  const ServiceDescriptor* service =
+      DescriptorPool::generated_pool()->FindServiceByName(CoordinatorService::service_full_name());
+  ASSERT_NE(service, nullptr);
+  EXPECT_EQ(service->method_count(), static_cast<int>(ContractRpcs().size()))
+      << "an RPC was added or removed: update the contract list here and docs/api.md";
+
+  for (const Rpc& rpc : ContractRpcs()) {
+    const MethodDescriptor* method = service->FindMethodByName(rpc.name);
+    ASSERT_NE(method, nullptr) << rpc.name;
+    EXPECT_EQ(method->input_type()->full_name(), "meshrun.v1." + rpc.name + "Request");
+    EXPECT_EQ(method->output_type()->full_name(), "meshrun.v1." + rpc.name + "Response");
+    EXPECT_EQ(method->client_streaming(), rpc.client_streaming) << rpc.name;
+    EXPECT_EQ(method->server_streaming(), rpc.server_streaming) << rpc.name;
+  }
+}
+
+TEST(CoordinatorServiceTest, StoreRequestsAreScopedToOneAttempt) {
+  for (const Descriptor* d : {StoreSetRequest::descriptor(), StoreGetRequest::descriptor(),
+                              StoreAddRequest::descriptor()}) {
+    EXPECT_NE(d->FindFieldByName("job_id"), nullptr) << d->full_name();
+    EXPECT_NE(d->FindFieldByName("attempt"), nullptr) << d->full_name();
+    EXPECT_NE(d->FindFieldByName("key"), nullptr) << d->full_name();
+  }
+  EXPECT_NE(StoreGetRequest::descriptor()->FindFieldByName("wait"), nullptr);
+  EXPECT_NE(StoreGetRequest::descriptor()->FindFieldByName("timeout"), nullptr);
+}
+
+// JobState and WorkerState names, without their prefix, are the spellings of CONVENTIONS §6.
+std::set<std::string> UnprefixedValues(const google::protobuf::EnumDescriptor* e,
+                                       const std::string& prefix) {
+  std::set<std::string> names;
+  for (int i = 0; i < e->value_count(); ++i) {
+    const std::string& name = e->value(i)->name();
+    EXPECT_EQ(name.rfind(prefix, 0), 0u) << name;
+    names.insert(name.substr(prefix.size()));
+  }
+  names.erase("UNSPECIFIED");
+  return names;
+}
+
+TEST(TypesTest, StateNamesMatchTheConventions) {
+  EXPECT_EQ(UnprefixedValues(JobState_descriptor(), "JOB_STATE_"),
+            (std::set<std::string>{"PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"}));
+  EXPECT_EQ(UnprefixedValues(WorkerState_descriptor(), "WORKER_STATE_"),
+            (std::set<std::string>{"READY", "BUSY", "LOST"}));
+  EXPECT_EQ(UnprefixedValues(MeshAxis_descriptor(), "MESH_AXIS_"),
+            (std::set<std::string>{"DP_REPLICATE", "DP_SHARD", "CP", "TP"}));
+}
+
+}  // namespace
+}  // namespace meshrun::v1
