@@ -9,22 +9,22 @@
 
 namespace meshrun {
 
-size_t DTypeSize(DType dtype) {
+size_t ScalarTypeSize(ScalarType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat64: return 8;
-    case DType::kBFloat16: return 2;
-    case DType::kInt32: return 4;
+    case ScalarType::kFloat32: return 4;
+    case ScalarType::kFloat64: return 8;
+    case ScalarType::kBFloat16: return 2;
+    case ScalarType::kInt32: return 4;
   }
   return 0;
 }
 
-const char* DTypeName(DType dtype) {
+const char* ScalarTypeName(ScalarType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat64: return "float64";
-    case DType::kBFloat16: return "bfloat16";
-    case DType::kInt32: return "int32";
+    case ScalarType::kFloat32: return "float32";
+    case ScalarType::kFloat64: return "float64";
+    case ScalarType::kBFloat16: return "bfloat16";
+    case ScalarType::kInt32: return "int32";
   }
   return "?";
 }
@@ -92,7 +92,7 @@ int64_t Tensor::numel() const {
   return n;
 }
 
-Tensor Tensor::Empty(std::vector<int64_t> shape, DType dtype, Device device) {
+Tensor Tensor::Empty(std::vector<int64_t> shape, ScalarType dtype, Device device) {
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
@@ -105,7 +105,7 @@ Tensor Tensor::Empty(std::vector<int64_t> shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor Tensor::Zeros(std::vector<int64_t> shape, DType dtype, Device device) {
+Tensor Tensor::Zeros(std::vector<int64_t> shape, ScalarType dtype, Device device) {
   Tensor t = Empty(std::move(shape), dtype, device);
   std::memset(t.raw(), 0, t.nbytes());
   return t;
@@ -114,7 +114,7 @@ Tensor Tensor::Zeros(std::vector<int64_t> shape, DType dtype, Device device) {
 Tensor Tensor::View(int64_t element_offset, std::vector<int64_t> shape) const {
   Tensor t = *this;
   t.shape_ = std::move(shape);
-  t.offset_bytes_ = offset_bytes_ + static_cast<size_t>(element_offset) * DTypeSize(dtype_);
+  t.offset_bytes_ = offset_bytes_ + static_cast<size_t>(element_offset) * ScalarTypeSize(dtype_);
   assert(t.offset_bytes_ + t.nbytes() <= storage_->bytes);
   return t;
 }
@@ -122,22 +122,22 @@ Tensor Tensor::View(int64_t element_offset, std::vector<int64_t> shape) const {
 void Tensor::Fill(double value) {
   const int64_t n = numel();
   switch (dtype_) {
-    case DType::kFloat32: {
+    case ScalarType::kFloat32: {
       float* p = data<float>();
       for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(value);
       break;
     }
-    case DType::kFloat64: {
+    case ScalarType::kFloat64: {
       double* p = data<double>();
       for (int64_t i = 0; i < n; ++i) p[i] = value;
       break;
     }
-    case DType::kInt32: {
+    case ScalarType::kInt32: {
       int32_t* p = data<int32_t>();
       for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(value);
       break;
     }
-    case DType::kBFloat16: throw std::runtime_error("Fill: bfloat16 not supported on cpu");
+    case ScalarType::kBFloat16: throw std::runtime_error("Fill: bfloat16 not supported on cpu");
   }
 }
 

@@ -13,7 +13,7 @@
 
 namespace meshrun {
 
-enum class DType { kFloat32, kFloat64, kBFloat16, kInt32 };
+enum class ScalarType { kFloat32, kFloat64, kBFloat16, kInt32 };
 enum class DeviceType { kCpu, kCuda };
 
 struct Device {
@@ -22,8 +22,8 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
-size_t DTypeSize(DType dtype);
-const char* DTypeName(DType dtype);
+size_t ScalarTypeSize(ScalarType dtype);
+const char* ScalarTypeName(ScalarType dtype);
 
 struct MemoryStats {
   int64_t allocated_bytes = 0;  // live bytes handed out
@@ -50,15 +50,15 @@ Allocator& AllocatorFor(Device device);
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor Empty(std::vector<int64_t> shape, DType dtype, Device device = {});
-  static Tensor Zeros(std::vector<int64_t> shape, DType dtype, Device device = {});
+  static Tensor Empty(std::vector<int64_t> shape, ScalarType dtype, Device device = {});
+  static Tensor Zeros(std::vector<int64_t> shape, ScalarType dtype, Device device = {});
 
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t dim(int i) const { return shape_[i]; }
   int ndim() const { return static_cast<int>(shape_.size()); }
   int64_t numel() const;
-  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype_); }
-  DType dtype() const { return dtype_; }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * ScalarTypeSize(dtype_); }
+  ScalarType dtype() const { return dtype_; }
   Device device() const { return device_; }
   bool defined() const { return storage_ != nullptr; }
 
@@ -79,19 +79,19 @@ class Tensor {
     ~Storage();
   };
   std::vector<int64_t> shape_;
-  DType dtype_ = DType::kFloat32;
+  ScalarType dtype_ = ScalarType::kFloat32;
   Device device_;
   std::shared_ptr<Storage> storage_;
   size_t offset_bytes_ = 0;
 };
 
 template <typename T>
-constexpr DType DTypeOf();
+constexpr ScalarType ScalarTypeOf();
 template <>
-constexpr DType DTypeOf<float>() { return DType::kFloat32; }
+constexpr ScalarType ScalarTypeOf<float>() { return ScalarType::kFloat32; }
 template <>
-constexpr DType DTypeOf<double>() { return DType::kFloat64; }
+constexpr ScalarType ScalarTypeOf<double>() { return ScalarType::kFloat64; }
 template <>
-constexpr DType DTypeOf<int32_t>() { return DType::kInt32; }
+constexpr ScalarType ScalarTypeOf<int32_t>() { return ScalarType::kInt32; }
 
 }  // namespace meshrun

@@ -86,8 +86,8 @@ double InitNormal(uint64_t seed, const std::string& name, int64_t index) {
 template <typename T>
 GPT2<T>::GPT2(GPT2Config cfg) : cfg_(cfg), layout_(GPT2ParamLayout(cfg)) {
   num_params_ = layout_.back().offset + layout_.back().numel;
-  params_ = Tensor::Zeros({num_params_}, DTypeOf<T>());
-  grads_ = Tensor::Zeros({num_params_}, DTypeOf<T>());
+  params_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>());
+  grads_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>());
 }
 
 template <typename T>
@@ -119,14 +119,14 @@ void GPT2<T>::ZeroGrad() {
 }
 
 template <typename T>
-void GPT2<T>::EnsureActivations(int B, int T_) {
+void GPT2<T>::EnsureActivations(int B, int Tn) {
   B_ = B;
-  T_ = T_;
+  T_ = Tn;
   const int64_t N = static_cast<int64_t>(B) * T_;
   if (N <= capacity_tokens_) return;
   capacity_tokens_ = static_cast<int>(N);
   const int64_t C = cfg_.d_model, V = cfg_.vocab_size, H = cfg_.n_head;
-  const DType dt = DTypeOf<T>();
+  const ScalarType dt = ScalarTypeOf<T>();
   encoded_ = Tensor::Empty({N, C}, dt);
   lnf_ = Tensor::Empty({N, C}, dt);
   lnf_mean_ = Tensor::Empty({N}, dt);

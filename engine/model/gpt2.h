@@ -65,24 +65,24 @@ class GPT2 {
 
   // Forward of B sequences of length T (inputs: B·T token ids). Keeps the activations and the
   // logits (B·T·V) for logits() or a following Backward.
-  void Forward(const int32_t* inputs, int B, int T);
+  void Forward(const int32_t* inputs, int B, int seq_len);
   const T* logits() const { return logits_.template data<T>(); }
 
   // Forward, loss and backward of one micro-batch. Returns the SUM of per-token losses; the
   // gradients receive grad_scale·∂(sum of losses) (grad_scale = 1/tokens of the global batch
   // gives the gradient of the mean loss). Gradients accumulate across calls.
-  double ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int T,
+  double ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int seq_len,
                          double grad_scale);
 
   // Sum of per-token losses of a batch without touching gradients.
-  double ForwardLoss(const int32_t* inputs, const int32_t* targets, int B, int T);
+  double ForwardLoss(const int32_t* inputs, const int32_t* targets, int B, int seq_len);
 
  private:
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd, q, k, v, att, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu, res3;
   };
-  void EnsureActivations(int B, int T);
+  void EnsureActivations(int B, int seq_len);
   double Loss(const int32_t* targets, bool with_grad, double grad_scale);
   void Backward();
 

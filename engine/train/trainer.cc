@@ -8,7 +8,8 @@
 #include <thread>
 
 #include "engine/kernels/cpu/kernels.h"
-#include "engine/train/schedule.h"
+#include "engine/model/hf_gpt2.h"
+#include "engine/train/optimizer.h"
 
 namespace meshrun {
 
@@ -91,8 +92,8 @@ Status Trainer::Init() {
   } else {
     model_->InitDeterministic(static_cast<uint64_t>(spec_.train.seed));
   }
-  adam_m_ = Tensor::Zeros({model_->num_params()}, DType::kFloat32);
-  adam_v_ = Tensor::Zeros({model_->num_params()}, DType::kFloat32);
+  adam_m_ = Tensor::Zeros({model_->num_params()}, ScalarType::kFloat32);
+  adam_v_ = Tensor::Zeros({model_->num_params()}, ScalarType::kFloat32);
   peak_flops_ = options_.peak_flops > 0 ? options_.peak_flops : MeasureCpuGemmPeakFlops();
   return OkStatus();
 }
@@ -113,26 +114,14 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   }
   const double loss = loss_sum / (static_cast<double>(B) * T);
 
-  // Clip by the global L2 norm (torch clip_grad_norm_: scale by max_norm/(norm + 1e-6)).
-  float* grads = model_->grads_data();
-  const int64_t n = model_->num_params();
-  const double norm = std::sqrt(cpu::SumOfSquares(grads, n));
-  if (tr.grad_clip > 0 && norm > tr.grad_clip) cpu::Scale(grads, n, tr.grad_clip / (norm + 1e-6));
-
-  // AdamW, weight decay only on 2+-dim parameters.
-  const double lr = LearningRate(tr.lr, tr.min_lr, tr.warmup_steps, tr.steps, step_);
-  float* params = model_->params_data();
-  float* m = adam_m_.data<float>();
-  float* v = adam_v_.data<float>();
-  for (const ParamInfo& p : model_->params()) {
-    cpu::AdamW(params + p.offset, grads + p.offset, m + p.offset, v + p.offset, p.numel, lr,
-               tr.beta1, tr.beta2, tr.eps, p.decay ? tr.weight_decay : 0.0, step_ + 1);
-  }
+  // Clip and update.
+  const UpdateResult update =
+      ClipAndAdamW(model_.get(), adam_m_.data<float>(), adam_v_.data<float>(), tr, step_);
   ++step_;
   metrics->step = step_;
   metrics->loss = loss;
-  metrics->lr = lr;
-  metrics->grad_norm = norm;
+  metrics->lr = update.lr;
+  metrics->grad_norm = update.grad_norm;
   return loss;
 }
 

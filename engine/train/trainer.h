@@ -61,6 +61,7 @@ class TrainObserver {
 struct TrainOptions {
   int64_t stop_after_step = 0;  // > 0: stop (with a checkpoint) after this step
   double peak_flops = 0;        // device peak for MFU; 0: measure a float32 GEMM at start
+  std::string spec_yaml;        // the resolved spec, stored in checkpoint metadata
 };
 
 // Owns the model, optimizer state and data of one rank. Not thread-safe; one per process.
