@@ -1,0 +1,339 @@
+// Loading token streams from text files, text folders, and llm.c / nanoGPT `.bin` files.
+#include "engine/data/token_stream.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <system_error>
+
+namespace meshrun {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kFormatHint = "hint: use format auto, text, llmc or nanogpt";
+
+// Reads a whole file into `out`.
+Status ReadWholeFile(const fs::path& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return NotFoundError(path.string() + ": cannot open for reading: " + std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size < 0) return InternalError(path.string() + ": cannot determine the file size");
+  in.seekg(0, std::ios::beg);
+  out->resize(static_cast<size_t>(size));
+  if (size > 0 && !in.read(out->data(), size)) {
+    return DataLossError(path.string() + ": read failed after " + std::to_string(in.gcount()) +
+                         " of " + std::to_string(size) + " bytes");
+  }
+  return OkStatus();
+}
+
+// Appends the uint16 tokens of bytes [begin, begin + 2·count) of `path` to `tokens`, reading in
+// chunks so a large file never sits in memory twice.
+Status ReadUint16Tokens(const fs::path& path, uint64_t begin, uint64_t count,
+                        std::vector<int32_t>* tokens, int32_t* max_id) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return NotFoundError(path.string() + ": cannot open for reading: " + std::strerror(errno));
+  in.seekg(static_cast<std::streamoff>(begin));
+  tokens->reserve(tokens->size() + count);
+  constexpr uint64_t kChunk = 1 << 20;
+  std::vector<unsigned char> buf(2 * kChunk);
+  uint64_t done = 0;
+  while (done < count) {
+    const uint64_t n = std::min(kChunk, count - done);
+    if (!in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(2 * n))) {
+      return DataLossError(path.string() + ": read failed at token " + std::to_string(done) +
+                           " of " + std::to_string(count));
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      const int32_t t = static_cast<int32_t>(buf[2 * i] | (buf[2 * i + 1] << 8));  // little-endian
+      *max_id = std::max(*max_id, t);
+      tokens->push_back(t);
+    }
+    done += n;
+  }
+  return OkStatus();
+}
+
+int32_t ReadLeInt32(const unsigned char* p) {
+  return static_cast<int32_t>(static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
+                              (static_cast<uint32_t>(p[2]) << 16) |
+                              (static_cast<uint32_t>(p[3]) << 24));
+}
+
+void AppendBytes(const std::string& bytes, TokenStream* s) {
+  s->tokens.reserve(s->tokens.size() + bytes.size());
+  for (unsigned char c : bytes) {
+    s->tokens.push_back(c);
+    s->max_token_id = std::max<int32_t>(s->max_token_id, c);
+  }
+}
+
+Status LoadLlmc(const fs::path& path, uint64_t file_size, TokenStream* s) {
+  constexpr uint64_t kHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
+  if (file_size < kHeaderBytes) {
+    return InvalidArgumentError(path.string() + ": short file: " + std::to_string(file_size) +
+                                " bytes, but an llm.c token file starts with a " +
+                                std::to_string(kHeaderBytes) +
+                                "-byte header (hint: for raw uint16 tokens use format nanogpt)");
+  }
+  std::ifstream in(path, std::ios::binary);
+  unsigned char header[kHeaderBytes];
+  if (!in || !in.read(reinterpret_cast<char*>(header), kHeaderBytes)) {
+    return DataLossError(path.string() + ": cannot read the llm.c header");
+  }
+  const int32_t magic = ReadLeInt32(header);
+  const int32_t version = ReadLeInt32(header + 4);
+  const int32_t count = ReadLeInt32(header + 8);
+  if (magic != kLlmcMagic) {
+    return InvalidArgumentError(path.string() + ": bad magic " + std::to_string(magic) +
+                                " in the llm.c header, expected " + std::to_string(kLlmcMagic) +
+                                " (hint: for raw uint16 tokens use format nanogpt, for text "
+                                "use format text)");
+  }
+  if (version != kLlmcVersion) {
+    return InvalidArgumentError(path.string() + ": llm.c token file version " +
+                                std::to_string(version) + " is not supported, expected " +
+                                std::to_string(kLlmcVersion) +
+                                " (uint16 GPT-2 tokens; hint: re-export the data with llm.c's "
+                                "GPT-2 tokenizer)");
+  }
+  if (count <= 0) {
+    return InvalidArgumentError(path.string() + ": the llm.c header says " + std::to_string(count) +
+                                " tokens; the stream is empty " +
+                                "(hint: point data at a non-empty token file)");
+  }
+  const uint64_t expected = kHeaderBytes + 2 * static_cast<uint64_t>(count);
+  if (file_size != expected) {
+    return DataLossError(path.string() + ": the llm.c header says " + std::to_string(count) +
+                         " tokens (" + std::to_string(expected) + " bytes with the header) but " +
+                         "the file has " + std::to_string(file_size) + " bytes" +
+                         (file_size < expected ? " (truncated; hint: re-create or re-copy it)"
+                                               : " (hint: re-create or re-copy it)"));
+  }
+  return ReadUint16Tokens(path, kHeaderBytes, static_cast<uint64_t>(count), &s->tokens,
+                          &s->max_token_id);
+}
+
+Status LoadNanogpt(const fs::path& path, uint64_t file_size, TokenStream* s) {
+  if (file_size == 0) {
+    return InvalidArgumentError(path.string() +
+                                ": the file is empty (hint: point data at a non-empty token file)");
+  }
+  if (file_size % 2 != 0) {
+    return InvalidArgumentError(path.string() + ": " + std::to_string(file_size) +
+                                " bytes is an odd size; nanoGPT token files hold uint16 tokens "
+                                "(hint: the file is truncated or not a token file; for text use "
+                                "format text)");
+  }
+  return ReadUint16Tokens(path, 0, file_size / 2, &s->tokens, &s->max_token_id);
+}
+
+Status LoadTextFile(const fs::path& path, TokenStream* s) {
+  std::string bytes;
+  MESHRUN_RETURN_IF_ERROR(ReadWholeFile(path, &bytes));
+  size_t bad = 0;
+  if (!IsUtf8Text(bytes, &bad)) {
+    return InvalidArgumentError(path.string() + ": not UTF-8 text (byte " + std::to_string(bad) +
+                                " is invalid) (hint: for token files use format llmc or nanogpt, "
+                                "or name them *.bin so format auto recognises them)");
+  }
+  if (bytes.empty()) {
+    return InvalidArgumentError(path.string() +
+                                ": the file is empty (hint: point data at a non-empty text file)");
+  }
+  s->files.push_back(path.string());
+  AppendBytes(bytes, s);
+  return OkStatus();
+}
+
+// A folder of text files, concatenated in file-name order (byte-wise order of the names, so the
+// result does not depend on the locale). Only the folder's own entries are read. Skipped, and
+// listed in TokenStream::skipped: hidden files (".*"), sub-folders, special files, dangling
+// symlinks, symlinks whose target is another entry of the folder or an earlier symlink (packages
+// like fortune ship such aliases; reading them would duplicate text), and files that are not UTF-8
+// text (e.g. fortune's binary `.dat` index files).
+Status LoadTextFolder(const fs::path& dir, TokenStream* s) {
+  std::error_code ec;
+  std::vector<fs::directory_entry> entries;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    entries.push_back(*it);
+  }
+  if (ec) return NotFoundError(dir.string() + ": cannot list the folder: " + ec.message());
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    return a.path().filename().string() < b.path().filename().string();
+  });
+
+  // Canonical paths of the folder's regular (non-symlink) files, to recognise aliases.
+  std::set<std::string> regular;
+  for (const auto& e : entries) {
+    if (!e.is_symlink(ec) && e.is_regular_file(ec)) {
+      regular.insert(fs::weakly_canonical(e.path(), ec).string());
+    }
+  }
+  std::set<std::string> read_targets;
+  for (const auto& e : entries) {
+    const std::string name = e.path().filename().string();
+    auto skip = [&](const std::string& why) { s->skipped.push_back(name + ": " + why); };
+    if (!name.empty() && name[0] == '.') {
+      skip("hidden file");
+      continue;
+    }
+    if (e.is_symlink(ec)) {
+      const fs::path target = fs::canonical(e.path(), ec);
+      if (ec) {
+        skip("dangling symlink");
+        continue;
+      }
+      if (regular.count(target.string()) || read_targets.count(target.string())) {
+        skip("symlink to " + target.filename().string() + ", which is read already");
+        continue;
+      }
+    }
+    if (e.is_directory(ec)) {
+      skip("a folder (only the folder's own files are read)");
+      continue;
+    }
+    if (!e.is_regular_file(ec)) {
+      skip("not a regular file");
+      continue;
+    }
+    std::string bytes;
+    MESHRUN_RETURN_IF_ERROR(ReadWholeFile(e.path(), &bytes));
+    size_t bad = 0;
+    if (!IsUtf8Text(bytes, &bad)) {
+      skip("not UTF-8 text (byte " + std::to_string(bad) + ")");
+      continue;
+    }
+    read_targets.insert(fs::weakly_canonical(e.path(), ec).string());
+    s->files.push_back(e.path().string());
+    AppendBytes(bytes, s);
+  }
+  if (s->tokens.empty()) {
+    std::string msg = dir.string() + ": the folder holds no non-empty UTF-8 text files";
+    if (!s->skipped.empty()) {
+      msg += " (skipped: ";
+      for (size_t i = 0; i < s->skipped.size() && i < 5; ++i) {
+        msg += i ? "; " : "";
+        msg += s->skipped[i];
+      }
+      if (s->skipped.size() > 5) msg += "; ...";
+      msg += ")";
+    }
+    return InvalidArgumentError(msg + " (hint: point data at a text file or a folder of them)");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+bool IsUtf8Text(const std::string& bytes, size_t* bad_offset) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  size_t i = 0;
+  auto fail = [&](size_t at) {
+    if (bad_offset) *bad_offset = at;
+    return false;
+  };
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c == 0) return fail(i);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len;
+    uint32_t cp;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2, cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3, cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return fail(i);  // continuation byte, overlong lead (C0, C1) or > U+10FFFF lead
+    }
+    if (i + len > n) return fail(i);
+    for (int k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return fail(i + k);
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return fail(i);
+    }
+    i += len;
+  }
+  return true;
+}
+
+StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& format) {
+  if (format != "auto" && format != "text" && format != "llmc" && format != "nanogpt") {
+    return InvalidArgumentError("unknown data format '" + format + "' for " + path + " (" +
+                                kFormatHint + ")");
+  }
+  if (path.empty()) {
+    return InvalidArgumentError(
+        "the data path is empty (hint: set data.train to a file or folder)");
+  }
+  std::error_code ec;
+  const fs::path p(path);
+  const fs::file_status st = fs::status(p, ec);
+  if (ec || !fs::exists(st)) {
+    return NotFoundError(path +
+                         ": no such file or folder (hint: check the path; relative paths "
+                         "are resolved from the working directory)");
+  }
+
+  TokenStream s;
+  s.path = path;
+  if (fs::is_directory(st)) {
+    if (format == "llmc" || format == "nanogpt") {
+      return InvalidArgumentError(path + ": is a folder, but format " + format +
+                                  " reads a single .bin file (hint: use format text for a folder "
+                                  "of text files, or point data at the .bin file)");
+    }
+    s.format = "text";
+    MESHRUN_RETURN_IF_ERROR(LoadTextFolder(p, &s));
+    return s;
+  }
+  if (!fs::is_regular_file(st)) {
+    return InvalidArgumentError(path + ": not a regular file or folder");
+  }
+  const uint64_t size = fs::file_size(p, ec);
+  if (ec) return InternalError(path + ": cannot read the file size: " + ec.message());
+
+  std::string resolved = format;
+  if (format == "auto") {
+    unsigned char head[4] = {0, 0, 0, 0};
+    if (size >= 4) {
+      std::ifstream in(p, std::ios::binary);
+      in.read(reinterpret_cast<char*>(head), 4);
+    }
+    if (size >= 4 && ReadLeInt32(head) == kLlmcMagic) {
+      resolved = "llmc";
+    } else if (p.extension() == ".bin") {
+      resolved = "nanogpt";
+    } else {
+      resolved = "text";
+    }
+  }
+  s.format = resolved;
+  if (resolved == "llmc") {
+    MESHRUN_RETURN_IF_ERROR(LoadLlmc(p, size, &s));
+    s.files.push_back(path);
+  } else if (resolved == "nanogpt") {
+    MESHRUN_RETURN_IF_ERROR(LoadNanogpt(p, size, &s));
+    s.files.push_back(path);
+  } else {
+    MESHRUN_RETURN_IF_ERROR(LoadTextFile(p, &s));
+  }
+  return s;
+}
+
+}  // namespace meshrun
