@@ -1,0 +1,70 @@
+// Bus-byte formulas and the per-(axis, op) counters of comm_stats.h.
+#include "engine/comm/comm_stats.h"
+
+namespace meshrun {
+
+const char* CommOpName(CommOp op) {
+  switch (op) {
+    case CommOp::kAllReduce: return "all_reduce";
+    case CommOp::kReduceScatter: return "reduce_scatter";
+    case CommOp::kAllGather: return "all_gather";
+    case CommOp::kBroadcast: return "broadcast";
+    case CommOp::kSend: return "send";
+    case CommOp::kRecv: return "recv";
+    case CommOp::kSendRecv: return "send_recv";
+    case CommOp::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+double BusBytes(CommOp op, size_t bytes, int n) {
+  if (n <= 1) return 0;
+  const double s = static_cast<double>(bytes);
+  const double frac = static_cast<double>(n - 1) / n;
+  switch (op) {
+    case CommOp::kAllReduce: return s * 2 * frac;
+    case CommOp::kReduceScatter:
+    case CommOp::kAllGather:
+    case CommOp::kBroadcast: return s * frac;
+    case CommOp::kSend:
+    case CommOp::kSendRecv: return s;
+    case CommOp::kRecv:
+    case CommOp::kBarrier: return 0;
+  }
+  return 0;
+}
+
+void CommStats::Record(std::string_view axis, std::string_view op, double seconds, double bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  CommCounter& c = counters_[Key(std::string(axis), std::string(op))];
+  c.seconds += seconds;
+  c.bytes += bytes;
+  c.calls += 1;
+}
+
+std::map<CommStats::Key, CommCounter> CommStats::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+CommCounter CommStats::AxisTotal(std::string_view axis) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CommCounter total;
+  for (const auto& [key, counter] : counters_) {
+    if (key.first == axis) total += counter;
+  }
+  return total;
+}
+
+CommCounter CommStats::Get(std::string_view axis, std::string_view op) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = counters_.find(Key(std::string(axis), std::string(op)));
+  return it == counters_.end() ? CommCounter{} : it->second;
+}
+
+void CommStats::Reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.clear();
+}
+
+}  // namespace meshrun

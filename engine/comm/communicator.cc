@@ -1,0 +1,203 @@
+// The backend-independent half of every Communicator call: argument checks, the size-1 and
+// zero-size shortcuts, the sticky first error, timing and bus-byte counting.
+#include "engine/comm/communicator.h"
+
+#include <cstring>
+
+namespace meshrun {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+std::string Communicator::Describe(CommOp op) const {
+  return config_.name + " " + CommOpName(op) + " (group " + config_.group_id + ", rank " +
+         std::to_string(config_.rank) + " of " + std::to_string(config_.size) + ")";
+}
+
+Status Communicator::CheckPeer(CommOp op, int peer, const char* what) const {
+  if (peer < 0 || peer >= size()) {
+    return InvalidArgumentError(Describe(op) + ": " + what + " " + std::to_string(peer) +
+                                " is outside the group [0, " + std::to_string(size()) +
+                                ") (hint: peers and roots are ranks within the group)");
+  }
+  return OkStatus();
+}
+
+template <typename Body>
+Status Communicator::Run(CommOp op, size_t bytes, const CallOptions& opts, Body body) {
+  if (!first_error_.ok()) {
+    return FailedPreconditionError(
+        Describe(op) + ": the communicator is unusable after an earlier error: " +
+        first_error_.ToString() + " (hint: rebuild the communicators, e.g. restart the job)");
+  }
+  const Duration timeout = opts.timeout.count() > 0 ? opts.timeout : config_.timeout;
+  const auto start = Clock::now();
+  Status s = body(timeout);
+  if (!s.ok()) {
+    first_error_ = Status(s.code(), Describe(op) + ", timeout " + std::to_string(timeout.count()) +
+                                        " ms: " + s.message());
+    return first_error_;
+  }
+  if (config_.stats) {
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const std::string_view axis = opts.axis.empty() ? std::string_view(config_.name) : opts.axis;
+    config_.stats->Record(axis, op, seconds, BusBytes(op, bytes, size()));
+  }
+  return OkStatus();
+}
+
+Status Communicator::AllReduce(float* data, size_t count, const CallOptions& opts) {
+  if (size() == 1 || count == 0) return OkStatus();
+  if (data == nullptr) return InvalidArgumentError(Describe(CommOp::kAllReduce) + ": null data");
+  return Run(CommOp::kAllReduce, count * sizeof(float), opts,
+             [&](Duration t) { return DoAllReduce(data, count, t); });
+}
+
+Status Communicator::ReduceScatter(const float* input, float* output, size_t count,
+                                   const CallOptions& opts) {
+  if (count == 0) return OkStatus();
+  if (input == nullptr || output == nullptr) {
+    return InvalidArgumentError(Describe(CommOp::kReduceScatter) + ": null buffer");
+  }
+  if (size() == 1) {
+    if (input != output) std::memmove(output, input, count * sizeof(float));
+    return OkStatus();
+  }
+  return Run(CommOp::kReduceScatter, count * size() * sizeof(float), opts,
+             [&](Duration t) { return DoReduceScatter(input, output, count, t); });
+}
+
+Status Communicator::AllGather(const float* input, float* output, size_t count,
+                               const CallOptions& opts) {
+  return AllGatherBytes(input, output, count * sizeof(float), opts);
+}
+
+Status Communicator::AllGatherBytes(const void* input, void* output, size_t bytes,
+                                    const CallOptions& opts) {
+  if (bytes == 0) return OkStatus();
+  if (input == nullptr || output == nullptr) {
+    return InvalidArgumentError(Describe(CommOp::kAllGather) + ": null buffer");
+  }
+  if (size() == 1) {
+    if (input != output) std::memmove(output, input, bytes);
+    return OkStatus();
+  }
+  return Run(CommOp::kAllGather, bytes * size(), opts,
+             [&](Duration t) { return DoAllGather(input, output, bytes, t); });
+}
+
+Status Communicator::Broadcast(float* data, size_t count, int root, const CallOptions& opts) {
+  return BroadcastBytes(data, count * sizeof(float), root, opts);
+}
+
+Status Communicator::BroadcastBytes(void* data, size_t bytes, int root, const CallOptions& opts) {
+  MESHRUN_RETURN_IF_ERROR(CheckPeer(CommOp::kBroadcast, root, "root"));
+  if (size() == 1 || bytes == 0) return OkStatus();
+  if (data == nullptr) return InvalidArgumentError(Describe(CommOp::kBroadcast) + ": null data");
+  return Run(CommOp::kBroadcast, bytes, opts,
+             [&](Duration t) { return DoBroadcast(data, bytes, root, t); });
+}
+
+Status Communicator::Send(const float* data, size_t count, int peer, const CallOptions& opts) {
+  return SendBytes(data, count * sizeof(float), peer, opts);
+}
+
+Status Communicator::Recv(float* data, size_t count, int peer, const CallOptions& opts) {
+  return RecvBytes(data, count * sizeof(float), peer, opts);
+}
+
+Status Communicator::SendBytes(const void* data, size_t bytes, int peer, const CallOptions& opts) {
+  MESHRUN_RETURN_IF_ERROR(CheckPeer(CommOp::kSend, peer, "peer"));
+  if (peer == rank()) {
+    return InvalidArgumentError(Describe(CommOp::kSend) +
+                                ": cannot send to itself (hint: use SendRecv for a self-exchange)");
+  }
+  if (bytes == 0) return OkStatus();
+  if (data == nullptr) return InvalidArgumentError(Describe(CommOp::kSend) + ": null data");
+  return Run(CommOp::kSend, bytes, opts,
+             [&](Duration t) { return DoSendRecv(data, bytes, peer, nullptr, 0, -1, t); });
+}
+
+Status Communicator::RecvBytes(void* data, size_t bytes, int peer, const CallOptions& opts) {
+  MESHRUN_RETURN_IF_ERROR(CheckPeer(CommOp::kRecv, peer, "peer"));
+  if (peer == rank()) {
+    return InvalidArgumentError(
+        Describe(CommOp::kRecv) +
+        ": cannot receive from itself (hint: use SendRecv for a self-exchange)");
+  }
+  if (bytes == 0) return OkStatus();
+  if (data == nullptr) return InvalidArgumentError(Describe(CommOp::kRecv) + ": null data");
+  return Run(CommOp::kRecv, bytes, opts,
+             [&](Duration t) { return DoSendRecv(nullptr, 0, -1, data, bytes, peer, t); });
+}
+
+Status Communicator::SendRecv(const float* send_data, size_t send_count, int dst, float* recv_data,
+                              size_t recv_count, int src, const CallOptions& opts) {
+  return SendRecvBytes(send_data, send_count * sizeof(float), dst, recv_data,
+                       recv_count * sizeof(float), src, opts);
+}
+
+Status Communicator::SendRecvBytes(const void* send_data, size_t send_bytes, int dst,
+                                   void* recv_data, size_t recv_bytes, int src,
+                                   const CallOptions& opts) {
+  constexpr CommOp kOp = CommOp::kSendRecv;
+  MESHRUN_RETURN_IF_ERROR(CheckPeer(kOp, dst, "dst"));
+  MESHRUN_RETURN_IF_ERROR(CheckPeer(kOp, src, "src"));
+  if ((send_bytes > 0 && send_data == nullptr) || (recv_bytes > 0 && recv_data == nullptr)) {
+    return InvalidArgumentError(Describe(kOp) + ": null buffer");
+  }
+  if (dst == rank() || src == rank()) {
+    if (dst != src || send_bytes != recv_bytes) {
+      return InvalidArgumentError(
+          Describe(kOp) + ": a self-exchange needs dst == src == rank and equal sizes, got dst " +
+          std::to_string(dst) + " src " + std::to_string(src) + ", " + std::to_string(send_bytes) +
+          " vs " + std::to_string(recv_bytes) + " bytes");
+    }
+    if (send_bytes > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_bytes);
+    return OkStatus();
+  }
+  if (send_bytes == 0 && recv_bytes == 0) return OkStatus();
+  return Run(kOp, send_bytes, opts, [&](Duration t) {
+    return DoSendRecv(send_bytes > 0 ? send_data : nullptr, send_bytes, send_bytes > 0 ? dst : -1,
+                      recv_bytes > 0 ? recv_data : nullptr, recv_bytes, recv_bytes > 0 ? src : -1,
+                      t);
+  });
+}
+
+Status Communicator::Barrier(const CallOptions& opts) {
+  if (size() == 1) return OkStatus();
+  return Run(CommOp::kBarrier, 0, opts, [&](Duration t) { return DoBarrier(t); });
+}
+
+namespace {
+
+// Every hook is unreachable: the base class answers size-1 calls itself.
+class SoloCommunicator final : public Communicator {
+ public:
+  explicit SoloCommunicator(CommConfig config) : Communicator(std::move(config)) {}
+
+ protected:
+  Status DoAllReduce(float*, size_t, Duration) override { return Unreachable(); }
+  Status DoReduceScatter(const float*, float*, size_t, Duration) override { return Unreachable(); }
+  Status DoAllGather(const void*, void*, size_t, Duration) override { return Unreachable(); }
+  Status DoBroadcast(void*, size_t, int, Duration) override { return Unreachable(); }
+  Status DoSendRecv(const void*, size_t, int, void*, size_t, int, Duration) override {
+    return Unreachable();
+  }
+  Status DoBarrier(Duration) override { return Unreachable(); }
+
+ private:
+  static Status Unreachable() { return InternalError("size-1 communicator reached its backend"); }
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> MakeSoloCommunicator(CommConfig config) {
+  config.size = 1;
+  config.rank = 0;
+  return std::make_unique<SoloCommunicator>(std::move(config));
+}
+
+}  // namespace meshrun

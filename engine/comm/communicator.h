@@ -1,0 +1,162 @@
+// The one interface every collective in meshrun goes through (STYLE habit 5): a Communicator
+// for one process group (one mesh axis group), and the CommBackend that builds communicators
+// from a Store. Backends: fake_backend.h (threads in one process, for tests) and
+// gloo_backend.h (TCP, CPU). The training step never names a backend.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+#include "engine/comm/comm_stats.h"
+#include "engine/comm/store.h"
+
+namespace meshrun {
+
+// What a communicator is built with. Backends receive it in CommBackend::Connect.
+struct CommConfig {
+  // The axis the group spans ("tp", "dp_shard_cp", …): name() and the default stats label.
+  std::string name;
+  // Identifies the group within the job in error messages, e.g. "comm/tp/1". Unique per group.
+  std::string group_id;
+  int rank = 0;  // this process's index within the group, in [0, size)
+  int size = 1;
+  // Bootstrap timeout and the default per-call timeout. Every wait is bounded by it.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  // Where calls are counted; null: not counted.
+  std::shared_ptr<CommStats> stats;
+};
+
+// Per-call options: `{}`, `{milliseconds(500)}`, `{milliseconds(0), "dp_shard"}` or
+// CallOptions::Axis("dp_shard").
+struct CallOptions {
+  CallOptions() = default;
+  CallOptions(std::chrono::milliseconds timeout, std::string_view axis = {})  // NOLINT: implicit
+      : timeout(timeout), axis(axis) {}
+  static CallOptions Axis(std::string_view axis) { return {std::chrono::milliseconds(0), axis}; }
+
+  // 0: the communicator's default (CommConfig::timeout).
+  std::chrono::milliseconds timeout{0};
+  // The axis label the call is charged to in CommStats; empty: name(). CONVENTIONS §6 charges
+  // traffic to the parallelism that caused it, e.g. FSDP's gathers over the dp_shard_cp group
+  // are charged to "dp_shard".
+  std::string_view axis;
+};
+
+// One rank's handle on one process group. Peers and roots are group ranks in [0, size()).
+//
+// Semantics: every collective is blocking and must be called by all members in the same order
+// with the same sizes (and root). Reductions are float32 sums. On return the result is final
+// and identical on every rank. Sends may block until the peer posts the matching Recv (they
+// do on Gloo), so exchanges between two ranks go through SendRecv, never Send-then-Recv on
+// both sides.
+//
+// Errors: every wait is bounded by the call's timeout; a hung peer gives DEADLINE_EXCEEDED and
+// a dead one UNAVAILABLE (or DEADLINE_EXCEEDED, whichever the transport sees first), with a
+// message naming the group, the op and this rank. After such an error the group's state is
+// unknown: the communicator keeps the first error and fails every later call with
+// FAILED_PRECONDITION (rebuild the communicators, i.e. restart the job). Invalid arguments
+// give INVALID_ARGUMENT and leave the communicator usable.
+//
+// Accounting: each successful call of a group with size() > 1 adds its seconds and bus bytes
+// (comm_stats.h) to CommStats under (axis label, op). size() == 1 calls return at once (copying
+// input to output where they differ) and count nothing. Zero-sized calls also return at once.
+//
+// Not thread-safe: one thread issues a communicator's calls (different communicators of a
+// rank may be used from different threads). Future: an async Work handle and CUDA streams
+// (NCCL) slot in as new methods next to these.
+class Communicator {
+ public:
+  using Duration = std::chrono::milliseconds;
+
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return config_.rank; }
+  int size() const { return config_.size; }
+  const std::string& name() const { return config_.name; }
+  const std::string& group_id() const { return config_.group_id; }
+  Duration default_timeout() const { return config_.timeout; }
+  // OK while healthy; afterwards the first error a call returned.
+  const Status& health() const { return first_error_; }
+
+  // In place: data[i] = Σ over ranks of data[i].
+  Status AllReduce(float* data, size_t count, const CallOptions& opts = {});
+  // input holds size()·count floats; output[i] = Σ over ranks of input[rank()·count + i].
+  Status ReduceScatter(const float* input, float* output, size_t count,
+                       const CallOptions& opts = {});
+  // input holds count floats; output (size()·count) = every rank's input in rank order.
+  Status AllGather(const float* input, float* output, size_t count, const CallOptions& opts = {});
+  // data on `root` is copied to every rank's data.
+  Status Broadcast(float* data, size_t count, int root, const CallOptions& opts = {});
+  Status Send(const float* data, size_t count, int peer, const CallOptions& opts = {});
+  Status Recv(float* data, size_t count, int peer, const CallOptions& opts = {});
+  // Sends send_count floats to `dst` while receiving recv_count floats from `src` (a ring
+  // step). dst == src == rank() copies send to recv.
+  Status SendRecv(const float* send_data, size_t send_count, int dst, float* recv_data,
+                  size_t recv_count, int src, const CallOptions& opts = {});
+  Status Barrier(const CallOptions& opts = {});
+
+  // Raw bytes, for data movement that is not float32 (token ids, metadata).
+  Status AllGatherBytes(const void* input, void* output, size_t bytes,
+                        const CallOptions& opts = {});
+  Status BroadcastBytes(void* data, size_t bytes, int root, const CallOptions& opts = {});
+  Status SendBytes(const void* data, size_t bytes, int peer, const CallOptions& opts = {});
+  Status RecvBytes(void* data, size_t bytes, int peer, const CallOptions& opts = {});
+  Status SendRecvBytes(const void* send_data, size_t send_bytes, int dst, void* recv_data,
+                       size_t recv_bytes, int src, const CallOptions& opts = {});
+
+ protected:
+  explicit Communicator(CommConfig config) : config_(std::move(config)) {}
+
+  // Backend hooks. The base class calls them only with size() > 1, arguments checked, sizes
+  // nonzero (Barrier aside) and timeout > 0; it adds the group, op and rank to any error, and
+  // does the timing and counting. Hooks must not throw.
+  virtual Status DoAllReduce(float* data, size_t count, Duration timeout) = 0;
+  virtual Status DoReduceScatter(const float* input, float* output, size_t count,
+                                 Duration timeout) = 0;
+  virtual Status DoAllGather(const void* input, void* output, size_t bytes, Duration timeout) = 0;
+  virtual Status DoBroadcast(void* data, size_t bytes, int root, Duration timeout) = 0;
+  // dst < 0: nothing to send; src < 0: nothing to receive. Never both; never this rank.
+  virtual Status DoSendRecv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
+                            size_t recv_bytes, int src, Duration timeout) = 0;
+  virtual Status DoBarrier(Duration timeout) = 0;
+
+ private:
+  // Runs `body` (a backend hook) with the health check, timing, error wrapping and counting
+  // shared by every op. `bytes` is the S of BusBytes.
+  template <typename Body>
+  Status Run(CommOp op, size_t bytes, const CallOptions& opts, Body body);
+  Status CheckPeer(CommOp op, int peer, const char* what) const;
+  std::string Describe(CommOp op) const;
+
+  CommConfig config_;
+  Status first_error_;
+};
+
+// A size-1 communicator: every call returns at once (copying input to output where needed).
+// MeshComms hands these out for axes of size 1. config.size must be 1.
+std::unique_ptr<Communicator> MakeSoloCommunicator(CommConfig config);
+
+// Builds communicators: a pluggable bootstrap per backend (Gloo, fake; NCCL later).
+class CommBackend {
+ public:
+  virtual ~CommBackend() = default;
+
+  // "gloo", "fake", …
+  virtual std::string name() const = 0;
+
+  // This rank's communicator of the group described by `config` (config.size > 1). `store` is
+  // private to the group: every member passes a store with the same namespace (e.g. a
+  // PrefixStore "comm/tp/1"). May block until all members joined (Gloo does; the fake does
+  // not), at most config.timeout (DEADLINE_EXCEEDED naming the group). Thread-safe; callers
+  // connect groups in one fixed order on every rank (MeshComms does).
+  virtual StatusOr<std::unique_ptr<Communicator>> Connect(const CommConfig& config,
+                                                          std::shared_ptr<Store> store) = 0;
+};
+
+}  // namespace meshrun

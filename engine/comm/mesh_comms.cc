@@ -1,0 +1,58 @@
+// Connects one communicator per mesh axis, in the fixed kAllMeshAxes order on every rank, so
+// that each group's bootstrap only waits on peers that are at the same axis.
+#include "engine/comm/mesh_comms.h"
+
+#include <algorithm>
+
+namespace meshrun {
+
+StatusOr<std::unique_ptr<MeshComms>> MeshComms::Create(const ParallelDims& dims, int rank,
+                                                       std::shared_ptr<Store> store,
+                                                       CommBackend& backend,
+                                                       std::shared_ptr<CommStats> stats,
+                                                       const MeshCommsOptions& options) {
+  if (rank < 0 || rank >= dims.world_size()) {
+    return InvalidArgumentError("mesh comms: rank " + std::to_string(rank) +
+                                " is outside the world [0, " + std::to_string(dims.world_size()) +
+                                ") of " + dims.ToString());
+  }
+  if (!store) return InvalidArgumentError("mesh comms: no store");
+  std::unique_ptr<MeshComms> mesh(new MeshComms(dims, rank, stats));
+  static_assert(static_cast<size_t>(MeshAxis::kDpCp) + 1 == kNumAxes,
+                "MeshComms indexes its arrays by MeshAxis");
+  for (MeshAxis axis : kAllMeshAxes) {
+    const std::vector<std::vector<int>> groups = dims.Groups(axis);
+    std::vector<int> members = dims.GroupOf(rank, axis);
+    const auto it = std::find(groups.begin(), groups.end(), members);
+    const int group_index = static_cast<int>(it - groups.begin());
+    const std::string axis_name = MeshAxisName(axis);
+
+    CommConfig config;
+    config.name = axis_name;
+    config.group_id = options.store_prefix + "/" + axis_name + "/" + std::to_string(group_index);
+    config.rank = dims.IndexInGroup(rank, axis);
+    config.size = static_cast<int>(members.size());
+    config.timeout = options.timeout;
+    config.stats = stats;
+
+    std::unique_ptr<Communicator> comm;
+    if (config.size == 1) {
+      comm = MakeSoloCommunicator(config);
+    } else {
+      auto group_store = std::make_shared<PrefixStore>(config.group_id, store);
+      StatusOr<std::unique_ptr<Communicator>> connected = backend.Connect(config, group_store);
+      if (!connected.ok()) {
+        return Status(connected.status().code(),
+                      "mesh comms: rank " + std::to_string(rank) + " could not connect its " +
+                          axis_name + " group " + config.group_id + " (" + backend.name() +
+                          "): " + connected.status().message());
+      }
+      comm = std::move(connected).value();
+    }
+    mesh->comms_[Index(axis)] = std::move(comm);
+    mesh->members_[Index(axis)] = std::move(members);
+  }
+  return mesh;
+}
+
+}  // namespace meshrun
