@@ -1,0 +1,18 @@
+// meshrun: the client command line. main() only wires commands together; each command lives in
+// client/<name>_command.{h,cc} and adds itself with Register<Name>Command (see command.h).
+#include <CLI/CLI.hpp>
+
+#include "client/command.h"
+#include "client/validate_command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshrun: N-D parallel GPT training (dp_replicate x dp_shard x cp x tp)", "meshrun"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", MESHRUN_VERSION);
+
+  meshrun::client::CommandResult result;
+  meshrun::client::RegisterValidateCommand(app, result);
+  // New commands register here, one line each: RegisterTrainCommand(app, result); ...
+
+  return meshrun::client::RunCommandLine(app, argc, argv, result);
+}

@@ -1,0 +1,128 @@
+// `meshrun validate`: load the spec (with --set), validate it (with --nproc), print it and its
+// mesh as text or JSON. Everything it checks lives in common/; this file only wires and prints.
+#include "client/validate_command.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <iomanip>
+#include <memory>
+#include <sstream>
+#include <type_traits>
+
+#include "common/job_spec_yaml.h"
+
+namespace meshrun::client {
+namespace {
+
+void ReportTo(std::ostream& err, const Status& status) {
+  std::string message = status.message();
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  err << "error: " << message << std::endl;
+}
+
+}  // namespace
+
+void RegisterValidateCommand(CLI::App& app, CommandResult& result) {
+  auto options = std::make_shared<ValidateOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "validate", "Check a job spec; print the resolved spec and the mesh (rank -> coordinates)");
+  cmd->add_option("-f,--file", options->file, "job spec (YAML)")->required();
+  cmd->add_option("--set", options->overrides,
+                  "override a field: dotted.path=value (repeatable), e.g. parallelism.tp_size=2")
+      ->expected(1)
+      ->take_all();
+  cmd->add_option("--nproc", options->nproc,
+                  "number of ranks the job will run on; the mesh must have that many")
+      ->check(CLI::Range(1, ParallelDims::kMaxWorldSize));
+  cmd->add_option("-o,--output", options->output, "output format: text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->callback([options, &result] {
+    result.run = [options] { return RunValidate(*options, std::cout, std::cerr); };
+  });
+}
+
+int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream& err) {
+  StatusOr<JobSpec> spec = LoadJobSpecFile(options.file, options.overrides);
+  if (!spec.ok()) {
+    ReportTo(err, spec.status());
+    return ExitCodeFor(spec.status());
+  }
+  if (Status status = ValidateJobSpec(*spec, options.nproc); !status.ok()) {
+    ReportTo(err, status);
+    return ExitCodeFor(status);
+  }
+  StatusOr<ParallelDims> mesh = MeshOf(*spec);
+  if (!mesh.ok()) {  // ValidateJobSpec checked the sizes; kept for safety
+    ReportTo(err, mesh.status());
+    return ExitCodeFor(mesh.status());
+  }
+
+  if (options.output == "json") {
+    nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+    for (int rank = 0; rank < mesh->world_size(); ++rank) {
+      ranks.push_back({{"rank", rank}, {"coords", CoordsToJson(mesh->CoordsOf(rank))}});
+    }
+    const nlohmann::ordered_json report = {
+        {"spec", JobSpecToJson(*spec)}, {"mesh", MeshToJson(*mesh)}, {"ranks", ranks}};
+    out << report.dump(2) << std::endl;
+  } else {
+    out << "# job spec, resolved (defaults and --set applied)\n"
+        << JobSpecToYaml(*spec) << "\n# mesh: " << mesh->ToString() << "\n"
+        << FormatMeshTable(*mesh) << std::flush;
+  }
+  return kExitOk;
+}
+
+std::string FormatMeshTable(const ParallelDims& mesh) {
+  static constexpr const char* kHeaders[] = {"rank", "dp_replicate", "dp_shard", "cp", "tp"};
+  const int max_values[] = {mesh.world_size() - 1, mesh.dp_replicate() - 1, mesh.dp_shard() - 1,
+                            mesh.cp() - 1, mesh.tp() - 1};
+  int widths[5];
+  for (int i = 0; i < 5; ++i) {
+    widths[i] =
+        std::max<int>(std::string(kHeaders[i]).size(), std::to_string(max_values[i]).size());
+  }
+  std::ostringstream table;
+  for (int i = 0; i < 5; ++i) {
+    table << (i ? "  " : "") << std::setw(widths[i]) << (i ? std::right : std::left) << kHeaders[i];
+  }
+  table << "\n";
+  for (int rank = 0; rank < mesh.world_size(); ++rank) {
+    const MeshCoords c = mesh.CoordsOf(rank);
+    const int values[] = {rank, c.dp_replicate, c.dp_shard, c.cp, c.tp};
+    for (int i = 0; i < 5; ++i) {
+      table << (i ? "  " : "") << std::right << std::setw(widths[i]) << values[i];
+    }
+    table << "\n";
+  }
+  return table.str();
+}
+
+nlohmann::ordered_json MeshToJson(const ParallelDims& mesh) {
+  return {{"dp_replicate", mesh.dp_replicate()},
+          {"dp_shard", mesh.dp_shard()},
+          {"cp", mesh.cp()},
+          {"tp", mesh.tp()},
+          {"world_size", mesh.world_size()}};
+}
+
+nlohmann::ordered_json CoordsToJson(const MeshCoords& coords) {
+  return {{"dp_replicate", coords.dp_replicate},
+          {"dp_shard", coords.dp_shard},
+          {"cp", coords.cp},
+          {"tp", coords.tp}};
+}
+
+nlohmann::ordered_json JobSpecToJson(const JobSpec& spec) {
+  nlohmann::ordered_json json = nlohmann::ordered_json::object();
+  ForEachJobSpecField(spec, [&](std::string_view section, std::string_view key, const auto& value) {
+    if (section.empty()) {
+      json[std::string(key)] = value;
+    } else {
+      json[std::string(section)][std::string(key)] = value;
+    }
+  });
+  return json;
+}
+
+}  // namespace meshrun::client

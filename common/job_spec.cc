@@ -1,0 +1,401 @@
+// ValidateJobSpec: per-field ranges and enums in spec order, then the cross-field mesh rules of
+// CONVENTIONS §1. Every error names the field, the values and a fix.
+#include "common/job_spec.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <type_traits>
+
+namespace meshrun {
+namespace {
+
+Status Invalid(const std::string& path, const std::string& what, const std::string& hint) {
+  return InvalidArgumentError(path + ": " + what + " (hint: " + hint + ")");
+}
+
+template <typename T>
+requires std::is_integral_v<T> std::string Str(T v) {
+  return std::to_string(v);
+}
+
+// The shortest form that reads back as the same double.
+std::string Str(double v) {
+  char buf[64];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof(buf), "%.*g", precision, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+// "a", "a or b", "a, b or c".
+std::string JoinOr(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += (i + 1 == items.size()) ? " or " : ", ";
+    out += items[i];
+  }
+  return out;
+}
+
+std::string JoinOr(const std::vector<int64_t>& values) {
+  std::vector<std::string> items;
+  for (int64_t v : values) items.push_back(Str(v));
+  return JoinOr(items);
+}
+
+// Up to `count` candidates closest to `target` (ties go to the smaller), `target` itself left
+// out, returned ascending. Used to suggest valid sizes in hints.
+std::vector<int64_t> Closest(std::vector<int64_t> candidates, int64_t target, size_t count = 2) {
+  std::erase(candidates, target);
+  std::sort(candidates.begin(), candidates.end(), [target](int64_t a, int64_t b) {
+    const int64_t da = std::llabs(a - target), db = std::llabs(b - target);
+    return da != db ? da < db : a < b;
+  });
+  if (candidates.size() > count) candidates.resize(count);
+  std::sort(candidates.begin(), candidates.end());
+  return candidates;
+}
+
+std::vector<int64_t> Divisors(int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    out.push_back(d);
+    if (d != n / d) out.push_back(n / d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The multiples of `step` just below (when positive) and just above `value`.
+std::vector<int64_t> NearbyMultiples(int64_t value, int64_t step) {
+  std::vector<int64_t> out;
+  const int64_t below = value / step * step;
+  if (below > 0) out.push_back(below);
+  out.push_back(below + step);
+  return out;
+}
+
+bool IsValidUtf8WithoutControls(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int extra = 0;
+    uint32_t cp = 0;
+    if ((c & 0xe0) == 0xc0) {
+      extra = 1, cp = c & 0x1f;
+    } else if ((c & 0xf0) == 0xe0) {
+      extra = 2, cp = c & 0x0f;
+    } else if ((c & 0xf8) == 0xf0) {
+      extra = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + extra >= s.size()) return false;
+    for (int k = 1; k <= extra; ++k) {
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3f);
+    }
+    static constexpr uint32_t kMinForLength[4] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMinForLength[extra] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    if (cp >= 0x80 && cp < 0xa0) return false;  // C1 controls
+    i += extra + 1;
+  }
+  return true;
+}
+
+Status CheckName(const std::string& name) {
+  const bool chars_ok = std::all_of(name.begin(), name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.';
+  });
+  if (name.empty() || name.size() > 128 || !chars_ok) {
+    return Invalid("name", QuoteForMessage(name) + " is not a valid job name",
+                   "use 1 to 128 letters, digits, '-', '_' or '.', e.g. tiny-demo");
+  }
+  return OkStatus();
+}
+
+// Every string field: printable UTF-8 of sane length; enum fields: one of their values.
+Status CheckStrings(const JobSpec& spec) {
+  Status status;
+  ForEachJobSpecField(spec, [&](std::string_view section, std::string_view key, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (!status.ok() || section.empty()) return;
+      const std::string path = std::string(section) + "." + std::string(key);
+      if (value.size() > 4096 || !IsValidUtf8WithoutControls(value)) {
+        status = Invalid(path, "contains control characters, invalid UTF-8 or over 4096 bytes",
+                         "write a plain path or word");
+        return;
+      }
+      const std::vector<std::string> allowed = AllowedValues(section, key);
+      if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), value) == allowed.end()) {
+        std::vector<std::string> quoted;
+        for (const auto& a : allowed) quoted.push_back("'" + a + "'");
+        status = Invalid(path, QuoteForMessage(value) + " is not one of " + JoinOr(quoted),
+                         "use " + JoinOr(quoted));
+      }
+    }
+  });
+  return status;
+}
+
+Status AtLeast(const std::string& path, int64_t value, int64_t min, const std::string& hint) {
+  if (value >= min) return OkStatus();
+  return Invalid(path, "must be at least " + Str(min) + ", got " + Str(value), hint);
+}
+
+// Finite and in [min, max) or [min, max] (max_inclusive), or > min when min_exclusive.
+Status InRange(const std::string& path, double value, double min, bool min_exclusive, double max,
+               bool max_inclusive, const std::string& hint) {
+  const bool ok = std::isfinite(value) && (min_exclusive ? value > min : value >= min) &&
+                  (max_inclusive ? value <= max : value < max);
+  if (ok) return OkStatus();
+  std::string range = std::string(min_exclusive ? "(" : "[") + Str(min) + ", " +
+                      (std::isinf(max) ? "inf" : Str(max)) + (max_inclusive ? "]" : ")");
+  return Invalid(path, "must be a finite number in " + range + ", got " + Str(value), hint);
+}
+
+constexpr double kInf = INFINITY;
+
+Status CheckModel(const ModelSpec& m) {
+  MESHRUN_RETURN_IF_ERROR(AtLeast("model.n_layer", m.n_layer, 1, "use 1 or more layers"));
+  MESHRUN_RETURN_IF_ERROR(AtLeast("model.n_head", m.n_head, 1, "use 1 or more heads"));
+  MESHRUN_RETURN_IF_ERROR(AtLeast("model.d_model", m.d_model, 1, "use a positive width, e.g. 64"));
+  MESHRUN_RETURN_IF_ERROR(
+      AtLeast("model.seq_len", m.seq_len, 1, "use a positive context length, e.g. 64"));
+  return AtLeast("model.vocab_size", m.vocab_size, 1,
+                 "use 256 for byte-level text, 50257 for GPT-2 tokens");
+}
+
+Status CheckTrain(const TrainSpec& t) {
+  MESHRUN_RETURN_IF_ERROR(AtLeast("train.steps", t.steps, 1, "train for 1 or more steps"));
+  MESHRUN_RETURN_IF_ERROR(AtLeast("train.global_batch_size", t.global_batch_size, 1,
+                                  "use 1 or more sequences per step"));
+  MESHRUN_RETURN_IF_ERROR(AtLeast("train.micro_batch_size", t.micro_batch_size, 1,
+                                  "use 1 or more sequences per micro-batch"));
+  MESHRUN_RETURN_IF_ERROR(
+      InRange("train.lr", t.lr, 0, false, kInf, false, "use a learning rate such as 3e-4"));
+  MESHRUN_RETURN_IF_ERROR(InRange("train.min_lr", t.min_lr, 0, false, kInf, false,
+                                  "use a final learning rate such as lr/10"));
+  if (t.min_lr > t.lr) {
+    return Invalid("train.min_lr", Str(t.min_lr) + " is larger than train.lr(" + Str(t.lr) + ")",
+                   "use a min_lr no larger than lr, such as " + Str(t.lr / 10));
+  }
+  MESHRUN_RETURN_IF_ERROR(
+      AtLeast("train.warmup_steps", t.warmup_steps, 0, "use 0 for no warmup, or a few steps"));
+  if (t.warmup_steps > t.steps) {
+    return Invalid("train.warmup_steps",
+                   Str(t.warmup_steps) + " is more than train.steps(" + Str(t.steps) + ")",
+                   "use a warmup_steps of at most " + Str(t.steps));
+  }
+  MESHRUN_RETURN_IF_ERROR(InRange("train.weight_decay", t.weight_decay, 0, false, kInf, false,
+                                  "use 0 for none, or e.g. 0.1"));
+  MESHRUN_RETURN_IF_ERROR(InRange("train.grad_clip", t.grad_clip, 0, false, kInf, false,
+                                  "use 0 to disable clipping, or e.g. 1.0"));
+  MESHRUN_RETURN_IF_ERROR(
+      InRange("train.beta1", t.beta1, 0, false, 1, false, "use a value in [0, 1) such as 0.9"));
+  MESHRUN_RETURN_IF_ERROR(
+      InRange("train.beta2", t.beta2, 0, false, 1, false, "use a value in [0, 1) such as 0.95"));
+  MESHRUN_RETURN_IF_ERROR(
+      InRange("train.eps", t.eps, 0, true, kInf, false, "use a small positive value such as 1e-8"));
+  return AtLeast("train.seed", t.seed, 0, "use a non-negative seed such as 1337");
+}
+
+Status CheckData(const JobSpec& spec) {
+  const DataSpec& d = spec.data;
+  if (d.train.empty()) {
+    return Invalid("data.train", "required field is missing",
+                   "set data.train to a text file, a folder of text files or a .bin token file");
+  }
+  MESHRUN_RETURN_IF_ERROR(
+      AtLeast("data.eval_every", d.eval_every, 0, "use 0 to never evaluate, or a number of steps"));
+  if (d.eval_every > 0 && d.val.empty()) {
+    return Invalid("data.eval_every",
+                   Str(d.eval_every) + " asks for evaluation but data.val is empty",
+                   "set data.val to a held-out file, or eval_every: 0");
+  }
+  if (d.format == "text" && spec.model.vocab_size < 256) {
+    return Invalid(
+        "model.vocab_size",
+        Str(spec.model.vocab_size) + " is smaller than the 256 byte tokens of data.format text",
+        "use vocab_size: 256 for text data");
+  }
+  return OkStatus();
+}
+
+Status CheckOthers(const JobSpec& spec) {
+  MESHRUN_RETURN_IF_ERROR(AtLeast("checkpoint.every", spec.checkpoint.every, 0,
+                                  "use 0 to checkpoint only after the last step"));
+  MESHRUN_RETURN_IF_ERROR(
+      AtLeast("checkpoint.keep", spec.checkpoint.keep, 1, "keep 1 or more checkpoints"));
+  MESHRUN_RETURN_IF_ERROR(AtLeast("resources.threads", spec.resources.threads, 0,
+                                  "use 0 for OMP_NUM_THREADS or all cores"));
+  return AtLeast("restart.max_restarts", spec.restart.max_restarts, 0,
+                 "use 0 for no automatic restarts");
+}
+
+// The divisibility rules of CONVENTIONS §1, in the order a user fixes them: tensor parallel
+// splits heads and the MLP, heads split the width, cp splits the sequence, dp the batch.
+Status CheckMeshRules(const JobSpec& spec, const ParallelDims& mesh, int nproc) {
+  const ModelSpec& m = spec.model;
+  const int64_t tp = mesh.tp(), cp = mesh.cp();
+  const int64_t mlp = 4 * int64_t{m.d_model};
+  std::vector<int64_t> tp_ok;  // tp sizes that satisfy both tp rules
+  for (int64_t d : Divisors(std::gcd(int64_t{m.n_head}, mlp))) tp_ok.push_back(d);
+  if (m.n_head % tp != 0) {
+    return Invalid(
+        "parallelism.tp_size",
+        "model.n_head(" + Str(m.n_head) + ") is not divisible by tp_size(" + Str(tp) + ")",
+        "use a tp_size that divides " + Str(m.n_head) + ", such as " + JoinOr(Closest(tp_ok, tp)));
+  }
+  if (mlp % tp != 0) {
+    return Invalid("parallelism.tp_size",
+                   "4·model.d_model(" + Str(mlp) + ") is not divisible by tp_size(" + Str(tp) + ")",
+                   "use a tp_size that divides both n_head(" + Str(m.n_head) + ") and " + Str(mlp) +
+                       ", such as " + JoinOr(Closest(tp_ok, tp)));
+  }
+  if (m.d_model % m.n_head != 0) {
+    return Invalid("model.d_model",
+                   Str(m.d_model) + " is not divisible by model.n_head(" + Str(m.n_head) + ")",
+                   "use a d_model that is a multiple of " + Str(m.n_head) + ", such as " +
+                       JoinOr(NearbyMultiples(m.d_model, m.n_head)));
+  }
+  if (cp > 1 && m.seq_len % (2 * cp) != 0) {
+    std::vector<int64_t> cp_ok;
+    for (int64_t d : Divisors(m.seq_len)) {
+      if (d % 2 == 0 && d / 2 > 1) cp_ok.push_back(d / 2);
+    }
+    std::string hint = "use a seq_len that is a multiple of 2·cp_size = " + Str(2 * cp) +
+                       ", such as " + JoinOr(NearbyMultiples(m.seq_len, 2 * cp));
+    hint += cp_ok.empty() ? ", or cp_size: 1"
+                          : ", or a cp_size c with 2·c dividing " + Str(m.seq_len) + ", such as " +
+                                JoinOr(Closest(cp_ok, cp));
+    return Invalid("model.seq_len",
+                   Str(m.seq_len) + " is not divisible by 2·cp_size(" + Str(cp) +
+                       ") = " + Str(2 * cp) + " (each sequence is split into 2·cp_size chunks)",
+                   hint);
+  }
+  const TrainSpec& t = spec.train;
+  const int64_t dp = mesh.AxisSize(MeshAxis::kDp);
+  const int64_t per_step = dp * t.micro_batch_size;
+  if (t.global_batch_size % per_step != 0) {
+    std::string hint = "use a global_batch_size that is a multiple of " + Str(per_step) +
+                       ", such as " + JoinOr(NearbyMultiples(t.global_batch_size, per_step));
+    if (t.global_batch_size % dp == 0) {
+      hint += ", or a micro_batch_size that divides " + Str(t.global_batch_size / dp) +
+              ", such as " +
+              JoinOr(Closest(Divisors(t.global_batch_size / dp), t.micro_batch_size));
+    }
+    return Invalid("train.global_batch_size",
+                   Str(t.global_batch_size) + " is not divisible by dp_replicate_size(" +
+                       Str(mesh.dp_replicate()) + ")·dp_shard_size(" + Str(mesh.dp_shard()) +
+                       ")·micro_batch_size(" + Str(t.micro_batch_size) + ") = " + Str(per_step),
+                   hint);
+  }
+  if (nproc > 0 && mesh.world_size() != nproc) {
+    return Invalid("parallelism",
+                   "dp_replicate_size(" + Str(mesh.dp_replicate()) + ")·dp_shard_size(" +
+                       Str(mesh.dp_shard()) + ")·cp_size(" + Str(cp) + ")·tp_size(" + Str(tp) +
+                       ") = world size " + Str(mesh.world_size()) + " but --nproc is " + Str(nproc),
+                   "pass --nproc " + Str(mesh.world_size()) +
+                       ", or choose sizes whose product is " + Str(nproc));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+std::string EscapeForMessage(std::string_view value) {
+  constexpr size_t kMaxBytes = 80;
+  const bool cut = value.size() > kMaxBytes;
+  if (cut) {
+    value = value.substr(0, kMaxBytes);
+    // Do not end inside a UTF-8 sequence.
+    while (!value.empty() && (static_cast<unsigned char>(value.back()) & 0xc0) == 0x80) {
+      value.remove_suffix(1);
+    }
+    if (!value.empty() && static_cast<unsigned char>(value.back()) >= 0xc0) value.remove_suffix(1);
+  }
+  std::string out;
+  for (char ch : value) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if (byte < 0x20 || byte == 0x7f) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
+      out += escaped;
+    } else {
+      out += ch;
+    }
+  }
+  return cut ? out + "..." : out;
+}
+
+std::string QuoteForMessage(std::string_view value) {
+  std::string quoted = "'";
+  quoted += EscapeForMessage(value);
+  quoted += '\'';
+  return quoted;
+}
+
+const std::vector<std::string>& JobSpecSections() {
+  static const std::vector<std::string> sections = [] {
+    std::vector<std::string> out;
+    JobSpec spec;
+    ForEachJobSpecField(spec, [&](std::string_view section, std::string_view, auto&) {
+      if (!section.empty() && (out.empty() || out.back() != section)) out.emplace_back(section);
+    });
+    return out;
+  }();
+  return sections;
+}
+
+std::vector<std::string> JobSpecKeys(std::string_view section) {
+  std::vector<std::string> keys;
+  JobSpec spec;
+  ForEachJobSpecField(spec, [&](std::string_view s, std::string_view key, auto&) {
+    if (s == section) keys.emplace_back(key);
+  });
+  return keys;
+}
+
+std::vector<std::string> AllowedValues(std::string_view section, std::string_view key) {
+  const std::string path = std::string(section) + "." + std::string(key);
+  if (path == "model.arch") return {"gpt2"};
+  if (path == "parallelism.cp_comm_strategy") return {"allgather", "ring"};
+  if (path == "train.precision") return {"fp32", "bf16"};
+  if (path == "data.format") return {"auto", "text", "llmc", "nanogpt"};
+  if (path == "data.order") return {"sequential", "shuffled"};
+  if (path == "checkpoint.resume") return {"auto", "never"};
+  if (path == "resources.device") return {"cpu", "cuda"};
+  return {};
+}
+
+StatusOr<ParallelDims> MeshOf(const JobSpec& spec) {
+  const ParallelismSpec& p = spec.parallelism;
+  return ParallelDims::Create(p.dp_replicate_size, p.dp_shard_size, p.cp_size, p.tp_size);
+}
+
+Status ValidateJobSpec(const JobSpec& spec, int nproc) {
+  MESHRUN_RETURN_IF_ERROR(CheckName(spec.name));
+  MESHRUN_RETURN_IF_ERROR(CheckStrings(spec));
+  MESHRUN_RETURN_IF_ERROR(CheckModel(spec.model));
+  MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
+  MESHRUN_RETURN_IF_ERROR(CheckTrain(spec.train));
+  MESHRUN_RETURN_IF_ERROR(CheckData(spec));
+  MESHRUN_RETURN_IF_ERROR(CheckOthers(spec));
+  return CheckMeshRules(spec, mesh, nproc);
+}
+
+}  // namespace meshrun

@@ -1,0 +1,175 @@
+// The job spec of CONVENTIONS §5 as plain structs with every default, the one table of its
+// fields (ForEachJobSpecField), and ValidateJobSpec: ranges, enums and the mesh rules of §1.
+// Pure: no I/O. The YAML reader/writer lives in common/job_spec_yaml.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/parallel_dims.h"
+#include "common/status.h"
+
+namespace meshrun {
+
+// Field names are the YAML keys, so the structs read like the spec.
+struct ModelSpec {
+  std::string arch = "gpt2";  // gpt2
+  int n_layer = 2;
+  int n_head = 4;
+  int d_model = 64;
+  int seq_len = 64;
+  int vocab_size = 256;
+  std::string init_from;  // a Hugging Face GPT-2 folder (§4 layout); empty: random init
+
+  bool operator==(const ModelSpec&) const = default;
+};
+
+struct ParallelismSpec {
+  int dp_replicate_size = 1;
+  int dp_shard_size = 1;
+  int cp_size = 1;
+  int tp_size = 1;
+  std::string cp_comm_strategy = "allgather";  // allgather | ring
+
+  bool operator==(const ParallelismSpec&) const = default;
+};
+
+struct TrainSpec {
+  int steps = 20;
+  int global_batch_size = 8;  // sequences per optimizer step, independent of the mesh
+  int micro_batch_size = 2;   // sequences per forward/backward on one dp rank
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int warmup_steps = 2;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;  // global L2 norm; 0 disables clipping
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  int64_t seed = 1337;
+  std::string precision = "fp32";  // fp32 | bf16
+
+  bool operator==(const TrainSpec&) const = default;
+};
+
+struct DataSpec {
+  std::string train;                 // required: a text file, a folder of text files or a .bin file
+  std::string val;                   // optional, same kinds
+  std::string format = "auto";       // auto | text | llmc | nanogpt
+  std::string order = "sequential";  // sequential | shuffled
+  int eval_every = 0;                // steps between evaluations on val; 0: never
+
+  bool operator==(const DataSpec&) const = default;
+};
+
+struct CheckpointSpec {
+  std::string dir;              // empty: no checkpoints
+  int every = 0;                // steps between checkpoints; 0: only after the last step
+  int keep = 2;                 // complete checkpoints kept
+  std::string resume = "auto";  // auto | never
+
+  bool operator==(const CheckpointSpec&) const = default;
+};
+
+struct ResourcesSpec {
+  std::string device = "cpu";  // cpu | cuda
+  int threads = 0;             // per rank; 0: OMP_NUM_THREADS, else all cores
+
+  bool operator==(const ResourcesSpec&) const = default;
+};
+
+struct RestartSpec {
+  int max_restarts = 0;
+
+  bool operator==(const RestartSpec&) const = default;
+};
+
+struct JobSpec {
+  std::string name = "job";
+  ModelSpec model;
+  ParallelismSpec parallelism;
+  TrainSpec train;
+  DataSpec data;
+  CheckpointSpec checkpoint;
+  ResourcesSpec resources;
+  RestartSpec restart;
+
+  bool operator==(const JobSpec&) const = default;
+};
+
+// Calls f(section, key, member) for every field in spec order, section "" for the top-level
+// `name`; member is an int&, int64_t&, double& or std::string& (const when spec is const).
+// This is the one table of the schema: the YAML reader, the writer, --set and the JSON output
+// all walk it, so a new field is added here and in its struct, nowhere else.
+template <typename Spec, typename F>
+void ForEachJobSpecField(Spec& spec, F&& f) {
+  f("", "name", spec.name);
+  auto& m = spec.model;
+  f("model", "arch", m.arch);
+  f("model", "n_layer", m.n_layer);
+  f("model", "n_head", m.n_head);
+  f("model", "d_model", m.d_model);
+  f("model", "seq_len", m.seq_len);
+  f("model", "vocab_size", m.vocab_size);
+  f("model", "init_from", m.init_from);
+  auto& p = spec.parallelism;
+  f("parallelism", "dp_replicate_size", p.dp_replicate_size);
+  f("parallelism", "dp_shard_size", p.dp_shard_size);
+  f("parallelism", "cp_size", p.cp_size);
+  f("parallelism", "tp_size", p.tp_size);
+  f("parallelism", "cp_comm_strategy", p.cp_comm_strategy);
+  auto& t = spec.train;
+  f("train", "steps", t.steps);
+  f("train", "global_batch_size", t.global_batch_size);
+  f("train", "micro_batch_size", t.micro_batch_size);
+  f("train", "lr", t.lr);
+  f("train", "min_lr", t.min_lr);
+  f("train", "warmup_steps", t.warmup_steps);
+  f("train", "weight_decay", t.weight_decay);
+  f("train", "grad_clip", t.grad_clip);
+  f("train", "beta1", t.beta1);
+  f("train", "beta2", t.beta2);
+  f("train", "eps", t.eps);
+  f("train", "seed", t.seed);
+  f("train", "precision", t.precision);
+  auto& d = spec.data;
+  f("data", "train", d.train);
+  f("data", "val", d.val);
+  f("data", "format", d.format);
+  f("data", "order", d.order);
+  f("data", "eval_every", d.eval_every);
+  auto& c = spec.checkpoint;
+  f("checkpoint", "dir", c.dir);
+  f("checkpoint", "every", c.every);
+  f("checkpoint", "keep", c.keep);
+  f("checkpoint", "resume", c.resume);
+  f("resources", "device", spec.resources.device);
+  f("resources", "threads", spec.resources.threads);
+  f("restart", "max_restarts", spec.restart.max_restarts);
+}
+
+// The sections of the spec in order: "model", "parallelism", ... "restart".
+const std::vector<std::string>& JobSpecSections();
+// The keys of one section (or of the top level for ""), in spec order; empty if unknown.
+std::vector<std::string> JobSpecKeys(std::string_view section);
+
+// The values an enum-like string field accepts, e.g. {"auto","text","llmc","nanogpt"} for
+// ("data", "format"); empty for free-form fields.
+std::vector<std::string> AllowedValues(std::string_view section, std::string_view key);
+
+// `value` made safe for an error message: control bytes written as \xNN and long values cut
+// to 80 bytes, so that a message always stays one printable line. Quote adds single quotes.
+std::string EscapeForMessage(std::string_view value);
+std::string QuoteForMessage(std::string_view value);
+
+// Checks every range and enum and every cross-field rule of CONVENTIONS §1. nproc > 0 also
+// requires the world size to equal nproc (0: not checked). Errors are INVALID_ARGUMENT with
+// the message `<field.path>: <what is wrong, with the values> (hint: <how to fix>)`.
+Status ValidateJobSpec(const JobSpec& spec, int nproc = 0);
+
+// The mesh of a spec (only the sizes are checked here; ValidateJobSpec checks the rest).
+StatusOr<ParallelDims> MeshOf(const JobSpec& spec);
+
+}  // namespace meshrun

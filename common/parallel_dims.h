@@ -1,0 +1,91 @@
+// The device mesh of CONVENTIONS §1: axis sizes (R, S, C, T), rank <-> coordinates, and the
+// process groups of every axis (single and flattened). Pure arithmetic: no I/O, no threads.
+#pragma once
+
+#include <array>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace meshrun {
+
+// Mesh axes. The first four are the mesh's own axes, outermost to innermost; the last three
+// are flattened products of adjacent axes.
+enum class MeshAxis {
+  kDpReplicate,  // "dp_replicate": full replicas, gradients all-reduced (HSDP outer axis)
+  kDpShard,      // "dp_shard": FSDP sharding
+  kCp,           // "cp": context parallel
+  kTp,           // "tp": tensor parallel
+  kDp,           // "dp" = dp_replicate x dp_shard: ranks that see different data
+  kDpShardCp,    // "dp_shard_cp" = dp_shard x cp: the group FSDP shards parameters over
+  kDpCp,         // "dp_cp" = dp_replicate x dp_shard x cp: ranks that hold different tokens
+};
+
+inline constexpr std::array<MeshAxis, 7> kAllMeshAxes = {
+    MeshAxis::kDpReplicate, MeshAxis::kDpShard,   MeshAxis::kCp,  MeshAxis::kTp,
+    MeshAxis::kDp,          MeshAxis::kDpShardCp, MeshAxis::kDpCp};
+
+// "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp".
+const char* MeshAxisName(MeshAxis axis);
+// The inverse of MeshAxisName; nullopt for an unknown name.
+std::optional<MeshAxis> MeshAxisFromName(std::string_view name);
+
+// A rank's position on the four mesh axes (each in [0, size)).
+struct MeshCoords {
+  int dp_replicate = 0;
+  int dp_shard = 0;
+  int cp = 0;
+  int tp = 0;
+
+  bool operator==(const MeshCoords&) const = default;
+};
+
+// Axis sizes of one job's mesh and the rank arithmetic on them. A value type: immutable after
+// Create, cheap to copy, safe to share between threads. Rank arguments outside
+// [0, world_size()) are a caller bug (asserted).
+class ParallelDims {
+ public:
+  // Largest world size accepted; keeps every rank computation inside int.
+  static constexpr int kMaxWorldSize = 1 << 20;
+
+  // Fails with INVALID_ARGUMENT naming the field (e.g. `parallelism.cp_size`) when a size is
+  // below 1, or naming `parallelism` when the product exceeds kMaxWorldSize.
+  static StatusOr<ParallelDims> Create(int dp_replicate, int dp_shard, int cp, int tp);
+
+  int dp_replicate() const { return sizes_[0]; }
+  int dp_shard() const { return sizes_[1]; }
+  int cp() const { return sizes_[2]; }
+  int tp() const { return sizes_[3]; }
+  int world_size() const { return sizes_[0] * sizes_[1] * sizes_[2] * sizes_[3]; }
+
+  // Number of ranks in one group of `axis` (the product for flattened axes).
+  int AxisSize(MeshAxis axis) const;
+
+  // g = ((r·S + s)·C + c)·T + t and its inverse.
+  MeshCoords CoordsOf(int rank) const;
+  int RankOf(const MeshCoords& coords) const;
+
+  // Every group of `axis`, each sorted ascending, ordered by their smallest rank. The groups
+  // partition the world; members differ only in the coordinates the axis spans.
+  std::vector<std::vector<int>> Groups(MeshAxis axis) const;
+  // The group of `axis` that holds `rank`, sorted ascending.
+  std::vector<int> GroupOf(int rank, MeshAxis axis) const;
+  // Position of `rank` in GroupOf(rank, axis): the row-major index over the spanned axes,
+  // e.g. d = r·S + s for dp and s·C + c for dp_shard_cp.
+  int IndexInGroup(int rank, MeshAxis axis) const;
+
+  // "dp_replicate=1 dp_shard=2 cp=1 tp=2 (world size 4)".
+  std::string ToString() const;
+
+  bool operator==(const ParallelDims&) const = default;
+
+ private:
+  explicit ParallelDims(std::array<int, 4> sizes) : sizes_(sizes) {}
+
+  std::array<int, 4> sizes_;  // R, S, C, T
+};
+
+}  // namespace meshrun
