@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "client/command.h"
+#include "client/train_command.h"
 #include "client/validate_command.h"
 
 int main(int argc, char** argv) {
@@ -12,7 +13,10 @@ int main(int argc, char** argv) {
 
   meshrun::client::CommandResult result;
   meshrun::client::RegisterValidateCommand(app, result);
-  // New commands register here, one line each: RegisterTrainCommand(app, result); ...
+  meshrun::client::RegisterTrainCommand(app, result);
+  meshrun::client::RegisterEvalCommand(app, result);
+  meshrun::client::RegisterExportCommand(app, result);
+  // New commands register here, one line each.
 
   return meshrun::client::RunCommandLine(app, argc, argv, result);
 }

@@ -1,0 +1,251 @@
+// `meshrun train|eval|export`: load and validate the spec, build the engine's Trainer, print
+// one line per step (text for people, JSON objects for programs; CONVENTIONS §6 shapes).
+#include "client/train_command.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "common/job_spec_yaml.h"
+#include "engine/data/token_stream.h"
+#include "engine/io/checkpoint.h"
+#include "engine/model/hf_gpt2.h"
+#include "engine/train/trainer.h"
+
+namespace meshrun::client {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+struct TrainFlags {
+  std::string file;
+  std::vector<std::string> overrides;
+  int nproc = 1;
+  std::string output = "text";
+  int64_t stop_after = 0;
+};
+
+// Prints what the training loop reports: JSON lines on stdout with -o json (and nothing else
+// there), a readable line per step otherwise. Logs go to stderr either way.
+class PrintingObserver final : public TrainObserver {
+ public:
+  PrintingObserver(bool json_output, int64_t steps) : json_(json_output), steps_(steps) {}
+
+  void OnStep(const StepMetrics& m) override {
+    if (json_) {
+      json line = {{"event", "step"},
+                   {"step", m.step},
+                   {"loss", m.loss},
+                   {"lr", m.lr},
+                   {"grad_norm", m.grad_norm},
+                   {"step_seconds", m.step_seconds},
+                   {"tokens_per_second", m.tokens_per_second},
+                   {"tflops", m.tflops},
+                   {"mfu", m.mfu},
+                   {"peak_memory_bytes", m.peak_memory_bytes}};
+      std::cout << line.dump() << std::endl;
+    } else {
+      std::printf("step %5lld/%-5lld loss %.4f  lr %.3e  norm %.3f  %7.1f ms  %9.0f tok/s  "
+                  "%.4f TFLOP/s  MFU %5.1f%%  peak %.1f MiB\n",
+                  static_cast<long long>(m.step), static_cast<long long>(steps_), m.loss, m.lr,
+                  m.grad_norm, m.step_seconds * 1e3, m.tokens_per_second, m.tflops,
+                  100.0 * m.mfu, static_cast<double>(m.peak_memory_bytes) / (1 << 20));
+      std::fflush(stdout);
+    }
+  }
+  void OnEval(const EvalMetrics& e) override {
+    if (json_) {
+      json line = {{"event", "eval"}, {"step", e.step}, {"loss", e.loss}, {"tokens", e.tokens}};
+      std::cout << line.dump() << std::endl;
+    } else {
+      std::printf("eval  step %lld  val loss %.4f over %lld tokens\n",
+                  static_cast<long long>(e.step), e.loss, static_cast<long long>(e.tokens));
+    }
+  }
+  void OnLog(const std::string& line) override { std::cerr << line << std::endl; }
+
+ private:
+  bool json_;
+  int64_t steps_;
+};
+
+void AddSpecOptions(CLI::App* cmd, std::string* file, std::vector<std::string>* overrides) {
+  cmd->add_option("-f,--file", *file, "job spec (YAML)")->required();
+  cmd->add_option("--set", *overrides, "override a field: dotted.path=value (repeatable)")
+      ->expected(1)
+      ->take_all();
+}
+
+StatusOr<JobSpec> LoadSpec(const std::string& file, const std::vector<std::string>& overrides,
+                           int nproc) {
+  MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpecFile(file, overrides));
+  MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, nproc));
+  return spec;
+}
+
+int RunTrain(const TrainFlags& o) {
+  StatusOr<JobSpec> spec = LoadSpec(o.file, o.overrides, o.nproc);
+  if (!spec.ok()) return ReportError(spec.status());
+  if (o.nproc > 1) {
+    return ReportError(UnimplementedError(
+        "--nproc: multi-process training (" + std::to_string(o.nproc) +
+        " ranks) is not built yet (hint: run a 1-rank mesh with --nproc 1)"));
+  }
+  meshrun::TrainOptions options;
+  options.stop_after_step = o.stop_after;
+  options.spec_yaml = JobSpecToYaml(*spec);
+  StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, options);
+  if (!trainer.ok()) return ReportError(trainer.status());
+  const bool as_json = o.output == "json";
+  PrintingObserver observer(as_json, spec->train.steps);
+  StatusOr<RunSummary> summary = (*trainer)->Run(&observer);
+  if (!summary.ok()) return ReportError(summary.status());
+  const RunSummary& s = *summary;
+  if (as_json) {
+    json comm = json::object();
+    for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"}) comm[axis] = s.comm_bytes.at(axis);
+    json line = {{"event", "summary"},
+                 {"steps", s.steps},
+                 {"final_loss", s.final_loss},
+                 {"losses", s.losses},
+                 {"tokens_per_second", s.tokens_per_second},
+                 {"mfu", s.mfu},
+                 {"peak_memory_bytes", s.peak_memory_bytes},
+                 {"comm_bytes", comm},
+                 {"checkpoint", s.last_checkpoint}};
+    std::cout << line.dump() << std::endl;
+  } else {
+    std::printf("done: %lld steps, final loss %.4f (first %.4f), %.0f tok/s, MFU %.1f%%%s%s\n",
+                static_cast<long long>(s.steps), s.final_loss,
+                s.losses.empty() ? 0.0 : s.losses.front(), s.tokens_per_second, 100.0 * s.mfu,
+                s.last_checkpoint.empty() ? "" : ", checkpoint ", s.last_checkpoint.c_str());
+  }
+  return kExitOk;
+}
+
+// A step folder, or a checkpoint.dir whose newest complete checkpoint is meant.
+StatusOr<std::string> ResolveCheckpoint(const std::string& path, const char* flag) {
+  if (fs::exists(fs::path(path) / kCheckpointMetadataFile)) {
+    MESHRUN_RETURN_IF_ERROR(CheckComplete(path));
+    return path;
+  }
+  std::vector<std::string> warnings;
+  StatusOr<LatestCheckpoint> latest = FindLatestComplete(path, &warnings);
+  for (const std::string& w : warnings) std::cerr << "warning: " << w << std::endl;
+  if (!latest.ok()) {
+    return InvalidArgumentError(std::string(flag) + ": no complete checkpoint in " + path +
+                                " (hint: pass a step-NNNNNNNN folder or a checkpoint.dir)");
+  }
+  return latest->step_dir;
+}
+
+int RunEval(const std::string& file, const std::vector<std::string>& overrides,
+            const std::string& checkpoint, const std::string& tokens, const std::string& output) {
+  StatusOr<JobSpec> spec = LoadSpec(file, overrides, 0);
+  if (!spec.ok()) return ReportError(spec.status());
+  StatusOr<std::string> step_dir = ResolveCheckpoint(checkpoint, "--checkpoint");
+  if (!step_dir.ok()) return ReportError(step_dir.status());
+  const std::string stream_path = tokens.empty() ? spec->data.val : tokens;
+  if (stream_path.empty()) {
+    return ReportError(InvalidArgumentError(
+        "--tokens: no stream to evaluate (hint: pass --tokens FILE or set data.val)"));
+  }
+  StatusOr<TokenStream> stream = LoadTokens(stream_path, spec->data.format);
+  if (!stream.ok()) return ReportError(stream.status());
+  meshrun::TrainOptions options;
+  options.peak_flops = 1;  // no MFU here: skip the GEMM measurement
+  StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, options);
+  if (!trainer.ok()) return ReportError(trainer.status());
+  if (Status s = (*trainer)->LoadCheckpoint(*step_dir); !s.ok()) return ReportError(s);
+  StatusOr<EvalMetrics> e = (*trainer)->Evaluate(*stream, 0);
+  if (!e.ok()) return ReportError(e.status());
+  if (output == "json") {
+    std::cout << json({{"loss", e->loss}, {"tokens", e->tokens}, {"checkpoint", *step_dir}}).dump()
+              << std::endl;
+  } else {
+    std::printf("loss %.6f over %lld tokens (%s, %s)\n", e->loss,
+                static_cast<long long>(e->tokens), step_dir->c_str(), stream_path.c_str());
+  }
+  return kExitOk;
+}
+
+int RunExport(const std::string& checkpoint, const std::string& out_dir) {
+  StatusOr<std::string> step_dir = ResolveCheckpoint(checkpoint, "CKPT");
+  if (!step_dir.ok()) return ReportError(step_dir.status());
+  StatusOr<CheckpointReader> reader = CheckpointReader::Open(*step_dir);
+  if (!reader.ok()) return ReportError(reader.status());
+  StatusOr<JobSpec> spec = ParseJobSpecYaml(reader->metadata().job_spec_yaml, {},
+                                            *step_dir + "/metadata.json (job spec)");
+  if (!spec.ok()) return ReportError(spec.status());
+  GPT2Config cfg;
+  cfg.vocab_size = spec->model.vocab_size;
+  cfg.n_layer = spec->model.n_layer;
+  cfg.n_head = spec->model.n_head;
+  cfg.d_model = spec->model.d_model;
+  cfg.max_seq_len = spec->model.seq_len;
+  const std::vector<ParamInfo> layout = GPT2ParamLayout(cfg);
+  std::vector<float> params(static_cast<size_t>(layout.back().offset + layout.back().numel));
+  for (const ParamInfo& p : layout) {
+    if (Status s = reader->ReadTensor("model/" + p.name, params.data() + p.offset); !s.ok()) {
+      return ReportError(s);
+    }
+  }
+  if (Status s = ExportHuggingFaceGPT2(cfg, params.data(), out_dir); !s.ok()) return ReportError(s);
+  std::printf("exported %s to %s (model.safetensors, config.json)\n", step_dir->c_str(),
+              out_dir.c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterTrainCommand(CLI::App& app, CommandResult& result) {
+  auto o = std::make_shared<TrainFlags>();
+  CLI::App* cmd = app.add_subcommand("train", "Train a job standalone on this host (no daemons)");
+  AddSpecOptions(cmd, &o->file, &o->overrides);
+  cmd->add_option("--nproc", o->nproc, "rank processes to start; must equal the mesh's world size")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("-o,--output", o->output, "output format: text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->add_option("--stop-after", o->stop_after,
+                  "stop after this step (with a checkpoint when checkpoint.dir is set); the "
+                  "schedule still spans train.steps, so a later run resumes seamlessly")
+      ->check(CLI::PositiveNumber);
+  cmd->callback([o, &result] { result.run = [o] { return RunTrain(*o); }; });
+}
+
+void RegisterEvalCommand(CLI::App& app, CommandResult& result) {
+  struct Options {
+    std::string file, checkpoint, tokens, output = "text";
+    std::vector<std::string> overrides;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "eval", "Mean loss of a checkpoint over every window of a token stream (default data.val)");
+  AddSpecOptions(cmd, &o->file, &o->overrides);
+  cmd->add_option("--checkpoint", o->checkpoint, "a step-NNNNNNNN folder, or a checkpoint.dir")
+      ->required();
+  cmd->add_option("--tokens", o->tokens, "token stream to score (default: data.val)");
+  cmd->add_option("-o,--output", o->output, "output format: text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->callback([o, &result] {
+    result.run = [o] { return RunEval(o->file, o->overrides, o->checkpoint, o->tokens, o->output); };
+  });
+}
+
+void RegisterExportCommand(CLI::App& app, CommandResult& result) {
+  struct Options {
+    std::string checkpoint, out;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "export", "Write a checkpoint as a Hugging Face GPT-2 folder (model.safetensors + config.json)");
+  cmd->add_option("CKPT", o->checkpoint, "a step-NNNNNNNN folder, or a checkpoint.dir")->required();
+  cmd->add_option("-o,--output", o->out, "output folder")->required();
+  cmd->callback([o, &result] { result.run = [o] { return RunExport(o->checkpoint, o->out); }; });
+}
+
+}  // namespace meshrun::client
