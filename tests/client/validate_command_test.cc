@@ -15,35 +15,16 @@
 #include <string>
 #include <vector>
 
+#include "tests/client/cli_runner.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::string ShellQuote(const std::string& arg) {
-  std::string quoted = "'";
-  for (char ch : arg) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return quoted + "'";
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> lines;
-  std::istringstream in(text);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
+using meshrun::testing::CliResult;
+using meshrun::testing::Lines;
+using meshrun::testing::RunCli;
+using Result = CliResult;
 
 class ValidateCommandTest : public ::testing::Test {
  protected:
@@ -66,24 +47,7 @@ class ValidateCommandTest : public ::testing::Test {
   // Runs meshrun with `args`; stdout through a pipe, stderr through a file. Bounded by
   // `timeout` (coreutils) so a hung binary fails the test instead of blocking it.
   Result Run(const std::vector<std::string>& args) {
-    std::string command = "timeout 30 ";
-    command += ShellQuote(binary_.string());
-    for (const std::string& arg : args) {
-      command += ' ';
-      command += ShellQuote(arg);
-    }
-    const fs::path err_path = temp_ / "stderr.txt";
-    command += " 2>";
-    command += ShellQuote(err_path.string());
-    Result result;
-    FILE* pipe = popen(command.c_str(), "r");
-    if (pipe == nullptr) return result;
-    char buffer[4096];
-    for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) result.out.append(buffer, n);
-    const int status = pclose(pipe);
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    result.err = ReadFile(err_path);
-    return result;
+    return RunCli(binary_, args, temp_ / "stderr.txt");
   }
 
   std::string Example(const std::string& name) { return (source_ / "examples" / name).string(); }

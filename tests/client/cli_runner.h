@@ -1,0 +1,65 @@
+// Runs the built `meshrun` binary as a real process for the client tests: stdout through a
+// pipe, stderr through a file, every run bounded by coreutils `timeout`.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace meshrun::testing {
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+inline std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+inline std::string ShellQuote(const std::string& arg) {
+  std::string quoted = "'";
+  for (char ch : arg) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return quoted + "'";
+}
+
+inline std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Runs `binary args...` with a wall-clock bound; stderr goes to `err_path`.
+inline CliResult RunCli(const std::filesystem::path& binary, const std::vector<std::string>& args,
+                        const std::filesystem::path& err_path, int timeout_seconds = 30) {
+  std::string command = "timeout " + std::to_string(timeout_seconds) + " ";
+  command += ShellQuote(binary.string());
+  for (const std::string& arg : args) {
+    command += ' ';
+    command += ShellQuote(arg);
+  }
+  command += " 2>";
+  command += ShellQuote(err_path.string());
+  CliResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  for (size_t n; (n = fread(buffer, 1, sizeof(buffer), pipe)) > 0;) result.out.append(buffer, n);
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  result.err = ReadFile(err_path);
+  return result;
+}
+
+}  // namespace meshrun::testing

@@ -1,0 +1,174 @@
+// `meshrun train|eval|export` as real processes on the tiny example: the JSON lines of
+// CONVENTIONS §6 and a falling loss; resume equals an uninterrupted run bit for bit; a
+// truncated or missing shard is never loaded; an exported model scores in the PyTorch
+// reference exactly as `meshrun eval` does.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/client/cli_runner.h"
+
+namespace meshrun {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using testing::CliResult;
+using testing::Lines;
+using testing::RunCli;
+
+class TrainCommandTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* binary_dir = std::getenv("MESHRUN_BINARY_DIR");
+    const char* source_dir = std::getenv("MESHRUN_SOURCE_DIR");
+    ASSERT_NE(binary_dir, nullptr) << "run through ctest (sets MESHRUN_BINARY_DIR)";
+    binary_ = fs::path(binary_dir) / "bin" / "meshrun";
+    source_ = source_dir ? fs::path(source_dir) : fs::current_path();
+    char pattern[] = "/tmp/meshrun_train_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    temp_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(temp_, ec);
+  }
+
+  CliResult Run(const std::vector<std::string>& args) {
+    return RunCli(binary_, args, temp_ / "stderr.txt", 120);
+  }
+
+  // `meshrun train` on the tiny example, 10 steps, checkpoints every 5 under `ckpt`.
+  CliResult Train(const std::string& ckpt, std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"train", "-f", (source_ / "examples/tiny.yaml").string(),
+                                     "--nproc", "1", "-o", "json",
+                                     "--set", "train.steps=10",
+                                     "--set", "checkpoint.every=5",
+                                     "--set", "checkpoint.keep=3",
+                                     "--set", "checkpoint.dir=" + (temp_ / ckpt).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return Run(args);
+  }
+
+  // The step lines' losses as printed (text, so equality is bit-for-bit) and the summary.
+  static std::vector<std::string> StepLosses(const std::string& out, json* summary) {
+    std::vector<std::string> losses;
+    for (const std::string& line : Lines(out)) {
+      json j = json::parse(line);
+      if (j["event"] == "step") losses.push_back(j["loss"].dump());
+      if (j["event"] == "summary" && summary != nullptr) *summary = j;
+    }
+    return losses;
+  }
+
+  fs::path binary_, source_, temp_;
+};
+
+TEST_F(TrainCommandTest, JsonLinesFollowTheContractAndTheLossFalls) {
+  CliResult r = Train("run");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 11u) << r.out;  // 10 steps + the summary; nothing else on stdout
+  for (int k = 1; k <= 10; ++k) {
+    json j = json::parse(lines[k - 1]);
+    EXPECT_EQ(j["event"], "step");
+    EXPECT_EQ(j["step"], k);
+    for (const char* key : {"loss", "lr", "step_seconds", "tokens_per_second", "tflops", "mfu",
+                            "peak_memory_bytes"}) {
+      ASSERT_TRUE(j.contains(key)) << key;
+      EXPECT_GT(j[key].get<double>(), 0.0) << key;
+    }
+  }
+  // Step 1's update uses lr at k = 0: lr·1/warmup_steps (1e-3 / 2).
+  EXPECT_DOUBLE_EQ(json::parse(lines[0])["lr"].get<double>(), 5e-4);
+  json s = json::parse(lines[10]);
+  EXPECT_EQ(s["event"], "summary");
+  EXPECT_EQ(s["steps"], 10);
+  ASSERT_EQ(s["losses"].size(), 10u);
+  for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"}) {
+    EXPECT_EQ(s["comm_bytes"][axis].get<double>(), 0.0) << axis;  // one rank: no traffic
+  }
+  const double first = s["losses"][0], last = s["final_loss"];
+  EXPECT_LT(last, first - 0.5) << "the loss must fall";
+  EXPECT_TRUE(fs::exists(temp_ / "run/step-00000005/metadata.json"));
+  EXPECT_TRUE(fs::exists(temp_ / "run/step-00000010/metadata.json"));
+}
+
+TEST_F(TrainCommandTest, ResumeEqualsAnUninterruptedRunBitForBit) {
+  CliResult full = Train("full");
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  const std::vector<std::string> want = StepLosses(full.out, nullptr);
+  ASSERT_EQ(want.size(), 10u);
+
+  CliResult first = Train("split", {"--stop-after", "5"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  std::vector<std::string> got = StepLosses(first.out, nullptr);
+  ASSERT_EQ(got.size(), 5u);
+  CliResult second = Train("split");
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.err.find("resumed from"), std::string::npos) << second.err;
+  for (const std::string& l : StepLosses(second.out, nullptr)) got.push_back(l);
+  EXPECT_EQ(got, want);
+  // The final parameters and optimizer state are identical too.
+  EXPECT_EQ(testing::ReadFile(temp_ / "split/step-00000010/rank-00000.safetensors"),
+            testing::ReadFile(temp_ / "full/step-00000010/rank-00000.safetensors"));
+}
+
+TEST_F(TrainCommandTest, TruncatedOrMissingShardFallsBackToThePreviousCheckpoint) {
+  ASSERT_EQ(Train("ckpt").exit_code, 0);
+  const fs::path newest = temp_ / "ckpt/step-00000010/rank-00000.safetensors";
+  for (const char* damage : {"truncate", "delete"}) {
+    SCOPED_TRACE(damage);
+    ASSERT_EQ(Train("ckpt").exit_code, 0);  // nothing left to do: all 10 steps are done
+    if (std::string(damage) == "truncate") {
+      fs::resize_file(newest, fs::file_size(newest) / 2);
+    } else {
+      fs::remove(newest);
+    }
+    CliResult r = Train("ckpt");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("step-00000010 is incomplete"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("falling back to step-00000005"), std::string::npos) << r.err;
+    json j = json::parse(Lines(r.out).front());
+    EXPECT_EQ(j["step"], 6) << "resumed from step 5";
+  }
+}
+
+TEST_F(TrainCommandTest, ExportedModelScoresLikeMeshrunEval) {
+  ASSERT_EQ(Train("ckpt").exit_code, 0);
+  const std::string tokens = "/usr/share/games/fortunes/wisdom";
+  CliResult eval = Run({"eval", "-f", (source_ / "examples/tiny.yaml").string(), "--checkpoint",
+                        (temp_ / "ckpt").string(), "--tokens", tokens, "-o", "json"});
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  const json e = json::parse(eval.out);
+  EXPECT_GT(e["tokens"].get<int64_t>(), 10000);
+  CliResult exp = Run({"export", (temp_ / "ckpt").string(), "-o", (temp_ / "hf").string()});
+  ASSERT_EQ(exp.exit_code, 0) << exp.err;
+  ASSERT_TRUE(fs::exists(temp_ / "hf/model.safetensors"));
+  ASSERT_TRUE(fs::exists(temp_ / "hf/config.json"));
+  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
+    GTEST_SKIP() << "PyTorch (Debian python3-torch) is not installed; scripts/setup installs it";
+  }
+  CliResult score = RunCli("/usr/bin/python3",
+                           {(source_ / "tests/reference/gpt2_reference.py").string(), "score",
+                            "--model", (temp_ / "hf").string(), "--tokens", tokens},
+                           temp_ / "score.err", 300);
+  ASSERT_EQ(score.exit_code, 0) << score.err;
+  const json s = json::parse(Lines(score.out).back());
+  EXPECT_EQ(s["tokens"], e["tokens"]);
+  EXPECT_NEAR(s["loss"].get<double>(), e["loss"].get<double>(), 1e-6 * e["loss"].get<double>());
+}
+
+TEST_F(TrainCommandTest, MultiRankIsRefusedHonestlyAndWorldSizeMismatchIsInvalidInput) {
+  CliResult mismatch = Run({"train", "-f", (source_ / "examples/tiny.yaml").string(), "--nproc",
+                            "2"});
+  EXPECT_EQ(mismatch.exit_code, 2) << mismatch.err;
+  EXPECT_EQ(mismatch.err.rfind("error: ", 0), 0u) << mismatch.err;
+}
+
+}  // namespace
+}  // namespace meshrun
