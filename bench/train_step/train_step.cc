@@ -81,7 +81,7 @@ Result RunMeshrun(const BenchConfig& c, int steps, int warmup) {
     const auto t0 = std::chrono::steady_clock::now();
     model.ZeroGrad();
     for (int first = 0; first < B; first += c.micro_batch) {
-      model.ForwardBackward(inputs.data() + static_cast<size_t>(first) * T,
+      (void)model.ForwardBackward(inputs.data() + static_cast<size_t>(first) * T,
                             targets.data() + static_cast<size_t>(first) * T, c.micro_batch, T,
                             1.0 / (static_cast<double>(B) * T));
     }

@@ -4,53 +4,127 @@
 #include <cmath>
 #include <cstring>
 
+#include "engine/comm/communicator.h"
 #include "engine/kernels/cpu/kernels.h"
 
 namespace meshrun {
 
 std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   const int64_t C = cfg.d_model, V = cfg.vocab_size, L = cfg.n_layer;
+  const int64_t tp = cfg.tp_size, t = cfg.tp_rank, pad = std::max(1, cfg.fsdp_size);
   const double w_std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * L);
   std::vector<ParamInfo> out;
   int64_t offset = 0;
-  auto add = [&](std::string name, std::vector<int64_t> shape, double std, double value) {
+  int unit = 0;
+  // A parameter holding `boxes` of a tensor of `global` shape, concatenated along dim 0.
+  auto add = [&](std::string name, std::vector<int64_t> global, std::vector<Box> boxes,
+                 double std, double value) {
     ParamInfo p;
     p.name = std::move(name);
-    p.shape = std::move(shape);
+    p.global_shape = global;
+    if (boxes.empty()) boxes.push_back({std::vector<int64_t>(global.size(), 0), global});
+    p.shape = boxes[0].shape;
+    for (size_t b = 1; b < boxes.size(); ++b) p.shape[0] += boxes[b].shape[0];
+    p.tp_sharded = p.shape != p.global_shape;
+    p.boxes = std::move(boxes);
     p.numel = 1;
     for (int64_t d : p.shape) p.numel *= d;
     p.offset = offset;
-    p.decay = p.shape.size() >= 2;
+    p.decay = p.global_shape.size() >= 2;
+    p.unit = unit;
     p.init_std = std;
     p.init_value = value;
     offset += p.numel;
     out.push_back(std::move(p));
   };
-  add("wte", {V, C}, w_std, 0);
-  add("wpe", {cfg.max_seq_len, C}, w_std, 0);
+  auto end_unit = [&]() {
+    offset = (offset + pad - 1) / pad * pad;
+    ++unit;
+  };
+  // Megatron splits (CONVENTIONS §3): column parallel = a block of output rows per rank,
+  // row parallel = a block of input columns; c_attn's rows are q, k, v, each split by heads.
+  auto rows = [&](int64_t first, int64_t count, int64_t cols) {
+    return Box{{first, 0}, {count, cols}};
+  };
+  const int64_t Cl = C / tp, Fl = 4 * C / tp;
+  std::vector<Box> qkv_w, qkv_b;
+  for (int64_t part = 0; part < 3; ++part) {
+    qkv_w.push_back(rows(part * C + t * Cl, Cl, C));
+    qkv_b.push_back(Box{{part * C + t * Cl}, {Cl}});
+  }
+  add("wte", {V, C}, {}, w_std, 0);
+  add("wpe", {cfg.max_seq_len, C}, {}, w_std, 0);
+  end_unit();
   for (int64_t l = 0; l < L; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
-    add(h + "ln_1.weight", {C}, 0, 1);
-    add(h + "ln_1.bias", {C}, 0, 0);
-    add(h + "attn.c_attn.weight", {3 * C, C}, w_std, 0);
-    add(h + "attn.c_attn.bias", {3 * C}, 0, 0);
-    add(h + "attn.c_proj.weight", {C, C}, proj_std, 0);
-    add(h + "attn.c_proj.bias", {C}, 0, 0);
-    add(h + "ln_2.weight", {C}, 0, 1);
-    add(h + "ln_2.bias", {C}, 0, 0);
-    add(h + "mlp.c_fc.weight", {4 * C, C}, w_std, 0);
-    add(h + "mlp.c_fc.bias", {4 * C}, 0, 0);
-    add(h + "mlp.c_proj.weight", {C, 4 * C}, proj_std, 0);
-    add(h + "mlp.c_proj.bias", {C}, 0, 0);
+    add(h + "ln_1.weight", {C}, {}, 0, 1);
+    add(h + "ln_1.bias", {C}, {}, 0, 0);
+    add(h + "attn.c_attn.weight", {3 * C, C}, qkv_w, w_std, 0);
+    add(h + "attn.c_attn.bias", {3 * C}, qkv_b, 0, 0);
+    add(h + "attn.c_proj.weight", {C, C}, {Box{{0, t * Cl}, {C, Cl}}}, proj_std, 0);
+    add(h + "attn.c_proj.bias", {C}, {}, 0, 0);
+    add(h + "ln_2.weight", {C}, {}, 0, 1);
+    add(h + "ln_2.bias", {C}, {}, 0, 0);
+    add(h + "mlp.c_fc.weight", {4 * C, C}, {rows(t * Fl, Fl, C)}, w_std, 0);
+    add(h + "mlp.c_fc.bias", {4 * C}, {Box{{t * Fl}, {Fl}}}, 0, 0);
+    add(h + "mlp.c_proj.weight", {C, 4 * C}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std, 0);
+    add(h + "mlp.c_proj.bias", {C}, {}, 0, 0);
+    end_unit();
   }
-  add("ln_f.weight", {C}, 0, 1);
-  add("ln_f.bias", {C}, 0, 0);
+  add("ln_f.weight", {C}, {}, 0, 1);
+  add("ln_f.bias", {C}, {}, 0, 0);
+  end_unit();
   return out;
+}
+
+std::vector<UnitInfo> GPT2Units(const GPT2Config& cfg, const std::vector<ParamInfo>& layout) {
+  const int64_t pad = std::max(1, cfg.fsdp_size);
+  std::vector<UnitInfo> units(static_cast<size_t>(layout.back().unit) + 1);
+  std::vector<int64_t> end(units.size(), 0);
+  for (size_t u = 0; u < units.size(); ++u) units[u].offset = -1;
+  for (const ParamInfo& p : layout) {
+    UnitInfo& u = units[p.unit];
+    if (u.offset < 0) u.offset = p.offset;
+    end[p.unit] = p.offset + p.numel;
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u].padded = (end[u] - units[u].offset + pad - 1) / pad * pad;
+  }
+  return units;
+}
+
+// Global row-major index of local element i of p (its boxes concatenated along dim 0).
+int64_t GlobalIndex(const ParamInfo& p, int64_t i) {
+  int64_t local_row_size = 1;
+  for (size_t d = 1; d < p.shape.size(); ++d) local_row_size *= p.shape[d];
+  int64_t row = p.shape.empty() ? 0 : i / local_row_size;
+  const int64_t within = p.shape.empty() ? 0 : i % local_row_size;
+  for (const Box& b : p.boxes) {
+    if (!p.shape.empty() && row >= b.shape[0]) {
+      row -= b.shape[0];
+      continue;
+    }
+    // Coordinates inside the box, then in the global tensor.
+    std::vector<int64_t> coord(p.shape.size());
+    int64_t rem = within;
+    for (size_t d = p.shape.size(); d-- > 1;) {
+      coord[d] = rem % b.shape[d];
+      rem /= b.shape[d];
+    }
+    if (!coord.empty()) coord[0] = row;
+    int64_t g = 0;
+    for (size_t d = 0; d < coord.size(); ++d) g = g * p.global_shape[d] + b.offset[d] + coord[d];
+    return g;
+  }
+  return -1;
 }
 
 double GPT2FlopsPerToken(const GPT2Config& cfg, int seq_len) {
   double n = 0;
-  for (const ParamInfo& p : GPT2ParamLayout(cfg)) {
+  GPT2Config global = cfg;
+  global.tp_size = 1;
+  global.tp_rank = 0;
+  for (const ParamInfo& p : GPT2ParamLayout(global)) {
     if (p.name != "wpe") n += static_cast<double>(p.numel);
   }
   return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * static_cast<double>(seq_len);
@@ -84,8 +158,9 @@ double InitNormal(uint64_t seed, const std::string& name, int64_t index) {
 }
 
 template <typename T>
-GPT2<T>::GPT2(GPT2Config cfg) : cfg_(cfg), layout_(GPT2ParamLayout(cfg)) {
-  num_params_ = layout_.back().offset + layout_.back().numel;
+GPT2<T>::GPT2(GPT2Config cfg)
+    : cfg_(cfg), layout_(GPT2ParamLayout(cfg)), units_(GPT2Units(cfg, layout_)) {
+  num_params_ = units_.back().offset + units_.back().padded;
   params_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>());
   grads_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>());
 }
@@ -108,7 +183,7 @@ void GPT2<T>::InitDeterministic(uint64_t seed) {
     }
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < p.numel; ++i) {
-      dst[i] = static_cast<T>(p.init_std * InitNormal(seed, p.name, i));
+      dst[i] = static_cast<T>(p.init_std * InitNormal(seed, p.name, GlobalIndex(p, i)));
     }
   }
 }
@@ -125,7 +200,8 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   const int64_t N = static_cast<int64_t>(B) * T_;
   if (N <= capacity_tokens_) return;
   capacity_tokens_ = static_cast<int>(N);
-  const int64_t C = cfg_.d_model, V = cfg_.vocab_size, H = cfg_.n_head;
+  const int64_t C = cfg_.d_model, V = cfg_.vocab_size, Hl = cfg_.n_head / cfg_.tp_size,
+                Cl = C / cfg_.tp_size, Fl = 4 * C / cfg_.tp_size;
   const ScalarType dt = ScalarTypeOf<T>();
   encoded_ = Tensor::Empty({N, C}, dt);
   lnf_ = Tensor::Empty({N, C}, dt);
@@ -139,160 +215,142 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
     a.ln1 = Tensor::Empty({N, C}, dt);
     a.ln1_mean = Tensor::Empty({N}, dt);
     a.ln1_rstd = Tensor::Empty({N}, dt);
-    a.q = Tensor::Empty({N, C}, dt);
-    a.k = Tensor::Empty({N, C}, dt);
-    a.v = Tensor::Empty({N, C}, dt);
-    a.att = Tensor::Empty({N, C}, dt);
-    a.lse = Tensor::Empty({N * H}, dt);
-    a.atty = Tensor::Empty({N, C}, dt);
+    a.q = Tensor::Empty({N, Cl}, dt);
+    a.k = Tensor::Empty({N, Cl}, dt);
+    a.v = Tensor::Empty({N, Cl}, dt);
+    a.att = Tensor::Empty({N, Cl}, dt);
+    a.lse = Tensor::Empty({N * Hl}, dt);
+    a.atty = Tensor::Empty({N, Cl}, dt);
     a.res2 = Tensor::Empty({N, C}, dt);
     a.ln2 = Tensor::Empty({N, C}, dt);
     a.ln2_mean = Tensor::Empty({N}, dt);
     a.ln2_rstd = Tensor::Empty({N}, dt);
-    a.fch = Tensor::Empty({N, 4 * C}, dt);
-    a.fch_gelu = Tensor::Empty({N, 4 * C}, dt);
+    a.fch = Tensor::Empty({N, Fl}, dt);
+    a.fch_gelu = Tensor::Empty({N, Fl}, dt);
     a.res3 = Tensor::Empty({N, C}, dt);
   }
-  qkv_ = Tensor::Empty({N, 3 * C}, dt);
+  qkv_ = Tensor::Empty({N, 3 * Cl}, dt);
   dres_ = Tensor::Empty({N, C}, dt);
   dln_ = Tensor::Empty({N, C}, dt);
-  dqkv_ = Tensor::Empty({N, 3 * C}, dt);
-  dq_ = Tensor::Empty({N, C}, dt);
-  dk_ = Tensor::Empty({N, C}, dt);
-  dv_ = Tensor::Empty({N, C}, dt);
-  datt_ = Tensor::Empty({N, C}, dt);
-  datty_ = Tensor::Empty({N, C}, dt);
-  dfch_ = Tensor::Empty({N, 4 * C}, dt);
-  dfch_gelu_ = Tensor::Empty({N, 4 * C}, dt);
+  dqkv_ = Tensor::Empty({N, 3 * Cl}, dt);
+  dq_ = Tensor::Empty({N, Cl}, dt);
+  dk_ = Tensor::Empty({N, Cl}, dt);
+  dv_ = Tensor::Empty({N, Cl}, dt);
+  datt_ = Tensor::Empty({N, Cl}, dt);
+  datty_ = Tensor::Empty({N, Cl}, dt);
+  dfch_ = Tensor::Empty({N, Fl}, dt);
+  dfch_gelu_ = Tensor::Empty({N, Fl}, dt);
 }
 
 namespace {
-
-// qkv (B,T,3,H,D) → q, k, v each (B,H,T,D).
-template <typename T>
-void SplitHeads(T* q, T* k, T* v, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D) {
-  const int64_t C = H * D;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < Tn; ++t) {
-      const T* row = qkv + (b * Tn + t) * 3 * C;
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t dst = ((b * H + h) * Tn + t) * D;
-        std::memcpy(q + dst, row + h * D, sizeof(T) * D);
-        std::memcpy(k + dst, row + C + h * D, sizeof(T) * D);
-        std::memcpy(v + dst, row + 2 * C + h * D, sizeof(T) * D);
-      }
-    }
-  }
-}
-
-// The inverse of SplitHeads.
-template <typename T>
-void MergeQkvGrads(T* dqkv, const T* dq, const T* dk, const T* dv, int64_t B, int64_t Tn,
-                   int64_t H, int64_t D) {
-  const int64_t C = H * D;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < Tn; ++t) {
-      T* row = dqkv + (b * Tn + t) * 3 * C;
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t src = ((b * H + h) * Tn + t) * D;
-        std::memcpy(row + h * D, dq + src, sizeof(T) * D);
-        std::memcpy(row + C + h * D, dk + src, sizeof(T) * D);
-        std::memcpy(row + 2 * C + h * D, dv + src, sizeof(T) * D);
-      }
-    }
-  }
-}
-
-// (B,H,T,D) ↔ (B,T,H·D).
-template <typename T>
-void HeadsToRows(T* rows, const T* heads, int64_t B, int64_t Tn, int64_t H, int64_t D) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < Tn; ++t) {
-      for (int64_t h = 0; h < H; ++h) {
-        std::memcpy(rows + (b * Tn + t) * H * D + h * D, heads + ((b * H + h) * Tn + t) * D,
-                    sizeof(T) * D);
-      }
-    }
-  }
-}
-
-template <typename T>
-void RowsToHeads(T* heads, const T* rows, int64_t B, int64_t Tn, int64_t H, int64_t D) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < Tn; ++t) {
-      for (int64_t h = 0; h < H; ++h) {
-        std::memcpy(heads + ((b * H + h) * Tn + t) * D, rows + (b * Tn + t) * H * D + h * D,
-                    sizeof(T) * D);
-      }
-    }
-  }
-}
 
 template <typename T>
 void Zero(const Tensor& t) {
   std::memset(t.raw(), 0, t.nbytes());
 }
 
+// Adds a bias to every row (row-parallel layers add theirs once, after the tp reduce).
+template <typename T>
+void AddBias(T* out, const T* bias, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t j = 0; j < C; ++j) out[i * C + j] += bias[j];
+  }
+}
+
+// dbias += Σ_rows dout, in a fixed order (deterministic).
+template <typename T>
+void BiasBackward(T* dbias, const T* dout, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < C; ++j) {
+    T sum = 0;
+    for (int64_t i = 0; i < N; ++i) sum += dout[i * C + j];
+    dbias[j] += sum;
+  }
+}
+
+enum HookKind { kBeforeForward, kBeforeBackward, kAfterBackward };
+
 }  // namespace
 
 template <typename T>
-void GPT2<T>::Forward(const int32_t* inputs, int B, int Tn) {
+Status GPT2<T>::Hook(int which, int unit) {
+  if (par_ == nullptr || par_->fsdp == nullptr) return OkStatus();
+  switch (which) {
+    case kBeforeForward: return par_->fsdp->BeforeForward(unit);
+    case kBeforeBackward: return par_->fsdp->BeforeBackward(unit);
+    default: return par_->fsdp->AfterBackward(unit);
+  }
+}
+
+template <typename T>
+Status GPT2<T>::TpAllReduce(T* data, int64_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (par_ != nullptr && par_->tp != nullptr && par_->tp->size() > 1) {
+      return par_->tp->AllReduce(data, static_cast<size_t>(count), CallOptions::Axis("tp"));
+    }
+  }
+  return OkStatus();
+}
+
+template <typename T>
+Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* positions) {
   EnsureActivations(B, Tn);
-  const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model, H = cfg_.n_head,
-                D = C / H, V = cfg_.vocab_size;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model, Cl = C / cfg_.tp_size,
+                V = cfg_.vocab_size, Fl = 4 * C / cfg_.tp_size;
+  const int L = cfg_.n_layer;
   tokens_.assign(inputs, inputs + N);
+  seq_positions_.resize(Tn);
+  for (int t = 0; t < Tn; ++t) seq_positions_[t] = positions ? positions[t] : t;
   positions_.resize(N);
-  for (int64_t i = 0; i < N; ++i) positions_[i] = static_cast<int32_t>(i % Tn);
-  const int32_t* seq_pos = positions_.data();  // positions of one sequence: 0..T-1
+  for (int64_t i = 0; i < N; ++i) positions_[i] = seq_positions_[i % Tn];
 
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   T* x = encoded_.template data<T>();
+  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 0));
   cpu::EmbeddingForward(x, tokens_.data(), positions_.data(), P("wte"), P("wpe"), N, C);
 
-  for (int l = 0; l < cfg_.n_layer; ++l) {
+  for (int l = 0; l < L; ++l) {
+    MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 1 + l));
     LayerActs& a = acts_[l];
     const std::string h = "h." + std::to_string(l) + ".";
     const T* residual = l == 0 ? x : acts_[l - 1].res3.template data<T>();
-    // Attention block.
+    // Attention block: qkv is column parallel (this rank's heads), c_proj row parallel.
     cpu::LayerNormForward(a.ln1.template data<T>(), a.ln1_mean.template data<T>(),
                           a.ln1_rstd.template data<T>(), residual, P(h + "ln_1.weight"),
                           P(h + "ln_1.bias"), N, C, cfg_.ln_eps);
     cpu::MatmulForward(qkv_.template data<T>(), a.ln1.template data<T>(),
-                       P(h + "attn.c_attn.weight"), P(h + "attn.c_attn.bias"), N, C, 3 * C);
-    SplitHeads(a.q.template data<T>(), a.k.template data<T>(), a.v.template data<T>(),
-               qkv_.template data<T>(), B, Tn, H, D);
-    cpu::AttentionForward(a.att.template data<T>(), a.lse.template data<T>(),
-                          a.q.template data<T>(), a.k.template data<T>(), a.v.template data<T>(),
-                          seq_pos, seq_pos, B, H, Tn, Tn, D, scale);
-    HeadsToRows(a.atty.template data<T>(), a.att.template data<T>(), B, Tn, H, D);
+                       P(h + "attn.c_attn.weight"), P(h + "attn.c_attn.bias"), N, C, 3 * Cl);
+    MESHRUN_RETURN_IF_ERROR(AttentionForward(a));
     T* attproj = dln_.template data<T>();  // scratch: attproj is not needed for backward
     cpu::MatmulForward(attproj, a.atty.template data<T>(), P(h + "attn.c_proj.weight"),
-                       P(h + "attn.c_proj.bias"), N, C, C);
+                       static_cast<const T*>(nullptr), N, Cl, C);
+    MESHRUN_RETURN_IF_ERROR(TpAllReduce(attproj, N * C));
+    AddBias(attproj, P(h + "attn.c_proj.bias"), N, C);
     cpu::ResidualForward(a.res2.template data<T>(), residual, attproj, N * C);
-    // MLP block.
+    // MLP block: c_fc column parallel, c_proj row parallel.
     cpu::LayerNormForward(a.ln2.template data<T>(), a.ln2_mean.template data<T>(),
                           a.ln2_rstd.template data<T>(), a.res2.template data<T>(),
                           P(h + "ln_2.weight"), P(h + "ln_2.bias"), N, C, cfg_.ln_eps);
     cpu::MatmulForward(a.fch.template data<T>(), a.ln2.template data<T>(),
-                       P(h + "mlp.c_fc.weight"), P(h + "mlp.c_fc.bias"), N, C, 4 * C);
-    cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * 4 * C);
+                       P(h + "mlp.c_fc.weight"), P(h + "mlp.c_fc.bias"), N, C, Fl);
+    cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
     T* fcproj = dln_.template data<T>();
     cpu::MatmulForward(fcproj, a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"),
-                       P(h + "mlp.c_proj.bias"), N, 4 * C, C);
+                       static_cast<const T*>(nullptr), N, Fl, C);
+    MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
+    AddBias(fcproj, P(h + "mlp.c_proj.bias"), N, C);
     cpu::ResidualForward(a.res3.template data<T>(), a.res2.template data<T>(), fcproj, N * C);
   }
-  const T* last = cfg_.n_layer > 0 ? acts_.back().res3.template data<T>() : x;
+  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, L + 1));
+  const T* last = L > 0 ? acts_.back().res3.template data<T>() : x;
   cpu::LayerNormForward(lnf_.template data<T>(), lnf_mean_.template data<T>(),
                         lnf_rstd_.template data<T>(), last, P("ln_f.weight"), P("ln_f.bias"), N,
                         C, cfg_.ln_eps);
-  // LM head tied to the token embedding.
+  // LM head tied to the token embedding (replicated over tp).
   cpu::MatmulForward(logits_.template data<T>(), lnf_.template data<T>(), P("wte"),
                      static_cast<const T*>(nullptr), N, C, V);
+  return OkStatus();
 }
 
 template <typename T>
@@ -309,86 +367,84 @@ double GPT2<T>::Loss(const int32_t* targets, bool with_grad, double grad_scale) 
 }
 
 template <typename T>
-double GPT2<T>::ForwardLoss(const int32_t* inputs, const int32_t* targets, int B, int Tn) {
-  Forward(inputs, B, Tn);
+StatusOr<double> GPT2<T>::ForwardLoss(const int32_t* inputs, const int32_t* targets, int B,
+                                      int Tn, const int32_t* positions) {
+  MESHRUN_RETURN_IF_ERROR(Forward(inputs, B, Tn, positions));
   return Loss(targets, /*with_grad=*/false, 0.0);
 }
 
 template <typename T>
-double GPT2<T>::ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int Tn,
-                                double grad_scale) {
-  Forward(inputs, B, Tn);
+StatusOr<double> GPT2<T>::ForwardBackward(const int32_t* inputs, const int32_t* targets, int B,
+                                          int Tn, double grad_scale,
+                                          const int32_t* positions) {
+  MESHRUN_RETURN_IF_ERROR(Forward(inputs, B, Tn, positions));
   const double loss = Loss(targets, /*with_grad=*/true, grad_scale);
-  Backward();
+  MESHRUN_RETURN_IF_ERROR(Backward());
   return loss;
 }
 
 template <typename T>
-void GPT2<T>::Backward() {
-  const int64_t B = B_, Tn = T_, N = B * Tn, C = cfg_.d_model, H = cfg_.n_head, D = C / H,
-                V = cfg_.vocab_size;
-  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  const int32_t* seq_pos = positions_.data();
+Status GPT2<T>::Backward() {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
+                Fl = 4 * C / cfg_.tp_size, V = cfg_.vocab_size;
+  const int L = cfg_.n_layer;
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
   const T* dlogits = logits_.template data<T>();
 
-  // Head (tied) and final LayerNorm.
+  // Head (tied) and final LayerNorm: units 0 and L+1 stay gathered from the forward.
   Zero<T>(dln_);
   cpu::MatmulBackward(dln, G("wte"), static_cast<T*>(nullptr), dlogits, lnf_.template data<T>(),
                       P("wte"), N, C, V);
-  const T* last = cfg_.n_layer > 0 ? acts_.back().res3.template data<T>()
-                                   : encoded_.template data<T>();
+  const T* last = L > 0 ? acts_.back().res3.template data<T>() : encoded_.template data<T>();
   Zero<T>(dres_);
   cpu::LayerNormBackward(dres, G("ln_f.weight"), G("ln_f.bias"), dln, last, P("ln_f.weight"),
                          lnf_mean_.template data<T>(), lnf_rstd_.template data<T>(), N, C);
+  MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
 
-  for (int l = cfg_.n_layer - 1; l >= 0; --l) {
+  for (int l = L - 1; l >= 0; --l) {
+    MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 1 + l));
     LayerActs& a = acts_[l];
     const std::string h = "h." + std::to_string(l) + ".";
     const T* residual = l == 0 ? encoded_.template data<T>() : acts_[l - 1].res3.template data<T>();
     // MLP block: res3 = res2 + proj(gelu(fc(ln2(res2)))); dres flows to res2 unchanged.
+    BiasBackward(G(h + "mlp.c_proj.bias"), dres, N, C);
     Zero<T>(dfch_gelu_);
     cpu::MatmulBackward(dfch_gelu_.template data<T>(), G(h + "mlp.c_proj.weight"),
-                        G(h + "mlp.c_proj.bias"), dres, a.fch_gelu.template data<T>(),
-                        P(h + "mlp.c_proj.weight"), N, 4 * C, C);
+                        static_cast<T*>(nullptr), dres, a.fch_gelu.template data<T>(),
+                        P(h + "mlp.c_proj.weight"), N, Fl, C);
     Zero<T>(dfch_);
     cpu::GeluBackward(dfch_.template data<T>(), a.fch.template data<T>(),
-                      dfch_gelu_.template data<T>(), N * 4 * C);
+                      dfch_gelu_.template data<T>(), N * Fl);
     Zero<T>(dln_);
     cpu::MatmulBackward(dln, G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"),
                         dfch_.template data<T>(), a.ln2.template data<T>(),
-                        P(h + "mlp.c_fc.weight"), N, C, 4 * C);
+                        P(h + "mlp.c_fc.weight"), N, C, Fl);
+    MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
     cpu::LayerNormBackward(dres, G(h + "ln_2.weight"), G(h + "ln_2.bias"), dln,
                            a.res2.template data<T>(), P(h + "ln_2.weight"),
                            a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), N, C);
     // Attention block: res2 = residual + proj(attn(qkv(ln1(residual)))).
+    BiasBackward(G(h + "attn.c_proj.bias"), dres, N, C);
     Zero<T>(datty_);
     cpu::MatmulBackward(datty_.template data<T>(), G(h + "attn.c_proj.weight"),
-                        G(h + "attn.c_proj.bias"), dres, a.atty.template data<T>(),
-                        P(h + "attn.c_proj.weight"), N, C, C);
-    RowsToHeads(datt_.template data<T>(), datty_.template data<T>(), B, Tn, H, D);
-    Zero<T>(dq_);
-    Zero<T>(dk_);
-    Zero<T>(dv_);
-    cpu::AttentionBackward(dq_.template data<T>(), dk_.template data<T>(), dv_.template data<T>(),
-                           datt_.template data<T>(), a.q.template data<T>(),
-                           a.k.template data<T>(), a.v.template data<T>(),
-                           a.att.template data<T>(), a.lse.template data<T>(), seq_pos, seq_pos,
-                           B, H, Tn, Tn, D, scale);
-    MergeQkvGrads(dqkv_.template data<T>(), dq_.template data<T>(), dk_.template data<T>(),
-                  dv_.template data<T>(), B, Tn, H, D);
+                        static_cast<T*>(nullptr), dres, a.atty.template data<T>(),
+                        P(h + "attn.c_proj.weight"), N, Cl, C);
+    MESHRUN_RETURN_IF_ERROR(AttentionBackward(a));
     Zero<T>(dln_);
     cpu::MatmulBackward(dln, G(h + "attn.c_attn.weight"), G(h + "attn.c_attn.bias"),
                         dqkv_.template data<T>(), a.ln1.template data<T>(),
-                        P(h + "attn.c_attn.weight"), N, C, 3 * C);
+                        P(h + "attn.c_attn.weight"), N, C, 3 * Cl);
+    MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
     cpu::LayerNormBackward(dres, G(h + "ln_1.weight"), G(h + "ln_1.bias"), dln, residual,
                            P(h + "ln_1.weight"), a.ln1_mean.template data<T>(),
                            a.ln1_rstd.template data<T>(), N, C);
+    MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, 1 + l));
   }
   cpu::EmbeddingBackward(G("wte"), G("wpe"), dres, tokens_.data(), positions_.data(), N, C);
+  return Hook(kAfterBackward, 0);
 }
 
 template class GPT2<float>;

@@ -19,22 +19,72 @@ struct GPT2Config {
   int d_model = 64;
   int max_seq_len = 64;  // rows of the position embedding (n_positions)
   double ln_eps = 1e-5;
+  // Tensor parallel: this rank holds 1/tp_size of the heads and MLP units (CONVENTIONS §3).
+  int tp_size = 1;
+  int tp_rank = 0;
+  // FSDP: each unit's flat parameters are padded to a multiple of fsdp_size (= S·C) so that
+  // every rank of the dp_shard_cp group holds an equal slice.
+  int fsdp_size = 1;
   bool operator==(const GPT2Config&) const = default;
 };
 
-// One parameter tensor inside the flat parameter buffer.
+// A hyper-rectangle of a global tensor: [offset, offset + shape).
+struct Box {
+  std::vector<int64_t> offset;
+  std::vector<int64_t> shape;
+};
+
+// One parameter tensor inside the flat parameter buffer, as this tp rank holds it.
 struct ParamInfo {
-  std::string name;             // e.g. "h.0.attn.c_attn.weight" (docs/model.md lists them)
-  std::vector<int64_t> shape;   // PyTorch layout; Linear weights are (out, in)
-  int64_t offset = 0;           // element offset in the flat buffer
+  std::string name;                   // e.g. "h.0.attn.c_attn.weight" (docs/model.md)
+  std::vector<int64_t> shape;         // local shape; PyTorch layout, Linear weights (out, in)
+  std::vector<int64_t> global_shape;  // the whole tensor
+  // The boxes of the global tensor this rank holds; the local tensor is their row-major
+  // concatenation along dim 0 (c_attn's q, k and v rows are three boxes under tp).
+  std::vector<Box> boxes;
+  int64_t offset = 0;                 // element offset in the flat buffer
   int64_t numel = 0;
-  bool decay = false;           // weight decay applies (2+ dims)
-  double init_std = 0.0;        // N(0, init_std); 0 → constant init_value
+  bool decay = false;                 // weight decay applies (2+ dims)
+  bool tp_sharded = false;            // false: replicated over tp
+  int unit = 0;                       // FSDP unit: 0 embeddings, 1..L layers, L+1 final LN
+  double init_std = 0.0;              // N(0, init_std); 0 → constant init_value
   double init_value = 0.0;
 };
 
-// The parameters of the model in their fixed order (the order of the reference script).
+// An FSDP unit: a contiguous run of parameters, padded to a multiple of fsdp_size.
+struct UnitInfo {
+  int64_t offset = 0;  // first element in the flat buffer
+  int64_t padded = 0;  // elements including padding
+};
+
+// The parameters of the model in their fixed order (the order of the reference script), with
+// this tp rank's local shapes and per-unit padding.
 std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg);
+std::vector<UnitInfo> GPT2Units(const GPT2Config& cfg, const std::vector<ParamInfo>& layout);
+
+// The global row-major index of local element i of p (used by initialisation).
+int64_t GlobalIndex(const ParamInfo& p, int64_t i);
+
+class Communicator;
+
+// FSDP's hooks into the step: called by the model before a unit's parameters are used and once
+// a unit's gradients for this micro-batch are complete. Implemented by engine/train/fsdp.h.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual Status BeforeForward(int unit) = 0;
+  virtual Status BeforeBackward(int unit) = 0;
+  virtual Status AfterBackward(int unit) = 0;
+};
+
+// The collectives the model issues itself (tensor and context parallel) and the FSDP hooks.
+// Null members: that parallelism is off. Used only by GPT2<float>.
+struct ModelParallel {
+  Communicator* tp = nullptr;
+  Communicator* cp = nullptr;
+  bool cp_ring = false;  // cp_comm_strategy: ring (else allgather)
+  UnitHooks* fsdp = nullptr;
+};
 
 // Model FLOPs per token of CONVENTIONS §7: 6·N + 12·n_layer·d_model·seq_len, where N is the
 // parameter count without the position embedding.
@@ -60,38 +110,58 @@ class GPT2 {
   T* param(const ParamInfo& p) { return params_data() + p.offset; }
   T* grad(const ParamInfo& p) { return grads_data() + p.offset; }
 
+  const std::vector<UnitInfo>& units() const { return units_; }
+
+  // Element i of every parameter from InitNormal(seed, name, global index of i).
   void InitDeterministic(uint64_t seed);
   void ZeroGrad();
+  // Tensor/context parallel communicators and FSDP hooks (float only); null: single rank.
+  void SetParallel(const ModelParallel* parallel) { par_ = parallel; }
 
-  // Forward of B sequences of length T (inputs: B·T token ids). Keeps the activations and the
-  // logits (B·T·V) for logits() or a following Backward.
-  void Forward(const int32_t* inputs, int B, int seq_len);
+  // Forward of B sequences of L tokens each (inputs: B·L token ids). positions: the global
+  // position of each of the L tokens (the same for every sequence; context parallel passes
+  // its two chunks); null: 0..L-1. Keeps the activations and logits (B·L·V).
+  Status Forward(const int32_t* inputs, int B, int seq_len, const int32_t* positions = nullptr);
   const T* logits() const { return logits_.template data<T>(); }
 
   // Forward, loss and backward of one micro-batch. Returns the SUM of per-token losses; the
   // gradients receive grad_scale·∂(sum of losses) (grad_scale = 1/tokens of the global batch
   // gives the gradient of the mean loss). Gradients accumulate across calls.
-  double ForwardBackward(const int32_t* inputs, const int32_t* targets, int B, int seq_len,
-                         double grad_scale);
+  StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets, int B,
+                                   int seq_len, double grad_scale,
+                                   const int32_t* positions = nullptr);
 
   // Sum of per-token losses of a batch without touching gradients.
-  double ForwardLoss(const int32_t* inputs, const int32_t* targets, int B, int seq_len);
+  StatusOr<double> ForwardLoss(const int32_t* inputs, const int32_t* targets, int B, int seq_len,
+                               const int32_t* positions = nullptr);
 
  private:
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd, q, k, v, att, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fch,
         fch_gelu, res3;
+    Tensor k_all, v_all;  // context parallel (allgather): K and V of the whole sequence
   };
   void EnsureActivations(int B, int seq_len);
   double Loss(const int32_t* targets, bool with_grad, double grad_scale);
-  void Backward();
+  Status Backward();
+  // Attention of one layer over local queries and (under cp) every rank's keys.
+  Status AttentionForward(LayerActs& a);
+  Status AttentionBackward(LayerActs& a);
+  // Sum over the tp group (after row-parallel layers in forward, column-parallel in backward).
+  Status TpAllReduce(T* data, int64_t count);
+  Status Hook(int which, int unit);
 
   GPT2Config cfg_;
   std::vector<ParamInfo> layout_;
+  std::vector<UnitInfo> units_;
+  const ModelParallel* par_ = nullptr;
+  std::vector<int32_t> k_positions_;  // cp allgather: global positions of gathered keys
+  Tensor cp_send_, cp_recv_, cp_kv_, cp_dkv_;  // cp scratch
   int64_t num_params_ = 0;
   Tensor params_, grads_;
 
   int B_ = 0, T_ = 0, capacity_tokens_ = 0;
+  std::vector<int32_t> seq_positions_;  // positions of one sequence's local tokens
   std::vector<int32_t> tokens_, positions_;
   Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
   std::vector<LayerActs> acts_;

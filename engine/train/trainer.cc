@@ -110,7 +110,9 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   for (int first = 0; first < B; first += mb) {
     MESHRUN_RETURN_IF_ERROR(
         sampler_->Fill(step_, first, mb, inputs.data(), targets.data()));
-    loss_sum += model_->ForwardBackward(inputs.data(), targets.data(), mb, T, grad_scale);
+    MESHRUN_ASSIGN_OR_RETURN(
+        double loss, model_->ForwardBackward(inputs.data(), targets.data(), mb, T, grad_scale));
+    loss_sum += loss;
   }
   const double loss = loss_sum / (static_cast<double>(B) * T);
 
@@ -145,7 +147,9 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
       std::copy(src, src + T, inputs.begin() + static_cast<int64_t>(r) * T);
       std::copy(src + 1, src + T + 1, targets.begin() + static_cast<int64_t>(r) * T);
     }
-    loss_sum += model_->ForwardLoss(inputs.data(), targets.data(), rows, T);
+    MESHRUN_ASSIGN_OR_RETURN(double loss,
+                             model_->ForwardLoss(inputs.data(), targets.data(), rows, T));
+    loss_sum += loss;
   }
   EvalMetrics out;
   out.step = step_;

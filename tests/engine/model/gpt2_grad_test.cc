@@ -43,7 +43,7 @@ TEST(GPT2Grad, MatchesFiniteDifferencesInFloat64) {
   std::vector<int32_t> tg = {4, 2, 9, 0, 6, 3, 10, 7, 5, 1};
   const double scale = 1.0 / (B * T);
   model.ZeroGrad();
-  const double loss = model.ForwardBackward(in.data(), tg.data(), B, T, scale) * scale;
+  const double loss = *model.ForwardBackward(in.data(), tg.data(), B, T, scale) * scale;
   EXPECT_GT(loss, 0.0);
 
   std::vector<double> analytic(model.grads_data(), model.grads_data() + model.num_params());
@@ -56,9 +56,9 @@ TEST(GPT2Grad, MatchesFiniteDifferencesInFloat64) {
       double* w = model.param(p) + i;
       const double saved = *w;
       *w = saved + h;
-      const double lp = model.ForwardLoss(in.data(), tg.data(), B, T) * scale;
+      const double lp = *model.ForwardLoss(in.data(), tg.data(), B, T) * scale;
       *w = saved - h;
-      const double lm = model.ForwardLoss(in.data(), tg.data(), B, T) * scale;
+      const double lm = *model.ForwardLoss(in.data(), tg.data(), B, T) * scale;
       *w = saved;
       const double numeric = (lp - lm) / (2 * h);
       const double a = analytic[p.offset + i];
@@ -81,8 +81,8 @@ TEST(GPT2Grad, Float32TracksFloat64) {
   std::vector<int32_t> tg = {4, 2, 9, 0, 6, 3, 10, 7, 5, 1};
   m64.ZeroGrad();
   m32.ZeroGrad();
-  const double l64 = m64.ForwardBackward(in.data(), tg.data(), 2, 5, 0.1);
-  const double l32 = m32.ForwardBackward(in.data(), tg.data(), 2, 5, 0.1);
+  const double l64 = *m64.ForwardBackward(in.data(), tg.data(), 2, 5, 0.1);
+  const double l32 = *m32.ForwardBackward(in.data(), tg.data(), 2, 5, 0.1);
   EXPECT_NEAR(l32, l64, 1e-4 * std::fabs(l64));
   double max_diff = 0, max_abs = 0;
   for (int64_t i = 0; i < m64.num_params(); ++i) {
