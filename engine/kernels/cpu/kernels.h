@@ -20,6 +20,28 @@ namespace meshrun::cpu {
 void SetNumThreads(int n);
 int NumThreads();
 
+// ---- general matrix multiply, the building block of Matmul and Attention (row-major):
+// C[M,N] = alpha·op(A)·op(B) + beta·C, op(X) = Xᵀ when trans_x; A is M×K after op, B is K×N.
+// lda/ldb/ldc are the row strides of the buffers as stored. beta = 0 overwrites C (even NaN).
+// Gemm uses BLAS (sgemm/dgemm) when built with it, else GemmFallback, the built-in blocked
+// kernel that is always compiled (the tests compare the two). GemmFallback is deterministic
+// for any thread count and runs serially when called from inside a parallel region.
+template <typename T>
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+template <typename T>
+void GemmFallback(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+                  int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
+// What Gemm and Matmul use, for the rank's start-up log: "openblas (<core>)", or "fallback"
+// followed by why in parentheses. An OpenBLAS too old to know this CPU runs SSE3 kernels
+// (core "Prescott"), slower than GemmFallback; Gemm then uses GemmFallback instead.
+const char* GemmBackend();
+// The OPENBLAS_CORETYPE that makes OpenBLAS use this CPU's vector units ("SkylakeX" or
+// "Haswell"), or "" when its own detection is right, the variable is already set, or there is
+// no OpenBLAS. OpenBLAS reads the variable only when it loads, so launchers set it in the
+// environment of the rank processes they start.
+const char* OpenBlasCoreTypeHint();
+
 // ---- embedding: out[i,:] = wte[tokens[i],:] + wpe[positions[i],:]
 // positions are global positions (context parallel passes non-contiguous ones).
 template <typename T>
@@ -35,8 +57,8 @@ template <typename T>
 void LayerNormForward(T* out, T* mean, T* rstd, const T* inp, const T* weight, const T* bias,
                       int64_t N, int64_t C, double eps);
 template <typename T>
-void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                       const T* weight, const T* mean, const T* rstd, int64_t N, int64_t C);
+void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                       const T* mean, const T* rstd, int64_t N, int64_t C);
 
 // ---- matmul (a Linear layer): out[N,OC] = inp[N,C] · weight[OC,C]ᵀ + bias[OC].
 // weight has PyTorch Linear layout (out, in). bias may be null. Uses BLAS (OpenBLAS sgemm /
@@ -58,8 +80,8 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
 // out = 0 and lse = -inf. scale is usually 1/sqrt(D).
 template <typename T>
 void AttentionForward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* q_pos,
-                      const int32_t* k_pos, int64_t B, int64_t H, int64_t Tq, int64_t Tk,
-                      int64_t D, double scale);
+                      const int32_t* k_pos, int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D,
+                      double scale);
 // Recomputes the scores block by block. out and lse are those of the FULL attention of each
 // query row (after any log-sum-exp merge across blocks), so calling this once per K/V block
 // with the merged out/lse yields exact gradients for a ring. dq, dk, dv are accumulated.
@@ -86,12 +108,12 @@ template <typename T>
 void Accumulate(T* dst, const T* src, int64_t n);  // dst += src
 
 // ---- fused softmax cross-entropy over V classes for N rows.
-// losses[i] = -log softmax(logits[i,:])[targets[i]].
+// losses[i] = -log softmax(logits[i,:])[targets[i]], targets[i] in [0, V).
 // If dlogits is non-null: dlogits[i,:] = grad_scale·(softmax(logits[i,:]) − onehot(targets[i]))
 // (overwritten, not accumulated; dlogits may alias logits to save memory).
 template <typename T>
-void SoftmaxCrossEntropy(T* losses, T* dlogits, const T* logits, const int32_t* targets,
-                         int64_t N, int64_t V, T grad_scale);
+void SoftmaxCrossEntropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
+                         int64_t V, T grad_scale);
 
 // ---- optimizer and clipping.
 // torch.optim.AdamW for n elements; step is 1-based (bias correction uses it).

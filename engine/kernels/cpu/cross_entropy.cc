@@ -1,0 +1,50 @@
+// Fused softmax + cross-entropy over the vocabulary, with its gradient written in place.
+#include <cmath>
+#include <limits>
+
+#include "engine/kernels/cpu/kernel_internal.h"
+#include "engine/kernels/cpu/kernels.h"
+
+namespace meshrun::cpu {
+
+template <typename T>
+void SoftmaxCrossEntropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
+                         int64_t V, T grad_scale) {
+  // No __restrict anywhere: dlogits may be logits. Each element is read before it is written
+  // at the same index, which is safe for the vectorized loops too.
+#pragma omp parallel for schedule(static) if (internal::WorthParallel(N * V))
+  for (int64_t i = 0; i < N; ++i) {
+    const T* x = logits + i * V;
+    const int64_t target = targets[i];
+    T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < V; ++j) mx = x[j] > mx ? x[j] : mx;
+    const T x_target = x[target];
+    T sum = 0;
+    if (dlogits == nullptr) {
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < V; ++j) sum += internal::Exp(x[j] - mx);
+    } else {
+      T* d = dlogits + i * V;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < V; ++j) {
+        const T e = internal::Exp(x[j] - mx);
+        d[j] = e;
+        sum += e;
+      }
+      const T s = grad_scale / sum;
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) d[j] *= s;
+      d[target] -= grad_scale;
+    }
+    // −log softmax = log Σ e^{x−max} + max − x_target.
+    losses[i] = static_cast<T>(std::log(sum)) + mx - x_target;
+  }
+}
+
+template void SoftmaxCrossEntropy<float>(float*, float*, const float*, const int32_t*, int64_t,
+                                         int64_t, float);
+template void SoftmaxCrossEntropy<double>(double*, double*, const double*, const int32_t*, int64_t,
+                                          int64_t, double);
+
+}  // namespace meshrun::cpu

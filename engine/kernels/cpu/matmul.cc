@@ -1,0 +1,164 @@
+// Linear layers: out = inp·weightᵀ + bias and its backward, as GEMMs on the buffers in place
+// (the transposes are BLAS flags, never copies). Gemm dispatches to OpenBLAS when the build has
+// it and OpenBLAS runs kernels fit for this CPU, and to the built-in GemmFallback otherwise.
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "engine/kernels/cpu/kernel_internal.h"
+#include "engine/kernels/cpu/kernels.h"
+
+#ifdef MESHRUN_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+namespace meshrun::cpu {
+namespace {
+
+#ifdef MESHRUN_HAVE_OPENBLAS
+// OpenBLAS (DYNAMIC_ARCH) picks its kernels from the CPU model; versions older than the CPU
+// fall back to "Prescott" (SSE3), which runs at a fraction of GemmFallback's speed.
+struct BlasChoice {
+  bool use_blas = true;
+  std::string description;
+  std::string core_type_hint;
+};
+
+bool CoreHasAvx2(const std::string& core) {
+  for (const char* good : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"}) {
+    if (core == good) return true;
+  }
+  return false;
+}
+
+BlasChoice ChooseBlas() {
+  BlasChoice c;
+  const std::string core = openblas_get_corename();
+  std::string hint;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    if (avx512 && core != "SkylakeX" && core != "Cooperlake" && core != "SapphireRapids") {
+      hint = "SkylakeX";
+    } else if (avx2 && !CoreHasAvx2(core)) {
+      hint = "Haswell";
+    }
+  }
+#ifdef __AVX2__
+  // GemmFallback is compiled for AVX2 or better: prefer it to an OpenBLAS stuck below AVX2.
+  c.use_blas = !(avx2 && !CoreHasAvx2(core));
+#endif
+#endif
+  if (c.use_blas) {
+    c.description = "openblas (" + core + ")";
+  } else {
+    c.description = "fallback (OpenBLAS chose core " + core +
+                    " for this CPU; set OPENBLAS_CORETYPE=" + hint + " to use it)";
+  }
+  c.core_type_hint = hint;
+  return c;
+}
+
+const BlasChoice& Choice() {
+  static const BlasChoice choice = ChooseBlas();
+  return choice;
+}
+
+inline CBLAS_TRANSPOSE Op(bool trans) {
+  return trans ? CblasTrans : CblasNoTrans;
+}
+inline void Blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, Op(ta), Op(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+inline void Blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+                 int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, Op(ta), Op(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+#endif
+
+// Columns per task of the dbias reduction: a multiple of a cache line.
+constexpr int64_t kBiasCols = 64;
+
+}  // namespace
+
+const char* GemmBackend() {
+#ifdef MESHRUN_HAVE_OPENBLAS
+  return Choice().description.c_str();
+#else
+  return "fallback (built without BLAS)";
+#endif
+}
+
+const char* OpenBlasCoreTypeHint() {
+#ifdef MESHRUN_HAVE_OPENBLAS
+  return Choice().core_type_hint.c_str();
+#else
+  return "";
+#endif
+}
+
+template <typename T>
+void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
+          int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+#ifdef MESHRUN_HAVE_OPENBLAS
+  if (Choice().use_blas) {
+    // BLAS checks lda/ldb even when K == 0; keep them valid.
+    Blas(trans_a, trans_b, M, N, K, alpha, A, std::max<int64_t>(lda, 1), B,
+         std::max<int64_t>(ldb, 1), beta, C, ldc);
+    return;
+  }
+#endif
+  GemmFallback(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+template <typename T>
+void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
+                   int64_t OC) {
+  Gemm(false, true, N, OC, C, T(1), inp, C, weight, C, T(0), out, OC);
+  if (bias == nullptr) return;
+#pragma omp parallel for schedule(static) if (internal::WorthParallel(N * OC))
+  for (int64_t i = 0; i < N; ++i) {
+    T* o = out + i * OC;
+#pragma omp simd
+    for (int64_t j = 0; j < OC; ++j) o[j] += bias[j];
+  }
+}
+
+template <typename T>
+void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
+                    int64_t N, int64_t C, int64_t OC) {
+  if (dinp != nullptr) Gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
+  Gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
+  if (dbias == nullptr) return;
+  // Parallel over columns, rows summed in order: deterministic for any thread count.
+  const int64_t n_tasks = (OC + kBiasCols - 1) / kBiasCols;
+#pragma omp parallel for schedule(static) if (internal::WorthParallel(N * OC))
+  for (int64_t t = 0; t < n_tasks; ++t) {
+    const int64_t j0 = t * kBiasCols;
+    const int64_t nj = std::min(kBiasCols, OC - j0);
+    T acc[kBiasCols] = {};
+    for (int64_t i = 0; i < N; ++i) {
+      const T* d = dout + i * OC + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < nj; ++j) acc[j] += d[j];
+    }
+    for (int64_t j = 0; j < nj; ++j) dbias[j0 + j] += acc[j];
+  }
+}
+
+#define MESHRUN_INSTANTIATE(T)                                                                 \
+  template void Gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
+                        int64_t, T, T*, int64_t);                                              \
+  template void MatmulForward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
+  template void MatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
+                                  int64_t);
+MESHRUN_INSTANTIATE(float)
+MESHRUN_INSTANTIATE(double)
+#undef MESHRUN_INSTANTIATE
+
+}  // namespace meshrun::cpu
