@@ -7,9 +7,13 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <thread>
 #include <nlohmann/json.hpp>
 
+#include "client/launcher.h"
 #include "common/job_spec_yaml.h"
+#include "engine/comm/gloo_backend.h"
+#include "engine/comm/mesh_comms.h"
 #include "engine/data/token_stream.h"
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_gpt2.h"
@@ -33,9 +37,12 @@ struct TrainFlags {
 // there), a readable line per step otherwise. Logs go to stderr either way.
 class PrintingObserver final : public TrainObserver {
  public:
-  PrintingObserver(bool json_output, int64_t steps) : json_(json_output), steps_(steps) {}
+  // quiet: a rank other than 0, which leaves stdout to rank 0.
+  PrintingObserver(bool json_output, int64_t steps, bool quiet = false)
+      : json_(json_output), steps_(steps), quiet_(quiet) {}
 
   void OnStep(const StepMetrics& m) override {
+    if (quiet_) return;
     if (json_) {
       json line = {{"event", "step"},
                    {"step", m.step},
@@ -58,6 +65,7 @@ class PrintingObserver final : public TrainObserver {
     }
   }
   void OnEval(const EvalMetrics& e) override {
+    if (quiet_) return;
     if (json_) {
       json line = {{"event", "eval"}, {"step", e.step}, {"loss", e.loss}, {"tokens", e.tokens}};
       std::cout << line.dump() << std::endl;
@@ -71,6 +79,7 @@ class PrintingObserver final : public TrainObserver {
  private:
   bool json_;
   int64_t steps_;
+  bool quiet_;
 };
 
 void AddSpecOptions(CLI::App* cmd, std::string* file, std::vector<std::string>* overrides) {
@@ -87,23 +96,92 @@ StatusOr<JobSpec> LoadSpec(const std::string& file, const std::vector<std::strin
   return spec;
 }
 
+// The launcher's side of `--nproc N`: start N copies of this command as ranks.
+int LaunchRanks(const TrainFlags& o, const ParallelDims& dims) {
+  LaunchOptions launch;
+  launch.nproc = o.nproc;
+  launch.argv = {SelfExecutable(), "train", "-f", o.file, "--nproc", std::to_string(o.nproc),
+                 "-o", o.output};
+  for (const std::string& kv : o.overrides) {
+    launch.argv.push_back("--set");
+    launch.argv.push_back(kv);
+  }
+  if (o.stop_after > 0) {
+    launch.argv.push_back("--stop-after");
+    launch.argv.push_back(std::to_string(o.stop_after));
+  }
+  for (int r = 0; r < o.nproc; ++r) {
+    const MeshCoords c = dims.CoordsOf(r);
+    launch.rank_labels.push_back("rank " + std::to_string(r) + " (dp_replicate=" +
+                                 std::to_string(c.dp_replicate) + " dp_shard=" +
+                                 std::to_string(c.dp_shard) + " cp=" + std::to_string(c.cp) +
+                                 " tp=" + std::to_string(c.tp) + ")");
+  }
+  return Launch(launch);
+}
+
+// A rank started by the launcher: MESHRUN_RANK, MESHRUN_WORLD_SIZE and MESHRUN_STORE_DIR say
+// where it sits and how to find the others.
+StatusOr<RankContext> ConnectRank(const ParallelDims& dims) {
+  const char* rank_env = std::getenv("MESHRUN_RANK");
+  const char* world_env = std::getenv("MESHRUN_WORLD_SIZE");
+  const char* store_env = std::getenv("MESHRUN_STORE_DIR");
+  if (rank_env == nullptr || world_env == nullptr || store_env == nullptr) {
+    return FailedPreconditionError(
+        "MESHRUN_RANK: a rank needs MESHRUN_RANK, MESHRUN_WORLD_SIZE and MESHRUN_STORE_DIR "
+        "(hint: start ranks with meshrun train --nproc N)");
+  }
+  RankContext ctx;
+  ctx.rank = std::atoi(rank_env);
+  if (std::atoi(world_env) != dims.world_size() || ctx.rank < 0 || ctx.rank >= dims.world_size()) {
+    return InvalidArgumentError("MESHRUN_WORLD_SIZE: " + std::string(world_env) +
+                                " ranks launched for a mesh of " + dims.ToString() +
+                                " (hint: --nproc must equal the mesh's world size)");
+  }
+  MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<FileStore> store, FileStore::Create(store_env));
+  ctx.store = store;
+  MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GlooBackend> backend, GlooBackend::Create({}));
+  MeshCommsOptions comm_options;
+  comm_options.timeout = std::chrono::seconds(30);
+  MESHRUN_ASSIGN_OR_RETURN(
+      std::unique_ptr<MeshComms> comms,
+      MeshComms::Create(dims, ctx.rank, store, *backend, std::make_shared<CommStats>(),
+                        comm_options));
+  ctx.comms = std::move(comms);
+  return ctx;
+}
+
 int RunTrain(const TrainFlags& o) {
   StatusOr<JobSpec> spec = LoadSpec(o.file, o.overrides, o.nproc);
   if (!spec.ok()) return ReportError(spec.status());
-  if (o.nproc > 1) {
-    return ReportError(UnimplementedError(
-        "--nproc: multi-process training (" + std::to_string(o.nproc) +
-        " ranks) is not built yet (hint: run a 1-rank mesh with --nproc 1)"));
+  StatusOr<ParallelDims> dims = MeshOf(*spec);
+  if (!dims.ok()) return ReportError(dims.status());
+  const bool is_rank = std::getenv("MESHRUN_RANK") != nullptr;
+  if (o.nproc > 1 && !is_rank) return LaunchRanks(o, *dims);
+
+  // Ranks on one host share its cores: without a thread count in the spec or OMP_NUM_THREADS,
+  // each rank takes an equal share (OpenMP threads that outnumber cores spin against each other).
+  if (spec->resources.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    spec->resources.threads = std::max(1, cores / std::max(1, o.nproc));
+  }
+  RankContext ctx;
+  if (is_rank) {
+    StatusOr<RankContext> connected = ConnectRank(*dims);
+    if (!connected.ok()) return ReportError(connected.status());
+    ctx = std::move(connected).value();
   }
   meshrun::TrainOptions options;
   options.stop_after_step = o.stop_after;
   options.spec_yaml = JobSpecToYaml(*spec);
-  StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, options);
+  StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, options, ctx);
   if (!trainer.ok()) return ReportError(trainer.status());
   const bool as_json = o.output == "json";
-  PrintingObserver observer(as_json, spec->train.steps);
+  const bool quiet = ctx.rank != 0;
+  PrintingObserver observer(as_json, spec->train.steps, quiet);
   StatusOr<RunSummary> summary = (*trainer)->Run(&observer);
   if (!summary.ok()) return ReportError(summary.status());
+  if (quiet) return kExitOk;
   const RunSummary& s = *summary;
   if (as_json) {
     json comm = json::object();

@@ -1,8 +1,14 @@
-// Saving and resuming the trainer's state (CONVENTIONS §4): parameters and AdamW moments as
-// named tensors, the step in the metadata's trainer object. Single-rank here: this rank's
-// shard holds every tensor whole; the parallel plans write slices of the same names.
+// Saving and resuming the trainer's state under any mesh (CONVENTIONS §4). Tensors are saved
+// by their global names as boxes of the global tensor: "model/<param>", "optim/exp_avg/<param>",
+// "optim/exp_avg_sq/<param>". One rank per tp shard writes (dp_replicate 0, dp_shard_cp index
+// 0), after gathering its FSDP shards; the others write an empty shard file. Loading reads this
+// rank's boxes from whatever mesh wrote them (resharding), then takes its FSDP shard.
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <thread>
+
+#include "engine/comm/communicator.h"
 #include "engine/io/checkpoint.h"
 #include "engine/train/trainer.h"
 
@@ -10,58 +16,98 @@ namespace meshrun {
 
 namespace {
 
-// Tensor names in a checkpoint: "model/<param>", "optim/exp_avg/<param>",
-// "optim/exp_avg_sq/<param>".
 std::string ModelKey(const ParamInfo& p) { return "model/" + p.name; }
 std::string MomentKey(const char* which, const ParamInfo& p) {
   return std::string("optim/") + which + "/" + p.name;
 }
 
+// Rows of p's local tensor before box b (boxes are concatenated along dim 0).
+int64_t ElementsBefore(const ParamInfo& p, size_t b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < b; ++i) {
+    int64_t e = 1;
+    for (int64_t d : p.boxes[i].shape) e *= d;
+    n += e;
+  }
+  return n;
+}
+
 }  // namespace
+
+Status Trainer::WaitForAllRanks(const std::string& key) {
+  if (ctx_.store == nullptr || dims_->world_size() == 1) return OkStatus();
+  MESHRUN_RETURN_IF_ERROR(ctx_.store->Set(key + "/" + std::to_string(ctx_.rank), "1"));
+  std::vector<std::string> keys;
+  for (int r = 0; r < dims_->world_size(); ++r) keys.push_back(key + "/" + std::to_string(r));
+  return ctx_.store->Wait(keys, std::chrono::minutes(5));
+}
 
 Status Trainer::SaveCheckpoint() {
   const std::string step_dir = StepDir(spec_.checkpoint.dir, step_);
+  const int64_t n = model_->num_params();
+  std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
+  MESHRUN_RETURN_IF_ERROR(shards_->GatherFull(m.data(), v.data()));
+  const bool writer = coords_.dp_replicate == 0 &&
+                      dims_->IndexInGroup(ctx_.rank, MeshAxis::kDpShardCp) == 0;
   std::vector<SliceRef> slices;
-  const float* params = model_->params_data();
-  const float* m = adam_m_.data<float>();
-  const float* v = adam_v_.data<float>();
-  for (const ParamInfo& p : model_->params()) {
-    const std::vector<int64_t> zero(p.shape.size(), 0);
-    slices.push_back({ModelKey(p), p.shape, zero, p.shape, params + p.offset});
-    slices.push_back({MomentKey("exp_avg", p), p.shape, zero, p.shape, m + p.offset});
-    slices.push_back({MomentKey("exp_avg_sq", p), p.shape, zero, p.shape, v + p.offset});
+  if (writer) {
+    const float* params = model_->params_data();
+    for (const ParamInfo& p : model_->params()) {
+      for (size_t b = 0; b < p.boxes.size(); ++b) {
+        const int64_t at = p.offset + ElementsBefore(p, b);
+        const Box& box = p.boxes[b];
+        slices.push_back({ModelKey(p), p.global_shape, box.offset, box.shape, params + at});
+        slices.push_back({MomentKey("exp_avg", p), p.global_shape, box.offset, box.shape,
+                          m.data() + at});
+        slices.push_back({MomentKey("exp_avg_sq", p), p.global_shape, box.offset, box.shape,
+                          v.data() + at});
+      }
+    }
   }
-  MESHRUN_RETURN_IF_ERROR(WriteShard(step_dir, /*rank=*/0, slices));
+  MESHRUN_RETURN_IF_ERROR(WriteShard(step_dir, ctx_.rank, slices));
+  // metadata.json last, by rank 0, once every shard is on disk.
+  MESHRUN_RETURN_IF_ERROR(WaitForAllRanks("checkpoint/" + std::to_string(step_) + "/written"));
+  last_checkpoint_ = step_dir;
+  if (ctx_.rank != 0) return OkStatus();
   CheckpointMetadata meta;
   meta.step = step_;
-  meta.world_size = 1;
+  meta.world_size = dims_->world_size();
+  meta.mesh = {dims_->dp_replicate(), dims_->dp_shard(), dims_->cp(), dims_->tp()};
   meta.job_spec_yaml = options_.spec_yaml;
   nlohmann::json trainer = {{"step", step_}, {"optimizer_step", step_}};
   meta.trainer_json = trainer.dump();
   MESHRUN_RETURN_IF_ERROR(WriteMetadata(step_dir, meta));
-  last_checkpoint_ = step_dir;
   return PruneCheckpoints(spec_.checkpoint.dir, std::max(1, spec_.checkpoint.keep));
 }
 
 Status Trainer::LoadCheckpoint(const std::string& step_dir) {
   MESHRUN_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
+  const int64_t n = model_->num_params();
+  std::vector<float> m(static_cast<size_t>(n), 0.f), v(static_cast<size_t>(n), 0.f);
   float* params = model_->params_data();
-  float* m = adam_m_.data<float>();
-  float* v = adam_v_.data<float>();
   for (const ParamInfo& p : model_->params()) {
     MESHRUN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, reader.GlobalShape(ModelKey(p)));
-    if (shape != p.shape) {
+    if (shape != p.global_shape) {
       return FailedPreconditionError("checkpoint " + step_dir + ": tensor " + p.name +
                                      " does not fit this model's config (hint: resume with the "
                                      "model section the checkpoint was written with)");
     }
-    MESHRUN_RETURN_IF_ERROR(reader.ReadTensor(ModelKey(p), params + p.offset));
-    // A checkpoint without optimizer state (e.g. an exported model) starts fresh moments.
-    if (reader.HasTensor(MomentKey("exp_avg", p))) {
-      MESHRUN_RETURN_IF_ERROR(reader.ReadTensor(MomentKey("exp_avg", p), m + p.offset));
-      MESHRUN_RETURN_IF_ERROR(reader.ReadTensor(MomentKey("exp_avg_sq", p), v + p.offset));
+    // A checkpoint without optimizer state (e.g. converted weights) starts fresh moments.
+    const bool has_moments = reader.HasTensor(MomentKey("exp_avg", p));
+    for (size_t b = 0; b < p.boxes.size(); ++b) {
+      const int64_t at = p.offset + ElementsBefore(p, b);
+      const Box& box = p.boxes[b];
+      MESHRUN_RETURN_IF_ERROR(reader.ReadSlice(ModelKey(p), box.offset, box.shape, params + at));
+      if (has_moments) {
+        MESHRUN_RETURN_IF_ERROR(
+            reader.ReadSlice(MomentKey("exp_avg", p), box.offset, box.shape, m.data() + at));
+        MESHRUN_RETURN_IF_ERROR(
+            reader.ReadSlice(MomentKey("exp_avg_sq", p), box.offset, box.shape, v.data() + at));
+      }
     }
   }
+  shards_->TakeShardOfModel();
+  shards_->ScatterMoments(m.data(), v.data());
   nlohmann::json trainer =
       nlohmann::json::parse(reader.metadata().trainer_json, nullptr, /*allow_exceptions=*/false);
   if (trainer.is_discarded() || !trainer.contains("step") || !trainer["step"].is_number_integer()) {
@@ -78,7 +124,11 @@ Status Trainer::LoadLatestCheckpoint(TrainObserver* observer) {
   for (const std::string& w : warnings) observer->OnLog("warning: " + w);
   if (!latest.ok()) return latest.status();
   MESHRUN_RETURN_IF_ERROR(LoadCheckpoint(latest->step_dir));
-  observer->OnLog("resumed from " + latest->step_dir + " at step " + std::to_string(step_));
+  const MeshSizes& saved = latest->metadata.mesh;
+  observer->OnLog("resumed from " + latest->step_dir + " at step " + std::to_string(step_) +
+                  " (saved under dp_replicate=" + std::to_string(saved.dp_replicate) +
+                  " dp_shard=" + std::to_string(saved.dp_shard) + " cp=" + std::to_string(saved.cp) +
+                  " tp=" + std::to_string(saved.tp) + ")");
   return OkStatus();
 }
 

@@ -1,4 +1,7 @@
-// The training loop of one rank, in execution order.
+// The training loop of one rank, in execution order. The parallel plans are applied in one
+// order, written here once: tensor parallel (the model's layout and its tp all-reduces),
+// context parallel (this rank's chunks of each sequence, attention over all ranks' keys),
+// FSDP over dp_shard_cp and replication over dp_replicate (ShardedState).
 #include "engine/train/trainer.h"
 
 #include <algorithm>
@@ -7,9 +10,9 @@
 #include <cstring>
 #include <thread>
 
+#include "engine/comm/communicator.h"
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/model/hf_gpt2.h"
-#include "engine/train/optimizer.h"
 
 namespace meshrun {
 
@@ -19,16 +22,6 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-GPT2Config ConfigOf(const JobSpec& spec) {
-  GPT2Config cfg;
-  cfg.vocab_size = spec.model.vocab_size;
-  cfg.n_layer = spec.model.n_layer;
-  cfg.n_head = spec.model.n_head;
-  cfg.d_model = spec.model.d_model;
-  cfg.max_seq_len = spec.model.seq_len;
-  return cfg;
 }
 
 }  // namespace
@@ -49,13 +42,18 @@ double MeasureCpuGemmPeakFlops() {
   return 2.0 * n * n * n / best;
 }
 
-Trainer::Trainer(JobSpec spec, TrainOptions options)
-    : spec_(std::move(spec)), options_(options) {}
+Trainer::Trainer(JobSpec spec, TrainOptions options, RankContext context)
+    : spec_(std::move(spec)), options_(options), ctx_(std::move(context)) {}
 
-StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, TrainOptions options) {
-  std::unique_ptr<Trainer> t(new Trainer(spec, options));
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const JobSpec& spec, TrainOptions options,
+                                                   RankContext context) {
+  std::unique_ptr<Trainer> t(new Trainer(spec, std::move(options), std::move(context)));
   MESHRUN_RETURN_IF_ERROR(t->Init());
   return t;
+}
+
+Communicator* Trainer::Comm(MeshAxis axis) const {
+  return ctx_.comms ? &ctx_.comms->Get(axis) : nullptr;
 }
 
 Status Trainer::Init() {
@@ -64,7 +62,33 @@ Status Trainer::Init() {
                                 "' is not built into this engine yet (hint: use device: cpu)");
   }
   cpu::SetNumThreads(spec_.resources.threads);
-  model_ = std::make_unique<GPT2<float>>(ConfigOf(spec_));
+  MESHRUN_ASSIGN_OR_RETURN(ParallelDims dims, MeshOf(spec_));
+  dims_ = dims;
+  if (ctx_.comms == nullptr && dims.world_size() != 1) {
+    return InvalidArgumentError("parallelism: a mesh of " + dims.ToString() +
+                                " needs one process per rank (hint: meshrun train --nproc " +
+                                std::to_string(dims.world_size()) + ")");
+  }
+  coords_ = dims.CoordsOf(ctx_.rank);
+
+  // Tensor parallel: this rank's heads and MLP columns; FSDP pads units for S·C shards.
+  GPT2Config cfg;
+  cfg.vocab_size = spec_.model.vocab_size;
+  cfg.n_layer = spec_.model.n_layer;
+  cfg.n_head = spec_.model.n_head;
+  cfg.d_model = spec_.model.d_model;
+  cfg.max_seq_len = spec_.model.seq_len;
+  cfg.tp_size = dims.tp();
+  cfg.tp_rank = coords_.tp;
+  cfg.fsdp_size = dims.dp_shard() * dims.cp();
+  model_ = std::make_unique<GPT2<float>>(cfg);
+  shards_ = std::make_unique<ShardedState>(model_.get(), Comm(MeshAxis::kDpShardCp),
+                                           Comm(MeshAxis::kDpReplicate), Comm(MeshAxis::kTp));
+  model_par_.tp = Comm(MeshAxis::kTp);
+  model_par_.cp = Comm(MeshAxis::kCp);
+  model_par_.cp_ring = spec_.parallelism.cp_comm_strategy == "ring";
+  model_par_.fsdp = shards_->sharded() ? shards_.get() : nullptr;
+  model_->SetParallel(&model_par_);
 
   MESHRUN_ASSIGN_OR_RETURN(TokenStream train, LoadTokens(spec_.data.train, spec_.data.format));
   train_data_ = std::make_unique<TokenStream>(std::move(train));
@@ -88,37 +112,67 @@ Status Trainer::Init() {
   sampler_ = std::make_unique<BatchSampler>(std::move(sampler));
 
   if (!spec_.model.init_from.empty()) {
+    if (dims.tp() > 1) {
+      return InvalidArgumentError(
+          "model.init_from: loading Hugging Face weights under tp_size > 1 is not built yet "
+          "(hint: start with tp_size: 1, checkpoint, and resume under the tp mesh)");
+    }
     MESHRUN_RETURN_IF_ERROR(LoadHuggingFaceGPT2(spec_.model.init_from, model_.get()));
   } else {
     model_->InitDeterministic(static_cast<uint64_t>(spec_.train.seed));
   }
-  adam_m_ = Tensor::Zeros({model_->num_params()}, ScalarType::kFloat32);
-  adam_v_ = Tensor::Zeros({model_->num_params()}, ScalarType::kFloat32);
+  shards_->TakeShardOfModel();
   peak_flops_ = options_.peak_flops > 0 ? options_.peak_flops : MeasureCpuGemmPeakFlops();
   return OkStatus();
+}
+
+void Trainer::LocalTokens(const int32_t* inputs, const int32_t* targets, int rows) {
+  const int T = spec_.model.seq_len, C = dims_->cp(), Tl = T / C;
+  local_in_.resize(static_cast<size_t>(rows) * Tl);
+  local_tg_.resize(local_in_.size());
+  local_pos_.resize(Tl);
+  if (C == 1) {
+    std::copy(inputs, inputs + rows * T, local_in_.begin());
+    std::copy(targets, targets + rows * T, local_tg_.begin());
+    for (int t = 0; t < T; ++t) local_pos_[t] = t;
+    return;
+  }
+  std::vector<int32_t> positions(local_in_.size());
+  CpChunkBatch(inputs, rows, T, C, coords_.cp, local_in_.data(), positions.data());
+  CpChunkBatch(targets, rows, T, C, coords_.cp, local_tg_.data(), nullptr);
+  std::copy(positions.begin(), positions.begin() + Tl, local_pos_.begin());
 }
 
 StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   const TrainSpec& tr = spec_.train;
   const int T = spec_.model.seq_len, B = tr.global_batch_size, mb = tr.micro_batch_size;
+  const int Tl = T / dims_->cp();
   const double grad_scale = 1.0 / (static_cast<double>(B) * T);
   std::vector<int32_t> inputs(static_cast<size_t>(mb) * T), targets(inputs.size());
+  // This dp rank's sequences of the global batch (CONVENTIONS §2).
+  const int dp = dims_->dp_replicate() * dims_->dp_shard();
+  const int d = coords_.dp_replicate * dims_->dp_shard() + coords_.dp_shard;
+  MESHRUN_ASSIGN_OR_RETURN(SeqRange range, DpRankRange(B, dp, d));
 
-  // Forward and backward over the micro-batches of this rank's share of the global batch.
-  model_->ZeroGrad();
+  // Forward and backward over the micro-batches; FSDP gathers and reduce-scatters per unit.
+  shards_->ZeroGrad();
   double loss_sum = 0;
-  for (int first = 0; first < B; first += mb) {
+  for (int first = 0; first < range.count; first += mb) {
     MESHRUN_RETURN_IF_ERROR(
-        sampler_->Fill(step_, first, mb, inputs.data(), targets.data()));
-    MESHRUN_ASSIGN_OR_RETURN(
-        double loss, model_->ForwardBackward(inputs.data(), targets.data(), mb, T, grad_scale));
+        sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
+    LocalTokens(inputs.data(), targets.data(), mb);
+    shards_->BeginMicroBatch();
+    MESHRUN_ASSIGN_OR_RETURN(double loss,
+                             model_->ForwardBackward(local_in_.data(), local_tg_.data(), mb, Tl,
+                                                     grad_scale, local_pos_.data()));
     loss_sum += loss;
   }
-  const double loss = loss_sum / (static_cast<double>(B) * T);
-
-  // Clip and update.
-  const UpdateResult update =
-      ClipAndAdamW(model_.get(), adam_m_.data<float>(), adam_v_.data<float>(), tr, step_);
+  // Replicas sum their gradients; then clip by the global norm and update the shard.
+  MESHRUN_RETURN_IF_ERROR(shards_->FinishGradients());
+  MESHRUN_ASSIGN_OR_RETURN(ShardedState::Update update, shards_->ClipAndStep(tr, step_));
+  // The loss of the global batch: every token is on exactly one rank of dp_cp.
+  MESHRUN_ASSIGN_OR_RETURN(double total, SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, "metrics"));
+  const double loss = total / (static_cast<double>(B) * T);
   ++step_;
   metrics->step = step_;
   metrics->loss = loss;
@@ -128,7 +182,9 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
 }
 
 StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_windows) {
-  const int T = spec_.model.seq_len, mb = spec_.train.micro_batch_size;
+  const int T = spec_.model.seq_len, mb = spec_.train.micro_batch_size, Tl = T / dims_->cp();
+  const int dp = dims_->dp_replicate() * dims_->dp_shard();
+  const int d = coords_.dp_replicate * dims_->dp_shard() + coords_.dp_shard;
   const int64_t n_tokens = stream.size();
   int64_t windows = (n_tokens - 1) / T;
   if (windows <= 0) {
@@ -137,24 +193,34 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
                                 " (hint: use a longer stream or a shorter model.seq_len)");
   }
   if (max_windows > 0) windows = std::min(windows, max_windows);
+  // Every rank of an FSDP or cp group must run the same number of forwards.
+  if (dims_->world_size() > 1) windows = windows / (static_cast<int64_t>(dp) * mb) * dp * mb;
+  if (windows == 0) {
+    return InvalidArgumentError("data.val: " + stream.path + " has too few windows for " +
+                                std::to_string(dp) + " dp ranks × micro_batch_size " +
+                                std::to_string(mb) + " (hint: use a longer validation stream)");
+  }
   std::vector<int32_t> inputs(static_cast<size_t>(mb) * T), targets(inputs.size());
   double loss_sum = 0;
   const int32_t* tok = stream.tokens.data();
-  for (int64_t w = 0; w < windows; w += mb) {
+  // dp rank d takes batches d, d + dp, d + 2·dp, … of mb windows.
+  for (int64_t w = static_cast<int64_t>(d) * mb; w < windows; w += static_cast<int64_t>(dp) * mb) {
     const int rows = static_cast<int>(std::min<int64_t>(mb, windows - w));
     for (int r = 0; r < rows; ++r) {
       const int32_t* src = tok + (w + r) * T;
       std::copy(src, src + T, inputs.begin() + static_cast<int64_t>(r) * T);
       std::copy(src + 1, src + T + 1, targets.begin() + static_cast<int64_t>(r) * T);
     }
-    MESHRUN_ASSIGN_OR_RETURN(double loss,
-                             model_->ForwardLoss(inputs.data(), targets.data(), rows, T));
+    LocalTokens(inputs.data(), targets.data(), rows);
+    MESHRUN_ASSIGN_OR_RETURN(double loss, model_->ForwardLoss(local_in_.data(), local_tg_.data(),
+                                                              rows, Tl, local_pos_.data()));
     loss_sum += loss;
   }
+  MESHRUN_ASSIGN_OR_RETURN(double total, SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, "metrics"));
   EvalMetrics out;
   out.step = step_;
   out.tokens = windows * T;
-  out.loss = loss_sum / static_cast<double>(out.tokens);
+  out.loss = total / static_cast<double>(out.tokens);
   return out;
 }
 
@@ -173,9 +239,14 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
                            ? std::min<int64_t>(options_.stop_after_step, tr.steps)
                            : tr.steps;
   const double tokens_per_step = static_cast<double>(tr.global_batch_size) * spec_.model.seq_len;
-  const double flops_per_token = GPT2FlopsPerToken(model_->config(), spec_.model.seq_len);
+  GPT2Config global_cfg = model_->config();
+  global_cfg.tp_size = 1;
+  const double flops_per_token = GPT2FlopsPerToken(global_cfg, spec_.model.seq_len);
+  const double world_peak = peak_flops_ * dims_->world_size();
   double total_seconds = 0;
   CpuAllocator().ResetPeak();
+  std::shared_ptr<CommStats> stats = ctx_.comms ? ctx_.comms->stats() : nullptr;
+  if (stats) stats->Reset();
 
   while (step_ < last) {
     StepMetrics m;
@@ -184,7 +255,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     m.step_seconds = Seconds(t0, Clock::now());
     m.tokens_per_second = tokens_per_step / m.step_seconds;
     m.tflops = m.tokens_per_second * flops_per_token / 1e12;
-    m.mfu = m.tflops * 1e12 / peak_flops_;
+    m.mfu = m.tflops * 1e12 / world_peak;
     const MemoryStats mem = CpuAllocator().Stats();
     m.allocated_memory_bytes = mem.allocated_bytes;
     m.peak_memory_bytes = mem.peak_bytes;
@@ -208,9 +279,16 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   summary.final_loss = summary.losses.empty() ? 0.0 : summary.losses.back();
   if (total_seconds > 0) {
     summary.tokens_per_second = tokens_per_step * static_cast<double>(summary.steps) / total_seconds;
-    summary.mfu = summary.tokens_per_second * flops_per_token / peak_flops_;
+    summary.mfu = summary.tokens_per_second * flops_per_token / world_peak;
   }
-  for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"}) summary.comm_bytes[axis] = 0;
+  // Bus bytes per rank per step, averaged over every rank of the job (CONVENTIONS §6).
+  for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"}) {
+    double mine = 0;
+    if (stats && summary.steps > 0) mine = stats->AxisTotal(axis).bytes / summary.steps;
+    MESHRUN_ASSIGN_OR_RETURN(double over_tp, SumOverGroup(Comm(MeshAxis::kTp), mine, "metrics"));
+    MESHRUN_ASSIGN_OR_RETURN(double all, SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, "metrics"));
+    summary.comm_bytes[axis] = all / dims_->world_size();
+  }
   summary.last_checkpoint = last_checkpoint_;
   return summary;
 }

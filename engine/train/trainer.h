@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,7 +14,10 @@
 #include "common/status.h"
 #include "engine/data/batch_sampler.h"
 #include "engine/data/token_stream.h"
+#include "engine/comm/mesh_comms.h"
+#include "engine/comm/store.h"
 #include "engine/model/gpt2.h"
+#include "engine/train/sharding.h"
 
 namespace meshrun {
 
@@ -58,6 +62,13 @@ class TrainObserver {
   virtual void OnLog(const std::string& /*line*/) {}
 };
 
+// Where this rank sits in the job. The default is a single rank with no communication.
+struct RankContext {
+  int rank = 0;
+  std::shared_ptr<MeshComms> comms;  // null: one rank
+  std::shared_ptr<Store> store;      // the job's store (checkpoint barriers); null: one rank
+};
+
 struct TrainOptions {
   int64_t stop_after_step = 0;  // > 0: stop (with a checkpoint) after this step
   double peak_flops = 0;        // device peak for MFU; 0: measure a float32 GEMM at start
@@ -67,12 +78,15 @@ struct TrainOptions {
 // Owns the model, optimizer state and data of one rank. Not thread-safe; one per process.
 class Trainer {
  public:
-  static StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, TrainOptions options);
+  static StatusOr<std::unique_ptr<Trainer>> Create(const JobSpec& spec, TrainOptions options,
+                                                   RankContext context = {});
 
   // Resumes when the spec asks for it, then trains to the last step (or stop_after_step).
   StatusOr<RunSummary> Run(TrainObserver* observer);
 
-  // Mean loss over every window of `stream` (CONVENTIONS §2 windows, in batches).
+  // Mean loss over the windows of `stream` (CONVENTIONS §2 windows, in batches): all of them
+  // on one rank; on a mesh, the first multiple of dp·micro_batch_size of them (at most
+  // max_windows when > 0), split over the dp ranks.
   StatusOr<EvalMetrics> Evaluate(const TokenStream& stream, int64_t max_windows);
 
   GPT2<float>& model() { return *model_; }
@@ -83,15 +97,24 @@ class Trainer {
   Status LoadCheckpoint(const std::string& step_dir);
 
  private:
-  Trainer(JobSpec spec, TrainOptions options);
+  Trainer(JobSpec spec, TrainOptions options, RankContext context);
   Status Init();
+  Communicator* Comm(MeshAxis axis) const;
+  // Inputs/targets/positions of this rank's tokens for `rows` full sequences (cp chunks).
+  void LocalTokens(const int32_t* inputs, const int32_t* targets, int rows);
+  Status WaitForAllRanks(const std::string& key);
   // One optimizer step over the global batch of step_ (0-based); returns the mean loss.
   StatusOr<double> Step(StepMetrics* metrics);
 
   JobSpec spec_;
   TrainOptions options_;
+  RankContext ctx_;
+  std::optional<ParallelDims> dims_;
+  MeshCoords coords_;
   std::unique_ptr<GPT2<float>> model_;
-  Tensor adam_m_, adam_v_;
+  ModelParallel model_par_;
+  std::unique_ptr<ShardedState> shards_;
+  std::vector<int32_t> local_in_, local_tg_, local_pos_;
   std::unique_ptr<TokenStream> train_data_, val_data_;
   std::unique_ptr<BatchSampler> sampler_;
   int64_t step_ = 0;  // updates done so far
