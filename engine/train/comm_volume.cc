@@ -1,0 +1,61 @@
+// Per-step communication volume of each parallelism; see docs/parallelism.md for the derivation.
+#include "engine/train/comm_volume.h"
+
+#include "engine/model/gpt2.h"
+
+namespace meshrun {
+
+std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
+  const ParallelismSpec& p = spec.parallelism;
+  const double f = sizeof(float);
+  const int R = p.dp_replicate_size, S = p.dp_shard_size, C = p.cp_size, Tp = p.tp_size;
+  const int N = S * C, L = spec.model.n_layer;
+  const double d = spec.model.d_model, Tl = spec.model.seq_len / C, mb = spec.train.micro_batch_size;
+  const double micro_batches = spec.train.global_batch_size / (R * S * mb);
+  std::map<std::string, double> bytes = {{"tp", 0}, {"cp", 0}, {"dp_shard", 0}, {"dp_replicate", 0}};
+
+  // tp: four all-reduces of the activations (mb·Tl·d) per layer and micro-batch (two forward
+  // after the row-parallel layers, two backward after the column-parallel ones), plus the
+  // 8-byte all-gather of the squared grad norm.
+  if (Tp > 1) {
+    const double ar = mb * Tl * d * f * 2.0 * (Tp - 1) / Tp;
+    bytes["tp"] = micro_batches * L * 4 * ar + 8.0 * (Tp - 1);
+  }
+  // cp: one K or V block is mb·(H/Tp)·Tl·(d/H) floats.
+  if (C > 1) {
+    const double blk = mb * Tl * d / Tp * f;
+    const double per_layer = p.cp_comm_strategy == "ring"
+                                 ? (C - 1) * 2 * blk + (C - 1) * 4 * blk + 2 * blk
+                                 : 4 * blk * (C - 1);
+    bytes["cp"] = micro_batches * L * per_layer;
+  }
+  // FSDP over dp_shard_cp (N ranks): per micro-batch every unit is gathered before forward,
+  // the L layer units again before backward, and every unit's gradient is reduce-scattered;
+  // then the 8-byte all-gather of the squared grad norm.
+  GPT2Config cfg;
+  cfg.vocab_size = spec.model.vocab_size;
+  cfg.n_layer = L;
+  cfg.n_head = spec.model.n_head;
+  cfg.d_model = spec.model.d_model;
+  cfg.max_seq_len = spec.model.seq_len;
+  cfg.tp_size = Tp;
+  cfg.fsdp_size = N;
+  const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));
+  double shard_elems = 0;
+  for (const UnitInfo& u : units) shard_elems += static_cast<double>(u.padded) / N;
+  if (N > 1) {
+    double per_micro = 0;
+    for (size_t u = 0; u < units.size(); ++u) {
+      const bool layer = u > 0 && u + 1 < units.size();
+      const double unit_bytes = static_cast<double>(units[u].padded) * f * (N - 1) / N;
+      per_micro += unit_bytes * (layer ? 2 : 1);  // all-gathers
+      per_micro += unit_bytes;                    // reduce-scatter
+    }
+    bytes["dp_shard"] = micro_batches * per_micro + 8.0 * (N - 1);
+  }
+  // Replicas all-reduce their gradient shards once per step.
+  if (R > 1) bytes["dp_replicate"] = shard_elems * f * 2.0 * (R - 1) / R;
+  return bytes;
+}
+
+}  // namespace meshrun

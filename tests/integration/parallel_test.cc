@@ -1,0 +1,263 @@
+// N-D parallel equivalence (CONVENTIONS §3): every mesh trains the model one rank trains.
+// Runs `meshrun train --nproc N` as real processes over Gloo on loopback, 6 steps of the tiny
+// example each, and checks against the single-rank run: the loss at every step and the final
+// parameters within 1e-4 relative; the measured bus bytes per axis against the formulas of
+// docs/parallelism.md; resharding a checkpoint into other meshes; a SIGKILLed rank ending the run.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/job_spec_yaml.h"
+#include "engine/io/checkpoint.h"
+#include "engine/train/comm_volume.h"
+#include "tests/client/cli_runner.h"
+
+namespace meshrun {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct Mesh {
+  int R = 1, S = 1, C = 1, T = 1;
+  std::string cp_strategy = "allgather";
+  int world() const { return R * S * C * T; }
+  std::string Name() const {
+    return "R" + std::to_string(R) + "S" + std::to_string(S) + "C" + std::to_string(C) + "T" +
+           std::to_string(T) + (C > 1 ? "-" + cp_strategy : "");
+  }
+  std::vector<std::string> Sets() const {
+    return {"--set", "parallelism.dp_replicate_size=" + std::to_string(R),
+            "--set", "parallelism.dp_shard_size=" + std::to_string(S),
+            "--set", "parallelism.cp_size=" + std::to_string(C),
+            "--set", "parallelism.tp_size=" + std::to_string(T),
+            "--set", "parallelism.cp_comm_strategy=" + cp_strategy};
+  }
+};
+
+struct RunResult {
+  testing::CliResult cli;
+  std::vector<double> losses;
+  json summary;
+};
+
+class ParallelTest : public ::testing::Test {
+ protected:
+  // One temp dir for the whole program (the baseline run is shared by both suites).
+  static void SetUpTestSuite() {
+    if (temp_ != nullptr) return;
+    char pattern[] = "/tmp/meshrun_parallel_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    temp_ = new fs::path(pattern);
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(*temp_, ec);
+    });
+  }
+
+  static fs::path Binary() { return fs::path(std::getenv("MESHRUN_BINARY_DIR")) / "bin/meshrun"; }
+  static fs::path Source() { return fs::path(std::getenv("MESHRUN_SOURCE_DIR")); }
+
+  static std::vector<std::string> BaseArgs(const Mesh& mesh, const std::string& ckpt) {
+    std::vector<std::string> args = {"train", "-f", (Source() / "examples/tiny.yaml").string(),
+                                     "--nproc", std::to_string(mesh.world()), "-o", "json",
+                                     "--set", "train.steps=6",
+                                     "--set", "checkpoint.dir=" + (*temp_ / ckpt).string(),
+                                     "--set", "checkpoint.every=3"};
+    for (const std::string& s : mesh.Sets()) args.push_back(s);
+    return args;
+  }
+
+  static RunResult Train(const Mesh& mesh, const std::string& ckpt,
+                         std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = BaseArgs(mesh, ckpt);
+    args.insert(args.end(), extra.begin(), extra.end());
+    RunResult r;
+    r.cli = testing::RunCli(Binary(), args, *temp_ / (ckpt + ".stderr"), 120);
+    for (const std::string& line : testing::Lines(r.cli.out)) {
+      json j = json::parse(line, nullptr, false);
+      if (j.is_discarded()) continue;
+      if (j["event"] == "step") r.losses.push_back(j["loss"]);
+      if (j["event"] == "summary") r.summary = j;
+    }
+    return r;
+  }
+
+  // The single-rank run every mesh is compared with (computed once).
+  static const RunResult& Baseline() {
+    static RunResult* baseline = new RunResult(Train(Mesh{}, "baseline"));
+    return *baseline;
+  }
+
+  static void ExpectSameParameters(const std::string& ckpt) {
+    StatusOr<CheckpointReader> want = CheckpointReader::Open((*temp_ / "baseline/step-00000006").string());
+    StatusOr<CheckpointReader> got = CheckpointReader::Open((*temp_ / ckpt / "step-00000006").string());
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    // All parameters as one vector within 1e-4 relative; each tensor within 1e-3 (a tensor
+    // that barely moves from zero, like the q bias, has a norm near float32 noise).
+    int compared = 0;
+    double total_diff = 0, total_norm = 0;
+    for (const auto& [name, shape] : want->metadata().tensors) {
+      if (name.rfind("model/", 0) != 0) continue;
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      std::vector<float> a(n), b(n);
+      ASSERT_TRUE(want->ReadTensor(name, a.data()).ok());
+      ASSERT_TRUE(got->ReadTensor(name, b.data()).ok()) << name;
+      double diff = 0, norm = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        diff += (a[i] - b[i]) * double(a[i] - b[i]);
+        norm += a[i] * double(a[i]);
+      }
+      EXPECT_LE(std::sqrt(diff), 1e-3 * std::sqrt(norm)) << name;
+      total_diff += diff;
+      total_norm += norm;
+      ++compared;
+    }
+    EXPECT_LE(std::sqrt(total_diff), 1e-4 * std::sqrt(total_norm));
+    EXPECT_GT(compared, 20);
+  }
+
+  static fs::path* temp_;
+};
+
+fs::path* ParallelTest::temp_ = nullptr;
+
+class MeshEquivalence : public ParallelTest, public ::testing::WithParamInterface<Mesh> {};
+
+TEST_P(MeshEquivalence, LossesParametersAndBusBytesMatch) {
+  const Mesh mesh = GetParam();
+  const RunResult& base = Baseline();
+  ASSERT_EQ(base.cli.exit_code, 0) << base.cli.err;
+  ASSERT_EQ(base.losses.size(), 6u);
+  RunResult r = Train(mesh, mesh.Name());
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.err;
+  ASSERT_EQ(r.losses.size(), 6u) << r.cli.out;
+  for (size_t k = 0; k < 6; ++k) {
+    EXPECT_NEAR(r.losses[k], base.losses[k], 1e-4 * base.losses[k]) << "step " << k + 1;
+  }
+  ExpectSameParameters(mesh.Name());
+
+  // Bus bytes per axis equal the formulas (docs/parallelism.md).
+  std::string yaml = testing::ReadFile(Source() / "examples/tiny.yaml");
+  std::vector<std::string> overrides = {"train.steps=6"};
+  const std::vector<std::string> sets = mesh.Sets();
+  for (size_t i = 1; i < sets.size(); i += 2) overrides.push_back(sets[i]);
+  StatusOr<JobSpec> spec = ParseJobSpecYaml(yaml, overrides);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const std::map<std::string, double> want = ExpectedCommBytesPerStep(*spec);
+  for (const auto& [axis, bytes] : want) {
+    const double got = r.summary["comm_bytes"][axis];
+    EXPECT_NEAR(got, bytes, 1e-9 * std::max(1.0, bytes)) << axis;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryAxisAndTheirCombinations, MeshEquivalence,
+    ::testing::Values(Mesh{2, 1, 1, 1}, Mesh{1, 2, 1, 1}, Mesh{1, 1, 2, 1, "allgather"},
+                      Mesh{1, 1, 2, 1, "ring"}, Mesh{1, 1, 1, 2}, Mesh{1, 2, 1, 2},
+                      Mesh{2, 2, 1, 1}, Mesh{1, 2, 2, 1}, Mesh{1, 1, 2, 2, "ring"},
+                      Mesh{2, 1, 2, 2, "allgather"}),
+    [](const ::testing::TestParamInfo<Mesh>& info) {
+      std::string name = info.param.Name();
+      for (char& c : name) {
+        if (c == '-') c = '_';
+      }
+      return name;
+    });
+
+TEST_F(ParallelTest, CheckpointFromOneMeshResumesUnderAnother) {
+  const RunResult& base = Baseline();
+  ASSERT_EQ(base.cli.exit_code, 0) << base.cli.err;
+  // Save at step 3 under dp_shard 2 × tp 2.
+  RunResult first = Train(Mesh{1, 2, 1, 2}, "reshard-source", {"--stop-after", "3"});
+  ASSERT_EQ(first.cli.exit_code, 0) << first.cli.err;
+  ASSERT_TRUE(fs::exists(*temp_ / "reshard-source/step-00000003/metadata.json"));
+  for (const Mesh& target : {Mesh{2, 1, 2, 1}, Mesh{}}) {
+    SCOPED_TRACE(target.Name());
+    const std::string dir = "reshard-" + target.Name();
+    fs::copy(*temp_ / "reshard-source", *temp_ / dir, fs::copy_options::recursive);
+    RunResult r = Train(target, dir);
+    ASSERT_EQ(r.cli.exit_code, 0) << r.cli.err;
+    EXPECT_NE(r.cli.err.find("resumed from"), std::string::npos) << r.cli.err;
+    ASSERT_EQ(r.losses.size(), 3u) << r.cli.out;
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_NEAR(r.losses[k], base.losses[3 + k], 1e-4 * base.losses[3 + k]) << "step " << k + 4;
+    }
+  }
+}
+
+TEST_F(ParallelTest, SigkilledRankEndsTheRunWithAnErrorNamingIt) {
+  // Long enough to be mid-run when the kill lands.
+  const std::vector<std::string> args = {
+      "train", "-f", (Source() / "examples/tiny.yaml").string(), "--nproc", "2", "-o", "json",
+      "--set", "train.steps=100000", "--set", "checkpoint.dir=", "--set",
+      "parallelism.dp_shard_size=2"};
+  const fs::path err = *temp_ / "kill.stderr";
+  const fs::path out = *temp_ / "kill.stdout";
+  pid_t launcher = fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    freopen(out.c_str(), "w", stdout);
+    freopen(err.c_str(), "w", stderr);
+    std::vector<char*> argv = {const_cast<char*>(Binary().c_str())};
+    std::string bin = Binary().string();
+    argv[0] = bin.data();
+    std::vector<std::string> copy = args;
+    for (std::string& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  // Wait for training to be under way, then SIGKILL rank 1.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (testing::ReadFile(out).find("\"step\":3,") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_NE(testing::ReadFile(out).find("\"step\":3,"), std::string::npos) << testing::ReadFile(err);
+  const std::string pids = [&] {
+    testing::CliResult r = testing::RunCli("/usr/bin/pgrep", {"-P", std::to_string(launcher)},
+                                           *temp_ / "pgrep.err", 10);
+    return r.out;
+  }();
+  std::vector<std::string> children = testing::Lines(pids);
+  ASSERT_EQ(children.size(), 2u) << pids;
+  // Children are started in rank order; the second is rank 1.
+  const pid_t victim = std::stoi(children[1]);
+  const auto killed_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(launcher, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < killed_at + std::chrono::seconds(20)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (done == 0) {
+    kill(launcher, SIGKILL);
+    waitpid(launcher, &status, 0);
+    FAIL() << "the run did not end within 20 s of the kill";
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_LT(seconds, 10.0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  const std::string stderr_text = testing::ReadFile(err);
+  EXPECT_NE(stderr_text.find("error: rank 1"), std::string::npos) << stderr_text;
+  EXPECT_NE(stderr_text.find("SIGKILL"), std::string::npos) << stderr_text;
+}
+
+}  // namespace
+}  // namespace meshrun
