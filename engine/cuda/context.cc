@@ -1,0 +1,57 @@
+// CudaContext: stream, cuBLASLt handle, workspace and scratch of one device.
+#include "engine/cuda/context.h"
+
+#include <string>
+
+#include "engine/cuda/check.h"
+
+namespace meshrun::gpu {
+namespace {
+
+// cuBLASLt's recommendation for Hopper is 32 MiB (llm.c uses the same).
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+
+}  // namespace
+
+StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(int device) {
+  const int n = DeviceCount();
+  if (device < 0 || device >= n) {
+    return UnavailableError("cuda:" + std::to_string(device) + " does not exist (" +
+                            std::to_string(n) +
+                            " CUDA devices visible; hint: check nvidia-smi and "
+                            "CUDA_VISIBLE_DEVICES, or run with resources.device: cpu)");
+  }
+  std::unique_ptr<CudaContext> ctx(new CudaContext());
+  ctx->device_ = device;
+  MESHRUN_GPU_TRY(cudaSetDevice(device));
+  MESHRUN_GPU_TRY(cudaGetDeviceProperties(&ctx->props_, device));
+  MESHRUN_GPU_TRY(cudaStreamCreateWithFlags(&ctx->stream_, cudaStreamNonBlocking));
+  MESHRUN_GPU_TRY(cublasLtCreate(&ctx->lt_));
+  ctx->allocator_ = &CudaAllocator(device);
+  MESHRUN_ASSIGN_OR_RETURN(ctx->lt_workspace_,
+                           DeviceBuffer::Allocate(*ctx->allocator_, kLtWorkspaceBytes));
+  return ctx;
+}
+
+CudaContext::~CudaContext() {
+  if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  lt_workspace_.Reset();
+  scratch_.Reset();
+  if (lt_ != nullptr) (void)cublasLtDestroy(lt_);
+  if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+StatusOr<void*> CudaContext::Scratch(size_t bytes) {
+  if (scratch_.bytes() < bytes) {
+    scratch_.Reset();  // stream-ordered reuse: see CachingDeviceAllocator
+    MESHRUN_ASSIGN_OR_RETURN(scratch_, DeviceBuffer::Allocate(*allocator_, bytes));
+  }
+  return scratch_.get();
+}
+
+Status CudaContext::Synchronize() {
+  MESHRUN_GPU_TRY(cudaStreamSynchronize(stream_));
+  return OkStatus();
+}
+
+}  // namespace meshrun::gpu

@@ -1,0 +1,62 @@
+// One device's execution context: the compute stream every kernel runs on, the cuBLASLt handle
+// and workspace, a grow-only scratch buffer for the kernels' partial sums, and the cache of
+// GEMM algorithms picked by the cuBLASLt heuristic.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "common/status.h"
+#include "engine/cuda/allocator.h"
+
+namespace meshrun::gpu {
+
+// Owns its stream, cuBLASLt handle and buffers; memory comes from CudaAllocator(device).
+// Not thread-safe: one thread (the rank's training thread) issues its work. Kernels of
+// engine/cuda/kernels.h take it as their first argument and enqueue on stream().
+class CudaContext {
+ public:
+  // Makes `device` current on the calling thread. UNAVAILABLE when there is no such device.
+  static StatusOr<std::unique_ptr<CudaContext>> Create(int device = 0);
+  ~CudaContext();
+  CudaContext(const CudaContext&) = delete;
+  CudaContext& operator=(const CudaContext&) = delete;
+
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  cublasLtHandle_t lt() const { return lt_; }
+  void* lt_workspace() const { return lt_workspace_.get(); }
+  size_t lt_workspace_bytes() const { return lt_workspace_.bytes(); }
+  CachingDeviceAllocator& allocator() const { return *allocator_; }
+  const cudaDeviceProp& properties() const { return props_; }
+
+  // A device buffer of at least `bytes`, valid until the next Scratch call. Kernels use it for
+  // partial sums within one call; stream order keeps consecutive users apart.
+  StatusOr<void*> Scratch(size_t bytes);
+
+  // Waits for everything enqueued on stream().
+  Status Synchronize();
+
+  // GEMM plans keyed by shape, layouts and types (engine/cuda/matmul.cu).
+  using GemmKey = std::array<int64_t, 14>;
+  std::map<GemmKey, cublasLtMatmulAlgo_t>& gemm_plans() { return gemm_plans_; }
+
+ private:
+  CudaContext() = default;
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  CachingDeviceAllocator* allocator_ = nullptr;
+  cudaDeviceProp props_{};
+  DeviceBuffer lt_workspace_;
+  DeviceBuffer scratch_;
+  std::map<GemmKey, cublasLtMatmulAlgo_t> gemm_plans_;
+};
+
+}  // namespace meshrun::gpu
