@@ -27,14 +27,15 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }  // namespace
 
 double MeasureCpuGemmPeakFlops() {
-  const int64_t n = 512;
+  // 1024³ (2 GFLOP): large enough to reach the GEMM's steady rate; best of 5 to shed noise.
+  const int64_t n = 1024;
   std::vector<float> a(n * n), b(n * n), c(n * n);
   for (int64_t i = 0; i < n * n; ++i) {
     a[i] = static_cast<float>((i % 17) - 8) * 0.01f;
     b[i] = static_cast<float>((i % 13) - 6) * 0.01f;
   }
   double best = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
+  for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
     cpu::MatmulForward(c.data(), a.data(), b.data(), static_cast<const float*>(nullptr), n, n, n);
     best = std::min(best, Seconds(t0, Clock::now()));
