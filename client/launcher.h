@@ -1,0 +1,57 @@
+// The standalone launcher behind `meshrun train --nproc N` (like `torchrun --standalone`): starts
+// N rank processes on this host, relays their output line by line, and stops them all when one
+// fails or when the launcher is interrupted.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace meshrun::client {
+
+// Environment variables a rank started by Launch finds (read by the rank side of `train`).
+inline constexpr char kEnvRank[] = "MESHRUN_RANK";
+inline constexpr char kEnvWorldSize[] = "MESHRUN_WORLD_SIZE";
+inline constexpr char kEnvStoreDir[] = "MESHRUN_STORE_DIR";
+inline constexpr char kEnvRunId[] = "MESHRUN_RUN_ID";
+
+struct LaunchOptions {
+  // The command every rank runs; argv[0] is the executable (a path, or a name looked up in PATH).
+  std::vector<std::string> argv;
+  int nproc = 1;
+  // Optional, one per rank, e.g. "rank 3 (dp_shard=1 tp=1)"; names the rank in error lines.
+  std::vector<std::string> rank_labels;
+  // How long a rank may take to exit after SIGTERM before it gets SIGKILL.
+  std::chrono::milliseconds grace{5000};
+  // Empty: create /tmp/meshrun-run-XXXXXX and remove it at the end. Otherwise the folder is
+  // kept, but its `store` subfolder is emptied first (each launch needs a fresh store).
+  std::string run_dir;
+};
+
+// Starts options.nproc processes running options.argv, each with the environment of this
+// process plus MESHRUN_RANK=r, MESHRUN_WORLD_SIZE=N, MESHRUN_STORE_DIR=<run_dir>/store (an empty
+// folder for engine/comm's FileStore) and MESHRUN_RUN_ID (the same unique id for every rank).
+// Each rank runs in its own process group with stdin from /dev/null and dies with SIGKILL if
+// the launching thread dies (PR_SET_PDEATHSIG).
+//
+// Output: rank 0's stdout lines pass through to our stdout unchanged (so `-o json` stays
+// clean); every other line (rank 0's stderr, other ranks' stdout and stderr) goes to our
+// stderr prefixed with "[rank R] ". Lines are written whole, never interleaved.
+//
+// Returns the exit code for the process: 0 when every rank exits 0. When a rank exits non-zero
+// or is killed, the others get SIGTERM (their whole process group), SIGKILL after `grace`, and
+// one line `error: rank R failed: exit code N: <its last stderr line> (hint: ...)` is printed;
+// the result is 2 when that rank exited 2 (invalid input), 1 otherwise. SIGINT or SIGTERM to
+// the launcher stops every rank the same way and returns 1 after
+// `error: interrupted (signal N); stopped K ranks` (a second signal escalates to SIGKILL).
+// Invalid options print one error line and return 2.
+//
+// Not thread-safe: one Launch at a time per process (it owns the SIGINT, SIGTERM and SIGCHLD
+// handlers while it runs and restores the previous ones after). Call it from the main thread,
+// since PR_SET_PDEATHSIG fires when the thread that forked the ranks exits.
+int Launch(const LaunchOptions& options);
+
+// The absolute path of this process's executable (readlink /proc/self/exe); empty on failure.
+std::string SelfExecutable();
+
+}  // namespace meshrun::client
