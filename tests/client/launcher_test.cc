@@ -336,6 +336,7 @@ exec sleep 30
 
 TEST_F(LauncherTest, RanksDieWithAKilledLauncher) {
   LaunchOptions options = Shell(std::string(kShellHelpers) + "record_pid; exec sleep 30\n", 2);
+  options.run_dir = (dir_ / "run").string();  // a SIGKILLed launcher cannot remove its own
   Start(options);
   const pid_t pid0 = RankPid(0);
   const pid_t pid1 = RankPid(1);
