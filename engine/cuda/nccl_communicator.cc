@@ -1,0 +1,376 @@
+// NcclBackend and NcclCommunicator: store bootstrap, ncclCommSplit, non-blocking init and
+// collectives with deadline polling and ncclCommAbort.
+#include "engine/cuda/nccl_communicator.h"
+
+#include <nccl.h>
+
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "engine/cuda/allocator.h"
+#include "engine/cuda/check.h"
+
+namespace meshrun::gpu {
+
+// The NCCL overload of the one checking macro (check.h). ncclInProgress is not an error: a
+// non-blocking communicator returns it for work that is still being issued, which the callers
+// then wait for with WaitReady.
+Status ToStatus(ncclResult_t result, const char* expr, const char* file, int line) {
+  if (result == ncclSuccess || result == ncclInProgress) return OkStatus();
+  StatusCode code = StatusCode::kInternal;
+  switch (result) {
+    case ncclSystemError:
+    case ncclRemoteError: code = StatusCode::kUnavailable; break;
+    case ncclInvalidArgument:
+    case ncclInvalidUsage: code = StatusCode::kInvalidArgument; break;
+    default: break;
+  }
+  const char* last = ncclGetLastError(nullptr);
+  Status s(code, std::string(expr) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                     ncclGetErrorString(result) +
+                     (last != nullptr && last[0] != '\0' ? std::string(" (") + last + ")" : ""));
+  RecordGpuError(s);
+  return s;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Waits until `comm` has no operation in progress. On an asynchronous error or at `deadline`
+// the communicator is aborted (so no rank hangs in it) and *aborted is set.
+Status WaitReady(ncclComm_t comm, Clock::time_point deadline, std::chrono::microseconds poll,
+                 const std::string& what, bool* aborted) {
+  while (true) {
+    ncclResult_t state = ncclSuccess;
+    MESHRUN_GPU_TRY(ncclCommGetAsyncError(comm, &state));
+    if (state == ncclSuccess) return OkStatus();
+    if (state != ncclInProgress) {
+      Status s = ToStatus(state, what.c_str(), __FILE__, __LINE__);
+      (void)ncclCommAbort(comm);
+      *aborted = true;
+      return s;
+    }
+    if (Clock::now() >= deadline) {
+      (void)ncclCommAbort(comm);
+      *aborted = true;
+      Status s = DeadlineExceededError(what +
+                                       ": NCCL did not finish in time; communicator "
+                                       "aborted (hint: a peer is hung, dead or never "
+                                       "joined; check every rank's log)");
+      RecordGpuError(s);
+      return s;
+    }
+    std::this_thread::sleep_for(poll);
+  }
+}
+
+Clock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
+  return Clock::now() + timeout;
+}
+
+ncclConfig_t NonBlockingConfig() {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  return config;
+}
+
+// Bootstraps a communicator of `size` ranks on a fresh ncclUniqueId published under `key`.
+Status InitFromStore(Store& store, const std::string& key, int rank, int size,
+                     std::chrono::milliseconds timeout, std::chrono::microseconds poll,
+                     ncclComm_t* out) {
+  const Clock::time_point deadline = DeadlineAfter(timeout);
+  ncclUniqueId id;
+  if (rank == 0) {
+    MESHRUN_GPU_TRY(ncclGetUniqueId(&id));
+    MESHRUN_RETURN_IF_ERROR(store.Set(key, std::string(id.internal, sizeof(id.internal))));
+  } else {
+    MESHRUN_ASSIGN_OR_RETURN(std::string bytes, store.Get(key, timeout));
+    if (bytes.size() != sizeof(id.internal)) {
+      return DataLossError("store key " + key + " holds " + std::to_string(bytes.size()) +
+                           " bytes, not an ncclUniqueId (" + std::to_string(sizeof(id.internal)) +
+                           ") (hint: a stale store from another NCCL version or job?)");
+    }
+    std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
+  }
+  ncclConfig_t config = NonBlockingConfig();
+  ncclComm_t comm = nullptr;
+  MESHRUN_GPU_TRY(ncclCommInitRankConfig(&comm, size, id, rank, &config));
+  bool aborted = false;
+  Status s = WaitReady(comm, deadline, poll,
+                       "ncclCommInitRankConfig(rank " + std::to_string(rank) + " of " +
+                           std::to_string(size) + ", key " + key + ")",
+                       &aborted);
+  if (!s.ok()) return s;
+  *out = comm;
+  return OkStatus();
+}
+
+// One rank's handle on one NCCL group. Owns the ncclComm_t, a communication stream, two events
+// and a one-float barrier buffer. Single-threaded like every Communicator.
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(CommConfig config, ncclComm_t comm, const NcclOptions& options)
+      : Communicator(std::move(config)), comm_(comm), options_(options) {}
+
+  Status Init() {
+    MESHRUN_GPU_TRY(cudaSetDevice(options_.device));
+    MESHRUN_GPU_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    MESHRUN_GPU_TRY(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    MESHRUN_GPU_TRY(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    MESHRUN_ASSIGN_OR_RETURN(barrier_,
+                             DeviceBuffer::Allocate(CudaAllocator(options_.device), sizeof(float)));
+    MESHRUN_GPU_TRY(cudaMemset(barrier_.get(), 0, sizeof(float)));
+    return OkStatus();
+  }
+
+  ~NcclCommunicator() override {
+    if (comm_ != nullptr) {
+      if (aborted_) {
+        // ncclCommAbort already released it.
+      } else if (!health().ok()) {
+        (void)ncclCommAbort(comm_);
+      } else {
+        // Flush, then destroy; bounded like everything else.
+        bool aborted = false;
+        (void)ncclCommFinalize(comm_);
+        (void)WaitReady(comm_, DeadlineAfter(default_timeout()), options_.poll_interval,
+                        "ncclCommFinalize", &aborted);
+        if (!aborted) (void)ncclCommDestroy(comm_);
+      }
+    }
+    barrier_.Reset();
+    if (done_ != nullptr) (void)cudaEventDestroy(done_);
+    if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+
+ protected:
+  Status DoAllReduce(float* data, size_t count, Duration timeout) override {
+    return Launch(timeout, "ncclAllReduce", [&] {
+      return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_);
+    });
+  }
+
+  Status DoReduceScatter(const float* input, float* output, size_t count,
+                         Duration timeout) override {
+    return Launch(timeout, "ncclReduceScatter", [&] {
+      return ncclReduceScatter(input, output, count, ncclFloat32, ncclSum, comm_, stream_);
+    });
+  }
+
+  Status DoAllGather(const void* input, void* output, size_t bytes, Duration timeout) override {
+    return Launch(timeout, "ncclAllGather",
+                  [&] { return ncclAllGather(input, output, bytes, ncclInt8, comm_, stream_); });
+  }
+
+  Status DoBroadcast(void* data, size_t bytes, int root, Duration timeout) override {
+    return Launch(timeout, "ncclBroadcast",
+                  [&] { return ncclBroadcast(data, data, bytes, ncclInt8, root, comm_, stream_); });
+  }
+
+  Status DoSendRecv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
+                    size_t recv_bytes, int src, Duration timeout) override {
+    return Launch(timeout, "ncclSend/ncclRecv", [&]() -> ncclResult_t {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      if (dst >= 0) {
+        r = ncclSend(send_data, send_bytes, ncclInt8, dst, comm_, stream_);
+        if (r != ncclSuccess && r != ncclInProgress) {
+          (void)ncclGroupEnd();
+          return r;
+        }
+      }
+      if (src >= 0) {
+        r = ncclRecv(recv_data, recv_bytes, ncclInt8, src, comm_, stream_);
+        if (r != ncclSuccess && r != ncclInProgress) {
+          (void)ncclGroupEnd();
+          return r;
+        }
+      }
+      return ncclGroupEnd();
+    });
+  }
+
+  Status DoBarrier(Duration timeout) override {
+    float* one = barrier_.as<float>();
+    return Launch(timeout, "barrier (ncclAllReduce of one float)",
+                  [&] { return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, stream_); });
+  }
+
+ private:
+  // Orders the collective after the compute stream's work, issues it on stream_, and waits for
+  // it with the deadline: issue (ncclInProgress until enqueued), then the done event, checking
+  // the communicator's asynchronous error while it runs. Aborts on error or timeout.
+  Status Launch(Duration timeout, const char* what, const std::function<ncclResult_t()>& issue) {
+    if (aborted_) return FailedPreconditionError("the NCCL communicator was aborted");
+    const Clock::time_point deadline = DeadlineAfter(timeout);
+    MESHRUN_GPU_TRY(cudaSetDevice(options_.device));
+    MESHRUN_GPU_TRY(cudaEventRecord(ready_, options_.compute_stream));
+    MESHRUN_GPU_TRY(cudaStreamWaitEvent(stream_, ready_, 0));
+    Status issued = ToStatus(issue(), what, __FILE__, __LINE__);
+    if (!issued.ok()) {
+      (void)ncclCommAbort(comm_);
+      aborted_ = true;
+      return issued;
+    }
+    MESHRUN_RETURN_IF_ERROR(WaitReady(comm_, deadline, options_.poll_interval, what, &aborted_));
+    MESHRUN_GPU_TRY(cudaEventRecord(done_, stream_));
+    while (true) {
+      const cudaError_t q = cudaEventQuery(done_);
+      if (q == cudaSuccess) return OkStatus();
+      if (q != cudaErrorNotReady) {
+        (void)ncclCommAbort(comm_);
+        aborted_ = true;
+        return ToStatus(q, "cudaEventQuery(collective done)", __FILE__, __LINE__);
+      }
+      ncclResult_t state = ncclSuccess;
+      (void)ncclCommGetAsyncError(comm_, &state);
+      if (state != ncclSuccess && state != ncclInProgress) {
+        Status s = ToStatus(state, what, __FILE__, __LINE__);
+        (void)ncclCommAbort(comm_);
+        aborted_ = true;
+        return s;
+      }
+      if (Clock::now() >= deadline) {
+        (void)ncclCommAbort(comm_);
+        aborted_ = true;
+        Status s = DeadlineExceededError(std::string(what) +
+                                         " did not complete in time; communicator aborted "
+                                         "(hint: a peer is hung or dead; check every rank's log)");
+        RecordGpuError(s);
+        return s;
+      }
+      std::this_thread::sleep_for(options_.poll_interval);
+    }
+  }
+
+  ncclComm_t comm_ = nullptr;
+  NcclOptions options_;
+  bool aborted_ = false;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  DeviceBuffer barrier_;
+};
+
+}  // namespace
+
+struct NcclBackend::State {
+  ncclComm_t world = nullptr;
+  int world_rank = -1;
+  int world_size = 0;
+  bool world_aborted = false;
+};
+
+NcclBackend::NcclBackend(const NcclOptions& options)
+    : options_(options), state_(std::make_unique<State>()) {}
+
+NcclBackend::~NcclBackend() {
+  if (state_->world != nullptr && !state_->world_aborted) {
+    // Communicators split from the world are independent of it once created.
+    bool aborted = false;
+    (void)ncclCommFinalize(state_->world);
+    (void)WaitReady(state_->world, DeadlineAfter(std::chrono::seconds(30)), options_.poll_interval,
+                    "ncclCommFinalize(world)", &aborted);
+    if (!aborted) (void)ncclCommDestroy(state_->world);
+  }
+}
+
+StatusOr<std::shared_ptr<NcclBackend>> NcclBackend::Create(const NcclOptions& options) {
+  const int n = DeviceCount();
+  if (options.device < 0 || options.device >= n) {
+    return UnavailableError("NCCL backend: cuda:" + std::to_string(options.device) +
+                            " does not exist (" + std::to_string(n) +
+                            " devices visible; hint: check CUDA_VISIBLE_DEVICES)");
+  }
+  return std::shared_ptr<NcclBackend>(new NcclBackend(options));
+}
+
+bool NcclBackend::has_world() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_->world != nullptr;
+}
+
+Status NcclBackend::InitWorld(std::shared_ptr<Store> store, int rank, int world_size,
+                              std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_->world != nullptr) return FailedPreconditionError("NCCL world already initialised");
+  if (rank < 0 || rank >= world_size) {
+    return InvalidArgumentError("NCCL world: rank " + std::to_string(rank) + " outside [0, " +
+                                std::to_string(world_size) + ")");
+  }
+  MESHRUN_GPU_TRY(cudaSetDevice(options_.device));
+  ncclComm_t comm = nullptr;
+  Status s = InitFromStore(*store, "nccl/world/unique_id", rank, world_size, timeout,
+                           options_.poll_interval, &comm);
+  if (!s.ok()) {
+    return Status(s.code(), "NCCL world bootstrap (rank " + std::to_string(rank) + " of " +
+                                std::to_string(world_size) + "): " + s.message());
+  }
+  state_->world = comm;
+  state_->world_rank = rank;
+  state_->world_size = world_size;
+  return OkStatus();
+}
+
+StatusOr<std::unique_ptr<Communicator>> NcclBackend::Connect(const CommConfig& config,
+                                                             std::shared_ptr<Store> store) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (config.size < 1 || config.rank < 0 || config.rank >= config.size) {
+    return InvalidArgumentError("NCCL group " + config.group_id + ": rank " +
+                                std::to_string(config.rank) + " of size " +
+                                std::to_string(config.size) + " is invalid");
+  }
+  MESHRUN_GPU_TRY(cudaSetDevice(options_.device));
+  const Clock::time_point deadline = DeadlineAfter(config.timeout);
+  ncclComm_t comm = nullptr;
+  const std::string where = "NCCL group " + config.group_id + " (rank " +
+                            std::to_string(config.rank) + " of " + std::to_string(config.size) +
+                            ")";
+  if (state_->world_aborted) {
+    return FailedPreconditionError(where +
+                                   ": the NCCL world communicator was aborted after an "
+                                   "earlier error (hint: restart the job)");
+  }
+  if (state_->world != nullptr) {
+    // Color: the world rank of the group's rank 0, unique among the groups of one axis.
+    int color = state_->world_rank;
+    if (config.rank == 0) {
+      MESHRUN_RETURN_IF_ERROR(store->Set("nccl/split_color", std::to_string(color)));
+    } else {
+      MESHRUN_ASSIGN_OR_RETURN(std::string v, store->Get("nccl/split_color", config.timeout));
+      color = std::stoi(v);
+    }
+    ncclConfig_t cfg = NonBlockingConfig();
+    Status s = ToStatus(ncclCommSplit(state_->world, color, config.rank, &comm, &cfg),
+                        "ncclCommSplit", __FILE__, __LINE__);
+    if (s.ok()) {
+      s = WaitReady(state_->world, deadline, options_.poll_interval, where + " split (world)",
+                    &state_->world_aborted);
+    }
+    if (s.ok() && comm != nullptr) {
+      bool aborted = false;
+      s = WaitReady(comm, deadline, options_.poll_interval, where + " split", &aborted);
+    }
+    if (!s.ok()) return Status(s.code(), where + ": " + s.message());
+    if (comm == nullptr) return InternalError(where + ": ncclCommSplit returned no communicator");
+  } else {
+    Status s = InitFromStore(*store, "nccl/unique_id", config.rank, config.size, config.timeout,
+                             options_.poll_interval, &comm);
+    if (!s.ok()) return Status(s.code(), where + ": " + s.message());
+  }
+  auto c = std::make_unique<NcclCommunicator>(config, comm, options_);
+  MESHRUN_RETURN_IF_ERROR(c->Init());
+  return std::unique_ptr<Communicator>(std::move(c));
+}
+
+std::string NcclVersion() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  // NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
+}  // namespace meshrun::gpu

@@ -1,0 +1,565 @@
+// Every CUDA kernel (engine/cuda/kernels.h) against its CPU counterpart (engine/kernels/cpu) on
+// fresh random inputs: float32 within float rounding, bf16 within bf16 tolerance (inputs rounded
+// to bf16 first, so both sides see the same numbers).
+#include "engine/cuda/kernels.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "engine/cuda/context.h"
+#include "engine/kernels/cpu/kernels.h"
+#include "tests/gpu/gpu_test.h"
+
+namespace meshrun {
+namespace {
+
+using gpu::bf16;
+using gpu::CudaContext;
+using gputest::DeviceArray;
+using gputest::RandomInts;
+using gputest::RandomVector;
+using gputest::RoundTo;
+
+CudaContext& Ctx() {
+  static std::unique_ptr<CudaContext> ctx = [] {
+    auto c = CudaContext::Create(0);
+    if (!c.ok()) {
+      std::printf("cannot create the CUDA context: %s\n", c.status().ToString().c_str());
+      std::abort();
+    }
+    return std::move(c).value();
+  }();
+  return *ctx;
+}
+
+template <typename T>
+double Tol() {
+  return std::is_same_v<T, float> ? 2e-5 : 2e-2;
+}
+template <typename T>
+const char* Name() {
+  return std::is_same_v<T, float> ? "fp32" : "bf16";
+}
+template <typename T>
+std::string What(const char* op) {
+  return std::string(op) + " " + Name<T>();
+}
+
+template <typename T>
+void CheckEmbedding() {
+  std::mt19937 rng(1);
+  const int64_t N = 37, C = 48, V = 50, P = 20;
+  const auto tokens = RandomInts(rng, N, 0, V - 1), positions = RandomInts(rng, N, 0, P - 1);
+  const auto wte = RoundTo<T>(RandomVector(rng, V * C)), wpe = RoundTo<T>(RandomVector(rng, P * C));
+  std::vector<float> want(N * C);
+  cpu::EmbeddingForward(want.data(), tokens.data(), positions.data(), wte.data(), wpe.data(), N, C);
+  auto d_tok = DeviceArray<int32_t>::FromRaw(tokens),
+       d_pos = DeviceArray<int32_t>::FromRaw(positions);
+  auto d_wte = DeviceArray<T>::FromHost(wte), d_wpe = DeviceArray<T>::FromHost(wpe);
+  DeviceArray<T> d_out(N * C);
+  ASSERT_OK(gpu::EmbeddingForward(Ctx(), d_out.get(), d_tok.get(), d_pos.get(), d_wte.get(),
+                                  d_wpe.get(), N, C));
+  EXPECT_CLOSE(What<T>("EmbeddingForward"), d_out.Download(), RoundTo<T>(want), Tol<T>());
+
+  // Backward accumulates into float32 gradients that already hold values.
+  const auto dout = RoundTo<T>(RandomVector(rng, N * C));
+  auto dwte = RandomVector(rng, V * C), dwpe = RandomVector(rng, P * C);
+  auto g_wte = DeviceArray<float>::FromHost(dwte), g_wpe = DeviceArray<float>::FromHost(dwpe);
+  auto d_dout = DeviceArray<T>::FromHost(dout);
+  cpu::EmbeddingBackward(dwte.data(), dwpe.data(), dout.data(), tokens.data(), positions.data(), N,
+                         C);
+  ASSERT_OK(gpu::EmbeddingBackward(Ctx(), g_wte.get(), g_wpe.get(), d_dout.get(), d_tok.get(),
+                                   d_pos.get(), N, C));
+  EXPECT_CLOSE(What<T>("EmbeddingBackward dwte"), g_wte.Download(), dwte, 1e-5);
+  EXPECT_CLOSE(What<T>("EmbeddingBackward dwpe"), g_wpe.Download(), dwpe, 1e-5);
+}
+GPU_TEST(EmbeddingFloat) {
+  CheckEmbedding<float>();
+}
+GPU_TEST(EmbeddingBf16) {
+  CheckEmbedding<bf16>();
+}
+
+template <typename T>
+void CheckLayerNorm(int64_t N, int64_t C) {
+  std::mt19937 rng(2);
+  const auto inp = RoundTo<T>(RandomVector(rng, N * C, -1.0f, 2.0f));  // mean ≠ 0
+  const auto w = RoundTo<T>(RandomVector(rng, C, 0.5f, 1.5f)), b = RoundTo<T>(RandomVector(rng, C));
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  cpu::LayerNormForward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N, C,
+                        1e-5);
+  auto d_inp = DeviceArray<T>::FromHost(inp), d_w = DeviceArray<T>::FromHost(w),
+       d_b = DeviceArray<T>::FromHost(b);
+  DeviceArray<T> d_out(N * C);
+  DeviceArray<float> d_mean(N), d_rstd(N);
+  ASSERT_OK(gpu::LayerNormForward(Ctx(), d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(),
+                                  d_w.get(), d_b.get(), N, C, 1e-5));
+  EXPECT_CLOSE(What<T>("LayerNormForward out"), d_out.Download(), RoundTo<T>(out), Tol<T>());
+  EXPECT_CLOSE(What<T>("LayerNormForward mean"), d_mean.Download(), mean, 1e-5);
+  EXPECT_CLOSE(What<T>("LayerNormForward rstd"), d_rstd.Download(), rstd, 1e-5);
+
+  for (const bool accumulate : {true, false}) {
+    const auto dout = RoundTo<T>(RandomVector(rng, N * C));
+    auto dinp = RoundTo<T>(RandomVector(rng, N * C));
+    auto dw = RandomVector(rng, C), db = RandomVector(rng, C);
+    auto g_dinp = DeviceArray<T>::FromHost(dinp), g_dout = DeviceArray<T>::FromHost(dout);
+    auto g_dw = DeviceArray<float>::FromHost(dw), g_db = DeviceArray<float>::FromHost(db);
+    if (!accumulate) std::fill(dinp.begin(), dinp.end(), 0.0f);
+    cpu::LayerNormBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(),
+                           mean.data(), rstd.data(), N, C);
+    ASSERT_OK(gpu::LayerNormBackward(Ctx(), g_dinp.get(), g_dw.get(), g_db.get(), g_dout.get(),
+                                     d_inp.get(), d_w.get(), d_mean.get(), d_rstd.get(), N, C,
+                                     accumulate));
+    const std::string tag = accumulate ? " (accumulate)" : " (overwrite)";
+    EXPECT_CLOSE(What<T>("LayerNormBackward dinp") + tag, g_dinp.Download(), RoundTo<T>(dinp),
+                 Tol<T>());
+    EXPECT_CLOSE(What<T>("LayerNormBackward dweight") + tag, g_dw.Download(), dw,
+                 std::is_same_v<T, float> ? 2e-5 : 1e-2);
+    EXPECT_CLOSE(What<T>("LayerNormBackward dbias") + tag, g_db.Download(), db,
+                 std::is_same_v<T, float> ? 2e-5 : 1e-2);
+  }
+}
+GPU_TEST(LayerNormFloat) {
+  CheckLayerNorm<float>(67, 96);
+}
+GPU_TEST(LayerNormBf16) {
+  CheckLayerNorm<bf16>(131, 768);
+}
+
+template <typename T>
+void CheckMatmul(int64_t N, int64_t C, int64_t OC, bool with_bias, int64_t ld_pad) {
+  std::mt19937 rng(3);
+  const auto inp = RoundTo<T>(RandomVector(rng, N * C)), w = RoundTo<T>(RandomVector(rng, OC * C));
+  const auto bias = RoundTo<T>(RandomVector(rng, OC));
+  std::vector<float> out(N * OC);
+  cpu::MatmulForward(out.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, N, C, OC);
+  auto d_inp = DeviceArray<T>::FromHost(inp), d_w = DeviceArray<T>::FromHost(w),
+       d_bias = DeviceArray<T>::FromHost(bias);
+  DeviceArray<T> d_out(N * OC);
+  ASSERT_OK(gpu::MatmulForward(Ctx(), d_out.get(), d_inp.get(), d_w.get(),
+                               with_bias ? d_bias.get() : static_cast<T*>(nullptr), N, C, OC));
+  const std::string shape = " " + std::to_string(N) + "x" + std::to_string(C) + "x" +
+                            std::to_string(OC) + (with_bias ? " +bias" : "");
+  EXPECT_CLOSE(What<T>("MatmulForward") + shape, d_out.Download(), RoundTo<T>(out), Tol<T>());
+
+  // Backward with dout rows of stride OC + ld_pad (the LM head's padded vocabulary).
+  const int64_t ld = OC + ld_pad;
+  const auto dout = RoundTo<T>(RandomVector(rng, N * OC));
+  std::vector<float> dout_padded(N * ld, 0.0f);
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t j = 0; j < OC; ++j) dout_padded[i * ld + j] = dout[i * OC + j];
+  }
+  auto dinp = RoundTo<T>(RandomVector(rng, N * C));
+  auto dw = RandomVector(rng, OC * C), db = RandomVector(rng, OC);
+  auto g_dinp = DeviceArray<T>::FromHost(dinp), g_dout = DeviceArray<T>::FromHost(dout_padded);
+  auto g_dw = DeviceArray<float>::FromHost(dw), g_db = DeviceArray<float>::FromHost(db);
+  cpu::MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C,
+                      OC);
+  gpu::MatmulBackwardOptions opt;
+  opt.ld_dout = ld;
+  ASSERT_OK(gpu::MatmulBackward(Ctx(), g_dinp.get(), g_dw.get(), g_db.get(), g_dout.get(),
+                                d_inp.get(), d_w.get(), N, C, OC, opt));
+  EXPECT_CLOSE(What<T>("MatmulBackward dinp") + shape, g_dinp.Download(), RoundTo<T>(dinp),
+               Tol<T>());
+  EXPECT_CLOSE(What<T>("MatmulBackward dweight") + shape, g_dw.Download(), dw,
+               std::is_same_v<T, float> ? 2e-5 : 1e-2);
+  EXPECT_CLOSE(What<T>("MatmulBackward dbias") + shape, g_db.Download(), db,
+               std::is_same_v<T, float> ? 2e-5 : 1e-2);
+}
+GPU_TEST(MatmulFloat) {
+  CheckMatmul<float>(64, 96, 80, true, 0);
+  CheckMatmul<float>(33, 45, 19, true, 0);  // odd sizes: unaligned rows
+  CheckMatmul<float>(40, 32, 50, false, 14);
+}
+GPU_TEST(MatmulBf16) {
+  CheckMatmul<bf16>(128, 96, 80, true, 0);
+  CheckMatmul<bf16>(256, 768, 2304, true, 0);
+  CheckMatmul<bf16>(64, 64, 200, false, 56);
+}
+
+// Attention on contiguous (B,H,T,D) tensors with given positions, forward and backward.
+template <typename T>
+void CheckAttention(int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D,
+                    const std::vector<int32_t>& q_pos, const std::vector<int32_t>& k_pos,
+                    gpu::AttentionAlgo algo, const char* label) {
+  std::mt19937 rng(4);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const auto q = RoundTo<T>(RandomVector(rng, B * H * Tq * D)),
+             k = RoundTo<T>(RandomVector(rng, B * H * Tk * D)),
+             v = RoundTo<T>(RandomVector(rng, B * H * Tk * D));
+  std::vector<float> out(B * H * Tq * D), lse(B * H * Tq);
+  cpu::AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), q_pos.data(),
+                        k_pos.data(), B, H, Tq, Tk, D, scale);
+  auto d_q = DeviceArray<T>::FromHost(q), d_k = DeviceArray<T>::FromHost(k),
+       d_v = DeviceArray<T>::FromHost(v);
+  auto d_qp = DeviceArray<int32_t>::FromRaw(q_pos), d_kp = DeviceArray<int32_t>::FromRaw(k_pos);
+  DeviceArray<T> d_out(out.size());
+  DeviceArray<float> d_lse(lse.size());
+  gpu::AttentionOptions opt;
+  opt.algo = algo;
+  ASSERT_OK(gpu::AttentionForward(Ctx(), d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(),
+                                  d_qp.get(), d_kp.get(), B, H, Tq, Tk, D, scale, opt));
+  const std::string tag = std::string(" ") + label;
+  EXPECT_CLOSE(What<T>("AttentionForward out") + tag, d_out.Download(), RoundTo<T>(out), Tol<T>());
+  EXPECT_CLOSE(What<T>("AttentionForward lse") + tag, d_lse.Download(), lse,
+               std::is_same_v<T, float> ? 1e-5 : 5e-3);
+
+  // Backward from the CPU's (rounded) out and lse, so only the backward kernels are compared.
+  const auto out_r = RoundTo<T>(out);
+  auto d_out_r = DeviceArray<T>::FromHost(out_r);
+  auto d_lse_r = DeviceArray<float>::FromHost(lse);
+  for (const bool accumulate : {true, false}) {
+    const auto dout = RoundTo<T>(RandomVector(rng, out.size()));
+    auto dq = RoundTo<T>(RandomVector(rng, q.size())), dk = RoundTo<T>(RandomVector(rng, k.size())),
+         dv = RoundTo<T>(RandomVector(rng, v.size()));
+    auto g_dq = DeviceArray<T>::FromHost(dq), g_dk = DeviceArray<T>::FromHost(dk),
+         g_dv = DeviceArray<T>::FromHost(dv), g_dout = DeviceArray<T>::FromHost(dout);
+    if (!accumulate) {
+      std::fill(dq.begin(), dq.end(), 0.0f);
+      std::fill(dk.begin(), dk.end(), 0.0f);
+      std::fill(dv.begin(), dv.end(), 0.0f);
+    }
+    cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                           v.data(), out_r.data(), lse.data(), q_pos.data(), k_pos.data(), B, H, Tq,
+                           Tk, D, scale);
+    opt.accumulate = accumulate;
+    ASSERT_OK(gpu::AttentionBackward(Ctx(), g_dq.get(), g_dk.get(), g_dv.get(), g_dout.get(),
+                                     d_q.get(), d_k.get(), d_v.get(), d_out_r.get(), d_lse_r.get(),
+                                     d_qp.get(), d_kp.get(), B, H, Tq, Tk, D, scale, opt));
+    const double tol = std::is_same_v<T, float> ? 5e-5 : 3e-2;
+    const std::string t2 = tag + (accumulate ? " (accumulate)" : " (overwrite)");
+    EXPECT_CLOSE(What<T>("AttentionBackward dq") + t2, g_dq.Download(), RoundTo<T>(dq), tol);
+    EXPECT_CLOSE(What<T>("AttentionBackward dk") + t2, g_dk.Download(), RoundTo<T>(dk), tol);
+    EXPECT_CLOSE(What<T>("AttentionBackward dv") + t2, g_dv.Download(), RoundTo<T>(dv), tol);
+  }
+}
+
+std::vector<int32_t> Range(int32_t start, int32_t n) {
+  std::vector<int32_t> v(n);
+  for (int32_t i = 0; i < n; ++i) v[i] = start + i;
+  return v;
+}
+
+// The context-parallel chunk pattern of CONVENTIONS §2: chunks c and 2C−1−c of a sequence.
+std::vector<int32_t> CpChunks(int32_t T, int32_t C, int32_t c) {
+  const int32_t chunk = T / (2 * C);
+  std::vector<int32_t> v = Range(c * chunk, chunk);
+  for (int32_t p : Range((2 * C - 1 - c) * chunk, chunk)) v.push_back(p);
+  return v;
+}
+
+template <typename T>
+void CheckAttentionSuite(gpu::AttentionAlgo algo, int64_t D) {
+  CheckAttention<T>(2, 3, 50, 50, D, Range(0, 50), Range(0, 50), algo, "causal T=50");
+  CheckAttention<T>(1, 2, 130, 130, D, Range(0, 130), Range(0, 130), algo, "causal T=130");
+  // A ring step: queries later than every key (all visible), and one where the first rows see
+  // no key at all (out = 0, lse = -inf).
+  CheckAttention<T>(2, 2, 40, 70, D, Range(100, 40), Range(20, 70), algo, "ring block");
+  CheckAttention<T>(1, 2, 70, 64, D, Range(0, 70), Range(10, 64), algo, "rows seeing nothing");
+  CheckAttention<T>(1, 2, 64, 128, D, CpChunks(128, 2, 0), Range(0, 128), algo, "cp chunks");
+}
+GPU_TEST(AttentionGenericFloat) {
+  CheckAttentionSuite<float>(gpu::AttentionAlgo::kGeneric, 16);
+  CheckAttentionSuite<float>(gpu::AttentionAlgo::kGeneric, 64);
+  CheckAttention<float>(1, 1, 40, 40, 128, Range(0, 40), Range(0, 40), gpu::AttentionAlgo::kGeneric,
+                        "D=128");
+}
+GPU_TEST(AttentionGenericBf16) {
+  CheckAttentionSuite<bf16>(gpu::AttentionAlgo::kGeneric, 64);
+}
+GPU_TEST(AttentionTensorCoreBf16) {
+  EXPECT_TRUE(gpu::AttentionUsesTensorCores<bf16>(64));
+  EXPECT_TRUE(!gpu::AttentionUsesTensorCores<float>(64));
+  CheckAttentionSuite<bf16>(gpu::AttentionAlgo::kTensorCore, 64);
+}
+
+// q, k, v read in place from packed (B,T,3,H,D) rows and the output written as (B,T,H,D) rows,
+// as the model does; compared with the contiguous CPU kernels.
+template <typename T>
+void CheckAttentionStrided(gpu::AttentionAlgo algo) {
+  std::mt19937 rng(5);
+  const int64_t B = 2, Tn = 96, H = 3, D = 64, C = H * D;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const auto qkv = RoundTo<T>(RandomVector(rng, B * Tn * 3 * C));
+  std::vector<float> q(B * H * Tn * D), k(q.size()), v(q.size());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < Tn; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t dst = ((b * H + h) * Tn + t) * D + d, row = (b * Tn + t) * 3 * C;
+          q[dst] = qkv[row + h * D + d];
+          k[dst] = qkv[row + C + h * D + d];
+          v[dst] = qkv[row + 2 * C + h * D + d];
+        }
+      }
+    }
+  }
+  const auto pos = Range(0, Tn);
+  std::vector<float> out(q.size()), lse(B * H * Tn);
+  cpu::AttentionForward(out.data(), lse.data(), q.data(), k.data(), v.data(), pos.data(),
+                        pos.data(), B, H, Tn, Tn, D, scale);
+  std::vector<float> out_rows(B * Tn * C);  // (B,T,H,D)
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < Tn; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t d = 0; d < D; ++d) {
+          out_rows[(b * Tn + t) * C + h * D + d] = out[((b * H + h) * Tn + t) * D + d];
+        }
+      }
+    }
+  }
+  auto d_qkv = DeviceArray<T>::FromHost(qkv);
+  auto d_pos = DeviceArray<int32_t>::FromRaw(pos);
+  DeviceArray<T> d_out(B * Tn * C);
+  DeviceArray<float> d_lse(lse.size());
+  gpu::AttentionOptions opt;
+  opt.q = opt.k = opt.v = gpu::HeadLayout{Tn * 3 * C, D, 3 * C};
+  opt.out = gpu::HeadLayout{Tn * C, D, C};
+  opt.algo = algo;
+  const T* base = d_qkv.get();
+  ASSERT_OK(gpu::AttentionForward(Ctx(), d_out.get(), d_lse.get(), base, base + C, base + 2 * C,
+                                  d_pos.get(), d_pos.get(), B, H, Tn, Tn, D, scale, opt));
+  EXPECT_CLOSE(What<T>("AttentionForward strided out"), d_out.Download(), RoundTo<T>(out_rows),
+               Tol<T>());
+  EXPECT_CLOSE(What<T>("AttentionForward strided lse"), d_lse.Download(), lse,
+               std::is_same_v<T, float> ? 1e-5 : 5e-3);
+
+  // Backward into a packed dqkv (overwrite), against the CPU's split-head gradients.
+  const auto dout_rows = RoundTo<T>(RandomVector(rng, B * Tn * C));
+  std::vector<float> dout(q.size());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < Tn; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t d = 0; d < D; ++d) {
+          dout[((b * H + h) * Tn + t) * D + d] = dout_rows[(b * Tn + t) * C + h * D + d];
+        }
+      }
+    }
+  }
+  std::vector<float> dq(q.size(), 0.0f), dk(q.size(), 0.0f), dv(q.size(), 0.0f);
+  const auto out_r = RoundTo<T>(out);
+  cpu::AttentionBackward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                         out_r.data(), lse.data(), pos.data(), pos.data(), B, H, Tn, Tn, D, scale);
+  std::vector<float> want(B * Tn * 3 * C);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < Tn; ++t) {
+      for (int64_t h = 0; h < H; ++h) {
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t src = ((b * H + h) * Tn + t) * D + d, row = (b * Tn + t) * 3 * C;
+          want[row + h * D + d] = dq[src];
+          want[row + C + h * D + d] = dk[src];
+          want[row + 2 * C + h * D + d] = dv[src];
+        }
+      }
+    }
+  }
+  auto d_dout = DeviceArray<T>::FromHost(dout_rows);
+  auto d_out_r = DeviceArray<T>::FromHost(out_rows);
+  auto d_lse_r = DeviceArray<float>::FromHost(lse);
+  DeviceArray<T> d_dqkv(want.size());
+  opt.accumulate = false;
+  T* g = d_dqkv.get();
+  ASSERT_OK(gpu::AttentionBackward(Ctx(), g, g + C, g + 2 * C, d_dout.get(), base, base + C,
+                                   base + 2 * C, d_out_r.get(), d_lse_r.get(), d_pos.get(),
+                                   d_pos.get(), B, H, Tn, Tn, D, scale, opt));
+  EXPECT_CLOSE(What<T>("AttentionBackward strided dqkv"), d_dqkv.Download(), RoundTo<T>(want),
+               std::is_same_v<T, float> ? 5e-5 : 3e-2);
+}
+GPU_TEST(AttentionStridedFloat) {
+  CheckAttentionStrided<float>(gpu::AttentionAlgo::kGeneric);
+}
+GPU_TEST(AttentionStridedBf16Generic) {
+  CheckAttentionStrided<bf16>(gpu::AttentionAlgo::kGeneric);
+}
+GPU_TEST(AttentionStridedBf16TensorCore) {
+  CheckAttentionStrided<bf16>(gpu::AttentionAlgo::kTensorCore);
+}
+
+GPU_TEST(AttentionInvalidShapes) {
+  gpu::AttentionOptions opt;
+  opt.algo = gpu::AttentionAlgo::kTensorCore;
+  DeviceArray<float> lse(4);
+  const Status s = gpu::AttentionForward<bf16>(Ctx(), nullptr, lse.get(), nullptr, nullptr, nullptr,
+                                               nullptr, nullptr, 1, 1, 4, 4, 32, 1.0, opt);
+  EXPECT_TRUE(s.code() == StatusCode::kInvalidArgument);
+}
+
+template <typename T>
+void CheckMerge() {
+  std::mt19937 rng(6);
+  const int64_t rows = 45, D = 40;
+  auto out_a = RoundTo<T>(RandomVector(rng, rows * D)),
+       out_b = RoundTo<T>(RandomVector(rng, rows * D));
+  auto lse_a = RandomVector(rng, rows, -3.0f, 3.0f), lse_b = RandomVector(rng, rows, -3.0f, 3.0f);
+  lse_a[3] = lse_a[10] = -INFINITY;
+  lse_b[5] = lse_b[10] = -INFINITY;
+  auto g_oa = DeviceArray<T>::FromHost(out_a), g_ob = DeviceArray<T>::FromHost(out_b);
+  auto g_la = DeviceArray<float>::FromHost(lse_a), g_lb = DeviceArray<float>::FromHost(lse_b);
+  cpu::AttentionMerge(out_a.data(), lse_a.data(), out_b.data(), lse_b.data(), rows, D);
+  ASSERT_OK(gpu::AttentionMerge(Ctx(), g_oa.get(), g_la.get(), g_ob.get(), g_lb.get(), rows, D));
+  EXPECT_CLOSE(What<T>("AttentionMerge out"), g_oa.Download(), RoundTo<T>(out_a), Tol<T>());
+  EXPECT_CLOSE(What<T>("AttentionMerge lse"), g_la.Download(), lse_a, 1e-6);
+}
+GPU_TEST(AttentionMergeFloat) {
+  CheckMerge<float>();
+}
+GPU_TEST(AttentionMergeBf16) {
+  CheckMerge<bf16>();
+}
+
+template <typename T>
+void CheckElementwise() {
+  std::mt19937 rng(7);
+  const int64_t n = 10007;
+  const auto x = RoundTo<T>(RandomVector(rng, n, -4.0f, 4.0f)),
+             y = RoundTo<T>(RandomVector(rng, n));
+  auto d_x = DeviceArray<T>::FromHost(x), d_y = DeviceArray<T>::FromHost(y);
+  DeviceArray<T> d_out(n);
+  std::vector<float> want(n);
+  cpu::GeluForward(want.data(), x.data(), n);
+  ASSERT_OK(gpu::GeluForward(Ctx(), d_out.get(), d_x.get(), n));
+  EXPECT_CLOSE(What<T>("GeluForward"), d_out.Download(), RoundTo<T>(want), Tol<T>());
+
+  auto dinp = RoundTo<T>(RandomVector(rng, n));
+  auto g_dinp = DeviceArray<T>::FromHost(dinp);
+  cpu::GeluBackward(dinp.data(), x.data(), y.data(), n);
+  ASSERT_OK(gpu::GeluBackward(Ctx(), g_dinp.get(), d_x.get(), d_y.get(), n));
+  EXPECT_CLOSE(What<T>("GeluBackward (accumulate)"), g_dinp.Download(), RoundTo<T>(dinp), Tol<T>());
+  // In place (dinp aliases dout), overwriting: what the model does.
+  std::vector<float> inplace(n, 0.0f);
+  cpu::GeluBackward(inplace.data(), x.data(), y.data(), n);
+  auto g_y = DeviceArray<T>::FromHost(y);
+  ASSERT_OK(gpu::GeluBackward(Ctx(), g_y.get(), d_x.get(), g_y.get(), n, /*accumulate=*/false));
+  EXPECT_CLOSE(What<T>("GeluBackward (in place)"), g_y.Download(), RoundTo<T>(inplace), Tol<T>());
+
+  std::vector<float> sum(n);
+  cpu::ResidualForward(sum.data(), x.data(), y.data(), n);
+  ASSERT_OK(gpu::ResidualForward(Ctx(), d_out.get(), d_x.get(), d_y.get(), n));
+  EXPECT_CLOSE(What<T>("ResidualForward"), d_out.Download(), RoundTo<T>(sum), Tol<T>());
+  cpu::Accumulate(sum.data(), y.data(), n);
+  ASSERT_OK(gpu::Accumulate(Ctx(), d_out.get(), d_y.get(), n));
+  EXPECT_CLOSE(What<T>("Accumulate"), d_out.Download(), RoundTo<T>(sum), Tol<T>());
+}
+GPU_TEST(ElementwiseFloat) {
+  CheckElementwise<float>();
+}
+GPU_TEST(ElementwiseBf16) {
+  CheckElementwise<bf16>();
+}
+
+template <typename T>
+void CheckCrossEntropy(int64_t N, int64_t V, int64_t pad) {
+  std::mt19937 rng(8);
+  const int64_t ld = V + pad;
+  const auto logits = RoundTo<T>(RandomVector(rng, N * V, -5.0f, 5.0f));
+  const auto targets = RandomInts(rng, N, 0, V - 1);
+  std::vector<float> padded(N * ld, 7.0f);  // pad columns: garbage that must be ignored
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t j = 0; j < V; ++j) padded[i * ld + j] = logits[i * V + j];
+  }
+  const float grad_scale = 1.0f / static_cast<float>(N);
+  std::vector<float> losses(N), dlogits(N * V);
+  cpu::SoftmaxCrossEntropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N, V,
+                           grad_scale);
+  std::vector<float> want_d(N * ld, 0.0f);
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t j = 0; j < V; ++j) want_d[i * ld + j] = dlogits[i * V + j];
+  }
+  auto d_logits = DeviceArray<T>::FromHost(padded);
+  auto d_targets = DeviceArray<int32_t>::FromRaw(targets);
+  DeviceArray<float> d_losses(N);
+  // Loss only, then in place with the gradient (dlogits aliases logits).
+  ASSERT_OK(gpu::SoftmaxCrossEntropy(Ctx(), d_losses.get(), static_cast<T*>(nullptr),
+                                     d_logits.get(), d_targets.get(), N, V, grad_scale, ld));
+  EXPECT_CLOSE(What<T>("SoftmaxCrossEntropy losses"), d_losses.Download(), losses, 1e-5);
+  ASSERT_OK(gpu::SoftmaxCrossEntropy(Ctx(), d_losses.get(), d_logits.get(), d_logits.get(),
+                                     d_targets.get(), N, V, grad_scale, ld));
+  EXPECT_CLOSE(What<T>("SoftmaxCrossEntropy losses (with grad)"), d_losses.Download(), losses,
+               1e-5);
+  EXPECT_CLOSE(What<T>("SoftmaxCrossEntropy dlogits"), d_logits.Download(), RoundTo<T>(want_d),
+               Tol<T>());
+}
+GPU_TEST(CrossEntropyFloat) {
+  CheckCrossEntropy<float>(33, 257, 0);
+  CheckCrossEntropy<float>(5, 50257, 47);
+}
+GPU_TEST(CrossEntropyBf16) {
+  CheckCrossEntropy<bf16>(33, 256, 0);
+  CheckCrossEntropy<bf16>(4, 50257, 47);
+}
+
+GPU_TEST(AdamWMatchesCpu) {
+  std::mt19937 rng(9);
+  const int64_t n = 5003;
+  auto p = RandomVector(rng, n), m(std::vector<float>(n, 0.0f)), v(std::vector<float>(n, 0.0f));
+  auto d_p = DeviceArray<float>::FromHost(p), d_m = DeviceArray<float>::FromHost(m),
+       d_v = DeviceArray<float>::FromHost(v);
+  DeviceArray<bf16> d_copy(n);
+  for (int64_t step = 1; step <= 5; ++step) {
+    auto g = RandomVector(rng, n);
+    const double clip = step % 2 == 0 ? 0.37 : 1.0;  // the clip factor, folded into the read
+    auto d_g = DeviceArray<float>::FromHost(g);
+    cpu::Scale(g.data(), n, clip);
+    cpu::AdamW(p.data(), g.data(), m.data(), v.data(), n, 1e-2, 0.9, 0.95, 1e-8, 0.1, step);
+    ASSERT_OK(gpu::AdamW<bf16>(Ctx(), d_p.get(), d_g.get(), d_m.get(), d_v.get(), n, 1e-2, 0.9,
+                               0.95, 1e-8, 0.1, step, static_cast<float>(clip), d_copy.get()));
+  }
+  EXPECT_CLOSE("AdamW param", d_p.Download(), p, 1e-5);
+  EXPECT_CLOSE("AdamW exp_avg", d_m.Download(), m, 1e-5);
+  EXPECT_CLOSE("AdamW exp_avg_sq", d_v.Download(), v, 1e-5);
+  EXPECT_CLOSE("AdamW bf16 copy", d_copy.Download(), RoundTo<bf16>(p), 1e-6);
+}
+
+GPU_TEST(Reductions) {
+  std::mt19937 rng(10);
+  const int64_t n = 1000003;
+  const auto x = RandomVector(rng, n);
+  auto d_x = DeviceArray<float>::FromHost(x);
+  double want_sq = 0, want_sum = 0;
+  for (float f : x) {
+    want_sq += static_cast<double>(f) * f;
+    want_sum += f;
+  }
+  ASSERT_OK_AND_ASSIGN(const double sq, gpu::SumOfSquares(Ctx(), d_x.get(), n));
+  ASSERT_OK_AND_ASSIGN(const double sum, gpu::Sum(Ctx(), d_x.get(), n));
+  EXPECT_NEAR(sq, cpu::SumOfSquares(x.data(), n), 1e-9 * want_sq);
+  EXPECT_NEAR(sum, want_sum, 1e-9 * n);
+  ASSERT_OK_AND_ASSIGN(const double again, gpu::SumOfSquares(Ctx(), d_x.get(), n));
+  EXPECT_TRUE(again == sq);  // deterministic
+
+  auto y = x;
+  cpu::Scale(y.data(), n, 0.25);
+  ASSERT_OK(gpu::Scale(Ctx(), d_x.get(), n, 0.25));
+  EXPECT_CLOSE("Scale", d_x.Download(), y, 1e-7);
+
+  const int64_t rows = 300, cols = 70, ld = 77;
+  const auto m = RandomVector(rng, rows * ld);
+  std::vector<float> want(cols, 1.0f);
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) want[j] += m[i * ld + j];
+  }
+  auto d_m = DeviceArray<float>::FromHost(m);
+  auto d_out = DeviceArray<float>::FromHost(std::vector<float>(cols, 1.0f));
+  ASSERT_OK(gpu::ColumnSum(Ctx(), d_out.get(), d_m.get(), rows, cols, ld));
+  EXPECT_CLOSE("ColumnSum", d_out.Download(), want, 1e-5);
+}
+
+GPU_TEST(ConvertRoundsToBf16) {
+  std::mt19937 rng(11);
+  const auto x = RandomVector(rng, 999, -100.0f, 100.0f);
+  auto d_x = DeviceArray<float>::FromHost(x);
+  DeviceArray<bf16> d_b(x.size());
+  DeviceArray<float> d_back(x.size());
+  ASSERT_OK((gpu::Convert<bf16, float>(Ctx(), d_b.get(), d_x.get(), x.size())));
+  ASSERT_OK((gpu::Convert<float, bf16>(Ctx(), d_back.get(), d_b.get(), x.size())));
+  EXPECT_CLOSE("Convert fp32->bf16->fp32", d_back.Download(), RoundTo<bf16>(x), 0.0);
+}
+
+}  // namespace
+}  // namespace meshrun
+
+GPU_TEST_MAIN()
