@@ -26,7 +26,9 @@ function(meshrun_add_executable name)
   endif()
 endfunction()
 
-# Tests run from the build tree; each gets a label (unit, integration, gpu) so CI and
+# Tests run from the build tree with OMP_NUM_THREADS=1 (ctest runs tests side by side, and
+# spinning OpenMP threads that outnumber the cores slow everything down); each gets a label
+# (unit, integration, gpu) so CI and
 # scripts/gpu-check can pick them with `ctest -L`.
 function(meshrun_add_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
@@ -43,7 +45,7 @@ function(meshrun_add_test name)
     set(ARG_TIMEOUT 300)
   endif()
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
-    ENVIRONMENT "MESHRUN_SOURCE_DIR=${PROJECT_SOURCE_DIR};MESHRUN_BINARY_DIR=${PROJECT_BINARY_DIR}")
+    ENVIRONMENT "MESHRUN_SOURCE_DIR=${PROJECT_SOURCE_DIR};MESHRUN_BINARY_DIR=${PROJECT_BINARY_DIR};OMP_NUM_THREADS=1")
 endfunction()
 
 # Generates C++ (messages and gRPC stubs) for every .proto given, into one static library.

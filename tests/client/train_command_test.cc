@@ -163,7 +163,32 @@ TEST_F(TrainCommandTest, ExportedModelScoresLikeMeshrunEval) {
   EXPECT_NEAR(s["loss"].get<double>(), e["loss"].get<double>(), 1e-6 * e["loss"].get<double>());
 }
 
-TEST_F(TrainCommandTest, MultiRankIsRefusedHonestlyAndWorldSizeMismatchIsInvalidInput) {
+TEST_F(TrainCommandTest, InitFromAnExportedModelStartsFromItsWeights) {
+  ASSERT_EQ(Train("ckpt").exit_code, 0);
+  ASSERT_EQ(Run({"export", (temp_ / "ckpt").string(), "-o", (temp_ / "hf").string()}).exit_code,
+            0);
+  const std::string tiny = (source_ / "examples/tiny.yaml").string();
+  auto eval = [&](const std::string& ckpt) {
+    CliResult r = Run({"eval", "-f", tiny, "--checkpoint", (temp_ / ckpt).string(), "-o", "json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return json::parse(r.out)["loss"].get<double>();
+  };
+  // One step with lr 0 leaves the loaded weights unchanged, so both checkpoints score alike.
+  CliResult r = Run({"train", "-f", tiny, "--nproc", "1", "-o", "json", "--set",
+                     "model.init_from=" + (temp_ / "hf").string(), "--set", "train.steps=1",
+                     "--set", "train.lr=0", "--set", "train.min_lr=0", "--set", "train.warmup_steps=0", "--set",
+                     "checkpoint.dir=" + (temp_ / "from_hf").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_DOUBLE_EQ(eval("from_hf"), eval("ckpt"));
+  // A spec that contradicts config.json is invalid input naming the field.
+  CliResult bad = Run({"train", "-f", tiny, "--nproc", "1", "--set",
+                       "model.init_from=" + (temp_ / "hf").string(), "--set", "model.n_layer=3",
+                       "--set", "checkpoint.dir="});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("error: model.n_layer"), std::string::npos) << bad.err;
+}
+
+TEST_F(TrainCommandTest, WorldSizeMismatchIsInvalidInput) {
   CliResult mismatch = Run({"train", "-f", (source_ / "examples/tiny.yaml").string(), "--nproc",
                             "2"});
   EXPECT_EQ(mismatch.exit_code, 2) << mismatch.err;
