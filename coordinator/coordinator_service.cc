@@ -1,0 +1,306 @@
+// CoordinatorServiceImpl: each handler validates what the managers do not, calls one manager
+// method and fills the response. The session protocol (open first, exactly once) lives here.
+#include "coordinator/coordinator_service.h"
+
+#include <spdlog/spdlog.h>
+
+#include "coordinator/proto_time.h"
+
+namespace meshrun::coordinator {
+namespace {
+
+Status Stopping() {
+  return UnavailableError("the coordinator is stopping (hint: retry with backoff)");
+}
+
+Status Missing(const std::string& field) {
+  return InvalidArgumentError(field +
+                              ": required field is missing or invalid (hint: see the "
+                              "message's contract in worker.proto)");
+}
+
+}  // namespace
+
+CoordinatorServiceImpl::CoordinatorServiceImpl(JobManager& jobs, WorkerManager& workers,
+                                               StoreManager& store, const Clock& clock)
+    : jobs_(jobs), workers_(workers), store_(store), clock_(clock) {}
+
+// ---- Client-facing ------------------------------------------------------------------------------
+
+void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request,
+                                             v1::SubmitJobResponse* response, ReplyCallback done) {
+  if (stopping_) return done(Stopping());
+  StatusOr<std::string> id = jobs_.Submit(request);
+  if (id.ok()) response->set_job_id(*id);
+  done(id.status());
+}
+
+void CoordinatorServiceImpl::HandleGetJob(const v1::GetJobRequest& request,
+                                          v1::GetJobResponse* response, ReplyCallback done) {
+  if (stopping_) return done(Stopping());
+  StatusOr<v1::Job> job = jobs_.Get(request.job_id());
+  if (job.ok()) *response->mutable_job() = std::move(*job);
+  done(job.status());
+}
+
+void CoordinatorServiceImpl::HandleListJobs(const v1::ListJobsRequest& request,
+                                            v1::ListJobsResponse* response, ReplyCallback done) {
+  if (stopping_) return done(Stopping());
+  StatusOr<v1::ListJobsResponse> list = jobs_.List(request);
+  if (list.ok()) *response = std::move(*list);
+  done(list.status());
+}
+
+void CoordinatorServiceImpl::HandleCancelJob(const v1::CancelJobRequest& request,
+                                             v1::CancelJobResponse* response, ReplyCallback done) {
+  if (stopping_) return done(Stopping());
+  StatusOr<v1::Job> job = jobs_.Cancel(request);
+  if (job.ok()) *response->mutable_job() = std::move(*job);
+  done(job.status());
+}
+
+void CoordinatorServiceImpl::HandleWatchJob(const v1::WatchJobRequest& request,
+                                            std::shared_ptr<WatchJobStream> stream) {
+  if (stopping_) return stream->Finish(Stopping());
+  Status status = jobs_.Watch(request, stream);
+  if (!status.ok()) stream->Finish(status);
+}
+
+std::vector<v1::WorkerInfo> CoordinatorServiceImpl::Workers() const {
+  const std::unordered_map<std::string, int> used = jobs_.SlotsInUse();
+  std::vector<v1::WorkerInfo> out;
+  for (WorkerSnapshot& s : workers_.List()) {
+    v1::WorkerInfo& info = s.info;
+    if (info.state() != v1::WORKER_STATE_LOST) {
+      auto it = used.find(info.worker_id());
+      const int n = it == used.end() ? 0 : it->second;
+      info.set_slots_in_use(n);
+      info.set_state(n > 0 ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_READY);
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+void CoordinatorServiceImpl::HandleListWorkers(const v1::ListWorkersRequest& request,
+                                               v1::ListWorkersResponse* response,
+                                               ReplyCallback done) {
+  if (stopping_) return done(Stopping());
+  std::unordered_set<int> states(request.states().begin(), request.states().end());
+  for (v1::WorkerInfo& info : Workers()) {
+    if (states.empty() || states.count(info.state())) *response->add_workers() = std::move(info);
+  }
+  done(OkStatus());
+}
+
+void CoordinatorServiceImpl::HandleGetJobLogs(const v1::GetJobLogsRequest& request,
+                                              v1::GetJobLogsResponse* response,
+                                              ReplyCallback done) {
+  if (stopping_) return done(Stopping());
+  StatusOr<v1::GetJobLogsResponse> logs = jobs_.Logs(request);
+  if (logs.ok()) *response = std::move(*logs);
+  done(logs.status());
+}
+
+// ---- Workers ------------------------------------------------------------------------------------
+
+void CoordinatorServiceImpl::HandleRegisterWorker(const v1::RegisterWorkerRequest& request,
+                                                  v1::RegisterWorkerResponse* response,
+                                                  ReplyCallback done) {
+  if (stopping_) return done(Stopping());
+  StatusOr<WorkerManager::Registered> reg = workers_.Register(request);
+  if (!reg.ok()) return done(reg.status());
+  *response = reg->response;
+  spdlog::info("worker {} registered as {} ({} {} slots at '{}')", request.name(),
+               response->worker_id(), request.slots(), request.device(), request.address());
+  if (reg->replaced_live) jobs_.OnWorkerReregistered(response->worker_id());
+  jobs_.Schedule();
+  done(OkStatus());
+}
+
+Status CoordinatorServiceImpl::ValidateSessionMessage(const v1::WorkerSessionRequest& r) {
+  auto rank_fields = [](const std::string& kind, const std::string& job_id, int attempt,
+                        int rank) -> Status {
+    if (job_id.empty()) return Missing(kind + ".job_id");
+    if (attempt < 1) return Missing(kind + ".attempt");
+    if (rank < 0) return Missing(kind + ".rank");
+    return OkStatus();
+  };
+  switch (r.kind_case()) {
+    case v1::WorkerSessionRequest::kOpen:
+    case v1::WorkerSessionRequest::kHeartbeat: return OkStatus();
+    case v1::WorkerSessionRequest::kRankStarted: {
+      const auto& m = r.rank_started();
+      return rank_fields("rank_started", m.job_id(), m.attempt(), m.rank());
+    }
+    case v1::WorkerSessionRequest::kRankExited: {
+      const auto& m = r.rank_exited();
+      return rank_fields("rank_exited", m.job_id(), m.attempt(), m.rank());
+    }
+    case v1::WorkerSessionRequest::kMetrics: {
+      const auto& s = r.metrics().sample();
+      if (!s.has_rank()) return Missing("metrics.sample.rank");
+      return rank_fields("metrics.sample", s.job_id(), s.attempt(), s.rank());
+    }
+    case v1::WorkerSessionRequest::kLogs:
+      for (const v1::LogLine& line : r.logs().lines()) {
+        MESHRUN_RETURN_IF_ERROR(
+            rank_fields("logs.lines", line.job_id(), line.attempt(), line.rank()));
+      }
+      return OkStatus();
+    case v1::WorkerSessionRequest::kCheckpointSaved: {
+      const auto& c = r.checkpoint_saved();
+      if (c.path().empty()) return Missing("checkpoint_saved.path");
+      return rank_fields("checkpoint_saved", c.job_id(), c.attempt(), 0);
+    }
+    default:
+      return InvalidArgumentError(
+          "kind: the message is empty or of an unknown kind (hint: send one of open, heartbeat, "
+          "rank_started, rank_exited, metrics, logs, checkpoint_saved)");
+  }
+}
+
+void CoordinatorServiceImpl::HandleWorkerSessionRequest(
+    const std::shared_ptr<WorkerSessionStream>& stream, const v1::WorkerSessionRequest& request) {
+  if (stopping_) return stream->Finish(Stopping());
+  bool opened;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    opened = opened_.count(stream.get()) > 0;
+  }
+  if (request.has_open()) {
+    if (opened) {
+      return stream->Finish(FailedPreconditionError(
+          "open: sent twice on one session (hint: send `open` once, as the first message)"));
+    }
+    StatusOr<std::string> id = workers_.OpenSession(request.open(), stream);
+    if (!id.ok()) return stream->Finish(id.status());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      opened_.insert(stream.get());
+    }
+    jobs_.OnRunning(*id, request.open().running());
+    jobs_.Schedule();
+    return;
+  }
+  if (!opened) {
+    return stream->Finish(FailedPreconditionError(
+        "open: the first message of a session must be `open` (hint: send open with worker_id "
+        "and session_token first)"));
+  }
+  StatusOr<std::string> id = workers_.Touch(stream.get());
+  if (!id.ok()) return stream->Finish(id.status());
+  Status valid = ValidateSessionMessage(request);
+  if (!valid.ok()) return stream->Finish(valid);
+  switch (request.kind_case()) {
+    case v1::WorkerSessionRequest::kHeartbeat:
+      jobs_.OnRunning(*id, request.heartbeat().running());
+      break;
+    case v1::WorkerSessionRequest::kRankStarted:
+      jobs_.OnRankStarted(*id, request.rank_started());
+      break;
+    case v1::WorkerSessionRequest::kRankExited:
+      jobs_.OnRankExited(*id, request.rank_exited());
+      break;
+    case v1::WorkerSessionRequest::kMetrics: jobs_.OnRankMetrics(*id, request.metrics()); break;
+    case v1::WorkerSessionRequest::kLogs: jobs_.OnLogs(*id, request.logs()); break;
+    case v1::WorkerSessionRequest::kCheckpointSaved:
+      jobs_.OnCheckpointSaved(*id, request.checkpoint_saved());
+      break;
+    default: break;
+  }
+}
+
+void CoordinatorServiceImpl::HandleWorkerSessionClosed(
+    const std::shared_ptr<WorkerSessionStream>& stream) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    opened_.erase(stream.get());
+  }
+  workers_.CloseSession(stream.get());
+}
+
+// ---- Store --------------------------------------------------------------------------------------
+
+Status CoordinatorServiceImpl::CheckStoreCall(const std::string& job_id, int attempt,
+                                              const std::string& key) const {
+  if (stopping_) return Stopping();
+  if (job_id.empty())
+    return InvalidArgumentError("job_id: is empty (hint: use the job_id of the RankAssignment)");
+  if (attempt < 1) {
+    return InvalidArgumentError("attempt: must be ≥ 1, got " + std::to_string(attempt) +
+                                " (hint: use the attempt of the RankAssignment)");
+  }
+  if (key.empty()) return InvalidArgumentError("key: is empty (hint: name the key)");
+  if (!jobs_.Exists(job_id)) {
+    return NotFoundError("job " + job_id +
+                         " not found (hint: use the job_id of the RankAssignment)");
+  }
+  return OkStatus();
+}
+
+void CoordinatorServiceImpl::HandleStoreSet(const v1::StoreSetRequest& request,
+                                            v1::StoreSetResponse* /*response*/,
+                                            ReplyCallback done) {
+  Status status = CheckStoreCall(request.job_id(), request.attempt(), request.key());
+  if (!status.ok()) return done(status);
+  done(store_.Set(request.job_id(), request.attempt(), request.key(), request.value()));
+}
+
+void CoordinatorServiceImpl::HandleStoreGet(const v1::StoreGetRequest& request,
+                                            v1::StoreGetResponse* response,
+                                            std::optional<WallTime> deadline, ReplyCallback done) {
+  Status status = CheckStoreCall(request.job_id(), request.attempt(), request.key());
+  if (!status.ok()) return done(status);
+  std::chrono::milliseconds timeout{0};
+  if (request.has_timeout()) {
+    timeout = FromDuration(request.timeout());
+    if (timeout.count() < 0) {
+      return done(
+          InvalidArgumentError("timeout: is negative (hint: leave it unset for the default)"));
+    }
+  }
+  std::optional<MonoTime> call_deadline;
+  if (deadline) {
+    call_deadline = clock_.Monotonic() +
+                    std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - clock_.Now());
+  }
+  store_.Get(request.job_id(), request.attempt(), request.key(), request.wait(), timeout,
+             call_deadline,
+             [response, done = std::move(done)](StatusOr<std::optional<std::string>> result) {
+               if (!result.ok()) return done(result.status());
+               response->set_found(result->has_value());
+               if (result->has_value()) response->set_value(**result);
+               done(OkStatus());
+             });
+}
+
+void CoordinatorServiceImpl::HandleStoreAdd(const v1::StoreAddRequest& request,
+                                            v1::StoreAddResponse* response, ReplyCallback done) {
+  Status status = CheckStoreCall(request.job_id(), request.attempt(), request.key());
+  if (!status.ok()) return done(status);
+  StatusOr<int64_t> value =
+      store_.Add(request.job_id(), request.attempt(), request.key(), request.delta());
+  if (value.ok()) response->set_value(*value);
+  done(value.status());
+}
+
+// ---- Lifecycle ----------------------------------------------------------------------------------
+
+void CoordinatorServiceImpl::Tick() {
+  for (const std::string& id : workers_.ExpireLeases()) {
+    spdlog::warn("worker {} missed its lease: LOST", id);
+    jobs_.OnWorkerLost(id);
+  }
+  jobs_.Tick();
+  store_.ExpireWaiters();
+}
+
+void CoordinatorServiceImpl::Shutdown() {
+  stopping_ = true;
+  store_.Shutdown();
+  jobs_.Shutdown();
+  workers_.Shutdown();
+}
+
+}  // namespace meshrun::coordinator

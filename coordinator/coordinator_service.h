@@ -1,0 +1,125 @@
+// CoordinatorService as a pure handler interface (one HandleXxx per RPC of coordinator.proto),
+// and CoordinatorServiceImpl, which implements it over the managers. The gRPC adapter
+// (grpc_adapter.h) only translates between gRPC and this interface; tests call it directly
+// with fake streams.
+//
+// Unary handlers answer through `done`, which they may call before returning or later from
+// another thread (StoreGet with wait). Stream handlers get the stream object and write to it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_set>
+
+#include "common/status.h"
+#include "coordinator/clock.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/store_manager.h"
+#include "coordinator/streams.h"
+#include "coordinator/worker_manager.h"
+#include "meshrun/v1/coordinator.pb.h"
+
+namespace meshrun::coordinator {
+
+using ReplyCallback = std::function<void(const Status&)>;
+
+class CoordinatorServiceHandler {
+ public:
+  virtual ~CoordinatorServiceHandler() = default;
+
+  // Client-facing.
+  virtual void HandleSubmitJob(const v1::SubmitJobRequest& request, v1::SubmitJobResponse* response,
+                               ReplyCallback done) = 0;
+  virtual void HandleGetJob(const v1::GetJobRequest& request, v1::GetJobResponse* response,
+                            ReplyCallback done) = 0;
+  virtual void HandleListJobs(const v1::ListJobsRequest& request, v1::ListJobsResponse* response,
+                              ReplyCallback done) = 0;
+  virtual void HandleCancelJob(const v1::CancelJobRequest& request, v1::CancelJobResponse* response,
+                               ReplyCallback done) = 0;
+  // Writes the events to `stream` and finishes it (now or when the job ends).
+  virtual void HandleWatchJob(const v1::WatchJobRequest& request,
+                              std::shared_ptr<WatchJobStream> stream) = 0;
+  virtual void HandleListWorkers(const v1::ListWorkersRequest& request,
+                                 v1::ListWorkersResponse* response, ReplyCallback done) = 0;
+  virtual void HandleGetJobLogs(const v1::GetJobLogsRequest& request,
+                                v1::GetJobLogsResponse* response, ReplyCallback done) = 0;
+
+  // Worker-facing. Each message of a session stream, in order; then Closed once.
+  virtual void HandleRegisterWorker(const v1::RegisterWorkerRequest& request,
+                                    v1::RegisterWorkerResponse* response, ReplyCallback done) = 0;
+  virtual void HandleWorkerSessionRequest(const std::shared_ptr<WorkerSessionStream>& stream,
+                                          const v1::WorkerSessionRequest& request) = 0;
+  virtual void HandleWorkerSessionClosed(const std::shared_ptr<WorkerSessionStream>& stream) = 0;
+
+  // Rendezvous store. `deadline` is the call's own deadline, if it has one.
+  virtual void HandleStoreSet(const v1::StoreSetRequest& request, v1::StoreSetResponse* response,
+                              ReplyCallback done) = 0;
+  virtual void HandleStoreGet(const v1::StoreGetRequest& request, v1::StoreGetResponse* response,
+                              std::optional<WallTime> deadline, ReplyCallback done) = 0;
+  virtual void HandleStoreAdd(const v1::StoreAddRequest& request, v1::StoreAddResponse* response,
+                              ReplyCallback done) = 0;
+};
+
+// The handlers over JobManager, WorkerManager and StoreManager: validation of session
+// messages, the session protocol (open first, once), and the glue between managers (a lost
+// worker fails its jobs' attempts). Thread-safe; owns no job or worker state itself.
+class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
+ public:
+  CoordinatorServiceImpl(JobManager& jobs, WorkerManager& workers, StoreManager& store,
+                         const Clock& clock);
+
+  void HandleSubmitJob(const v1::SubmitJobRequest& request, v1::SubmitJobResponse* response,
+                       ReplyCallback done) override;
+  void HandleGetJob(const v1::GetJobRequest& request, v1::GetJobResponse* response,
+                    ReplyCallback done) override;
+  void HandleListJobs(const v1::ListJobsRequest& request, v1::ListJobsResponse* response,
+                      ReplyCallback done) override;
+  void HandleCancelJob(const v1::CancelJobRequest& request, v1::CancelJobResponse* response,
+                       ReplyCallback done) override;
+  void HandleWatchJob(const v1::WatchJobRequest& request,
+                      std::shared_ptr<WatchJobStream> stream) override;
+  void HandleListWorkers(const v1::ListWorkersRequest& request, v1::ListWorkersResponse* response,
+                         ReplyCallback done) override;
+  void HandleGetJobLogs(const v1::GetJobLogsRequest& request, v1::GetJobLogsResponse* response,
+                        ReplyCallback done) override;
+  void HandleRegisterWorker(const v1::RegisterWorkerRequest& request,
+                            v1::RegisterWorkerResponse* response, ReplyCallback done) override;
+  void HandleWorkerSessionRequest(const std::shared_ptr<WorkerSessionStream>& stream,
+                                  const v1::WorkerSessionRequest& request) override;
+  void HandleWorkerSessionClosed(const std::shared_ptr<WorkerSessionStream>& stream) override;
+  void HandleStoreSet(const v1::StoreSetRequest& request, v1::StoreSetResponse* response,
+                      ReplyCallback done) override;
+  void HandleStoreGet(const v1::StoreGetRequest& request, v1::StoreGetResponse* response,
+                      std::optional<WallTime> deadline, ReplyCallback done) override;
+  void HandleStoreAdd(const v1::StoreAddRequest& request, v1::StoreAddResponse* response,
+                      ReplyCallback done) override;
+
+  // Periodic work (the server's ticker): expired leases fail their attempts; the queue is
+  // retried; store waits time out.
+  void Tick();
+  // Refuses new calls with UNAVAILABLE and ends every stream and wait.
+  void Shutdown();
+
+  // ListWorkers' view, also read by the metrics exporter.
+  std::vector<v1::WorkerInfo> Workers() const;
+
+ private:
+  // INVALID_ARGUMENT naming the first missing field of a session message, or OK.
+  static Status ValidateSessionMessage(const v1::WorkerSessionRequest& request);
+  // Common checks of the Store* requests; NOT_FOUND for an unknown job.
+  Status CheckStoreCall(const std::string& job_id, int attempt, const std::string& key) const;
+
+  JobManager& jobs_;
+  WorkerManager& workers_;
+  StoreManager& store_;
+  const Clock& clock_;
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::unordered_set<const WorkerSessionStream*> opened_;  // guarded by mu_
+};
+
+}  // namespace meshrun::coordinator

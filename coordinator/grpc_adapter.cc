@@ -1,0 +1,283 @@
+// CoordinatorGrpcService: unary calls through the default reactor; WatchJob and WorkerSession
+// through reactors with a write queue (gRPC allows one write in flight per stream).
+#include "coordinator/grpc_adapter.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+namespace meshrun::coordinator {
+
+grpc::Status ToGrpcStatus(const Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
+}
+
+namespace {
+
+// Runs `call(done)` and finishes the default reactor exactly once with what `done` reports;
+// an exception (never expected: handlers return Status) becomes INTERNAL.
+template <typename Call>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Call&& call) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  ReplyCallback done = [reactor, finished](const Status& status) {
+    if (!finished->exchange(true)) reactor->Finish(ToGrpcStatus(status));
+  };
+  try {
+    call(done);
+  } catch (const std::exception& e) {
+    spdlog::error("handler threw: {}", e.what());
+    done(InternalError(std::string("unexpected failure: ") + e.what()));
+  }
+  return reactor;
+}
+
+// The write side shared by both stream reactors: a queue drained one StartWrite at a time,
+// and a Finish that waits for the queue to drain. `Reactor` provides StartWrite and Finish.
+template <typename Reactor, typename Response>
+class WriteQueue {
+ public:
+  WriteQueue(Reactor* reactor, size_t max_queue) : reactor_(reactor), max_queue_(max_queue) {}
+
+  // False once finishing; ends the stream with UNAVAILABLE when the queue overflows.
+  bool Send(const Response& message) {
+    const Response* start = nullptr;
+    bool overflow = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finishing_) return false;
+      if (queue_.size() >= max_queue_) {
+        overflow = true;
+      } else {
+        queue_.push_back(message);
+        if (!writing_) {
+          writing_ = true;
+          start = &queue_.front();
+        }
+      }
+    }
+    if (overflow) {
+      Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                          "the client fell too far behind (hint: reconnect from the last "
+                          "sequence seen + 1)"));
+      return false;
+    }
+    if (start != nullptr) reactor_->StartWrite(start);
+    return true;
+  }
+
+  void Finish(const grpc::Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finishing_) return;
+      finishing_ = true;
+      final_ = status;
+      if (writing_) return;  // OnWriteDone finishes once the queue drains
+      finish_called_ = true;
+    }
+    reactor_->Finish(status);
+  }
+
+  void OnWriteDone(bool ok) {
+    const Response* next = nullptr;
+    bool finish = false;
+    grpc::Status final;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.pop_front();
+      if (!ok) {
+        // The client is gone: drop the rest and end the call.
+        queue_.clear();
+        if (!finishing_) {
+          finishing_ = true;
+          final_ = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+        }
+      }
+      if (!queue_.empty()) {
+        next = &queue_.front();
+      } else {
+        writing_ = false;
+        if (finishing_ && !finish_called_) {
+          finish_called_ = finish = true;
+          final = final_;
+        }
+      }
+    }
+    if (next != nullptr) reactor_->StartWrite(next);
+    if (finish) reactor_->Finish(final);
+  }
+
+  bool finishing() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finishing_;
+  }
+
+ private:
+  Reactor* const reactor_;
+  const size_t max_queue_;
+  mutable std::mutex mu_;
+  std::deque<Response> queue_;  // front is in flight while writing_
+  bool writing_ = false;
+  bool finishing_ = false;
+  bool finish_called_ = false;
+  grpc::Status final_;
+};
+
+// ---- WatchJob -----------------------------------------------------------------------------------
+
+class WatchReactor;
+
+// The handler's view of one WatchJob call. Outlives the reactor when a manager still holds it;
+// after OnDone every Send returns false.
+class WatchStream final : public WatchJobStream {
+ public:
+  WatchStream(WatchReactor* reactor, size_t max_queue);
+  bool Send(const v1::WatchJobResponse& message) override;
+  void Finish(const Status& status) override;
+  void OnWriteDone(bool ok) { queue_.OnWriteDone(ok); }
+  void FinishGrpc(const grpc::Status& status) { queue_.Finish(status); }
+
+ private:
+  WriteQueue<WatchReactor, v1::WatchJobResponse> queue_;
+};
+
+class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
+ public:
+  WatchReactor(CoordinatorServiceHandler& handler, const v1::WatchJobRequest& request,
+               size_t max_queue)
+      : stream_(std::make_shared<WatchStream>(this, max_queue)) {
+    try {
+      handler.HandleWatchJob(request, stream_);
+    } catch (const std::exception& e) {
+      stream_->Finish(InternalError(std::string("unexpected failure: ") + e.what()));
+    }
+  }
+  void OnWriteDone(bool ok) override { stream_->OnWriteDone(ok); }
+  void OnCancel() override {
+    stream_->FinishGrpc(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<WatchStream> stream_;
+};
+
+WatchStream::WatchStream(WatchReactor* reactor, size_t max_queue) : queue_(reactor, max_queue) {}
+bool WatchStream::Send(const v1::WatchJobResponse& message) {
+  return queue_.Send(message);
+}
+void WatchStream::Finish(const Status& status) {
+  queue_.Finish(ToGrpcStatus(status));
+}
+
+// ---- WorkerSession ------------------------------------------------------------------------------
+
+class SessionReactor;
+
+class SessionStream final : public WorkerSessionStream {
+ public:
+  SessionStream(SessionReactor* reactor, size_t max_queue, std::string peer)
+      : queue_(reactor, max_queue), peer_(std::move(peer)) {}
+  bool Send(const v1::WorkerSessionResponse& message) override { return queue_.Send(message); }
+  void Finish(const Status& status) override { queue_.Finish(ToGrpcStatus(status)); }
+  std::string Peer() const override { return peer_; }
+  void OnWriteDone(bool ok) { queue_.OnWriteDone(ok); }
+  void FinishGrpc(const grpc::Status& status) { queue_.Finish(status); }
+  bool finishing() const { return queue_.finishing(); }
+
+ private:
+  WriteQueue<SessionReactor, v1::WorkerSessionResponse> queue_;
+  const std::string peer_;
+};
+
+class SessionReactor final
+    : public grpc::ServerBidiReactor<v1::WorkerSessionRequest, v1::WorkerSessionResponse> {
+ public:
+  SessionReactor(CoordinatorServiceHandler& handler, size_t max_queue, std::string peer)
+      : handler_(handler),
+        stream_(std::make_shared<SessionStream>(this, max_queue, std::move(peer))) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The worker closed its side or the connection broke.
+      stream_->FinishGrpc(grpc::Status::OK);
+      return;
+    }
+    try {
+      handler_.HandleWorkerSessionRequest(stream_, request_);
+    } catch (const std::exception& e) {
+      spdlog::error("session handler threw: {}", e.what());
+      stream_->Finish(InternalError(std::string("unexpected failure: ") + e.what()));
+    }
+    if (!stream_->finishing()) StartRead(&request_);
+  }
+  void OnWriteDone(bool ok) override { stream_->OnWriteDone(ok); }
+  void OnCancel() override {
+    stream_->FinishGrpc(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the worker"));
+  }
+  void OnDone() override {
+    handler_.HandleWorkerSessionClosed(stream_);
+    delete this;
+  }
+
+ private:
+  CoordinatorServiceHandler& handler_;
+  std::shared_ptr<SessionStream> stream_;
+  v1::WorkerSessionRequest request_;
+};
+
+}  // namespace
+
+// ---- Unary RPCs ---------------------------------------------------------------------------------
+
+#define MESHRUN_UNARY(Method)                                                                  \
+  grpc::ServerUnaryReactor* CoordinatorGrpcService::Method(grpc::CallbackServerContext* ctx,   \
+                                                           const v1::Method##Request* request, \
+                                                           v1::Method##Response* response) {   \
+    return Unary(ctx, [&](ReplyCallback done) {                                                \
+      handler_.Handle##Method(*request, response, std::move(done));                            \
+    });                                                                                        \
+  }
+
+MESHRUN_UNARY(SubmitJob)
+MESHRUN_UNARY(GetJob)
+MESHRUN_UNARY(ListJobs)
+MESHRUN_UNARY(CancelJob)
+MESHRUN_UNARY(ListWorkers)
+MESHRUN_UNARY(GetJobLogs)
+MESHRUN_UNARY(RegisterWorker)
+MESHRUN_UNARY(StoreSet)
+MESHRUN_UNARY(StoreAdd)
+#undef MESHRUN_UNARY
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::StoreGet(grpc::CallbackServerContext* ctx,
+                                                           const v1::StoreGetRequest* request,
+                                                           v1::StoreGetResponse* response) {
+  std::optional<WallTime> deadline;
+  if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
+    deadline = ctx->deadline();
+  }
+  return Unary(ctx, [&](ReplyCallback done) {
+    handler_.HandleStoreGet(*request, response, deadline, std::move(done));
+  });
+}
+
+grpc::ServerWriteReactor<v1::WatchJobResponse>* CoordinatorGrpcService::WatchJob(
+    grpc::CallbackServerContext* /*ctx*/, const v1::WatchJobRequest* request) {
+  return new WatchReactor(handler_, *request, limits_.max_watch_queue);
+}
+
+grpc::ServerBidiReactor<v1::WorkerSessionRequest, v1::WorkerSessionResponse>*
+CoordinatorGrpcService::WorkerSession(grpc::CallbackServerContext* ctx) {
+  return new SessionReactor(handler_, limits_.max_session_queue, ctx->peer());
+}
+
+}  // namespace meshrun::coordinator

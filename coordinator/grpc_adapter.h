@@ -1,0 +1,69 @@
+// The thin gRPC adapter: CoordinatorService's callback API turned into calls of the pure
+// handler interface (coordinator_service.h). No logic beyond translation: statuses, the write
+// queues behind WatchJobStream and WorkerSessionStream, and the call deadline of StoreGet.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/status.h"
+#include "coordinator/coordinator_service.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+
+namespace meshrun::coordinator {
+
+grpc::Status ToGrpcStatus(const Status& status);
+
+struct AdapterLimits {
+  // Events queued for one WatchJob client before it counts as fallen behind (UNAVAILABLE).
+  size_t max_watch_queue = 100'000;
+  // Messages queued for one worker's session before the stream is ended (UNAVAILABLE); the
+  // worker reopens and its outbox resumes.
+  size_t max_session_queue = 1'000'000;
+};
+
+class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
+ public:
+  CoordinatorGrpcService(CoordinatorServiceHandler& handler, AdapterLimits limits)
+      : handler_(handler), limits_(limits) {}
+
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
+                                      const v1::SubmitJobRequest* request,
+                                      v1::SubmitJobResponse* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx,
+                                   const v1::GetJobRequest* request,
+                                   v1::GetJobResponse* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
+                                      const v1::CancelJobRequest* request,
+                                      v1::CancelJobResponse* response) override;
+  grpc::ServerWriteReactor<v1::WatchJobResponse>* WatchJob(
+      grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* request) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
+                                        const v1::ListWorkersRequest* request,
+                                        v1::ListWorkersResponse* response) override;
+  grpc::ServerUnaryReactor* GetJobLogs(grpc::CallbackServerContext* ctx,
+                                       const v1::GetJobLogsRequest* request,
+                                       v1::GetJobLogsResponse* response) override;
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
+                                           const v1::RegisterWorkerRequest* request,
+                                           v1::RegisterWorkerResponse* response) override;
+  grpc::ServerBidiReactor<v1::WorkerSessionRequest, v1::WorkerSessionResponse>* WorkerSession(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* ctx,
+                                     const v1::StoreSetRequest* request,
+                                     v1::StoreSetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* ctx,
+                                     const v1::StoreGetRequest* request,
+                                     v1::StoreGetResponse* response) override;
+  grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* ctx,
+                                     const v1::StoreAddRequest* request,
+                                     v1::StoreAddResponse* response) override;
+
+ private:
+  CoordinatorServiceHandler& handler_;
+  const AdapterLimits limits_;
+};
+
+}  // namespace meshrun::coordinator

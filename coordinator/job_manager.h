@@ -1,0 +1,200 @@
+// JobManager: jobs, their attempts and ranks, the FIFO placement queue, the restart policy and
+// every job's event log (CONVENTIONS §1 placement, architecture.md "A job, from submit to its
+// last step"). It owns the job state in memory and writes it through StateDb before a change
+// becomes visible; it places attempts with placement.h over the workers WorkerView shows,
+// opens and closes their store key spaces, and sends RankAssignments and StopOrders down the
+// workers' sessions.
+//
+// Thread-safe: one mutex guards everything; lock order JobManager → WorkerView/StoreManager →
+// streams (it never calls back into CoordinatorService). Called by CoordinatorService (client
+// RPCs and session messages) and by the server's ticker (Tick).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/parallel_dims.h"
+#include "common/status.h"
+#include "coordinator/clock.h"
+#include "coordinator/job_events.h"
+#include "coordinator/placement.h"
+#include "coordinator/state_db.h"
+#include "coordinator/step_aggregator.h"
+#include "coordinator/store_manager.h"
+#include "coordinator/streams.h"
+#include "coordinator/worker_manager.h"
+#include "meshrun/v1/coordinator.pb.h"
+
+namespace meshrun::coordinator {
+
+// "PENDING", "RUNNING", … (the JSON and Prometheus spelling of CONVENTIONS §6).
+const char* JobStateName(v1::JobState state);
+
+// State of one attempt, as stored in StateDb's attempts table.
+enum class AttemptState { kRunning = 1, kSucceeded = 2, kFailed = 3, kCancelled = 4 };
+
+struct JobManagerConfig {
+  // HOST:PORT the ranks dial for StoreSet/Get/Add (the coordinator's advertised address).
+  std::string store_address;
+  size_t max_queued_jobs = 10'000;
+  size_t max_spec_bytes = 256 * 1024;  // serialized spec, source_yaml included
+  size_t max_watchers = 1024;
+  int default_page_size = 100;
+  int max_page_size = 1000;
+  // Between SIGTERM and SIGKILL when a CancelJob gives none, and for PEER_FAILED stops.
+  std::chrono::milliseconds default_grace{10'000};
+  // How often a StopOrder for ranks a worker still runs is repeated.
+  std::chrono::milliseconds stop_resend{5'000};
+  // A RUNNING rank missing from this many consecutive `running` reports of its worker (open,
+  // heartbeats) is LOST.
+  int max_missed_reports = 2;
+  EventLimits events;
+  // The newest complete checkpoint folder under a checkpoint.dir, or "" (none, or not visible
+  // from the coordinator). Default: scans DIR/step-*/metadata.json.
+  std::function<std::string(const std::string& dir)> find_checkpoint;
+};
+
+// What the metrics exporter reads (see metrics_exporter.h).
+struct JobsSnapshot {
+  struct JobLine {
+    std::string job_id, name;
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+    int64_t step = 0;
+    double tokens_per_second = 0, mfu = 0, step_time_skew = 0;
+    int restarts = 0;
+  };
+  std::map<v1::JobState, int> jobs_by_state;
+  std::vector<JobLine> jobs;  // PENDING and RUNNING jobs, and the 100 newest finished ones
+};
+
+class JobManager {
+ public:
+  // `db` may be null (tests without persistence).
+  JobManager(StateDb* db, WorkerView& workers, StoreManager& store, const Clock& clock,
+             JobManagerConfig config);
+  ~JobManager();
+
+  // The HOST:PORT ranks dial for the store, known once the server listens. Call before Load.
+  void set_store_address(const std::string& address);
+
+  // Restores jobs from StateDb: PENDING jobs queue again, RUNNING attempts keep running with
+  // fresh store key spaces and wait for their workers to report their ranks (see OnRunning).
+  Status Load();
+
+  // ---- Client RPCs (errors as in coordinator.proto) ----
+  StatusOr<std::string> Submit(const v1::SubmitJobRequest& request);
+  StatusOr<v1::Job> Get(const std::string& job_id);
+  StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request) const;
+  StatusOr<v1::Job> Cancel(const v1::CancelJobRequest& request);
+  // Replays and, unless the job is finished or replay_only, keeps `stream` as a watcher.
+  // On error nothing was sent and the caller finishes the stream with the status.
+  Status Watch(const v1::WatchJobRequest& request, std::shared_ptr<WatchJobStream> stream);
+  StatusOr<v1::GetJobLogsResponse> Logs(const v1::GetJobLogsRequest& request) const;
+  bool Exists(const std::string& job_id) const;
+
+  // ---- Worker session messages (already validated by CoordinatorService) ----
+  // `running` of an `open` or a heartbeat: confirms ranks, stops ranks of stale attempts,
+  // counts missing ones (see JobManagerConfig::max_missed_reports).
+  void OnRunning(const std::string& worker_id,
+                 const google::protobuf::RepeatedPtrField<v1::RunningRank>& running);
+  void OnRankStarted(const std::string& worker_id, const v1::RankStarted& started);
+  void OnRankExited(const std::string& worker_id, const v1::RankExited& exited);
+  void OnRankMetrics(const std::string& worker_id, const v1::RankMetrics& metrics);
+  void OnLogs(const std::string& worker_id, const v1::LogBatch& logs);
+  void OnCheckpointSaved(const std::string& worker_id, const v1::CheckpointSaved& saved);
+  // The worker's lease ran out: its ranks are LOST and their attempts fail.
+  void OnWorkerLost(const std::string& worker_id);
+  // The worker registered again (it restarted): its ranks must be reported by its new session.
+  void OnWorkerReregistered(const std::string& worker_id);
+
+  // Places queued jobs in FIFO order (per device) while slots allow.
+  void Schedule();
+  // Periodic work: ranks on workers that are gone, StopOrder bookkeeping, Schedule.
+  void Tick();
+  // Ends every watch with UNAVAILABLE.
+  void Shutdown();
+
+  // Slots held per worker id: ranks assigned and not yet exited, plus ranks a worker reports
+  // running that belong to no live attempt.
+  std::unordered_map<std::string, int> SlotsInUse() const;
+  JobsSnapshot Snapshot() const;
+
+ private:
+  struct Rank;
+  struct Attempt;
+  struct Job;
+  struct Txn;
+  struct RankRef {
+    std::string job_id;
+    int attempt = 0;
+    int rank = 0;
+    auto operator<=>(const RankRef&) const = default;
+  };
+
+  // Job access and proto building (job_manager.cc).
+  Job* FindLocked(const std::string& job_id) const;
+  Attempt* FindAttemptLocked(Job& job, int attempt) const;
+  v1::Job ToProtoLocked(Job& job, bool detail);
+  void FillRankInfo(const Rank& rank, v1::RankInfo* info) const;
+
+  // Transactions: rows and events of one job, committed then published.
+  v1::JobEvent* AddEvent(Txn& txn);
+  Status CommitLocked(Txn& txn, Durability durability);
+  RankRow ToRow(const Job& job, const Attempt& attempt, const Rank& rank) const;
+  AttemptRow ToRow(const Job& job, const Attempt& attempt) const;
+  void SetJobStateLocked(Txn& txn, v1::JobState state, const std::string& reason);
+  void SetRankStateLocked(Txn& txn, Attempt& attempt, Rank& rank, v1::RankState state);
+
+  // Lifecycle (job_manager_lifecycle.cc).
+  void ScheduleLocked();
+  void SetWaitMessageLocked(Job& job, const std::string& wait);
+  void StartAttemptLocked(Job& job, const Placement& placement,
+                          const std::vector<LiveWorker>& workers);
+  // Ends `attempt` (failed or cancelled): records it, stops its ranks, drops its key space.
+  void EndAttemptLocked(Txn& txn, Attempt& attempt, AttemptState state, const std::string& reason,
+                        v1::StopReason stop_reason, std::chrono::milliseconds grace);
+  // Ends the running attempt as failed and applies the restart policy (PENDING for the next
+  // attempt, or FAILED when restart.max_restarts are used up).
+  void FailAttemptLocked(Txn& txn, Attempt& attempt, const std::string& reason);
+  void SucceedAttemptLocked(Txn& txn, Attempt& attempt);
+  void WorkerLostLocked(const std::string& worker_id, const std::string& reason);
+  void SendStopLocked(const std::string& worker_id, const std::string& job_id, int attempt,
+                      v1::StopReason reason, const std::string& message,
+                      std::chrono::milliseconds grace, bool force);
+  void OccupyLocked(const Job& job, const Attempt& attempt, Rank& rank);
+  void ReleaseLocked(const Job& job, const Attempt& attempt, Rank& rank);
+  // Forgets ended attempts whose ranks no longer hold slots (the newest attempt stays).
+  void PruneAttemptsLocked(Job& job);
+  // The rank (job, attempt, rank) if it is known and placed on `worker_id`.
+  Rank* FindRankLocked(const std::string& worker_id, const std::string& job_id, int attempt,
+                       int rank, Job** job_out, Attempt** attempt_out);
+  std::string ResumeCheckpointLocked(const Job& job) const;
+
+  StateDb* const db_;
+  WorkerView& workers_;
+  StoreManager& store_;
+  const Clock& clock_;
+  JobManagerConfig config_;  // store_address set once before Load, then read-only
+
+  mutable std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Job>> jobs_;              // guarded by mu_
+  std::map<int64_t, std::string> by_seq_;                         // seq -> job_id
+  std::set<std::pair<int64_t, std::string>> queue_;               // PENDING, by seq
+  std::unordered_map<std::string, std::string> request_ids_;      // request_id -> job_id
+  std::unordered_map<std::string, std::set<RankRef>> by_worker_;  // slot holders
+  std::unordered_map<std::string, int> foreign_;                  // unknown running ranks
+  std::map<std::tuple<std::string, std::string, int>, MonoTime> stops_sent_;
+  std::set<std::string> active_;  // jobs with a RUNNING attempt or ranks holding slots
+  int64_t next_seq_ = 1;
+  bool shut_down_ = false;
+};
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,80 @@
+// The records JobManager keeps per job, attempt and rank, shared by job_manager.cc (client
+// RPCs, persistence, restore) and job_manager_lifecycle.cc (placement, attempts, sessions).
+// Private to JobManager: nothing outside those two files includes it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/job_manager.h"
+
+namespace meshrun::coordinator {
+
+struct JobManager::Rank {
+  int rank = 0;
+  MeshCoords coords;
+  std::string worker_id, worker_name;
+  int local_rank = 0, local_world_size = 0;
+  v1::RankState state = v1::RANK_STATE_ASSIGNED;
+  int pid = 0, exit_code = 0, signal = 0;
+  std::string error;
+  // False after a coordinator restart or a worker re-registration, until the worker reports
+  // the rank running; unconfirmed ranks are subject to the missed-report rule.
+  bool confirmed = true;
+  int misses = 0;
+  // Holds a slot on its worker: from assignment until it exits or its worker is lost.
+  bool occupying = false;
+  std::unique_ptr<v1::MetricsSample> latest;  // newest sample the rank sent
+};
+
+struct JobManager::Attempt {
+  int number = 0;
+  AttemptState state = AttemptState::kRunning;
+  int64_t started_ms = 0, ended_ms = 0;
+  std::string reason;
+  std::vector<Rank> ranks;
+  std::unique_ptr<StepAggregator> aggregator;
+  int succeeded = 0;
+};
+
+struct JobManager::Job {
+  Job(JobRow r, v1::JobSpec s, ParallelDims m, EventLimits limits)
+      : row(std::move(r)),
+        spec(std::move(s)),
+        mesh(m),
+        events(row.job_id, static_cast<uint64_t>(row.seq_reserved) + 1, limits) {}
+
+  JobRow row;
+  v1::JobSpec spec;
+  ParallelDims mesh;
+  // The newest attempt, and older ones whose ranks still hold slots.
+  std::map<int, std::unique_ptr<Attempt>> attempts;
+  // False for a finished job restored from StateDb until GetJob reads its ranks.
+  bool ranks_loaded = true;
+  double step_time_skew = 0;
+  // Why the job is PENDING ("submitted", or the failure that asked for a restart); the
+  // message adds what it waits for.
+  std::string pending_reason = "submitted";
+  JobEventLog events;
+
+  const std::string& device() const { return spec.resources().device(); }
+  Attempt* last() const { return attempts.empty() ? nullptr : attempts.rbegin()->second.get(); }
+  bool terminal() const {
+    return row.state == v1::JOB_STATE_SUCCEEDED || row.state == v1::JOB_STATE_FAILED ||
+           row.state == v1::JOB_STATE_CANCELLED;
+  }
+};
+
+// Rows and events of one job changed together: committed to StateDb, then applied.
+struct JobManager::Txn {
+  explicit Txn(Job& j) : job(j) {}
+  Job& job;
+  WriteBatch batch;
+  std::vector<v1::JobEvent> events;
+  bool job_dirty = false;
+};
+
+std::string FindNewestCheckpoint(const std::string& dir);
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,73 @@
+// meshrun-coordinator: flags to a CoordinatorConfig, start, wait for SIGTERM or SIGINT, stop.
+#include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "coordinator/server.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshrun-coordinator: the control plane of a meshrun cluster",
+               "meshrun-coordinator"};
+  app.set_version_flag("--version", MESHRUN_VERSION);
+  meshrun::coordinator::CoordinatorConfig config;
+  double heartbeat_timeout_s = 10;
+  std::string log_level = "info";
+  app.add_option("--listen", config.listen, "HOST:PORT for the gRPC API (port 0: pick one)")
+      ->capture_default_str();
+  app.add_option("--metrics-listen", config.metrics_listen,
+                 "HOST:PORT for Prometheus /metrics (empty: off)");
+  app.add_option("--state-dir", config.state_dir, "folder of the SQLite state database")
+      ->required();
+  app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
+                 "seconds a worker may stay silent before it is LOST")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 86400.0));
+  app.add_option("--advertise-address", config.advertise_host,
+                 "host the ranks dial for the store (default: the --listen host, or this "
+                 "machine's name for a wildcard)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "error: %s (hint: meshrun-coordinator --help)\n", e.what());
+    return 2;
+  }
+  config.heartbeat_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(heartbeat_timeout_s * 1000));
+  spdlog::set_default_logger(spdlog::stderr_color_mt("coordinator"));
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  // Block the stop signals in every thread (gRPC's included) and wait for them here.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+
+  auto server = meshrun::coordinator::CoordinatorServer::Start(config);
+  if (!server.ok()) {
+    std::fprintf(stderr, "error: %s\n", server.status().message().c_str());
+    return server.status().code() == meshrun::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  // One line on stdout that scripts and tests read to learn the ports.
+  std::printf("meshrun-coordinator listening on %s metrics %d\n",
+              (*server)->advertised_address().c_str(), (*server)->metrics_port());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&stop, &sig);
+  spdlog::info("received {}, stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*server)->Shutdown();
+  server.value().reset();
+  return 0;
+}

@@ -1,0 +1,168 @@
+// CoordinatorServer: start-up order (state, managers, gRPC, exporter, ticker) and the reverse
+// for shutdown.
+#include "coordinator/server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <climits>
+
+#include "coordinator/coordinator_service.h"
+#include "coordinator/grpc_adapter.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/metrics_exporter.h"
+#include "coordinator/state_db.h"
+#include "coordinator/store_manager.h"
+#include "coordinator/worker_manager.h"
+
+namespace meshrun::coordinator {
+namespace {
+
+// "HOST:PORT" or "[V6]:PORT" → HOST (brackets kept for v6), or "" when malformed.
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return "";
+  return address.substr(0, colon);
+}
+
+bool IsWildcard(const std::string& host) {
+  return host == "0.0.0.0" || host == "[::]" || host == "::" || host == "*" || host.empty();
+}
+
+std::string ThisHostName() {
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') return "127.0.0.1";
+  return name;
+}
+
+}  // namespace
+
+std::string CoordinatorConfig::ToString() const {
+  return "listen=" + listen +
+         " metrics_listen=" + (metrics_listen.empty() ? "(off)" : metrics_listen) +
+         " state_dir=" + state_dir +
+         " heartbeat_timeout=" + std::to_string(heartbeat_timeout.count()) +
+         "ms advertise_host=" + (advertise_host.empty() ? "(derived)" : advertise_host) +
+         " max_receive_message_bytes=" + std::to_string(max_receive_message_bytes);
+}
+
+StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const CoordinatorConfig& config, const Clock* clock) {
+  if (config.state_dir.empty()) {
+    return InvalidArgumentError(
+        "--state-dir: is required (hint: pass a folder for the state database)");
+  }
+  if (HostOf(config.listen).empty() && config.listen.rfind("unix:", 0) != 0) {
+    return InvalidArgumentError("--listen: '" + config.listen +
+                                "' is not HOST:PORT (hint: e.g. 127.0.0.1:50051, or port 0)");
+  }
+  if (config.heartbeat_timeout.count() <= 0) {
+    return InvalidArgumentError("--heartbeat-timeout: must be positive (hint: e.g. 10)");
+  }
+  std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  s->config_ = config;
+  s->clock_ = clock != nullptr ? clock : &s->real_clock_;
+  spdlog::info("meshrun-coordinator: {}", config.ToString());
+
+  MESHRUN_ASSIGN_OR_RETURN(s->db_, StateDb::Open(config.state_dir));
+  spdlog::info("state database {} (WAL, synchronous=NORMAL, FULL for acknowledged writes)",
+               s->db_->path());
+  s->store_ = std::make_unique<StoreManager>(*s->clock_, StoreLimits{});
+  WorkerManagerConfig wcfg;
+  wcfg.lease_ttl = config.heartbeat_timeout;
+  s->workers_ = std::make_unique<WorkerManager>(s->db_.get(), *s->clock_, wcfg);
+  JobManagerConfig jcfg;
+  jcfg.stop_resend = std::max(std::chrono::milliseconds(500), config.heartbeat_timeout / 2);
+  s->jobs_ = std::make_unique<JobManager>(s->db_.get(), *s->workers_, *s->store_, *s->clock_, jcfg);
+  s->service_ =
+      std::make_unique<CoordinatorServiceImpl>(*s->jobs_, *s->workers_, *s->store_, *s->clock_);
+  s->grpc_service_ = std::make_unique<CoordinatorGrpcService>(*s->service_, AdapterLimits{});
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.SetMaxReceiveMessageSize(config.max_receive_message_bytes);
+  // Workers hold streams open for days: let them keep the connection alive.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.RegisterService(s->grpc_service_.get());
+  // Restore before serving, so no call sees a half-loaded coordinator.
+  MESHRUN_RETURN_IF_ERROR(s->workers_->Load());
+  s->server_ = builder.BuildAndStart();
+  if (!s->server_ || s->port_ == 0) {
+    return FailedPreconditionError("--listen: cannot listen on '" + config.listen +
+                                   "' (hint: the port may be in use; pick another or use port 0)");
+  }
+  const std::string host = !config.advertise_host.empty()      ? config.advertise_host
+                           : IsWildcard(HostOf(config.listen)) ? ThisHostName()
+                                                               : HostOf(config.listen);
+  s->advertised_ = host + ":" + std::to_string(s->port_);
+  s->jobs_->set_store_address(s->advertised_);
+  MESHRUN_RETURN_IF_ERROR(s->jobs_->Load());
+
+  if (!config.metrics_listen.empty()) {
+    CoordinatorServiceImpl* service = s->service_.get();
+    JobManager* jobs = s->jobs_.get();
+    MESHRUN_ASSIGN_OR_RETURN(s->metrics_,
+                             MetricsExporter::Start(
+                                 config.metrics_listen, [jobs] { return jobs->Snapshot(); },
+                                 [service] { return service->Workers(); }));
+  }
+  s->ticker_ = std::thread([raw = s.get()] { raw->TickLoop(); });
+  spdlog::info("serving on {} (advertised {}), metrics on {}", config.listen, s->advertised_,
+               s->metrics_ ? std::to_string(s->metrics_->port()) : "(off)");
+  return s;
+}
+
+int CoordinatorServer::metrics_port() const {
+  return metrics_ ? metrics_->port() : 0;
+}
+
+void CoordinatorServer::TickLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, config_.tick);
+    if (stopping_) break;
+    lock.unlock();
+    service_->Tick();
+    lock.lock();
+  }
+}
+
+void CoordinatorServer::Shutdown(std::chrono::milliseconds drain) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (ticker_.joinable()) ticker_.join();
+  if (server_) {
+    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+  }
+  if (service_) service_->Shutdown();
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + drain);
+    server_->Wait();
+  }
+  metrics_.reset();
+  db_.reset();
+  spdlog::info("meshrun-coordinator stopped");
+}
+
+CoordinatorServer::~CoordinatorServer() {
+  Shutdown();
+  // Destroy in reverse dependency order: the gRPC server before the handler it calls.
+  server_.reset();
+  grpc_service_.reset();
+  service_.reset();
+  jobs_.reset();
+  workers_.reset();
+  store_.reset();
+}
+
+}  // namespace meshrun::coordinator

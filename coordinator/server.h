@@ -1,0 +1,93 @@
+// CoordinatorServer: wires the state database, the managers, the handler, the gRPC server
+// (with the standard health service and server reflection), the Prometheus exporter and the
+// ticker that drives leases and the queue. main.cc only turns flags into a CoordinatorConfig;
+// tests start one in-process on port 0.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "coordinator/clock.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace meshrun::coordinator {
+
+class StateDb;
+class StoreManager;
+class WorkerManager;
+class JobManager;
+class CoordinatorServiceImpl;
+class CoordinatorGrpcService;
+class MetricsExporter;
+
+// Every tunable of the coordinator, resolved once at start and logged (ToString).
+struct CoordinatorConfig {
+  std::string listen = "127.0.0.1:50051";               // --listen
+  std::string metrics_listen;                           // --metrics-listen; empty: no exporter
+  std::string state_dir;                                // --state-dir (required)
+  std::chrono::milliseconds heartbeat_timeout{10'000};  // --heartbeat-timeout
+  // The HOST the ranks dial for the store (--advertise-address); empty: the --listen host,
+  // or this machine's host name when --listen is a wildcard (0.0.0.0, [::]).
+  std::string advertise_host;
+  int max_receive_message_bytes = 4 << 20;
+  std::chrono::milliseconds tick{20};
+
+  std::string ToString() const;
+};
+
+class CoordinatorServer {
+ public:
+  // Opens --state-dir, restores the managers, and starts serving. Errors name the flag:
+  // FAILED_PRECONDITION for a state dir or address that cannot be used.
+  static StatusOr<std::unique_ptr<CoordinatorServer>> Start(const CoordinatorConfig& config,
+                                                            const Clock* clock = nullptr);
+  ~CoordinatorServer();
+  CoordinatorServer(const CoordinatorServer&) = delete;
+  CoordinatorServer& operator=(const CoordinatorServer&) = delete;
+
+  // Health NOT_SERVING, every stream and store wait ended with UNAVAILABLE, in-flight calls
+  // given `drain` to finish, then the ticker, the exporter and the database are closed.
+  // Idempotent.
+  void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(2000));
+
+  int port() const { return port_; }
+  int metrics_port() const;
+  // HOST:PORT as the ranks and workers should dial it.
+  const std::string& advertised_address() const { return advertised_; }
+  CoordinatorServiceImpl& service() { return *service_; }
+  JobManager& jobs() { return *jobs_; }
+  WorkerManager& workers() { return *workers_; }
+
+ private:
+  CoordinatorServer() = default;
+  void TickLoop();
+
+  CoordinatorConfig config_;
+  RealClock real_clock_;
+  const Clock* clock_ = nullptr;
+  std::unique_ptr<StateDb> db_;
+  std::unique_ptr<StoreManager> store_;
+  std::unique_ptr<WorkerManager> workers_;
+  std::unique_ptr<JobManager> jobs_;
+  std::unique_ptr<CoordinatorServiceImpl> service_;
+  std::unique_ptr<CoordinatorGrpcService> grpc_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsExporter> metrics_;
+  int port_ = 0;
+  std::string advertised_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread ticker_;
+};
+
+}  // namespace meshrun::coordinator

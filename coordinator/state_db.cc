@@ -1,0 +1,396 @@
+// StateDb on SQLite: schema, batched upserts and the start-up reads. Statements are prepared
+// once per connection and reused.
+#include "coordinator/state_db.h"
+
+#include <sqlite3.h>
+
+#include <filesystem>
+#include <system_error>
+
+namespace meshrun::coordinator {
+namespace {
+
+constexpr int kSchemaVersion = 1;
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs(
+  job_id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, name TEXT NOT NULL,
+  state INTEGER NOT NULL, spec BLOB NOT NULL, resolved_yaml TEXT NOT NULL,
+  request_id TEXT NOT NULL, attempt INTEGER NOT NULL, restarts INTEGER NOT NULL,
+  message TEXT NOT NULL, submitted_ms INTEGER NOT NULL, started_ms INTEGER NOT NULL,
+  finished_ms INTEGER NOT NULL, world_size INTEGER NOT NULL, step INTEGER NOT NULL,
+  loss REAL NOT NULL, tokens_per_second REAL NOT NULL, mfu REAL NOT NULL,
+  last_checkpoint TEXT NOT NULL, seq_reserved INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS attempts(
+  job_id TEXT NOT NULL, attempt INTEGER NOT NULL, state INTEGER NOT NULL,
+  started_ms INTEGER NOT NULL, ended_ms INTEGER NOT NULL, reason TEXT NOT NULL,
+  PRIMARY KEY(job_id, attempt));
+CREATE TABLE IF NOT EXISTS ranks(
+  job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,
+  worker_id TEXT NOT NULL, worker_name TEXT NOT NULL, local_rank INTEGER NOT NULL,
+  local_world_size INTEGER NOT NULL, dp_replicate INTEGER NOT NULL, dp_shard INTEGER NOT NULL,
+  cp INTEGER NOT NULL, tp INTEGER NOT NULL, state INTEGER NOT NULL, pid INTEGER NOT NULL,
+  exit_code INTEGER NOT NULL, signal INTEGER NOT NULL, error TEXT NOT NULL,
+  PRIMARY KEY(job_id, attempt, rank));
+CREATE TABLE IF NOT EXISTS workers(
+  worker_id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, session_token TEXT NOT NULL,
+  slots INTEGER NOT NULL, device TEXT NOT NULL, address TEXT NOT NULL,
+  metrics_address TEXT NOT NULL, device_name TEXT NOT NULL, version TEXT NOT NULL,
+  lost INTEGER NOT NULL, registered_ms INTEGER NOT NULL, last_heartbeat_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS events(
+  job_id TEXT NOT NULL, sequence INTEGER NOT NULL, event BLOB NOT NULL,
+  PRIMARY KEY(job_id, sequence));
+)sql";
+
+Status SqlError(sqlite3* db, const std::string& what) {
+  return InternalError("state database: " + what + ": " + sqlite3_errmsg(db));
+}
+
+// A prepared statement bound and stepped by position. Reset on destruction so the cached
+// statement can be reused.
+class Stmt {
+ public:
+  explicit Stmt(sqlite3_stmt* s) : s_(s) {}
+  ~Stmt() {
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+  }
+  Stmt& Bind(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, int v) { return Bind(i, static_cast<int64_t>(v)); }
+  Stmt& Bind(int i, double v) {
+    sqlite3_bind_double(s_, i, v);
+    return *this;
+  }
+  Stmt& Bind(int i, const std::string& v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& BindBlob(int i, const std::string& v) {
+    sqlite3_bind_blob(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  int Step() { return sqlite3_step(s_); }
+  int64_t Int(int col) const { return sqlite3_column_int64(s_, col); }
+  double Real(int col) const { return sqlite3_column_double(s_, col); }
+  std::string Text(int col) const {
+    const void* p = sqlite3_column_blob(s_, col);
+    const int n = sqlite3_column_bytes(s_, col);
+    return p ? std::string(static_cast<const char*>(p), n) : std::string();
+  }
+
+ private:
+  sqlite3_stmt* s_;
+};
+
+constexpr const char* kUpsertJob =
+    "INSERT OR REPLACE INTO jobs(job_id, seq, name, state, spec, resolved_yaml, request_id, "
+    "attempt, restarts, message, submitted_ms, started_ms, finished_ms, world_size, step, loss, "
+    "tokens_per_second, mfu, last_checkpoint, seq_reserved) "
+    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)";
+constexpr const char* kUpsertAttempt =
+    "INSERT OR REPLACE INTO attempts(job_id, attempt, state, started_ms, ended_ms, reason) "
+    "VALUES(?1,?2,?3,?4,?5,?6)";
+constexpr const char* kUpsertRank =
+    "INSERT OR REPLACE INTO ranks(job_id, attempt, rank, worker_id, worker_name, local_rank, "
+    "local_world_size, dp_replicate, dp_shard, cp, tp, state, pid, exit_code, signal, error) "
+    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)";
+constexpr const char* kUpsertWorker =
+    "INSERT OR REPLACE INTO workers(worker_id, name, session_token, slots, device, address, "
+    "metrics_address, device_name, version, lost, registered_ms, last_heartbeat_ms) "
+    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)";
+constexpr const char* kInsertEvent =
+    "INSERT OR REPLACE INTO events(job_id, sequence, event) VALUES(?1,?2,?3)";
+
+constexpr const char* kSelectJobs =
+    "SELECT job_id, seq, name, state, spec, resolved_yaml, request_id, attempt, restarts, "
+    "message, submitted_ms, started_ms, finished_ms, world_size, step, loss, tokens_per_second, "
+    "mfu, last_checkpoint, seq_reserved FROM jobs ORDER BY seq";
+constexpr const char* kSelectAttempts =
+    "SELECT job_id, attempt, state, started_ms, ended_ms, reason FROM attempts "
+    "WHERE job_id = ?1 ORDER BY attempt";
+constexpr const char* kSelectRanks =
+    "SELECT job_id, attempt, rank, worker_id, worker_name, local_rank, local_world_size, "
+    "dp_replicate, dp_shard, cp, tp, state, pid, exit_code, signal, error FROM ranks "
+    "WHERE job_id = ?1 AND attempt = ?2 ORDER BY rank";
+constexpr const char* kSelectWorkers =
+    "SELECT worker_id, name, session_token, slots, device, address, metrics_address, "
+    "device_name, version, lost, registered_ms, last_heartbeat_ms FROM workers ORDER BY name";
+constexpr const char* kSelectEvents =
+    "SELECT job_id, sequence, event FROM events WHERE job_id = ?1 AND sequence >= ?2 AND "
+    "sequence < ?3 ORDER BY sequence LIMIT ?4";
+
+}  // namespace
+
+StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return FailedPreconditionError("--state-dir: cannot create " + dir + ": " + ec.message() +
+                                   " (hint: choose a writable folder)");
+  }
+  const std::string path = (std::filesystem::path(dir) / "coordinator.db").string();
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                      nullptr) != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return FailedPreconditionError("--state-dir: cannot open " + path + ": " + msg +
+                                   " (hint: choose a writable folder)");
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::unique_ptr<StateDb> state(new StateDb(db, path));
+  for (const char* pragma :
+       {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA foreign_keys=OFF"}) {
+    Status s = state->Exec(pragma);
+    if (!s.ok()) {
+      return FailedPreconditionError("--state-dir: " + path + " is not usable: " + s.message() +
+                                     " (hint: move the file away or choose another folder)");
+    }
+  }
+  MESHRUN_RETURN_IF_ERROR(state->Exec(kSchema));
+  // Schema version: written on creation, checked on every open.
+  {
+    static constexpr const char* kVersion = "SELECT value FROM meta WHERE key = 'schema_version'";
+    auto stmt = state->Prepare(kVersion);
+    if (!stmt.ok()) return stmt.status();
+    Stmt q(*stmt);
+    if (q.Step() == SQLITE_ROW) {
+      const std::string version = q.Text(0);
+      if (version != std::to_string(kSchemaVersion)) {
+        return FailedPreconditionError("--state-dir: " + path + " has schema version " + version +
+                                       ", this coordinator reads " +
+                                       std::to_string(kSchemaVersion) +
+                                       " (hint: use the matching meshrun-coordinator, or a new "
+                                       "--state-dir)");
+      }
+    } else {
+      MESHRUN_RETURN_IF_ERROR(
+          state->Exec("INSERT INTO meta(key, value) VALUES('schema_version', '" +
+                      std::to_string(kSchemaVersion) + "')"));
+    }
+  }
+  return state;
+}
+
+StatusOr<sqlite3_stmt*> StateDb::Prepare(const char* sql) {
+  auto it = stmts_.find(sql);
+  if (it != stmts_.end()) return it->second;
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
+    return SqlError(db_, std::string("prepare ") + sql);
+  }
+  stmts_[sql] = stmt;
+  return stmt;
+}
+
+StateDb::~StateDb() {
+  for (auto& [sql, stmt] : stmts_) sqlite3_finalize(stmt);
+  // Folds the WAL back into the main file so a stopped coordinator leaves one file behind.
+  sqlite3_exec(db_, "PRAGMA wal_checkpoint(TRUNCATE)", nullptr, nullptr, nullptr);
+  sqlite3_close(db_);
+}
+
+Status StateDb::Exec(const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err ? err : "unknown error";
+    sqlite3_free(err);
+    return InternalError("state database: " + msg);
+  }
+  return OkStatus();
+}
+
+Status StateDb::Commit(const WriteBatch& batch, Durability durability) {
+  if (batch.empty()) return OkStatus();
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool durable = durability == Durability::kDurable;
+  if (durable) MESHRUN_RETURN_IF_ERROR(Exec("PRAGMA synchronous=FULL"));
+  MESHRUN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  Status status = CommitLocked(batch);
+  if (status.ok()) {
+    status = Exec("COMMIT");
+  }
+  if (!status.ok()) (void)Exec("ROLLBACK");
+  if (durable) (void)Exec("PRAGMA synchronous=NORMAL");
+  return status;
+}
+
+Status StateDb::CommitLocked(const WriteBatch& b) {
+  for (const JobRow& j : b.jobs) {
+    MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kUpsertJob));
+    Stmt q(s);
+    q.Bind(1, j.job_id).Bind(2, j.seq).Bind(3, j.name).Bind(4, j.state).BindBlob(5, j.spec);
+    q.Bind(6, j.resolved_yaml).Bind(7, j.request_id).Bind(8, j.attempt).Bind(9, j.restarts);
+    q.Bind(10, j.message).Bind(11, j.submitted_ms).Bind(12, j.started_ms).Bind(13, j.finished_ms);
+    q.Bind(14, j.world_size).Bind(15, j.step).Bind(16, j.loss).Bind(17, j.tokens_per_second);
+    q.Bind(18, j.mfu).Bind(19, j.last_checkpoint).Bind(20, j.seq_reserved);
+    if (q.Step() != SQLITE_DONE) return SqlError(db_, "write job " + j.job_id);
+  }
+  for (const AttemptRow& a : b.attempts) {
+    MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kUpsertAttempt));
+    Stmt q(s);
+    q.Bind(1, a.job_id).Bind(2, a.attempt).Bind(3, a.state).Bind(4, a.started_ms);
+    q.Bind(5, a.ended_ms).Bind(6, a.reason);
+    if (q.Step() != SQLITE_DONE) return SqlError(db_, "write attempt of " + a.job_id);
+  }
+  for (const RankRow& r : b.ranks) {
+    MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kUpsertRank));
+    Stmt q(s);
+    q.Bind(1, r.job_id).Bind(2, r.attempt).Bind(3, r.rank).Bind(4, r.worker_id);
+    q.Bind(5, r.worker_name).Bind(6, r.local_rank).Bind(7, r.local_world_size);
+    q.Bind(8, r.dp_replicate).Bind(9, r.dp_shard).Bind(10, r.cp).Bind(11, r.tp);
+    q.Bind(12, r.state).Bind(13, r.pid).Bind(14, r.exit_code).Bind(15, r.signal);
+    q.Bind(16, r.error);
+    if (q.Step() != SQLITE_DONE) return SqlError(db_, "write rank of " + r.job_id);
+  }
+  for (const WorkerRow& w : b.workers) {
+    MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kUpsertWorker));
+    Stmt q(s);
+    q.Bind(1, w.worker_id).Bind(2, w.name).Bind(3, w.session_token).Bind(4, w.slots);
+    q.Bind(5, w.device).Bind(6, w.address).Bind(7, w.metrics_address).Bind(8, w.device_name);
+    q.Bind(9, w.version).Bind(10, w.lost ? 1 : 0).Bind(11, w.registered_ms);
+    q.Bind(12, w.last_heartbeat_ms);
+    if (q.Step() != SQLITE_DONE) return SqlError(db_, "write worker " + w.name);
+  }
+  for (const EventRow& e : b.events) {
+    MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kInsertEvent));
+    Stmt q(s);
+    q.Bind(1, e.job_id).Bind(2, e.sequence).BindBlob(3, e.event);
+    if (q.Step() != SQLITE_DONE) return SqlError(db_, "write event of " + e.job_id);
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<JobRow>> StateDb::LoadJobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kSelectJobs));
+  Stmt q(s);
+  std::vector<JobRow> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    JobRow j;
+    j.job_id = q.Text(0);
+    j.seq = q.Int(1);
+    j.name = q.Text(2);
+    j.state = static_cast<int>(q.Int(3));
+    j.spec = q.Text(4);
+    j.resolved_yaml = q.Text(5);
+    j.request_id = q.Text(6);
+    j.attempt = static_cast<int>(q.Int(7));
+    j.restarts = static_cast<int>(q.Int(8));
+    j.message = q.Text(9);
+    j.submitted_ms = q.Int(10);
+    j.started_ms = q.Int(11);
+    j.finished_ms = q.Int(12);
+    j.world_size = static_cast<int>(q.Int(13));
+    j.step = q.Int(14);
+    j.loss = q.Real(15);
+    j.tokens_per_second = q.Real(16);
+    j.mfu = q.Real(17);
+    j.last_checkpoint = q.Text(18);
+    j.seq_reserved = q.Int(19);
+    out.push_back(std::move(j));
+  }
+  if (rc != SQLITE_DONE) return SqlError(db_, "read jobs");
+  return out;
+}
+
+StatusOr<std::vector<AttemptRow>> StateDb::LoadAttempts(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kSelectAttempts));
+  Stmt q(s);
+  q.Bind(1, job_id);
+  std::vector<AttemptRow> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    AttemptRow a;
+    a.job_id = q.Text(0);
+    a.attempt = static_cast<int>(q.Int(1));
+    a.state = static_cast<int>(q.Int(2));
+    a.started_ms = q.Int(3);
+    a.ended_ms = q.Int(4);
+    a.reason = q.Text(5);
+    out.push_back(std::move(a));
+  }
+  if (rc != SQLITE_DONE) return SqlError(db_, "read attempts");
+  return out;
+}
+
+StatusOr<std::vector<RankRow>> StateDb::LoadRanks(const std::string& job_id, int attempt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kSelectRanks));
+  Stmt q(s);
+  q.Bind(1, job_id).Bind(2, attempt);
+  std::vector<RankRow> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    RankRow r;
+    r.job_id = q.Text(0);
+    r.attempt = static_cast<int>(q.Int(1));
+    r.rank = static_cast<int>(q.Int(2));
+    r.worker_id = q.Text(3);
+    r.worker_name = q.Text(4);
+    r.local_rank = static_cast<int>(q.Int(5));
+    r.local_world_size = static_cast<int>(q.Int(6));
+    r.dp_replicate = static_cast<int>(q.Int(7));
+    r.dp_shard = static_cast<int>(q.Int(8));
+    r.cp = static_cast<int>(q.Int(9));
+    r.tp = static_cast<int>(q.Int(10));
+    r.state = static_cast<int>(q.Int(11));
+    r.pid = static_cast<int>(q.Int(12));
+    r.exit_code = static_cast<int>(q.Int(13));
+    r.signal = static_cast<int>(q.Int(14));
+    r.error = q.Text(15);
+    out.push_back(std::move(r));
+  }
+  if (rc != SQLITE_DONE) return SqlError(db_, "read ranks");
+  return out;
+}
+
+StatusOr<std::vector<WorkerRow>> StateDb::LoadWorkers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kSelectWorkers));
+  Stmt q(s);
+  std::vector<WorkerRow> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    WorkerRow w;
+    w.worker_id = q.Text(0);
+    w.name = q.Text(1);
+    w.session_token = q.Text(2);
+    w.slots = static_cast<int>(q.Int(3));
+    w.device = q.Text(4);
+    w.address = q.Text(5);
+    w.metrics_address = q.Text(6);
+    w.device_name = q.Text(7);
+    w.version = q.Text(8);
+    w.lost = q.Int(9) != 0;
+    w.registered_ms = q.Int(10);
+    w.last_heartbeat_ms = q.Int(11);
+    out.push_back(std::move(w));
+  }
+  if (rc != SQLITE_DONE) return SqlError(db_, "read workers");
+  return out;
+}
+
+StatusOr<std::vector<EventRow>> StateDb::LoadEvents(const std::string& job_id, int64_t from,
+                                                    int64_t to, int limit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kSelectEvents));
+  Stmt q(s);
+  q.Bind(1, job_id).Bind(2, from).Bind(3, to).Bind(4, limit);
+  std::vector<EventRow> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) {
+    out.push_back({q.Text(0), q.Int(1), q.Text(2)});
+  }
+  if (rc != SQLITE_DONE) return SqlError(db_, "read events");
+  return out;
+}
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,84 @@
+// StepAggregator: per-step partial sums until every rank of the attempt has reported.
+#include "coordinator/step_aggregator.h"
+
+#include <algorithm>
+
+namespace meshrun::coordinator {
+
+StepAggregator::StepAggregator(int world_size, int64_t tokens_per_step)
+    : world_size_(world_size), tokens_per_step_(tokens_per_step) {}
+
+std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s) {
+  if (!s.has_rank() || s.rank() < 0 || s.rank() >= world_size_) return std::nullopt;
+  if (s.step() <= last_completed_) return std::nullopt;
+  auto [it, inserted] = open_.try_emplace(s.step());
+  Partial& p = it->second;
+  if (inserted) {
+    p.seen.assign(world_size_, false);
+    while (open_.size() > kMaxOpenSteps) open_.erase(open_.begin());
+    if (open_.find(s.step()) == open_.end()) return std::nullopt;
+  }
+  if (p.seen[s.rank()]) return std::nullopt;
+  p.seen[s.rank()] = true;
+  ++p.count;
+  if (p.scalar_rank < 0 || s.rank() < p.scalar_rank) {
+    p.scalar_rank = s.rank();
+    p.scalars.set_loss(s.loss());
+    p.scalars.set_lr(s.lr());
+    p.scalars.set_grad_norm(s.grad_norm());
+    if (s.has_val_loss()) {
+      p.scalars.set_val_loss(s.val_loss());
+    } else {
+      p.scalars.clear_val_loss();
+    }
+  }
+  if (p.count == 1 || s.step_seconds() > p.slowest) {
+    p.slowest = s.step_seconds();
+    p.slowest_time = s.time();
+  }
+  p.fastest = p.count == 1 ? s.step_seconds() : std::min(p.fastest, s.step_seconds());
+  p.tflops += s.tflops();
+  p.mfu += s.mfu();
+  p.mem_allocated = std::max(p.mem_allocated, s.memory_allocated_bytes());
+  p.mem_peak = std::max(p.mem_peak, s.memory_peak_bytes());
+  p.mem_reserved = std::max(p.mem_reserved, s.memory_reserved_bytes());
+  for (const v1::CommStats& c : s.comm()) {
+    CommTotal& t = p.comm[{c.axis(), c.op()}];
+    t.seconds += c.seconds();
+    t.bytes += c.bytes();
+    t.calls += c.calls();
+  }
+  if (p.count < world_size_) return std::nullopt;
+
+  v1::MetricsSample job;
+  job.set_job_id(s.job_id());
+  job.set_attempt(s.attempt());
+  job.set_step(s.step());
+  *job.mutable_time() = p.slowest_time;
+  job.set_loss(p.scalars.loss());
+  job.set_lr(p.scalars.lr());
+  job.set_grad_norm(p.scalars.grad_norm());
+  if (p.scalars.has_val_loss()) job.set_val_loss(p.scalars.val_loss());
+  job.set_step_seconds(p.slowest);
+  job.set_tokens_per_second(p.slowest > 0 ? tokens_per_step_ / p.slowest : 0);
+  job.set_tflops(p.tflops);
+  job.set_mfu(p.mfu / world_size_);
+  job.set_memory_allocated_bytes(p.mem_allocated);
+  job.set_memory_peak_bytes(p.mem_peak);
+  job.set_memory_reserved_bytes(p.mem_reserved);
+  for (const auto& [key, t] : p.comm) {
+    v1::CommStats* c = job.add_comm();
+    c->set_axis(static_cast<v1::MeshAxis>(key.first));
+    c->set_op(static_cast<v1::CommOp>(key.second));
+    c->set_seconds(t.seconds / world_size_);
+    c->set_bytes(t.bytes / world_size_);
+    c->set_calls(t.calls / world_size_);
+  }
+  last_skew_ = p.slowest > 0 ? (p.slowest - p.fastest) / p.slowest : 0;
+  last_completed_ = s.step();
+  // Steps before this one can no longer complete in order; drop them with it.
+  open_.erase(open_.begin(), std::next(it));
+  return job;
+}
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,60 @@
+// Derives the job-level MetricsSample of each step from the ranks' own samples, as types.proto
+// defines it: loss, lr, grad_norm and val_loss of the global batch (from the lowest rank that
+// reported them; every rank computes the same values), step_seconds of the slowest rank,
+// tokens_per_second = global_batch_size·seq_len / step_seconds, tflops summed, mfu averaged,
+// memory the maximum, comm averaged over ranks. Also the step-time skew (slowest − fastest) /
+// slowest, for meshrun_job_step_time_skew.
+//
+// Not thread-safe: owned by one attempt of JobManager, under its mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "meshrun/v1/types.pb.h"
+
+namespace meshrun::coordinator {
+
+class StepAggregator {
+ public:
+  // Steps kept open waiting for their last rank; older ones are dropped (a rank that never
+  // reports a step must not grow memory without bound).
+  static constexpr size_t kMaxOpenSteps = 64;
+
+  StepAggregator(int world_size, int64_t tokens_per_step);
+
+  // Adds rank `sample.rank`'s sample of `sample.step`. Returns the job-level sample when this
+  // was the last rank of its step to report; a rank reporting a step twice counts once.
+  std::optional<v1::MetricsSample> Add(const v1::MetricsSample& sample);
+
+  // Skew of the newest completed step; 0 before the first.
+  double last_skew() const { return last_skew_; }
+
+ private:
+  struct CommTotal {
+    double seconds = 0;
+    uint64_t bytes = 0, calls = 0;
+  };
+  struct Partial {
+    std::vector<bool> seen;
+    int count = 0;
+    int scalar_rank = -1;  // the rank whose loss/lr/grad_norm/val_loss were taken
+    v1::MetricsSample scalars;
+    double slowest = 0, fastest = 0;
+    google::protobuf::Timestamp slowest_time;
+    double tflops = 0, mfu = 0;
+    uint64_t mem_allocated = 0, mem_peak = 0, mem_reserved = 0;
+    std::map<std::pair<int, int>, CommTotal> comm;  // (axis, op)
+  };
+
+  int world_size_;
+  int64_t tokens_per_step_;
+  std::map<int64_t, Partial> open_;
+  int64_t last_completed_ = 0;
+  double last_skew_ = 0;
+};
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,218 @@
+// StoreManager: key spaces, waits and counters of the rendezvous store.
+#include "coordinator/store_manager.h"
+
+#include <charconv>
+#include <limits>
+
+namespace meshrun::coordinator {
+namespace {
+
+Status NoKeySpace(const std::string& job_id, int attempt) {
+  return AbortedError("attempt " + std::to_string(attempt) + " of job " + job_id +
+                      " is not running (hint: this rank belongs to an attempt that ended or "
+                      "was replaced; stop it)");
+}
+
+}  // namespace
+
+void StoreManager::OpenAttempt(const std::string& job_id, int attempt) {
+  std::vector<GetCallback> abort;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = spaces_.find({job_id, attempt});
+    if (it != spaces_.end()) {
+      for (Waiter& w : it->second.waiters) abort.push_back(std::move(w.done));
+      waiters_ -= it->second.waiters.size();
+    }
+    spaces_[{job_id, attempt}] = KeySpace{};
+  }
+  for (auto& done : abort) done(NoKeySpace(job_id, attempt));
+}
+
+void StoreManager::CloseAttempt(const std::string& job_id, int attempt) {
+  std::vector<GetCallback> abort;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = spaces_.find({job_id, attempt});
+    if (it == spaces_.end()) return;
+    for (Waiter& w : it->second.waiters) abort.push_back(std::move(w.done));
+    waiters_ -= it->second.waiters.size();
+    spaces_.erase(it);
+  }
+  for (auto& done : abort) done(NoKeySpace(job_id, attempt));
+}
+
+bool StoreManager::HasAttempt(const std::string& job_id, int attempt) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return spaces_.count({job_id, attempt}) > 0;
+}
+
+Status StoreManager::SetLocked(KeySpace& space, const std::string& key, std::string value,
+                               std::vector<std::pair<GetCallback, std::string>>* wake) {
+  if (key.size() > limits_.max_key_bytes) {
+    return ResourceExhaustedError("key: " + std::to_string(key.size()) +
+                                  " bytes, over the limit of " +
+                                  std::to_string(limits_.max_key_bytes));
+  }
+  if (value.size() > limits_.max_value_bytes) {
+    return ResourceExhaustedError("value: " + std::to_string(value.size()) +
+                                  " bytes, over the limit of " +
+                                  std::to_string(limits_.max_value_bytes));
+  }
+  auto it = space.values.find(key);
+  const size_t old_bytes = it == space.values.end() ? 0 : key.size() + it->second.size();
+  if (it == space.values.end() && space.values.size() >= limits_.max_keys_per_attempt) {
+    return ResourceExhaustedError("store: the attempt already holds " +
+                                  std::to_string(space.values.size()) + " keys, the limit");
+  }
+  const size_t new_bytes = space.bytes - old_bytes + key.size() + value.size();
+  if (new_bytes > limits_.max_bytes_per_attempt) {
+    return ResourceExhaustedError("store: the attempt's keys would hold " +
+                                  std::to_string(new_bytes) + " bytes, over the limit of " +
+                                  std::to_string(limits_.max_bytes_per_attempt));
+  }
+  space.bytes = new_bytes;
+  std::string& slot = space.values[key];
+  slot = std::move(value);
+  // Wake the waiters of this key.
+  auto& ws = space.waiters;
+  for (size_t i = 0; i < ws.size();) {
+    if (ws[i].key == key) {
+      wake->emplace_back(std::move(ws[i].done), slot);
+      ws[i] = std::move(ws.back());
+      ws.pop_back();
+      --waiters_;
+    } else {
+      ++i;
+    }
+  }
+  return OkStatus();
+}
+
+Status StoreManager::Set(const std::string& job_id, int attempt, const std::string& key,
+                         std::string value) {
+  std::vector<std::pair<GetCallback, std::string>> wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = spaces_.find({job_id, attempt});
+    if (it == spaces_.end()) return NoKeySpace(job_id, attempt);
+    MESHRUN_RETURN_IF_ERROR(SetLocked(it->second, key, std::move(value), &wake));
+  }
+  for (auto& [done, v] : wake) done(std::optional<std::string>(std::move(v)));
+  return OkStatus();
+}
+
+void StoreManager::Get(const std::string& job_id, int attempt, const std::string& key, bool wait,
+                       std::chrono::milliseconds timeout, std::optional<MonoTime> call_deadline,
+                       GetCallback done) {
+  StatusOr<std::optional<std::string>> result = std::optional<std::string>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = spaces_.find({job_id, attempt});
+    if (it == spaces_.end()) {
+      result = NoKeySpace(job_id, attempt);
+    } else if (auto v = it->second.values.find(key); v != it->second.values.end()) {
+      result = std::optional<std::string>(v->second);
+    } else if (wait) {
+      if (shut_down_) {
+        result = UnavailableError("the coordinator is stopping (hint: retry with backoff)");
+      } else if (waiters_ >= limits_.max_waiters) {
+        result = ResourceExhaustedError("store: " + std::to_string(waiters_) +
+                                        " calls are already waiting, the limit");
+      } else {
+        MonoTime deadline =
+            clock_.Monotonic() + (timeout.count() > 0 ? timeout : limits_.default_wait);
+        if (call_deadline && *call_deadline < deadline) deadline = *call_deadline;
+        it->second.waiters.push_back({key, deadline, std::move(done)});
+        ++waiters_;
+        return;
+      }
+    }
+  }
+  done(std::move(result));
+}
+
+StatusOr<int64_t> StoreManager::Add(const std::string& job_id, int attempt, const std::string& key,
+                                    int64_t delta) {
+  std::vector<std::pair<GetCallback, std::string>> wake;
+  int64_t value = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = spaces_.find({job_id, attempt});
+    if (it == spaces_.end()) return NoKeySpace(job_id, attempt);
+    auto v = it->second.values.find(key);
+    if (v != it->second.values.end()) {
+      const std::string& text = v->second;
+      auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {
+        return FailedPreconditionError("key " + key +
+                                       " does not hold a decimal counter (hint: use StoreAdd "
+                                       "only on keys that only StoreAdd writes)");
+      }
+    }
+    if ((delta > 0 && value > std::numeric_limits<int64_t>::max() - delta) ||
+        (delta < 0 && value < std::numeric_limits<int64_t>::min() - delta)) {
+      return OutOfRangeError("key " + key + ": adding " + std::to_string(delta) + " to " +
+                             std::to_string(value) + " overflows int64");
+    }
+    value += delta;
+    if (delta != 0 || v == it->second.values.end()) {
+      MESHRUN_RETURN_IF_ERROR(SetLocked(it->second, key, std::to_string(value), &wake));
+    }
+  }
+  for (auto& [done, v] : wake) done(std::optional<std::string>(std::move(v)));
+  return value;
+}
+
+void StoreManager::ExpireWaiters() {
+  std::vector<GetCallback> expired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (waiters_ == 0) return;
+    const MonoTime now = clock_.Monotonic();
+    for (auto& [key, space] : spaces_) {
+      auto& ws = space.waiters;
+      for (size_t i = 0; i < ws.size();) {
+        if (ws[i].deadline <= now) {
+          expired.push_back(std::move(ws[i].done));
+          ws[i] = std::move(ws.back());
+          ws.pop_back();
+          --waiters_;
+        } else {
+          ++i;
+        }
+      }
+    }
+  }
+  for (auto& done : expired) {
+    done(
+        DeadlineExceededError("store: the key was not set before the wait ran out (hint: a "
+                              "peer rank did not start or failed; check its logs)"));
+  }
+}
+
+void StoreManager::Shutdown() {
+  std::vector<GetCallback> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shut_down_ = true;
+    for (auto& [key, space] : spaces_) {
+      for (Waiter& w : space.waiters) all.push_back(std::move(w.done));
+      space.waiters.clear();
+    }
+    waiters_ = 0;
+  }
+  for (auto& done : all) done(UnavailableError("the coordinator is stopping (hint: retry)"));
+}
+
+size_t StoreManager::waiter_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiters_;
+}
+
+size_t StoreManager::attempt_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return spaces_.size();
+}
+
+}  // namespace meshrun::coordinator

@@ -1,0 +1,97 @@
+// The rendezvous store (store.proto): one in-memory key space per (job_id, attempt), opened by
+// JobManager when it places the attempt and closed when the attempt ends. The store does not
+// survive a coordinator restart: an attempt that keeps running after one gets a fresh, empty
+// key space (its ranks have finished their rendezvous by then, or time out and fail).
+//
+// Thread-safe (one mutex). Called by JobManager (Open/CloseAttempt) and by the Store* handlers.
+// Waiting StoreGet calls complete through their callback, which runs without the store's lock
+// held, from the thread that set the key, closed the attempt or expired the wait.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "coordinator/clock.h"
+
+namespace meshrun::coordinator {
+
+struct StoreLimits {
+  size_t max_key_bytes = 4096;
+  size_t max_value_bytes = 1 << 20;
+  size_t max_keys_per_attempt = 1 << 20;
+  size_t max_bytes_per_attempt = 256u << 20;
+  size_t max_waiters = 1 << 16;
+  // StoreGet with wait and no timeout waits this long (c10d's default store timeout).
+  std::chrono::milliseconds default_wait{300'000};
+};
+
+class StoreManager {
+ public:
+  // The value found (nullopt: not set, only without wait) or an error.
+  using GetCallback = std::function<void(StatusOr<std::optional<std::string>>)>;
+
+  StoreManager(const Clock& clock, StoreLimits limits) : clock_(clock), limits_(limits) {}
+
+  // Creates an empty key space (replacing any of the same attempt).
+  void OpenAttempt(const std::string& job_id, int attempt);
+  // Drops the key space; every waiting StoreGet on it fails with ABORTED.
+  void CloseAttempt(const std::string& job_id, int attempt);
+  bool HasAttempt(const std::string& job_id, int attempt) const;
+
+  // Errors: ABORTED no open key space for (job_id, attempt) (the caller tells NOT_FOUND apart
+  // by asking JobManager whether the job exists); RESOURCE_EXHAUSTED over a limit.
+  Status Set(const std::string& job_id, int attempt, const std::string& key, std::string value);
+  // Without wait: done(value or nullopt) at once. With wait: done(value) as soon as the key is
+  // set, DEADLINE_EXCEEDED when min(timeout or the default, call_deadline) passes (checked by
+  // ExpireWaiters), ABORTED when the attempt closes, UNAVAILABLE at Shutdown. `done` may run
+  // before Get returns.
+  void Get(const std::string& job_id, int attempt, const std::string& key, bool wait,
+           std::chrono::milliseconds timeout, std::optional<MonoTime> call_deadline,
+           GetCallback done);
+  // FAILED_PRECONDITION when the key holds something other than a decimal int64, OUT_OF_RANGE
+  // on overflow.
+  StatusOr<int64_t> Add(const std::string& job_id, int attempt, const std::string& key,
+                        int64_t delta);
+
+  // Fails the waits whose deadline is at or before the clock's now. Called by the server's
+  // ticker (and by tests).
+  void ExpireWaiters();
+  // Fails every wait with UNAVAILABLE and refuses new ones: the coordinator is stopping.
+  void Shutdown();
+
+  size_t waiter_count() const;
+  size_t attempt_count() const;
+
+ private:
+  struct Waiter {
+    std::string key;
+    MonoTime deadline;
+    GetCallback done;
+  };
+  struct KeySpace {
+    std::unordered_map<std::string, std::string> values;
+    size_t bytes = 0;
+    std::vector<Waiter> waiters;
+  };
+  using Key = std::pair<std::string, int>;
+
+  // Stores key=value; moves the callbacks to run (outside the lock) into `wake`.
+  Status SetLocked(KeySpace& space, const std::string& key, std::string value,
+                   std::vector<std::pair<GetCallback, std::string>>* wake);
+
+  const Clock& clock_;
+  const StoreLimits limits_;
+  mutable std::mutex mu_;
+  std::map<Key, KeySpace> spaces_;  // guarded by mu_
+  size_t waiters_ = 0;              // guarded by mu_
+  bool shut_down_ = false;          // guarded by mu_
+};
+
+}  // namespace meshrun::coordinator

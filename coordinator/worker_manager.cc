@@ -1,0 +1,323 @@
+// WorkerManager: registration, leases, session attachment and the per-worker outbox.
+#include "coordinator/worker_manager.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <random>
+
+#include "common/job_spec.h"
+#include "coordinator/proto_time.h"
+
+namespace meshrun::coordinator {
+namespace {
+
+std::string NewToken() {
+  std::random_device rd;
+  std::string out;
+  char buf[9];
+  for (int i = 0; i < 4; ++i) {
+    std::snprintf(buf, sizeof(buf), "%08x", rd());
+    out += buf;
+  }
+  return out;
+}
+
+bool ValidName(const std::string& name) {
+  return !name.empty() && name.size() <= 128 && std::all_of(name.begin(), name.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.';
+  });
+}
+
+bool Printable(const std::string& s, size_t max) {
+  return s.size() <= max && std::all_of(s.begin(), s.end(), [](char ch) {
+           return static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f;
+         });
+}
+
+Status Invalid(const std::string& field, const std::string& what, const std::string& hint) {
+  return InvalidArgumentError(field + ": " + what + " (hint: " + hint + ")");
+}
+
+Status ValidateRegistration(const v1::RegisterWorkerRequest& r) {
+  if (!ValidName(r.name())) {
+    return Invalid("name", QuoteForMessage(r.name()) + " is not a valid worker name",
+                   "use 1 to 128 letters, digits, '-', '_' or '.'");
+  }
+  if (r.slots() < 1 || r.slots() > 4096) {
+    return Invalid("slots", "must be in [1, 4096], got " + std::to_string(r.slots()),
+                   "start the worker with --slots N, N ≥ 1");
+  }
+  if (r.device() != "cpu" && r.device() != "cuda") {
+    return Invalid("device", QuoteForMessage(r.device()) + " is not one of 'cpu' or 'cuda'",
+                   "start the worker with --device cpu or --device cuda");
+  }
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"address", &r.address()},
+        {"metrics_address", &r.metrics_address()},
+        {"device_name", &r.device_name()},
+        {"version", &r.version()}}) {
+    if (!Printable(*value, 256)) {
+      return Invalid(field, "holds control characters or is over 256 bytes",
+                     "send a plain host name, address or word");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+WorkerManager::WorkerManager(StateDb* db, const Clock& clock, WorkerManagerConfig config)
+    : db_(db), clock_(clock), config_(config) {}
+
+WorkerManager::~WorkerManager() = default;
+
+std::chrono::milliseconds WorkerManager::heartbeat_interval() const {
+  return std::max(std::chrono::milliseconds(50), config_.lease_ttl / 3);
+}
+
+Status WorkerManager::Load() {
+  if (db_ == nullptr) return OkStatus();
+  MESHRUN_ASSIGN_OR_RETURN(std::vector<WorkerRow> rows, db_->LoadWorkers());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (WorkerRow& row : rows) {
+    Worker w;
+    w.row = std::move(row);
+    w.lease_deadline = clock_.Monotonic() + config_.lease_ttl;
+    w.last_heartbeat = FromMillis(w.row.last_heartbeat_ms);
+    const std::string id = w.row.worker_id;
+    if (id.rfind("wkr-", 0) == 0) {
+      next_worker_number_ = std::max<int64_t>(next_worker_number_, std::atoll(id.c_str() + 4) + 1);
+    }
+    by_name_[w.row.name] = id;
+    workers_[id] = std::move(w);
+  }
+  return OkStatus();
+}
+
+void WorkerManager::RenewLocked(Worker& w) {
+  w.lease_deadline = clock_.Monotonic() + config_.lease_ttl;
+  w.last_heartbeat = clock_.Now();
+}
+
+Status WorkerManager::PersistLocked(const Worker& w, Durability durability) {
+  if (db_ == nullptr) return OkStatus();
+  WriteBatch batch;
+  batch.workers.push_back(w.row);
+  batch.workers.back().last_heartbeat_ms = ToMillis(w.last_heartbeat);
+  return db_->Commit(batch, durability);
+}
+
+StatusOr<WorkerManager::Registered> WorkerManager::Register(const v1::RegisterWorkerRequest& r) {
+  MESHRUN_RETURN_IF_ERROR(ValidateRegistration(r));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return UnavailableError("the coordinator is stopping (hint: retry with backoff)");
+  Registered out;
+  auto by_name = by_name_.find(r.name());
+  Worker* w = nullptr;
+  Worker fresh;
+  if (by_name != by_name_.end()) {
+    w = &workers_.at(by_name->second);
+    if (!w->row.lost && w->row.address != r.address()) {
+      return Status(StatusCode::kAlreadyExists,
+                    "name: worker '" + r.name() + "' is registered and live at '" + w->row.address +
+                        "' (hint: choose another --name, or stop that worker)");
+    }
+    out.replaced_live = !w->row.lost;
+  } else {
+    size_t live = 0;
+    for (const auto& [id, other] : workers_) live += other.row.lost ? 0 : 1;
+    if (live >= config_.max_workers) {
+      return ResourceExhaustedError("workers: " + std::to_string(live) +
+                                    " live workers already, the coordinator's limit");
+    }
+    fresh.row.worker_id = "wkr-" + std::to_string(next_worker_number_);
+    fresh.row.registered_ms = ToMillis(clock_.Now());
+    w = &fresh;
+  }
+  Worker updated;
+  updated.row = w->row;
+  updated.row.name = r.name();
+  updated.row.session_token = NewToken();
+  updated.row.slots = r.slots();
+  updated.row.device = r.device();
+  updated.row.address = r.address();
+  updated.row.metrics_address = r.metrics_address();
+  updated.row.device_name = r.device_name();
+  updated.row.version = r.version();
+  updated.row.lost = false;
+  updated.row.registered_ms = ToMillis(clock_.Now());
+  RenewLocked(updated);
+  // Written before anyone learns of the registration.
+  MESHRUN_RETURN_IF_ERROR(PersistLocked(updated, Durability::kDurable));
+
+  if (w != &fresh) {
+    // The worker restarted: its old session and undelivered orders belong to the old process.
+    if (w->stream) {
+      streams_.erase(w->stream.get());
+      w->stream->Finish(
+          AbortedError("a newer registration of worker '" + r.name() + "' replaced this session"));
+    }
+    w->row = updated.row;
+    w->lease_deadline = updated.lease_deadline;
+    w->last_heartbeat = updated.last_heartbeat;
+    w->stream.reset();
+    w->outbox.clear();
+  } else {
+    ++next_worker_number_;
+    by_name_[r.name()] = updated.row.worker_id;
+    workers_[updated.row.worker_id] = std::move(updated);
+    w = &workers_.at(by_name_[r.name()]);
+  }
+  out.response.set_worker_id(w->row.worker_id);
+  out.response.set_session_token(w->row.session_token);
+  SetDuration(config_.lease_ttl, out.response.mutable_lease_ttl());
+  SetDuration(heartbeat_interval(), out.response.mutable_heartbeat_interval());
+  return out;
+}
+
+StatusOr<std::string> WorkerManager::OpenSession(
+    const v1::OpenSession& open, const std::shared_ptr<WorkerSessionStream>& stream) {
+  if (open.worker_id().empty()) {
+    return Invalid("open.worker_id", "is empty", "send the worker_id RegisterWorker returned");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) return UnavailableError("the coordinator is stopping (hint: reopen later)");
+  auto it = workers_.find(open.worker_id());
+  if (it == workers_.end() || it->second.row.lost) {
+    return NotFoundError("worker " + open.worker_id() +
+                         (it == workers_.end() ? " is not registered" : " was marked LOST") +
+                         " (hint: call RegisterWorker again)");
+  }
+  Worker& w = it->second;
+  if (open.session_token() != w.row.session_token) {
+    return Status(StatusCode::kUnauthenticated,
+                  "open.session_token does not belong to worker " + open.worker_id() +
+                      " (hint: use the token of the latest RegisterWorker)");
+  }
+  if (w.stream && w.stream != stream) {
+    streams_.erase(w.stream.get());
+    w.stream->Finish(
+        AbortedError("a newer session of worker '" + w.row.name + "' replaced this one"));
+  }
+  w.stream = stream;
+  streams_[stream.get()] = w.row.worker_id;
+  RenewLocked(w);
+  v1::WorkerSessionResponse accepted;
+  SetDuration(config_.lease_ttl, accepted.mutable_accepted()->mutable_lease_ttl());
+  SetDuration(heartbeat_interval(), accepted.mutable_accepted()->mutable_heartbeat_interval());
+  stream->Send(accepted);
+  while (!w.outbox.empty()) {
+    if (!stream->Send(w.outbox.front())) break;
+    w.outbox.pop_front();
+  }
+  return w.row.worker_id;
+}
+
+StatusOr<std::string> WorkerManager::Touch(const WorkerSessionStream* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto s = streams_.find(stream);
+  if (s == streams_.end()) {
+    return AbortedError("this session is no longer the worker's current one");
+  }
+  Worker& w = workers_.at(s->second);
+  if (w.row.lost) {
+    return NotFoundError("worker " + w.row.worker_id +
+                         " was marked LOST (hint: call RegisterWorker again)");
+  }
+  RenewLocked(w);
+  return w.row.worker_id;
+}
+
+void WorkerManager::CloseSession(const WorkerSessionStream* stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto s = streams_.find(stream);
+  if (s == streams_.end()) return;
+  Worker& w = workers_.at(s->second);
+  if (w.stream.get() == stream) w.stream.reset();
+  streams_.erase(s);
+}
+
+std::vector<std::string> WorkerManager::ExpireLeases() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> lost;
+  const MonoTime now = clock_.Monotonic();
+  WriteBatch batch;
+  for (auto& [id, w] : workers_) {
+    if (w.row.lost || w.lease_deadline > now) continue;
+    w.row.lost = true;
+    if (w.stream) {
+      streams_.erase(w.stream.get());
+      w.stream->Finish(NotFoundError("worker " + id + " missed its lease of " +
+                                     std::to_string(config_.lease_ttl.count()) +
+                                     " ms and was marked LOST (hint: call RegisterWorker again)"));
+      w.stream.reset();
+    }
+    w.outbox.clear();
+    batch.workers.push_back(w.row);
+    batch.workers.back().last_heartbeat_ms = ToMillis(w.last_heartbeat);
+    lost.push_back(id);
+  }
+  if (db_ != nullptr && !batch.empty()) (void)db_->Commit(batch, Durability::kDurable);
+  return lost;
+}
+
+std::vector<WorkerSnapshot> WorkerManager::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<WorkerSnapshot> out;
+  out.reserve(workers_.size());
+  for (const auto& [name, id] :
+       std::map<std::string, std::string>(by_name_.begin(), by_name_.end())) {
+    const Worker& w = workers_.at(id);
+    WorkerSnapshot s;
+    v1::WorkerInfo& info = s.info;
+    info.set_worker_id(w.row.worker_id);
+    info.set_name(w.row.name);
+    info.set_state(w.row.lost ? v1::WORKER_STATE_LOST : v1::WORKER_STATE_READY);
+    info.set_slots(w.row.slots);
+    info.set_device(w.row.device);
+    info.set_address(w.row.address);
+    info.set_metrics_address(w.row.metrics_address);
+    SetTimestampMillis(w.row.registered_ms, info.mutable_registered_at());
+    SetTimestamp(w.last_heartbeat, info.mutable_last_heartbeat_at());
+    s.has_session = w.stream != nullptr;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void WorkerManager::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shut_down_ = true;
+  for (auto& [id, w] : workers_) {
+    if (!w.stream) continue;
+    w.stream->Finish(UnavailableError(
+        "the coordinator is stopping (hint: reopen the session with the same token while the "
+        "lease lasts)"));
+    w.stream.reset();
+  }
+  streams_.clear();
+}
+
+std::vector<LiveWorker> WorkerManager::LiveWorkers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<LiveWorker> out;
+  for (const auto& [id, w] : workers_) {
+    if (!w.row.lost) out.push_back({id, w.row.name, w.row.device, w.row.slots});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const LiveWorker& a, const LiveWorker& b) { return a.name < b.name; });
+  return out;
+}
+
+void WorkerManager::Send(const std::string& worker_id, const v1::WorkerSessionResponse& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end() || it->second.row.lost) return;
+  Worker& w = it->second;
+  if (w.stream && w.outbox.empty() && w.stream->Send(message)) return;
+  w.outbox.push_back(message);
+  if (w.outbox.size() > config_.max_outbox) w.outbox.pop_front();
+}
+
+}  // namespace meshrun::coordinator
