@@ -68,18 +68,19 @@ __global__ void ForwardKernel(T* out, float* lse, const T* q, const T* k, const 
   float m = -INFINITY, l = 0.0f;
   for (int64_t k0 = 0; k0 < s.Tk; k0 += kTile) {
     __syncthreads();  // the previous tile is consumed; q_max is final
-    for (int64_t e = tid; e < kTile * D; e += R) {
-      const int64_t j = e / D, d = e % D, kj = k0 + j;
-      ks[e] = kj < s.Tk ? ToFloat(k[At(s.k, b, h, kj) + d]) : 0.0f;
-      vs[e] = kj < s.Tk ? ToFloat(v[At(s.v, b, h, kj) + d]) : 0.0f;
-    }
     bool seen = false;
     if (tid < kTile) {
       const int64_t kj = k0 + tid;
       kp[tid] = kj < s.Tk ? k_pos[kj] : INT_MAX;
       seen = kj < s.Tk && kp[tid] <= q_max;
     }
-    if (!__syncthreads_or(seen)) continue;
+    if (!__syncthreads_or(seen)) continue;  // no row of the block sees a key of this tile
+    for (int64_t e = tid; e < kTile * D; e += R) {
+      const int64_t j = e / D, d = e % D, kj = k0 + j;
+      ks[e] = kj < s.Tk ? ToFloat(k[At(s.k, b, h, kj) + d]) : 0.0f;
+      vs[e] = kj < s.Tk ? ToFloat(v[At(s.v, b, h, kj) + d]) : 0.0f;
+    }
+    __syncthreads();
 
     float sc[kTile];
 #pragma unroll
@@ -173,18 +174,20 @@ __global__ void BackwardQueryKernel(T* dq, const T* dout, const T* q, const T* k
 
   for (int64_t k0 = 0; k0 < s.Tk; k0 += kTile) {
     __syncthreads();
-    for (int64_t e = tid; e < kTile * D; e += R) {
-      const int64_t j = e / D, d = e % D, kj = k0 + j;
-      ks[e] = kj < s.Tk ? ToFloat(k[At(s.k, b, h, kj) + d]) : 0.0f;
-      vs[e] = kj < s.Tk ? ToFloat(v[At(s.v, b, h, kj) + d]) : 0.0f;
-    }
     bool seen = false;
     if (tid < kTile) {
       const int64_t kj = k0 + tid;
       kp[tid] = kj < s.Tk ? k_pos[kj] : INT_MAX;
       seen = kj < s.Tk && kp[tid] <= q_max;
     }
-    if (!__syncthreads_or(seen) || !any) continue;
+    if (!__syncthreads_or(seen)) continue;  // no row of the block sees a key of this tile
+    for (int64_t e = tid; e < kTile * D; e += R) {
+      const int64_t j = e / D, d = e % D, kj = k0 + j;
+      ks[e] = kj < s.Tk ? ToFloat(k[At(s.k, b, h, kj) + d]) : 0.0f;
+      vs[e] = kj < s.Tk ? ToFloat(v[At(s.v, b, h, kj) + d]) : 0.0f;
+    }
+    __syncthreads();
+    if (!any) continue;
 
     float sc[kTile], dp[kTile];
 #pragma unroll
@@ -257,11 +260,6 @@ __global__ void BackwardKeyValueKernel(T* dk, T* dv, const T* dout, const T* q, 
 
   for (int64_t q0 = 0; q0 < s.Tq; q0 += kTile) {
     __syncthreads();
-    for (int64_t e = tid; e < kTile * D; e += R) {
-      const int64_t r = e / D, d = e % D, qi = q0 + r;
-      qs[e] = qi < s.Tq ? ToFloat(q[At(s.q, b, h, qi) + d]) : 0.0f;
-      dos[e] = qi < s.Tq ? ToFloat(dout[At(s.out, b, h, qi) + d]) : 0.0f;
-    }
     bool seen = false;
     if (tid < kTile) {
       const int64_t qi = q0 + tid;
@@ -271,7 +269,14 @@ __global__ void BackwardKeyValueKernel(T* dk, T* dv, const T* dout, const T* q, 
       dl[tid] = in ? delta[bh * s.Tq + qi] : 0.0f;
       seen = in && qp[tid] >= k_min;
     }
-    if (!__syncthreads_or(seen) || !valid) continue;
+    if (!__syncthreads_or(seen)) continue;  // no query of the tile sees a key of the block
+    for (int64_t e = tid; e < kTile * D; e += R) {
+      const int64_t r = e / D, d = e % D, qi = q0 + r;
+      qs[e] = qi < s.Tq ? ToFloat(q[At(s.q, b, h, qi) + d]) : 0.0f;
+      dos[e] = qi < s.Tq ? ToFloat(dout[At(s.out, b, h, qi) + d]) : 0.0f;
+    }
+    __syncthreads();
+    if (!valid) continue;
 
     float sc[kTile], dp[kTile];
 #pragma unroll

@@ -123,11 +123,12 @@ struct SharedLayout {
   static constexpr size_t kHalfBytes = sizeof(bf16) * kHalfTile;
   static constexpr size_t kFloatBytes = sizeof(float) * kFloatTile;
   static constexpr size_t kVecBytes = sizeof(float) * kRows;
+  static constexpr size_t kScalarBytes = 128;  // the block-wide position bound after the vectors
 };
 
 // ---- forward: grid (Tq/64, B·H); warp w owns queries [q0 + 16w, q0 + 16w + 16).
-constexpr size_t kForwardSmem =
-    4 * SharedLayout::kHalfBytes + 2 * SharedLayout::kFloatBytes + 4 * SharedLayout::kVecBytes;
+constexpr size_t kForwardSmem = 4 * SharedLayout::kHalfBytes + 2 * SharedLayout::kFloatBytes +
+                                4 * SharedLayout::kVecBytes + SharedLayout::kScalarBytes;
 
 __global__ void __launch_bounds__(kThreads)
     ForwardKernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(kThreads)
   float* row_l = row_m + kRows;
   int* qp_s = reinterpret_cast<int*>(row_l + kRows);
   int* kp_s = qp_s + kRows;
-  __shared__ int q_max;
+  int& q_max = kp_s[kRows];  // in the dynamic block: no static shared memory shifts its base
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t bh = blockIdx.y, b = bh / s.H, h = bh % s.H;
@@ -164,14 +165,15 @@ __global__ void __launch_bounds__(kThreads)
   const int r = 16 * warp + lane / 2, half = lane % 2, c0 = 32 * half;
   for (int64_t k0 = 0; k0 < s.Tk; k0 += kRows) {
     __syncthreads();  // every warp is done with the previous K/V tile; q_max is final
-    LoadTile(Ks, k, s.k, b, h, k0, s.Tk, vec);
-    LoadTile(Vs, v, s.v, b, h, k0, s.Tk, vec);
     bool seen = false;
     if (tid < kRows) {
       kp_s[tid] = k0 + tid < s.Tk ? k_pos[k0 + tid] : INT_MAX;
       seen = kp_s[tid] <= q_max;
     }
-    if (!__syncthreads_or(seen)) continue;
+    if (!__syncthreads_or(seen)) continue;  // no row of this block sees any key of the tile
+    LoadTile(Ks, k, s.k, b, h, k0, s.Tk, vec);
+    LoadTile(Vs, v, s.v, b, h, k0, s.Tk, vec);
+    __syncthreads();
 
     WarpRowsTimesTransposed(Ss, Qs, Ks, warp);  // S = Q·Kᵀ for this warp's rows
     __syncwarp();
@@ -236,8 +238,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- dk, dv: grid (Tk/64, B·H); warp w owns keys [j0 + 16w, j0 + 16w + 16).
-constexpr size_t kKeyValueSmem =
-    6 * SharedLayout::kHalfBytes + SharedLayout::kFloatBytes + 4 * SharedLayout::kVecBytes;
+constexpr size_t kKeyValueSmem = 6 * SharedLayout::kHalfBytes + SharedLayout::kFloatBytes +
+                                 4 * SharedLayout::kVecBytes + SharedLayout::kScalarBytes;
 
 __global__ void __launch_bounds__(kThreads)
     BackwardKeyValueKernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
@@ -257,7 +259,7 @@ __global__ void __launch_bounds__(kThreads)
   float* delta_s = lse_s + kRows;
   int* qp_s = reinterpret_cast<int*>(delta_s + kRows);
   int* kp_s = qp_s + kRows;
-  __shared__ int k_min;
+  int& k_min = kp_s[kRows];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t bh = blockIdx.y, b = bh / s.H, h = bh % s.H;
@@ -279,8 +281,6 @@ __global__ void __launch_bounds__(kThreads)
   const int kp = kp_s[r];
   for (int64_t q0 = 0; q0 < s.Tq; q0 += kRows) {
     __syncthreads();
-    LoadTile(Qs, q, s.q, b, h, q0, s.Tq, vec);
-    LoadTile(dOs, dout, s.out, b, h, q0, s.Tq, vec);
     bool seen = false;
     if (tid < kRows) {
       const bool in = q0 + tid < s.Tq;
@@ -289,7 +289,10 @@ __global__ void __launch_bounds__(kThreads)
       delta_s[tid] = in ? delta[bh * s.Tq + q0 + tid] : 0.0f;
       seen = in && qp_s[tid] >= k_min;
     }
-    if (!__syncthreads_or(seen)) continue;
+    if (!__syncthreads_or(seen)) continue;  // no query of the tile sees a key of this block
+    LoadTile(Qs, q, s.q, b, h, q0, s.Tq, vec);
+    LoadTile(dOs, dout, s.out, b, h, q0, s.Tq, vec);
+    __syncthreads();
 
     WarpRowsTimesTransposed(St, Ks, Qs, warp);  // Sᵀ = K·Qᵀ
     __syncwarp();
@@ -327,8 +330,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- dq: grid (Tq/64, B·H); warp w owns queries [q0 + 16w, q0 + 16w + 16).
-constexpr size_t kQuerySmem =
-    5 * SharedLayout::kHalfBytes + SharedLayout::kFloatBytes + 4 * SharedLayout::kVecBytes;
+constexpr size_t kQuerySmem = 5 * SharedLayout::kHalfBytes + SharedLayout::kFloatBytes +
+                              4 * SharedLayout::kVecBytes + SharedLayout::kScalarBytes;
 
 __global__ void __launch_bounds__(kThreads)
     BackwardQueryKernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
@@ -346,7 +349,7 @@ __global__ void __launch_bounds__(kThreads)
   float* delta_s = lse_s + kRows;
   int* qp_s = reinterpret_cast<int*>(delta_s + kRows);
   int* kp_s = qp_s + kRows;
-  __shared__ int q_max;
+  int& q_max = kp_s[kRows];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t bh = blockIdx.y, b = bh / s.H, h = bh % s.H;
@@ -371,14 +374,15 @@ __global__ void __launch_bounds__(kThreads)
   const float row_lse = lse_s[r], row_delta = delta_s[r];
   for (int64_t k0 = 0; k0 < s.Tk; k0 += kRows) {
     __syncthreads();
-    LoadTile(Ks, k, s.k, b, h, k0, s.Tk, vec);
-    LoadTile(Vs, v, s.v, b, h, k0, s.Tk, vec);
     bool seen = false;
     if (tid < kRows) {
       kp_s[tid] = k0 + tid < s.Tk ? k_pos[k0 + tid] : INT_MAX;
       seen = kp_s[tid] <= q_max;
     }
     if (!__syncthreads_or(seen)) continue;
+    LoadTile(Ks, k, s.k, b, h, k0, s.Tk, vec);
+    LoadTile(Vs, v, s.v, b, h, k0, s.Tk, vec);
+    __syncthreads();
 
     WarpRowsTimesTransposed(Ss, Qs, Ks, warp);  // S = Q·Kᵀ
     __syncwarp();

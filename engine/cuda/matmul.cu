@@ -134,8 +134,7 @@ Status RunLt(CudaContext& ctx, const LtGemm& g) {
           " k=" + std::to_string(g.k) + " lda=" + std::to_string(g.lda) +
           " ldb=" + std::to_string(g.ldb) + " ldd=" + std::to_string(g.ldd) +
           (g.bias != nullptr ? " with bias" : ""));
-      RecordGpuError(st);
-      return st;
+      return st;  // callers record it if they have no fallback
     }
     it = plans.emplace(key, result.algo).first;
   }
@@ -164,7 +163,7 @@ Status MatmulForward(CudaContext& ctx, T* out, const T* inp, const T* weight, co
   if (N <= 0 || OC <= 0) return OkStatus();
   if (ld_out == 0) ld_out = OC;
   // cuBLASLt wants a 16-byte aligned bias for the epilogue; otherwise add it separately.
-  const bool fused_bias = bias != nullptr && Alignment(bias) >= 16;
+  bool fused_bias = bias != nullptr && Alignment(bias) >= 16;
   // outᵀ[OC,N] = (weightᵀ)ᵀ·inpᵀ: A = weight seen as col-major [C,OC], transposed.
   LtGemm g;
   g.d = out;
@@ -182,7 +181,15 @@ Status MatmulForward(CudaContext& ctx, T* out, const T* inp, const T* weight, co
   g.k = C;
   g.beta = 0.0f;
   g.bias = fused_bias ? bias : nullptr;
-  MESHRUN_RETURN_IF_ERROR(RunLt(ctx, g));
+  const Status s = RunLt(ctx, g);
+  if (s.code() == StatusCode::kUnimplemented && fused_bias) {
+    // No algorithm with the bias epilogue for this shape: plain GEMM, then add the bias.
+    fused_bias = false;
+    g.bias = nullptr;
+    MESHRUN_RETURN_IF_ERROR(RunLt(ctx, g));
+  } else {
+    MESHRUN_RETURN_IF_ERROR(s);
+  }
   if (bias != nullptr && !fused_bias) {
     AddBiasKernel<<<GridFor(N * OC, 256), 256, 0, ctx.stream()>>>(out, bias, N, OC, ld_out);
     MESHRUN_GPU_TRY_LAUNCH();

@@ -4,6 +4,7 @@
 
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -340,7 +341,13 @@ StatusOr<std::unique_ptr<Communicator>> NcclBackend::Connect(const CommConfig& c
       MESHRUN_RETURN_IF_ERROR(store->Set("nccl/split_color", std::to_string(color)));
     } else {
       MESHRUN_ASSIGN_OR_RETURN(std::string v, store->Get("nccl/split_color", config.timeout));
-      color = std::stoi(v);
+      char* end = nullptr;
+      const long parsed = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || end == nullptr || *end != '\0' || parsed < 0) {
+        return DataLossError(where + ": store key nccl/split_color holds \"" + v +
+                             "\", not a world rank (hint: a stale store from another job?)");
+      }
+      color = static_cast<int>(parsed);
     }
     ncclConfig_t cfg = NonBlockingConfig();
     Status s = ToStatus(ncclCommSplit(state_->world, color, config.rank, &comm, &cfg),
