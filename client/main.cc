@@ -3,8 +3,13 @@
 #include <CLI/CLI.hpp>
 
 #include "client/command.h"
+#include "client/demo_command.h"
+#include "client/jobs_command.h"
+#include "client/submit_command.h"
 #include "client/train_command.h"
+#include "client/up_command.h"
 #include "client/validate_command.h"
+#include "client/workers_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"meshrun: N-D parallel GPT training (dp_replicate x dp_shard x cp x tp)", "meshrun"};
@@ -16,6 +21,14 @@ int main(int argc, char** argv) {
   meshrun::client::RegisterTrainCommand(app, result);
   meshrun::client::RegisterEvalCommand(app, result);
   meshrun::client::RegisterExportCommand(app, result);
+  meshrun::client::RegisterUpCommand(app, result);
+  meshrun::client::RegisterDemoCommand(app, result);
+  meshrun::client::RegisterSubmitCommand(app, result);
+  meshrun::client::RegisterJobsCommand(app, result);
+  meshrun::client::RegisterStatusCommand(app, result);
+  meshrun::client::RegisterLogsCommand(app, result);
+  meshrun::client::RegisterCancelCommand(app, result);
+  meshrun::client::RegisterWorkersCommand(app, result);
   // New commands register here, one line each.
 
   return meshrun::client::RunCommandLine(app, argc, argv, result);

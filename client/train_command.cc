@@ -18,6 +18,8 @@
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_gpt2.h"
 #include "engine/train/trainer.h"
+#include "worker/grpc_store.h"
+#include "worker/rank_protocol.h"
 
 namespace meshrun::client {
 namespace {
@@ -120,16 +122,21 @@ int LaunchRanks(const TrainFlags& o, const ParallelDims& dims) {
   return Launch(launch);
 }
 
-// A rank started by the launcher: MESHRUN_RANK, MESHRUN_WORLD_SIZE and MESHRUN_STORE_DIR say
-// where it sits and how to find the others.
+// A rank started by the launcher or by a worker: MESHRUN_RANK and MESHRUN_WORLD_SIZE say where
+// it sits; the store is the coordinator's (MESHRUN_STORE_ADDRESS, MESHRUN_JOB_ID,
+// MESHRUN_ATTEMPT, set by meshrun-worker) or else a FileStore in MESHRUN_STORE_DIR (set by the
+// standalone launcher). MESHRUN_HOST, when set, is the address peers reach this rank at.
 StatusOr<RankContext> ConnectRank(const ParallelDims& dims) {
   const char* rank_env = std::getenv("MESHRUN_RANK");
   const char* world_env = std::getenv("MESHRUN_WORLD_SIZE");
   const char* store_env = std::getenv("MESHRUN_STORE_DIR");
-  if (rank_env == nullptr || world_env == nullptr || store_env == nullptr) {
+  const char* store_address = std::getenv(kEnvStoreAddress);
+  if (rank_env == nullptr || world_env == nullptr ||
+      (store_env == nullptr && store_address == nullptr)) {
     return FailedPreconditionError(
-        "MESHRUN_RANK: a rank needs MESHRUN_RANK, MESHRUN_WORLD_SIZE and MESHRUN_STORE_DIR "
-        "(hint: start ranks with meshrun train --nproc N)");
+        "MESHRUN_RANK: a rank needs MESHRUN_RANK, MESHRUN_WORLD_SIZE and MESHRUN_STORE_DIR or "
+        "MESHRUN_STORE_ADDRESS (hint: start ranks with meshrun train --nproc N, or through "
+        "meshrun submit)");
   }
   RankContext ctx;
   ctx.rank = std::atoi(rank_env);
@@ -138,9 +145,26 @@ StatusOr<RankContext> ConnectRank(const ParallelDims& dims) {
                                 " ranks launched for a mesh of " + dims.ToString() +
                                 " (hint: --nproc must equal the mesh's world size)");
   }
-  MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<FileStore> store, FileStore::Create(store_env));
+  std::shared_ptr<Store> store;
+  if (store_address != nullptr) {
+    const char* job_env = std::getenv(kEnvJobId);
+    const char* attempt_env = std::getenv(kEnvAttempt);
+    GrpcStoreOptions options;
+    options.address = store_address;
+    options.job_id = job_env != nullptr ? job_env : "";
+    options.attempt = attempt_env != nullptr ? std::atoi(attempt_env) : 0;
+    MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GrpcStore> grpc_store, GrpcStore::Create(options));
+    store = std::move(grpc_store);
+  } else {
+    MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<FileStore> file_store, FileStore::Create(store_env));
+    store = std::move(file_store);
+  }
   ctx.store = store;
-  MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GlooBackend> backend, GlooBackend::Create({}));
+  GlooOptions gloo;
+  if (const char* host = std::getenv(kEnvHost); host != nullptr && *host != '\0') {
+    gloo.hostname = host;
+  }
+  MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GlooBackend> backend, GlooBackend::Create(gloo));
   MeshCommsOptions comm_options;
   comm_options.timeout = std::chrono::seconds(30);
   MESHRUN_ASSIGN_OR_RETURN(
@@ -177,7 +201,9 @@ int RunTrain(const TrainFlags& o) {
   StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, options, ctx);
   if (!trainer.ok()) return ReportError(trainer.status());
   const bool as_json = o.output == "json";
-  const bool quiet = ctx.rank != 0;
+  // Rank 0 alone prints, unless a worker asks every rank to (it reads each rank's step lines).
+  const char* report_all = std::getenv(kEnvReportAllRanks);
+  const bool quiet = ctx.rank != 0 && !(report_all != nullptr && std::string(report_all) == "1");
   PrintingObserver observer(as_json, spec->train.steps, quiet);
   StatusOr<RunSummary> summary = (*trainer)->Run(&observer);
   if (!summary.ok()) return ReportError(summary.status());

@@ -1,0 +1,310 @@
+// CoordinatorClient and the presentation helpers (see coordinator_client.h).
+#include "client/coordinator_client.h"
+
+#include <google/protobuf/util/time_util.h>
+#include <grpcpp/grpcpp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "worker/backoff.h"
+#include "worker/grpc_status.h"
+
+namespace meshrun::client {
+namespace {
+
+using json = nlohmann::ordered_json;
+using std::chrono::milliseconds;
+
+// "JOB_STATE_RUNNING" -> "RUNNING".
+std::string WithoutPrefix(const std::string& name, const std::string& prefix) {
+  if (name.rfind(prefix, 0) == 0) return name.substr(prefix.size());
+  return name;
+}
+
+}  // namespace
+
+StatusOr<std::string> ResolveCoordinatorAddress(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv(kEnvCoordinator);
+  if (env != nullptr && *env != '\0') return std::string(env);
+  return InvalidArgumentError(
+      "--coordinator: no coordinator address (hint: pass --coordinator HOST:PORT or export "
+      "MESHRUN_COORDINATOR=HOST:PORT; `meshrun up` starts a local cluster and prints it)");
+}
+
+CLI::Option* AddCoordinatorOption(CLI::App* cmd, std::string* address) {
+  return cmd->add_option("--coordinator", *address,
+                         "HOST:PORT of meshrun-coordinator (default: $MESHRUN_COORDINATOR)");
+}
+
+StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
+    const std::string& address_flag) {
+  MESHRUN_ASSIGN_OR_RETURN(std::string address, ResolveCoordinatorAddress(address_flag));
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  // Logs and job lists can be large.
+  args.SetMaxReceiveMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return std::make_unique<CoordinatorClient>(v1::CoordinatorService::NewStub(channel), address);
+}
+
+CoordinatorClient::CoordinatorClient(std::shared_ptr<v1::CoordinatorService::StubInterface> stub,
+                                     std::string address)
+    : stub_(std::move(stub)), address_(std::move(address)) {}
+
+Status CoordinatorClient::Convert(const grpc::Status& status) const {
+  if (status.ok()) return OkStatus();
+  const std::string message = status.error_message();
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+      return UnavailableError("--coordinator: cannot reach the coordinator at " + address_ + ": " +
+                              (message.empty() ? "unavailable" : message) +
+                              " (hint: check that meshrun-coordinator runs there, or start a "
+                              "local cluster with `meshrun up`)");
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return DeadlineExceededError(
+          "--coordinator: the coordinator at " + address_ + " did not answer in time" +
+          (message.empty() ? "" : ": " + message) + " (hint: it may be overloaded; retry)");
+    default:
+      if (message.empty()) {
+        return Status(static_cast<StatusCode>(status.error_code()),
+                      std::string("coordinator: ") +
+                          StatusCodeName(static_cast<StatusCode>(status.error_code())));
+      }
+      return FromGrpcStatus(status);
+  }
+}
+
+StatusOr<std::string> CoordinatorClient::SubmitJob(const v1::JobSpec& spec,
+                                                   const std::string& request_id,
+                                                   milliseconds retry_for) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  request.set_request_id(request_id);
+  const auto give_up = std::chrono::steady_clock::now() + retry_for;
+  Backoff backoff(milliseconds(100), milliseconds(1000));
+  while (true) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+    v1::SubmitJobResponse response;
+    const grpc::Status s = stub_->SubmitJob(&ctx, request, &response);
+    if (s.ok()) return response.job_id();
+    // The request_id makes a retry safe: the coordinator answers the first job's id.
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        std::chrono::steady_clock::now() >= give_up) {
+      return Convert(s);
+    }
+    std::this_thread::sleep_for(backoff.Next());
+  }
+}
+
+StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::GetJobResponse response;
+  const grpc::Status s = stub_->GetJob(&ctx, request, &response);
+  if (!s.ok()) return Convert(s);
+  return response.job();
+}
+
+StatusOr<std::vector<v1::Job>> CoordinatorClient::ListJobs() {
+  std::vector<v1::Job> jobs;
+  std::string token;
+  for (int page = 0; page < 1000; ++page) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+    v1::ListJobsRequest request;
+    request.set_page_token(token);
+    v1::ListJobsResponse response;
+    const grpc::Status s = stub_->ListJobs(&ctx, request, &response);
+    if (!s.ok()) return Convert(s);
+    for (v1::Job& job : *response.mutable_jobs()) jobs.push_back(std::move(job));
+    token = response.next_page_token();
+    if (token.empty()) break;
+  }
+  return jobs;
+}
+
+StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& job_id,
+                                               const std::string& reason) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+  v1::CancelJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  v1::CancelJobResponse response;
+  const grpc::Status s = stub_->CancelJob(&ctx, request, &response);
+  if (!s.ok()) return Convert(s);
+  return response.job();
+}
+
+StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+  v1::ListWorkersRequest request;
+  v1::ListWorkersResponse response;
+  const grpc::Status s = stub_->ListWorkers(&ctx, request, &response);
+  if (!s.ok()) return Convert(s);
+  return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
+}
+
+StatusOr<v1::GetJobLogsResponse> CoordinatorClient::GetJobLogs(const std::string& job_id,
+                                                               std::optional<int> rank) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+  v1::GetJobLogsRequest request;
+  request.set_job_id(job_id);
+  if (rank) request.set_rank(*rank);
+  v1::GetJobLogsResponse response;
+  const grpc::Status s = stub_->GetJobLogs(&ctx, request, &response);
+  if (!s.ok()) return Convert(s);
+  return response;
+}
+
+Status CoordinatorClient::WatchJob(const v1::WatchJobRequest& request,
+                                   const std::function<bool(const v1::JobEvent&)>& on_event) {
+  grpc::ClientContext ctx;
+  auto reader = stub_->WatchJob(&ctx, request);
+  v1::WatchJobResponse response;
+  bool stopped_early = false;
+  while (reader->Read(&response)) {
+    if (!on_event(response.event())) {
+      stopped_early = true;
+      ctx.TryCancel();
+      break;
+    }
+  }
+  if (stopped_early) {
+    while (reader->Read(&response)) {
+    }
+    (void)reader->Finish();
+    return OkStatus();
+  }
+  return Convert(reader->Finish());
+}
+
+// ---- Presentation -------------------------------------------------------------------------
+
+std::string JobStateName(v1::JobState state) {
+  return WithoutPrefix(v1::JobState_Name(state), "JOB_STATE_");
+}
+
+std::string WorkerStateName(v1::WorkerState state) {
+  return WithoutPrefix(v1::WorkerState_Name(state), "WORKER_STATE_");
+}
+
+std::string RankStateName(v1::RankState state) {
+  return WithoutPrefix(v1::RankState_Name(state), "RANK_STATE_");
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+std::string FormatTime(const google::protobuf::Timestamp& t) {
+  if (t.seconds() == 0 && t.nanos() == 0) return "";
+  google::protobuf::Timestamp whole = t;
+  whole.set_nanos(0);
+  return google::protobuf::util::TimeUtil::ToString(whole);
+}
+
+std::string FormatDuration(double seconds) {
+  if (!(seconds >= 0) || seconds > 1e8) return "?";
+  const long long s = static_cast<long long>(seconds + 0.5);
+  char text[32];
+  if (s < 60) {
+    std::snprintf(text, sizeof(text), "%llds", s);
+  } else if (s < 3600) {
+    std::snprintf(text, sizeof(text), "%lldm%02llds", s / 60, s % 60);
+  } else {
+    std::snprintf(text, sizeof(text), "%lldh%02lldm", s / 3600, (s % 3600) / 60);
+  }
+  return text;
+}
+
+json JobListEntryJson(const v1::Job& job) {
+  return json{{"job_id", job.job_id()},
+              {"name", job.name()},
+              {"state", JobStateName(job.state())},
+              {"step", job.step()},
+              {"steps", job.steps()},
+              {"submitted_at", FormatTime(job.submitted_at())},
+              {"attempt", job.attempt()},
+              {"restarts", job.restarts()},
+              {"world_size", job.world_size()},
+              {"message", job.message()}};
+}
+
+json JobStatusJson(const v1::Job& job) {
+  json ranks = json::array();
+  for (const v1::RankInfo& r : job.ranks()) {
+    ranks.push_back(json{{"rank", r.rank()},
+                         {"worker", r.worker_name().empty() ? r.worker_id() : r.worker_name()},
+                         {"coords", json{{"dp_replicate", r.coords().dp_replicate()},
+                                         {"dp_shard", r.coords().dp_shard()},
+                                         {"cp", r.coords().cp()},
+                                         {"tp", r.coords().tp()}}},
+                         {"state", RankStateName(r.state())},
+                         {"local_rank", r.local_rank()},
+                         {"pid", r.pid()},
+                         {"exit_code", r.exit_code()},
+                         {"signal", r.signal()},
+                         {"error", r.error()}});
+  }
+  return json{{"job_id", job.job_id()},
+              {"name", job.name()},
+              {"state", JobStateName(job.state())},
+              {"attempt", job.attempt()},
+              {"restarts", job.restarts()},
+              {"step", job.step()},
+              {"steps", job.steps()},
+              {"loss", job.loss()},
+              {"tokens_per_second", job.tokens_per_second()},
+              {"mfu", job.mfu()},
+              {"world_size", job.world_size()},
+              {"message", job.message()},
+              {"submitted_at", FormatTime(job.submitted_at())},
+              {"started_at", FormatTime(job.started_at())},
+              {"finished_at", FormatTime(job.finished_at())},
+              {"last_checkpoint", job.last_checkpoint()},
+              {"ranks", ranks}};
+}
+
+json WorkerJson(const v1::WorkerInfo& w) {
+  return json{{"name", w.name()},
+              {"state", WorkerStateName(w.state())},
+              {"slots", w.slots()},
+              {"device", w.device()},
+              {"address", w.address()},
+              {"worker_id", w.worker_id()},
+              {"slots_in_use", w.slots_in_use()},
+              {"metrics_address", w.metrics_address()},
+              {"last_heartbeat_at", FormatTime(w.last_heartbeat_at())}};
+}
+
+void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> widths;
+  for (const auto& row : rows) {
+    if (widths.size() < row.size()) widths.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(widths[i] - row[i].size() + 2, ' ');
+    }
+    out << line << '\n';
+  }
+  out.flush();
+}
+
+}  // namespace meshrun::client

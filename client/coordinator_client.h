@@ -1,0 +1,88 @@
+// The client's connection to meshrun-coordinator: finds its address (--coordinator, else
+// MESHRUN_COORDINATOR), wraps the user-facing RPCs of CoordinatorService with deadlines and
+// readable errors, and turns jobs and workers into the JSON shapes and tables of
+// CONVENTIONS §6.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+
+namespace CLI {
+class App;
+class Option;
+}  // namespace CLI
+
+namespace meshrun::client {
+
+inline constexpr char kEnvCoordinator[] = "MESHRUN_COORDINATOR";
+
+// --coordinator when given, else $MESHRUN_COORDINATOR; INVALID_ARGUMENT with a hint otherwise.
+StatusOr<std::string> ResolveCoordinatorAddress(const std::string& flag);
+
+// Adds `--coordinator HOST:PORT` to a command.
+CLI::Option* AddCoordinatorOption(CLI::App* cmd, std::string* address);
+
+// One channel to the coordinator. Unary calls have a deadline (call_timeout) and fail fast when
+// nothing listens. Errors keep the coordinator's message (it names the field and a fix); a
+// coordinator that cannot be reached becomes
+// `--coordinator: cannot reach the coordinator at HOST:PORT: … (hint: …)`. Thread-safe.
+class CoordinatorClient {
+ public:
+  static StatusOr<std::unique_ptr<CoordinatorClient>> Connect(const std::string& address_flag);
+  CoordinatorClient(std::shared_ptr<v1::CoordinatorService::StubInterface> stub,
+                    std::string address);
+
+  // Retries UNAVAILABLE with the same request_id for up to `retry_for`.
+  StatusOr<std::string> SubmitJob(const v1::JobSpec& spec, const std::string& request_id,
+                                  std::chrono::milliseconds retry_for = std::chrono::seconds(10));
+  StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // Every page, newest first.
+  StatusOr<std::vector<v1::Job>> ListJobs();
+  StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason = "");
+  StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  StatusOr<v1::GetJobLogsResponse> GetJobLogs(const std::string& job_id, std::optional<int> rank);
+
+  // Streams a job's events to on_event until the stream ends (OK: after the terminal state
+  // event, or the replay with replay_only) or on_event returns false (OK too). No deadline.
+  Status WatchJob(const v1::WatchJobRequest& request,
+                  const std::function<bool(const v1::JobEvent&)>& on_event);
+
+  const std::string& address() const { return address_; }
+
+ private:
+  Status Convert(const grpc::Status& status) const;
+
+  std::shared_ptr<v1::CoordinatorService::StubInterface> stub_;
+  std::string address_;
+  std::chrono::milliseconds call_timeout_{10000};
+};
+
+// ---- Presentation -------------------------------------------------------------------------
+
+// "RUNNING", "READY", "SUCCEEDED" (enum names without their prefix).
+std::string JobStateName(v1::JobState state);
+std::string WorkerStateName(v1::WorkerState state);
+std::string RankStateName(v1::RankState state);
+bool IsTerminal(v1::JobState state);
+// RFC 3339 ("2026-01-02T03:04:05Z"), "" for an unset timestamp.
+std::string FormatTime(const google::protobuf::Timestamp& t);
+// "12s", "3m04s", "1h02m" for a number of seconds.
+std::string FormatDuration(double seconds);
+
+// The JSON shapes of CONVENTIONS §6 (more fields than listed are welcome).
+nlohmann::ordered_json JobListEntryJson(const v1::Job& job);  // jobs -o json, one entry
+nlohmann::ordered_json JobStatusJson(const v1::Job& job);     // status -o json
+nlohmann::ordered_json WorkerJson(const v1::WorkerInfo& w);   // workers -o json, one entry
+
+// A table for people: a header row and left-aligned columns two spaces apart.
+void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows);
+
+}  // namespace meshrun::client

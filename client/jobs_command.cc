@@ -1,0 +1,231 @@
+// `meshrun jobs|status|logs|cancel` (see jobs_command.h): one RPC each (logs --follow streams),
+// printed as a table for people or as the JSON of CONVENTIONS §6 with -o json.
+#include "client/jobs_command.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "client/coordinator_client.h"
+#include "worker/backoff.h"
+
+namespace meshrun::client {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct JobFlags {
+  std::string job_id;
+  std::string output = "text";
+  std::string coordinator;
+  bool follow = false;
+  std::optional<int> rank;
+  std::string reason;
+};
+
+void AddOutputOption(CLI::App* cmd, std::string* output) {
+  cmd->add_option("-o,--output", *output, "output format: text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+}
+
+std::string Fixed(double value, int digits) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.*f", digits, value);
+  return text;
+}
+
+int RunJobs(const JobFlags& f) {
+  StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
+  if (!client.ok()) return ReportError(client.status());
+  StatusOr<std::vector<v1::Job>> jobs = (*client)->ListJobs();
+  if (!jobs.ok()) return ReportError(jobs.status());
+  if (f.output == "json") {
+    json list = json::array();
+    for (const v1::Job& job : *jobs) list.push_back(JobListEntryJson(job));
+    std::cout << list.dump() << std::endl;
+    return kExitOk;
+  }
+  if (jobs->empty()) {
+    std::cout << "no jobs (submit one with `meshrun submit -f JOB.yaml`)" << std::endl;
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"JOB ID", "NAME", "STATE", "STEP", "LOSS", "RESTARTS", "SUBMITTED"}};
+  for (const v1::Job& job : *jobs) {
+    rows.push_back({job.job_id(), job.name(), JobStateName(job.state()),
+                    std::to_string(job.step()) + "/" + std::to_string(job.steps()),
+                    job.step() > 0 ? Fixed(job.loss(), 4) : "-", std::to_string(job.restarts()),
+                    FormatTime(job.submitted_at())});
+  }
+  PrintTable(std::cout, rows);
+  return kExitOk;
+}
+
+int RunStatus(const JobFlags& f) {
+  StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
+  if (!client.ok()) return ReportError(client.status());
+  StatusOr<v1::Job> job = (*client)->GetJob(f.job_id);
+  if (!job.ok()) return ReportError(job.status());
+  if (f.output == "json") {
+    std::cout << JobStatusJson(*job).dump() << std::endl;
+    return kExitOk;
+  }
+  const v1::JobSpec& spec = job->spec();
+  const v1::ParallelismSpec& p = spec.parallelism();
+  std::vector<std::vector<std::string>> info = {
+      {"job", job->job_id() + " (" + job->name() + ")"},
+      {"state", JobStateName(job->state()) + (job->message().empty() ? "" : ": " + job->message())},
+      {"attempt",
+       std::to_string(job->attempt()) + " (restarts " + std::to_string(job->restarts()) + ")"},
+      {"mesh", "dp_replicate " + std::to_string(p.dp_replicate_size()) + " x dp_shard " +
+                   std::to_string(p.dp_shard_size()) + " x cp " + std::to_string(p.cp_size()) +
+                   " x tp " + std::to_string(p.tp_size()) + " = " +
+                   std::to_string(job->world_size()) + " ranks"},
+      {"step", std::to_string(job->step()) + "/" + std::to_string(job->steps())},
+      {"loss", job->step() > 0 ? Fixed(job->loss(), 4) : "-"},
+      {"tokens/s", Fixed(job->tokens_per_second(), 0)},
+      {"MFU", Fixed(100.0 * job->mfu(), 2) + "%"},
+      {"submitted", FormatTime(job->submitted_at())},
+  };
+  if (job->has_started_at()) info.push_back({"started", FormatTime(job->started_at())});
+  if (job->has_finished_at()) info.push_back({"finished", FormatTime(job->finished_at())});
+  if (!job->last_checkpoint().empty()) info.push_back({"checkpoint", job->last_checkpoint()});
+  for (auto& row : info) row[0] += ":";
+  PrintTable(std::cout, info);
+  if (job->ranks_size() > 0) {
+    std::cout << '\n';
+    std::vector<std::vector<std::string>> rows = {
+        {"RANK", "WORKER", "DP_REPLICATE", "DP_SHARD", "CP", "TP", "STATE", "PID", "EXIT"}};
+    for (const v1::RankInfo& r : job->ranks()) {
+      std::string exit = "-";
+      if (r.signal() != 0) {
+        exit = "signal " + std::to_string(r.signal());
+      } else if (r.state() == v1::RANK_STATE_SUCCEEDED || r.state() == v1::RANK_STATE_FAILED ||
+                 r.state() == v1::RANK_STATE_STOPPED) {
+        exit = std::to_string(r.exit_code());
+      }
+      rows.push_back(
+          {std::to_string(r.rank()), r.worker_name().empty() ? r.worker_id() : r.worker_name(),
+           std::to_string(r.coords().dp_replicate()), std::to_string(r.coords().dp_shard()),
+           std::to_string(r.coords().cp()), std::to_string(r.coords().tp()),
+           RankStateName(r.state()), r.pid() > 0 ? std::to_string(r.pid()) : "-", exit});
+    }
+    PrintTable(std::cout, rows);
+  }
+  return kExitOk;
+}
+
+void PrintLogLine(const v1::LogLine& l, bool with_attempt) {
+  std::string prefix = "[rank " + std::to_string(l.rank());
+  if (with_attempt) prefix += " attempt " + std::to_string(l.attempt());
+  prefix += "] ";
+  std::cout << prefix << l.text() << '\n';
+}
+
+int RunLogs(const JobFlags& f) {
+  StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
+  if (!client.ok()) return ReportError(client.status());
+  if (!f.follow) {
+    StatusOr<v1::GetJobLogsResponse> logs = (*client)->GetJobLogs(f.job_id, f.rank);
+    if (logs.ok()) {
+      bool several_attempts = false;
+      for (const v1::LogLine& l : logs->lines()) {
+        several_attempts |= l.attempt() != logs->lines(0).attempt();
+      }
+      if (logs->truncated()) std::cout << "(older lines are no longer retained)\n";
+      for (const v1::LogLine& l : logs->lines()) PrintLogLine(l, several_attempts);
+      std::cout.flush();
+      return kExitOk;
+    }
+    if (logs.status().code() != StatusCode::kUnimplemented) return ReportError(logs.status());
+    // A coordinator without GetJobLogs: replay the retained events instead.
+  }
+  v1::WatchJobRequest request;
+  request.set_job_id(f.job_id);
+  request.set_skip_metrics(true);
+  request.set_replay_only(!f.follow);
+  if (f.rank) request.set_log_rank(*f.rank);
+  uint64_t last_sequence = 0;
+  bool ended = false;
+  Backoff backoff(std::chrono::milliseconds(200), std::chrono::milliseconds(3000));
+  for (int tries = 0;; ++tries) {
+    request.set_from_sequence(last_sequence + 1);
+    const Status s = (*client)->WatchJob(request, [&](const v1::JobEvent& e) {
+      last_sequence = std::max(last_sequence, e.sequence());
+      if (e.has_log()) {
+        PrintLogLine(e.log(), /*with_attempt=*/false);
+        std::cout.flush();
+      }
+      if (e.has_state_changed() && IsTerminal(e.state_changed().state())) ended = true;
+      return true;
+    });
+    if (s.ok() && (ended || !f.follow)) return kExitOk;
+    if (!s.ok() && (s.code() != StatusCode::kUnavailable || !f.follow || tries > 30)) {
+      return ReportError(s);
+    }
+    if (s.ok()) {
+      StatusOr<v1::Job> job = (*client)->GetJob(f.job_id);
+      if (job.ok() && IsTerminal(job->state())) return kExitOk;
+    }
+    std::this_thread::sleep_for(backoff.Next());
+  }
+}
+
+int RunCancel(const JobFlags& f) {
+  StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
+  if (!client.ok()) return ReportError(client.status());
+  StatusOr<v1::Job> job = (*client)->CancelJob(f.job_id, f.reason);
+  if (!job.ok()) return ReportError(job.status());
+  if (f.output == "json") {
+    std::cout << JobStatusJson(*job).dump() << std::endl;
+  } else {
+    std::cout << "job " << job->job_id() << " " << JobStateName(job->state()) << std::endl;
+  }
+  return kExitOk;
+}
+
+CLI::App* AddJobCommand(CLI::App& app, const char* name, const char* help,
+                        std::shared_ptr<JobFlags> f) {
+  CLI::App* cmd = app.add_subcommand(name, help);
+  cmd->add_option("JOB", f->job_id, "job id (from `meshrun submit` or `meshrun jobs`)")->required();
+  AddCoordinatorOption(cmd, &f->coordinator);
+  return cmd;
+}
+
+}  // namespace
+
+void RegisterJobsCommand(CLI::App& app, CommandResult& result) {
+  auto f = std::make_shared<JobFlags>();
+  CLI::App* cmd = app.add_subcommand("jobs", "List the coordinator's jobs, newest first");
+  AddOutputOption(cmd, &f->output);
+  AddCoordinatorOption(cmd, &f->coordinator);
+  cmd->callback([f, &result] { result.run = [f] { return RunJobs(*f); }; });
+}
+
+void RegisterStatusCommand(CLI::App& app, CommandResult& result) {
+  auto f = std::make_shared<JobFlags>();
+  CLI::App* cmd = AddJobCommand(app, "status", "One job with its ranks (worker, coordinates)", f);
+  AddOutputOption(cmd, &f->output);
+  cmd->callback([f, &result] { result.run = [f] { return RunStatus(*f); }; });
+}
+
+void RegisterLogsCommand(CLI::App& app, CommandResult& result) {
+  auto f = std::make_shared<JobFlags>();
+  CLI::App* cmd = AddJobCommand(app, "logs", "The log lines of a job's ranks", f);
+  cmd->add_flag("--follow", f->follow, "keep printing new lines until the job ends");
+  cmd->add_option("--rank", f->rank, "only this rank's lines")->check(CLI::NonNegativeNumber);
+  cmd->callback([f, &result] { result.run = [f] { return RunLogs(*f); }; });
+}
+
+void RegisterCancelCommand(CLI::App& app, CommandResult& result) {
+  auto f = std::make_shared<JobFlags>();
+  CLI::App* cmd = AddJobCommand(app, "cancel", "Cancel a pending or running job", f);
+  cmd->add_option("--reason", f->reason, "recorded in the job's message");
+  AddOutputOption(cmd, &f->output);
+  cmd->callback([f, &result] { result.run = [f] { return RunCancel(*f); }; });
+}
+
+}  // namespace meshrun::client

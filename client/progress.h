@@ -1,0 +1,60 @@
+// Following a job to its end: `meshrun submit --follow` and `meshrun demo` watch the job's
+// events (WatchJob, reconnecting from the last sequence seen) and show a live progress bar on a
+// terminal (redrawn with \r: step/steps, loss, tokens/s, MFU, ETA) or one plain line per step
+// otherwise, with state changes, rank failures and checkpoints as lines of their own.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <string>
+
+#include "client/coordinator_client.h"
+#include "common/status.h"
+
+namespace meshrun::client {
+
+// What the view knows of a job; filled from its events.
+struct ProgressState {
+  v1::JobState state = v1::JOB_STATE_PENDING;
+  int attempt = 0;
+  int64_t step = 0;
+  int64_t steps = 0;
+  double loss = 0;
+  double lr = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;
+  double step_seconds = 0;  // smoothed (exponential moving average), for the ETA
+};
+
+// "[##########··········]  40/100  loss 2.8134  4,102 tok/s  MFU 1.2%  ETA 12s" (bar_width 0:
+// no bar, the plain-line form). Pure.
+std::string RenderProgressLine(const ProgressState& state, int bar_width);
+
+struct FollowOptions {
+  std::ostream* out = nullptr;  // default std::cout
+  bool terminal = false;        // redraw one line with \r instead of printing one per step
+  bool show_logs = false;       // also print the ranks' log lines
+  // How long to keep reconnecting while the coordinator is unreachable.
+  std::chrono::seconds reconnect_for{90};
+};
+
+// What was seen by the end.
+struct FollowResult {
+  v1::Job job;                        // GetJob after the terminal state
+  std::map<int64_t, double> loss;     // job-level loss by step (a restart overwrites its steps)
+  double mean_tokens_per_second = 0;  // over the job-level samples seen
+  double mean_mfu = 0;
+  std::string last_checkpoint;  // newest CheckpointSaved seen (or job.last_checkpoint)
+};
+
+// Watches `job_id` until it reaches a terminal state. Errors: the coordinator's (NOT_FOUND for
+// an unknown job), or UNAVAILABLE once it stayed unreachable for reconnect_for.
+StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& job_id,
+                                 const FollowOptions& options);
+
+// Whether stdout is a terminal (and TERM is not "dumb").
+bool StdoutIsTerminal();
+
+}  // namespace meshrun::client

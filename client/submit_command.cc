@@ -1,0 +1,112 @@
+// `meshrun submit` (see submit_command.h).
+#include "client/submit_command.h"
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "client/coordinator_client.h"
+#include "client/progress.h"
+#include "common/job_spec_yaml.h"
+#include "worker/spec_proto.h"
+
+namespace meshrun::client {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+struct SubmitFlags {
+  std::string file;
+  std::vector<std::string> overrides;
+  bool follow = false;
+  bool logs = false;
+  std::string output = "text";
+  std::string coordinator;
+};
+
+void MakeAbsolute(std::string& path) {
+  if (path.empty() || fs::path(path).is_absolute()) return;
+  path = fs::absolute(path).lexically_normal().string();
+}
+
+int RunSubmit(const SubmitFlags& f) {
+  StatusOr<v1::JobSpec> spec = PrepareSubmission(f.file, f.overrides);
+  if (!spec.ok()) return ReportError(spec.status());
+  StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
+  if (!client.ok()) return ReportError(client.status());
+  StatusOr<std::string> job_id = (*client)->SubmitJob(*spec, NewRequestId());
+  if (!job_id.ok()) return ReportError(job_id.status());
+  const bool as_json = f.output == "json";
+  if (as_json) {
+    std::cout << json{{"job_id", *job_id}}.dump() << std::endl;
+  } else {
+    std::cout << *job_id << std::endl;
+  }
+  if (!f.follow) return kExitOk;
+
+  // With -o json, stdout carries JSON only: progress goes to stderr, the final status to stdout.
+  FollowOptions follow;
+  follow.out = as_json ? &std::cerr : &std::cout;
+  follow.terminal = !as_json && StdoutIsTerminal();
+  follow.show_logs = f.logs;
+  StatusOr<FollowResult> followed = FollowJob(**client, *job_id, follow);
+  if (!followed.ok()) return ReportError(followed.status());
+  const v1::Job& job = followed->job;
+  if (as_json) {
+    std::cout << JobStatusJson(job).dump() << std::endl;
+  } else {
+    std::printf("job %s %s after %lld/%lld steps, final loss %.4f, restarts %d%s%s\n",
+                job.job_id().c_str(), JobStateName(job.state()).c_str(),
+                static_cast<long long>(job.step()), static_cast<long long>(job.steps()), job.loss(),
+                job.restarts(), job.message().empty() ? "" : ": ", job.message().c_str());
+  }
+  return job.state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
+StatusOr<v1::JobSpec> PrepareSubmission(const std::string& file,
+                                        const std::vector<std::string>& overrides) {
+  MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpecFile(file, overrides));
+  MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, 0));
+  MakeAbsolute(spec.data.train);
+  MakeAbsolute(spec.data.val);
+  MakeAbsolute(spec.checkpoint.dir);
+  MakeAbsolute(spec.model.init_from);
+  v1::JobSpec proto = JobSpecToProto(spec);
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  proto.set_source_yaml(text.str());
+  for (const std::string& kv : overrides) proto.add_set_overrides(kv);
+  return proto;
+}
+
+std::string NewRequestId() {
+  std::random_device device;
+  char text[40];
+  std::snprintf(text, sizeof(text), "%08x%08x%08x%08x", device(), device(), device(), device());
+  return text;
+}
+
+void RegisterSubmitCommand(CLI::App& app, CommandResult& result) {
+  auto f = std::make_shared<SubmitFlags>();
+  CLI::App* cmd = app.add_subcommand("submit", "Submit a job to the coordinator; print its id");
+  cmd->add_option("-f,--file", f->file, "job spec (YAML)")->required();
+  cmd->add_option("--set", f->overrides, "override a field: dotted.path=value (repeatable)")
+      ->expected(1)
+      ->take_all();
+  cmd->add_flag("--follow", f->follow, "show the job's progress until it ends");
+  cmd->add_flag("--logs", f->logs, "with --follow: also print the ranks' log lines");
+  cmd->add_option("-o,--output", f->output, "output format: text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+  AddCoordinatorOption(cmd, &f->coordinator);
+  cmd->callback([f, &result] { result.run = [f] { return RunSubmit(*f); }; });
+}
+
+}  // namespace meshrun::client

@@ -1,0 +1,217 @@
+// WorkerDaemon end to end against an in-process fake coordinator, with a shell script standing
+// in for `meshrun train`: an assignment becomes spec.yaml + a process with the protocol's
+// environment; its step line becomes RankMetrics, its checkpoint line CheckpointSaved, its other
+// lines LogBatches, its end RankExited; stop orders, full slots, bad specs and shutdown.
+#include "worker/worker_daemon.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "common/job_spec_yaml.h"
+#include "tests/worker/fake_coordinator.h"
+#include "worker/spec_proto.h"
+
+namespace meshrun {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using testing::FakeCoordinator;
+using testing::FakeServer;
+using Ups = std::vector<v1::WorkerSessionRequest>;
+
+constexpr char kFakeRank[] = R"(#!/bin/sh
+# A stand-in for `meshrun train -f SPEC --nproc N -o json` that speaks the rank protocol.
+spec="$3"
+[ -f "$spec" ] || { echo "error: no spec at $spec" >&2; exit 2; }
+echo '{"event":"step","step":1,"loss":5.5,"lr":0.001,"grad_norm":1.0,"step_seconds":0.1,"tokens_per_second":100.0,"tflops":0.0,"mfu":0.01,"peak_memory_bytes":10}'
+echo "checkpoint $PWD/ck/step-00000001" >&2
+echo "env $MESHRUN_RANK $MESHRUN_WORLD_SIZE $MESHRUN_JOB_ID $MESHRUN_ATTEMPT $MESHRUN_STORE_ADDRESS $MESHRUN_HOST $MESHRUN_REPORT_ALL_RANKS $OMP_NUM_THREADS $MESHRUN_STORE_DIR"
+case "$FAKE_RANK_MODE" in
+  sleep) trap 'echo stopping >&2; exit 143' TERM; while true; do sleep 0.05; done ;;
+  fail) echo "error: rank blew up" >&2; exit 1 ;;
+esac
+exit 0
+)";
+
+class WorkerDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("worker-daemon-test-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const fs::path script = dir_ / "meshrun";
+    std::ofstream(script) << kFakeRank;
+    chmod(script.c_str(), 0755);
+    setenv("MESHRUN_STORE_DIR", "/must/not/leak", 1);
+    server_ = std::make_unique<FakeServer>(&fake_);
+    ASSERT_TRUE(server_->ok());
+  }
+  void TearDown() override {
+    daemon_.reset();
+    server_.reset();
+    unsetenv("FAKE_RANK_MODE");
+    unsetenv("MESHRUN_STORE_DIR");
+    fs::remove_all(dir_);
+  }
+
+  void StartDaemon(int slots = 2) {
+    WorkerConfig config;
+    config.name = "w1";
+    config.slots = slots;
+    config.address = "127.0.0.9";
+    config.work_dir = (dir_ / "work").string();
+    config.meshrun_binary = (dir_ / "meshrun").string();
+    config.cores = 8;
+    config.default_grace = 2s;
+    config.session.backoff_initial = 50ms;
+    daemon_ = std::make_unique<WorkerDaemon>(config, testing::StubFor(server_->address()), nullptr);
+    daemon_->Start();
+    ASSERT_TRUE(fake_.WaitForOpens(1));
+  }
+
+  v1::WorkerSessionResponse Assign(int rank, int world = 2, int attempt = 1) {
+    JobSpec spec;
+    spec.name = "t";
+    spec.parallelism.tp_size = 2;
+    spec.data.train = "/tmp/data.txt";
+    v1::WorkerSessionResponse m;
+    v1::RankAssignment* a = m.mutable_assign();
+    a->set_job_id("job-1");
+    a->set_attempt(attempt);
+    a->set_rank(rank);
+    a->set_world_size(world);
+    a->mutable_coords()->set_tp(rank);
+    a->set_local_rank(rank);
+    a->set_local_world_size(2);
+    *a->mutable_spec() = JobSpecToProto(spec);
+    a->mutable_store()->set_address("127.0.0.1:7777");
+    return m;
+  }
+
+  static const v1::RankExited* ExitOf(const Ups& ups, int rank) {
+    for (const auto& u : ups) {
+      if (u.has_rank_exited() && u.rank_exited().rank() == rank) return &u.rank_exited();
+    }
+    return nullptr;
+  }
+
+  FakeCoordinator fake_;
+  std::unique_ptr<FakeServer> server_;
+  std::unique_ptr<WorkerDaemon> daemon_;
+  fs::path dir_;
+};
+
+TEST_F(WorkerDaemonTest, AssignmentRunsARankAndReportsItsLife) {
+  StartDaemon();
+  fake_.SendDown(Assign(0));
+  fake_.SendDown(Assign(1));
+  ASSERT_TRUE(fake_.WaitFor([](const Ups& ups) { return ExitOf(ups, 0) && ExitOf(ups, 1); }));
+  const Ups ups = fake_.up();
+  int started = 0, metrics = 0, checkpoints = 0;
+  std::vector<std::string> logs;
+  for (const auto& u : ups) {
+    started += u.has_rank_started();
+    if (u.has_rank_started()) {
+      EXPECT_GT(u.rank_started().pid(), 0);
+    }
+    if (u.has_metrics()) {
+      ++metrics;
+      const v1::MetricsSample& s = u.metrics().sample();
+      EXPECT_EQ(s.job_id(), "job-1");
+      EXPECT_TRUE(s.has_rank());
+      EXPECT_EQ(s.step(), 1);
+      EXPECT_DOUBLE_EQ(s.loss(), 5.5);
+    }
+    if (u.has_checkpoint_saved()) {
+      ++checkpoints;
+      EXPECT_EQ(u.checkpoint_saved().step(), 1);
+    }
+    for (const auto& l : u.logs().lines())
+      logs.push_back(std::to_string(l.rank()) + ":" + l.text());
+  }
+  EXPECT_EQ(started, 2);
+  EXPECT_EQ(metrics, 2) << "each rank's step line is a RankMetrics, not a log line";
+  EXPECT_EQ(checkpoints, 1) << "only rank 0 reports checkpoints";
+  EXPECT_EQ(ExitOf(ups, 0)->exit_code(), 0);
+  EXPECT_FALSE(ExitOf(ups, 0)->stopped());
+  // 8 cores shared by 2 local ranks; no MESHRUN_STORE_DIR leaks from the worker's environment.
+  EXPECT_NE(std::find(logs.begin(), logs.end(), "1:env 1 2 job-1 1 127.0.0.1:7777 127.0.0.9 1 4 "),
+            logs.end());
+  const fs::path spec = dir_ / "work" / "job-1" / "1" / "spec.yaml";
+  ASSERT_TRUE(fs::exists(spec));
+  StatusOr<JobSpec> parsed = LoadJobSpecFile(spec.string(), {});
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->parallelism.tp_size, 2);
+  EXPECT_EQ(daemon_->active_ranks(), 0u);
+}
+
+TEST_F(WorkerDaemonTest, StopOrderStopsTheAttemptsRanks) {
+  setenv("FAKE_RANK_MODE", "sleep", 1);
+  StartDaemon();
+  fake_.SendDown(Assign(0));
+  fake_.SendDown(Assign(1));
+  ASSERT_TRUE(fake_.WaitFor([](const Ups& ups) {
+    int n = 0;
+    for (const auto& u : ups) n += u.has_rank_started();
+    return n == 2;
+  }));
+  // Heartbeats list both.
+  ASSERT_TRUE(fake_.WaitFor([](const Ups& ups) {
+    return !ups.empty() && ups.back().has_heartbeat() && ups.back().heartbeat().running_size() == 2;
+  }));
+  v1::WorkerSessionResponse stop;
+  stop.mutable_stop()->set_job_id("job-1");
+  stop.mutable_stop()->set_attempt(1);
+  stop.mutable_stop()->set_reason(v1::STOP_REASON_CANCELLED);
+  stop.mutable_stop()->mutable_grace_period()->set_seconds(5);
+  fake_.SendDown(stop);
+  ASSERT_TRUE(fake_.WaitFor([](const Ups& ups) { return ExitOf(ups, 0) && ExitOf(ups, 1); }));
+  const Ups ups = fake_.up();
+  for (int r : {0, 1}) {
+    EXPECT_TRUE(ExitOf(ups, r)->stopped());
+    EXPECT_EQ(ExitOf(ups, r)->exit_code(), 143);
+  }
+}
+
+TEST_F(WorkerDaemonTest, FullSlotsAndBadSpecsAreReportedNotStarted) {
+  setenv("FAKE_RANK_MODE", "sleep", 1);
+  StartDaemon(/*slots=*/1);
+  fake_.SendDown(Assign(0));
+  fake_.SendDown(Assign(1));
+  ASSERT_TRUE(fake_.WaitFor([](const Ups& ups) { return ExitOf(ups, 1) != nullptr; }));
+  EXPECT_EQ(ExitOf(fake_.up(), 1)->exit_code(), -1);
+  EXPECT_NE(ExitOf(fake_.up(), 1)->error().find("no free slot"), std::string::npos);
+  // A world size that contradicts the spec's mesh (tp 2) never starts.
+  v1::WorkerSessionResponse bad = Assign(2, /*world=*/3, /*attempt=*/2);
+  fake_.SendDown(bad);
+  daemon_->Shutdown(1s);  // frees the slot; the bad one is refused either way
+  const Ups ups = fake_.up();
+  const v1::RankExited* bad_exit = ExitOf(ups, 2);
+  ASSERT_NE(bad_exit, nullptr);
+  EXPECT_EQ(bad_exit->exit_code(), -1);
+  EXPECT_FALSE(bad_exit->error().empty());
+  // Shutdown stopped rank 0 and reported it before closing the session.
+  ASSERT_NE(ExitOf(ups, 0), nullptr);
+  EXPECT_TRUE(ExitOf(ups, 0)->stopped());
+}
+
+TEST_F(WorkerDaemonTest, FailedRankReportsItsLastErrorLine) {
+  setenv("FAKE_RANK_MODE", "fail", 1);
+  StartDaemon();
+  fake_.SendDown(Assign(0));
+  ASSERT_TRUE(fake_.WaitFor([](const Ups& ups) { return ExitOf(ups, 0) != nullptr; }));
+  const Ups ups = fake_.up();
+  const v1::RankExited* e = ExitOf(ups, 0);
+  EXPECT_EQ(e->exit_code(), 1);
+  EXPECT_EQ(e->error(), "error: rank blew up");
+  EXPECT_FALSE(e->stopped());
+}
+
+}  // namespace
+}  // namespace meshrun

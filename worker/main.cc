@@ -1,0 +1,143 @@
+// meshrun-worker: one per node. Wires the flags to a WorkerDaemon (session + rank supervisor)
+// and a Prometheus endpoint, then waits for SIGTERM/SIGINT to stop its ranks and exit.
+#include <grpcpp/grpcpp.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <thread>
+
+#include "worker/worker_daemon.h"
+#include "worker/worker_metrics.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string DirOfThisBinary() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : self.parent_path().string();
+}
+
+// The host part of HOST:PORT ("" when there is none).
+std::string HostOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+int Fail(const std::string& message, int code) {
+  std::cerr << "error: " << message << std::endl;
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("meshrun-worker"));
+  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [worker] %v");
+
+  meshrun::WorkerConfig config;
+  std::string coordinator, metrics_listen, address;
+  int grace_seconds = 5;
+  CLI::App app{"meshrun-worker: runs the rank processes the coordinator assigns to this node",
+               "meshrun-worker"};
+  app.set_version_flag("--version", MESHRUN_VERSION);
+  app.add_option("--coordinator", coordinator, "HOST:PORT of meshrun-coordinator")->required();
+  app.add_option("--name", config.name, "worker name, unique in the cluster")->required();
+  app.add_option("--slots", config.slots, "rank processes it runs at once")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--device", config.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--metrics-listen", metrics_listen,
+                 "HOST:PORT of the Prometheus endpoint (empty: none)");
+  app.add_option("--work-dir", config.work_dir, "folder for each attempt's spec.yaml")->required();
+  app.add_option("--address", address,
+                 "address other ranks reach this node's ranks at (default: the host of "
+                 "--metrics-listen, else 127.0.0.1)");
+  app.add_option("--meshrun", config.meshrun_binary,
+                 "the meshrun binary ranks run (default: next to this binary)");
+  app.add_option("--cores", config.cores, "CPU cores its ranks share (default: all)")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--grace", grace_seconds, "seconds between SIGTERM and SIGKILL on shutdown")
+      ->check(CLI::Range(0, 3600));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    return Fail(std::string(e.what()) + " (hint: run 'meshrun-worker --help')", 2);
+  }
+
+  if (config.meshrun_binary.empty()) config.meshrun_binary = DirOfThisBinary() + "/meshrun";
+  if (access(config.meshrun_binary.c_str(), X_OK) != 0) {
+    return Fail("--meshrun: " + config.meshrun_binary +
+                    " is not an executable (hint: install meshrun next to meshrun-worker)",
+                2);
+  }
+  if (address.empty()) {
+    const std::string host = HostOf(metrics_listen);
+    address = (host.empty() || host == "0.0.0.0" || host == "::") ? "127.0.0.1" : host;
+  }
+  config.address = address;
+  config.metrics_address = metrics_listen;
+  if (config.cores < 1 || !app.count("--cores")) {
+    config.cores = std::max(1u, std::thread::hardware_concurrency());
+  }
+  config.default_grace = std::chrono::seconds(grace_seconds);
+  std::error_code ec;
+  fs::create_directories(config.work_dir, ec);
+  if (ec) return Fail("--work-dir: cannot create " + config.work_dir + ": " + ec.message(), 2);
+  config.work_dir = fs::absolute(config.work_dir).string();
+
+  // Signals are taken by sigwait below; every thread created from here on inherits the mask
+  // (rank processes get a clean one).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::unique_ptr<meshrun::WorkerMetrics> metrics;
+  if (!metrics_listen.empty()) {
+    auto created = meshrun::WorkerMetrics::Create(metrics_listen, config.name, config.slots);
+    if (!created.ok()) return Fail(created.status().message(), 1);
+    metrics = std::move(created).value();
+  }
+
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  auto channel = grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<meshrun::v1::CoordinatorService::StubInterface> stub =
+      meshrun::v1::CoordinatorService::NewStub(channel);
+
+  meshrun::WorkerDaemon daemon(config, stub, metrics.get());
+  spdlog::info("worker {} ({} {} slots, ranks at {}, work dir {}) connecting to {}", config.name,
+               config.slots, config.device, config.address, config.work_dir, coordinator);
+  daemon.Start();
+
+  int exit_code = 0;
+  while (true) {
+    timespec tick{0, 200 * 1000 * 1000};
+    const int sig = sigtimedwait(&signals, nullptr, &tick);
+    if (sig == SIGTERM || sig == SIGINT) {
+      spdlog::info("received signal {}; stopping ranks", sig);
+      break;
+    }
+    if (meshrun::Status fatal = daemon.fatal(); !fatal.ok()) {
+      std::cerr << "error: " << fatal.message() << std::endl;
+      exit_code = 2;
+      break;
+    }
+  }
+  daemon.Shutdown(config.default_grace);
+  return exit_code;
+}

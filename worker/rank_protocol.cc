@@ -1,0 +1,153 @@
+// The worker <-> rank protocol (see rank_protocol.h and docs/control-plane.md).
+#include "worker/rank_protocol.h"
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+namespace meshrun {
+namespace {
+
+using json = nlohmann::json;
+
+bool StartsWith(std::string_view text, std::string_view prefix) {
+  return text.size() >= prefix.size() && text.substr(0, prefix.size()) == prefix;
+}
+
+double NumberOr(const json& object, const char* key, double fallback) {
+  auto it = object.find(key);
+  if (it == object.end() || !it->is_number()) return fallback;
+  return it->get<double>();
+}
+
+void SetNow(google::protobuf::Timestamp* t) {
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
+  t->set_seconds(ns / 1000000000);
+  t->set_nanos(static_cast<int32_t>(ns % 1000000000));
+}
+
+}  // namespace
+
+RankCommand BuildRankCommand(const v1::RankAssignment& a, const RankLaunchConfig& config) {
+  RankCommand cmd;
+  cmd.argv = {config.meshrun_binary,          "train", "-f",  config.spec_path, "--nproc",
+              std::to_string(a.world_size()), "-o",    "json"};
+  const int local = std::max(1, a.local_world_size());
+  const int threads = std::max(1, config.cores / local);
+  cmd.env = {{"MESHRUN_RANK", std::to_string(a.rank())},
+             {"MESHRUN_WORLD_SIZE", std::to_string(a.world_size())},
+             {kEnvStoreAddress, a.store().address()},
+             {kEnvJobId, a.job_id()},
+             {kEnvAttempt, std::to_string(a.attempt())},
+             {kEnvHost, config.host},
+             {kEnvReportAllRanks, "1"},
+             {kEnvLocalRank, std::to_string(a.local_rank())},
+             {kEnvLocalWorldSize, std::to_string(local)},
+             {"OMP_NUM_THREADS", std::to_string(threads)}};
+  if (!a.resume_checkpoint().empty())
+    cmd.env.emplace_back(kEnvResumeCheckpoint, a.resume_checkpoint());
+  return cmd;
+}
+
+std::vector<std::string> MergeEnvironment(
+    const std::vector<std::string>& base,
+    const std::vector<std::pair<std::string, std::string>>& vars) {
+  std::vector<std::string> env;
+  for (const std::string& entry : base) {
+    const std::string_view name = std::string_view(entry).substr(0, entry.find('='));
+    if (StartsWith(name, "MESHRUN_") || name == "OMP_NUM_THREADS") continue;
+    env.push_back(entry);
+  }
+  for (const auto& [name, value] : vars) env.push_back(name + "=" + value);
+  return env;
+}
+
+bool IsSafeJobId(std::string_view id) {
+  if (id.empty() || id.size() > 128 || id == "." || id == "..") return false;
+  return std::all_of(id.begin(), id.end(),
+                     [](char ch) { return ch > ' ' && ch < 127 && ch != '/' && ch != '\\'; });
+}
+
+std::optional<v1::MetricsSample> ParseStepLine(std::string_view line, const std::string& job_id,
+                                               int attempt, int rank) {
+  // Cheap filter first: most lines a rank prints are not step lines.
+  if (line.empty() || line.front() != '{' || line.find("\"step\"") == std::string_view::npos) {
+    return std::nullopt;
+  }
+  const json object = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+  if (!object.is_object()) return std::nullopt;
+  auto event = object.find("event");
+  if (event == object.end() || !event->is_string() || *event != "step") return std::nullopt;
+  auto step = object.find("step");
+  if (step == object.end() || !step->is_number_integer()) return std::nullopt;
+  v1::MetricsSample s;
+  s.set_job_id(job_id);
+  s.set_attempt(attempt);
+  s.set_rank(rank);
+  s.set_step(step->get<int64_t>());
+  SetNow(s.mutable_time());
+  s.set_loss(NumberOr(object, "loss", 0));
+  s.set_lr(NumberOr(object, "lr", 0));
+  s.set_grad_norm(NumberOr(object, "grad_norm", 0));
+  if (object.contains("val_loss")) s.set_val_loss(NumberOr(object, "val_loss", 0));
+  s.set_step_seconds(NumberOr(object, "step_seconds", 0));
+  s.set_tokens_per_second(NumberOr(object, "tokens_per_second", 0));
+  s.set_tflops(NumberOr(object, "tflops", 0));
+  s.set_mfu(NumberOr(object, "mfu", 0));
+  s.set_memory_allocated_bytes(
+      static_cast<uint64_t>(std::max(0.0, NumberOr(object, "allocated_memory_bytes", 0))));
+  s.set_memory_peak_bytes(
+      static_cast<uint64_t>(std::max(0.0, NumberOr(object, "peak_memory_bytes", 0))));
+  s.set_memory_reserved_bytes(
+      static_cast<uint64_t>(std::max(0.0, NumberOr(object, "reserved_memory_bytes", 0))));
+  return s;
+}
+
+std::optional<v1::CheckpointSaved> ParseCheckpointLine(std::string_view line,
+                                                       const std::string& job_id, int attempt) {
+  constexpr std::string_view kPrefix = "checkpoint ";
+  if (!StartsWith(line, kPrefix)) return std::nullopt;
+  std::string_view path = line.substr(kPrefix.size());
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  const size_t slash = path.rfind('/');
+  const std::string_view base = slash == std::string_view::npos ? path : path.substr(slash + 1);
+  constexpr std::string_view kStep = "step-";
+  if (!StartsWith(base, kStep) || base.size() == kStep.size()) return std::nullopt;
+  int64_t step = 0;
+  const std::string_view digits = base.substr(kStep.size());
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (ec != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  v1::CheckpointSaved saved;
+  saved.set_job_id(job_id);
+  saved.set_attempt(attempt);
+  saved.set_step(step);
+  saved.set_path(std::string(path));
+  return saved;
+}
+
+void LineSplitter::Feed(std::string_view data, const std::function<void(std::string)>& on_line) {
+  while (!data.empty()) {
+    const size_t newline = data.find('\n');
+    const size_t take = newline == std::string_view::npos ? data.size() : newline;
+    partial_.append(data.substr(0, take));
+    while (partial_.size() > max_line_) {
+      on_line(partial_.substr(0, max_line_));
+      partial_.erase(0, max_line_);
+    }
+    if (newline == std::string_view::npos) return;
+    if (!partial_.empty() && partial_.back() == '\r') partial_.pop_back();
+    on_line(std::move(partial_));
+    partial_.clear();
+    data.remove_prefix(newline + 1);
+  }
+}
+
+void LineSplitter::Flush(const std::function<void(std::string)>& on_line) {
+  if (partial_.empty()) return;
+  on_line(std::move(partial_));
+  partial_.clear();
+}
+
+}  // namespace meshrun

@@ -1,0 +1,445 @@
+// RankSupervisor (see rank_supervisor.h): one thread runs a loop of launch pending ranks →
+// deliver stop signals → poll() the pipes → reap → report exits. Stop() and Start() only record
+// what to do and wake the loop through a self-pipe, so only that thread forks, signals and reads.
+#include "worker/rank_supervisor.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <optional>
+
+#include "worker/rank_protocol.h"
+
+namespace meshrun {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// After a process is reaped, how long to keep reading output its leftover children hold open.
+constexpr milliseconds kDrainAfterExit{1000};
+// During Shutdown, how long after SIGKILL to wait for the kernel before giving up on a process.
+constexpr milliseconds kWaitAfterKill{10000};
+// Longest poll() sleep; bounds how late a SIGKILL deadline or a reap is noticed.
+constexpr int kPollMillis = 50;
+
+void CloseFd(int& fd) {
+  if (fd >= 0) close(fd);
+  fd = -1;
+}
+
+// What the child writes to the status pipe when it cannot exec: the step and errno.
+struct ExecFailure {
+  int step = 0;  // 1 chdir, 2 open /dev/null, 3 exec
+  int err = 0;
+};
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return (abbrev != nullptr ? "SIG" + std::string(abbrev) : std::string("signal")) + " (" +
+         std::to_string(sig) + ")";
+}
+
+}  // namespace
+
+struct RankSupervisor::Proc {
+  RankSpawn spawn;
+  // Guarded by mu_ (Stop and RunningRanks read them from other threads).
+  pid_t pid = 0;
+  bool stop_requested = false;
+  Clock::time_point kill_at{};
+  // Touched by the supervisor thread only.
+  bool launched = false;
+  bool term_sent = false;
+  bool kill_sent = false;
+  int out_fd = -1;
+  int err_fd = -1;
+  LineSplitter out;
+  LineSplitter err;
+  std::string last_err_line;
+  bool reaped = false;
+  int wait_status = 0;
+  Clock::time_point reaped_at{};
+  std::optional<RankExit> result;  // set once known; reported, then the Proc is dropped
+};
+
+RankSupervisor::RankSupervisor(Callbacks callbacks) : callbacks_(std::move(callbacks)) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0) {
+    wake_read_ = fds[0];
+    wake_write_ = fds[1];
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+RankSupervisor::~RankSupervisor() {
+  Shutdown(milliseconds(5000));
+  CloseFd(wake_read_);
+  CloseFd(wake_write_);
+}
+
+// Written on the supervisor thread, read by Stop and RunningRanks: under mu_.
+void RankSupervisor::SetResult(Proc& proc, RankExit exit) {
+  std::lock_guard<std::mutex> lock(mu_);
+  proc.result = std::move(exit);
+}
+
+void RankSupervisor::Wake() {
+  if (wake_write_ < 0) return;
+  const char byte = 1;
+  [[maybe_unused]] ssize_t n = write(wake_write_, &byte, 1);  // a full pipe wakes the loop too
+}
+
+Status RankSupervisor::Start(RankSpawn spawn) {
+  if (spawn.argv.empty() || spawn.argv[0].empty()) {
+    return InvalidArgumentError("argv: empty command for " + spawn.key.ToString());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) {
+      return FailedPreconditionError("worker is shutting down: not starting " +
+                                     spawn.key.ToString());
+    }
+    if (procs_.count(spawn.key) > 0) {
+      return Status(StatusCode::kAlreadyExists, spawn.key.ToString() + " runs already");
+    }
+    auto proc = std::make_shared<Proc>();
+    const RankKey key = spawn.key;
+    proc->spawn = std::move(spawn);
+    procs_.emplace(key, std::move(proc));
+  }
+  Wake();
+  return OkStatus();
+}
+
+int RankSupervisor::Stop(const std::string& job_id, int attempt, milliseconds grace) {
+  int n = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, proc] : procs_) {
+      if (key.job_id != job_id || key.attempt != attempt || proc->result) continue;
+      if (!proc->stop_requested) {
+        proc->stop_requested = true;
+        proc->kill_at = Clock::now() + grace;
+      }
+      ++n;
+    }
+  }
+  Wake();
+  return n;
+}
+
+int RankSupervisor::StopAll(milliseconds grace) {
+  int n = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, proc] : procs_) {
+      if (proc->result) continue;
+      if (!proc->stop_requested) {
+        proc->stop_requested = true;
+        proc->kill_at = Clock::now() + grace;
+      }
+      ++n;
+    }
+  }
+  Wake();
+  return n;
+}
+
+std::vector<RankSupervisor::Running> RankSupervisor::RunningRanks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Running> out;
+  for (const auto& [key, proc] : procs_) {
+    if (!proc->result) out.push_back({key, proc->pid});
+  }
+  return out;
+}
+
+size_t RankSupervisor::running_count() const {
+  return RunningRanks().size();
+}
+
+void RankSupervisor::Shutdown(milliseconds grace) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutdown_done_) return;
+    shutdown_done_ = true;
+    shutting_down_ = true;
+  }
+  StopAll(grace);
+  if (thread_.joinable()) thread_.join();
+}
+
+// Runs on the supervisor thread. Everything the child does between fork and exec is
+// async-signal-safe: the strings were prepared before fork.
+void RankSupervisor::Launch(Proc& proc) {
+  proc.launched = true;
+  const RankSpawn& s = proc.spawn;
+  std::vector<char*> argv;
+  for (const std::string& a : s.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const std::string& e : s.env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const char* cwd = s.working_dir.empty() ? nullptr : s.working_dir.c_str();
+
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) {
+    const int e = errno;
+    for (int* p : {out, err, status}) {
+      CloseFd(p[0]);
+      CloseFd(p[1]);
+    }
+    SetResult(proc,
+              RankExit{-1, 0, std::string("cannot create pipes: ") + std::strerror(e), false});
+    return;
+  }
+  const pid_t parent = getpid();
+  sigset_t empty;
+  sigemptyset(&empty);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the worker died between fork and prctl
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int sig : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGQUIT})
+      sigaction(sig, &dfl, nullptr);
+    sigprocmask(SIG_SETMASK, &empty, nullptr);
+    ExecFailure failure;
+    const int devnull = open("/dev/null", O_RDONLY);
+    if (devnull < 0) {
+      failure = {2, errno};
+    } else {
+      dup2(devnull, STDIN_FILENO);
+      dup2(out[1], STDOUT_FILENO);
+      dup2(err[1], STDERR_FILENO);
+#ifdef SYS_close_range
+      // Nothing else of the worker (gRPC sockets, other ranks' pipes) leaks into the rank.
+      syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
+#endif
+      if (cwd != nullptr && chdir(cwd) != 0) {
+        failure = {1, errno};
+      } else {
+        execve(argv[0], argv.data(), envp.data());
+        failure = {3, errno};
+      }
+    }
+    [[maybe_unused]] ssize_t n = write(status[1], &failure, sizeof(failure));
+    _exit(127);
+  }
+  const int fork_errno = errno;
+  CloseFd(out[1]);
+  CloseFd(err[1]);
+  CloseFd(status[1]);
+  if (pid < 0) {
+    CloseFd(out[0]);
+    CloseFd(err[0]);
+    CloseFd(status[0]);
+    SetResult(proc,
+              RankExit{-1, 0, std::string("cannot fork: ") + std::strerror(fork_errno), false});
+    return;
+  }
+  setpgid(pid, pid);  // also in the parent, so that signals reach the group at once
+  ExecFailure failure;
+  ssize_t got;
+  do {
+    got = read(status[0], &failure, sizeof(failure));
+  } while (got < 0 && errno == EINTR);
+  CloseFd(status[0]);
+  if (got == static_cast<ssize_t>(sizeof(failure))) {
+    int ignored;
+    while (waitpid(pid, &ignored, 0) < 0 && errno == EINTR) {
+    }
+    CloseFd(out[0]);
+    CloseFd(err[0]);
+    const char* what = failure.step == 1   ? "cannot enter working folder "
+                       : failure.step == 2 ? "cannot open /dev/null for "
+                                           : "cannot execute ";
+    const std::string target = failure.step == 1 ? s.working_dir : s.argv[0];
+    SetResult(proc, RankExit{-1, 0, what + target + ": " + std::strerror(failure.err), false});
+    return;
+  }
+  fcntl(out[0], F_SETFL, fcntl(out[0], F_GETFL) | O_NONBLOCK);
+  fcntl(err[0], F_SETFL, fcntl(err[0], F_GETFL) | O_NONBLOCK);
+  proc.out_fd = out[0];
+  proc.err_fd = err[0];
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    proc.pid = pid;
+  }
+  if (callbacks_.on_started) callbacks_.on_started(s.key, pid);
+}
+
+void RankSupervisor::Loop() {
+  while (true) {
+    std::vector<std::shared_ptr<Proc>> procs;
+    bool shutting_down;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      shutting_down = shutting_down_;
+      for (auto& [key, proc] : procs_) procs.push_back(proc);
+    }
+    if (shutting_down && procs.empty()) return;
+
+    const Clock::time_point now = Clock::now();
+    for (const std::shared_ptr<Proc>& p : procs) {
+      bool stop;
+      Clock::time_point kill_at;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop = p->stop_requested;
+        kill_at = p->kill_at;
+      }
+      if (!p->launched) {
+        if (stop) {
+          p->launched = true;
+          SetResult(*p, RankExit{-1, 0, "stopped before it started", true});
+        } else {
+          Launch(*p);
+        }
+        continue;
+      }
+      if (!stop || p->reaped || p->pid <= 0) continue;
+      if (!p->term_sent) {
+        kill(-p->pid, SIGTERM);
+        p->term_sent = true;
+      }
+      if (!p->kill_sent && now >= kill_at) {
+        kill(-p->pid, SIGKILL);
+        p->kill_sent = true;
+      }
+    }
+
+    // Read whatever output there is.
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Proc*, bool>> owners;  // (proc, is_stderr) of fds[i], i ≥ 1
+    fds.push_back({wake_read_, POLLIN, 0});
+    for (const std::shared_ptr<Proc>& p : procs) {
+      if (p->out_fd >= 0) {
+        fds.push_back({p->out_fd, POLLIN, 0});
+        owners.emplace_back(p.get(), false);
+      }
+      if (p->err_fd >= 0) {
+        fds.push_back({p->err_fd, POLLIN, 0});
+        owners.emplace_back(p.get(), true);
+      }
+    }
+    if (poll(fds.data(), fds.size(), kPollMillis) > 0) {
+      if (fds[0].revents != 0) {
+        char drain[256];
+        while (read(wake_read_, drain, sizeof(drain)) > 0) {
+        }
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        auto [p, is_stderr] = owners[i - 1];
+        int& fd = is_stderr ? p->err_fd : p->out_fd;
+        LineSplitter& splitter = is_stderr ? p->err : p->out;
+        char buffer[65536];
+        const ssize_t n = read(fd, buffer, sizeof(buffer));
+        if (n > 0) {
+          splitter.Feed(std::string_view(buffer, static_cast<size_t>(n)), [&](std::string line) {
+            if (is_stderr && !line.empty()) p->last_err_line = line;
+            if (callbacks_.on_line) callbacks_.on_line(p->spawn.key, is_stderr, std::move(line));
+          });
+        } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+          CloseFd(fd);
+        }
+      }
+    }
+    ReapAndReport();
+    // During shutdown, a process that survives SIGKILL for long is given up on.
+    if (shutting_down) {
+      for (const std::shared_ptr<Proc>& p : procs) {
+        Clock::time_point kill_at;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          kill_at = p->kill_at;
+        }
+        if (!p->result && !p->reaped && p->kill_sent && Clock::now() > kill_at + kWaitAfterKill) {
+          SetResult(*p, RankExit{-1, SIGKILL, "did not exit after SIGKILL", true});
+        }
+      }
+    }
+    // Report and forget the processes whose end is known.
+    for (const std::shared_ptr<Proc>& p : procs) {
+      if (!p->result) continue;
+      CloseFd(p->out_fd);
+      CloseFd(p->err_fd);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        procs_.erase(p->spawn.key);
+      }
+      if (callbacks_.on_exited) callbacks_.on_exited(p->spawn.key, *p->result);
+    }
+  }
+}
+
+void RankSupervisor::ReapAndReport() {
+  std::vector<std::shared_ptr<Proc>> procs;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, proc] : procs_) procs.push_back(proc);
+  }
+  const Clock::time_point now = Clock::now();
+  for (const std::shared_ptr<Proc>& p : procs) {
+    if (p->result || !p->launched || p->pid <= 0) continue;
+    if (!p->reaped) {
+      int status = 0;
+      const pid_t r = waitpid(p->pid, &status, WNOHANG);
+      if (r == p->pid) {
+        p->reaped = true;
+        p->wait_status = status;
+        p->reaped_at = now;
+        // Whatever the rank left running in its group goes with it.
+        kill(-p->pid, SIGKILL);
+      } else if (r < 0 && errno == ECHILD) {
+        p->reaped = true;
+        p->wait_status = 0;
+        p->reaped_at = now;
+      }
+    }
+    if (!p->reaped) continue;
+    const bool drained = p->out_fd < 0 && p->err_fd < 0;
+    if (!drained && now < p->reaped_at + kDrainAfterExit) continue;
+    auto emit = [&](bool is_stderr) {
+      return [&, is_stderr](std::string line) {
+        if (is_stderr && !line.empty()) p->last_err_line = line;
+        if (callbacks_.on_line) callbacks_.on_line(p->spawn.key, is_stderr, std::move(line));
+      };
+    };
+    p->out.Flush(emit(false));
+    p->err.Flush(emit(true));
+    RankExit exit;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      exit.stopped = p->stop_requested;
+    }
+    if (WIFEXITED(p->wait_status)) {
+      exit.exit_code = WEXITSTATUS(p->wait_status);
+      if (exit.exit_code != 0) {
+        exit.error = p->last_err_line.empty() ? "exited with code " + std::to_string(exit.exit_code)
+                                              : p->last_err_line;
+      }
+    } else if (WIFSIGNALED(p->wait_status)) {
+      exit.exit_code = -1;
+      exit.signal = WTERMSIG(p->wait_status);
+      exit.error = "killed by " + SignalName(exit.signal) +
+                   (p->last_err_line.empty() ? "" : "; last line: " + p->last_err_line);
+    }
+    SetResult(*p, exit);
+  }
+}
+
+}  // namespace meshrun

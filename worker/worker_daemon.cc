@@ -1,0 +1,312 @@
+// WorkerDaemon (see worker_daemon.h): assignment → spec.yaml + rank process; rank output and
+// exits → session reports.
+#include "worker/worker_daemon.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/job_spec_yaml.h"
+#include "worker/spec_proto.h"
+#include "worker/worker_metrics.h"
+
+extern char** environ;
+
+namespace meshrun {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+void SetNow(google::protobuf::Timestamp* t) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  t->set_seconds(ns / 1000000000);
+  t->set_nanos(static_cast<int32_t>(ns % 1000000000));
+}
+
+milliseconds FromDuration(const google::protobuf::Duration& d) {
+  return milliseconds(d.seconds() * 1000 + d.nanos() / 1000000);
+}
+
+std::vector<std::string> OwnEnvironment() {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+  return env;
+}
+
+// Writes `text` to `path` through a temporary file and a rename, so that a rank never reads a
+// half-written spec.
+Status WriteFileAtomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp." + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) return InternalError("cannot write " + tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return InternalError("cannot rename " + tmp.string() + ": " + ec.message());
+  return OkStatus();
+}
+
+}  // namespace
+
+WorkerDaemon::WorkerDaemon(WorkerConfig config,
+                           std::shared_ptr<v1::CoordinatorService::StubInterface> stub,
+                           WorkerMetrics* metrics)
+    : config_(std::move(config)), metrics_(metrics) {
+  SessionOptions session = config_.session;
+  v1::RegisterWorkerRequest& r = session.registration;
+  r.set_name(config_.name);
+  r.set_slots(config_.slots);
+  r.set_device(config_.device);
+  r.set_address(config_.address);
+  r.set_metrics_address(config_.metrics_address);
+  if (r.version().empty()) r.set_version(MESHRUN_VERSION);
+  session_ = std::make_unique<SessionClient>(std::move(stub), std::move(session), this);
+  RankSupervisor::Callbacks callbacks;
+  callbacks.on_started = [this](const RankKey& key, pid_t pid) { OnRankStarted(key, pid); };
+  callbacks.on_line = [this](const RankKey& key, bool is_stderr, std::string line) {
+    OnRankLine(key, is_stderr, std::move(line));
+  };
+  callbacks.on_exited = [this](const RankKey& key, const RankExit& exit) {
+    OnRankExited(key, exit);
+  };
+  supervisor_ = std::make_unique<RankSupervisor>(std::move(callbacks));
+}
+
+WorkerDaemon::~WorkerDaemon() {
+  Shutdown(config_.default_grace);
+}
+
+void WorkerDaemon::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  UpdateSlotMetrics();
+  session_->Start();
+}
+
+void WorkerDaemon::Shutdown(milliseconds grace) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  const int n = supervisor_->StopAll(grace);
+  if (n > 0) spdlog::info("stopping {} rank processes", n);
+  // Wait for their exits (and so their RankExited reports), bounded.
+  const auto give_up = std::chrono::steady_clock::now() + grace + milliseconds(12000);
+  while (supervisor_->running_count() > 0 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  if (session_->connected()) session_->Flush(milliseconds(2000));
+  session_->Stop();
+  supervisor_->Shutdown(milliseconds(0));
+}
+
+Status WorkerDaemon::fatal() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fatal_;
+}
+
+size_t WorkerDaemon::active_ranks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_.size();
+}
+
+StatusOr<std::string> WorkerDaemon::PrepareAttempt(const v1::RankAssignment& a) {
+  MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromProto(a.spec()));
+  MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, a.world_size()));
+  const fs::path dir = fs::path(config_.work_dir) / a.job_id() / std::to_string(a.attempt());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return InternalError("cannot create " + dir.string() + ": " + ec.message());
+  const fs::path spec_path = dir / "spec.yaml";
+  MESHRUN_RETURN_IF_ERROR(WriteFileAtomically(spec_path, JobSpecToYaml(spec)));
+  return dir.string();
+}
+
+void WorkerDaemon::ReportNotStarted(const v1::RankAssignment& a, const std::string& error) {
+  spdlog::error("cannot start {}/{} rank {}: {}", a.job_id(), a.attempt(), a.rank(), error);
+  v1::WorkerSessionRequest m;
+  v1::RankExited* e = m.mutable_rank_exited();
+  e->set_job_id(a.job_id());
+  e->set_attempt(a.attempt());
+  e->set_rank(a.rank());
+  e->set_exit_code(-1);
+  e->set_error(error);
+  session_->Send(std::move(m));
+}
+
+void WorkerDaemon::OnAssign(const v1::RankAssignment& a) {
+  const RankKey key{a.job_id(), a.attempt(), a.rank()};
+  if (!IsSafeJobId(a.job_id()) || a.attempt() < 1 || a.world_size() < 1 || a.rank() < 0 ||
+      a.rank() >= a.world_size()) {
+    ReportNotStarted(a, "malformed assignment (job id '" + a.job_id() + "', attempt " +
+                            std::to_string(a.attempt()) + ", rank " + std::to_string(a.rank()) +
+                            " of " + std::to_string(a.world_size()) + ")");
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) {
+      ReportNotStarted(a, "worker " + config_.name + " is shutting down");
+      return;
+    }
+    if (active_.count(key) > 0) {
+      spdlog::warn("{} is assigned again while it runs; ignoring the repeat", key.ToString());
+      return;
+    }
+    if (static_cast<int>(active_.size()) >= config_.slots) {
+      ReportNotStarted(a, "no free slot on worker " + config_.name + ": " +
+                              std::to_string(active_.size()) + " of " +
+                              std::to_string(config_.slots) + " in use");
+      return;
+    }
+  }
+  StatusOr<std::string> dir = PrepareAttempt(a);
+  if (!dir.ok()) {
+    ReportNotStarted(a, dir.status().message());
+    return;
+  }
+  RankLaunchConfig launch;
+  launch.meshrun_binary = config_.meshrun_binary;
+  launch.spec_path = *dir + "/spec.yaml";
+  launch.working_dir = *dir;
+  launch.host = config_.address;
+  launch.cores = config_.cores;
+  RankCommand command = BuildRankCommand(a, launch);
+  RankSpawn spawn;
+  spawn.key = key;
+  spawn.argv = std::move(command.argv);
+  spawn.env = MergeEnvironment(OwnEnvironment(), command.env);
+  spawn.working_dir = *dir;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_[key] = Active{a.coords(), 0};
+    UpdateSlotMetrics();
+  }
+  spdlog::info("starting {} (coords dp_replicate={} dp_shard={} cp={} tp={})", key.ToString(),
+               a.coords().dp_replicate(), a.coords().dp_shard(), a.coords().cp(), a.coords().tp());
+  if (Status s = supervisor_->Start(std::move(spawn)); !s.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      active_.erase(key);
+      UpdateSlotMetrics();
+    }
+    ReportNotStarted(a, s.message());
+  }
+}
+
+void WorkerDaemon::OnStop(const v1::StopOrder& order) {
+  milliseconds grace = config_.default_grace;
+  if (order.has_grace_period()) grace = FromDuration(order.grace_period());
+  const int n = supervisor_->Stop(order.job_id(), order.attempt(), grace);
+  spdlog::info("stop {}/{} ({}): {} rank processes, grace {} ms", order.job_id(), order.attempt(),
+               v1::StopReason_Name(order.reason()), n, grace.count());
+}
+
+std::vector<v1::RunningRank> WorkerDaemon::RunningRanks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::RunningRank> out;
+  for (const auto& [key, active] : active_) {
+    v1::RunningRank r;
+    r.set_job_id(key.job_id);
+    r.set_attempt(key.attempt);
+    r.set_rank(key.rank);
+    r.set_pid(active.pid);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+int WorkerDaemon::FreeSlots() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::max(0, config_.slots - static_cast<int>(active_.size()));
+}
+
+void WorkerDaemon::OnConnected(bool connected) {
+  if (metrics_ != nullptr) metrics_->SetConnected(connected);
+}
+
+void WorkerDaemon::OnFatal(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fatal_ = status;
+}
+
+void WorkerDaemon::UpdateSlotMetrics() {
+  if (metrics_ != nullptr) metrics_->SetSlots(static_cast<int>(active_.size()));
+}
+
+void WorkerDaemon::OnRankStarted(const RankKey& key, pid_t pid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = active_.find(key);
+  if (it != active_.end()) it->second.pid = pid;
+  v1::WorkerSessionRequest m;
+  v1::RankStarted* s = m.mutable_rank_started();
+  s->set_job_id(key.job_id);
+  s->set_attempt(key.attempt);
+  s->set_rank(key.rank);
+  s->set_pid(pid);
+  session_->Send(std::move(m));
+}
+
+void WorkerDaemon::OnRankLine(const RankKey& key, bool is_stderr, std::string line) {
+  if (!is_stderr) {
+    if (std::optional<v1::MetricsSample> sample =
+            ParseStepLine(line, key.job_id, key.attempt, key.rank)) {
+      v1::WorkerSessionRequest m;
+      *m.mutable_metrics()->mutable_sample() = std::move(*sample);
+      session_->Send(std::move(m));
+      return;
+    }
+  } else if (key.rank == 0) {
+    if (std::optional<v1::CheckpointSaved> saved =
+            ParseCheckpointLine(line, key.job_id, key.attempt)) {
+      v1::WorkerSessionRequest m;
+      *m.mutable_checkpoint_saved() = std::move(*saved);
+      session_->Send(std::move(m));
+    }
+  }
+  v1::WorkerSessionRequest m;
+  v1::LogLine* l = m.mutable_logs()->add_lines();
+  l->set_job_id(key.job_id);
+  l->set_attempt(key.attempt);
+  l->set_rank(key.rank);
+  l->set_stream(is_stderr ? v1::LOG_STREAM_STDERR : v1::LOG_STREAM_STDOUT);
+  SetNow(l->mutable_time());
+  l->set_text(std::move(line));
+  session_->Send(std::move(m));
+}
+
+void WorkerDaemon::OnRankExited(const RankKey& key, const RankExit& exit) {
+  if (exit.exit_code == 0) {
+    spdlog::info("{} exited 0", key.ToString());
+  } else {
+    spdlog::warn("{} ended: exit code {}, signal {}{}: {}", key.ToString(), exit.exit_code,
+                 exit.signal, exit.stopped ? " (stopped)" : "", exit.error);
+  }
+  // Removal and report under one lock: a heartbeat that no longer lists the rank is built
+  // after its RankExited was queued (see SessionClient::WriterLoop).
+  std::lock_guard<std::mutex> lock(mu_);
+  active_.erase(key);
+  UpdateSlotMetrics();
+  v1::WorkerSessionRequest m;
+  v1::RankExited* e = m.mutable_rank_exited();
+  e->set_job_id(key.job_id);
+  e->set_attempt(key.attempt);
+  e->set_rank(key.rank);
+  e->set_exit_code(exit.exit_code);
+  e->set_signal(exit.signal);
+  e->set_error(exit.error);
+  e->set_stopped(exit.stopped);
+  session_->Send(std::move(m));
+}
+
+}  // namespace meshrun

@@ -1,0 +1,87 @@
+// WorkerDaemon: what `meshrun-worker` is, minus flag parsing. Turns the coordinator's
+// RankAssignments into rank processes (RankSupervisor) and their lifecycle and output into
+// session reports (SessionClient); writes each attempt's spec.yaml under --work-dir.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+#include "worker/rank_protocol.h"
+#include "worker/rank_supervisor.h"
+#include "worker/session_client.h"
+
+namespace meshrun {
+
+class WorkerMetrics;
+
+struct WorkerConfig {
+  std::string name;
+  int slots = 1;
+  std::string device = "cpu";
+  std::string address = "127.0.0.1";  // where peers reach this worker's ranks (MESHRUN_HOST)
+  std::string metrics_address;        // advertised in the registration
+  std::string work_dir;               // <work_dir>/<job>/<attempt>/spec.yaml
+  std::string meshrun_binary;         // absolute path of `meshrun`
+  int cores = 1;                      // CPU cores shared by this worker's ranks
+  // SIGTERM → SIGKILL grace when a StopOrder names none, and on shutdown.
+  std::chrono::milliseconds default_grace{5000};
+  SessionOptions session;  // registration is filled from the fields above
+};
+
+// Owns the supervisor and the session. Thread-safe: the session calls it from its threads, the
+// supervisor from its own; `mu_` guards the table of active ranks.
+class WorkerDaemon : public SessionHandler {
+ public:
+  WorkerDaemon(WorkerConfig config, std::shared_ptr<v1::CoordinatorService::StubInterface> stub,
+               WorkerMetrics* metrics);
+  ~WorkerDaemon() override;
+
+  void Start();
+  // Stops every rank (SIGTERM, SIGKILL after `grace`), reports their exits while the session
+  // lasts (bounded), then closes the session. Idempotent.
+  void Shutdown(std::chrono::milliseconds grace);
+  // Non-OK once the coordinator refused the registration for good.
+  Status fatal() const;
+
+  SessionClient& session() { return *session_; }
+  size_t active_ranks() const;
+
+  // SessionHandler.
+  void OnAssign(const v1::RankAssignment& assignment) override;
+  void OnStop(const v1::StopOrder& order) override;
+  std::vector<v1::RunningRank> RunningRanks() override;
+  int FreeSlots() override;
+  void OnConnected(bool connected) override;
+  void OnFatal(const Status& status) override;
+
+ private:
+  struct Active {
+    v1::MeshCoords coords;
+    int pid = 0;
+  };
+  // Writes <work_dir>/<job>/<attempt>/spec.yaml (once per attempt) and returns its folder.
+  StatusOr<std::string> PrepareAttempt(const v1::RankAssignment& a);
+  // Reports an assignment that never became a process (RankExited, exit_code −1).
+  void ReportNotStarted(const v1::RankAssignment& a, const std::string& error);
+  void OnRankStarted(const RankKey& key, pid_t pid);
+  void OnRankLine(const RankKey& key, bool is_stderr, std::string line);
+  void OnRankExited(const RankKey& key, const RankExit& exit);
+  void UpdateSlotMetrics();  // requires mu_
+
+  WorkerConfig config_;
+  WorkerMetrics* metrics_;
+  mutable std::mutex mu_;
+  std::map<RankKey, Active> active_;  // guarded by mu_
+  Status fatal_;                      // guarded by mu_
+  bool shut_down_ = false;            // guarded by mu_
+  std::unique_ptr<SessionClient> session_;
+  std::unique_ptr<RankSupervisor> supervisor_;
+};
+
+}  // namespace meshrun
