@@ -173,8 +173,8 @@ Status ModelImpl<T>::EnsureActivations(int B, int Tn) {
   T_ = Tn;
   const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model, H = cfg_.n_head;
   if (N > capacity_tokens_) {
-    acts_.clear();  // free before allocating the larger set
-    capacity_tokens_ = N;
+    acts_.clear();         // free before allocating the larger set
+    capacity_tokens_ = 0;  // set again only once everything is allocated
     positions_for_ = -1;
     MESHRUN_RETURN_IF_ERROR(Alloc<int32_t>(tokens_, N));
     MESHRUN_RETURN_IF_ERROR(Alloc<int32_t>(targets_, N));
@@ -206,6 +206,7 @@ Status ModelImpl<T>::EnsureActivations(int B, int Tn) {
     MESHRUN_RETURN_IF_ERROR(Alloc<T>(dqkv_, N * 3 * C));
     MESHRUN_RETURN_IF_ERROR(Alloc<T>(datt_, N * C));
     MESHRUN_RETURN_IF_ERROR(Alloc<T>(dfch_, N * 4 * C));
+    capacity_tokens_ = N;
   }
   if (positions_for_ != Tn) {
     // Global positions i % T for the embedding; the attention reads the first T (one sequence).
