@@ -194,6 +194,42 @@ class SoloCommunicator final : public Communicator {
 
 }  // namespace
 
+// Forwards every hook to the communicator of another axis whose group has the same members,
+// keeping its own name, counting and first error.
+class AliasCommunicator final : public Communicator {
+ public:
+  AliasCommunicator(CommConfig config, std::shared_ptr<Communicator> target)
+      : Communicator(std::move(config)), target_(std::move(target)) {}
+
+ protected:
+  Status DoAllReduce(float* data, size_t count, Duration timeout) override {
+    return target_->DoAllReduce(data, count, timeout);
+  }
+  Status DoReduceScatter(const float* input, float* output, size_t count,
+                         Duration timeout) override {
+    return target_->DoReduceScatter(input, output, count, timeout);
+  }
+  Status DoAllGather(const void* input, void* output, size_t bytes, Duration timeout) override {
+    return target_->DoAllGather(input, output, bytes, timeout);
+  }
+  Status DoBroadcast(void* data, size_t bytes, int root, Duration timeout) override {
+    return target_->DoBroadcast(data, bytes, root, timeout);
+  }
+  Status DoSendRecv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
+                    size_t recv_bytes, int src, Duration timeout) override {
+    return target_->DoSendRecv(send_data, send_bytes, dst, recv_data, recv_bytes, src, timeout);
+  }
+  Status DoBarrier(Duration timeout) override { return target_->DoBarrier(timeout); }
+
+ private:
+  std::shared_ptr<Communicator> target_;
+};
+
+std::unique_ptr<Communicator> MakeAliasCommunicator(CommConfig config,
+                                                    std::shared_ptr<Communicator> target) {
+  return std::make_unique<AliasCommunicator>(std::move(config), std::move(target));
+}
+
 std::unique_ptr<Communicator> MakeSoloCommunicator(CommConfig config) {
   config.size = 1;
   config.rank = 0;

@@ -70,6 +70,8 @@ struct CallOptions {
 // (NCCL) slot in as new methods next to these.
 class Communicator {
  public:
+  friend class AliasCommunicator;  // forwards its hooks to another communicator's
+
   using Duration = std::chrono::milliseconds;
 
   virtual ~Communicator() = default;
@@ -141,6 +143,12 @@ class Communicator {
 // A size-1 communicator: every call returns at once (copying input to output where needed).
 // MeshComms hands these out for axes of size 1. config.size must be 1.
 std::unique_ptr<Communicator> MakeSoloCommunicator(CommConfig config);
+
+// A communicator for a group whose members equal `target`'s (e.g. dp and dp_replicate when
+// dp_shard is 1): no new connections; calls go through target's transport but are named,
+// counted and error-tracked under `config`. config.rank and size must match target's.
+std::unique_ptr<Communicator> MakeAliasCommunicator(CommConfig config,
+                                                    std::shared_ptr<Communicator> target);
 
 // Builds communicators: a pluggable bootstrap per backend (Gloo, fake; NCCL later).
 class CommBackend {

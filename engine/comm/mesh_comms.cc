@@ -35,9 +35,19 @@ StatusOr<std::unique_ptr<MeshComms>> MeshComms::Create(const ParallelDims& dims,
     config.timeout = options.timeout;
     config.stats = stats;
 
-    std::unique_ptr<Communicator> comm;
+    std::shared_ptr<Communicator> comm;
+    // An earlier axis with the same members already connected them: share its transport
+    // (halves start-up for meshes like dp_replicate × tp, where dp and dp_cp equal dp_replicate).
+    std::shared_ptr<Communicator> same;
+    for (MeshAxis earlier : kAllMeshAxes) {
+      if (earlier == axis) break;
+      if (mesh->members_[Index(earlier)] == members) same = mesh->comms_[Index(earlier)];
+    }
     if (config.size == 1) {
       comm = MakeSoloCommunicator(config);
+    } else if (same) {
+      comm = MakeAliasCommunicator(config, same);
+      mesh->shared_[Index(axis)] = true;
     } else {
       auto group_store = std::make_shared<PrefixStore>(config.group_id, store);
       StatusOr<std::unique_ptr<Communicator>> connected = backend.Connect(config, group_store);

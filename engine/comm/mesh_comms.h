@@ -46,6 +46,8 @@ class MeshComms {
   const std::vector<int>& Members(MeshAxis axis) const { return members_[Index(axis)]; }
   // The store prefix the group connected under, e.g. "comm/tp/1".
   const std::string& GroupId(MeshAxis axis) const { return comms_[Index(axis)]->group_id(); }
+  // Whether `axis` reuses the connections of an earlier axis with the same members.
+  bool SharesConnection(MeshAxis axis) const { return shared_[Index(axis)]; }
 
   int rank() const { return rank_; }
   const ParallelDims& dims() const { return dims_; }
@@ -61,7 +63,8 @@ class MeshComms {
   ParallelDims dims_;
   int rank_;
   std::shared_ptr<CommStats> stats_;
-  std::array<std::unique_ptr<Communicator>, kNumAxes> comms_;
+  std::array<std::shared_ptr<Communicator>, kNumAxes> comms_;
+  std::array<bool, kNumAxes> shared_{};  // true: an alias of an earlier axis with equal members
   std::array<std::vector<int>, kNumAxes> members_;
 };
 

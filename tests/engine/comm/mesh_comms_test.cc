@@ -79,7 +79,14 @@ TEST_P(MeshCommsTest, GroupsMatchParallelDims) {
           static_cast<int>(std::find(groups.begin(), groups.end(), group) - groups.begin());
       EXPECT_EQ(mesh.GroupId(axis),
                 std::string("comm/") + MeshAxisName(axis) + "/" + std::to_string(index));
-      if (comm.size() > 1) expected_ids.push_back(mesh.GroupId(axis));
+      // Axes whose members equal an earlier axis's share its connections.
+      bool repeats = false;
+      for (MeshAxis earlier : kAllMeshAxes) {
+        if (earlier == axis) break;
+        if (dims.GroupOf(g, earlier) == group) repeats = true;
+      }
+      EXPECT_EQ(mesh.SharesConnection(axis), repeats && comm.size() > 1) << MeshAxisName(axis);
+      if (comm.size() > 1 && !repeats) expected_ids.push_back(mesh.GroupId(axis));
     }
     // Size-1 axes count nothing; the others count one all_reduce and one all_gather each.
     for (MeshAxis axis : kAllMeshAxes) {
