@@ -1,12 +1,17 @@
 // MetricsExporter: a Collectable that turns manager snapshots into metric families.
 #include "coordinator/metrics_exporter.h"
 
+#include <netdb.h>
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <exception>
 #include <map>
+#include <thread>
 
 namespace meshrun::coordinator {
 namespace {
@@ -119,9 +124,38 @@ StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const std::str
   e->exposer_->RegisterCollectable(e->collector_);
   const std::vector<int> ports = e->exposer_->GetListeningPorts();
   e->port_ = ports.empty() ? 0 : ports.front();
+  const size_t colon = listen.rfind(':');
+  e->host_ = colon == std::string::npos ? "" : listen.substr(0, colon);
+  if (e->host_.size() > 2 && e->host_.front() == '[')
+    e->host_ = e->host_.substr(1, e->host_.size() - 2);
+  if (e->host_.empty() || e->host_ == "0.0.0.0" || e->host_ == "*") e->host_ = "127.0.0.1";
+  if (e->host_ == "::") e->host_ = "::1";
   return e;
 }
 
-MetricsExporter::~MetricsExporter() = default;
+MetricsExporter::~MetricsExporter() {
+  if (!exposer_) return;
+  // civetweb's listener polls with a two-second timeout before it notices the stop flag;
+  // connecting to it wakes it, so a coordinator stops at once.
+  std::atomic<bool> stopped{false};
+  std::thread waker([&] {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* addrs = nullptr;
+    if (getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &addrs) != 0) return;
+    while (!stopped) {
+      const int fd = socket(addrs->ai_family, addrs->ai_socktype, addrs->ai_protocol);
+      if (fd >= 0) {
+        (void)connect(fd, addrs->ai_addr, addrs->ai_addrlen);
+        close(fd);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    freeaddrinfo(addrs);
+  });
+  exposer_.reset();
+  stopped = true;
+  waker.join();
+}
 
 }  // namespace meshrun::coordinator

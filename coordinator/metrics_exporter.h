@@ -42,6 +42,7 @@ class MetricsExporter {
 
   std::shared_ptr<Collector> collector_;
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string host_;  // where to connect to wake the server at shutdown
   int port_ = 0;
 };
 

@@ -56,7 +56,7 @@ class CoordinatorServer {
   // Health NOT_SERVING, every stream and store wait ended with UNAVAILABLE, in-flight calls
   // given `drain` to finish, then the ticker, the exporter and the database are closed.
   // Idempotent.
-  void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(2000));
+  void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(500));
 
   int port() const { return port_; }
   int metrics_port() const;

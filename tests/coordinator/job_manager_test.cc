@@ -507,7 +507,9 @@ TEST_F(JobManagerTest, JobLevelMetricsFromEveryRank) {
     s->set_mfu(rank == 0 ? 0.2 : 0.4);
     s->set_tflops(1.0);
     jobs_->OnRankMetrics("a", m);
-    if (rank == 0) EXPECT_EQ(Get(id).step(), 0);
+    if (rank == 0) {
+      EXPECT_EQ(Get(id).step(), 0) << "a step counts once every rank reported it";
+    }
   }
   v1::Job job = Get(id);
   EXPECT_EQ(job.step(), 1);
