@@ -189,6 +189,31 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   c->daemons_.push_back(coordinator);
   MESHRUN_RETURN_IF_ERROR(c->Spawn(coordinator.name, argv));
 
+  // Workers start once the coordinator answers, so that none begins with a failed registration
+  // and a backoff.
+  StatusOr<std::unique_ptr<CoordinatorClient>> client =
+      CoordinatorClient::Connect(coordinator.address);
+  if (!client.ok()) return client.status();
+  const Clock::time_point give_up = Clock::now() + options.ready_timeout;
+  std::string last = "no answer yet";
+  while (true) {
+    if (const std::string dead = c->Dead(); !dead.empty()) {
+      c->Stop();
+      return UnavailableError(
+          "local cluster: " + dead +
+          (options.log_dir.empty() ? "" : " (hint: see " + options.log_dir + ")"));
+    }
+    StatusOr<std::vector<v1::WorkerInfo>> workers = (*client)->ListWorkers();
+    if (workers.ok()) break;
+    last = workers.status().message();
+    if (Clock::now() > give_up) {
+      c->Stop();
+      return UnavailableError("local cluster: the coordinator did not answer within " +
+                              std::to_string(options.ready_timeout.count()) + " s (" + last + ")");
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+
   // Several workers share this host's cores.
   const int cores =
       std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / options.workers);
@@ -206,11 +231,6 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   }
 
   // Ready when every worker is registered and READY.
-  StatusOr<std::unique_ptr<CoordinatorClient>> client =
-      CoordinatorClient::Connect(coordinator.address);
-  if (!client.ok()) return client.status();
-  const Clock::time_point give_up = Clock::now() + options.ready_timeout;
-  std::string last = "no answer yet";
   while (true) {
     if (const std::string dead = c->Dead(); !dead.empty()) {
       c->Stop();

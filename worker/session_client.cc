@@ -192,6 +192,8 @@ Status SessionClient::RunSession() {
   if (accepted_interval.count() > 0) interval = accepted_interval;
   if (interval.count() <= 0) interval = options_.heartbeat;
   if (accepted_lease.count() > 0) interval = std::min(interval, accepted_lease / 3);
+  // More often than asked is harmless and keeps a short lease safe.
+  interval = std::min(interval, options_.heartbeat);
   interval = std::max(interval, milliseconds(50));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -216,8 +218,9 @@ Status SessionClient::RunSession() {
     session_up_ = false;
     connected_ = false;
   }
+  // The call is over (or Stop() cancelled it), so a writer inside Write returns at once; not
+  // cancelling here keeps the coordinator's status for Finish.
   cv_.notify_all();
-  ctx.TryCancel();  // a writer blocked in Write returns at once
   writer.join();
   handler_->OnConnected(false);
   return finish();

@@ -38,11 +38,11 @@ class SessionHandler {
 struct SessionOptions {
   // name, slots, device, address, metrics_address, device_name, version.
   v1::RegisterWorkerRequest registration;
-  // Reconnect backoff: 200 ms doubling up to 5 s (with jitter).
+  // Reconnect backoff: 200 ms doubling up to 2 s (with jitter), well inside a lease.
   std::chrono::milliseconds backoff_initial{200};
-  std::chrono::milliseconds backoff_max{5000};
-  // Heartbeat period when the coordinator names none; the period used is at most a third of
-  // the lease, so that two lost heartbeats do not cost the lease.
+  std::chrono::milliseconds backoff_max{2000};
+  // Longest heartbeat period: the period used is the coordinator's heartbeat_interval, but at
+  // most this and at most a third of the lease, so that two lost heartbeats do not cost it.
   std::chrono::milliseconds heartbeat{1000};
   // Deadline of RegisterWorker.
   std::chrono::milliseconds call_timeout{5000};

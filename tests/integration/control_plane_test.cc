@@ -1,0 +1,624 @@
+// The control plane end to end: a real meshrun-coordinator and meshrun-workers on loopback, jobs
+// driven through the `meshrun` client (submit, status -o json, cancel, logs). Covers a job that
+// succeeds with every rank placed; cancel; a SIGKILLed rank, a SIGKILLed worker daemon and a
+// SIGKILLed coordinator (each recovered: the job still SUCCEEDS, with the final loss of an
+// uninterrupted run where it restarts); and malformed, oversized and out-of-order requests,
+// after which the coordinator keeps serving. Every wait is bounded.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "meshrun/v1/coordinator.grpc.pb.h"
+#include "tests/client/cli_runner.h"
+
+namespace meshrun {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr char kCorpus[] = "/usr/share/games/fortunes/cookie";
+
+fs::path BinDir() {
+  const char* dir = std::getenv("MESHRUN_BINARY_DIR");
+  return fs::path(dir != nullptr ? dir : "build") / "bin";
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Alive and not a zombie.
+bool Alive(pid_t pid) {
+  if (pid <= 0 || kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
+}
+
+// A daemon started by the test: stdout and stderr to a log file; SIGKILLed if the test dies.
+struct Daemon {
+  std::string name;
+  pid_t pid = -1;
+  fs::path log;
+};
+
+Daemon Spawn(const std::string& name, const std::vector<std::string>& argv, const fs::path& log) {
+  Daemon d{name, -1, log};
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  d.pid = fork();
+  if (d.pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return d;
+}
+
+// Reaps `pid` if it has exited within `timeout`.
+bool WaitExit(pid_t pid, std::chrono::milliseconds timeout) {
+  const Clock::time_point give_up = Clock::now() + timeout;
+  while (Clock::now() < give_up) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid || (r < 0 && errno == ECHILD)) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return false;
+}
+
+void Stop(Daemon& d, std::chrono::milliseconds grace = 20s) {
+  if (d.pid <= 0) return;
+  kill(d.pid, SIGTERM);
+  if (!WaitExit(d.pid, grace)) {
+    kill(d.pid, SIGKILL);
+    WaitExit(d.pid, 5s);
+  }
+  d.pid = -1;
+}
+
+void KillNow(Daemon& d) {
+  if (d.pid <= 0) return;
+  kill(d.pid, SIGKILL);
+  WaitExit(d.pid, 10s);
+  d.pid = -1;
+}
+
+// The tiny model on a 4-rank mesh (dp_shard 2 x tp 2), a checkpoint every 10 steps.
+std::string Spec(const fs::path& checkpoints, int steps, int every, int max_restarts) {
+  return "name: cp-test\n"
+         "model: {arch: gpt2, n_layer: 2, n_head: 4, d_model: 64, seq_len: 64, vocab_size: 256}\n"
+         "parallelism: {dp_replicate_size: 1, dp_shard_size: 2, cp_size: 1, tp_size: 2}\n"
+         "train: {steps: " +
+         std::to_string(steps) +
+         ", global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-3, min_lr: 1.0e-4, "
+         "warmup_steps: 2, seed: 1337}\n"
+         "data: {train: " +
+         std::string(kCorpus) +
+         ", format: text}\n"
+         "checkpoint: {dir: " +
+         checkpoints.string() + ", every: " + std::to_string(every) +
+         ", keep: 2}\n"
+         "restart: {max_restarts: " +
+         std::to_string(max_restarts) + "}\n";
+}
+
+class ControlPlaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* bin : {"meshrun", "meshrun-worker", "meshrun-coordinator"}) {
+      if (!fs::exists(BinDir() / bin)) {
+        GTEST_SKIP() << (BinDir() / bin) << " is not built";
+      }
+    }
+    if (!fs::exists(kCorpus)) GTEST_SKIP() << kCorpus << " is missing (apt-get install fortunes)";
+    char pattern[] = "/tmp/meshrun_control_plane_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    port_ = FreePort();
+    address_ = "127.0.0.1:" + std::to_string(port_);
+  }
+
+  void TearDown() override {
+    for (Daemon& w : workers_) Stop(w);
+    Stop(coordinator_, 10s);
+    if (HasFailure() || std::getenv("MESHRUN_KEEP_TEST_LOGS") != nullptr) {
+      // Leave the logs for a look; name them in the output.
+      std::cerr << "logs kept in " << dir_ << std::endl;
+      for (const auto& entry : fs::directory_iterator(dir_)) {
+        if (entry.path().extension() != ".log") continue;
+        std::cerr << "---- " << entry.path().filename() << " (last lines)\n";
+        const std::vector<std::string> lines = testing::Lines(testing::ReadFile(entry.path()));
+        for (size_t i = lines.size() > 30 ? lines.size() - 30 : 0; i < lines.size(); ++i) {
+          std::cerr << lines[i] << '\n';
+        }
+      }
+    } else if (!dir_.empty()) {
+      fs::remove_all(dir_);
+    }
+  }
+
+  void StartCoordinator(int heartbeat_timeout_s = 3) {
+    coordinator_ = Spawn(
+        "coordinator",
+        {(BinDir() / "meshrun-coordinator").string(), "--listen", address_, "--state-dir",
+         (dir_ / "state").string(), "--heartbeat-timeout", std::to_string(heartbeat_timeout_s)},
+        dir_ / "coordinator.log");
+    // Ready when it answers.
+    for (int i = 0; i < 200; ++i) {
+      if (Cli({"workers", "-o", "json"}, 5).exit_code == 0) return;
+      std::this_thread::sleep_for(50ms);
+    }
+    FAIL() << "the coordinator did not answer on " << address_;
+  }
+
+  void StartWorker(const std::string& name, int slots = 2) {
+    workers_.push_back(Spawn(name,
+                             {(BinDir() / "meshrun-worker").string(), "--coordinator", address_,
+                              "--name", name, "--slots", std::to_string(slots), "--work-dir",
+                              (dir_ / "work" / name).string(), "--cores", "1", "--grace", "2"},
+                             dir_ / (name + ".log")));
+  }
+
+  // Coordinator + `n` workers of 2 slots, all READY.
+  void StartCluster(int n, int heartbeat_timeout_s = 3) {
+    StartCoordinator(heartbeat_timeout_s);
+    for (int i = 1; i <= n; ++i) StartWorker("worker-" + std::to_string(i));
+    ASSERT_TRUE(WaitWorkers(n, "READY")) << Cli({"workers"}).out;
+  }
+
+  bool WaitWorkers(int n, const std::string& state, std::chrono::seconds timeout = 30s) {
+    const Clock::time_point give_up = Clock::now() + timeout;
+    while (Clock::now() < give_up) {
+      testing::CliResult r = Cli({"workers", "-o", "json"}, 5);
+      if (r.exit_code == 0) {
+        int count = 0;
+        for (const json& w : json::parse(r.out)) count += w["state"] == state;
+        if (count >= n) return true;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+
+  testing::CliResult Cli(std::vector<std::string> args, int timeout_s = 30) {
+    args.push_back("--coordinator");
+    args.push_back(address_);
+    return testing::RunCli(BinDir() / "meshrun", args, dir_ / "cli.err", timeout_s);
+  }
+
+  std::string WriteSpec(const std::string& name, int steps, int every, int max_restarts) {
+    const fs::path path = dir_ / (name + ".yaml");
+    std::ofstream(path) << Spec(dir_ / (name + "-checkpoints"), steps, every, max_restarts);
+    return path.string();
+  }
+
+  std::string Submit(const std::string& spec) {
+    testing::CliResult r = Cli({"submit", "-f", spec, "-o", "json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    if (r.exit_code != 0) return "";
+    return json::parse(r.out)["job_id"].get<std::string>();
+  }
+
+  json Status(const std::string& job) {
+    testing::CliResult r = Cli({"status", job, "-o", "json"}, 10);
+    if (r.exit_code != 0) return json();
+    return json::parse(r.out, nullptr, false);
+  }
+
+  // Polls `status` until pred holds (true) or the time is up (false); `last` keeps the last.
+  bool WaitStatus(const std::string& job, const std::function<bool(const json&)>& pred,
+                  std::chrono::seconds timeout, json* last) {
+    const Clock::time_point give_up = Clock::now() + timeout;
+    while (Clock::now() < give_up) {
+      *last = Status(job);
+      if (last->is_object() && pred(*last)) return true;
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+
+  bool WaitState(const std::string& job, const std::string& state, std::chrono::seconds timeout,
+                 json* last) {
+    return WaitStatus(
+        job, [&](const json& s) { return s["state"] == state; }, timeout, last);
+  }
+
+  // The final loss of the same spec trained standalone (`meshrun train --nproc 4`).
+  double UninterruptedFinalLoss(int steps) {
+    const fs::path path = dir_ / "reference.yaml";
+    std::ofstream(path) << Spec(dir_ / "reference-checkpoints", steps, 10, 0);
+    testing::CliResult r = testing::RunCli(
+        BinDir() / "meshrun", {"train", "-f", path.string(), "--nproc", "4", "-o", "json"},
+        dir_ / "reference.err", 300);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    for (const std::string& line : testing::Lines(r.out)) {
+      json j = json::parse(line, nullptr, false);
+      if (j.is_object() && j["event"] == "summary") return j["final_loss"].get<double>();
+    }
+    ADD_FAILURE() << "no summary line in the reference run: " << r.out;
+    return NAN;
+  }
+
+  std::vector<pid_t> RankPids(const json& status) {
+    std::vector<pid_t> pids;
+    for (const json& r : status["ranks"]) pids.push_back(r["pid"].get<int>());
+    return pids;
+  }
+
+  Daemon* WorkerNamed(const std::string& name) {
+    for (Daemon& w : workers_) {
+      if (w.name == name) return &w;
+    }
+    return nullptr;
+  }
+
+  fs::path dir_;
+  int port_ = 0;
+  std::string address_;
+  Daemon coordinator_;
+  std::vector<Daemon> workers_;
+};
+
+TEST_F(ControlPlaneTest, SubmittedJobSucceedsWithEveryRankPlaced) {
+  StartCluster(2);
+  const std::string job = Submit(WriteSpec("ok", 10, 5, 0));
+  ASSERT_FALSE(job.empty());
+  json s;
+  ASSERT_TRUE(WaitState(job, "SUCCEEDED", 120s, &s)) << s.dump();
+  EXPECT_EQ(s["job_id"], job);
+  EXPECT_EQ(s["name"], "cp-test");
+  EXPECT_EQ(s["attempt"], 1);
+  EXPECT_EQ(s["restarts"], 0);
+  EXPECT_EQ(s["step"], 10);
+  EXPECT_EQ(s["steps"], 10);
+  EXPECT_GT(s["loss"].get<double>(), 0);
+  EXPECT_GT(s["tokens_per_second"].get<double>(), 0);
+  ASSERT_EQ(s["ranks"].size(), 4u);
+  std::map<std::string, std::set<int>> tp_groups;  // worker -> the dp_shard coords it holds
+  for (int g = 0; g < 4; ++g) {
+    const json& r = s["ranks"][g];
+    EXPECT_EQ(r["rank"], g);
+    EXPECT_EQ(r["state"], "SUCCEEDED");
+    // g = dp_shard·2 + tp on this mesh.
+    EXPECT_EQ(r["coords"]["dp_replicate"], 0);
+    EXPECT_EQ(r["coords"]["dp_shard"], g / 2);
+    EXPECT_EQ(r["coords"]["cp"], 0);
+    EXPECT_EQ(r["coords"]["tp"], g % 2);
+    ASSERT_TRUE(r["worker"].is_string());
+    tp_groups[r["worker"].get<std::string>()].insert(g / 2);
+  }
+  // A tp group never spans workers: each worker holds whole tp groups.
+  EXPECT_EQ(tp_groups.size(), 2u);
+  for (const auto& [worker, shards] : tp_groups) EXPECT_EQ(shards.size(), 1u) << worker;
+  // The listing and the logs know it too.
+  testing::CliResult jobs = Cli({"jobs", "-o", "json"});
+  ASSERT_EQ(jobs.exit_code, 0);
+  ASSERT_EQ(json::parse(jobs.out).size(), 1u);
+  EXPECT_EQ(json::parse(jobs.out)[0]["state"], "SUCCEEDED");
+  testing::CliResult logs = Cli({"logs", job, "--rank", "0"});
+  EXPECT_EQ(logs.exit_code, 0) << logs.err;
+  EXPECT_NE(logs.out.find("checkpoint "), std::string::npos) << logs.out;
+}
+
+TEST_F(ControlPlaneTest, FollowEndsWithTheFinalStateAndInvalidSpecsStayLocal) {
+  StartCluster(2);
+  testing::CliResult r = Cli({"submit", "-f", WriteSpec("follow", 6, 0, 0), "--follow"}, 180);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("step 6/6"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("SUCCEEDED"), std::string::npos) << r.out;
+  // Invalid input never reaches the coordinator: exit 2 with one error line.
+  testing::CliResult bad =
+      Cli({"submit", "-f", WriteSpec("bad", 6, 0, 0), "--set", "parallelism.tp_size=3"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_EQ(testing::Lines(bad.err).size(), 1u) << bad.err;
+  EXPECT_EQ(bad.err.rfind("error: ", 0), 0u) << bad.err;
+  testing::CliResult unknown = Cli({"status", "no-such-job"});
+  EXPECT_EQ(unknown.exit_code, 1);
+  EXPECT_EQ(unknown.err.rfind("error: ", 0), 0u) << unknown.err;
+}
+
+TEST_F(ControlPlaneTest, CancelStopsARunningJobsRanks) {
+  StartCluster(2);
+  const std::string job = Submit(WriteSpec("cancel", 5000, 0, 0));
+  ASSERT_FALSE(job.empty());
+  json s;
+  ASSERT_TRUE(WaitStatus(
+      job, [](const json& j) { return j["step"].get<int>() >= 1; }, 120s, &s))
+      << s.dump();
+  const std::vector<pid_t> pids = RankPids(s);
+  ASSERT_EQ(pids.size(), 4u);
+  for (pid_t pid : pids) EXPECT_TRUE(Alive(pid)) << pid;
+  testing::CliResult c = Cli({"cancel", job});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  ASSERT_TRUE(WaitState(job, "CANCELLED", 10s, &s)) << s.dump();
+  const Clock::time_point give_up = Clock::now() + 20s;
+  for (pid_t pid : pids) {
+    while (Alive(pid) && Clock::now() < give_up) std::this_thread::sleep_for(50ms);
+    EXPECT_FALSE(Alive(pid)) << "rank process " << pid << " outlived the cancel";
+  }
+  // A second cancel is refused: the job is terminal.
+  testing::CliResult again = Cli({"cancel", job});
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.err.find("CANCELLED"), std::string::npos) << again.err;
+  ASSERT_TRUE(WaitWorkers(2, "READY")) << "the slots were not freed";
+}
+
+TEST_F(ControlPlaneTest, KilledRankRestartsFromItsCheckpoint) {
+  const double reference = UninterruptedFinalLoss(30);
+  StartCluster(2);
+  const std::string job = Submit(WriteSpec("rank-kill", 30, 10, 1));
+  ASSERT_FALSE(job.empty());
+  json s;
+  ASSERT_TRUE(WaitStatus(
+      job, [](const json& j) { return j["step"].get<int>() >= 12; }, 120s, &s))
+      << s.dump();
+  const pid_t victim = s["ranks"][3]["pid"].get<int>();
+  ASSERT_GT(victim, 0);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ASSERT_TRUE(WaitState(job, "SUCCEEDED", 240s, &s)) << s.dump();
+  EXPECT_EQ(s["restarts"], 1);
+  EXPECT_EQ(s["attempt"], 2);
+  EXPECT_EQ(s["step"], 30);
+  EXPECT_NEAR(s["loss"].get<double>(), reference, 1e-6 * std::abs(reference));
+  testing::CliResult logs = Cli({"logs", job, "--rank", "0"});
+  EXPECT_NE(logs.out.find("resumed from"), std::string::npos) << logs.out;
+}
+
+TEST_F(ControlPlaneTest, KilledWorkerIsLostAndTheJobMovesOn) {
+  const double reference = UninterruptedFinalLoss(30);
+  StartCluster(3, /*heartbeat_timeout_s=*/3);
+  const std::string job = Submit(WriteSpec("worker-kill", 30, 10, 1));
+  ASSERT_FALSE(job.empty());
+  json s;
+  ASSERT_TRUE(WaitStatus(
+      job, [](const json& j) { return j["step"].get<int>() >= 12; }, 120s, &s))
+      << s.dump();
+  const std::string victim_name = s["ranks"][3]["worker"].get<std::string>();
+  std::vector<pid_t> victim_ranks;
+  for (const json& r : s["ranks"]) {
+    if (r["worker"] == victim_name) victim_ranks.push_back(r["pid"].get<int>());
+  }
+  Daemon* victim = WorkerNamed(victim_name);
+  ASSERT_NE(victim, nullptr) << victim_name;
+  KillNow(*victim);
+  // Its ranks die with it (PR_SET_PDEATHSIG).
+  const Clock::time_point give_up = Clock::now() + 10s;
+  for (pid_t pid : victim_ranks) {
+    while (Alive(pid) && Clock::now() < give_up) std::this_thread::sleep_for(50ms);
+    EXPECT_FALSE(Alive(pid)) << "rank " << pid << " outlived its worker";
+  }
+  ASSERT_TRUE(WaitWorkers(1, "LOST", 30s)) << Cli({"workers"}).out;
+  ASSERT_TRUE(WaitState(job, "SUCCEEDED", 240s, &s)) << s.dump();
+  EXPECT_EQ(s["restarts"], 1);
+  for (const json& r : s["ranks"]) EXPECT_NE(r["worker"], victim_name);
+  EXPECT_NEAR(s["loss"].get<double>(), reference, 1e-6 * std::abs(reference));
+}
+
+TEST_F(ControlPlaneTest, CoordinatorRestartLosesNoJob) {
+  StartCluster(2, /*heartbeat_timeout_s=*/10);
+  // No checkpoint before the end: a store barrier never straddles the restart.
+  const std::string running = Submit(WriteSpec("restart-running", 60, 0, 1));
+  ASSERT_FALSE(running.empty());
+  json s;
+  ASSERT_TRUE(WaitStatus(
+      running, [](const json& j) { return j["step"].get<int>() >= 3; }, 120s, &s))
+      << s.dump();
+  // A second job waits for slots.
+  const std::string pending = Submit(WriteSpec("restart-pending", 5, 0, 0));
+  ASSERT_FALSE(pending.empty());
+  KillNow(coordinator_);
+  StartCoordinator(10);
+  // Both jobs are still known, and both finish.
+  testing::CliResult jobs = Cli({"jobs", "-o", "json"});
+  ASSERT_EQ(jobs.exit_code, 0) << jobs.err;
+  std::set<std::string> ids;
+  for (const json& j : json::parse(jobs.out)) ids.insert(j["job_id"].get<std::string>());
+  EXPECT_EQ(ids, (std::set<std::string>{running, pending}));
+  ASSERT_TRUE(WaitState(running, "SUCCEEDED", 240s, &s)) << s.dump();
+  EXPECT_EQ(s["step"], 60);
+  ASSERT_TRUE(WaitState(pending, "SUCCEEDED", 120s, &s)) << s.dump();
+}
+
+// ---- Bad requests straight at the API ---------------------------------------------------------
+
+class BadRequestTest : public ControlPlaneTest {
+ protected:
+  void SetUp() override {
+    ControlPlaneTest::SetUp();
+    if (IsSkipped()) return;
+    StartCoordinator();
+    stub_ = v1::CoordinatorService::NewStub(
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  }
+
+  grpc::StatusCode Submit(const v1::JobSpec& spec) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    v1::SubmitJobResponse response;
+    return stub_->SubmitJob(&ctx, request, &response).error_code();
+  }
+
+  // Still serving: a cheap call answers.
+  void ExpectServing() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    v1::ListWorkersRequest request;
+    v1::ListWorkersResponse response;
+    EXPECT_TRUE(stub_->ListWorkers(&ctx, request, &response).ok());
+  }
+
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+};
+
+TEST_F(BadRequestTest, MalformedRequestsAreInvalidArgument) {
+  EXPECT_EQ(Submit(v1::JobSpec()), grpc::StatusCode::INVALID_ARGUMENT);
+  ExpectServing();
+  v1::JobSpec spec;
+  spec.set_name("bad-mesh");
+  spec.mutable_model()->set_arch("gpt2");
+  spec.mutable_model()->set_n_head(4);
+  spec.mutable_parallelism()->set_tp_size(3);  // n_head 4 % 3 != 0
+  EXPECT_EQ(Submit(spec), grpc::StatusCode::INVALID_ARGUMENT);
+  ExpectServing();
+  {
+    grpc::ClientContext ctx;
+    v1::GetJobRequest request;  // empty job_id
+    v1::GetJobResponse response;
+    EXPECT_EQ(stub_->GetJob(&ctx, request, &response).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterWorkerRequest request;
+    request.set_name("w");
+    request.set_slots(0);
+    request.set_device("cpu");
+    v1::RegisterWorkerResponse response;
+    EXPECT_EQ(stub_->RegisterWorker(&ctx, request, &response).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::StoreGetRequest request;
+    request.set_job_id("job");
+    request.set_attempt(0);
+    request.set_key("k");
+    v1::StoreGetResponse response;
+    EXPECT_EQ(stub_->StoreGet(&ctx, request, &response).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::CancelJobRequest request;
+    request.set_job_id("no-such-job");
+    v1::CancelJobResponse response;
+    EXPECT_EQ(stub_->CancelJob(&ctx, request, &response).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  ExpectServing();
+}
+
+TEST_F(BadRequestTest, OversizedRequestsAreRefused) {
+  v1::JobSpec spec;
+  spec.set_source_yaml(std::string(8 << 20, 'x'));  // over any sane message limit
+  const grpc::StatusCode code = Submit(spec);
+  EXPECT_TRUE(code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+              code == grpc::StatusCode::INVALID_ARGUMENT)
+      << code;
+  ExpectServing();
+  {
+    grpc::ClientContext ctx;
+    v1::StoreSetRequest request;
+    request.set_job_id("job");
+    request.set_attempt(1);
+    request.set_key(std::string(1 << 20, 'k'));
+    v1::StoreSetResponse response;
+    EXPECT_FALSE(stub_->StoreSet(&ctx, request, &response).ok());
+  }
+  ExpectServing();
+}
+
+TEST_F(BadRequestTest, OutOfOrderSessionMessagesAreFailedPrecondition) {
+  {
+    // The first message must be `open`.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    auto stream = stub_->WorkerSession(&ctx);
+    v1::WorkerSessionRequest beat;
+    beat.mutable_heartbeat()->set_free_slots(1);
+    stream->Write(beat);
+    stream->WritesDone();
+    v1::WorkerSessionResponse response;
+    while (stream->Read(&response)) {
+    }
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  ExpectServing();
+  // `open` twice on one stream.
+  v1::RegisterWorkerResponse reg;
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterWorkerRequest request;
+    request.set_name("w-order");
+    request.set_slots(1);
+    request.set_device("cpu");
+    request.set_address("127.0.0.1");
+    ASSERT_TRUE(stub_->RegisterWorker(&ctx, request, &reg).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    auto stream = stub_->WorkerSession(&ctx);
+    v1::WorkerSessionRequest open;
+    open.mutable_open()->set_worker_id(reg.worker_id());
+    open.mutable_open()->set_session_token(reg.session_token());
+    stream->Write(open);
+    v1::WorkerSessionResponse response;
+    ASSERT_TRUE(stream->Read(&response));
+    EXPECT_TRUE(response.has_accepted());
+    stream->Write(open);
+    stream->WritesDone();
+    while (stream->Read(&response)) {
+    }
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    // A wrong token.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    auto stream = stub_->WorkerSession(&ctx);
+    v1::WorkerSessionRequest open;
+    open.mutable_open()->set_worker_id(reg.worker_id());
+    open.mutable_open()->set_session_token("not-the-token");
+    stream->Write(open);
+    stream->WritesDone();
+    v1::WorkerSessionResponse response;
+    while (stream->Read(&response)) {
+    }
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  ExpectServing();
+}
+
+}  // namespace
+}  // namespace meshrun
