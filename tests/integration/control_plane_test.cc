@@ -383,9 +383,9 @@ TEST_F(ControlPlaneTest, CancelStopsARunningJobsRanks) {
 }
 
 TEST_F(ControlPlaneTest, KilledRankRestartsFromItsCheckpoint) {
-  const double reference = UninterruptedFinalLoss(30);
+  const double reference = UninterruptedFinalLoss(40);
   StartCluster(2);
-  const std::string job = Submit(WriteSpec("rank-kill", 30, 10, 1));
+  const std::string job = Submit(WriteSpec("rank-kill", 40, 10, 1));
   ASSERT_FALSE(job.empty());
   json s;
   ASSERT_TRUE(WaitStatus(
@@ -397,16 +397,16 @@ TEST_F(ControlPlaneTest, KilledRankRestartsFromItsCheckpoint) {
   ASSERT_TRUE(WaitState(job, "SUCCEEDED", 240s, &s)) << s.dump();
   EXPECT_EQ(s["restarts"], 1);
   EXPECT_EQ(s["attempt"], 2);
-  EXPECT_EQ(s["step"], 30);
+  EXPECT_EQ(s["step"], 40);
   EXPECT_NEAR(s["loss"].get<double>(), reference, 1e-6 * std::abs(reference));
   testing::CliResult logs = Cli({"logs", job, "--rank", "0"});
   EXPECT_NE(logs.out.find("resumed from"), std::string::npos) << logs.out;
 }
 
 TEST_F(ControlPlaneTest, KilledWorkerIsLostAndTheJobMovesOn) {
-  const double reference = UninterruptedFinalLoss(30);
+  const double reference = UninterruptedFinalLoss(40);
   StartCluster(3, /*heartbeat_timeout_s=*/3);
-  const std::string job = Submit(WriteSpec("worker-kill", 30, 10, 1));
+  const std::string job = Submit(WriteSpec("worker-kill", 40, 10, 1));
   ASSERT_FALSE(job.empty());
   json s;
   ASSERT_TRUE(WaitStatus(
@@ -435,9 +435,20 @@ TEST_F(ControlPlaneTest, KilledWorkerIsLostAndTheJobMovesOn) {
 
 TEST_F(ControlPlaneTest, CoordinatorRestartLosesNoJob) {
   StartCluster(2, /*heartbeat_timeout_s=*/10);
-  // No checkpoint before the end: a store barrier never straddles the restart.
-  const std::string running = Submit(WriteSpec("restart-running", 60, 0, 1));
-  ASSERT_FALSE(running.empty());
+  // The running job is followed by a `submit --follow` that must ride out the restart. No
+  // checkpoint before the end: a store barrier never straddles the restart.
+  Daemon follow =
+      Spawn("follow",
+            {(BinDir() / "meshrun").string(), "submit", "-f",
+             WriteSpec("restart-running", 60, 0, 1), "--follow", "--coordinator", address_},
+            dir_ / "follow.log");
+  std::string running;
+  for (int i = 0; i < 200 && running.empty(); ++i) {
+    const std::vector<std::string> lines = testing::Lines(testing::ReadFile(dir_ / "follow.log"));
+    if (!lines.empty() && lines[0].rfind("job-", 0) == 0) running = lines[0];
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_FALSE(running.empty()) << testing::ReadFile(dir_ / "follow.log");
   json s;
   ASSERT_TRUE(WaitStatus(
       running, [](const json& j) { return j["step"].get<int>() >= 3; }, 120s, &s))
@@ -456,6 +467,17 @@ TEST_F(ControlPlaneTest, CoordinatorRestartLosesNoJob) {
   ASSERT_TRUE(WaitState(running, "SUCCEEDED", 240s, &s)) << s.dump();
   EXPECT_EQ(s["step"], 60);
   ASSERT_TRUE(WaitState(pending, "SUCCEEDED", 120s, &s)) << s.dump();
+  // The follower saw it through: exit 0 after the final state.
+  int status = -1;
+  const Clock::time_point give_up = Clock::now() + 60s;
+  while (waitpid(follow.pid, &status, WNOHANG) == 0 && Clock::now() < give_up) {
+    std::this_thread::sleep_for(50ms);
+  }
+  const std::string followed = testing::ReadFile(dir_ / "follow.log");
+  ASSERT_TRUE(WIFEXITED(status)) << followed;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << followed;
+  EXPECT_NE(followed.find("step 60/60"), std::string::npos) << followed;
+  EXPECT_NE(followed.find("SUCCEEDED"), std::string::npos) << followed;
 }
 
 // ---- Bad requests straight at the API ---------------------------------------------------------
