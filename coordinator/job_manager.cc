@@ -327,7 +327,7 @@ StatusOr<v1::Job> JobManager::Get(const std::string& job_id) {
   return ToProtoLocked(*job, /*detail=*/true);
 }
 
-StatusOr<v1::ListJobsResponse> JobManager::List(const v1::ListJobsRequest& request) const {
+StatusOr<v1::ListJobsResponse> JobManager::List(const v1::ListJobsRequest& request) {
   int64_t before = INT64_MAX;
   if (!request.page_token().empty()) {
     const std::string& t = request.page_token();
@@ -356,7 +356,7 @@ StatusOr<v1::ListJobsResponse> JobManager::List(const v1::ListJobsRequest& reque
       out.set_next_page_token("before:" + std::to_string(job.row.seq + 1));
       break;
     }
-    *out.add_jobs() = const_cast<JobManager*>(this)->ToProtoLocked(job, /*detail=*/false);
+    *out.add_jobs() = ToProtoLocked(job, /*detail=*/false);
   }
   return out;
 }

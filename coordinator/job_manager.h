@@ -92,7 +92,7 @@ class JobManager {
   // ---- Client RPCs (errors as in coordinator.proto) ----
   StatusOr<std::string> Submit(const v1::SubmitJobRequest& request);
   StatusOr<v1::Job> Get(const std::string& job_id);
-  StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request) const;
+  StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request);
   StatusOr<v1::Job> Cancel(const v1::CancelJobRequest& request);
   // Replays and, unless the job is finished or replay_only, keeps `stream` as a watcher.
   // On error nothing was sent and the caller finishes the stream with the status.

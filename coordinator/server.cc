@@ -123,12 +123,18 @@ int CoordinatorServer::metrics_port() const {
 }
 
 void CoordinatorServer::TickLoop() {
+  // Store waits are checked every tick (their timeouts are what callers see); leases, orphaned
+  // ranks and the queue every fifth (the queue is also retried on every event that frees slots).
   std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_) {
+  for (int64_t n = 1; !stopping_; ++n) {
     cv_.wait_for(lock, config_.tick);
     if (stopping_) break;
     lock.unlock();
-    service_->Tick();
+    if (n % 5 == 0) {
+      service_->Tick();
+    } else {
+      store_->ExpireWaiters();
+    }
     lock.lock();
   }
 }
