@@ -451,8 +451,31 @@ Status CheckSingleDocument(const std::string& text, const std::string& source) {
   return OkStatus();
 }
 
+// With model.init_from set, copies each model field the tree does not have (after --set) from
+// the folder's config.json (JSON is YAML too); an unreadable config.json is left for the
+// weight loader to report. Fields the spec gives are kept (a contradiction fails the load).
+void FillModelFromInitFrom(YAML::Node& root) {
+  YAML::Node model = root["model"];
+  if (!model || !model.IsMap() || !model["init_from"] || !model["init_from"].IsScalar()) return;
+  const std::string dir = model["init_from"].as<std::string>();
+  if (dir.empty()) return;
+  YAML::Node config;
+  try {
+    config = YAML::LoadFile((std::filesystem::path(dir) / "config.json").string());
+  } catch (const std::exception&) {
+    return;
+  }
+  if (!config.IsMap()) return;
+  static constexpr std::pair<const char*, const char*> kFromConfig[] = {
+      {"n_layer", "n_layer"},     {"n_head", "n_head"},         {"d_model", "n_embd"},
+      {"seq_len", "n_positions"}, {"vocab_size", "vocab_size"}};
+  for (const auto& [field, key] : kFromConfig) {
+    if (!model[field] && config[key] && config[key].IsScalar()) model[field] = config[key];
+  }
+}
+
 StatusOr<JobSpec> ParseUnguarded(const std::string& text, const std::vector<std::string>& overrides,
-                                 const std::string& source) {
+                                 const std::string& source, bool fill_from_init_from = false) {
   if (text.size() > kMaxSpecBytes) {
     return InvalidArgumentError(source + ": " + std::to_string(text.size()) +
                                 " bytes is too large for a job spec (hint: a spec is at most " +
@@ -475,6 +498,7 @@ StatusOr<JobSpec> ParseUnguarded(const std::string& text, const std::vector<std:
   for (const std::string& assignment : overrides) {
     MESHRUN_RETURN_IF_ERROR(reader.ApplyOverride(root, assignment));
   }
+  if (fill_from_init_from) FillModelFromInitFrom(root);
   JobSpec spec;
   MESHRUN_RETURN_IF_ERROR(reader.ReadRoot(root, spec));
   if (Status status = ValidateJobSpec(spec, /*nproc=*/0); !status.ok()) {
@@ -517,7 +541,13 @@ StatusOr<JobSpec> LoadJobSpecFile(const std::string& path,
     return InvalidArgumentError(path + ": cannot read the job spec: " + std::strerror(errno) +
                                 " (hint: check that the file is readable)");
   }
-  return ParseJobSpecYaml(text.str(), overrides, path);
+  // CONVENTIONS §3: model fields the spec leaves out come from model.init_from's config.json.
+  try {
+    return ParseUnguarded(text.str(), overrides, path, /*fill_from_init_from=*/true);
+  } catch (const std::exception& e) {
+    return InvalidArgumentError(path + ": cannot read the job spec: " + EscapeForMessage(e.what()) +
+                                " (hint: check the YAML near the position given)");
+  }
 }
 
 std::string JobSpecToYaml(const JobSpec& spec) {

@@ -25,7 +25,9 @@ StatusOr<JobSpec> ParseJobSpecYaml(const std::string& text,
                                    const std::vector<std::string>& overrides,
                                    const std::string& source = "<job spec>");
 
-// Reads the file at `path` and parses it as ParseJobSpecYaml does (source = path). A file
+// Reads the file at `path` and parses it as ParseJobSpecYaml does (source = path). With
+// model.init_from set, model fields the file and overrides leave out are taken from the
+// folder's config.json (CONVENTIONS §3); this is the one reader that touches other files. A file
 // that cannot be read is INVALID_ARGUMENT too: it is the caller's input.
 StatusOr<JobSpec> LoadJobSpecFile(const std::string& path,
                                   const std::vector<std::string>& overrides);

@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 namespace meshrun {
@@ -275,5 +278,26 @@ TEST(JobSpecYamlTest, WritesEveryFieldInSpecOrderAndFloatsAsFloats) {
   EXPECT_NE(yaml.find("\nrestart:\n  max_restarts: 0\n"), std::string::npos) << yaml;
 }
 
+// CONVENTIONS §3: with model.init_from, model fields the spec leaves out come from the
+// folder's config.json; fields the spec (or --set) gives are kept.
+TEST(JobSpecYamlTest, InitFromFillsLeftOutModelFieldsFromConfigJson) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("meshrun_init_from_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir / "hf");
+  std::ofstream(dir / "hf/config.json")
+      << R"({"n_embd": 96, "n_layer": 3, "n_head": 6, "n_positions": 128, "vocab_size": 300})";
+  std::ofstream(dir / "job.yaml") << "model: {init_from: " << (dir / "hf").string()
+                                  << ", n_layer: 2}\ndata: {train: /tmp/x}\n";
+  StatusOr<JobSpec> spec = LoadJobSpecFile((dir / "job.yaml").string(), {"model.n_head=3"});
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  EXPECT_EQ(spec->model.d_model, 96);
+  EXPECT_EQ(spec->model.seq_len, 128);
+  EXPECT_EQ(spec->model.vocab_size, 300);
+  EXPECT_EQ(spec->model.n_layer, 2);  // given by the spec
+  EXPECT_EQ(spec->model.n_head, 3);   // given by --set
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace meshrun
+
