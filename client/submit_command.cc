@@ -12,7 +12,7 @@
 #include "client/coordinator_client.h"
 #include "client/progress.h"
 #include "common/job_spec_yaml.h"
-#include "worker/spec_proto.h"
+#include "proto/spec_convert.h"
 
 namespace meshrun::client {
 namespace {

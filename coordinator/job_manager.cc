@@ -13,7 +13,7 @@
 #include "coordinator/job_manager_internal.h"
 #include "coordinator/placement.h"
 #include "coordinator/proto_time.h"
-#include "coordinator/spec_convert.h"
+#include "proto/spec_convert.h"
 
 namespace meshrun::coordinator {
 

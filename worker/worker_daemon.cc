@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "common/job_spec_yaml.h"
-#include "worker/spec_proto.h"
+#include "proto/spec_convert.h"
 #include "worker/worker_metrics.h"
 
 extern char** environ;

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "coordinator/proto_time.h"
-#include "coordinator/spec_convert.h"
+#include "proto/spec_convert.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "tests/coordinator/grpc_test_util.h"
 #include "tests/fakes/fake_grpc_worker.h"
@@ -124,7 +124,7 @@ v1::SubmitJobRequest JobOfSize(int world, int tp) {
   spec.train.micro_batch_size = 1;
   spec.data.train = "/data/bench.txt";
   v1::SubmitJobRequest req;
-  *req.mutable_spec() = coordinator::JobSpecToProto(spec);
+  *req.mutable_spec() = meshrun::JobSpecToProto(spec);
   req.set_request_id("bench-1");
   return req;
 }

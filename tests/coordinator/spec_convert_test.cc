@@ -1,6 +1,6 @@
 // JobSpec proto <-> struct: round trip, validation through common/, narrowing and the model
 // sizes a client may leave to init_from.
-#include "coordinator/spec_convert.h"
+#include "proto/spec_convert.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "common/job_spec.h"
-#include "coordinator/spec_convert.h"
+#include "proto/spec_convert.h"
 #include "meshrun/v1/coordinator.pb.h"
 
 namespace meshrun::testing {
@@ -31,7 +31,7 @@ inline v1::JobSpec SpecProto(int r, int s, int c, int t, int max_restarts = 0,
   spec.data.train = "/data/tiny.txt";
   spec.resources.device = device;
   spec.restart.max_restarts = max_restarts;
-  v1::JobSpec proto = coordinator::JobSpecToProto(spec);
+  v1::JobSpec proto = meshrun::JobSpecToProto(spec);
   proto.set_source_yaml("name: test-job\n");
   return proto;
 }

@@ -14,7 +14,7 @@
 
 #include "common/job_spec_yaml.h"
 #include "tests/worker/fake_coordinator.h"
-#include "worker/spec_proto.h"
+#include "proto/spec_convert.h"
 
 namespace meshrun {
 namespace {

@@ -1,11 +1,11 @@
 // JobSpec proto <-> struct conversion. Integer fields are int64 in the proto and int in
 // common/, so every narrowing is checked and reported with the field's YAML path.
-#include "coordinator/spec_convert.h"
+#include "proto/spec_convert.h"
 
 #include <climits>
 #include <string>
 
-namespace meshrun::coordinator {
+namespace meshrun {
 namespace {
 
 Status Invalid(const std::string& path, const std::string& what, const std::string& hint) {
@@ -156,4 +156,4 @@ StatusOr<JobSpec> ValidateProtoJobSpec(const v1::JobSpec& proto) {
   return spec;
 }
 
-}  // namespace meshrun::coordinator
+}  // namespace meshrun

@@ -6,7 +6,7 @@
 #include "common/status.h"
 #include "meshrun/v1/job_spec.pb.h"
 
-namespace meshrun::coordinator {
+namespace meshrun {
 
 // Converts field by field. INVALID_ARGUMENT naming the field when a value does not fit the
 // common struct (an int64 above INT32_MAX), or when a model size is missing although
@@ -24,4 +24,4 @@ v1::JobSpec JobSpecToProto(const JobSpec& spec);
 // Errors are INVALID_ARGUMENT with the `<field>: <what> (hint: <fix>)` message of common/.
 StatusOr<JobSpec> ValidateProtoJobSpec(const v1::JobSpec& proto);
 
-}  // namespace meshrun::coordinator
+}  // namespace meshrun
