@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "common/job_spec.h"
-#include "proto/spec_convert.h"
 #include "meshrun/v1/coordinator.pb.h"
+#include "proto/spec_convert.h"
 
 namespace meshrun::testing {
 
