@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "client/launcher.h"
 #include "common/job_spec_yaml.h"
@@ -58,11 +58,12 @@ class PrintingObserver final : public TrainObserver {
                    {"peak_memory_bytes", m.peak_memory_bytes}};
       std::cout << line.dump() << std::endl;
     } else {
-      std::printf("step %5lld/%-5lld loss %.4f  lr %.3e  norm %.3f  %7.1f ms  %9.0f tok/s  "
-                  "%.4f TFLOP/s  MFU %5.1f%%  peak %.1f MiB\n",
-                  static_cast<long long>(m.step), static_cast<long long>(steps_), m.loss, m.lr,
-                  m.grad_norm, m.step_seconds * 1e3, m.tokens_per_second, m.tflops,
-                  100.0 * m.mfu, static_cast<double>(m.peak_memory_bytes) / (1 << 20));
+      std::printf(
+          "step %5lld/%-5lld loss %.4f  lr %.3e  norm %.3f  %7.1f ms  %9.0f tok/s  "
+          "%.4f TFLOP/s  MFU %5.1f%%  peak %.1f MiB\n",
+          static_cast<long long>(m.step), static_cast<long long>(steps_), m.loss, m.lr, m.grad_norm,
+          m.step_seconds * 1e3, m.tokens_per_second, m.tflops, 100.0 * m.mfu,
+          static_cast<double>(m.peak_memory_bytes) / (1 << 20));
       std::fflush(stdout);
     }
   }
@@ -102,8 +103,8 @@ StatusOr<JobSpec> LoadSpec(const std::string& file, const std::vector<std::strin
 int LaunchRanks(const TrainFlags& o, const ParallelDims& dims) {
   LaunchOptions launch;
   launch.nproc = o.nproc;
-  launch.argv = {SelfExecutable(), "train", "-f", o.file, "--nproc", std::to_string(o.nproc),
-                 "-o", o.output};
+  launch.argv = {SelfExecutable(),        "train", "-f",    o.file, "--nproc",
+                 std::to_string(o.nproc), "-o",    o.output};
   for (const std::string& kv : o.overrides) {
     launch.argv.push_back("--set");
     launch.argv.push_back(kv);
@@ -114,10 +115,10 @@ int LaunchRanks(const TrainFlags& o, const ParallelDims& dims) {
   }
   for (int r = 0; r < o.nproc; ++r) {
     const MeshCoords c = dims.CoordsOf(r);
-    launch.rank_labels.push_back("rank " + std::to_string(r) + " (dp_replicate=" +
-                                 std::to_string(c.dp_replicate) + " dp_shard=" +
-                                 std::to_string(c.dp_shard) + " cp=" + std::to_string(c.cp) +
-                                 " tp=" + std::to_string(c.tp) + ")");
+    launch.rank_labels.push_back(
+        "rank " + std::to_string(r) + " (dp_replicate=" + std::to_string(c.dp_replicate) +
+        " dp_shard=" + std::to_string(c.dp_shard) + " cp=" + std::to_string(c.cp) +
+        " tp=" + std::to_string(c.tp) + ")");
   }
   return Launch(launch);
 }
@@ -167,10 +168,9 @@ StatusOr<RankContext> ConnectRank(const ParallelDims& dims) {
   MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GlooBackend> backend, GlooBackend::Create(gloo));
   MeshCommsOptions comm_options;
   comm_options.timeout = std::chrono::seconds(30);
-  MESHRUN_ASSIGN_OR_RETURN(
-      std::unique_ptr<MeshComms> comms,
-      MeshComms::Create(dims, ctx.rank, store, *backend, std::make_shared<CommStats>(),
-                        comm_options));
+  MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
+                           MeshComms::Create(dims, ctx.rank, store, *backend,
+                                             std::make_shared<CommStats>(), comm_options));
   ctx.comms = std::move(comms);
   return ctx;
 }
@@ -211,7 +211,8 @@ int RunTrain(const TrainFlags& o) {
   const RunSummary& s = *summary;
   if (as_json) {
     json comm = json::object();
-    for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"}) comm[axis] = s.comm_bytes.at(axis);
+    for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"})
+      comm[axis] = s.comm_bytes.at(axis);
     json line = {{"event", "summary"},
                  {"steps", s.steps},
                  {"final_loss", s.final_loss},
@@ -271,8 +272,8 @@ int RunEval(const std::string& file, const std::vector<std::string>& overrides,
     std::cout << json({{"loss", e->loss}, {"tokens", e->tokens}, {"checkpoint", *step_dir}}).dump()
               << std::endl;
   } else {
-    std::printf("loss %.6f over %lld tokens (%s, %s)\n", e->loss,
-                static_cast<long long>(e->tokens), step_dir->c_str(), stream_path.c_str());
+    std::printf("loss %.6f over %lld tokens (%s, %s)\n", e->loss, static_cast<long long>(e->tokens),
+                step_dir->c_str(), stream_path.c_str());
   }
   return kExitOk;
 }
@@ -336,7 +337,9 @@ void RegisterEvalCommand(CLI::App& app, CommandResult& result) {
   cmd->add_option("-o,--output", o->output, "output format: text or json")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->callback([o, &result] {
-    result.run = [o] { return RunEval(o->file, o->overrides, o->checkpoint, o->tokens, o->output); };
+    result.run = [o] {
+      return RunEval(o->file, o->overrides, o->checkpoint, o->tokens, o->output);
+    };
   });
 }
 
@@ -346,7 +349,8 @@ void RegisterExportCommand(CLI::App& app, CommandResult& result) {
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "export", "Write a checkpoint as a Hugging Face GPT-2 folder (model.safetensors + config.json)");
+      "export",
+      "Write a checkpoint as a Hugging Face GPT-2 folder (model.safetensors + config.json)");
   cmd->add_option("CKPT", o->checkpoint, "a step-NNNNNNNN folder, or a checkpoint.dir")->required();
   cmd->add_option("-o,--output", o->out, "output folder")->required();
   cmd->callback([o, &result] { result.run = [o] { return RunExport(o->checkpoint, o->out); }; });

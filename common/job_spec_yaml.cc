@@ -467,8 +467,11 @@ void FillModelFromInitFrom(YAML::Node& root) {
   }
   if (!config.IsMap()) return;
   static constexpr std::pair<const char*, const char*> kFromConfig[] = {
-      {"n_layer", "n_layer"},     {"n_head", "n_head"},         {"d_model", "n_embd"},
-      {"seq_len", "n_positions"}, {"vocab_size", "vocab_size"}};
+      {"n_layer", "n_layer"},
+      {"n_head", "n_head"},
+      {"d_model", "n_embd"},
+      {"seq_len", "n_positions"},
+      {"vocab_size", "vocab_size"}};
   for (const auto& [field, key] : kFromConfig) {
     if (!model[field] && config[key] && config[key].IsScalar()) model[field] = config[key];
   }

@@ -51,19 +51,45 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status OkStatus() { return Status(); }
-inline Status InvalidArgumentError(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
-inline Status NotFoundError(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
-inline Status FailedPreconditionError(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
-inline Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-inline Status UnavailableError(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
-inline Status DeadlineExceededError(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
-inline Status DataLossError(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
-inline Status OutOfRangeError(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
-inline Status UnimplementedError(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
-inline Status ResourceExhaustedError(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
-inline Status AbortedError(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
-inline Status CancelledError(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
+inline Status OkStatus() {
+  return Status();
+}
+inline Status InvalidArgumentError(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
+inline Status NotFoundError(std::string m) {
+  return {StatusCode::kNotFound, std::move(m)};
+}
+inline Status FailedPreconditionError(std::string m) {
+  return {StatusCode::kFailedPrecondition, std::move(m)};
+}
+inline Status InternalError(std::string m) {
+  return {StatusCode::kInternal, std::move(m)};
+}
+inline Status UnavailableError(std::string m) {
+  return {StatusCode::kUnavailable, std::move(m)};
+}
+inline Status DeadlineExceededError(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
+inline Status DataLossError(std::string m) {
+  return {StatusCode::kDataLoss, std::move(m)};
+}
+inline Status OutOfRangeError(std::string m) {
+  return {StatusCode::kOutOfRange, std::move(m)};
+}
+inline Status UnimplementedError(std::string m) {
+  return {StatusCode::kUnimplemented, std::move(m)};
+}
+inline Status ResourceExhaustedError(std::string m) {
+  return {StatusCode::kResourceExhausted, std::move(m)};
+}
+inline Status AbortedError(std::string m) {
+  return {StatusCode::kAborted, std::move(m)};
+}
+inline Status CancelledError(std::string m) {
+  return {StatusCode::kCancelled, std::move(m)};
+}
 
 // A value or an error. Accessing value() of an error is a broken invariant (asserts).
 template <typename T>
@@ -74,9 +100,18 @@ class [[nodiscard]] StatusOr {
 
   bool ok() const { return status_.ok(); }
   const Status& status() const { return status_; }
-  T& value() & { assert(ok()); return *value_; }
-  const T& value() const& { assert(ok()); return *value_; }
-  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& value() & {
+    assert(ok());
+    return *value_;
+  }
+  const T& value() const& {
+    assert(ok());
+    return *value_;
+  }
+  T&& value() && {
+    assert(ok());
+    return std::move(*value_);
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T* operator->() { return &value(); }
@@ -90,10 +125,10 @@ class [[nodiscard]] StatusOr {
 }  // namespace meshrun
 
 // Early return on error: MESHRUN_RETURN_IF_ERROR(expr);
-#define MESHRUN_RETURN_IF_ERROR(expr)          \
-  do {                                         \
-    ::meshrun::Status _mr_status = (expr);     \
-    if (!_mr_status.ok()) return _mr_status;   \
+#define MESHRUN_RETURN_IF_ERROR(expr)        \
+  do {                                       \
+    ::meshrun::Status _mr_status = (expr);   \
+    if (!_mr_status.ok()) return _mr_status; \
   } while (0)
 
 #define MESHRUN_CONCAT_INNER(a, b) a##b

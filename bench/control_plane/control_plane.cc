@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "coordinator/proto_time.h"
-#include "proto/spec_convert.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "proto/spec_convert.h"
 #include "tests/coordinator/grpc_test_util.h"
 #include "tests/fakes/fake_grpc_worker.h"
 

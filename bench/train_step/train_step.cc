@@ -82,17 +82,18 @@ Result RunMeshrun(const BenchConfig& c, int steps, int warmup) {
     model.ZeroGrad();
     for (int first = 0; first < B; first += c.micro_batch) {
       (void)model.ForwardBackward(inputs.data() + static_cast<size_t>(first) * T,
-                            targets.data() + static_cast<size_t>(first) * T, c.micro_batch, T,
-                            1.0 / (static_cast<double>(B) * T));
+                                  targets.data() + static_cast<size_t>(first) * T, c.micro_batch, T,
+                                  1.0 / (static_cast<double>(B) * T));
     }
-    const double norm = std::sqrt(meshrun::cpu::SumOfSquares(model.grads_data(), model.num_params()));
-    if (norm > 1.0) meshrun::cpu::Scale(model.grads_data(), model.num_params(), 1.0 / (norm + 1e-6));
+    const double norm =
+        std::sqrt(meshrun::cpu::SumOfSquares(model.grads_data(), model.num_params()));
+    if (norm > 1.0)
+      meshrun::cpu::Scale(model.grads_data(), model.num_params(), 1.0 / (norm + 1e-6));
     for (const auto& p : model.params()) {
       meshrun::cpu::AdamW(model.param(p), model.grad(p), m.data() + p.offset, v.data() + p.offset,
                           p.numel, 3e-4, 0.9, 0.95, 1e-8, p.decay ? 0.1 : 0.0, s + 1);
     }
-    const double dt =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) times.push_back(dt);
   }
   Result r;
@@ -108,9 +109,9 @@ bool RunTorch(const std::string& python, const BenchConfig& c, int steps, int wa
   std::ostringstream cmd;
   const char* src = std::getenv("MESHRUN_SOURCE_DIR");
   std::string script = std::string(src ? src : ".") + "/bench/torch_baseline.py";
-  cmd << python << " " << script << " --config " << c.name << " --steps " << steps
-      << " --warmup " << warmup << " --threads " << threads << " --seq-len "
-      << c.model.max_seq_len << " --batch " << c.batch << " 2>/dev/null";
+  cmd << python << " " << script << " --config " << c.name << " --steps " << steps << " --warmup "
+      << warmup << " --threads " << threads << " --seq-len " << c.model.max_seq_len << " --batch "
+      << c.batch << " 2>/dev/null";
   FILE* f = popen(cmd.str().c_str(), "r");
   if (f == nullptr) return false;
   char buf[4096];
@@ -147,27 +148,37 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--configs") configs = next();
-    else if (a == "--steps") steps = std::atoi(next().c_str());
-    else if (a == "--warmup") warmup = std::atoi(next().c_str());
-    else if (a == "--threads") threads = std::atoi(next().c_str());
-    else if (a == "--seq-len") seq_len = std::atoi(next().c_str());
-    else if (a == "--python") python = next();
-    else if (a == "--no-torch") torch = false;
+    if (a == "--configs")
+      configs = next();
+    else if (a == "--steps")
+      steps = std::atoi(next().c_str());
+    else if (a == "--warmup")
+      warmup = std::atoi(next().c_str());
+    else if (a == "--threads")
+      threads = std::atoi(next().c_str());
+    else if (a == "--seq-len")
+      seq_len = std::atoi(next().c_str());
+    else if (a == "--python")
+      python = next();
+    else if (a == "--no-torch")
+      torch = false;
     else {
-      std::fprintf(stderr, "error: %s: unknown flag (hint: see the comment at the top of "
-                   "bench/train_step/train_step.cc)\n", a.c_str());
+      std::fprintf(stderr,
+                   "error: %s: unknown flag (hint: see the comment at the top of "
+                   "bench/train_step/train_step.cc)\n",
+                   a.c_str());
       return 2;
     }
   }
   meshrun::cpu::SetNumThreads(threads);
   const double peak = meshrun::MeasureCpuGemmPeakFlops();
-  std::printf("# float32 GEMM peak (512^3 sgemm, best of 5, %d threads): %.1f GFLOP/s\n", threads, peak / 1e9);
+  std::printf("# float32 GEMM peak (512^3 sgemm, best of 5, %d threads): %.1f GFLOP/s\n", threads,
+              peak / 1e9);
   std::printf("%-10s %8s %6s | %10s %8s %7s | %10s %8s | %6s\n", "config", "tokens", "thr",
               "meshrun/s", "TFLOP/s", "MFU", "torch/s", "TFLOP/s", "ratio");
   std::ostringstream json;
-  json << "{\"bench\":\"train_step\",\"threads\":" << threads << ",\"gemm_peak_gflops\":"
-       << peak / 1e9 << ",\"results\":[";
+  json << "{\"bench\":\"train_step\",\"threads\":" << threads
+       << ",\"gemm_peak_gflops\":" << peak / 1e9 << ",\"results\":[";
   std::stringstream names(configs);
   std::string name;
   bool first = true;
@@ -180,8 +191,8 @@ int main(int argc, char** argv) {
     std::printf("%-10s %8d %6d | %10.0f %8.4f %6.1f%% | %10.0f %8.4f | %6.2f\n", c.name.c_str(),
                 c.batch * c.model.max_seq_len, threads, r.tokens_per_second, r.tflops,
                 100.0 * r.tflops * 1e12 / peak, t.tokens_per_second, t.tflops, ratio);
-    json << (first ? "" : ",") << "{\"config\":\"" << c.name << "\",\"seq_len\":"
-         << c.model.max_seq_len << ",\"batch\":" << c.batch
+    json << (first ? "" : ",") << "{\"config\":\"" << c.name
+         << "\",\"seq_len\":" << c.model.max_seq_len << ",\"batch\":" << c.batch
          << ",\"tokens_per_second\":" << r.tokens_per_second << ",\"tflops\":" << r.tflops
          << ",\"mfu\":" << r.tflops * 1e12 / peak
          << ",\"torch_tokens_per_second\":" << (have_torch ? t.tokens_per_second : 0)

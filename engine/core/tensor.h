@@ -64,7 +64,9 @@ class Tensor {
 
   void* raw() const { return static_cast<char*>(storage_->ptr) + offset_bytes_; }
   template <typename T>
-  T* data() const { return static_cast<T*>(raw()); }
+  T* data() const {
+    return static_cast<T*>(raw());
+  }
 
   // A view of `shape` starting `element_offset` elements into this tensor's data.
   Tensor View(int64_t element_offset, std::vector<int64_t> shape) const;
@@ -88,10 +90,16 @@ class Tensor {
 template <typename T>
 constexpr ScalarType ScalarTypeOf();
 template <>
-constexpr ScalarType ScalarTypeOf<float>() { return ScalarType::kFloat32; }
+constexpr ScalarType ScalarTypeOf<float>() {
+  return ScalarType::kFloat32;
+}
 template <>
-constexpr ScalarType ScalarTypeOf<double>() { return ScalarType::kFloat64; }
+constexpr ScalarType ScalarTypeOf<double>() {
+  return ScalarType::kFloat64;
+}
 template <>
-constexpr ScalarType ScalarTypeOf<int32_t>() { return ScalarType::kInt32; }
+constexpr ScalarType ScalarTypeOf<int32_t>() {
+  return ScalarType::kInt32;
+}
 
 }  // namespace meshrun

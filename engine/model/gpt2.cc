@@ -17,8 +17,8 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   int64_t offset = 0;
   int unit = 0;
   // A parameter holding `boxes` of a tensor of `global` shape, concatenated along dim 0.
-  auto add = [&](std::string name, std::vector<int64_t> global, std::vector<Box> boxes,
-                 double std, double value) {
+  auto add = [&](std::string name, std::vector<int64_t> global, std::vector<Box> boxes, double std,
+                 double value) {
     ParamInfo p;
     p.name = std::move(name);
     p.global_shape = global;
@@ -332,8 +332,8 @@ Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* pos
     cpu::LayerNormForward(a.ln2.template data<T>(), a.ln2_mean.template data<T>(),
                           a.ln2_rstd.template data<T>(), a.res2.template data<T>(),
                           P(h + "ln_2.weight"), P(h + "ln_2.bias"), N, C, cfg_.ln_eps);
-    cpu::MatmulForward(a.fch.template data<T>(), a.ln2.template data<T>(),
-                       P(h + "mlp.c_fc.weight"), P(h + "mlp.c_fc.bias"), N, C, Fl);
+    cpu::MatmulForward(a.fch.template data<T>(), a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"),
+                       P(h + "mlp.c_fc.bias"), N, C, Fl);
     cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
     T* fcproj = dln_.template data<T>();
     cpu::MatmulForward(fcproj, a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"),
@@ -345,8 +345,8 @@ Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* pos
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, L + 1));
   const T* last = L > 0 ? acts_.back().res3.template data<T>() : x;
   cpu::LayerNormForward(lnf_.template data<T>(), lnf_mean_.template data<T>(),
-                        lnf_rstd_.template data<T>(), last, P("ln_f.weight"), P("ln_f.bias"), N,
-                        C, cfg_.ln_eps);
+                        lnf_rstd_.template data<T>(), last, P("ln_f.weight"), P("ln_f.bias"), N, C,
+                        cfg_.ln_eps);
   // LM head tied to the token embedding (replicated over tp).
   cpu::MatmulForward(logits_.template data<T>(), lnf_.template data<T>(), P("wte"),
                      static_cast<const T*>(nullptr), N, C, V);
@@ -359,24 +359,23 @@ double GPT2<T>::Loss(const int32_t* targets, bool with_grad, double grad_scale) 
   T* logits = logits_.template data<T>();
   T* losses = losses_.template data<T>();
   // The fused kernel writes dlogits over the logits when a backward follows.
-  cpu::SoftmaxCrossEntropy(losses, with_grad ? logits : static_cast<T*>(nullptr), logits,
-                           targets, N, cfg_.vocab_size, static_cast<T>(grad_scale));
+  cpu::SoftmaxCrossEntropy(losses, with_grad ? logits : static_cast<T*>(nullptr), logits, targets,
+                           N, cfg_.vocab_size, static_cast<T>(grad_scale));
   double sum = 0;
   for (int64_t i = 0; i < N; ++i) sum += static_cast<double>(losses[i]);
   return sum;
 }
 
 template <typename T>
-StatusOr<double> GPT2<T>::ForwardLoss(const int32_t* inputs, const int32_t* targets, int B,
-                                      int Tn, const int32_t* positions) {
+StatusOr<double> GPT2<T>::ForwardLoss(const int32_t* inputs, const int32_t* targets, int B, int Tn,
+                                      const int32_t* positions) {
   MESHRUN_RETURN_IF_ERROR(Forward(inputs, B, Tn, positions));
   return Loss(targets, /*with_grad=*/false, 0.0);
 }
 
 template <typename T>
 StatusOr<double> GPT2<T>::ForwardBackward(const int32_t* inputs, const int32_t* targets, int B,
-                                          int Tn, double grad_scale,
-                                          const int32_t* positions) {
+                                          int Tn, double grad_scale, const int32_t* positions) {
   MESHRUN_RETURN_IF_ERROR(Forward(inputs, B, Tn, positions));
   const double loss = Loss(targets, /*with_grad=*/true, grad_scale);
   MESHRUN_RETURN_IF_ERROR(Backward());

@@ -42,12 +42,12 @@ struct ParamInfo {
   // The boxes of the global tensor this rank holds; the local tensor is their row-major
   // concatenation along dim 0 (c_attn's q, k and v rows are three boxes under tp).
   std::vector<Box> boxes;
-  int64_t offset = 0;                 // element offset in the flat buffer
+  int64_t offset = 0;  // element offset in the flat buffer
   int64_t numel = 0;
-  bool decay = false;                 // weight decay applies (2+ dims)
-  bool tp_sharded = false;            // false: replicated over tp
-  int unit = 0;                       // FSDP unit: 0 embeddings, 1..L layers, L+1 final LN
-  double init_std = 0.0;              // N(0, init_std); 0 → constant init_value
+  bool decay = false;       // weight decay applies (2+ dims)
+  bool tp_sharded = false;  // false: replicated over tp
+  int unit = 0;             // FSDP unit: 0 embeddings, 1..L layers, L+1 final LN
+  double init_std = 0.0;    // N(0, init_std); 0 → constant init_value
   double init_value = 0.0;
 };
 
@@ -155,7 +155,7 @@ class GPT2 {
   std::vector<ParamInfo> layout_;
   std::vector<UnitInfo> units_;
   const ModelParallel* par_ = nullptr;
-  std::vector<int32_t> k_positions_;  // cp allgather: global positions of gathered keys
+  std::vector<int32_t> k_positions_;           // cp allgather: global positions of gathered keys
   Tensor cp_send_, cp_recv_, cp_kv_, cp_dkv_;  // cp scratch
   int64_t num_params_ = 0;
   Tensor params_, grads_;

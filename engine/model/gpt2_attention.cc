@@ -33,8 +33,8 @@ void SplitHeads(T* q, T* k, T* v, const T* qkv, int64_t B, int64_t Tn, int64_t H
 
 // The inverse of SplitHeads.
 template <typename T>
-void MergeQkvGrads(T* dqkv, const T* dq, const T* dk, const T* dv, int64_t B, int64_t Tn,
-                   int64_t H, int64_t D) {
+void MergeQkvGrads(T* dqkv, const T* dq, const T* dk, const T* dv, int64_t B, int64_t Tn, int64_t H,
+                   int64_t D) {
   const int64_t C = H * D;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
@@ -138,8 +138,8 @@ Status GPT2<T>::AttentionForward(LayerActs& a) {
       EnsureSize(a.k_all, n * count, dt);
       EnsureSize(a.v_all, n * count, dt);
       for (auto [local, all] : {std::pair{k, &a.k_all}, std::pair{v, &a.v_all}}) {
-        MESHRUN_RETURN_IF_ERROR(cp->AllGather(local, cp_kv_.template data<T>(),
-                                              static_cast<size_t>(count), on_cp));
+        MESHRUN_RETURN_IF_ERROR(
+            cp->AllGather(local, cp_kv_.template data<T>(), static_cast<size_t>(count), on_cp));
         BlocksToSequence(cp_kv_.template data<T>(), all->template data<T>(), n, B * Hl, Tn, D,
                          /*to_seq=*/true);
       }
@@ -158,12 +158,12 @@ Status GPT2<T>::AttentionForward(LayerActs& a) {
       T* part_out = cp_kv_.template data<T>();
       T* part_lse = part_out + count;
       for (int s = 1; s < n; ++s) {
-        MESHRUN_RETURN_IF_ERROR(cp->SendRecv(cur, 2 * count, (c + 1) % n, nxt, 2 * count,
-                                             (c - 1 + n) % n, on_cp));
+        MESHRUN_RETURN_IF_ERROR(
+            cp->SendRecv(cur, 2 * count, (c + 1) % n, nxt, 2 * count, (c - 1 + n) % n, on_cp));
         std::swap(cur, nxt);
         const std::vector<int32_t> kpos = CpPositions((c - s + n) % n, n, static_cast<int>(Tn));
-        cpu::AttentionForward(part_out, part_lse, q, cur, cur + count, pos, kpos.data(), B, Hl,
-                              Tn, Tn, D, scale);
+        cpu::AttentionForward(part_out, part_lse, q, cur, cur + count, pos, kpos.data(), B, Hl, Tn,
+                              Tn, D, scale);
         cpu::AttentionMerge(att, lse, part_out, part_lse, B * Hl * Tn, D);
       }
     }
@@ -194,8 +194,8 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
     if (par_ != nullptr && par_->cp != nullptr && par_->cp->size() > 1) cp = par_->cp;
   }
   if (cp == nullptr) {
-    cpu::AttentionBackward(dq, dk, dv, datt, q, a.k.template data<T>(), a.v.template data<T>(),
-                           att, lse, pos, pos, B, Hl, Tn, Tn, D, scale);
+    cpu::AttentionBackward(dq, dk, dv, datt, q, a.k.template data<T>(), a.v.template data<T>(), att,
+                           lse, pos, pos, B, Hl, Tn, Tn, D, scale);
   } else if constexpr (std::is_same_v<T, float>) {
     const int n = cp->size(), c = cp->rank();
     const ScalarType dt = ScalarTypeOf<T>();
@@ -207,13 +207,13 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
       T* dv_all = dk_all + n * count;
       std::memset(dk_all, 0, sizeof(T) * 2 * n * count);
       cpu::AttentionBackward(dq, dk_all, dv_all, datt, q, a.k_all.template data<T>(),
-                             a.v_all.template data<T>(), att, lse, pos, k_positions_.data(), B,
-                             Hl, Tn, n * Tn, D, scale);
+                             a.v_all.template data<T>(), att, lse, pos, k_positions_.data(), B, Hl,
+                             Tn, n * Tn, D, scale);
       EnsureSize(cp_kv_, n * count, dt);
       for (auto [all, local] : {std::pair{dk_all, dk}, std::pair{dv_all, dv}}) {
         BlocksToSequence(cp_kv_.template data<T>(), all, n, B * Hl, Tn, D, /*to_seq=*/false);
-        MESHRUN_RETURN_IF_ERROR(cp->ReduceScatter(cp_kv_.template data<T>(), local,
-                                                  static_cast<size_t>(count), on_cp));
+        MESHRUN_RETURN_IF_ERROR(
+            cp->ReduceScatter(cp_kv_.template data<T>(), local, static_cast<size_t>(count), on_cp));
       }
     } else {
       // Ring: blocks travel with their K, V and the dK, dV accumulated so far; after the last
@@ -227,16 +227,16 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
       std::memset(cur + 2 * count, 0, sizeof(T) * 2 * count);
       for (int s = 0; s < n; ++s) {
         const std::vector<int32_t> kpos = CpPositions((c - s + n) % n, n, static_cast<int>(Tn));
-        cpu::AttentionBackward(dq, cur + 2 * count, cur + 3 * count, datt, q, cur, cur + count,
-                               att, lse, pos, kpos.data(), B, Hl, Tn, Tn, D, scale);
+        cpu::AttentionBackward(dq, cur + 2 * count, cur + 3 * count, datt, q, cur, cur + count, att,
+                               lse, pos, kpos.data(), B, Hl, Tn, Tn, D, scale);
         if (s + 1 < n) {
-          MESHRUN_RETURN_IF_ERROR(cp->SendRecv(cur, 4 * count, (c + 1) % n, nxt, 4 * count,
-                                               (c - 1 + n) % n, on_cp));
+          MESHRUN_RETURN_IF_ERROR(
+              cp->SendRecv(cur, 4 * count, (c + 1) % n, nxt, 4 * count, (c - 1 + n) % n, on_cp));
           std::swap(cur, nxt);
         }
       }
-      MESHRUN_RETURN_IF_ERROR(cp->SendRecv(cur + 2 * count, 2 * count, (c + 1) % n, nxt,
-                                           2 * count, (c - 1 + n) % n, on_cp));
+      MESHRUN_RETURN_IF_ERROR(cp->SendRecv(cur + 2 * count, 2 * count, (c + 1) % n, nxt, 2 * count,
+                                           (c - 1 + n) % n, on_cp));
       std::memcpy(dk, nxt, sizeof(T) * count);
       std::memcpy(dv, nxt + count, sizeof(T) * count);
     }

@@ -3,9 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "engine/io/atomic_file.h"
 #include "engine/io/safetensors.h"
@@ -49,8 +48,7 @@ StatusOr<GPT2Config> ReadHuggingFaceConfig(const std::string& dir) {
       return InvalidArgumentError("model.init_from: " + path + " has no '" + key + "'");
     }
     if (!j[key].is_number()) {
-      return InvalidArgumentError("model.init_from: " + path + ": '" + key +
-                                  "' is not a number");
+      return InvalidArgumentError("model.init_from: " + path + ": '" + key + "' is not a number");
     }
     *out = j[key].get<std::remove_pointer_t<decltype(out)>>();
     return OkStatus();
@@ -69,14 +67,17 @@ Status LoadHuggingFaceGPT2(const std::string& dir, GPT2<float>* model) {
   const GPT2Config& cfg = model->config();
   auto mismatch = [&](const char* field, const char* key, double spec, double file) {
     std::ostringstream m;
-    m << "model." << field << ": the spec says " << spec << " but " << dir
-      << "/config.json has " << key << " = " << file << " (hint: remove model." << field
-      << " from the spec or set it to " << file << ")";
+    m << "model." << field << ": the spec says " << spec << " but " << dir << "/config.json has "
+      << key << " = " << file << " (hint: remove model." << field << " from the spec or set it to "
+      << file << ")";
     return InvalidArgumentError(m.str());
   };
-  if (cfg.d_model != file_cfg.d_model) return mismatch("d_model", "n_embd", cfg.d_model, file_cfg.d_model);
-  if (cfg.n_layer != file_cfg.n_layer) return mismatch("n_layer", "n_layer", cfg.n_layer, file_cfg.n_layer);
-  if (cfg.n_head != file_cfg.n_head) return mismatch("n_head", "n_head", cfg.n_head, file_cfg.n_head);
+  if (cfg.d_model != file_cfg.d_model)
+    return mismatch("d_model", "n_embd", cfg.d_model, file_cfg.d_model);
+  if (cfg.n_layer != file_cfg.n_layer)
+    return mismatch("n_layer", "n_layer", cfg.n_layer, file_cfg.n_layer);
+  if (cfg.n_head != file_cfg.n_head)
+    return mismatch("n_head", "n_head", cfg.n_head, file_cfg.n_head);
   if (cfg.vocab_size != file_cfg.vocab_size) {
     return mismatch("vocab_size", "vocab_size", cfg.vocab_size, file_cfg.vocab_size);
   }
@@ -92,7 +93,8 @@ Status LoadHuggingFaceGPT2(const std::string& dir, GPT2<float>* model) {
     std::vector<int64_t> want = p.shape;
     if (IsConv1DWeight(p.name)) std::swap(want[0], want[1]);
     // The position table may be longer than seq_len: take its first rows.
-    if (p.name == "wpe" && info.shape.size() == 2 && info.shape[1] == want[1]) want[0] = info.shape[0];
+    if (p.name == "wpe" && info.shape.size() == 2 && info.shape[1] == want[1])
+      want[0] = info.shape[0];
     if (info.shape != want) {
       return InvalidArgumentError("model.init_from: " + path + ": tensor " + hf +
                                   " has an unexpected shape for this config");
@@ -138,8 +140,8 @@ Status ExportHuggingFaceGPT2(const GPT2Config& cfg, const float* params, const s
     }
     tensors.push_back(std::move(t));
   }
-  MESHRUN_RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / "model.safetensors").string(),
-                                           tensors, {{"format", "pt"}}));
+  MESHRUN_RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / "model.safetensors").string(), tensors,
+                                           {{"format", "pt"}}));
   nlohmann::json config = {
       {"architectures", {"GPT2LMHeadModel"}},
       {"model_type", "gpt2"},

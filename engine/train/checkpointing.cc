@@ -3,9 +3,8 @@
 // "optim/exp_avg_sq/<param>". One rank per tp shard writes (dp_replicate 0, dp_shard_cp index
 // 0), after gathering its FSDP shards; the others write an empty shard file. Loading reads this
 // rank's boxes from whatever mesh wrote them (resharding), then takes its FSDP shard.
-#include <nlohmann/json.hpp>
-
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "engine/comm/communicator.h"
@@ -16,7 +15,9 @@ namespace meshrun {
 
 namespace {
 
-std::string ModelKey(const ParamInfo& p) { return "model/" + p.name; }
+std::string ModelKey(const ParamInfo& p) {
+  return "model/" + p.name;
+}
 std::string MomentKey(const char* which, const ParamInfo& p) {
   return std::string("optim/") + which + "/" + p.name;
 }
@@ -47,8 +48,8 @@ Status Trainer::SaveCheckpoint() {
   const int64_t n = model_->num_params();
   std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
   MESHRUN_RETURN_IF_ERROR(shards_->GatherFull(m.data(), v.data()));
-  const bool writer = coords_.dp_replicate == 0 &&
-                      dims_->IndexInGroup(ctx_.rank, MeshAxis::kDpShardCp) == 0;
+  const bool writer =
+      coords_.dp_replicate == 0 && dims_->IndexInGroup(ctx_.rank, MeshAxis::kDpShardCp) == 0;
   std::vector<SliceRef> slices;
   if (writer) {
     const float* params = model_->params_data();
@@ -57,10 +58,10 @@ Status Trainer::SaveCheckpoint() {
         const int64_t at = p.offset + ElementsBefore(p, b);
         const Box& box = p.boxes[b];
         slices.push_back({ModelKey(p), p.global_shape, box.offset, box.shape, params + at});
-        slices.push_back({MomentKey("exp_avg", p), p.global_shape, box.offset, box.shape,
-                          m.data() + at});
-        slices.push_back({MomentKey("exp_avg_sq", p), p.global_shape, box.offset, box.shape,
-                          v.data() + at});
+        slices.push_back(
+            {MomentKey("exp_avg", p), p.global_shape, box.offset, box.shape, m.data() + at});
+        slices.push_back(
+            {MomentKey("exp_avg_sq", p), p.global_shape, box.offset, box.shape, v.data() + at});
       }
     }
   }
@@ -127,8 +128,8 @@ Status Trainer::LoadLatestCheckpoint(TrainObserver* observer) {
   const MeshSizes& saved = latest->metadata.mesh;
   observer->OnLog("resumed from " + latest->step_dir + " at step " + std::to_string(step_) +
                   " (saved under dp_replicate=" + std::to_string(saved.dp_replicate) +
-                  " dp_shard=" + std::to_string(saved.dp_shard) + " cp=" + std::to_string(saved.cp) +
-                  " tp=" + std::to_string(saved.tp) + ")");
+                  " dp_shard=" + std::to_string(saved.dp_shard) +
+                  " cp=" + std::to_string(saved.cp) + " tp=" + std::to_string(saved.tp) + ")");
   return OkStatus();
 }
 

@@ -14,10 +14,18 @@ Status Unavailable(const char* what) {
 }
 }  // namespace
 
-Status Trainer::WaitForAllRanks(const std::string&) { return OkStatus(); }
-Status Trainer::SaveCheckpoint() { return Unavailable("checkpoint.dir"); }
-Status Trainer::LoadCheckpoint(const std::string&) { return Unavailable("checkpoint"); }
-Status Trainer::LoadLatestCheckpoint(TrainObserver*) { return NotFoundError("no checkpoints"); }
+Status Trainer::WaitForAllRanks(const std::string&) {
+  return OkStatus();
+}
+Status Trainer::SaveCheckpoint() {
+  return Unavailable("checkpoint.dir");
+}
+Status Trainer::LoadCheckpoint(const std::string&) {
+  return Unavailable("checkpoint");
+}
+Status Trainer::LoadLatestCheckpoint(TrainObserver*) {
+  return NotFoundError("no checkpoints");
+}
 Status LoadHuggingFaceGPT2(const std::string&, GPT2<float>*) {
   return Unavailable("model.init_from");
 }

@@ -10,9 +10,11 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
   const double f = sizeof(float);
   const int R = p.dp_replicate_size, S = p.dp_shard_size, C = p.cp_size, Tp = p.tp_size;
   const int N = S * C, L = spec.model.n_layer;
-  const double d = spec.model.d_model, Tl = spec.model.seq_len / C, mb = spec.train.micro_batch_size;
+  const double d = spec.model.d_model, Tl = spec.model.seq_len / C,
+               mb = spec.train.micro_batch_size;
   const double micro_batches = spec.train.global_batch_size / (R * S * mb);
-  std::map<std::string, double> bytes = {{"tp", 0}, {"cp", 0}, {"dp_shard", 0}, {"dp_replicate", 0}};
+  std::map<std::string, double> bytes = {
+      {"tp", 0}, {"cp", 0}, {"dp_shard", 0}, {"dp_replicate", 0}};
 
   // tp: four all-reduces of the activations (mb·Tl·d) per layer and micro-batch (two forward
   // after the row-parallel layers, two backward after the column-parallel ones), plus the

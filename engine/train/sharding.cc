@@ -12,7 +12,9 @@
 namespace meshrun {
 
 namespace {
-bool Active(const Communicator* c) { return c != nullptr && c->size() > 1; }
+bool Active(const Communicator* c) {
+  return c != nullptr && c->size() > 1;
+}
 }  // namespace
 
 StatusOr<double> SumOverGroup(Communicator* comm, double value, const char* axis) {

@@ -76,8 +76,8 @@ class ShardedState final : public UnitHooks {
   Communicator* fsdp_;
   Communicator* replicate_;
   Communicator* tp_;
-  int n_ = 1;     // FSDP group size
-  int idx_ = 0;   // this rank's index in it
+  int n_ = 1;    // FSDP group size
+  int idx_ = 0;  // this rank's index in it
   int64_t size_ = 0;
   std::vector<int64_t> unit_shard_offset_;
   std::vector<ShardSegment> segments_;

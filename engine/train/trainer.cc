@@ -164,9 +164,9 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
         sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
     LocalTokens(inputs.data(), targets.data(), mb);
     shards_->BeginMicroBatch();
-    MESHRUN_ASSIGN_OR_RETURN(double loss,
-                             model_->ForwardBackward(local_in_.data(), local_tg_.data(), mb, Tl,
-                                                     grad_scale, local_pos_.data()));
+    MESHRUN_ASSIGN_OR_RETURN(
+        double loss, model_->ForwardBackward(local_in_.data(), local_tg_.data(), mb, Tl, grad_scale,
+                                             local_pos_.data()));
     loss_sum += loss;
   }
   // Replicas sum their gradients; then clip by the global norm and update the shard.
@@ -280,7 +280,8 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   summary.steps = static_cast<int64_t>(summary.losses.size());
   summary.final_loss = summary.losses.empty() ? 0.0 : summary.losses.back();
   if (total_seconds > 0) {
-    summary.tokens_per_second = tokens_per_step * static_cast<double>(summary.steps) / total_seconds;
+    summary.tokens_per_second =
+        tokens_per_step * static_cast<double>(summary.steps) / total_seconds;
     summary.mfu = summary.tokens_per_second * flops_per_token / world_peak;
   }
   // Bus bytes per rank per step, averaged over every rank of the job (CONVENTIONS §6).

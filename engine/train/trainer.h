@@ -5,17 +5,17 @@
 
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/job_spec.h"
 #include "common/status.h"
-#include "engine/data/batch_sampler.h"
-#include "engine/data/token_stream.h"
 #include "engine/comm/mesh_comms.h"
 #include "engine/comm/store.h"
+#include "engine/data/batch_sampler.h"
+#include "engine/data/token_stream.h"
 #include "engine/model/gpt2.h"
 #include "engine/train/sharding.h"
 
@@ -42,8 +42,8 @@ struct EvalMetrics {
 };
 
 struct RunSummary {
-  int64_t steps = 0;        // steps run by this process
-  int64_t first_step = 0;   // 1-based number of the first step run (after a resume, > 1)
+  int64_t steps = 0;       // steps run by this process
+  int64_t first_step = 0;  // 1-based number of the first step run (after a resume, > 1)
   double final_loss = 0;
   std::vector<double> losses;
   double tokens_per_second = 0;

@@ -44,12 +44,21 @@ class TrainCommandTest : public ::testing::Test {
 
   // `meshrun train` on the tiny example, 10 steps, checkpoints every 5 under `ckpt`.
   CliResult Train(const std::string& ckpt, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"train", "-f", (source_ / "examples/tiny.yaml").string(),
-                                     "--nproc", "1", "-o", "json",
-                                     "--set", "train.steps=10",
-                                     "--set", "checkpoint.every=5",
-                                     "--set", "checkpoint.keep=3",
-                                     "--set", "checkpoint.dir=" + (temp_ / ckpt).string()};
+    std::vector<std::string> args = {"train",
+                                     "-f",
+                                     (source_ / "examples/tiny.yaml").string(),
+                                     "--nproc",
+                                     "1",
+                                     "-o",
+                                     "json",
+                                     "--set",
+                                     "train.steps=10",
+                                     "--set",
+                                     "checkpoint.every=5",
+                                     "--set",
+                                     "checkpoint.keep=3",
+                                     "--set",
+                                     "checkpoint.dir=" + (temp_ / ckpt).string()};
     args.insert(args.end(), extra.begin(), extra.end());
     return Run(args);
   }
@@ -165,8 +174,7 @@ TEST_F(TrainCommandTest, ExportedModelScoresLikeMeshrunEval) {
 
 TEST_F(TrainCommandTest, InitFromAnExportedModelStartsFromItsWeights) {
   ASSERT_EQ(Train("ckpt").exit_code, 0);
-  ASSERT_EQ(Run({"export", (temp_ / "ckpt").string(), "-o", (temp_ / "hf").string()}).exit_code,
-            0);
+  ASSERT_EQ(Run({"export", (temp_ / "ckpt").string(), "-o", (temp_ / "hf").string()}).exit_code, 0);
   const std::string tiny = (source_ / "examples/tiny.yaml").string();
   auto eval = [&](const std::string& ckpt) {
     CliResult r = Run({"eval", "-f", tiny, "--checkpoint", (temp_ / ckpt).string(), "-o", "json"});
@@ -174,10 +182,11 @@ TEST_F(TrainCommandTest, InitFromAnExportedModelStartsFromItsWeights) {
     return json::parse(r.out)["loss"].get<double>();
   };
   // One step with lr 0 leaves the loaded weights unchanged, so both checkpoints score alike.
-  CliResult r = Run({"train", "-f", tiny, "--nproc", "1", "-o", "json", "--set",
-                     "model.init_from=" + (temp_ / "hf").string(), "--set", "train.steps=1",
-                     "--set", "train.lr=0", "--set", "train.min_lr=0", "--set", "train.warmup_steps=0", "--set",
-                     "checkpoint.dir=" + (temp_ / "from_hf").string()});
+  CliResult r =
+      Run({"train", "-f", tiny, "--nproc", "1", "-o", "json", "--set",
+           "model.init_from=" + (temp_ / "hf").string(), "--set", "train.steps=1", "--set",
+           "train.lr=0", "--set", "train.min_lr=0", "--set", "train.warmup_steps=0", "--set",
+           "checkpoint.dir=" + (temp_ / "from_hf").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_DOUBLE_EQ(eval("from_hf"), eval("ckpt"));
   // A spec that contradicts config.json is invalid input naming the field.
@@ -189,8 +198,8 @@ TEST_F(TrainCommandTest, InitFromAnExportedModelStartsFromItsWeights) {
 }
 
 TEST_F(TrainCommandTest, WorldSizeMismatchIsInvalidInput) {
-  CliResult mismatch = Run({"train", "-f", (source_ / "examples/tiny.yaml").string(), "--nproc",
-                            "2"});
+  CliResult mismatch =
+      Run({"train", "-f", (source_ / "examples/tiny.yaml").string(), "--nproc", "2"});
   EXPECT_EQ(mismatch.exit_code, 2) << mismatch.err;
   EXPECT_EQ(mismatch.err.rfind("error: ", 0), 0u) << mismatch.err;
 }

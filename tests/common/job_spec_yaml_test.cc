@@ -3,7 +3,6 @@
 #include "common/job_spec_yaml.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cstdlib>
@@ -300,4 +299,3 @@ TEST(JobSpecYamlTest, InitFromFillsLeftOutModelFieldsFromConfigJson) {
 
 }  // namespace
 }  // namespace meshrun
-

@@ -69,11 +69,19 @@ class ParallelTest : public ::testing::Test {
   static fs::path Source() { return fs::path(std::getenv("MESHRUN_SOURCE_DIR")); }
 
   static std::vector<std::string> BaseArgs(const Mesh& mesh, const std::string& ckpt) {
-    std::vector<std::string> args = {"train", "-f", (Source() / "examples/tiny.yaml").string(),
-                                     "--nproc", std::to_string(mesh.world()), "-o", "json",
-                                     "--set", "train.steps=6",
-                                     "--set", "checkpoint.dir=" + (*temp_ / ckpt).string(),
-                                     "--set", "checkpoint.every=3"};
+    std::vector<std::string> args = {"train",
+                                     "-f",
+                                     (Source() / "examples/tiny.yaml").string(),
+                                     "--nproc",
+                                     std::to_string(mesh.world()),
+                                     "-o",
+                                     "json",
+                                     "--set",
+                                     "train.steps=6",
+                                     "--set",
+                                     "checkpoint.dir=" + (*temp_ / ckpt).string(),
+                                     "--set",
+                                     "checkpoint.every=3"};
     for (const std::string& s : mesh.Sets()) args.push_back(s);
     return args;
   }
@@ -100,8 +108,10 @@ class ParallelTest : public ::testing::Test {
   }
 
   static void ExpectSameParameters(const std::string& ckpt) {
-    StatusOr<CheckpointReader> want = CheckpointReader::Open((*temp_ / "baseline/step-00000006").string());
-    StatusOr<CheckpointReader> got = CheckpointReader::Open((*temp_ / ckpt / "step-00000006").string());
+    StatusOr<CheckpointReader> want =
+        CheckpointReader::Open((*temp_ / "baseline/step-00000006").string());
+    StatusOr<CheckpointReader> got =
+        CheckpointReader::Open((*temp_ / ckpt / "step-00000006").string());
     ASSERT_TRUE(want.ok()) << want.status().ToString();
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     // All parameters as one vector within 1e-4 relative; each tensor within 1e-3 (a tensor
@@ -163,19 +173,19 @@ TEST_P(MeshEquivalence, LossesParametersAndBusBytesMatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    EveryAxisAndTheirCombinations, MeshEquivalence,
-    ::testing::Values(Mesh{2, 1, 1, 1}, Mesh{1, 2, 1, 1}, Mesh{1, 1, 2, 1, "allgather"},
-                      Mesh{1, 1, 2, 1, "ring"}, Mesh{1, 1, 1, 2}, Mesh{1, 2, 1, 2},
-                      Mesh{2, 2, 1, 1}, Mesh{1, 2, 2, 1}, Mesh{1, 1, 2, 2, "ring"},
-                      Mesh{2, 1, 2, 2, "allgather"}),
-    [](const ::testing::TestParamInfo<Mesh>& info) {
-      std::string name = info.param.Name();
-      for (char& c : name) {
-        if (c == '-') c = '_';
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(EveryAxisAndTheirCombinations, MeshEquivalence,
+                         ::testing::Values(Mesh{2, 1, 1, 1}, Mesh{1, 2, 1, 1},
+                                           Mesh{1, 1, 2, 1, "allgather"}, Mesh{1, 1, 2, 1, "ring"},
+                                           Mesh{1, 1, 1, 2}, Mesh{1, 2, 1, 2}, Mesh{2, 2, 1, 1},
+                                           Mesh{1, 2, 2, 1}, Mesh{1, 1, 2, 2, "ring"},
+                                           Mesh{2, 1, 2, 2, "allgather"}),
+                         [](const ::testing::TestParamInfo<Mesh>& info) {
+                           std::string name = info.param.Name();
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name;
+                         });
 
 TEST_F(ParallelTest, CheckpointFromOneMeshResumesUnderAnother) {
   const RunResult& base = Baseline();
@@ -200,10 +210,19 @@ TEST_F(ParallelTest, CheckpointFromOneMeshResumesUnderAnother) {
 
 TEST_F(ParallelTest, SigkilledRankEndsTheRunWithAnErrorNamingIt) {
   // Long enough to be mid-run when the kill lands.
-  const std::vector<std::string> args = {
-      "train", "-f", (Source() / "examples/tiny.yaml").string(), "--nproc", "2", "-o", "json",
-      "--set", "train.steps=100000", "--set", "checkpoint.dir=", "--set",
-      "parallelism.dp_shard_size=2"};
+  const std::vector<std::string> args = {"train",
+                                         "-f",
+                                         (Source() / "examples/tiny.yaml").string(),
+                                         "--nproc",
+                                         "2",
+                                         "-o",
+                                         "json",
+                                         "--set",
+                                         "train.steps=100000",
+                                         "--set",
+                                         "checkpoint.dir=",
+                                         "--set",
+                                         "parallelism.dp_shard_size=2"};
   const fs::path err = *temp_ / "kill.stderr";
   const fs::path out = *temp_ / "kill.stdout";
   pid_t launcher = fork();
@@ -226,7 +245,8 @@ TEST_F(ParallelTest, SigkilledRankEndsTheRunWithAnErrorNamingIt) {
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  ASSERT_NE(testing::ReadFile(out).find("\"step\":3,"), std::string::npos) << testing::ReadFile(err);
+  ASSERT_NE(testing::ReadFile(out).find("\"step\":3,"), std::string::npos)
+      << testing::ReadFile(err);
   const std::string pids = [&] {
     testing::CliResult r = testing::RunCli("/usr/bin/pgrep", {"-P", std::to_string(launcher)},
                                            *temp_ / "pgrep.err", 10);

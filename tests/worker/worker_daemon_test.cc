@@ -13,8 +13,8 @@
 #include <fstream>
 
 #include "common/job_spec_yaml.h"
-#include "tests/worker/fake_coordinator.h"
 #include "proto/spec_convert.h"
+#include "tests/worker/fake_coordinator.h"
 
 namespace meshrun {
 namespace {

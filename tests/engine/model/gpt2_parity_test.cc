@@ -92,8 +92,7 @@ TEST_F(ParityTest, LogitsLossAndGradientsMatchPyTorch) {
   const double ref_loss = Read(*file_, "loss")[0];
   EXPECT_NEAR(loss, ref_loss, kTolerance * ref_loss);
   for (const ParamInfo& p : model_->params()) {
-    EXPECT_LT(RelativeError(model_->grad(p), Read(*file_, "grad." + p.name)), kTolerance)
-        << p.name;
+    EXPECT_LT(RelativeError(model_->grad(p), Read(*file_, "grad." + p.name)), kTolerance) << p.name;
   }
 }
 
