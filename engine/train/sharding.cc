@@ -136,8 +136,8 @@ StatusOr<double> ShardedState::GlobalGradNormSquared() {
   return SumOverGroup(sharded() ? fsdp_ : nullptr, over_tp, "dp_shard");
 }
 
-StatusOr<ShardedState::Update> ShardedState::ClipAndStep(const TrainSpec& tr, int64_t step) {
-  Update r;
+StatusOr<UpdateResult> ShardedState::ClipAndStep(const TrainSpec& tr, int64_t step) {
+  UpdateResult r;
   MESHRUN_ASSIGN_OR_RETURN(double norm_sq, GlobalGradNormSquared());
   r.grad_norm = std::sqrt(norm_sq);
   float* g = grads();

@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "engine/core/tensor.h"
 #include "engine/model/gpt2.h"
+#include "engine/train/optimizer.h"
 
 namespace meshrun {
 
@@ -52,11 +53,7 @@ class ShardedState final : public UnitHooks {
   // ‖g‖² over the whole model: shards summed over dp_shard_cp and tp.
   StatusOr<double> GlobalGradNormSquared();
   // Clip by the global norm and apply AdamW to the shard (CONVENTIONS §3).
-  struct Update {
-    double grad_norm = 0;
-    double lr = 0;
-  };
-  StatusOr<Update> ClipAndStep(const TrainSpec& train, int64_t step);
+  StatusOr<UpdateResult> ClipAndStep(const TrainSpec& train, int64_t step);
 
   // Full (tp-local) parameters into the model and moments into full_m/full_v (num_params each),
   // for checkpoints; traffic charged to "checkpoint".

@@ -171,7 +171,7 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   }
   // Replicas sum their gradients; then clip by the global norm and update the shard.
   MESHRUN_RETURN_IF_ERROR(shards_->FinishGradients());
-  MESHRUN_ASSIGN_OR_RETURN(ShardedState::Update update, shards_->ClipAndStep(tr, step_));
+  MESHRUN_ASSIGN_OR_RETURN(UpdateResult update, shards_->ClipAndStep(tr, step_));
   // The loss of the global batch: every token is on exactly one rank of dp_cp.
   MESHRUN_ASSIGN_OR_RETURN(double total, SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, "metrics"));
   const double loss = total / (static_cast<double>(B) * T);

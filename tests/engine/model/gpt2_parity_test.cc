@@ -10,7 +10,7 @@
 
 #include "engine/io/safetensors.h"
 #include "engine/model/gpt2.h"
-#include "engine/train/optimizer.h"
+#include "engine/train/sharding.h"
 
 namespace meshrun {
 namespace {
@@ -109,21 +109,24 @@ TEST_F(ParityTest, ThreeAdamWStepsWithClippingAndScheduleMatchPyTorch) {
   tr.beta2 = 0.95;
   tr.eps = 1e-8;
   tr.grad_clip = 0.5;
-  std::vector<float> m(model_->num_params(), 0.f), v(model_->num_params(), 0.f);
+  // The trainer's own update path: ShardedState on one rank (no communicators).
+  ShardedState state(model_.get(), nullptr, nullptr, nullptr);
   const std::vector<float> ref_losses = Read(*file_, "losses");
   const std::vector<float> ref_norms = Read(*file_, "grad_norm");
   const std::vector<double> ref_lrs = {1e-3, 1e-3, 5.5e-4};
   for (int k = 0; k < 3; ++k) {
     std::vector<int32_t> in, tg;
     Batch(k, &in, &tg);
-    model_->ZeroGrad();
+    state.ZeroGrad();
     double loss = 0;
     for (int mb = 0; mb < 2; ++mb) {  // two micro-batches of two sequences
       loss += *model_->ForwardBackward(in.data() + mb * 32, tg.data() + mb * 32, 2, 16, 1.0 / 64);
     }
     loss /= 64;
     EXPECT_NEAR(loss, ref_losses[k], kTolerance * ref_losses[k]) << "step " << k;
-    const UpdateResult r = ClipAndAdamW(model_.get(), m.data(), v.data(), tr, k);
+    StatusOr<UpdateResult> update = state.ClipAndStep(tr, k);
+    ASSERT_TRUE(update.ok()) << update.status().ToString();
+    const UpdateResult& r = *update;
     EXPECT_NEAR(r.grad_norm, ref_norms[k], kTolerance * ref_norms[k]) << "step " << k;
     EXPECT_NEAR(r.lr, ref_lrs[k], 1e-12) << "step " << k;
   }
