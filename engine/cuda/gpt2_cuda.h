@@ -73,9 +73,9 @@ class GPT2Cuda {
   StatusOr<double> ForwardBackward(const int32_t* inputs, const int32_t* targets, int B,
                                    int seq_len, double grad_scale);
 
-  // As ShardedState::ClipAndStep (engine/train/sharding.h) on one rank: clip by the global L2 norm (factor
-  // clip/(norm + 1e-6) when norm > clip), then AdamW for update `step` (0-based) with the §3
-  // schedule and weight decay on 2+-dim parameters; refreshes the bf16 weights.
+  // As ShardedState::ClipAndStep (engine/train/sharding.h) on one rank: clip by the global L2 norm
+  // (factor clip/(norm + 1e-6) when norm > clip), then AdamW for update `step` (0-based) with the
+  // §3 schedule and weight decay on 2+-dim parameters; refreshes the bf16 weights.
   StatusOr<UpdateResult> ClipAndAdamW(const TrainSpec& train, int64_t step);
 
   // Device memory of this process on the model's device (CONVENTIONS §7).

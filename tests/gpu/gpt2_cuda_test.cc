@@ -1,8 +1,8 @@
 // The single-GPU GPT-2 (engine/cuda/gpt2_cuda.h) against the CPU model (engine/model/gpt2.h):
 // logits and gradients in float32, and short training runs whose losses track the CPU engine
 // (float32 tightly, bf16 within bf16 tolerance). The CPU reference loop is the CPU trainer's
-// update (ShardedState::ClipAndStep of engine/train/sharding.cc) written out with the CPU kernels, so this
-// test needs neither meshrun_engine nor nlohmann-json.
+// update (ShardedState::ClipAndStep of engine/train/sharding.cc) written out with the CPU kernels,
+// so this test needs neither meshrun_engine nor nlohmann-json.
 #include "engine/cuda/gpt2_cuda.h"
 
 #include <cmath>
