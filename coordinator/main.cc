@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "common/health_server.h"
 #include "coordinator/server.h"
 
 int main(int argc, char** argv) {
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   meshrun::coordinator::CoordinatorConfig config;
   double heartbeat_timeout_s = 10;
   std::string log_level = "info";
+  std::string health_listen;
   app.add_option("--listen", config.listen, "HOST:PORT for the gRPC API (port 0: pick one)")
       ->capture_default_str();
   app.add_option("--metrics-listen", config.metrics_listen,
@@ -30,6 +32,9 @@ int main(int argc, char** argv) {
   app.add_option("--advertise-address", config.advertise_host,
                  "host the ranks dial for the store (default: the --listen host, or this "
                  "machine's name for a wildcard)");
+  app.add_option("--health-listen", health_listen,
+                 "HOST:PORT of a plaintext gRPC server with only grpc.health.v1 (for probes; "
+                 "empty: off)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
@@ -60,14 +65,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", server.status().message().c_str());
     return server.status().code() == meshrun::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  // One line on stdout that scripts and tests read to learn the ports.
-  std::printf("meshrun-coordinator listening on %s metrics %d\n",
+  std::unique_ptr<meshrun::HealthServer> health;
+  if (!health_listen.empty()) {
+    auto started = meshrun::HealthServer::Start(health_listen, /*ready=*/true);
+    if (!started.ok()) {
+      std::fprintf(stderr, "error: %s\n", started.status().message().c_str());
+      (*server)->Shutdown();
+      return started.status().code() == meshrun::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    health = std::move(started).value();
+  }
+  // One line on stdout that scripts and tests read to learn the ports ("health N" only with
+  // --health-listen).
+  std::printf("meshrun-coordinator listening on %s metrics %d",
               (*server)->advertised_address().c_str(), (*server)->metrics_port());
+  if (health) std::printf(" health %d", health->port());
+  std::printf("\n");
   std::fflush(stdout);
 
   int sig = 0;
   sigwait(&stop, &sig);
   spdlog::info("received {}, stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  if (health) health->Shutdown();
   (*server)->Shutdown();
   server.value().reset();
   // Everything of ours is closed (the database included). Skip the static teardown: gRPC's

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <thread>
 
+#include "common/health_server.h"
 #include "worker/worker_daemon.h"
 #include "worker/worker_metrics.h"
 
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   meshrun::WorkerConfig config;
   std::string coordinator, metrics_listen, address;
   int grace_seconds = 5;
+  std::string health_listen;
   CLI::App app{"meshrun-worker: runs the rank processes the coordinator assigns to this node",
                "meshrun-worker"};
   app.set_version_flag("--version", MESHRUN_VERSION);
@@ -68,6 +70,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--grace", grace_seconds, "seconds between SIGTERM and SIGKILL on shutdown")
       ->check(CLI::Range(0, 3600));
+  app.add_option("--health-listen", health_listen,
+                 "HOST:PORT of a plaintext gRPC server with only grpc.health.v1 (for probes; "
+                 "service \"\" is SERVING while the session to the coordinator is up, "
+                 "\"liveness\" while the process runs; empty: off)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -111,6 +117,15 @@ int main(int argc, char** argv) {
     if (!created.ok()) return Fail(created.status().message(), 1);
     metrics = std::move(created).value();
   }
+  std::unique_ptr<meshrun::HealthServer> health;
+  if (!health_listen.empty()) {
+    auto started = meshrun::HealthServer::Start(health_listen, /*ready=*/false);
+    if (!started.ok()) {
+      return Fail(started.status().message(),
+                  started.status().code() == meshrun::StatusCode::kInvalidArgument ? 2 : 1);
+    }
+    health = std::move(started).value();
+  }
 
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
@@ -128,6 +143,7 @@ int main(int argc, char** argv) {
   while (true) {
     timespec tick{0, 200 * 1000 * 1000};
     const int sig = sigtimedwait(&signals, nullptr, &tick);
+    if (health) health->SetReady(daemon.session().connected());
     if (sig == SIGTERM || sig == SIGINT) {
       spdlog::info("received signal {}; stopping ranks", sig);
       break;
@@ -138,6 +154,7 @@ int main(int argc, char** argv) {
       break;
     }
   }
+  if (health) health->Shutdown();
   daemon.Shutdown(config.default_grace);
   return exit_code;
 }
