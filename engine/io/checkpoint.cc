@@ -427,7 +427,11 @@ StatusOr<CheckpointMetadata> ReadMetadata(const std::string& step_dir) {
   if (!in) return NotFoundError(path + ": no such file");
   std::stringstream text;
   text << in.rdbuf();
-  const json j = json::parse(text.str(), nullptr, false);
+  return ParseMetadata(text.str(), path);
+}
+
+StatusOr<CheckpointMetadata> ParseMetadata(std::string_view text, const std::string& path) {
+  const json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
     return DataLossError(path + ": not valid JSON (the file is corrupt)");
   }

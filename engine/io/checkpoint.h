@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -86,6 +87,10 @@ Status WriteMetadata(const std::string& step_dir, const CheckpointMetadata& meta
 
 // Parses `step_dir/metadata.json`.
 StatusOr<CheckpointMetadata> ReadMetadata(const std::string& step_dir);
+// Parses the text of a metadata.json (`path` names it in errors); what ReadMetadata does after
+// reading the file. Corrupt input is DATA_LOSS (FAILED_PRECONDITION for another format), never
+// a crash; used by the fuzz target.
+StatusOr<CheckpointMetadata> ParseMetadata(std::string_view text, const std::string& path);
 
 // Whether step_dir holds a complete checkpoint: metadata.json parses and every shard file
 // exists with exactly the recorded size and (with verify_crc) CRC-32. OK when complete;
