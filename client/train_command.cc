@@ -35,6 +35,35 @@ struct TrainFlags {
   int64_t stop_after = 0;
 };
 
+}  // namespace
+
+std::string StepLineJson(const StepMetrics& m) {
+  json comm = json::array();
+  for (const auto& [key, c] : m.comm) {
+    comm.push_back({{"axis", key.first},
+                    {"op", key.second},
+                    {"seconds", c.seconds},
+                    {"bytes", c.bytes},
+                    {"calls", c.calls}});
+  }
+  json line = {{"event", "step"},
+               {"step", m.step},
+               {"loss", m.loss},
+               {"lr", m.lr},
+               {"grad_norm", m.grad_norm},
+               {"step_seconds", m.step_seconds},
+               {"tokens_per_second", m.tokens_per_second},
+               {"tflops", m.tflops},
+               {"mfu", m.mfu},
+               {"allocated_memory_bytes", m.allocated_memory_bytes},
+               {"peak_memory_bytes", m.peak_memory_bytes},
+               {"reserved_memory_bytes", m.reserved_memory_bytes},
+               {"comm", std::move(comm)}};
+  return line.dump();
+}
+
+namespace {
+
 // Prints what the training loop reports: JSON lines on stdout with -o json (and nothing else
 // there), a readable line per step otherwise. Logs go to stderr either way.
 class PrintingObserver final : public TrainObserver {
@@ -46,17 +75,7 @@ class PrintingObserver final : public TrainObserver {
   void OnStep(const StepMetrics& m) override {
     if (quiet_) return;
     if (json_) {
-      json line = {{"event", "step"},
-                   {"step", m.step},
-                   {"loss", m.loss},
-                   {"lr", m.lr},
-                   {"grad_norm", m.grad_norm},
-                   {"step_seconds", m.step_seconds},
-                   {"tokens_per_second", m.tokens_per_second},
-                   {"tflops", m.tflops},
-                   {"mfu", m.mfu},
-                   {"peak_memory_bytes", m.peak_memory_bytes}};
-      std::cout << line.dump() << std::endl;
+      std::cout << StepLineJson(m) << std::endl;
     } else {
       std::printf(
           "step %5lld/%-5lld loss %.4f  lr %.3e  norm %.3f  %7.1f ms  %9.0f tok/s  "

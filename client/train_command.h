@@ -2,13 +2,24 @@
 // line on this host, without daemons (CONVENTIONS §6).
 #pragma once
 
+#include <string>
+
 #include "client/command.h"
 
 namespace CLI {
 class App;
 }  // namespace CLI
 
+namespace meshrun {
+struct StepMetrics;
+}  // namespace meshrun
+
 namespace meshrun::client {
+
+// The `{"event":"step",…}` line of `train -o json` (CONVENTIONS §6) without its newline: the
+// §6 fields plus grad_norm, allocated/reserved memory and "comm":[{"axis","op","seconds",
+// "bytes","calls"}] (cumulative since the rank's first step), read by ParseStepLine.
+std::string StepLineJson(const StepMetrics& m);
 
 void RegisterTrainCommand(CLI::App& app, CommandResult& result);
 void RegisterEvalCommand(CLI::App& app, CommandResult& result);

@@ -2,6 +2,7 @@
 #include "worker/rank_protocol.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,44 @@ double NumberOr(const json& object, const char* key, double fallback) {
   auto it = object.find(key);
   if (it == object.end() || !it->is_number()) return fallback;
   return it->get<double>();
+}
+
+// "tp" -> MESH_AXIS_TP, "all_reduce" -> COMM_OP_ALL_REDUCE; false for names the proto lacks
+// (flattened groups such as "dp_cp", the trainer's "metrics" label).
+template <typename Enum, typename Parse>
+bool ParseEnumName(const json& name, const std::string& prefix, Parse parse, Enum* out) {
+  if (!name.is_string()) return false;
+  std::string full = prefix;
+  for (char ch : name.get<std::string>()) {
+    if (!(std::islower(static_cast<unsigned char>(ch)) || ch == '_')) return false;
+    full.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
+  }
+  return parse(full, out) && static_cast<int>(*out) != 0;
+}
+
+// The step line's "comm" array as CommStats entries; malformed or unknown entries are skipped.
+void ParseComm(const json& object, v1::MetricsSample* s) {
+  auto comm = object.find("comm");
+  if (comm == object.end() || !comm->is_array()) return;
+  for (const json& entry : *comm) {
+    if (!entry.is_object()) continue;
+    v1::MeshAxis axis;
+    v1::CommOp op;
+    auto parse_axis = [](const std::string& n, v1::MeshAxis* v) {
+      return v1::MeshAxis_Parse(n, v);
+    };
+    auto parse_op = [](const std::string& n, v1::CommOp* v) { return v1::CommOp_Parse(n, v); };
+    if (!ParseEnumName(entry.value("axis", json()), "MESH_AXIS_", parse_axis, &axis) ||
+        !ParseEnumName(entry.value("op", json()), "COMM_OP_", parse_op, &op)) {
+      continue;
+    }
+    v1::CommStats* c = s->add_comm();
+    c->set_axis(axis);
+    c->set_op(op);
+    c->set_seconds(std::max(0.0, NumberOr(entry, "seconds", 0)));
+    c->set_bytes(static_cast<uint64_t>(std::max(0.0, NumberOr(entry, "bytes", 0))));
+    c->set_calls(static_cast<uint64_t>(std::max(0.0, NumberOr(entry, "calls", 0))));
+  }
 }
 
 void SetNow(google::protobuf::Timestamp* t) {
@@ -102,6 +141,7 @@ std::optional<v1::MetricsSample> ParseStepLine(std::string_view line, const std:
       static_cast<uint64_t>(std::max(0.0, NumberOr(object, "peak_memory_bytes", 0))));
   s.set_memory_reserved_bytes(
       static_cast<uint64_t>(std::max(0.0, NumberOr(object, "reserved_memory_bytes", 0))));
+  ParseComm(object, &s);
   return s;
 }
 

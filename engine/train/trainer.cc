@@ -262,6 +262,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     m.allocated_memory_bytes = mem.allocated_bytes;
     m.peak_memory_bytes = mem.peak_bytes;
     m.reserved_memory_bytes = mem.reserved_bytes;
+    if (stats) m.comm = stats->Snapshot();
     observer->OnStep(m);
     summary.losses.push_back(loss);
     total_seconds += m.step_seconds;

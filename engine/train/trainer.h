@@ -12,6 +12,7 @@
 
 #include "common/job_spec.h"
 #include "common/status.h"
+#include "engine/comm/comm_stats.h"
 #include "engine/comm/mesh_comms.h"
 #include "engine/comm/store.h"
 #include "engine/data/batch_sampler.h"
@@ -33,6 +34,9 @@ struct StepMetrics {
   int64_t allocated_memory_bytes = 0;
   int64_t peak_memory_bytes = 0;
   int64_t reserved_memory_bytes = 0;
+  // This rank's communication by (axis label, op) since its first step: seconds, bus bytes
+  // (CONVENTIONS §6) and calls; cumulative, like the Prometheus counters they feed (§7).
+  std::map<CommStats::Key, CommCounter> comm;
 };
 
 struct EvalMetrics {

@@ -101,6 +101,46 @@ TEST(RankProtocol, StepLineBecomesMetricsSample) {
   EXPECT_GT(s->time().seconds(), 0);
 }
 
+TEST(RankProtocol, StepLineCommAndMemory) {
+  // Known (axis, op) names map to the proto enums; flattened groups ("dp_cp"), the trainer's
+  // "metrics" label, unknown ops and malformed entries are skipped without failing the line.
+  const std::string line =
+      R"({"event":"step","step":3,"allocated_memory_bytes":4096,"reserved_memory_bytes":8192,)"
+      R"("comm":[{"axis":"tp","op":"all_reduce","seconds":0.5,"bytes":1.5e6,"calls":12},)"
+      R"({"axis":"cp","op":"send_recv","seconds":0.25,"bytes":1000,"calls":4},)"
+      R"({"axis":"dp_shard","op":"reduce_scatter","seconds":0.1,"bytes":77.5,"calls":2},)"
+      R"({"axis":"dp_cp","op":"all_gather","seconds":1,"bytes":8,"calls":1},)"
+      R"({"axis":"metrics","op":"all_gather","seconds":1,"bytes":8,"calls":1},)"
+      R"({"axis":"tp","op":"teleport","seconds":1,"bytes":8,"calls":1},)"
+      R"({"axis":"TP","op":"all_reduce"},{"axis":"unspecified","op":"all_reduce"},)"
+      R"({"axis":3,"op":"all_reduce"},"junk",{"op":"all_reduce"},)"
+      R"({"axis":"dp_replicate","op":"all_reduce","seconds":-1,"bytes":"x","calls":5}]})";
+  std::optional<v1::MetricsSample> s = ParseStepLine(line, "j", 1, 0);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->memory_allocated_bytes(), 4096u);
+  EXPECT_EQ(s->memory_reserved_bytes(), 8192u);
+  ASSERT_EQ(s->comm_size(), 4);
+  EXPECT_EQ(s->comm(0).axis(), v1::MESH_AXIS_TP);
+  EXPECT_EQ(s->comm(0).op(), v1::COMM_OP_ALL_REDUCE);
+  EXPECT_DOUBLE_EQ(s->comm(0).seconds(), 0.5);
+  EXPECT_EQ(s->comm(0).bytes(), 1500000u);
+  EXPECT_EQ(s->comm(0).calls(), 12u);
+  EXPECT_EQ(s->comm(1).axis(), v1::MESH_AXIS_CP);
+  EXPECT_EQ(s->comm(1).op(), v1::COMM_OP_SEND_RECV);
+  EXPECT_EQ(s->comm(2).axis(), v1::MESH_AXIS_DP_SHARD);
+  EXPECT_EQ(s->comm(2).op(), v1::COMM_OP_REDUCE_SCATTER);
+  EXPECT_EQ(s->comm(2).bytes(), 77u);
+  EXPECT_EQ(s->comm(3).axis(), v1::MESH_AXIS_DP_REPLICATE);
+  EXPECT_DOUBLE_EQ(s->comm(3).seconds(), 0);  // negative clamps to 0
+  EXPECT_EQ(s->comm(3).bytes(), 0u);          // not a number
+  EXPECT_EQ(s->comm(3).calls(), 5u);
+
+  // "comm" that is not an array is ignored.
+  s = ParseStepLine(R"({"event":"step","step":3,"comm":{"tp":1}})", "j", 1, 0);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->comm_size(), 0);
+}
+
 TEST(RankProtocol, OtherLinesAreNotSteps) {
   for (const std::string& line :
        {std::string(R"({"event":"summary","steps":20,"final_loss":2.0})"),
