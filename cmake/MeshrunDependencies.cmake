@@ -57,6 +57,8 @@ if(NOT MESHRUN_ENGINE_ONLY)
   find_package(CLI11 CONFIG REQUIRED)
   find_package(spdlog REQUIRED)
   find_package(SQLite3 REQUIRED)
+  # TLS files are parsed and checked at start (common/tls.cc).
+  find_package(OpenSSL REQUIRED)
   find_package(prometheus-cpp CONFIG REQUIRED)
   find_package(Gloo CONFIG REQUIRED)
   if(NOT GTest_FOUND)
