@@ -146,8 +146,10 @@ Status CheckSliceBounds(const std::string& where, const std::vector<int64_t>& gl
                                 ShapeString(global_shape));
   }
   for (size_t d = 0; d < global_shape.size(); ++d) {
+    // offset > global - shape, not offset + shape > global: a corrupt metadata.json can hold
+    // offsets near INT64_MAX, and the sum would overflow (found by fuzz/checkpoint_metadata).
     if (offset[d] < 0 || shape[d] < 0 || global_shape[d] < 0 ||
-        offset[d] + shape[d] > global_shape[d]) {
+        offset[d] > global_shape[d] - shape[d]) {
       return OutOfRangeError(where + ": slice at " + ShapeString(offset) + " of shape " +
                              ShapeString(shape) + " is outside the tensor's shape " +
                              ShapeString(global_shape));
