@@ -147,7 +147,8 @@ Status CheckSliceBounds(const std::string& where, const std::vector<int64_t>& gl
   }
   for (size_t d = 0; d < global_shape.size(); ++d) {
     // offset > global - shape, not offset + shape > global: a corrupt metadata.json can hold
-    // offsets near INT64_MAX, and the sum would overflow (found by fuzz/checkpoint_metadata).
+    // offsets near INT64_MAX, and the sum would overflow
+    // (fuzz/corpus/checkpoint_metadata/regress-*).
     if (offset[d] < 0 || shape[d] < 0 || global_shape[d] < 0 ||
         offset[d] > global_shape[d] - shape[d]) {
       return OutOfRangeError(where + ": slice at " + ShapeString(offset) + " of shape " +
