@@ -224,6 +224,7 @@ void JobManager::SetJobStateLocked(Txn& txn, v1::JobState state, const std::stri
   const int64_t now = ToMillis(clock_.Now());
   if (state == v1::JOB_STATE_RUNNING && row.started_ms == 0) row.started_ms = now;
   if (txn.job.terminal()) row.finished_ms = now;
+  if (txn.job.terminal() && config_.rank_series) config_.rank_series->JobFinished(row.job_id);
   txn.job_dirty = true;
   if (state == v1::JOB_STATE_PENDING) {
     txn.job.pending_reason = reason;

@@ -26,6 +26,7 @@
 #include "coordinator/clock.h"
 #include "coordinator/job_events.h"
 #include "coordinator/placement.h"
+#include "coordinator/rank_series.h"
 #include "coordinator/state_db.h"
 #include "coordinator/step_aggregator.h"
 #include "coordinator/store_manager.h"
@@ -60,6 +61,9 @@ struct JobManagerConfig {
   // The newest complete checkpoint folder under a checkpoint.dir, or "" (none, or not visible
   // from the coordinator). Default: scans DIR/step-*/metadata.json.
   std::function<std::string(const std::string& dir)> find_checkpoint;
+  // Receives every accepted rank sample with the rank's placement, and each job's end (the
+  // coordinator's per-rank Prometheus series); null: none kept.
+  std::shared_ptr<RankSeries> rank_series;
 };
 
 // What the metrics exporter reads (see metrics_exporter.h).

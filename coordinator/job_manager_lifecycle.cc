@@ -467,6 +467,9 @@ void JobManager::OnRankMetrics(const std::string& worker_id, const v1::RankMetri
   Rank* r = FindRankLocked(worker_id, s.job_id(), s.attempt(), s.rank(), &job, &a);
   if (r == nullptr || a->state != AttemptState::kRunning) return;
   r->latest = std::make_unique<v1::MetricsSample>(s);
+  if (config_.rank_series) {
+    config_.rank_series->Add({r->worker_name, r->coords, job->device(), r->local_rank}, s);
+  }
   Txn txn(*job);
   *AddEvent(txn)->mutable_metrics() = s;
   if (std::optional<v1::MetricsSample> step = a->aggregator->Add(s)) {

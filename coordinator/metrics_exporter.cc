@@ -1,4 +1,5 @@
-// MetricsExporter: a Collectable that turns manager snapshots into metric families.
+// MetricsExporter: a Collectable that turns manager and RankSeries snapshots into metric
+// families at scrape time.
 #include "coordinator/metrics_exporter.h"
 
 #include <netdb.h>
@@ -10,6 +11,7 @@
 
 #include <atomic>
 #include <exception>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -50,71 +52,163 @@ constexpr v1::JobState kJobStates[] = {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNN
                                        v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED,
                                        v1::JOB_STATE_CANCELLED};
 
+// The per-rank families, from one RankSeries snapshot.
+void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  using Labels = std::vector<prometheus::ClientMetric::Label>;
+  auto step = Family("meshrun_rank_step_seconds",
+                     "Wall time of each training step of the rank (all attempts of the job).",
+                     MetricType::Histogram);
+  auto tps = Family("meshrun_rank_tokens_per_second",
+                    "global_batch_size*seq_len / the rank's newest step time.", MetricType::Gauge);
+  auto tflops = Family("meshrun_rank_tflops",
+                       "Model TFLOP/s of the job as seen from the rank's newest step time.",
+                       MetricType::Gauge);
+  auto mfu = Family("meshrun_rank_mfu", "Model FLOPs utilization of the rank's newest step (0..1).",
+                    MetricType::Gauge);
+  auto loss = Family("meshrun_rank_loss", "Loss of the global batch of the rank's newest step.",
+                     MetricType::Gauge);
+  auto memory = Family("meshrun_rank_memory_bytes",
+                       "Memory of the rank (device, or host on cpu) by kind: allocated now, peak "
+                       "since start, reserved by the allocator.",
+                       MetricType::Gauge);
+  auto comm_seconds = Family("meshrun_rank_comm_seconds_total",
+                             "Seconds the rank spent in communication, by axis and op (earlier "
+                             "attempts included).",
+                             MetricType::Counter);
+  auto comm_bytes = Family("meshrun_rank_comm_bytes_total",
+                           "Bus bytes (CONVENTIONS §6) the rank moved, by axis and op (earlier "
+                           "attempts included).",
+                           MetricType::Counter);
+  auto info = Family("meshrun_rank_info",
+                     "1 per rank of a job's newest attempt: joins rank series to node series "
+                     "(worker = DCGM's Hostname, gpu = its gpu).",
+                     MetricType::Gauge);
+  const std::vector<double>& bounds = RankSeries::StepSecondsBounds();
+  for (const RankSeries::Job& job : ranks.Snapshot()) {
+    for (const RankSeries::Rank& r : job.ranks) {
+      const MeshCoords& c = r.placement.coords;
+      const Labels base = {{"job", job.job_id},
+                           {"rank", std::to_string(r.rank)},
+                           {"worker", r.placement.worker},
+                           {"dp_replicate", std::to_string(c.dp_replicate)},
+                           {"dp_shard", std::to_string(c.dp_shard)},
+                           {"cp", std::to_string(c.cp)},
+                           {"tp", std::to_string(c.tp)}};
+      auto with = [&base](std::initializer_list<prometheus::ClientMetric::Label> extra) {
+        Labels labels = base;
+        labels.insert(labels.end(), extra.begin(), extra.end());
+        return labels;
+      };
+      prometheus::ClientMetric h;
+      h.label = base;
+      h.histogram.sample_count = r.step_count;
+      h.histogram.sample_sum = r.step_sum;
+      uint64_t cumulative = 0;
+      for (size_t i = 0; i < r.step_buckets.size(); ++i) {
+        cumulative += r.step_buckets[i];
+        h.histogram.bucket.push_back(
+            {cumulative, i < bounds.size() ? bounds[i] : std::numeric_limits<double>::infinity()});
+      }
+      step.metric.push_back(std::move(h));
+      AddGauge(tps, base, r.tokens_per_second);
+      AddGauge(tflops, base, r.tflops);
+      AddGauge(mfu, base, r.mfu);
+      AddGauge(loss, base, r.loss);
+      AddGauge(memory, with({{"kind", "allocated"}}), static_cast<double>(r.memory_allocated));
+      AddGauge(memory, with({{"kind", "peak"}}), static_cast<double>(r.memory_peak));
+      AddGauge(memory, with({{"kind", "reserved"}}), static_cast<double>(r.memory_reserved));
+      for (const auto& [key, totals] : r.comm) {
+        const Labels labels = with({{"axis", AxisLabel(key.first)}, {"op", OpLabel(key.second)}});
+        AddGauge(comm_seconds, labels, totals.seconds);
+        AddGauge(comm_bytes, labels, totals.bytes);
+      }
+      const bool gpu = r.placement.device == "cuda";
+      AddGauge(info,
+               with({{"attempt", std::to_string(r.attempt)},
+                     {"device", r.placement.device},
+                     {"gpu", gpu ? std::to_string(r.placement.local_rank) : ""}}),
+               1);
+    }
+  }
+  for (auto* f : {&step, &tps, &tflops, &mfu, &loss, &memory, &comm_seconds, &comm_bytes, &info}) {
+    out.push_back(std::move(*f));
+  }
+}
+
 }  // namespace
+
+std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
+    const JobsSnapshot& snap, const std::vector<v1::WorkerInfo>& worker_list,
+    const RankSeries* ranks) {
+  using prometheus::MetricType;
+  std::vector<prometheus::MetricFamily> out;
+
+  auto jobs = Family("meshrun_jobs", "Jobs known to the coordinator, by state.", MetricType::Gauge);
+  for (v1::JobState s : kJobStates) {
+    auto it = snap.jobs_by_state.find(s);
+    AddGauge(jobs, {{"state", JobStateName(s)}}, it == snap.jobs_by_state.end() ? 0 : it->second);
+  }
+  out.push_back(std::move(jobs));
+
+  std::map<std::string, int> by_state = {{"READY", 0}, {"BUSY", 0}, {"LOST", 0}};
+  for (const v1::WorkerInfo& w : worker_list) ++by_state[WorkerStateName(w.state())];
+  auto workers = Family("meshrun_workers", "Registered workers, by state.", MetricType::Gauge);
+  for (const auto& [state, n] : by_state) AddGauge(workers, {{"state", state}}, n);
+  out.push_back(std::move(workers));
+
+  auto state = Family("meshrun_job_state",
+                      "1 for the state each job is in (PENDING and RUNNING jobs and the 100 "
+                      "newest finished ones).",
+                      MetricType::Gauge);
+  auto step =
+      Family("meshrun_job_step", "Step of the job's newest job-level sample.", MetricType::Gauge);
+  auto tps = Family("meshrun_job_tokens_per_second",
+                    "global_batch_size*seq_len / the slowest rank's step time.", MetricType::Gauge);
+  auto mfu = Family("meshrun_job_mfu", "Model FLOPs utilization averaged over ranks (0..1).",
+                    MetricType::Gauge);
+  auto restarts = Family("meshrun_job_restarts_total", "Attempts started after a failure.",
+                         MetricType::Counter);
+  auto skew = Family("meshrun_job_step_time_skew",
+                     "Slowest rank's recent step time / median of the ranks' recent step times "
+                     "(recent: mean of the last 8 steps; 1 with one rank, 0 before a step).",
+                     MetricType::Gauge);
+  for (const JobsSnapshot::JobLine& j : snap.jobs) {
+    for (v1::JobState s : kJobStates) {
+      AddGauge(state, {{"job", j.job_id}, {"state", JobStateName(s)}}, s == j.state ? 1 : 0);
+    }
+    AddGauge(step, {{"job", j.job_id}}, static_cast<double>(j.step));
+    AddGauge(tps, {{"job", j.job_id}}, j.tokens_per_second);
+    AddGauge(mfu, {{"job", j.job_id}}, j.mfu);
+    AddGauge(restarts, {{"job", j.job_id}}, j.restarts);
+    AddGauge(skew, {{"job", j.job_id}}, j.step_time_skew);
+  }
+  for (auto* f : {&state, &step, &tps, &mfu, &restarts, &skew}) out.push_back(std::move(*f));
+  if (ranks != nullptr) AppendRankFamilies(*ranks, out);
+  return out;
+}
 
 class MetricsExporter::Collector final : public prometheus::Collectable {
  public:
-  Collector(JobsFn jobs, WorkersFn workers)
-      : jobs_(std::move(jobs)), workers_(std::move(workers)) {}
+  Collector(JobsFn jobs, WorkersFn workers, std::shared_ptr<const RankSeries> ranks)
+      : jobs_(std::move(jobs)), workers_(std::move(workers)), ranks_(std::move(ranks)) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
-    using prometheus::MetricType;
-    std::vector<prometheus::MetricFamily> out;
-    const JobsSnapshot snap = jobs_();
-
-    auto jobs =
-        Family("meshrun_jobs", "Jobs known to the coordinator, by state.", MetricType::Gauge);
-    for (v1::JobState s : kJobStates) {
-      auto it = snap.jobs_by_state.find(s);
-      AddGauge(jobs, {{"state", JobStateName(s)}}, it == snap.jobs_by_state.end() ? 0 : it->second);
-    }
-    out.push_back(std::move(jobs));
-
-    std::map<std::string, int> by_state = {{"READY", 0}, {"BUSY", 0}, {"LOST", 0}};
-    for (const v1::WorkerInfo& w : workers_()) ++by_state[WorkerStateName(w.state())];
-    auto workers = Family("meshrun_workers", "Registered workers, by state.", MetricType::Gauge);
-    for (const auto& [state, n] : by_state) AddGauge(workers, {{"state", state}}, n);
-    out.push_back(std::move(workers));
-
-    auto state = Family("meshrun_job_state",
-                        "1 for the state each job is in (PENDING and RUNNING jobs and the 100 "
-                        "newest finished ones).",
-                        MetricType::Gauge);
-    auto step =
-        Family("meshrun_job_step", "Step of the job's newest job-level sample.", MetricType::Gauge);
-    auto tps =
-        Family("meshrun_job_tokens_per_second",
-               "global_batch_size·seq_len / the slowest rank's step time.", MetricType::Gauge);
-    auto mfu = Family("meshrun_job_mfu", "Model FLOPs utilization averaged over ranks (0..1).",
-                      MetricType::Gauge);
-    auto restarts = Family("meshrun_job_restarts_total", "Attempts started after a failure.",
-                           MetricType::Counter);
-    auto skew = Family("meshrun_job_step_time_skew",
-                       "(slowest - fastest) / slowest rank step time of the newest step.",
-                       MetricType::Gauge);
-    for (const JobsSnapshot::JobLine& j : snap.jobs) {
-      for (v1::JobState s : kJobStates) {
-        AddGauge(state, {{"job", j.job_id}, {"state", JobStateName(s)}}, s == j.state ? 1 : 0);
-      }
-      AddGauge(step, {{"job", j.job_id}}, static_cast<double>(j.step));
-      AddGauge(tps, {{"job", j.job_id}}, j.tokens_per_second);
-      AddGauge(mfu, {{"job", j.job_id}}, j.mfu);
-      AddGauge(restarts, {{"job", j.job_id}}, j.restarts);
-      AddGauge(skew, {{"job", j.job_id}}, j.step_time_skew);
-    }
-    for (auto* f : {&state, &step, &tps, &mfu, &restarts, &skew}) out.push_back(std::move(*f));
-    return out;
+    return MetricsExporter::Collect(jobs_(), workers_(), ranks_.get());
   }
 
  private:
   JobsFn jobs_;
   WorkersFn workers_;
+  std::shared_ptr<const RankSeries> ranks_;
 };
 
-StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(const std::string& listen,
-                                                                  JobsFn jobs, WorkersFn workers) {
+StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
+    const std::string& listen, JobsFn jobs, WorkersFn workers,
+    std::shared_ptr<const RankSeries> ranks) {
   std::unique_ptr<MetricsExporter> e(new MetricsExporter());
-  e->collector_ = std::make_shared<Collector>(std::move(jobs), std::move(workers));
+  e->collector_ =
+      std::make_shared<Collector>(std::move(jobs), std::move(workers), std::move(ranks));
   try {
     e->exposer_ = std::make_unique<prometheus::Exposer>(listen);
   } catch (const std::exception& ex) {

@@ -1,9 +1,12 @@
-// The coordinator's Prometheus endpoint (--metrics-listen, CONVENTIONS §7): meshrun_jobs{state},
-// meshrun_workers{state}, and per job meshrun_job_state{job,state}, meshrun_job_step,
-// meshrun_job_tokens_per_second, meshrun_job_mfu, meshrun_job_restarts_total and
-// meshrun_job_step_time_skew. Values are read from the managers at scrape time (a
-// prometheus::Collectable), so nothing is updated on the hot path; a new series is one more
-// family in Collect().
+// The coordinator's Prometheus endpoint (--metrics-listen, CONVENTIONS §7, docs/metrics.md):
+// meshrun_jobs{state}, meshrun_workers{state}; per job meshrun_job_state{job,state},
+// meshrun_job_step, meshrun_job_tokens_per_second, meshrun_job_mfu, meshrun_job_restarts_total
+// and meshrun_job_step_time_skew; per rank (from RankSeries) meshrun_rank_step_seconds,
+// meshrun_rank_{tokens_per_second,tflops,mfu,loss}, meshrun_rank_memory_bytes{kind},
+// meshrun_rank_comm_{seconds,bytes}_total{axis,op} with the labels job, rank, worker,
+// dp_replicate, dp_shard, cp, tp, and the join gauge meshrun_rank_info{…,attempt,device,gpu}.
+// Values are read from the managers at scrape time (a prometheus::Collectable), so nothing is
+// updated on the hot path; a new series is one more family in Collect().
 //
 // Thread-safe: the snapshot functions are (they lock the managers).
 #pragma once
@@ -15,11 +18,13 @@
 
 #include "common/status.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/rank_series.h"
 #include "meshrun/v1/types.pb.h"
 
 namespace prometheus {
 class Exposer;
-}
+struct MetricFamily;
+}  // namespace prometheus
 
 namespace meshrun::coordinator {
 
@@ -30,8 +35,14 @@ class MetricsExporter {
 
   // Serves /metrics on `listen` (HOST:PORT; port 0 picks one). FAILED_PRECONDITION naming
   // --metrics-listen when it cannot bind.
-  static StatusOr<std::unique_ptr<MetricsExporter>> Start(const std::string& listen, JobsFn jobs,
-                                                          WorkersFn workers);
+  // `ranks` (may be null: no meshrun_rank_* series) is read at each scrape.
+  static StatusOr<std::unique_ptr<MetricsExporter>> Start(
+      const std::string& listen, JobsFn jobs, WorkersFn workers,
+      std::shared_ptr<const RankSeries> ranks = nullptr);
+  // The families one scrape serves (what Start's endpoint renders), for tests without HTTP.
+  static std::vector<prometheus::MetricFamily> Collect(const JobsSnapshot& jobs,
+                                                       const std::vector<v1::WorkerInfo>& workers,
+                                                       const RankSeries* ranks);
   ~MetricsExporter();
 
   int port() const { return port_; }

@@ -76,6 +76,7 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->workers_ = std::make_unique<WorkerManager>(s->db_.get(), *s->clock_, wcfg);
   JobManagerConfig jcfg;
   jcfg.stop_resend = std::max(std::chrono::milliseconds(500), config.heartbeat_timeout / 2);
+  jcfg.rank_series = std::make_shared<RankSeries>();
   s->jobs_ = std::make_unique<JobManager>(s->db_.get(), *s->workers_, *s->store_, *s->clock_, jcfg);
   s->service_ =
       std::make_unique<CoordinatorServiceImpl>(*s->jobs_, *s->workers_, *s->store_, *s->clock_);
@@ -110,7 +111,7 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     MESHRUN_ASSIGN_OR_RETURN(s->metrics_,
                              MetricsExporter::Start(
                                  config.metrics_listen, [jobs] { return jobs->Snapshot(); },
-                                 [service] { return service->Workers(); }));
+                                 [service] { return service->Workers(); }, jcfg.rank_series));
   }
   s->ticker_ = std::thread([raw = s.get()] { raw->TickLoop(); });
   spdlog::info("serving on {} (advertised {}), metrics on {}", config.listen, s->advertised_,

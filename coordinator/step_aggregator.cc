@@ -6,7 +6,22 @@
 namespace meshrun::coordinator {
 
 StepAggregator::StepAggregator(int world_size, int64_t tokens_per_step)
-    : world_size_(world_size), tokens_per_step_(tokens_per_step) {}
+    : world_size_(world_size), tokens_per_step_(tokens_per_step), recent_(world_size) {}
+
+double StepAggregator::RecentSkew() const {
+  std::vector<double> means;
+  for (const std::deque<double>& times : recent_) {
+    if (times.empty()) continue;
+    double sum = 0;
+    for (double t : times) sum += t;
+    means.push_back(sum / static_cast<double>(times.size()));
+  }
+  if (means.empty()) return 0;
+  std::sort(means.begin(), means.end());
+  const size_t n = means.size();
+  const double median = n % 2 == 1 ? means[n / 2] : (means[n / 2 - 1] + means[n / 2]) / 2;
+  return median > 0 ? means.back() / median : 1.0;
+}
 
 std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s) {
   if (!s.has_rank() || s.rank() < 0 || s.rank() >= world_size_) return std::nullopt;
@@ -21,6 +36,9 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
   if (p.seen[s.rank()]) return std::nullopt;
   p.seen[s.rank()] = true;
   ++p.count;
+  std::deque<double>& recent = recent_[s.rank()];
+  recent.push_back(std::max(0.0, s.step_seconds()));
+  if (recent.size() > kSkewWindow) recent.pop_front();
   if (p.scalar_rank < 0 || s.rank() < p.scalar_rank) {
     p.scalar_rank = s.rank();
     p.scalars.set_loss(s.loss());
@@ -74,7 +92,7 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
     c->set_bytes(t.bytes / world_size_);
     c->set_calls(t.calls / world_size_);
   }
-  last_skew_ = p.slowest > 0 ? (p.slowest - p.fastest) / p.slowest : 0;
+  last_skew_ = RecentSkew();
   last_completed_ = s.step();
   // Steps before this one can no longer complete in order; drop them with it.
   open_.erase(open_.begin(), std::next(it));

@@ -2,13 +2,16 @@
 // defines it: loss, lr, grad_norm and val_loss of the global batch (from the lowest rank that
 // reported them; every rank computes the same values), step_seconds of the slowest rank,
 // tokens_per_second = global_batch_size·seq_len / step_seconds, tflops summed, mfu averaged,
-// memory the maximum, comm averaged over ranks. Also the step-time skew (slowest − fastest) /
-// slowest, for meshrun_job_step_time_skew.
+// memory the maximum, comm averaged over ranks. Also the step-time skew for
+// meshrun_job_step_time_skew: the slowest rank's recent step time over the median of the ranks'
+// recent step times (recent: the mean of a rank's last kSkewWindow reported steps); 1.0 when
+// every rank is as fast as the median, and with one rank.
 //
 // Not thread-safe: owned by one attempt of JobManager, under its mutex.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <utility>
@@ -23,6 +26,8 @@ class StepAggregator {
   // Steps kept open waiting for their last rank; older ones are dropped (a rank that never
   // reports a step must not grow memory without bound).
   static constexpr size_t kMaxOpenSteps = 64;
+  // Steps per rank that make its "recent" step time.
+  static constexpr size_t kSkewWindow = 8;
 
   StepAggregator(int world_size, int64_t tokens_per_step);
 
@@ -30,7 +35,7 @@ class StepAggregator {
   // was the last rank of its step to report; a rank reporting a step twice counts once.
   std::optional<v1::MetricsSample> Add(const v1::MetricsSample& sample);
 
-  // Skew of the newest completed step; 0 before the first.
+  // Skew as of the newest completed step; 0 before the first.
   double last_skew() const { return last_skew_; }
 
  private:
@@ -50,8 +55,12 @@ class StepAggregator {
     std::map<std::pair<int, int>, CommTotal> comm;  // (axis, op)
   };
 
+  // Slowest recent step time / median recent step time over the ranks that reported.
+  double RecentSkew() const;
+
   int world_size_;
   int64_t tokens_per_step_;
+  std::vector<std::deque<double>> recent_;  // per rank: its last kSkewWindow step times
   std::map<int64_t, Partial> open_;
   int64_t last_completed_ = 0;
   double last_skew_ = 0;

@@ -1,17 +1,78 @@
 // WorkerMetrics (see worker_metrics.h) over prometheus-cpp's pull exposer.
 #include "worker/worker_metrics.h"
 
+#include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
+#include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
+#include <spdlog/spdlog.h>
 
 #include <exception>
 
 namespace meshrun {
 
+std::vector<prometheus::MetricFamily> GpuFamilies(const std::string& worker_name,
+                                                  const std::vector<GpuReading>& readings) {
+  prometheus::MetricFamily memory;
+  memory.name = "meshrun_gpu_memory_bytes";
+  memory.help = "Device memory of each GPU of the node (NVML), used and total";
+  memory.type = prometheus::MetricType::Gauge;
+  prometheus::MetricFamily utilization;
+  utilization.name = "meshrun_gpu_utilization_ratio";
+  utilization.help = "Fraction of the last sample period a kernel ran on each GPU (NVML, 0..1)";
+  utilization.type = prometheus::MetricType::Gauge;
+  auto add = [&worker_name](prometheus::MetricFamily& f, int gpu, const char* kind, double v) {
+    prometheus::ClientMetric m;
+    m.label = {{"worker", worker_name}, {"gpu", std::to_string(gpu)}};
+    if (kind != nullptr) m.label.push_back({"kind", kind});
+    m.gauge.value = v;
+    f.metric.push_back(std::move(m));
+  };
+  for (const GpuReading& r : readings) {
+    if (r.has_memory) {
+      add(memory, r.index, "used", r.memory_used_bytes);
+      add(memory, r.index, "total", r.memory_total_bytes);
+    }
+    if (r.has_utilization) add(utilization, r.index, nullptr, r.utilization_ratio);
+  }
+  std::vector<prometheus::MetricFamily> out;
+  if (!memory.metric.empty()) out.push_back(std::move(memory));
+  if (!utilization.metric.empty()) out.push_back(std::move(utilization));
+  return out;
+}
+
+// Reads NVML at scrape time.
+class WorkerMetrics::GpuCollector final : public prometheus::Collectable {
+ public:
+  GpuCollector(std::string worker_name, std::unique_ptr<Nvml> nvml)
+      : worker_name_(std::move(worker_name)), nvml_(std::move(nvml)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    return GpuFamilies(worker_name_, nvml_->Read());
+  }
+
+ private:
+  std::string worker_name_;
+  std::unique_ptr<Nvml> nvml_;
+};
+
 StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& listen,
                                                                const std::string& worker_name,
                                                                int slots) {
+  StatusOr<std::unique_ptr<Nvml>> nvml = Nvml::Load();
+  if (!nvml.ok()) {
+    spdlog::info("no meshrun_gpu_* series: {}", nvml.status().message());
+    return Create(listen, worker_name, slots, nullptr);
+  }
+  spdlog::info("NVML loaded: serving meshrun_gpu_* series");
+  return Create(listen, worker_name, slots, std::move(nvml).value());
+}
+
+StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string& listen,
+                                                               const std::string& worker_name,
+                                                               int slots,
+                                                               std::unique_ptr<Nvml> nvml) {
   std::unique_ptr<WorkerMetrics> m(new WorkerMetrics());
   m->registry_ = std::make_shared<prometheus::Registry>();
   m->slots_ = slots;
@@ -40,6 +101,10 @@ StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string
                             " (hint: pick a free port, or 127.0.0.1:0)");
   }
   m->exposer_->RegisterCollectable(m->registry_);
+  if (nvml != nullptr) {
+    m->gpus_ = std::make_shared<GpuCollector>(worker_name, std::move(nvml));
+    m->exposer_->RegisterCollectable(m->gpus_);
+  }
   const std::vector<int> ports = m->exposer_->GetListeningPorts();
   m->port_ = ports.empty() ? 0 : ports.front();
   return m;

@@ -1,0 +1,102 @@
+// The per-rank Prometheus series of the coordinator (CONVENTIONS §7, docs/metrics.md), kept
+// from the RankMetrics samples the workers forward: gauges of each rank's newest step, its
+// step-time histogram and its communication counters, with the labels the placement gives
+// (job, rank, worker, mesh coordinates) and the attempt/device/gpu of meshrun_rank_info.
+//
+// Counters stay monotonic across attempts: a restarted rank's cumulative comm counters start
+// again at 0, so each series adds the final totals of the job's earlier attempts (no attempt
+// label on counters; see docs/decisions/0003-where-metrics-live.md). The step histogram simply
+// keeps counting. A finished job's series stay until kMaxFinishedJobs newer jobs finished.
+//
+// Thread-safe (one mutex, never held while calling out). JobManager calls Add and JobFinished
+// under its own mutex (lock order JobManager -> RankSeries); the exporter calls Snapshot at
+// scrape time.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/parallel_dims.h"
+#include "meshrun/v1/types.pb.h"
+
+namespace meshrun::coordinator {
+
+// Where a rank runs (from the job's placement): the labels of its series besides job and rank.
+struct RankLabels {
+  std::string worker;  // the worker's name (= the node's host name by default)
+  MeshCoords coords;
+  std::string device;  // "cpu" or "cuda"
+  int local_rank = 0;  // index among the attempt's ranks on that worker
+};
+
+class RankSeries {
+ public:
+  // Finished jobs whose series are still served.
+  static constexpr size_t kMaxFinishedJobs = 32;
+  // Upper bounds (seconds) of meshrun_rank_step_seconds' buckets: 1 ms … 60 s.
+  static const std::vector<double>& StepSecondsBounds();
+
+  // Totals of one (axis, op) counter series: earlier attempts' finals plus this attempt's.
+  struct Comm {
+    double seconds = 0;
+    double bytes = 0;
+  };
+  // What is served for one rank.
+  struct Rank {
+    int rank = 0;
+    int attempt = 0;
+    RankLabels placement;
+    int64_t step = 0;  // newest step of `attempt`
+    double loss = 0, tokens_per_second = 0, tflops = 0, mfu = 0;
+    uint64_t memory_allocated = 0, memory_peak = 0, memory_reserved = 0;
+    // Per bucket of StepSecondsBounds() plus +Inf, not cumulative; count and sum.
+    std::vector<uint64_t> step_buckets;
+    uint64_t step_count = 0;
+    double step_sum = 0;
+    std::map<std::pair<v1::MeshAxis, v1::CommOp>, Comm> comm;
+  };
+  struct Job {
+    std::string job_id;
+    bool finished = false;
+    std::vector<Rank> ranks;  // by rank
+  };
+
+  // Rank `sample.rank` of `sample.attempt` reported a step. Samples of an attempt older than
+  // the newest one seen for the job, and of finished jobs, are ignored; a step seen twice is
+  // observed once.
+  void Add(const RankLabels& placement, const v1::MetricsSample& sample);
+  // The job reached SUCCEEDED, FAILED or CANCELLED: its last attempt's series stay served
+  // until kMaxFinishedJobs jobs finished after it.
+  void JobFinished(const std::string& job_id);
+
+  // Every served job, in job id order.
+  std::vector<Job> Snapshot() const;
+
+ private:
+  struct RankState {
+    Rank served;
+    // The newest cumulative counters of the current attempt, and what earlier attempts left.
+    std::map<std::pair<v1::MeshAxis, v1::CommOp>, Comm> current, base;
+  };
+  struct JobState {
+    bool finished = false;
+    int attempt = 0;
+    std::map<int, RankState> ranks;
+  };
+
+  mutable std::mutex mu_;
+  std::map<std::string, JobState> jobs_;  // guarded by mu_
+  std::deque<std::string> finished_;      // oldest first
+};
+
+// "dp_replicate", "tp", …: the `axis` label value of a MeshAxis; "all_reduce", "send_recv", …
+// the `op` label of a CommOp (the engine's names, CommOpName).
+std::string AxisLabel(v1::MeshAxis axis);
+std::string OpLabel(v1::CommOp op);
+
+}  // namespace meshrun::coordinator
