@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <numeric>
+#include <sstream>
 
 namespace meshrun {
 namespace {
@@ -173,6 +175,26 @@ TEST_F(CheckpointTest, BadRequestsAreErrors) {
   EXPECT_EQ(reader->ReadSlice("w", {4, 0}, {5, 6}, out.data()).code(), StatusCode::kOutOfRange);
   EXPECT_FALSE(reader->ReadSlice("w", {0}, {8}, out.data()).ok());        // wrong rank
   EXPECT_TRUE(reader->ReadSlice("w", {0, 0}, {0, 12}, out.data()).ok());  // empty
+}
+
+// Offsets near INT64_MAX (from a corrupt metadata.json or a caller) are out of range, not a
+// signed overflow that wraps into range (see fuzz/corpus/checkpoint_metadata/regress-*).
+TEST_F(CheckpointTest, HugeOffsetsAreOutOfRange) {
+  Save(1, 2, 0);
+  auto reader = CheckpointReader::Open(StepDir(dir_, 1));
+  ASSERT_TRUE(reader.ok());
+  std::vector<float> out(100);
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(reader->ReadSlice("w", {max, 0}, {2, 6}, out.data()).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(reader->ReadSlice("w", {0, 1}, {1, max}, out.data()).code(), StatusCode::kOutOfRange);
+
+  std::ifstream in(StepDir(dir_, 1) + "/metadata.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  auto parsed = ParseMetadata(text.str(), "m.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->step, 1);
+  EXPECT_EQ(ParseMetadata("{", "m.json").status().code(), StatusCode::kDataLoss);
 }
 
 TEST_F(CheckpointTest, UncoveredTensorIsNotMarkedComplete) {
