@@ -10,6 +10,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
+
+#include "common/tls.h"
 
 namespace meshrun::coordinator {
 
@@ -19,6 +22,74 @@ grpc::Status ToGrpcStatus(const Status& status) {
 }
 
 namespace {
+
+// ---- What the Authorizer needs of a call ----------------------------------------------------
+
+// The "authorization" metadata of the call, nullopt when it has none.
+std::optional<std::string_view> AuthorizationHeader(grpc::CallbackServerContext* ctx) {
+  const auto& metadata = ctx->client_metadata();
+  auto it = metadata.find(kAuthorizationHeader);
+  if (it == metadata.end()) return std::nullopt;
+  return std::string_view(it->second.data(), it->second.size());
+}
+
+// The subject CN of the peer's client certificate, verified against --tls-ca during the
+// handshake; nullopt when the peer presented none (or the connection is plaintext).
+std::optional<std::string> PeerCommonName(grpc::CallbackServerContext* ctx) {
+  std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+  if (!auth || !auth->IsPeerAuthenticated()) return std::nullopt;
+  for (const grpc::string_ref& cn : auth->FindPropertyValues("x509_common_name")) {
+    return std::string(cn.data(), cn.size());
+  }
+  return std::nullopt;
+}
+
+// Client API: the bearer token.
+Status CheckClient(const Authorizer* auth, grpc::CallbackServerContext* ctx) {
+  return auth == nullptr ? OkStatus() : auth->CheckClient(AuthorizationHeader(ctx));
+}
+
+// The worker the peer's certificate names ("" without TLS), or UNAUTHENTICATED.
+StatusOr<std::string> WorkerIdentity(const Authorizer* auth, grpc::CallbackServerContext* ctx) {
+  if (auth == nullptr) return std::string();
+  return auth->WorkerIdentity(PeerCommonName(ctx));
+}
+
+// Store calls: the certificate's worker must have a rank of (job_id, attempt).
+Status CheckStoreCall(const Authorizer* auth, grpc::CallbackServerContext* ctx,
+                      const std::string& job_id, int attempt, const std::string& what) {
+  if (auth == nullptr) return OkStatus();
+  MESHRUN_ASSIGN_OR_RETURN(std::string identity, WorkerIdentity(auth, ctx));
+  return auth->CheckAttempt(identity, job_id, attempt, what);
+}
+
+// Session messages: `open` only for the certificate's own worker id, reports only about its
+// own attempts. Heartbeats carry nothing to check (ranks they list that are not the worker's
+// are stopped by JobManager).
+Status CheckSessionMessage(const Authorizer& auth, const std::string& identity,
+                           const v1::WorkerSessionRequest& r) {
+  switch (r.kind_case()) {
+    case v1::WorkerSessionRequest::kOpen: return auth.CheckOpen(identity, r.open().worker_id());
+    case v1::WorkerSessionRequest::kRankStarted:
+      return auth.CheckAttempt(identity, r.rank_started().job_id(), r.rank_started().attempt(),
+                               "rank_started");
+    case v1::WorkerSessionRequest::kRankExited:
+      return auth.CheckAttempt(identity, r.rank_exited().job_id(), r.rank_exited().attempt(),
+                               "rank_exited");
+    case v1::WorkerSessionRequest::kMetrics:
+      return auth.CheckAttempt(identity, r.metrics().sample().job_id(),
+                               r.metrics().sample().attempt(), "metrics");
+    case v1::WorkerSessionRequest::kLogs:
+      for (const v1::LogLine& line : r.logs().lines()) {
+        MESHRUN_RETURN_IF_ERROR(auth.CheckAttempt(identity, line.job_id(), line.attempt(), "logs"));
+      }
+      return OkStatus();
+    case v1::WorkerSessionRequest::kCheckpointSaved:
+      return auth.CheckAttempt(identity, r.checkpoint_saved().job_id(),
+                               r.checkpoint_saved().attempt(), "checkpoint_saved");
+    default: return OkStatus();
+  }
+}
 
 // Runs `call(done)` and finishes the default reactor exactly once with what `done` reports;
 // an exception (never expected: handlers return Status) becomes INTERNAL.
@@ -149,9 +220,14 @@ class WatchStream final : public WatchJobStream {
 
 class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
  public:
+  // `allowed`: the Authorizer's verdict; the call ends with it at once when it is not OK.
   WatchReactor(CoordinatorServiceHandler& handler, const v1::WatchJobRequest& request,
-               size_t max_queue)
+               size_t max_queue, const Status& allowed)
       : stream_(std::make_shared<WatchStream>(this, max_queue)) {
+    if (!allowed.ok()) {
+      stream_->Finish(allowed);
+      return;
+    }
     try {
       handler.HandleWatchJob(request, stream_);
     } catch (const std::exception& e) {
@@ -199,9 +275,18 @@ class SessionStream final : public WorkerSessionStream {
 class SessionReactor final
     : public grpc::ServerBidiReactor<v1::WorkerSessionRequest, v1::WorkerSessionResponse> {
  public:
-  SessionReactor(CoordinatorServiceHandler& handler, size_t max_queue, std::string peer)
+  // `auth` null: no checks. `identity`: the worker the client certificate names ("" without
+  // TLS), or why the peer is not authenticated (the stream then ends at once).
+  SessionReactor(CoordinatorServiceHandler& handler, size_t max_queue, std::string peer,
+                 const Authorizer* auth, StatusOr<std::string> identity)
       : handler_(handler),
-        stream_(std::make_shared<SessionStream>(this, max_queue, std::move(peer))) {
+        stream_(std::make_shared<SessionStream>(this, max_queue, std::move(peer))),
+        auth_(auth != nullptr && auth->tls() ? auth : nullptr) {
+    if (!identity.ok()) {
+      stream_->FinishGrpc(ToGrpcStatus(identity.status()));
+      return;
+    }
+    identity_ = std::move(identity).value();
     StartRead(&request_);
   }
 
@@ -210,6 +295,15 @@ class SessionReactor final
       // The worker closed its side or the connection broke.
       stream_->FinishGrpc(grpc::Status::OK);
       return;
+    }
+    if (auth_ != nullptr) {
+      Status allowed = CheckSessionMessage(*auth_, identity_, request_);
+      if (!allowed.ok()) {
+        spdlog::warn("worker session from {} ({}): {}", stream_->Peer(), identity_,
+                     allowed.message());
+        stream_->FinishGrpc(ToGrpcStatus(allowed));
+        return;
+      }
     }
     try {
       handler_.HandleWorkerSessionRequest(stream_, request_);
@@ -231,6 +325,8 @@ class SessionReactor final
  private:
   CoordinatorServiceHandler& handler_;
   std::shared_ptr<SessionStream> stream_;
+  const Authorizer* const auth_;  // null: no checks (no TLS, or no Authorizer)
+  std::string identity_;
   v1::WorkerSessionRequest request_;
 };
 
@@ -238,25 +334,55 @@ class SessionReactor final
 
 // ---- Unary RPCs ---------------------------------------------------------------------------------
 
-#define MESHRUN_UNARY(Method)                                                                  \
+// Client API: the bearer token is checked before the handler runs.
+#define MESHRUN_CLIENT_UNARY(Method)                                                           \
   grpc::ServerUnaryReactor* CoordinatorGrpcService::Method(grpc::CallbackServerContext* ctx,   \
                                                            const v1::Method##Request* request, \
                                                            v1::Method##Response* response) {   \
     return Unary(ctx, [&](ReplyCallback done) {                                                \
+      Status allowed = CheckClient(auth_, ctx);                                                \
+      if (!allowed.ok()) return done(allowed);                                                 \
       handler_.Handle##Method(*request, response, std::move(done));                            \
     });                                                                                        \
   }
 
-MESHRUN_UNARY(SubmitJob)
-MESHRUN_UNARY(GetJob)
-MESHRUN_UNARY(ListJobs)
-MESHRUN_UNARY(CancelJob)
-MESHRUN_UNARY(ListWorkers)
-MESHRUN_UNARY(GetJobLogs)
-MESHRUN_UNARY(RegisterWorker)
-MESHRUN_UNARY(StoreSet)
-MESHRUN_UNARY(StoreAdd)
-#undef MESHRUN_UNARY
+MESHRUN_CLIENT_UNARY(SubmitJob)
+MESHRUN_CLIENT_UNARY(GetJob)
+MESHRUN_CLIENT_UNARY(ListJobs)
+MESHRUN_CLIENT_UNARY(CancelJob)
+MESHRUN_CLIENT_UNARY(ListWorkers)
+MESHRUN_CLIENT_UNARY(GetJobLogs)
+#undef MESHRUN_CLIENT_UNARY
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
+    grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* request,
+    v1::RegisterWorkerResponse* response) {
+  return Unary(ctx, [&](ReplyCallback done) {
+    StatusOr<std::string> identity = WorkerIdentity(auth_, ctx);
+    if (!identity.ok()) return done(identity.status());
+    if (auth_ != nullptr) {
+      Status allowed = auth_->CheckRegister(*identity, request->name());
+      if (!allowed.ok()) return done(allowed);
+    }
+    handler_.HandleRegisterWorker(*request, response, std::move(done));
+  });
+}
+
+// Store calls: the peer's certificate must name a worker with a rank of the attempt.
+#define MESHRUN_STORE_UNARY(Method)                                                                \
+  grpc::ServerUnaryReactor* CoordinatorGrpcService::Method(grpc::CallbackServerContext* ctx,       \
+                                                           const v1::Method##Request* request,     \
+                                                           v1::Method##Response* response) {       \
+    return Unary(ctx, [&](ReplyCallback done) {                                                    \
+      Status allowed = CheckStoreCall(auth_, ctx, request->job_id(), request->attempt(), #Method); \
+      if (!allowed.ok()) return done(allowed);                                                     \
+      handler_.Handle##Method(*request, response, std::move(done));                                \
+    });                                                                                            \
+  }
+
+MESHRUN_STORE_UNARY(StoreSet)
+MESHRUN_STORE_UNARY(StoreAdd)
+#undef MESHRUN_STORE_UNARY
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::StoreGet(grpc::CallbackServerContext* ctx,
                                                            const v1::StoreGetRequest* request,
@@ -266,18 +392,21 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::StoreGet(grpc::CallbackServerC
     deadline = ctx->deadline();
   }
   return Unary(ctx, [&](ReplyCallback done) {
+    Status allowed = CheckStoreCall(auth_, ctx, request->job_id(), request->attempt(), "StoreGet");
+    if (!allowed.ok()) return done(allowed);
     handler_.HandleStoreGet(*request, response, deadline, std::move(done));
   });
 }
 
 grpc::ServerWriteReactor<v1::WatchJobResponse>* CoordinatorGrpcService::WatchJob(
-    grpc::CallbackServerContext* /*ctx*/, const v1::WatchJobRequest* request) {
-  return new WatchReactor(handler_, *request, limits_.max_watch_queue);
+    grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* request) {
+  return new WatchReactor(handler_, *request, limits_.max_watch_queue, CheckClient(auth_, ctx));
 }
 
 grpc::ServerBidiReactor<v1::WorkerSessionRequest, v1::WorkerSessionResponse>*
 CoordinatorGrpcService::WorkerSession(grpc::CallbackServerContext* ctx) {
-  return new SessionReactor(handler_, limits_.max_session_queue, ctx->peer());
+  return new SessionReactor(handler_, limits_.max_session_queue, ctx->peer(), auth_,
+                            WorkerIdentity(auth_, ctx));
 }
 
 }  // namespace meshrun::coordinator

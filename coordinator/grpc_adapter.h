@@ -1,11 +1,13 @@
 // The thin gRPC adapter: CoordinatorService's callback API turned into calls of the pure
 // handler interface (coordinator_service.h). No logic beyond translation: statuses, the write
-// queues behind WatchJobStream and WorkerSessionStream, and the call deadline of StoreGet.
+// queues behind WatchJobStream and WorkerSessionStream, the call deadline of StoreGet, and
+// what the Authorizer (auth.h) needs of a call: its bearer token and its client certificate.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include "common/status.h"
+#include "coordinator/auth.h"
 #include "coordinator/coordinator_service.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 
@@ -23,8 +25,10 @@ struct AdapterLimits {
 
 class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
  public:
-  CoordinatorGrpcService(CoordinatorServiceHandler& handler, AdapterLimits limits)
-      : handler_(handler), limits_(limits) {}
+  // `auth` null: every call is allowed (tests of the handler path).
+  CoordinatorGrpcService(CoordinatorServiceHandler& handler, AdapterLimits limits,
+                         const Authorizer* auth = nullptr)
+      : handler_(handler), limits_(limits), auth_(auth) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
                                       const v1::SubmitJobRequest* request,
@@ -64,6 +68,7 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
  private:
   CoordinatorServiceHandler& handler_;
   const AdapterLimits limits_;
+  const Authorizer* const auth_;
 };
 
 }  // namespace meshrun::coordinator

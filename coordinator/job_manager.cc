@@ -72,6 +72,19 @@ bool JobManager::Exists(const std::string& job_id) const {
   return FindLocked(job_id) != nullptr;
 }
 
+std::optional<bool> JobManager::RunsOnWorker(const std::string& worker_name,
+                                             const std::string& job_id, int attempt) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Job* job = FindLocked(job_id);
+  if (job == nullptr) return std::nullopt;
+  auto it = job->attempts.find(attempt);
+  if (it == job->attempts.end()) return std::nullopt;
+  for (const Rank& r : it->second->ranks) {
+    if (r.worker_name == worker_name) return true;
+  }
+  return false;
+}
+
 void JobManager::FillRankInfo(const Rank& r, v1::RankInfo* info) const {
   info->set_rank(r.rank);
   info->mutable_coords()->set_dp_replicate(r.coords.dp_replicate);

@@ -103,6 +103,10 @@ class JobManager {
   Status Watch(const v1::WatchJobRequest& request, std::shared_ptr<WatchJobStream> stream);
   StatusOr<v1::GetJobLogsResponse> Logs(const v1::GetJobLogsRequest& request) const;
   bool Exists(const std::string& job_id) const;
+  // Whether a rank of (job_id, attempt) is placed on the worker named `worker_name`; nullopt
+  // when the job or the attempt is not (or no longer) known. For the Authorizer (auth.h).
+  std::optional<bool> RunsOnWorker(const std::string& worker_name, const std::string& job_id,
+                                   int attempt) const;
 
   // ---- Worker session messages (already validated by CoordinatorService) ----
   // `running` of an `open` or a heartbeat: confirms ranks, stops ranks of stale attempts,

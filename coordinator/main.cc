@@ -32,6 +32,18 @@ int main(int argc, char** argv) {
   app.add_option("--advertise-address", config.advertise_host,
                  "host the ranks dial for the store (default: the --listen host, or this "
                  "machine's name for a wildcard)");
+  app.add_option("--tls-cert", config.tls.cert,
+                 "PEM certificate of this coordinator; with --tls-key and --tls-ca: TLS");
+  app.add_option("--tls-key", config.tls.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", config.tls.ca,
+                 "PEM CA the workers' client certificates are verified against (the CN of a "
+                 "worker's certificate is its name)");
+  app.add_option("--token-file", config.token_file,
+                 "accepted client bearer tokens, one per line, '#' comments; re-read on SIGHUP "
+                 "(none: the client API is open, allowed only on loopback)");
+  app.add_flag("--insecure", config.insecure,
+               "allow plaintext and an open client API on a non-loopback --listen (trusted "
+               "networks only)");
   app.add_option("--health-listen", health_listen,
                  "HOST:PORT of a plaintext gRPC server with only grpc.health.v1 (for probes; "
                  "empty: off)");
@@ -58,6 +70,7 @@ int main(int argc, char** argv) {
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
   sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
 
   auto server = meshrun::coordinator::CoordinatorServer::Start(config);
@@ -84,7 +97,11 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   int sig = 0;
-  sigwait(&stop, &sig);
+  // SIGHUP re-reads --token-file; SIGTERM and SIGINT stop.
+  while (sigwait(&stop, &sig) == 0 && sig == SIGHUP) {
+    meshrun::Status reloaded = (*server)->ReloadTokens();
+    if (!reloaded.ok()) spdlog::error("SIGHUP: {} (the tokens in use stay)", reloaded.message());
+  }
   spdlog::info("received {}, stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   if (health) health->Shutdown();
   (*server)->Shutdown();

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <climits>
+#include <optional>
 
+#include "coordinator/auth.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/grpc_adapter.h"
 #include "coordinator/job_manager.h"
@@ -46,7 +48,10 @@ std::string CoordinatorConfig::ToString() const {
          " state_dir=" + state_dir +
          " heartbeat_timeout=" + std::to_string(heartbeat_timeout.count()) +
          "ms advertise_host=" + (advertise_host.empty() ? "(derived)" : advertise_host) +
-         " max_receive_message_bytes=" + std::to_string(max_receive_message_bytes);
+         " max_receive_message_bytes=" + std::to_string(max_receive_message_bytes) +
+         " tls=" + (tls.any() ? "on" : "off") +
+         " token_file=" + (token_file.empty() ? "(none)" : token_file) +
+         (insecure ? " insecure" : "");
 }
 
 StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
@@ -62,8 +67,42 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (config.heartbeat_timeout.count() <= 0) {
     return InvalidArgumentError("--heartbeat-timeout: must be positive (hint: e.g. 10)");
   }
+  // Transport security and tokens are settled before the state is opened: a coordinator that
+  // would serve in the clear where it must not never starts.
+  std::optional<TlsMaterial> tls;
+  if (config.tls.any()) {
+    MESHRUN_ASSIGN_OR_RETURN(TlsMaterial material,
+                             LoadTls(config.tls, /*need_cert_and_key=*/true, /*need_ca=*/true));
+    tls = std::move(material);
+  }
+  if (!config.insecure && !IsLoopbackAddress(config.listen)) {
+    MESHRUN_RETURN_IF_ERROR(CheckPlaintextTarget("--listen", config.listen, tls.has_value(),
+                                                 /*insecure=*/false,
+                                                 "--tls-cert, --tls-key and --tls-ca"));
+    if (config.token_file.empty()) {
+      return InvalidArgumentError(
+          "--token-file: is required when --listen " + config.listen +
+          " is not loopback (hint: pass --token-file FILE with one client token per line, or "
+          "--insecure to leave the client API open on a trusted network)");
+    }
+  }
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->config_ = config;
+  AuthConfig auth;
+  auth.tls = tls.has_value();
+  auth.token_file = config.token_file;
+  CoordinatorServer* raw = s.get();
+  auto placement = [raw](const std::string& worker_name, const std::string& job_id, int attempt) {
+    return raw->jobs_->RunsOnWorker(worker_name, job_id, attempt);
+  };
+  auto worker_name = [raw](const std::string& worker_id) -> std::optional<std::string> {
+    // Once per session open: a scan of the registrations is cheap enough.
+    for (const WorkerSnapshot& w : raw->workers_->List()) {
+      if (w.info.worker_id() == worker_id) return w.info.name();
+    }
+    return std::nullopt;
+  };
+  MESHRUN_ASSIGN_OR_RETURN(s->auth_, Authorizer::Create(auth, placement, worker_name));
   s->clock_ = clock != nullptr ? clock : &s->real_clock_;
   spdlog::info("meshrun-coordinator: {}", config.ToString());
 
@@ -80,12 +119,14 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->jobs_ = std::make_unique<JobManager>(s->db_.get(), *s->workers_, *s->store_, *s->clock_, jcfg);
   s->service_ =
       std::make_unique<CoordinatorServiceImpl>(*s->jobs_, *s->workers_, *s->store_, *s->clock_);
-  s->grpc_service_ = std::make_unique<CoordinatorGrpcService>(*s->service_, AdapterLimits{});
+  s->grpc_service_ =
+      std::make_unique<CoordinatorGrpcService>(*s->service_, AdapterLimits{}, s->auth_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(
+      config.listen, tls ? ServerCredentials(*tls) : grpc::InsecureServerCredentials(), &s->port_);
   builder.SetMaxReceiveMessageSize(config.max_receive_message_bytes);
   // Workers hold streams open for days: let them keep the connection alive.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
@@ -114,9 +155,22 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                                  [service] { return service->Workers(); }, jcfg.rank_series));
   }
   s->ticker_ = std::thread([raw = s.get()] { raw->TickLoop(); });
+  spdlog::info("security: {}; client API {}; worker identity {}",
+               tls ? "TLS, client certificates verified against --tls-ca" : "plaintext",
+               s->auth_->tokens_required()
+                   ? "needs one of " + std::to_string(s->auth_->token_count()) + " bearer tokens"
+                   : std::string("open (no --token-file)"),
+               tls ? "the client certificate's CN" : "none (no TLS)");
   spdlog::info("serving on {} (advertised {}), metrics on {}", config.listen, s->advertised_,
                s->metrics_ ? std::to_string(s->metrics_->port()) : "(off)");
   return s;
+}
+
+Status CoordinatorServer::ReloadTokens() {
+  if (!auth_ || !auth_->tokens_required()) return OkStatus();
+  MESHRUN_RETURN_IF_ERROR(auth_->ReloadTokens());
+  spdlog::info("--token-file {}: {} tokens accepted", config_.token_file, auth_->token_count());
+  return OkStatus();
 }
 
 int CoordinatorServer::metrics_port() const {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/status.h"
+#include "common/tls.h"
 #include "coordinator/clock.h"
 
 namespace grpc {
@@ -27,6 +28,7 @@ class JobManager;
 class CoordinatorServiceImpl;
 class CoordinatorGrpcService;
 class MetricsExporter;
+class Authorizer;
 
 // Every tunable of the coordinator, resolved once at start and logged (ToString).
 struct CoordinatorConfig {
@@ -39,6 +41,14 @@ struct CoordinatorConfig {
   std::string advertise_host;
   int max_receive_message_bytes = 4 << 20;
   std::chrono::milliseconds tick{20};
+  // Transport security and authentication (docs/security.md). --tls-cert, --tls-key and
+  // --tls-ca together turn on TLS, with client certificates verified against --tls-ca and
+  // naming the workers; none of them: plaintext, allowed only on a loopback --listen unless
+  // `insecure`. token_file (--token-file) holds the client API's bearer tokens; without it the
+  // client API is open, allowed only on loopback unless `insecure` (--insecure).
+  TlsFiles tls;
+  std::string token_file;
+  bool insecure = false;
 
   std::string ToString() const;
 };
@@ -57,6 +67,10 @@ class CoordinatorServer {
   // given `drain` to finish, then the ticker, the exporter and the database are closed.
   // Idempotent.
   void Shutdown(std::chrono::milliseconds drain = std::chrono::milliseconds(500));
+
+  // Reads --token-file again (SIGHUP); on error the tokens in use stay and the error is
+  // returned. No-op without a token file.
+  Status ReloadTokens();
 
   int port() const { return port_; }
   int metrics_port() const;
@@ -78,6 +92,7 @@ class CoordinatorServer {
   std::unique_ptr<WorkerManager> workers_;
   std::unique_ptr<JobManager> jobs_;
   std::unique_ptr<CoordinatorServiceImpl> service_;
+  std::unique_ptr<Authorizer> auth_;
   std::unique_ptr<CoordinatorGrpcService> grpc_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<MetricsExporter> metrics_;
