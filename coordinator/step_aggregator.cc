@@ -53,9 +53,9 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
   if (p.count == 1 || s.step_seconds() > p.slowest) {
     p.slowest = s.step_seconds();
     p.slowest_time = s.time();
+    p.tflops = s.tflops();
   }
   p.fastest = p.count == 1 ? s.step_seconds() : std::min(p.fastest, s.step_seconds());
-  p.tflops += s.tflops();
   p.mfu += s.mfu();
   p.mem_allocated = std::max(p.mem_allocated, s.memory_allocated_bytes());
   p.mem_peak = std::max(p.mem_peak, s.memory_peak_bytes());

@@ -1,7 +1,8 @@
 // Derives the job-level MetricsSample of each step from the ranks' own samples, as types.proto
 // defines it: loss, lr, grad_norm and val_loss of the global batch (from the lowest rank that
 // reported them; every rank computes the same values), step_seconds of the slowest rank,
-// tokens_per_second = global_batch_size·seq_len / step_seconds, tflops summed, mfu averaged,
+// tokens_per_second = global_batch_size·seq_len / step_seconds, tflops of the slowest rank (each
+// rank reports the job's model FLOP/s by its own step time), mfu averaged,
 // memory the maximum, comm averaged over ranks. Also the step-time skew for
 // meshrun_job_step_time_skew: the slowest rank's recent step time over the median of the ranks'
 // recent step times (recent: the mean of a rank's last kSkewWindow reported steps); 1.0 when
