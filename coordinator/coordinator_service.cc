@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cstdio>
+
 #include "coordinator/proto_time.h"
 
 namespace meshrun::coordinator {
@@ -19,17 +21,66 @@ Status Missing(const std::string& field) {
                               "message's contract in worker.proto)");
 }
 
+std::string Decimal(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+
+// Checks the paths the spec names against the cluster's roots; relative ones are made absolute
+// against their root (decision 0004), the others are left as named (each worker resolves them
+// again, symlinks included, before it starts a rank).
+Status ConfineSpecPaths(const PathPolicy& paths, v1::JobSpec* proto) {
+  JobSpec spec;
+  spec.data.train = proto->data().train();
+  spec.data.val = proto->data().val();
+  spec.model.init_from = proto->model().init_from();
+  spec.checkpoint.dir = proto->checkpoint().dir();
+  MESHRUN_RETURN_IF_ERROR(paths.ConfineJobSpec(&spec, PathPolicy::Rewrite::kAbsolute));
+  if (proto->data().train() != spec.data.train) proto->mutable_data()->set_train(spec.data.train);
+  if (proto->data().val() != spec.data.val) proto->mutable_data()->set_val(spec.data.val);
+  if (proto->model().init_from() != spec.model.init_from)
+    proto->mutable_model()->set_init_from(spec.model.init_from);
+  if (proto->checkpoint().dir() != spec.checkpoint.dir)
+    proto->mutable_checkpoint()->set_dir(spec.checkpoint.dir);
+  return OkStatus();
+}
+
 }  // namespace
 
 CoordinatorServiceImpl::CoordinatorServiceImpl(JobManager& jobs, WorkerManager& workers,
-                                               StoreManager& store, const Clock& clock)
-    : jobs_(jobs), workers_(workers), store_(store), clock_(clock) {}
+                                               StoreManager& store, const Clock& clock,
+                                               ServiceOptions options)
+    : jobs_(jobs),
+      workers_(workers),
+      store_(store),
+      clock_(clock),
+      options_(std::move(options)),
+      submit_limiter_(clock, options_.submit_rate) {}
 
 // ---- Client-facing ------------------------------------------------------------------------------
 
 void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request,
+                                             const std::string& caller,
                                              v1::SubmitJobResponse* response, ReplyCallback done) {
   if (stopping_) return done(Stopping());
+  if (std::optional<std::chrono::milliseconds> wait = submit_limiter_.TryAcquire(caller)) {
+    const RateLimit& limit = options_.submit_rate;
+    return done(ResourceExhaustedError(
+        "--submit-rate: more than " + Decimal(limit.per_second) +
+        " submissions per second (burst " + Decimal(limit.burst) + ") from " +
+        (caller.empty() ? "this caller" : caller) + " (hint: retry in " +
+        Decimal(static_cast<double>(wait->count()) / 1000) +
+        " s, or ask the operator to raise the coordinator's --submit-rate/--submit-burst)"));
+  }
+  if (options_.paths.confined()) {
+    v1::SubmitJobRequest confined = request;
+    Status paths = ConfineSpecPaths(options_.paths, confined.mutable_spec());
+    if (!paths.ok()) return done(paths);
+    StatusOr<std::string> id = jobs_.Submit(confined);
+    if (id.ok()) response->set_job_id(*id);
+    return done(id.status());
+  }
   StatusOr<std::string> id = jobs_.Submit(request);
   if (id.ok()) response->set_job_id(*id);
   done(id.status());

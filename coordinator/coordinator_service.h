@@ -15,9 +15,11 @@
 #include <optional>
 #include <unordered_set>
 
+#include "common/path_policy.h"
 #include "common/status.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/rate_limiter.h"
 #include "coordinator/store_manager.h"
 #include "coordinator/streams.h"
 #include "coordinator/worker_manager.h"
@@ -31,9 +33,14 @@ class CoordinatorServiceHandler {
  public:
   virtual ~CoordinatorServiceHandler() = default;
 
-  // Client-facing.
-  virtual void HandleSubmitJob(const v1::SubmitJobRequest& request, v1::SubmitJobResponse* response,
-                               ReplyCallback done) = 0;
+  // Client-facing. `caller` names who submits, for the rate limit: the bearer token's
+  // identity or the peer's host (see CallerOfPeer); "" when unknown (all such share one bucket).
+  virtual void HandleSubmitJob(const v1::SubmitJobRequest& request, const std::string& caller,
+                               v1::SubmitJobResponse* response, ReplyCallback done) = 0;
+  void HandleSubmitJob(const v1::SubmitJobRequest& request, v1::SubmitJobResponse* response,
+                       ReplyCallback done) {
+    HandleSubmitJob(request, std::string(), response, std::move(done));
+  }
   virtual void HandleGetJob(const v1::GetJobRequest& request, v1::GetJobResponse* response,
                             ReplyCallback done) = 0;
   virtual void HandleListJobs(const v1::ListJobsRequest& request, v1::ListJobsResponse* response,
@@ -64,16 +71,24 @@ class CoordinatorServiceHandler {
                               ReplyCallback done) = 0;
 };
 
+// What the handlers check before a manager sees a request (docs/security.md).
+struct ServiceOptions {
+  PathPolicy paths;       // --data-root, --checkpoint-root: checked at SubmitJob
+  RateLimit submit_rate;  // --submit-rate, --submit-burst: SubmitJob per caller
+};
+
 // The handlers over JobManager, WorkerManager and StoreManager: validation of session
-// messages, the session protocol (open first, once), and the glue between managers (a lost
-// worker fails its jobs' attempts). Thread-safe; owns no job or worker state itself.
+// messages, the session protocol (open first, once), the confined paths and the submit rate
+// limit, and the glue between managers (a lost worker fails its jobs' attempts). Thread-safe;
+// owns no job or worker state itself.
 class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
  public:
   CoordinatorServiceImpl(JobManager& jobs, WorkerManager& workers, StoreManager& store,
-                         const Clock& clock);
+                         const Clock& clock, ServiceOptions options = {});
 
-  void HandleSubmitJob(const v1::SubmitJobRequest& request, v1::SubmitJobResponse* response,
-                       ReplyCallback done) override;
+  using CoordinatorServiceHandler::HandleSubmitJob;
+  void HandleSubmitJob(const v1::SubmitJobRequest& request, const std::string& caller,
+                       v1::SubmitJobResponse* response, ReplyCallback done) override;
   void HandleGetJob(const v1::GetJobRequest& request, v1::GetJobResponse* response,
                     ReplyCallback done) override;
   void HandleListJobs(const v1::ListJobsRequest& request, v1::ListJobsResponse* response,
@@ -117,6 +132,8 @@ class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
   WorkerManager& workers_;
   StoreManager& store_;
   const Clock& clock_;
+  const ServiceOptions options_;
+  RateLimiter submit_limiter_;
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
   std::unordered_set<const WorkerSessionStream*> opened_;  // guarded by mu_

@@ -265,10 +265,11 @@ void JobManager::SetRankStateLocked(Txn& txn, Attempt& attempt, Rank& rank, v1::
 StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
   const size_t spec_bytes = request.spec().ByteSizeLong();
   if (spec_bytes > config_.max_spec_bytes) {
-    return ResourceExhaustedError("spec: " + std::to_string(spec_bytes) +
-                                  " bytes, over the coordinator's limit of " +
-                                  std::to_string(config_.max_spec_bytes) +
-                                  " (hint: shorten the YAML; data and checkpoints are paths)");
+    return ResourceExhaustedError(
+        "spec: " + std::to_string(spec_bytes) + " bytes (its YAML and fields), over the " +
+        std::to_string(config_.max_spec_bytes) +
+        " of the coordinator's --max-spec-bytes (hint: shorten the YAML, data and checkpoints "
+        "are named by path; or ask the operator to raise --max-spec-bytes)");
   }
   if (!PrintableId(request.request_id(), 128)) {
     return InvalidArgumentError(
@@ -285,9 +286,10 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
     if (it != request_ids_.end()) return it->second;
   }
   if (queue_.size() >= config_.max_queued_jobs) {
-    return ResourceExhaustedError("jobs: " + std::to_string(queue_.size()) +
-                                  " jobs are already queued, the coordinator's limit (hint: "
-                                  "wait for some to start, or cancel some)");
+    return ResourceExhaustedError("--max-pending-jobs: " + std::to_string(queue_.size()) +
+                                  " jobs are already PENDING, the coordinator's limit (hint: "
+                                  "wait for some to start, cancel some, or ask the operator to "
+                                  "raise --max-pending-jobs)");
   }
   std::vector<int> slots;
   for (const LiveWorker& w : workers_.LiveWorkers()) {

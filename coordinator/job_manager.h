@@ -45,8 +45,8 @@ enum class AttemptState { kRunning = 1, kSucceeded = 2, kFailed = 3, kCancelled 
 struct JobManagerConfig {
   // HOST:PORT the ranks dial for StoreSet/Get/Add (the coordinator's advertised address).
   std::string store_address;
-  size_t max_queued_jobs = 10'000;
-  size_t max_spec_bytes = 256 * 1024;  // serialized spec, source_yaml included
+  size_t max_queued_jobs = 10'000;     // PENDING jobs (--max-pending-jobs)
+  size_t max_spec_bytes = 256 * 1024;  // serialized spec, source_yaml included (--max-spec-bytes)
   size_t max_watchers = 1024;
   int default_page_size = 100;
   int max_page_size = 1000;

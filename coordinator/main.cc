@@ -47,6 +47,38 @@ int main(int argc, char** argv) {
   app.add_option("--health-listen", health_listen,
                  "HOST:PORT of a plaintext gRPC server with only grpc.health.v1 (for probes; "
                  "empty: off)");
+  // Confined paths and limits (docs/security.md).
+  app.add_option("--data-root", config.data_roots,
+                 "folder jobs may read data from (repeatable); no --data-root and no "
+                 "--checkpoint-root: paths are not confined")
+      ->take_all();
+  app.add_option("--checkpoint-root", config.checkpoint_roots,
+                 "folder jobs may write checkpoints to and read from (repeatable)")
+      ->take_all();
+  app.add_option("--max-request-bytes", config.max_receive_message_bytes,
+                 "largest gRPC request accepted")
+      ->capture_default_str()
+      ->check(CLI::Range(64 * 1024, 1 << 30));
+  app.add_option("--max-spec-bytes", config.max_spec_bytes,
+                 "largest job spec accepted (its YAML and fields, serialized)")
+      ->capture_default_str();
+  app.add_option("--max-pending-jobs", config.max_pending_jobs,
+                 "PENDING jobs beyond which SubmitJob is refused")
+      ->capture_default_str();
+  app.add_option("--submit-rate", config.submit_rate,
+                 "SubmitJob calls per second per caller (token or peer host); 0: no limit")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
+  app.add_option("--submit-burst", config.submit_burst,
+                 "SubmitJob calls a caller may make at once after a quiet spell")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e6));
+  app.add_option("--max-store-value-bytes", config.max_store_value_bytes,
+                 "largest value of one rendezvous store key")
+      ->capture_default_str();
+  app.add_option("--max-store-bytes-per-attempt", config.max_store_bytes_per_attempt,
+                 "rendezvous store bytes one attempt may hold")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));

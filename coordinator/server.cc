@@ -40,6 +40,37 @@ std::string ThisHostName() {
   return name;
 }
 
+// The limits of docs/security.md "Limits", each named by its flag.
+Status CheckLimits(const CoordinatorConfig& c) {
+  if (c.max_receive_message_bytes < 64 * 1024) {
+    return InvalidArgumentError(
+        "--max-request-bytes: " + std::to_string(c.max_receive_message_bytes) +
+        " is below 65536 (hint: the default is 4194304)");
+  }
+  if (c.max_spec_bytes < 1024 ||
+      c.max_spec_bytes >= static_cast<size_t>(c.max_receive_message_bytes)) {
+    return InvalidArgumentError("--max-spec-bytes: " + std::to_string(c.max_spec_bytes) +
+                                " must be at least 1024 and below --max-request-bytes (" +
+                                std::to_string(c.max_receive_message_bytes) +
+                                ") (hint: the default is 262144)");
+  }
+  if (c.max_pending_jobs < 1) {
+    return InvalidArgumentError("--max-pending-jobs: must be at least 1 (hint: e.g. 10000)");
+  }
+  if (!(c.submit_rate >= 0) || (c.submit_rate > 0 && !(c.submit_burst >= 1))) {
+    return InvalidArgumentError(
+        "--submit-rate: must be ≥ 0 (0: no limit), with --submit-burst ≥ 1 (hint: e.g. "
+        "--submit-rate 10 --submit-burst 20)");
+  }
+  if (c.max_store_value_bytes < 1024 || c.max_store_value_bytes > c.max_store_bytes_per_attempt) {
+    return InvalidArgumentError(
+        "--max-store-value-bytes: " + std::to_string(c.max_store_value_bytes) +
+        " must be at least 1024 and at most --max-store-bytes-per-attempt (" +
+        std::to_string(c.max_store_bytes_per_attempt) + ") (hint: the default is 1048576)");
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 std::string CoordinatorConfig::ToString() const {
@@ -48,7 +79,13 @@ std::string CoordinatorConfig::ToString() const {
          " state_dir=" + state_dir +
          " heartbeat_timeout=" + std::to_string(heartbeat_timeout.count()) +
          "ms advertise_host=" + (advertise_host.empty() ? "(derived)" : advertise_host) +
-         " max_receive_message_bytes=" + std::to_string(max_receive_message_bytes) +
+         " max_request_bytes=" + std::to_string(max_receive_message_bytes) +
+         " max_spec_bytes=" + std::to_string(max_spec_bytes) +
+         " max_pending_jobs=" + std::to_string(max_pending_jobs) +
+         " submit_rate=" + std::to_string(submit_rate) + "/s" +
+         " submit_burst=" + std::to_string(submit_burst) +
+         " max_store_value_bytes=" + std::to_string(max_store_value_bytes) +
+         " max_store_bytes_per_attempt=" + std::to_string(max_store_bytes_per_attempt) +
          " tls=" + (tls.any() ? "on" : "off") +
          " token_file=" + (token_file.empty() ? "(none)" : token_file) +
          (insecure ? " insecure" : "");
@@ -67,6 +104,9 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (config.heartbeat_timeout.count() <= 0) {
     return InvalidArgumentError("--heartbeat-timeout: must be positive (hint: e.g. 10)");
   }
+  MESHRUN_RETURN_IF_ERROR(CheckLimits(config));
+  MESHRUN_ASSIGN_OR_RETURN(PathPolicy paths,
+                           PathPolicy::Create(config.data_roots, config.checkpoint_roots));
   // Transport security and tokens are settled before the state is opened: a coordinator that
   // would serve in the clear where it must not never starts.
   std::optional<TlsMaterial> tls;
@@ -109,16 +149,32 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   MESHRUN_ASSIGN_OR_RETURN(s->db_, StateDb::Open(config.state_dir));
   spdlog::info("state database {} (WAL, synchronous=NORMAL, FULL for acknowledged writes)",
                s->db_->path());
-  s->store_ = std::make_unique<StoreManager>(*s->clock_, StoreLimits{});
+  StoreLimits store_limits;
+  store_limits.max_value_bytes = config.max_store_value_bytes;
+  store_limits.max_bytes_per_attempt = config.max_store_bytes_per_attempt;
+  s->store_ = std::make_unique<StoreManager>(*s->clock_, store_limits);
   WorkerManagerConfig wcfg;
   wcfg.lease_ttl = config.heartbeat_timeout;
   s->workers_ = std::make_unique<WorkerManager>(s->db_.get(), *s->clock_, wcfg);
   JobManagerConfig jcfg;
   jcfg.stop_resend = std::max(std::chrono::milliseconds(500), config.heartbeat_timeout / 2);
+  jcfg.max_queued_jobs = config.max_pending_jobs;
+  jcfg.max_spec_bytes = config.max_spec_bytes;
   jcfg.rank_series = std::make_shared<RankSeries>();
   s->jobs_ = std::make_unique<JobManager>(s->db_.get(), *s->workers_, *s->store_, *s->clock_, jcfg);
-  s->service_ =
-      std::make_unique<CoordinatorServiceImpl>(*s->jobs_, *s->workers_, *s->store_, *s->clock_);
+  if (paths.confined()) {
+    spdlog::info("confined paths: {}", paths.ToString());
+  } else {
+    spdlog::warn(
+        "paths: unconfined (no --data-root or --checkpoint-root): jobs may name any path the "
+        "workers can read or write (hint: see docs/security.md, \"Confined paths\")");
+  }
+  ServiceOptions service_options;
+  service_options.paths = std::move(paths);
+  service_options.submit_rate.per_second = config.submit_rate;
+  service_options.submit_rate.burst = config.submit_burst;
+  s->service_ = std::make_unique<CoordinatorServiceImpl>(*s->jobs_, *s->workers_, *s->store_,
+                                                         *s->clock_, std::move(service_options));
   s->grpc_service_ =
       std::make_unique<CoordinatorGrpcService>(*s->service_, AdapterLimits{}, s->auth_.get());
 

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/status.h"
 #include "common/tls.h"
@@ -39,7 +40,16 @@ struct CoordinatorConfig {
   // The HOST the ranks dial for the store (--advertise-address); empty: the --listen host,
   // or this machine's host name when --listen is a wildcard (0.0.0.0, [::]).
   std::string advertise_host;
-  int max_receive_message_bytes = 4 << 20;
+  // Confined paths and limits (docs/security.md "Confined paths" and "Limits").
+  int max_receive_message_bytes = 4 << 20;          // --max-request-bytes
+  std::vector<std::string> data_roots;              // --data-root (repeatable); none: unconfined
+  std::vector<std::string> checkpoint_roots;        // --checkpoint-root (repeatable)
+  size_t max_spec_bytes = 256 * 1024;               // --max-spec-bytes
+  size_t max_pending_jobs = 10'000;                 // --max-pending-jobs
+  double submit_rate = 10;                          // --submit-rate: per second per caller; 0: off
+  double submit_burst = 20;                         // --submit-burst
+  size_t max_store_value_bytes = 1 << 20;           // --max-store-value-bytes
+  size_t max_store_bytes_per_attempt = 256u << 20;  // --max-store-bytes-per-attempt
   std::chrono::milliseconds tick{20};
   // Transport security and authentication (docs/security.md). --tls-cert, --tls-key and
   // --tls-ca together turn on TLS, with client certificates verified against --tls-ca and

@@ -50,26 +50,30 @@ bool StoreManager::HasAttempt(const std::string& job_id, int attempt) const {
 Status StoreManager::SetLocked(KeySpace& space, const std::string& key, std::string value,
                                std::vector<std::pair<GetCallback, std::string>>* wake) {
   if (key.size() > limits_.max_key_bytes) {
-    return ResourceExhaustedError("key: " + std::to_string(key.size()) +
-                                  " bytes, over the limit of " +
-                                  std::to_string(limits_.max_key_bytes));
+    return ResourceExhaustedError(
+        "key: " + std::to_string(key.size()) + " bytes, over the store's fixed limit of " +
+        std::to_string(limits_.max_key_bytes) + " (hint: use shorter keys)");
   }
   if (value.size() > limits_.max_value_bytes) {
-    return ResourceExhaustedError("value: " + std::to_string(value.size()) +
-                                  " bytes, over the limit of " +
-                                  std::to_string(limits_.max_value_bytes));
+    return ResourceExhaustedError("value: " + std::to_string(value.size()) + " bytes, over the " +
+                                  std::to_string(limits_.max_value_bytes) +
+                                  " of the coordinator's --max-store-value-bytes (hint: store "
+                                  "less per key, or raise --max-store-value-bytes)");
   }
   auto it = space.values.find(key);
   const size_t old_bytes = it == space.values.end() ? 0 : key.size() + it->second.size();
   if (it == space.values.end() && space.values.size() >= limits_.max_keys_per_attempt) {
     return ResourceExhaustedError("store: the attempt already holds " +
-                                  std::to_string(space.values.size()) + " keys, the limit");
+                                  std::to_string(space.values.size()) +
+                                  " keys, the store's fixed limit (hint: reuse keys)");
   }
   const size_t new_bytes = space.bytes - old_bytes + key.size() + value.size();
   if (new_bytes > limits_.max_bytes_per_attempt) {
-    return ResourceExhaustedError("store: the attempt's keys would hold " +
-                                  std::to_string(new_bytes) + " bytes, over the limit of " +
-                                  std::to_string(limits_.max_bytes_per_attempt));
+    return ResourceExhaustedError(
+        "store: the attempt's keys would hold " + std::to_string(new_bytes) + " bytes, over the " +
+        std::to_string(limits_.max_bytes_per_attempt) +
+        " of the coordinator's --max-store-bytes-per-attempt (hint: store less, or raise "
+        "--max-store-bytes-per-attempt)");
   }
   space.bytes = new_bytes;
   std::string& slot = space.values[key];
@@ -118,7 +122,8 @@ void StoreManager::Get(const std::string& job_id, int attempt, const std::string
         result = UnavailableError("the coordinator is stopping (hint: retry with backoff)");
       } else if (waiters_ >= limits_.max_waiters) {
         result = ResourceExhaustedError("store: " + std::to_string(waiters_) +
-                                        " calls are already waiting, the limit");
+                                        " calls are already waiting, the store's fixed limit "
+                                        "(hint: retry with backoff)");
       } else {
         MonoTime deadline =
             clock_.Monotonic() + (timeout.count() > 0 ? timeout : limits_.default_wait);

@@ -24,9 +24,9 @@ namespace meshrun::coordinator {
 
 struct StoreLimits {
   size_t max_key_bytes = 4096;
-  size_t max_value_bytes = 1 << 20;
+  size_t max_value_bytes = 1 << 20;  // --max-store-value-bytes
   size_t max_keys_per_attempt = 1 << 20;
-  size_t max_bytes_per_attempt = 256u << 20;
+  size_t max_bytes_per_attempt = 256u << 20;  // --max-store-bytes-per-attempt
   size_t max_waiters = 1 << 16;
   // StoreGet with wait and no timeout waits this long (c10d's default store timeout).
   std::chrono::milliseconds default_wait{300'000};
