@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -55,6 +56,12 @@ std::string ScratchBase() {
   return fs::temp_directory_path().string();
 }
 
+// MESHRUN_FUZZ_TRACE=1: print every call and its answer (to check what a seed reaches).
+bool Trace() {
+  static const bool trace = std::getenv("MESHRUN_FUZZ_TRACE") != nullptr;
+  return trace;
+}
+
 // Answers of unary calls: each must come exactly once and never be INTERNAL/UNKNOWN.
 struct Answers {
   struct Slot {
@@ -72,6 +79,7 @@ struct Answers {
       ++slot->calls;
       FUZZ_CHECK(slot->calls == 1, std::string(slot->method) + " answered twice");
       slot->status = s;
+      if (Trace()) std::fprintf(stderr, "  %s -> %s\n", slot->method, s.ToString().c_str());
       FUZZ_CHECK(s.code() != StatusCode::kInternal && s.code() != StatusCode::kUnknown,
                  std::string(slot->method) + ": " + s.message());
     };
@@ -163,6 +171,10 @@ void RunSequence(Reader& in, Coordinator& c, meshrun::testing::FakeClock& clock,
     const uint8_t arg = in.Byte();
     const size_t length = in.Byte() | (static_cast<size_t>(in.Byte()) << 8);
     const std::string payload = in.Bytes(length);
+    if (Trace()) {
+      std::fprintf(stderr, "record %d: op %d arg 0x%02x, %zu payload bytes\n", record, op % 15, arg,
+                   payload.size());
+    }
     switch (op % 15) {
       case 0: {  // SubmitJob: a valid spec, mesh from arg, then the payload
         v1::SubmitJobRequest req = meshrun::testing::SubmitRequest(
@@ -313,12 +325,21 @@ void RunSequence(Reader& in, Coordinator& c, meshrun::testing::FakeClock& clock,
             if (a) {
               req.mutable_checkpoint_saved()->set_job_id(a->job_id());
               req.mutable_checkpoint_saved()->set_attempt(a->attempt());
+              req.mutable_checkpoint_saved()->set_step(1);
+              req.mutable_checkpoint_saved()->set_path("/ckpt/step-00000001");
             }
             break;
           default: break;
         }
         (void)req.MergeFromString(payload);
         svc.HandleWorkerSessionRequest(s.stream, req);
+        if (Trace()) {
+          std::fprintf(stderr, "  session %s: %s; %zu assignments so far%s\n", s.worker_id.c_str(),
+                       req.ShortDebugString().c_str(), Assigned(s).size(),
+                       s.stream->finished()
+                           ? (", finished: " + s.stream->finished()->ToString()).c_str()
+                           : "");
+        }
         break;
       }
       case 9: {  // the session stream ends; the worker may open a new one later
