@@ -304,21 +304,51 @@ TEST_F(ServerTest, HealthReflectionAndMetrics) {
 
   auto w = Worker("a", 2);
   Submit(testing::SubmitRequest(1, 2, 1, 1));
-  ASSERT_EQ(w->TakeAssignments(2).size(), 2u);
+  const std::vector<v1::RankAssignment> assigned = w->TakeAssignments(2);
+  ASSERT_EQ(assigned.size(), 2u);
+  // Each rank reports step 1: the coordinator serves it with the rank's placement labels.
+  for (const v1::RankAssignment& a : assigned) {
+    ASSERT_TRUE(w->Started(a));
+    v1::WorkerSessionRequest m;
+    v1::MetricsSample* s = m.mutable_metrics()->mutable_sample();
+    s->set_job_id(a.job_id());
+    s->set_attempt(a.attempt());
+    s->set_rank(a.rank());
+    s->set_step(1);
+    s->set_loss(2.5);
+    s->set_step_seconds(0.25);
+    ASSERT_TRUE(w->Send(m));
+  }
   // Scrape /metrics with a plain socket.
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(server_->metrics_port());
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  const std::string request = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-  ASSERT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
-  std::string body;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) body.append(buf, n);
-  close(fd);
+  auto scrape = [this] {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(server_->metrics_port());
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    std::string body;
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      const std::string request = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+      if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+        char buf[4096];
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof(buf))) > 0) body.append(buf, n);
+      }
+    }
+    close(fd);
+    return body;
+  };
+  const std::string rank1 =
+      "meshrun_rank_loss{job=\"job-000001\",rank=\"1\",worker=\"a\",dp_replicate=\"0\","
+      "dp_shard=\"1\",cp=\"0\",tp=\"0\"} 2.5";
+  std::string body = scrape();
+  for (auto deadline = std::chrono::steady_clock::now() + seconds(10);
+       body.find(rank1) == std::string::npos && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(milliseconds(20));
+    body = scrape();
+  }
+  EXPECT_NE(body.find(rank1), std::string::npos) << body;
+  EXPECT_NE(body.find("meshrun_job_step{job=\"job-000001\"} 1"), std::string::npos) << body;
   EXPECT_NE(body.find("meshrun_jobs{state=\"RUNNING\"} 1"), std::string::npos) << body;
   EXPECT_NE(body.find("meshrun_workers{state=\"BUSY\"} 1"), std::string::npos);
   EXPECT_NE(body.find("meshrun_job_state{job=\"job-000001\",state=\"RUNNING\"} 1"),
