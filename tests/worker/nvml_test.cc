@@ -2,8 +2,12 @@
 // fake function table turns into meshrun_gpu_* families with the right values and labels.
 #include "worker/nvml.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <prometheus/metric_family.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <map>
 
@@ -116,6 +120,44 @@ TEST(Nvml, ReadingsBecomeGpuFamilies) {
   }
   EXPECT_EQ(FakeDriver::shutdowns, 1) << "nvmlShutdown when the Nvml goes";
   EXPECT_TRUE(GpuFamilies("node-a", {}).empty()) << "no devices, no families";
+}
+
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  std::string body;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) body.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return body;
+}
+
+TEST(WorkerMetricsGpu, ServedAtScrapeTimeWithNvmlAbsentWithout) {
+  StatusOr<std::unique_ptr<Nvml>> nvml = Nvml::FromApi(FakeDriver::Api());
+  ASSERT_TRUE(nvml.ok());
+  auto with = WorkerMetrics::Create("127.0.0.1:0", "node-a", 2, std::move(nvml).value());
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  const std::string body = Scrape((*with)->port());
+  for (const char* line :
+       {R"(meshrun_worker_up{worker="node-a"} 1)",
+        R"(meshrun_gpu_utilization_ratio{worker="node-a",gpu="0"} 0.87)",
+        R"(meshrun_gpu_memory_bytes{worker="node-a",gpu="1",kind="total"} 85899345920)"}) {
+    EXPECT_NE(body.find(std::string(line) + "\n"), std::string::npos) << line << "\n" << body;
+  }
+  auto without = WorkerMetrics::Create("127.0.0.1:0", "node-b", 2, nullptr);
+  ASSERT_TRUE(without.ok());
+  const std::string plain = Scrape((*without)->port());
+  EXPECT_NE(plain.find(R"(meshrun_worker_up{worker="node-b"} 1)"), std::string::npos) << plain;
+  EXPECT_EQ(plain.find("meshrun_gpu_"), std::string::npos) << plain;
 }
 
 }  // namespace
