@@ -500,6 +500,22 @@ bool HasData(const json& data) {
   return false;
 }
 
+// "N series, e.g. {labels} = value" for the log: what each panel would show.
+std::string Summary(const json& data) {
+  if (!data.is_object() || !data["result"].is_array() || data["result"].empty()) return "empty";
+  const json& result = data["result"];
+  if (data.value("resultType", "") == "scalar") return "scalar " + result[1].dump();
+  const json& first = result[0];
+  std::string labels;
+  for (const auto& [k, v] : first["metric"].items()) {
+    if (k == "instance" || k == "component") continue;
+    labels += (labels.empty() ? "" : ",") + k + "=" + v.get<std::string>();
+  }
+  const json& value = first.contains("value") ? first["value"] : first["values"].back();
+  return std::to_string(result.size()) + " series, e.g. {" + labels +
+         "} = " + value[1].get<std::string>();
+}
+
 TEST_F(PrometheusTest, RequiredSeriesAndEveryDashboardQueryHaveData) {
   ASSERT_NO_FATAL_FAILURE(StartCluster());
   ASSERT_NO_FATAL_FAILURE(StartPrometheus());
@@ -566,6 +582,8 @@ TEST_F(PrometheusTest, RequiredSeriesAndEveryDashboardQueryHaveData) {
       ++checkable[t.panel_id];
       ++checked;
       EXPECT_TRUE(HasData(data)) << context << "\nreturned no data: " << data.dump();
+      std::cout << t.dashboard << " '" << t.panel_title << "' " << t.ref_id << ": " << Summary(data)
+                << "\n";
     }
     for (const auto& [id, n] : checkable) {
       if (n > 0) continue;
@@ -592,6 +610,34 @@ TEST_F(PrometheusTest, RequiredSeriesAndEveryDashboardQueryHaveData) {
             << ":\n";
   for (const std::string& s : skipped) std::cout << "  " << s << "\n";
   EXPECT_GT(checked, 20);
+
+  // The job dashboard's "bytes per rank per step" (bus bytes by axis over steps, from the
+  // counters) is the comm_bytes that `meshrun train -o json` reports for the same spec.
+  const json per_step = Query(
+      "sum by (axis) (increase(meshrun_rank_comm_bytes_total{job=\"" + job + "\"}[" + kInterval +
+          "])) / on() group_left() sum(increase(meshrun_rank_step_seconds_count{job=\"" + job +
+          "\"}[" + kInterval + "]))",
+      "bus bytes per rank per step");
+  testing::CliResult train =
+      testing::RunCli(BinDir() / "meshrun",
+                      {"train", "-f", (dir_ / "job.yaml").string(), "--nproc",
+                       std::to_string(kRanks), "--set", "train.steps=2", "-o", "json"},
+                      dir_ / "train.err", 120);
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  const json summary = json::parse(testing::Lines(train.out).back(), nullptr, false);
+  ASSERT_TRUE(summary.is_object() && summary["comm_bytes"].is_object()) << train.out;
+  ASSERT_TRUE(per_step.is_object()) << per_step.dump();
+  std::set<std::string> axes;
+  for (const json& r : per_step["result"]) {
+    const std::string axis = r["metric"].value("axis", "");
+    axes.insert(axis);
+    const double exported = std::stod(r["value"][1].get<std::string>());
+    const double reported = summary["comm_bytes"].value(axis, -1.0);
+    EXPECT_NEAR(exported, reported, 1e-2 * reported)
+        << "axis " << axis << ": Prometheus has " << exported
+        << " bus bytes per rank per step, meshrun train -o json reports " << reported;
+  }
+  EXPECT_TRUE(axes.count("tp") && axes.count("dp_shard")) << per_step.dump();
 }
 
 }  // namespace
