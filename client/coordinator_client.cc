@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <thread>
 
+#include "common/tls.h"
 #include "worker/backoff.h"
 #include "worker/grpc_status.h"
 
@@ -36,32 +38,110 @@ StatusOr<std::string> ResolveCoordinatorAddress(const std::string& flag) {
       "MESHRUN_COORDINATOR=HOST:PORT; `meshrun up` starts a local cluster and prints it)");
 }
 
+ConnectionFlags& GlobalConnectionFlags() {
+  static ConnectionFlags flags;
+  return flags;
+}
+
 CLI::Option* AddCoordinatorOption(CLI::App* cmd, std::string* address) {
+  ConnectionFlags& flags = GlobalConnectionFlags();
+  cmd->add_option("--tls-ca", flags.tls_ca,
+                  "PEM CA of the coordinator's certificate: connect with TLS (default: "
+                  "$MESHRUN_TLS_CA)");
+  cmd->add_option("--tls-server-name", flags.tls_server_name,
+                  "name expected in the coordinator's certificate (default: the host dialled)");
+  cmd->add_option("--token-file", flags.token_file,
+                  "file whose first token is sent as the bearer token (default: $MESHRUN_TOKEN, "
+                  "else $MESHRUN_TOKEN_FILE)");
+  cmd->add_flag("--insecure", flags.insecure,
+                "allow plaintext to a non-loopback coordinator (also MESHRUN_INSECURE=1)");
   return cmd->add_option("--coordinator", *address,
                          "HOST:PORT of meshrun-coordinator (default: $MESHRUN_COORDINATOR)");
 }
 
 StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
     const std::string& address_flag) {
+  return Connect(address_flag, GlobalConnectionFlags());
+}
+
+StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
+    const std::string& address_flag, const ConnectionFlags& flags) {
   MESHRUN_ASSIGN_OR_RETURN(std::string address, ResolveCoordinatorAddress(address_flag));
+  auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value != nullptr ? value : "");
+  };
+  // TLS: a CA to verify the coordinator with.
+  TlsFiles files;
+  files.ca = !flags.tls_ca.empty() ? flags.tls_ca : env(kEnvTlsCa);
+  files.server_name =
+      !flags.tls_server_name.empty() ? flags.tls_server_name : env(kEnvTlsServerName);
+  std::optional<TlsMaterial> tls;
+  if (!files.ca.empty()) {
+    TlsFlagNames names;
+    names.ca = flags.tls_ca.empty() ? kEnvTlsCa : "--tls-ca";
+    MESHRUN_ASSIGN_OR_RETURN(TlsMaterial material, LoadTls(files, false, true, names));
+    tls = std::move(material);
+  } else if (!files.server_name.empty()) {
+    return InvalidArgumentError(
+        "--tls-server-name: needs TLS (hint: pass --tls-ca FILE or export MESHRUN_TLS_CA=FILE)");
+  }
+  const bool insecure = flags.insecure || env("MESHRUN_INSECURE") == "1";
+  MESHRUN_RETURN_IF_ERROR(CheckPlaintextTarget("--coordinator", address, tls.has_value(), insecure,
+                                               "--tls-ca FILE (or export MESHRUN_TLS_CA=FILE)"));
+  // The bearer token: --token-file, else MESHRUN_TOKEN, else MESHRUN_TOKEN_FILE.
+  std::string token;
+  if (!flags.token_file.empty()) {
+    MESHRUN_ASSIGN_OR_RETURN(std::vector<std::string> tokens,
+                             ReadTokenFile("--token-file", flags.token_file));
+    token = tokens.front();
+  } else if (!env(kEnvToken).empty()) {
+    token = env(kEnvToken);
+  } else if (!env(kEnvTokenFile).empty()) {
+    MESHRUN_ASSIGN_OR_RETURN(std::vector<std::string> tokens,
+                             ReadTokenFile(kEnvTokenFile, env(kEnvTokenFile)));
+    token = tokens.front();
+  }
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   // Logs and job lists can be large.
   args.SetMaxReceiveMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  return std::make_unique<CoordinatorClient>(v1::CoordinatorService::NewStub(channel), address);
+  ApplyServerName(tls ? &*tls : nullptr, &args);
+  auto channel =
+      grpc::CreateCustomChannel(address, ChannelCredentials(tls ? &*tls : nullptr), args);
+  return std::make_unique<CoordinatorClient>(v1::CoordinatorService::NewStub(channel), address,
+                                             token, tls.has_value());
 }
 
 CoordinatorClient::CoordinatorClient(std::shared_ptr<v1::CoordinatorService::StubInterface> stub,
-                                     std::string address)
-    : stub_(std::move(stub)), address_(std::move(address)) {}
+                                     std::string address, std::string token, bool tls)
+    : stub_(std::move(stub)), address_(std::move(address)), token_(std::move(token)), tls_(tls) {}
+
+void CoordinatorClient::Prepare(grpc::ClientContext* ctx, bool deadline) const {
+  if (deadline) ctx->set_deadline(std::chrono::system_clock::now() + call_timeout_);
+  if (!token_.empty()) ctx->AddMetadata(kAuthorizationHeader, "Bearer " + token_);
+}
 
 Status CoordinatorClient::Convert(const grpc::Status& status) const {
   if (status.ok()) return OkStatus();
   const std::string message = status.error_message();
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
+      if (tls_ && (message.find("andshake") != std::string::npos ||
+                   message.find("SSL") != std::string::npos)) {
+        return UnavailableError(
+            "--tls-ca: the TLS handshake with the coordinator at " + address_ +
+            " failed: " + message +
+            " (hint: --tls-ca or MESHRUN_TLS_CA must be the CA that signed the coordinator's "
+            "certificate, and that certificate must name the host dialled, or pass "
+            "--tls-server-name NAME)");
+      }
+      if (!tls_ && message.find("Socket closed") != std::string::npos) {
+        return UnavailableError(
+            "--coordinator: the coordinator at " + address_ + " closed the connection: " + message +
+            " (hint: if it serves TLS, pass --tls-ca FILE or export MESHRUN_TLS_CA=FILE)");
+      }
       return UnavailableError("--coordinator: cannot reach the coordinator at " + address_ + ": " +
                               (message.empty() ? "unavailable" : message) +
                               " (hint: check that meshrun-coordinator runs there, or start a "
@@ -90,7 +170,7 @@ StatusOr<std::string> CoordinatorClient::SubmitJob(const v1::JobSpec& spec,
   Backoff backoff(milliseconds(100), milliseconds(1000));
   while (true) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+    Prepare(&ctx);
     v1::SubmitJobResponse response;
     const grpc::Status s = stub_->SubmitJob(&ctx, request, &response);
     if (s.ok()) return response.job_id();
@@ -105,7 +185,7 @@ StatusOr<std::string> CoordinatorClient::SubmitJob(const v1::JobSpec& spec,
 
 StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& job_id) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+  Prepare(&ctx);
   v1::GetJobRequest request;
   request.set_job_id(job_id);
   v1::GetJobResponse response;
@@ -119,7 +199,7 @@ StatusOr<std::vector<v1::Job>> CoordinatorClient::ListJobs() {
   std::string token;
   for (int page = 0; page < 1000; ++page) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+    Prepare(&ctx);
     v1::ListJobsRequest request;
     request.set_page_token(token);
     v1::ListJobsResponse response;
@@ -135,7 +215,7 @@ StatusOr<std::vector<v1::Job>> CoordinatorClient::ListJobs() {
 StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& job_id,
                                                const std::string& reason) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+  Prepare(&ctx);
   v1::CancelJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
@@ -147,7 +227,7 @@ StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& job_id,
 
 StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+  Prepare(&ctx);
   v1::ListWorkersRequest request;
   v1::ListWorkersResponse response;
   const grpc::Status s = stub_->ListWorkers(&ctx, request, &response);
@@ -158,7 +238,7 @@ StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
 StatusOr<v1::GetJobLogsResponse> CoordinatorClient::GetJobLogs(const std::string& job_id,
                                                                std::optional<int> rank) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + call_timeout_);
+  Prepare(&ctx);
   v1::GetJobLogsRequest request;
   request.set_job_id(job_id);
   if (rank) request.set_rank(*rank);
@@ -171,6 +251,7 @@ StatusOr<v1::GetJobLogsResponse> CoordinatorClient::GetJobLogs(const std::string
 Status CoordinatorClient::WatchJob(const v1::WatchJobRequest& request,
                                    const std::function<bool(const v1::JobEvent&)>& on_event) {
   grpc::ClientContext ctx;
+  Prepare(&ctx, /*deadline=*/false);
   auto reader = stub_->WatchJob(&ctx, request);
   v1::WatchJobResponse response;
   bool stopped_early = false;

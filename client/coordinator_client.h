@@ -27,7 +27,21 @@ inline constexpr char kEnvCoordinator[] = "MESHRUN_COORDINATOR";
 // --coordinator when given, else $MESHRUN_COORDINATOR; INVALID_ARGUMENT with a hint otherwise.
 StatusOr<std::string> ResolveCoordinatorAddress(const std::string& flag);
 
-// Adds `--coordinator HOST:PORT` to a command.
+// How the client secures its connection (docs/security.md). Flags of every command that takes
+// --coordinator; each falls back to its environment variable.
+struct ConnectionFlags {
+  std::string tls_ca;           // --tls-ca, else $MESHRUN_TLS_CA: TLS, verifying the coordinator
+  std::string tls_server_name;  // --tls-server-name, else $MESHRUN_TLS_SERVER_NAME
+  std::string token_file;       // --token-file (first token), else $MESHRUN_TOKEN,
+                                // else $MESHRUN_TOKEN_FILE
+  bool insecure = false;        // --insecure, or MESHRUN_INSECURE=1: plaintext to a non-loopback
+                                // coordinator
+};
+// The flags the command line filled (one command runs per process).
+ConnectionFlags& GlobalConnectionFlags();
+
+// Adds `--coordinator HOST:PORT` to a command, and the ConnectionFlags options (bound to
+// GlobalConnectionFlags()).
 CLI::Option* AddCoordinatorOption(CLI::App* cmd, std::string* address);
 
 // One channel to the coordinator. Unary calls have a deadline (call_timeout) and fail fast when
@@ -36,9 +50,15 @@ CLI::Option* AddCoordinatorOption(CLI::App* cmd, std::string* address);
 // `--coordinator: cannot reach the coordinator at HOST:PORT: … (hint: …)`. Thread-safe.
 class CoordinatorClient {
  public:
+  // With GlobalConnectionFlags() and their environment variables: TLS when a CA is given,
+  // plaintext only to a loopback address or with --insecure (INVALID_ARGUMENT otherwise), and
+  // the bearer token on every call when one is given.
   static StatusOr<std::unique_ptr<CoordinatorClient>> Connect(const std::string& address_flag);
+  static StatusOr<std::unique_ptr<CoordinatorClient>> Connect(const std::string& address_flag,
+                                                              const ConnectionFlags& flags);
+  // `token` empty: calls carry no authorization.
   CoordinatorClient(std::shared_ptr<v1::CoordinatorService::StubInterface> stub,
-                    std::string address);
+                    std::string address, std::string token = "", bool tls = false);
 
   // Retries UNAVAILABLE with the same request_id for up to `retry_for`.
   StatusOr<std::string> SubmitJob(const v1::JobSpec& spec, const std::string& request_id,
@@ -59,9 +79,13 @@ class CoordinatorClient {
 
  private:
   Status Convert(const grpc::Status& status) const;
+  // Deadline (when `deadline`) and the bearer token of one call.
+  void Prepare(grpc::ClientContext* ctx, bool deadline = true) const;
 
   std::shared_ptr<v1::CoordinatorService::StubInterface> stub_;
   std::string address_;
+  std::string token_;
+  bool tls_ = false;
   std::chrono::milliseconds call_timeout_{10000};
 };
 

@@ -173,6 +173,7 @@ StatusOr<RankContext> ConnectRank(const ParallelDims& dims) {
     options.address = store_address;
     options.job_id = job_env != nullptr ? job_env : "";
     options.attempt = attempt_env != nullptr ? std::atoi(attempt_env) : 0;
+    options.tls = GrpcStoreOptions::TlsFromEnvironment();
     MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GrpcStore> grpc_store, GrpcStore::Create(options));
     store = std::move(grpc_store);
   } else {

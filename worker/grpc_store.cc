@@ -5,6 +5,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <optional>
 #include <thread>
 
 #include "worker/backoff.h"
@@ -47,13 +49,36 @@ StatusOr<std::shared_ptr<GrpcStore>> GrpcStore::Create(const GrpcStoreOptions& o
     return InvalidArgumentError("MESHRUN_ATTEMPT: " + std::to_string(options.attempt) +
                                 " is below 1 (hint: attempts are numbered from 1)");
   }
+  std::optional<TlsMaterial> tls;
+  if (options.tls.any()) {
+    TlsFlagNames names;
+    names.cert = kEnvTlsCert;
+    names.key = kEnvTlsKey;
+    names.ca = kEnvTlsCa;
+    MESHRUN_ASSIGN_OR_RETURN(TlsMaterial material, LoadTls(options.tls, true, true, names));
+    tls = std::move(material);
+  }
   grpc::ChannelArguments args;
   // Reconnect quickly after a coordinator restart instead of gRPC's default of up to 120 s.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  ApplyServerName(tls ? &*tls : nullptr, &args);
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+      grpc::CreateCustomChannel(options.address, ChannelCredentials(tls ? &*tls : nullptr), args);
   return std::make_shared<GrpcStore>(v1::CoordinatorService::NewStub(channel), options);
+}
+
+TlsFiles GrpcStoreOptions::TlsFromEnvironment() {
+  auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value != nullptr ? value : "");
+  };
+  TlsFiles files;
+  files.cert = env(kEnvTlsCert);
+  files.key = env(kEnvTlsKey);
+  files.ca = env(kEnvTlsCa);
+  files.server_name = env(kEnvTlsServerName);
+  return files;
 }
 
 GrpcStore::GrpcStore(std::shared_ptr<v1::CoordinatorService::StubInterface> stub,

@@ -70,6 +70,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--grace", grace_seconds, "seconds between SIGTERM and SIGKILL on shutdown")
       ->check(CLI::Range(0, 3600));
+  std::vector<std::string> data_roots, checkpoint_roots;
+  app.add_option("--data-root", data_roots,
+                 "folder ranks may read data from (repeatable); no --data-root and no "
+                 "--checkpoint-root: paths are not confined")
+      ->take_all();
+  app.add_option("--checkpoint-root", checkpoint_roots,
+                 "folder ranks may write checkpoints to and read from (repeatable)")
+      ->take_all();
   app.add_option("--health-listen", health_listen,
                  "HOST:PORT of a plaintext gRPC server with only grpc.health.v1 (for probes; "
                  "service \"\" is SERVING while the session to the coordinator is up, "
@@ -101,6 +109,16 @@ int main(int argc, char** argv) {
   fs::create_directories(config.work_dir, ec);
   if (ec) return Fail("--work-dir: cannot create " + config.work_dir + ": " + ec.message(), 2);
   config.work_dir = fs::absolute(config.work_dir).string();
+  auto paths = meshrun::PathPolicy::Create(data_roots, checkpoint_roots);
+  if (!paths.ok()) return Fail(paths.status().message(), 2);
+  config.paths = std::move(paths).value();
+  if (config.paths.confined()) {
+    spdlog::info("confined paths: {}", config.paths.ToString());
+  } else {
+    spdlog::warn(
+        "paths: unconfined (no --data-root or --checkpoint-root): ranks may read and write any "
+        "path this worker can (hint: see docs/security.md, \"Confined paths\")");
+  }
 
   // Signals are taken by sigwait below; every thread created from here on inherits the mask
   // (rank processes get a clean one).

@@ -123,6 +123,12 @@ size_t WorkerDaemon::active_ranks() const {
 StatusOr<std::string> WorkerDaemon::PrepareAttempt(const v1::RankAssignment& a) {
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromProto(a.spec()));
   MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, a.world_size()));
+  // Confined paths, checked again here whatever the coordinator checked: the spec.yaml the rank
+  // reads names the resolved paths, so neither a relative path nor a symlink leads elsewhere.
+  MESHRUN_RETURN_IF_ERROR(config_.paths.ConfineJobSpec(&spec, PathPolicy::Rewrite::kReal));
+  MESHRUN_RETURN_IF_ERROR(
+      config_.paths.Resolve("resume_checkpoint", a.resume_checkpoint(), PathPolicy::Access::kRead)
+          .status());
   const fs::path dir = fs::path(config_.work_dir) / a.job_id() / std::to_string(a.attempt());
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -182,6 +188,7 @@ void WorkerDaemon::OnAssign(const v1::RankAssignment& a) {
   launch.host = config_.address;
   launch.cores = config_.cores;
   RankCommand command = BuildRankCommand(a, launch);
+  command.env.insert(command.env.end(), config_.rank_env.begin(), config_.rank_env.end());
   RankSpawn spawn;
   spawn.key = key;
   spawn.argv = std::move(command.argv);

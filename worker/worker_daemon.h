@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/path_policy.h"
 #include "common/status.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "worker/rank_protocol.h"
@@ -32,6 +33,9 @@ struct WorkerConfig {
   // SIGTERM → SIGKILL grace when a StopOrder names none, and on shutdown.
   std::chrono::milliseconds default_grace{5000};
   SessionOptions session;  // registration is filled from the fields above
+  // --data-root, --checkpoint-root: every path an assignment names is checked (and resolved)
+  // before its rank starts; default unconfined (docs/security.md "Confined paths").
+  PathPolicy paths;
 };
 
 // Owns the supervisor and the session. Thread-safe: the session calls it from its threads, the

@@ -1,0 +1,172 @@
+// WorkerDaemon with confined paths (--data-root, --checkpoint-root) against the in-process fake
+// coordinator: an assignment naming a path outside the roots (absolute elsewhere, `..`, a
+// symlink out, a resume checkpoint elsewhere, a checkpoint.dir in a data root) is reported as
+// never started with the field in the error, and no process runs; one inside runs, and the
+// spec.yaml its rank reads names the resolved paths.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "proto/spec_convert.h"
+#include "tests/worker/fake_coordinator.h"
+#include "worker/worker_daemon.h"
+
+namespace meshrun {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using testing::FakeCoordinator;
+using testing::FakeServer;
+using Ups = std::vector<v1::WorkerSessionRequest>;
+
+// A stand-in for `meshrun train` that leaves a mark when it runs and exits 0.
+constexpr char kFakeRank[] = R"(#!/bin/sh
+touch "$PWD/ran-$MESHRUN_RANK"
+exit 0
+)";
+
+class WorkerPathsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("worker-paths-test-" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "data" / "corpus");
+    fs::create_directories(dir_ / "ckpt");
+    fs::create_directories(dir_ / "secret");
+    std::ofstream(dir_ / "data" / "corpus" / "train.txt") << "hello";
+    std::ofstream(dir_ / "secret" / "key") << "key";
+    fs::create_symlink(dir_ / "secret", dir_ / "data" / "out");
+    fs::create_symlink(dir_ / "data" / "corpus", dir_ / "data" / "in");
+    const fs::path script = dir_ / "meshrun";
+    std::ofstream(script) << kFakeRank;
+    chmod(script.c_str(), 0755);
+    server_ = std::make_unique<FakeServer>(&fake_);
+    ASSERT_TRUE(server_->ok());
+
+    WorkerConfig config;
+    config.name = "w1";
+    config.slots = 8;
+    config.work_dir = (dir_ / "work").string();
+    config.meshrun_binary = script.string();
+    config.default_grace = 2s;
+    config.session.backoff_initial = 50ms;
+    auto paths = PathPolicy::Create({(dir_ / "data").string()}, {(dir_ / "ckpt").string()});
+    ASSERT_TRUE(paths.ok()) << paths.status().ToString();
+    config.paths = *paths;
+    daemon_ = std::make_unique<WorkerDaemon>(config, testing::StubFor(server_->address()), nullptr);
+    daemon_->Start();
+    ASSERT_TRUE(fake_.WaitForOpens(1));
+  }
+  void TearDown() override {
+    daemon_.reset();
+    server_.reset();
+    fs::remove_all(dir_);
+  }
+
+  std::string Real(const std::string& relative) const {
+    return fs::weakly_canonical(dir_ / relative).string();
+  }
+
+  // One rank of a 1-rank job `job_id` whose spec the caller adjusts.
+  v1::WorkerSessionResponse Assign(const std::string& job_id,
+                                   const std::function<void(JobSpec&)>& adjust,
+                                   const std::string& resume = "") {
+    JobSpec spec;
+    spec.name = "t";
+    spec.data.train = Real("data") + "/corpus/train.txt";
+    adjust(spec);
+    v1::WorkerSessionResponse m;
+    v1::RankAssignment* a = m.mutable_assign();
+    a->set_job_id(job_id);
+    a->set_attempt(1);
+    a->set_rank(0);
+    a->set_world_size(1);
+    a->set_local_world_size(1);
+    *a->mutable_spec() = JobSpecToProto(spec);
+    a->mutable_store()->set_address("127.0.0.1:7777");
+    a->set_resume_checkpoint(resume);
+    return m;
+  }
+
+  static const v1::RankExited* ExitOf(const Ups& ups, const std::string& job_id) {
+    for (const auto& u : ups) {
+      if (u.has_rank_exited() && u.rank_exited().job_id() == job_id) return &u.rank_exited();
+    }
+    return nullptr;
+  }
+  static bool Started(const Ups& ups, const std::string& job_id) {
+    for (const auto& u : ups) {
+      if (u.has_rank_started() && u.rank_started().job_id() == job_id) return true;
+    }
+    return false;
+  }
+
+  // Sends the assignment and returns its RankExited (waits for it).
+  v1::RankExited Run(const v1::WorkerSessionResponse& m) {
+    const std::string id = m.assign().job_id();
+    fake_.SendDown(m);
+    EXPECT_TRUE(fake_.WaitFor([&](const Ups& ups) { return ExitOf(ups, id) != nullptr; }));
+    const Ups ups = fake_.up();
+    const v1::RankExited* e = ExitOf(ups, id);
+    return e != nullptr ? *e : v1::RankExited();
+  }
+
+  FakeCoordinator fake_;
+  std::unique_ptr<FakeServer> server_;
+  std::unique_ptr<WorkerDaemon> daemon_;
+  fs::path dir_;
+};
+
+TEST_F(WorkerPathsTest, EscapingPathsAreRefusedAndNoProcessStarts) {
+  struct Case {
+    std::string job_id, field;
+    std::function<void(JobSpec&)> adjust;
+    std::string resume;
+  };
+  const std::vector<Case> cases = {
+      {"job-abs", "data.train", [](JobSpec& s) { s.data.train = "/etc/passwd"; }, ""},
+      {"job-dotdot", "data.val", [&](JobSpec& s) { s.data.val = Real("data") + "/../secret/key"; },
+       ""},
+      {"job-link", "data.train", [&](JobSpec& s) { s.data.train = Real("data") + "/out/key"; }, ""},
+      {"job-ckpt", "checkpoint.dir", [&](JobSpec& s) { s.checkpoint.dir = Real("data") + "/ckpt"; },
+       ""},
+      {"job-init", "model.init_from", [&](JobSpec& s) { s.model.init_from = Real("secret"); }, ""},
+      {"job-resume", "resume_checkpoint", [](JobSpec&) {}, Real("secret") + "/step-00000001"},
+  };
+  for (const Case& c : cases) {
+    const v1::RankExited e = Run(Assign(c.job_id, c.adjust, c.resume));
+    EXPECT_EQ(e.exit_code(), -1) << c.job_id;
+    EXPECT_EQ(e.error().rfind(c.field + ": ", 0), 0u) << c.job_id << ": " << e.error();
+    EXPECT_NE(e.error().find("is outside the allowed"), std::string::npos) << e.error();
+    EXPECT_FALSE(Started(fake_.up(), c.job_id)) << c.job_id;
+    // Nothing was prepared for it: no attempt folder, so no spec.yaml and no process.
+    EXPECT_FALSE(fs::exists(dir_ / "work" / c.job_id)) << c.job_id;
+  }
+}
+
+TEST_F(WorkerPathsTest, PathsInsideRunWithTheResolvedPathsInTheSpec) {
+  const v1::RankExited e = Run(Assign(
+      "job-ok",
+      [](JobSpec& s) {
+        s.data.train = "in/train.txt";  // relative: the first data root; via a link within
+        s.checkpoint.dir = "run-1";     // relative: the first checkpoint root
+      },
+      Real("ckpt") + "/run-1/step-00000002"));
+  EXPECT_EQ(e.exit_code(), 0) << e.error();
+  EXPECT_TRUE(Started(fake_.up(), "job-ok"));
+  const fs::path attempt = dir_ / "work" / "job-ok" / "1";
+  EXPECT_TRUE(fs::exists(attempt / "ran-0"));
+  std::ifstream in(attempt / "spec.yaml");
+  std::stringstream yaml;
+  yaml << in.rdbuf();
+  EXPECT_NE(yaml.str().find(Real("data") + "/corpus/train.txt"), std::string::npos) << yaml.str();
+  EXPECT_NE(yaml.str().find(Real("ckpt") + "/run-1"), std::string::npos) << yaml.str();
+}
+
+}  // namespace
+}  // namespace meshrun
