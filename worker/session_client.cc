@@ -123,7 +123,10 @@ void SessionClient::Run() {
     if (worker_id().empty()) {
       const Status s = Register();
       if (!s.ok()) {
-        if (s.code() == StatusCode::kInvalidArgument) {
+        // A malformed registration, or one the coordinator's TLS identity check refuses (a
+        // certificate naming another worker), fails the same way every time.
+        if (s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kPermissionDenied ||
+            s.code() == StatusCode::kUnauthenticated) {
           spdlog::error("registration refused: {}", s.message());
           handler_->OnFatal(s);
           return;

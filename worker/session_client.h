@@ -31,7 +31,8 @@ class SessionHandler {
   virtual int FreeSlots() = 0;
   // A session was accepted (true) or ended (false).
   virtual void OnConnected(bool /*connected*/) {}
-  // Registration was refused for good (INVALID_ARGUMENT): the worker cannot go on.
+  // Registration was refused for good (INVALID_ARGUMENT, or PERMISSION_DENIED /
+  // UNAUTHENTICATED from the coordinator's certificate checks): the worker cannot go on.
   virtual void OnFatal(const Status& /*status*/) {}
 };
 
