@@ -2,6 +2,7 @@
 // server plugins (server reflection, registered by the coordinator) removed from it.
 #include "common/health_server.h"
 
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/server_builder_option.h>
@@ -35,6 +36,10 @@ StatusOr<std::unique_ptr<HealthServer>> HealthServer::Start(const std::string& l
   std::unique_ptr<HealthServer> s(new HealthServer());
   grpc::ServerBuilder builder;
   builder.SetOption(std::make_unique<NoPluginsOption>());
+  // A port another process holds is an error, not a silently shared SO_REUSEPORT socket.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  s->unimplemented_ = std::make_unique<grpc::CallbackGenericService>();
+  builder.RegisterCallbackGenericService(s->unimplemented_.get());
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s->port_);
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0 || s->server_->GetHealthCheckService() == nullptr) {

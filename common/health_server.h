@@ -10,8 +10,9 @@
 #include "common/status.h"
 
 namespace grpc {
+class CallbackGenericService;
 class Server;
-}
+}  // namespace grpc
 
 namespace meshrun {
 
@@ -46,6 +47,9 @@ class HealthServer {
  private:
   HealthServer() = default;
 
+  // Answers UNIMPLEMENTED for every other method; a server needs one polled service of its
+  // own before gRPC adds the health service. Declared first: destroyed after the server.
+  std::unique_ptr<grpc::CallbackGenericService> unimplemented_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::mutex mu_;

@@ -98,6 +98,18 @@ std::string Str(const YAML::Node& node) {
   return node && node.IsScalar() ? node.as<std::string>() : std::string();
 }
 
+YAML::Node At(const YAML::Node& node, std::initializer_list<std::string> keys) {
+  YAML::Node current = node;
+  for (const std::string& key : keys) {
+    if (!current || !current.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const YAML::Node& parent = current;
+    YAML::Node next = parent[key];
+    if (!next) return YAML::Node(YAML::NodeType::Undefined);
+    current.reset(next);
+  }
+  return current;
+}
+
 CommandResult RunCommand(const std::string& command) {
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");
@@ -161,7 +173,7 @@ std::vector<Container> Containers(const Rendered& rendered) {
             kind + "/" + Str(obj["metadata"]["name"]) + " container " + Str(c["name"]);
         container.ns = Str(obj["metadata"]["namespace"]);
         container.pod_template = pod;
-        container.spec = c;
+        container.spec = static_cast<const YAML::Node&>(c);
         const YAML::Node command = c["command"];
         if (command && command.IsSequence() && command.size() > 0) {
           container.binary = fs::path(Str(command[0])).filename().string();

@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <chrono>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <set>
@@ -74,6 +75,10 @@ bool SelectorMatches(const YAML::Node& selector, const YAML::Node& labels);
 
 // Scalar text of a node ("" for a missing or non-scalar one).
 std::string Str(const YAML::Node& node);
+
+// node[k1][k2]...: an undefined node when any step is missing (yaml-cpp throws when a missing
+// node is indexed again).
+YAML::Node At(const YAML::Node& node, std::initializer_list<std::string> keys);
 
 // grpc.health.v1.Health/Check for `service` on 127.0.0.1:port: 1 SERVING, 2 NOT_SERVING,
 // -1 when the call failed.

@@ -92,7 +92,7 @@ std::vector<const Analyzed*> Selected(const std::vector<Analyzed>& all, const YA
                                       const std::string& ns) {
   std::vector<const Analyzed*> out;
   for (const auto& a : all) {
-    if (a.c.ns == ns && SelectorMatches(selector, a.c.pod_template["metadata"]["labels"])) {
+    if (a.c.ns == ns && SelectorMatches(selector, At(a.c.pod_template, {"metadata", "labels"}))) {
       out.push_back(&a);
     }
   }
@@ -201,7 +201,7 @@ std::vector<std::string> CheckRendering(const Rendered& r) {
       }
     }
     const std::string annotated =
-        Str(c.pod_template["metadata"]["annotations"]["prometheus.io/port"]);
+        Str(At(c.pod_template, {"metadata", "annotations", "prometheus.io/port"}));
     const Flag* metrics = FindFlag(a.flags, "--metrics-listen");
     if (!annotated.empty() && metrics != nullptr &&
         annotated != std::to_string(PortOf(metrics->value))) {
@@ -274,7 +274,8 @@ std::vector<std::string> CheckRendering(const Rendered& r) {
       std::vector<const YAML::Node*> services;
       for (const auto& s : r.objects) {
         if (Str(s["kind"]) == "Service" && Str(s["metadata"]["namespace"]) == ns &&
-            SelectorMatches(obj["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])) {
+            SelectorMatches(At(obj, {"spec", "selector", "matchLabels"}),
+                            s["metadata"]["labels"])) {
           services.push_back(&s);
         }
       }
@@ -301,7 +302,7 @@ std::vector<std::string> CheckRendering(const Rendered& r) {
         }
       }
     } else if (kind == "PodMonitor") {
-      const auto pods = Selected(all, obj["spec"]["selector"]["matchLabels"], ns);
+      const auto pods = Selected(all, At(obj, {"spec", "selector", "matchLabels"}), ns);
       if (pods.empty()) problems.push_back(name + ": its selector matches no pod");
       for (const auto& e : obj["spec"]["podMetricsEndpoints"]) {
         if (Str(e["honorLabels"]) != "true") {
@@ -375,8 +376,8 @@ TEST(ManifestStatic, OverlaysChangeWhatTheySay) {
   const auto base_containers = Containers(*base);
   const Container* worker = FindContainer(base_containers, "meshrun-worker");
   ASSERT_NE(worker, nullptr);
-  EXPECT_EQ(Str(worker->spec["resources"]["limits"]["nvidia.com/gpu"]), slots);
-  EXPECT_EQ(Str(worker->spec["resources"]["requests"]["nvidia.com/gpu"]), slots);
+  EXPECT_EQ(Str(At(worker->spec, {"resources", "limits", "nvidia.com/gpu"})), slots);
+  EXPECT_EQ(Str(At(worker->spec, {"resources", "requests", "nvidia.com/gpu"})), slots);
   EXPECT_EQ(FindFlag(ParseFlags(worker->argv), "--device")->value, "cuda");
   EXPECT_EQ(FindFlag(ParseFlags(worker->argv), "--slots")->value, "$(MESHRUN_SLOTS)");
   EXPECT_EQ(Str(worker->pod_template["spec"]["hostIPC"]), "true");
@@ -391,8 +392,8 @@ TEST(ManifestStatic, OverlaysChangeWhatTheySay) {
   ASSERT_NE(FindFlag(cpu_flags, "--device"), nullptr);
   EXPECT_EQ(FindFlag(cpu_flags, "--device")->value, "cpu");
   EXPECT_EQ(cpu_flags.size(), ParseFlags(worker->argv).size());
-  EXPECT_FALSE(cpu_worker->spec["resources"]["limits"]);
-  EXPECT_FALSE(cpu_worker->spec["resources"]["requests"]["nvidia.com/gpu"]);
+  EXPECT_FALSE(At(cpu_worker->spec, {"resources", "limits"}));
+  EXPECT_FALSE(At(cpu_worker->spec, {"resources", "requests", "nvidia.com/gpu"}));
   EXPECT_FALSE(cpu_worker->pod_template["spec"]["nodeSelector"]);
   EXPECT_EQ(Str(cpu_worker->pod_template["spec"]["volumes"][3]["name"]), "shm");
 
@@ -491,16 +492,17 @@ class LocalRun {
   std::string Expand(const Container& c, std::string s) const {
     for (const auto& e : c.spec["env"]) {
       std::string value = Str(e["value"]);
-      if (e["valueFrom"]["fieldRef"]) {
-        const std::string field = Str(e["valueFrom"]["fieldRef"]["fieldPath"]);
+      if (At(e, {"valueFrom", "fieldRef"})) {
+        const std::string field = Str(At(e, {"valueFrom", "fieldRef", "fieldPath"}));
         value = field == "spec.nodeName"  ? "node-test"
                 : field == "status.podIP" ? "127.0.0.1"
                                           : "field-" + field;
-      } else if (e["valueFrom"]["configMapKeyRef"]) {
+      } else if (At(e, {"valueFrom", "configMapKeyRef"})) {
         for (const auto& obj : r_.objects) {
           if (Str(obj["kind"]) == "ConfigMap" &&
-              Str(obj["metadata"]["name"]) == Str(e["valueFrom"]["configMapKeyRef"]["name"])) {
-            value = Str(obj["data"][Str(e["valueFrom"]["configMapKeyRef"]["key"])]);
+              Str(obj["metadata"]["name"]) ==
+                  Str(At(e, {"valueFrom", "configMapKeyRef", "name"}))) {
+            value = Str(obj["data"][Str(At(e, {"valueFrom", "configMapKeyRef", "key"}))]);
           }
         }
       }
@@ -630,7 +632,7 @@ void ExpectProbesAndMetrics(const Container& c, const std::map<int, int>& ports,
                             const std::string& metric, const std::string& stderr_path) {
   int asked = 0;
   for (const char* probe_name : {"startupProbe", "livenessProbe", "readinessProbe"}) {
-    const YAML::Node grpc = c.spec[probe_name]["grpc"];
+    const YAML::Node grpc = At(c.spec, {probe_name, "grpc"});
     if (!grpc) continue;
     const int port = ResolvePort(c.spec, grpc["port"]);
     ASSERT_TRUE(ports.count(port)) << c.where << ": " << probe_name << " port " << port;
@@ -645,9 +647,9 @@ void ExpectProbesAndMetrics(const Container& c, const std::map<int, int>& ports,
   const Flag* metrics = FindFlag(ParseFlags(c.argv), "--metrics-listen");
   ASSERT_NE(metrics, nullptr) << c.where;
   const std::string path =
-      Str(c.pod_template["metadata"]["annotations"]["prometheus.io/path"]).empty()
+      Str(At(c.pod_template, {"metadata", "annotations", "prometheus.io/path"})).empty()
           ? "/metrics"
-          : Str(c.pod_template["metadata"]["annotations"]["prometheus.io/path"]);
+          : Str(At(c.pod_template, {"metadata", "annotations", "prometheus.io/path"}));
   const std::string body = HttpGet(ports.at(PortOf(metrics->value)), path);
   EXPECT_NE(body.find(metric), std::string::npos)
       << c.where << ": GET " << path << " on the --metrics-listen port (" << metrics->value
