@@ -9,9 +9,11 @@
 #include <csignal>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "common/health_server.h"
+#include "common/tls.h"
 #include "worker/worker_daemon.h"
 #include "worker/worker_metrics.h"
 
@@ -70,6 +72,18 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--grace", grace_seconds, "seconds between SIGTERM and SIGKILL on shutdown")
       ->check(CLI::Range(0, 3600));
+  meshrun::TlsFiles tls_files;
+  bool insecure = false;
+  app.add_option("--tls-cert", tls_files.cert,
+                 "PEM client certificate naming this worker (CN = --name); with --tls-key and "
+                 "--tls-ca: mutual TLS, also for its ranks");
+  app.add_option("--tls-key", tls_files.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", tls_files.ca,
+                 "PEM CA the coordinator's certificate is verified against");
+  app.add_option("--tls-server-name", tls_files.server_name,
+                 "name expected in the coordinator's certificate (default: the host dialled)");
+  app.add_flag("--insecure", insecure,
+               "allow plaintext to a non-loopback --coordinator (trusted networks only)");
   std::vector<std::string> data_roots, checkpoint_roots;
   app.add_option("--data-root", data_roots,
                  "folder ranks may read data from (repeatable); no --data-root and no "
@@ -145,10 +159,38 @@ int main(int argc, char** argv) {
     health = std::move(started).value();
   }
 
+  // Transport security: mutual TLS with this worker's certificate, or plaintext to a loopback
+  // coordinator (or with --insecure). Ranks get the same files (absolute: they run elsewhere).
+  std::optional<meshrun::TlsMaterial> tls;
+  if (tls_files.any()) {
+    auto loaded = meshrun::LoadTls(tls_files, /*need_cert_and_key=*/true, /*need_ca=*/true);
+    if (!loaded.ok()) return Fail(loaded.status().message(), 2);
+    tls = std::move(loaded).value();
+    for (std::string* path : {&tls_files.cert, &tls_files.key, &tls_files.ca}) {
+      *path = fs::absolute(*path).string();
+    }
+    config.rank_env = {{meshrun::kEnvTlsCert, tls_files.cert},
+                       {meshrun::kEnvTlsKey, tls_files.key},
+                       {meshrun::kEnvTlsCa, tls_files.ca}};
+    if (!tls_files.server_name.empty()) {
+      config.rank_env.emplace_back(meshrun::kEnvTlsServerName, tls_files.server_name);
+    }
+  } else if (!tls_files.server_name.empty()) {
+    return Fail("--tls-server-name: needs TLS (hint: pass --tls-cert, --tls-key and --tls-ca)", 2);
+  }
+  if (meshrun::Status plain =
+          meshrun::CheckPlaintextTarget("--coordinator", coordinator, tls.has_value(), insecure,
+                                        "--tls-cert, --tls-key and --tls-ca");
+      !plain.ok()) {
+    return Fail(plain.message(), 2);
+  }
+
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
-  auto channel = grpc::CreateCustomChannel(coordinator, grpc::InsecureChannelCredentials(), args);
+  meshrun::ApplyServerName(tls ? &*tls : nullptr, &args);
+  auto channel = grpc::CreateCustomChannel(
+      coordinator, meshrun::ChannelCredentials(tls ? &*tls : nullptr), args);
   std::shared_ptr<meshrun::v1::CoordinatorService::StubInterface> stub =
       meshrun::v1::CoordinatorService::NewStub(channel);
 
