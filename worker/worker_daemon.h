@@ -36,6 +36,9 @@ struct WorkerConfig {
   // --data-root, --checkpoint-root: every path an assignment names is checked (and resolved)
   // before its rank starts; default unconfined (docs/security.md "Confined paths").
   PathPolicy paths;
+  // Added to every rank's environment (the TLS files ranks reach the store with, see
+  // common/tls.h), after the variables of BuildRankCommand.
+  std::vector<std::pair<std::string, std::string>> rank_env;
 };
 
 // Owns the supervisor and the session. Thread-safe: the session calls it from its threads, the
