@@ -141,8 +141,8 @@ StatusOr<TlsMaterial> LoadTls(const TlsFiles& files, bool need_cert_and_key, boo
   m.server_name = files.server_name;
   if (!files.cert.empty()) {
     MESHRUN_ASSIGN_OR_RETURN(m.cert_pem, ReadFile(flags.cert, files.cert));
-    MESHRUN_ASSIGN_OR_RETURN(m.key_pem, ReadFile(flags.key, files.key));
     MESHRUN_ASSIGN_OR_RETURN(X509Ptr cert, FirstCertificate(flags.cert, files.cert, m.cert_pem));
+    MESHRUN_ASSIGN_OR_RETURN(m.key_pem, ReadFile(flags.key, files.key));
     ERR_clear_error();
     BioPtr bio = MemoryBio(m.key_pem);
     KeyPtr key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
