@@ -654,7 +654,11 @@ class LocalRun {
       } else if (!value.empty() && value[0] == '/') {
         value = root_ + value;
         fs::create_directories(fs::path(value).parent_path());
-        if (raw.name.size() > 4 && raw.name.substr(raw.name.size() - 4) == "-dir") {
+        const auto ends_with = [&](const std::string& end) {
+          return raw.name.size() > end.size() &&
+                 raw.name.compare(raw.name.size() - end.size(), end.size(), end) == 0;
+        };
+        if (ends_with("-dir") || ends_with("-root")) {
           fs::create_directories(value);
         }
         (*files)[raw.name] = value;
