@@ -146,6 +146,15 @@ Status CoordinatorClient::Convert(const grpc::Status& status) const {
                               (message.empty() ? "unavailable" : message) +
                               " (hint: check that meshrun-coordinator runs there, or start a "
                               "local cluster with `meshrun up`)");
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      // gRPC refuses an oversized message before the coordinator sees it, in its own words.
+      if (message.find("larger than max") != std::string::npos) {
+        return ResourceExhaustedError(
+            "request: the coordinator at " + address_ + " refused it as too large (" + message +
+            ") (hint: keep specs small, data is named by path; the operator raises the limit "
+            "with meshrun-coordinator --max-request-bytes)");
+      }
+      return FromGrpcStatus(status);
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return DeadlineExceededError(
           "--coordinator: the coordinator at " + address_ + " did not answer in time" +

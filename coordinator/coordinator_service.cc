@@ -69,8 +69,8 @@ void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request
     return done(ResourceExhaustedError(
         "--submit-rate: more than " + Decimal(limit.per_second) +
         " submissions per second (burst " + Decimal(limit.burst) + ") from " +
-        (caller.empty() ? "this caller" : caller) + " (hint: retry in " +
-        Decimal(static_cast<double>(wait->count()) / 1000) +
+        (caller.empty() || caller.rfind(kTokenCallerPrefix, 0) == 0 ? "this caller" : caller) +
+        " (hint: retry in " + Decimal(static_cast<double>(wait->count()) / 1000) +
         " s, or ask the operator to raise the coordinator's --submit-rate/--submit-burst)"));
   }
   if (options_.paths.confined()) {

@@ -346,13 +346,28 @@ class SessionReactor final
     });                                                                                        \
   }
 
-MESHRUN_CLIENT_UNARY(SubmitJob)
 MESHRUN_CLIENT_UNARY(GetJob)
 MESHRUN_CLIENT_UNARY(ListJobs)
 MESHRUN_CLIENT_UNARY(CancelJob)
 MESHRUN_CLIENT_UNARY(ListWorkers)
 MESHRUN_CLIENT_UNARY(GetJobLogs)
 #undef MESHRUN_CLIENT_UNARY
+
+// SubmitJob also names its caller for the rate limit: the bearer token (hashed, never shown)
+// when the call has one, else the peer's host.
+grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* ctx,
+                                                            const v1::SubmitJobRequest* request,
+                                                            v1::SubmitJobResponse* response) {
+  return Unary(ctx, [&](ReplyCallback done) {
+    Status allowed = CheckClient(auth_, ctx);
+    if (!allowed.ok()) return done(allowed);
+    std::string caller = CallerOfPeer(ctx->peer());
+    if (std::optional<std::string_view> token = AuthorizationHeader(ctx)) {
+      caller = kTokenCallerPrefix + std::to_string(std::hash<std::string_view>()(*token));
+    }
+    handler_.HandleSubmitJob(*request, caller, response, std::move(done));
+  });
+}
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
     grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* request,

@@ -55,4 +55,7 @@ class RateLimiter {
 // → "ipv4:10.0.0.5", "ipv6:[::1]:5000" → "ipv6:[::1]"); other forms are kept whole.
 std::string CallerOfPeer(const std::string& peer);
 
+// Callers keyed by their bearer token start with this; messages show them as "this token".
+inline constexpr char kTokenCallerPrefix[] = "token:";
+
 }  // namespace meshrun::coordinator

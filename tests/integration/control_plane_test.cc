@@ -176,12 +176,16 @@ class ControlPlaneTest : public ::testing::Test {
     }
   }
 
-  void StartCoordinator(int heartbeat_timeout_s = 3) {
-    coordinator_ = Spawn(
-        "coordinator",
-        {(BinDir() / "meshrun-coordinator").string(), "--listen", address_, "--state-dir",
-         (dir_ / "state").string(), "--heartbeat-timeout", std::to_string(heartbeat_timeout_s)},
-        dir_ / "coordinator.log");
+  void StartCoordinator(int heartbeat_timeout_s = 3, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {(BinDir() / "meshrun-coordinator").string(),
+                                     "--listen",
+                                     address_,
+                                     "--state-dir",
+                                     (dir_ / "state").string(),
+                                     "--heartbeat-timeout",
+                                     std::to_string(heartbeat_timeout_s)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    coordinator_ = Spawn("coordinator", argv, dir_ / "coordinator.log");
     // Ready when it answers.
     for (int i = 0; i < 200; ++i) {
       if (Cli({"workers", "-o", "json"}, 5).exit_code == 0) return;
@@ -480,6 +484,65 @@ TEST_F(ControlPlaneTest, CoordinatorRestartLosesNoJob) {
   EXPECT_NE(followed.find("SUCCEEDED"), std::string::npos) << followed;
 }
 
+// ---- Confined paths and limits through the CLI ------------------------------------------------
+
+// A coordinator with --data-root/--checkpoint-root and tight limits, no workers (jobs stay
+// PENDING): `meshrun submit` prints each refusal as one `error: <field or flag>: ...` line and
+// exits 2 for a path outside the roots, 1 for a limit.
+TEST_F(ControlPlaneTest, ConfinedPathsAndLimitsThroughTheCli) {
+  fs::create_directories(dir_ / "data");
+  fs::create_directories(dir_ / "ckpt");
+  fs::copy_file(kCorpus, dir_ / "data" / "corpus.txt");
+  StartCoordinator(
+      3, {"--data-root", (dir_ / "data").string(), "--checkpoint-root", (dir_ / "ckpt").string(),
+          "--submit-rate", "0.01", "--submit-burst", "5", "--max-pending-jobs", "1",
+          "--max-request-bytes", "131072", "--max-spec-bytes", "65536"});
+  const std::string spec = WriteSpec("confined", 4, 0, 0);
+  const std::string inside = "--set=data.train=" + (dir_ / "data" / "corpus.txt").string();
+  const std::string ckpt = "--set=checkpoint.dir=" + (dir_ / "ckpt" / "run").string();
+
+  testing::CliResult r = Cli({"submit", "-f", spec, "--set=data.train=/etc/passwd", ckpt});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("error: data.train: /etc/passwd is outside the allowed data roots (", 0),
+            0u)
+      << r.err;
+  // checkpoint.dir outside the checkpoint roots (WriteSpec's default folder).
+  r = Cli({"submit", "-f", spec, inside});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("error: checkpoint.dir: ", 0), 0u) << r.err;
+  // Inside: accepted, PENDING (no workers).
+  r = Cli({"submit", "-f", spec, inside, ckpt, "-o", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Over --max-spec-bytes (64 KiB) but under --max-request-bytes (128 KiB): the handler says so.
+  const fs::path big = dir_ / "big.yaml";
+  std::ofstream(big) << testing::ReadFile(spec) << "# " << std::string(96 << 10, 'x') << "\n";
+  r = Cli({"submit", "-f", big.string(), inside, ckpt});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("error: spec: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("--max-spec-bytes"), std::string::npos) << r.err;
+  // Over --max-request-bytes: refused by gRPC before any handler (no token spent); the CLI
+  // names the flag.
+  const fs::path huge = dir_ / "huge.yaml";
+  std::ofstream(huge) << testing::ReadFile(spec) << "# " << std::string(192 << 10, 'x') << "\n";
+  r = Cli({"submit", "-f", huge.string(), inside, ckpt});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("error: request: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("--max-request-bytes"), std::string::npos) << r.err;
+  // --max-pending-jobs 1.
+  r = Cli({"submit", "-f", spec, inside, ckpt});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("error: --max-pending-jobs: 1 jobs are already PENDING", 0), 0u) << r.err;
+  // The burst of 5 is spent (refusals count too): --submit-rate.
+  r = Cli({"submit", "-f", spec, inside, ckpt});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err.rfind("error: --submit-rate: more than 0.01 submissions per second", 0), 0u)
+      << r.err;
+  // Only the accepted job exists.
+  const json jobs = json::parse(Cli({"jobs", "-o", "json"}).out, nullptr, false);
+  ASSERT_TRUE(jobs.is_array());
+  EXPECT_EQ(jobs.size(), 1u);
+}
+
 // ---- Bad requests straight at the API ---------------------------------------------------------
 
 class BadRequestTest : public ControlPlaneTest {
@@ -563,10 +626,12 @@ TEST_F(BadRequestTest, MalformedRequestsAreInvalidArgument) {
 TEST_F(BadRequestTest, OversizedRequestsAreRefused) {
   v1::JobSpec spec;
   spec.set_source_yaml(std::string(8 << 20, 'x'));  // over any sane message limit
-  const grpc::StatusCode code = Submit(spec);
-  EXPECT_TRUE(code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
-              code == grpc::StatusCode::INVALID_ARGUMENT)
-      << code;
+  // Over --max-request-bytes (4 MiB): gRPC refuses it before the handler sees it.
+  EXPECT_EQ(Submit(spec), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ExpectServing();
+  // Under the request limit but over --max-spec-bytes (256 KiB).
+  spec.set_source_yaml(std::string(300 << 10, 'x'));
+  EXPECT_EQ(Submit(spec), grpc::StatusCode::RESOURCE_EXHAUSTED);
   ExpectServing();
   {
     grpc::ClientContext ctx;
