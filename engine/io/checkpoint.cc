@@ -9,7 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <system_error>
+#include <utility>
 
 #include "engine/io/atomic_file.h"
 #include "engine/io/crc32.h"
@@ -159,8 +161,30 @@ Status CheckSliceBounds(const std::string& where, const std::vector<int64_t>& gl
   return OkStatus();
 }
 
+// Thrown by IntOf for a number that is not an integer of the wanted type.
+struct BadInteger : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// An integer of metadata (or a shard's slice table), range-checked. nlohmann's get<int>() of a
+// float or of an integer out of int's range converts anyway (undefined behaviour for a float
+// beyond the range, found by fuzz/checkpoint_metadata); here that is an error.
+template <typename T>
+T IntOf(const json& j) {
+  if (j.is_number_unsigned()) {
+    if (const auto v = j.get<uint64_t>(); std::in_range<T>(v)) return static_cast<T>(v);
+  } else if (j.is_number_integer()) {
+    if (const auto v = j.get<int64_t>(); std::in_range<T>(v)) return static_cast<T>(v);
+  }
+  throw BadInteger(j.dump() + " is not an integer in range");
+}
+
 std::vector<int64_t> ToInts(const json& j) {
-  return j.get<std::vector<int64_t>>();
+  if (!j.is_array()) throw BadInteger(j.dump() + " is not an array of integers");
+  std::vector<int64_t> out;
+  out.reserve(j.size());
+  for (const json& v : j) out.push_back(IntOf<int64_t>(v));
+  return out;
 }
 
 json SliceToJson(const SliceInfo& s) {
@@ -209,6 +233,8 @@ Status ScanShard(const std::string& step_dir, int rank, ShardInfo* shard,
       }
     }
   } catch (const json::exception& e) {
+    return DataLossError(path + ": the slice table is malformed: " + e.what());
+  } catch (const BadInteger& e) {
     return DataLossError(path + ": the slice table is malformed: " + e.what());
   }
   return OkStatus();
@@ -446,13 +472,13 @@ StatusOr<CheckpointMetadata> ParseMetadata(std::string_view text, const std::str
                                      kCheckpointFormat + " (hint: it was written by a different " +
                                      "meshrun version)");
     }
-    m.step = j.at("step").get<int64_t>();
-    m.world_size = j.at("world_size").get<int>();
+    m.step = IntOf<int64_t>(j.at("step"));
+    m.world_size = IntOf<int>(j.at("world_size"));
     const json& mesh = j.at("mesh");
-    m.mesh.dp_replicate = mesh.at("dp_replicate").get<int>();
-    m.mesh.dp_shard = mesh.at("dp_shard").get<int>();
-    m.mesh.cp = mesh.at("cp").get<int>();
-    m.mesh.tp = mesh.at("tp").get<int>();
+    m.mesh.dp_replicate = IntOf<int>(mesh.at("dp_replicate"));
+    m.mesh.dp_shard = IntOf<int>(mesh.at("dp_shard"));
+    m.mesh.cp = IntOf<int>(mesh.at("cp"));
+    m.mesh.tp = IntOf<int>(mesh.at("tp"));
     m.job_spec_yaml = j.at("job_spec").get<std::string>();
     const json& trainer = j.at("trainer");
     if (!trainer.is_object()) return DataLossError(path + ": 'trainer' is not an object");
@@ -460,10 +486,10 @@ StatusOr<CheckpointMetadata> ParseMetadata(std::string_view text, const std::str
     for (const auto& [name, t] : j.at("tensors").items()) m.tensors[name] = ToInts(t.at("shape"));
     for (const json& s : j.at("shards")) {
       ShardInfo shard;
-      shard.rank = s.at("rank").get<int>();
+      shard.rank = IntOf<int>(s.at("rank"));
       shard.file = s.at("file").get<std::string>();
-      shard.bytes = s.at("bytes").get<uint64_t>();
-      shard.crc32 = s.at("crc32").get<uint32_t>();
+      shard.bytes = IntOf<uint64_t>(s.at("bytes"));
+      shard.crc32 = IntOf<uint32_t>(s.at("crc32"));
       if (shard.file.empty() || shard.file.find('/') != std::string::npos) {
         return DataLossError(path + ": shard file name '" + shard.file + "' is invalid");
       }
@@ -471,6 +497,8 @@ StatusOr<CheckpointMetadata> ParseMetadata(std::string_view text, const std::str
       m.shards.push_back(std::move(shard));
     }
   } catch (const json::exception& e) {
+    return DataLossError(path + ": malformed checkpoint metadata: " + e.what());
+  } catch (const BadInteger& e) {
     return DataLossError(path + ": malformed checkpoint metadata: " + e.what());
   }
   if (m.shards.empty()) return DataLossError(path + ": lists no shards");

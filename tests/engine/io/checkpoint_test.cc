@@ -195,6 +195,22 @@ TEST_F(CheckpointTest, HugeOffsetsAreOutOfRange) {
   ASSERT_TRUE(parsed.ok()) << parsed.status().message();
   EXPECT_EQ(parsed->step, 1);
   EXPECT_EQ(ParseMetadata("{", "m.json").status().code(), StatusCode::kDataLoss);
+  // Numbers that are not integers of the field's type are corrupt, not converted ("3" is the
+  // control: the same edit with a valid value parses).
+  for (const char* value : {"3", "9.3e19", "2.5", "4294967296", "-1e300"}) {
+    const std::string field = "\"world_size\": 2";
+    std::string edited = text.str();
+    const size_t at = edited.find(field);
+    ASSERT_NE(at, std::string::npos);
+    edited.replace(at, field.size(), std::string("\"world_size\": ") + value);
+    auto m = ParseMetadata(edited, "m.json");
+    if (std::string(value) == "3") {
+      ASSERT_TRUE(m.ok()) << m.status().message();
+      EXPECT_EQ(m->world_size, 3);
+    } else {
+      EXPECT_EQ(m.status().code(), StatusCode::kDataLoss) << value;
+    }
+  }
 }
 
 TEST_F(CheckpointTest, UncoveredTensorIsNotMarkedComplete) {
