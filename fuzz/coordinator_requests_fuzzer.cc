@@ -27,6 +27,7 @@
 #include <deque>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -84,6 +85,38 @@ struct Answers {
                  std::string(slot->method) + ": " + s.message());
     };
   }
+};
+
+// A WatchJob stream that keeps `capacity` events, then, as the contract in
+// coordinator/streams.h says (and the gRPC adapter does), ends itself with UNAVAILABLE and
+// refuses the event. (tests/fakes' FakeWatchStream only refuses, which left streams open here.)
+class WatchStream final : public coord::WatchJobStream {
+ public:
+  explicit WatchStream(size_t capacity) : capacity_(capacity) {}
+  bool Send(const v1::WatchJobResponse&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (finished_) return false;
+    if (sent_ >= capacity_) {
+      finished_ = meshrun::UnavailableError("the client fell too far behind");
+      return false;
+    }
+    ++sent_;
+    return true;
+  }
+  void Finish(const Status& status) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!finished_) finished_ = status;
+  }
+  bool finished() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_.has_value();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  size_t capacity_;
+  size_t sent_ = 0;
+  std::optional<Status> finished_;
 };
 
 struct Session {
@@ -163,7 +196,7 @@ void RunSequence(Reader& in, Coordinator& c, meshrun::testing::FakeClock& clock,
   };
   std::vector<std::string> job_ids = {"job-unknown"};
   std::vector<Session> sessions;
-  std::vector<std::shared_ptr<meshrun::testing::FakeWatchStream>> watches;
+  std::vector<std::shared_ptr<WatchStream>> watches;
   coord::CoordinatorServiceImpl& svc = *c.service;
 
   for (int record = 0; record < 64 && !in.done(); ++record) {
@@ -368,7 +401,7 @@ void RunSequence(Reader& in, Coordinator& c, meshrun::testing::FakeClock& clock,
         req.set_job_id(Pick(job_ids, arg));
         req.set_replay_only(arg & 1);
         (void)req.MergeFromString(payload);
-        auto stream = std::make_shared<meshrun::testing::FakeWatchStream>(arg & 2 ? 4 : SIZE_MAX);
+        auto stream = std::make_shared<WatchStream>(arg & 2 ? 4 : SIZE_MAX);
         watches.push_back(stream);
         svc.HandleWatchJob(req, stream);
         break;
@@ -385,7 +418,7 @@ void RunSequence(Reader& in, Coordinator& c, meshrun::testing::FakeClock& clock,
     FUZZ_CHECK(slot.calls == 1, std::string(slot.method) + " never answered");
   }
   for (const auto& w : watches) {
-    FUZZ_CHECK(w->finished().has_value(), "a WatchJob stream is still open after Shutdown");
+    FUZZ_CHECK(w->finished(), "a WatchJob stream is still open after Shutdown");
   }
 }
 
