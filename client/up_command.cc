@@ -116,6 +116,21 @@ StatusOr<int> FreeLoopbackPort() {
   return port;
 }
 
+// True once something accepts TCP connections on 127.0.0.1:port. Polling with plain connect()
+// before the first RPC keeps gRPC's channel from seeing a refused connection, after which its
+// reconnect backoff delayed a local cluster's start by seconds.
+bool LoopbackAccepts(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
 std::string BinaryDir() {
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -191,6 +206,10 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
 
   // Workers start once the coordinator answers, so that none begins with a failed registration
   // and a backoff.
+  const Clock::time_point listen_deadline = Clock::now() + options.ready_timeout;
+  while (!LoopbackAccepts(port) && Clock::now() < listen_deadline && c->Dead().empty()) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
   StatusOr<std::unique_ptr<CoordinatorClient>> client =
       CoordinatorClient::Connect(coordinator.address);
   if (!client.ok()) return client.status();
