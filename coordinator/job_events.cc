@@ -103,6 +103,13 @@ bool JobEventLog::Replay(uint64_t from, const WatchFilter& filter,
   return true;
 }
 
+void JobEventLog::ReleaseRetained() {
+  if (!logs_.empty()) logs_dropped_ = true;
+  durable_ = {};
+  logs_ = {};
+  rank_metrics_ = {};
+}
+
 void JobEventLog::AddWatcher(std::shared_ptr<WatchJobStream> stream, WatchFilter filter) {
   watchers_.push_back({std::move(stream), filter});
 }

@@ -69,6 +69,13 @@ class JobEventLog {
   void FinishWatchers(const Status& status);
   size_t watcher_count() const { return watchers_.size(); }
 
+  // Drops every retained event (durable ones stay in StateDb and Replay's `older` brings them
+  // back; log lines and rank samples are gone: GetJobLogs then reports `truncated`). JobManager
+  // calls it for finished jobs beyond the newest kFinishedJobsWithEvents, so that memory does
+  // not grow with every job the coordinator has run.
+  void ReleaseRetained();
+  size_t retained_count() const { return durable_.size() + logs_.size() + rank_metrics_.size(); }
+
   // GetJobLogs over the retained log lines.
   v1::GetJobLogsResponse Logs(std::optional<int> rank, int attempt, int tail_lines) const;
 

@@ -238,6 +238,10 @@ void JobManager::SetJobStateLocked(Txn& txn, v1::JobState state, const std::stri
   if (state == v1::JOB_STATE_RUNNING && row.started_ms == 0) row.started_ms = now;
   if (txn.job.terminal()) row.finished_ms = now;
   if (txn.job.terminal() && config_.rank_series) config_.rank_series->JobFinished(row.job_id);
+  if (txn.job.terminal() && previous != v1::JOB_STATE_SUCCEEDED &&
+      previous != v1::JOB_STATE_FAILED && previous != v1::JOB_STATE_CANCELLED) {
+    NoteFinishedLocked(row.job_id);
+  }
   txn.job_dirty = true;
   if (state == v1::JOB_STATE_PENDING) {
     txn.job.pending_reason = reason;
@@ -250,6 +254,17 @@ void JobManager::SetJobStateLocked(Txn& txn, v1::JobState state, const std::stri
   e->set_previous_state(previous);
   e->set_attempt(row.attempt);
   e->set_reason(reason);
+}
+
+void JobManager::NoteFinishedLocked(const std::string& job_id) {
+  finished_with_events_.push_back(job_id);
+  while (finished_with_events_.size() > kFinishedJobsWithEvents) {
+    const std::string oldest = std::move(finished_with_events_.front());
+    finished_with_events_.pop_front();
+    Job* job = FindLocked(oldest);
+    // A job that is no longer finished (a rolled-back transition) keeps its events.
+    if (job != nullptr && job->terminal()) job->events.ReleaseRetained();
+  }
 }
 
 void JobManager::SetRankStateLocked(Txn& txn, Attempt& attempt, Rank& rank, v1::RankState state) {

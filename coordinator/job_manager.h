@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -81,6 +82,10 @@ struct JobsSnapshot {
 
 class JobManager {
  public:
+  // Finished jobs whose event logs (log lines, rank samples, durable events) stay in memory;
+  // older ones answer WatchJob from StateDb and GetJobLogs with `truncated`.
+  static constexpr size_t kFinishedJobsWithEvents = 32;
+
   // `db` may be null (tests without persistence).
   JobManager(StateDb* db, WorkerView& workers, StoreManager& store, const Clock& clock,
              JobManagerConfig config);
@@ -159,6 +164,9 @@ class JobManager {
   RankRow ToRow(const Job& job, const Attempt& attempt, const Rank& rank) const;
   AttemptRow ToRow(const Job& job, const Attempt& attempt) const;
   void SetJobStateLocked(Txn& txn, v1::JobState state, const std::string& reason);
+  // Records that `job_id` finished; releases the event log of the oldest finished job once
+  // more than kFinishedJobsWithEvents finished after it.
+  void NoteFinishedLocked(const std::string& job_id);
   void SetRankStateLocked(Txn& txn, Attempt& attempt, Rank& rank, v1::RankState state);
 
   // Lifecycle (job_manager_lifecycle.cc).
@@ -193,7 +201,10 @@ class JobManager {
   JobManagerConfig config_;  // store_address set once before Load, then read-only
 
   mutable std::mutex mu_;
-  std::map<std::string, std::unique_ptr<Job>> jobs_;              // guarded by mu_
+  std::map<std::string, std::unique_ptr<Job>> jobs_;  // guarded by mu_
+  // Jobs that finished since start, oldest first; beyond the newest kFinishedJobsWithEvents
+  // their in-memory event logs are released (JobEventLog::ReleaseRetained).
+  std::deque<std::string> finished_with_events_;
   std::map<int64_t, std::string> by_seq_;                         // seq -> job_id
   std::set<std::pair<int64_t, std::string>> queue_;               // PENDING, by seq
   std::unordered_map<std::string, std::string> request_ids_;      // request_id -> job_id

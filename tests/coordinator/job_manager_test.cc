@@ -553,6 +553,59 @@ TEST_F(JobManagerTest, LogsTailAndFilter) {
   EXPECT_EQ(jobs_->Logs(req).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(JobManagerTest, OnlyTheNewestFinishedJobsKeepTheirEventsInMemory) {
+  // Every job logs one line and is cancelled while PENDING (no worker), so it finishes.
+  std::vector<std::string> ids;
+  const size_t n = JobManager::kFinishedJobsWithEvents + 2;
+  for (size_t i = 0; i < n; ++i) {
+    ids.push_back(Submit(1, 1, 1, 1));
+    v1::LogBatch logs;
+    v1::LogLine* line = logs.add_lines();
+    line->set_job_id(ids.back());
+    line->set_attempt(1);
+    line->set_rank(0);
+    line->set_text("line of " + ids.back());
+    jobs_->OnLogs("a", logs);
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(ids.back());
+    ASSERT_TRUE(jobs_->Cancel(cancel).ok());
+  }
+  auto logs_of = [&](const std::string& id) {
+    v1::GetJobLogsRequest req;
+    req.set_job_id(id);
+    return jobs_->Logs(req).value();
+  };
+  auto watch_of = [&](const std::string& id) {
+    auto stream = std::make_shared<FakeWatchStream>();
+    v1::WatchJobRequest req;
+    req.set_job_id(id);
+    EXPECT_TRUE(jobs_->Watch(req, stream).ok());
+    return stream->events();
+  };
+  // The two oldest released their events: no log lines (reported as truncated), but the
+  // durable events still replay, from the database.
+  for (size_t i = 0; i < 2; ++i) {
+    const v1::GetJobLogsResponse logs = logs_of(ids[i]);
+    EXPECT_EQ(logs.lines_size(), 0) << ids[i];
+    EXPECT_TRUE(logs.truncated()) << ids[i];
+    const auto events = watch_of(ids[i]);
+    ASSERT_FALSE(events.empty()) << ids[i];
+    EXPECT_EQ(events.front().state_changed().state(), v1::JOB_STATE_PENDING);
+    EXPECT_EQ(events.back().state_changed().state(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(Get(ids[i]).state(), v1::JOB_STATE_CANCELLED);
+  }
+  // The newest kFinishedJobsWithEvents keep theirs.
+  for (size_t i = 2; i < n; ++i) {
+    const v1::GetJobLogsResponse logs = logs_of(ids[i]);
+    ASSERT_EQ(logs.lines_size(), 1) << ids[i];
+    EXPECT_EQ(logs.lines(0).text(), "line of " + ids[i]);
+    EXPECT_FALSE(logs.truncated());
+    const auto events = watch_of(ids[i]);
+    ASSERT_FALSE(events.empty());
+    EXPECT_EQ(events.back().state_changed().state(), v1::JOB_STATE_CANCELLED);
+  }
+}
+
 TEST_F(JobManagerTest, CheckpointIsPassedToTheNextAttempt) {
   workers_.Add("a", 1);
   v1::SubmitJobRequest req = SubmitRequest(1, 1, 1, 1, 1);
