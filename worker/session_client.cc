@@ -45,12 +45,17 @@ void SessionClient::Start() {
 void SessionClient::Send(v1::WorkerSessionRequest message) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queue_.size() >= options_.max_queued && !IsCritical(message)) {
+    const size_t bytes = message.ByteSizeLong();
+    if ((queue_.size() >= options_.max_queued ||
+         queued_bytes_ + bytes > options_.max_queued_bytes) &&
+        !IsCritical(message)) {
       if (dropped_++ % 1000 == 0) {
-        spdlog::warn("session: {} reports queued; dropping metrics and log lines", queue_.size());
+        spdlog::warn("session: {} reports ({} bytes) queued; dropping metrics and log lines",
+                     queue_.size(), queued_bytes_);
       }
       return;
     }
+    queued_bytes_ += bytes;
     queue_.push_back(std::move(message));
   }
   cv_.notify_all();
@@ -236,12 +241,17 @@ void SessionClient::WriterLoop(
   auto write_front = [&](std::unique_lock<std::mutex>& lock) {
     v1::WorkerSessionRequest m = std::move(queue_.front());
     queue_.pop_front();
+    const size_t bytes = m.ByteSizeLong();
+    queued_bytes_ -= std::min(queued_bytes_, bytes);
     ++writing_;
     lock.unlock();
     const bool ok = stream->Write(m);
     lock.lock();
     --writing_;
-    if (!ok && IsCritical(m)) queue_.push_front(std::move(m));
+    if (!ok && IsCritical(m)) {
+      queued_bytes_ += bytes;
+      queue_.push_front(std::move(m));
+    }
     cv_.notify_all();
     return ok;
   };

@@ -50,6 +50,8 @@ struct SessionOptions {
   // Reports queued while no session is open, beyond which metrics and log lines are dropped
   // (rank starts, exits and checkpoints are always kept).
   size_t max_queued = 20000;
+  // The same for their serialized size, so that long log lines cannot pile up gigabytes.
+  size_t max_queued_bytes = 64u << 20;
 };
 
 // Owns one thread that registers and reads the stream, and, while a session is open, one that
@@ -99,6 +101,7 @@ class SessionClient {
   bool connected_ = false;                      // guarded by mu_
   int writing_ = 0;                             // guarded by mu_: messages being written now
   std::deque<v1::WorkerSessionRequest> queue_;  // guarded by mu_
+  size_t queued_bytes_ = 0;                     // guarded by mu_
   size_t dropped_ = 0;                          // guarded by mu_
   grpc::ClientContext* active_ctx_ = nullptr;   // guarded by mu_
   std::string worker_id_;                       // guarded by mu_

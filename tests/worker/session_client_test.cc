@@ -228,6 +228,33 @@ TEST(SessionClient, DropsMetricsButKeepsExitsWhenTheQueueIsFull) {
   EXPECT_EQ(metrics, 10);
 }
 
+TEST(SessionClient, DropsLogLinesBeyondTheByteBudget) {
+  FakeCoordinator fake;
+  FakeHandler handler;
+  SessionOptions o = Options();
+  o.max_queued_bytes = 64 << 10;  // room for fewer than 8 batches of 10 KiB
+  auto port = 0;
+  {
+    FakeServer probe(&fake);
+    port = probe.port();
+  }
+  SessionClient session(testing::StubFor("127.0.0.1:" + std::to_string(port)), o, &handler);
+  for (int i = 0; i < 100; ++i) {
+    v1::WorkerSessionRequest m;
+    m.mutable_logs()->add_lines()->set_text(std::string(10 << 10, 'x'));
+    session.Send(m);
+  }
+  for (int r = 0; r < 2; ++r) session.Send(Exited(r));
+  FakeServer server(&fake, port);
+  ASSERT_TRUE(server.ok());
+  session.Start();
+  ASSERT_TRUE(fake.WaitFor([](const Ups& ups) { return CountExits(ups) == 2; }));
+  int logs = 0;
+  for (const auto& u : fake.up()) logs += u.has_logs();
+  EXPECT_GT(logs, 0);
+  EXPECT_LE(logs, 6) << "the queue held more than its byte budget";
+}
+
 TEST(SessionClient, RefusedRegistrationIsFatal) {
   FakeCoordinator fake;
   FakeServer server(&fake);
