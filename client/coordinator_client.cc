@@ -67,8 +67,8 @@ StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
 StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
     const std::string& address_flag, const ConnectionFlags& flags) {
   MESHRUN_ASSIGN_OR_RETURN(std::string address, ResolveCoordinatorAddress(address_flag));
-  auto env = [](const char* name) {
-    const char* value = std::getenv(name);
+  auto env = [&flags](const char* name) {
+    const char* value = flags.from_environment ? std::getenv(name) : nullptr;
     return std::string(value != nullptr ? value : "");
   };
   // TLS: a CA to verify the coordinator with.

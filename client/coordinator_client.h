@@ -36,7 +36,17 @@ struct ConnectionFlags {
                                 // else $MESHRUN_TOKEN_FILE
   bool insecure = false;        // --insecure, or MESHRUN_INSECURE=1: plaintext to a non-loopback
                                 // coordinator
+  // False for the plaintext loopback coordinator `meshrun up`/`demo` start themselves: the
+  // MESHRUN_TLS_*/MESHRUN_TOKEN* variables a user exported for a real cluster do not apply.
+  bool from_environment = true;
 };
+// What `meshrun up` and `demo` connect to their own loopback coordinator with: plaintext, no
+// token, whatever the environment says.
+inline ConnectionFlags LocalConnection() {
+  ConnectionFlags flags;
+  flags.from_environment = false;
+  return flags;
+}
 // The flags the command line filled (one command runs per process).
 ConnectionFlags& GlobalConnectionFlags();
 

@@ -122,7 +122,7 @@ int RunDemo(const DemoFlags& f) {
     return code;
   };
   StatusOr<std::unique_ptr<CoordinatorClient>> client =
-      CoordinatorClient::Connect((*cluster)->coordinator_address());
+      CoordinatorClient::Connect((*cluster)->coordinator_address(), LocalConnection());
   if (!client.ok()) return finish(ReportError(client.status()));
   StatusOr<std::string> job_id = (*client)->SubmitJob(*spec, NewRequestId());
   if (!job_id.ok()) return finish(ReportError(job_id.status()));

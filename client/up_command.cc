@@ -211,7 +211,7 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
     std::this_thread::sleep_for(milliseconds(10));
   }
   StatusOr<std::unique_ptr<CoordinatorClient>> client =
-      CoordinatorClient::Connect(coordinator.address);
+      CoordinatorClient::Connect(coordinator.address, LocalConnection());
   if (!client.ok()) return client.status();
   const Clock::time_point give_up = Clock::now() + options.ready_timeout;
   std::string last = "no answer yet";
