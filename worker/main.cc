@@ -188,6 +188,9 @@ int main(int argc, char** argv) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  // Re-resolve the coordinator's name soon after a failure (a restarted pod behind a headless
+  // Service has a new address); gRPC's default waits 30 s.
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 1000);
   meshrun::ApplyServerName(tls ? &*tls : nullptr, &args);
   auto channel = grpc::CreateCustomChannel(
       coordinator, meshrun::ChannelCredentials(tls ? &*tls : nullptr), args);
