@@ -145,6 +145,9 @@ const RuleCase kRuleCases[] = {
     {"precision", [](JobSpec& s) { s.train.precision = "fp16"; }, "train.precision", "'fp32' or 'bf16'"},
     {"train_missing", [](JobSpec& s) { s.data.train = ""; }, "data.train", "required field is missing"},
     {"train_invalid_utf8", [](JobSpec& s) { s.data.train = "a\xff"; }, "data.train", "invalid UTF-8"},
+    // U+FFFF: yaml-cpp reads it back as U+FFFD (found by fuzz/set_override).
+    {"checkpoint_dir_noncharacter", [](JobSpec& s) { s.checkpoint.dir = "/ckpt/\xef\xbf\xbf"; }, "checkpoint.dir", "invalid UTF-8"},
+    {"checkpoint_dir_noncharacter_fdd0", [](JobSpec& s) { s.checkpoint.dir = "/ckpt/\xef\xb7\x90"; }, "checkpoint.dir", "invalid UTF-8"},
     {"format", [](JobSpec& s) { s.data.format = "csv"; }, "data.format", "'auto', 'text', 'llmc' or 'nanogpt'"},
     {"order", [](JobSpec& s) { s.data.order = "random"; }, "data.order", "'sequential' or 'shuffled'"},
     {"eval_every_negative", [](JobSpec& s) { s.data.eval_every = -1; }, "data.eval_every", "got -1"},
