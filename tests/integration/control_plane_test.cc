@@ -29,6 +29,7 @@
 
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "tests/client/cli_runner.h"
+#include "tests/integration/daemons.h"
 
 namespace meshrun {
 namespace {
@@ -40,87 +41,14 @@ using namespace std::chrono_literals;
 
 constexpr char kCorpus[] = "/usr/share/games/fortunes/cookie";
 
-fs::path BinDir() {
-  const char* dir = std::getenv("MESHRUN_BINARY_DIR");
-  return fs::path(dir != nullptr ? dir : "build") / "bin";
-}
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// Alive and not a zombie.
-bool Alive(pid_t pid) {
-  if (pid <= 0 || kill(pid, 0) != 0) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  std::getline(stat, text);
-  const size_t paren = text.rfind(')');
-  return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
-}
-
-// A daemon started by the test: stdout and stderr to a log file; SIGKILLed if the test dies.
-struct Daemon {
-  std::string name;
-  pid_t pid = -1;
-  fs::path log;
-};
-
-Daemon Spawn(const std::string& name, const std::vector<std::string>& argv, const fs::path& log) {
-  Daemon d{name, -1, log};
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t parent = getpid();
-  d.pid = fork();
-  if (d.pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, STDOUT_FILENO);
-    dup2(fd, STDERR_FILENO);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return d;
-}
-
-// Reaps `pid` if it has exited within `timeout`.
-bool WaitExit(pid_t pid, std::chrono::milliseconds timeout) {
-  const Clock::time_point give_up = Clock::now() + timeout;
-  while (Clock::now() < give_up) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid || (r < 0 && errno == ECHILD)) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
-
-void Stop(Daemon& d, std::chrono::milliseconds grace = 20s) {
-  if (d.pid <= 0) return;
-  kill(d.pid, SIGTERM);
-  if (!WaitExit(d.pid, grace)) {
-    kill(d.pid, SIGKILL);
-    WaitExit(d.pid, 5s);
-  }
-  d.pid = -1;
-}
-
-void KillNow(Daemon& d) {
-  if (d.pid <= 0) return;
-  kill(d.pid, SIGKILL);
-  WaitExit(d.pid, 10s);
-  d.pid = -1;
-}
+using testing::Alive;
+using testing::BinDir;
+using testing::Daemon;
+using testing::FreePort;
+using testing::KillNow;
+using testing::Spawn;
+using testing::Stop;
+using testing::WaitExit;
 
 // The tiny model on a 4-rank mesh (dp_shard 2 x tp 2), a checkpoint every 10 steps.
 std::string Spec(const fs::path& checkpoints, int steps, int every, int max_restarts) {

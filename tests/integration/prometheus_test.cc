@@ -35,6 +35,7 @@
 
 #include "tests/client/cli_runner.h"
 #include "tests/deploy/observability.h"
+#include "tests/integration/daemons.h"
 
 namespace meshrun {
 namespace {
@@ -53,22 +54,11 @@ constexpr int kDpShard = 2;
 constexpr int kTp = 2;
 constexpr int kRanks = kDpShard * kTp;
 
-fs::path BinDir() {
-  const char* dir = std::getenv("MESHRUN_BINARY_DIR");
-  return fs::path(dir != nullptr ? dir : "build") / "bin";
-}
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using testing::BinDir;
+using testing::Daemon;
+using testing::FreePort;
+using testing::Spawn;
+using testing::Stop;
 
 // ---- A minimal HTTP/1.1 GET client (loopback, Connection: close) ---------------------------
 
@@ -149,51 +139,6 @@ HttpResponse HttpGet(int port, const std::string& target, int timeout_s = 10) {
 }
 
 // ---- Daemons ---------------------------------------------------------------------------------
-
-struct Daemon {
-  std::string name;
-  pid_t pid = -1;
-};
-
-Daemon Spawn(const std::string& name, const std::vector<std::string>& argv, const fs::path& log) {
-  Daemon d{name, -1};
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const pid_t parent = getpid();
-  d.pid = fork();
-  if (d.pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    dup2(fd, STDOUT_FILENO);
-    dup2(fd, STDERR_FILENO);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  return d;
-}
-
-bool WaitExit(pid_t pid, std::chrono::milliseconds timeout) {
-  const Clock::time_point give_up = Clock::now() + timeout;
-  while (Clock::now() < give_up) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid || (r < 0 && errno == ECHILD)) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
-
-void Stop(Daemon& d, std::chrono::milliseconds grace = 15s) {
-  if (d.pid <= 0) return;
-  kill(d.pid, SIGTERM);
-  if (!WaitExit(d.pid, grace)) {
-    kill(d.pid, SIGKILL);
-    WaitExit(d.pid, 5s);
-  }
-  d.pid = -1;
-}
 
 std::string Join(const std::vector<std::string>& items, const std::string& sep = ", ") {
   std::string out;

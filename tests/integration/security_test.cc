@@ -29,6 +29,7 @@
 #include "tests/client/cli_runner.h"
 #include "tests/coordinator/test_util.h"
 #include "tests/fakes/fake_grpc_worker.h"
+#include "tests/integration/daemons.h"
 #include "tests/integration/test_certs.h"
 
 namespace meshrun {
@@ -41,22 +42,8 @@ using namespace std::chrono_literals;
 constexpr char kToken[] = "s3cret-token-for-tests";
 constexpr char kCorpus[] = "/usr/share/games/fortunes/cookie";
 
-fs::path BinDir() {
-  const char* dir = std::getenv("MESHRUN_BINARY_DIR");
-  return fs::path(dir != nullptr ? dir : "build") / "bin";
-}
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using testing::BinDir;
+using testing::FreePort;
 
 // Shared by every test: one set of certificates per process.
 class SecurityTest : public ::testing::Test {
