@@ -132,19 +132,7 @@ v1::Job JobManager::ToProtoLocked(Job& job, bool detail) {
       auto attempt = std::make_unique<Attempt>();
       attempt->number = row.attempt;
       for (const RankRow& rr : *ranks) {
-        Rank r;
-        r.rank = rr.rank;
-        r.coords = {rr.dp_replicate, rr.dp_shard, rr.cp, rr.tp};
-        r.worker_id = rr.worker_id;
-        r.worker_name = rr.worker_name;
-        r.local_rank = rr.local_rank;
-        r.local_world_size = rr.local_world_size;
-        r.state = static_cast<v1::RankState>(rr.state);
-        r.pid = rr.pid;
-        r.exit_code = rr.exit_code;
-        r.signal = rr.signal;
-        r.error = rr.error;
-        attempt->ranks.push_back(std::move(r));
+        attempt->ranks.push_back(RankFromRow(rr));
       }
       job.attempts[row.attempt] = std::move(attempt);
       job.ranks_loaded = true;
@@ -202,6 +190,22 @@ Status JobManager::CommitLocked(Txn& txn, Durability durability) {
   txn.events.clear();
   txn.job_dirty = false;
   return OkStatus();
+}
+
+JobManager::Rank JobManager::RankFromRow(const RankRow& rr) {
+  Rank r;
+  r.rank = rr.rank;
+  r.coords = {rr.dp_replicate, rr.dp_shard, rr.cp, rr.tp};
+  r.worker_id = rr.worker_id;
+  r.worker_name = rr.worker_name;
+  r.local_rank = rr.local_rank;
+  r.local_world_size = rr.local_world_size;
+  r.state = static_cast<v1::RankState>(rr.state);
+  r.pid = rr.pid;
+  r.exit_code = rr.exit_code;
+  r.signal = rr.signal;
+  r.error = rr.error;
+  return r;
 }
 
 RankRow JobManager::ToRow(const Job& job, const Attempt& attempt, const Rank& r) const {
@@ -524,18 +528,7 @@ Status JobManager::Load() {
     attempt->aggregator = std::make_unique<StepAggregator>(
         j.mesh.world_size(), j.spec.train().global_batch_size() * j.spec.model().seq_len());
     for (const RankRow& rr : ranks) {
-      Rank r;
-      r.rank = rr.rank;
-      r.coords = {rr.dp_replicate, rr.dp_shard, rr.cp, rr.tp};
-      r.worker_id = rr.worker_id;
-      r.worker_name = rr.worker_name;
-      r.local_rank = rr.local_rank;
-      r.local_world_size = rr.local_world_size;
-      r.state = static_cast<v1::RankState>(rr.state);
-      r.pid = rr.pid;
-      r.exit_code = rr.exit_code;
-      r.signal = rr.signal;
-      r.error = rr.error;
+      Rank r = RankFromRow(rr);
       r.confirmed = false;
       if (r.state == v1::RANK_STATE_SUCCEEDED) ++attempt->succeeded;
       attempt->ranks.push_back(std::move(r));

@@ -162,6 +162,8 @@ class JobManager {
   v1::JobEvent* AddEvent(Txn& txn);
   Status CommitLocked(Txn& txn, Durability durability);
   RankRow ToRow(const Job& job, const Attempt& attempt, const Rank& rank) const;
+  // A rank as StateDb stored it (restore after a restart, or a finished job read back).
+  static Rank RankFromRow(const RankRow& row);
   AttemptRow ToRow(const Job& job, const Attempt& attempt) const;
   void SetJobStateLocked(Txn& txn, v1::JobState state, const std::string& reason);
   // Records that `job_id` finished; releases the event log of the oldest finished job once

@@ -18,16 +18,24 @@
 
 namespace meshrun::testing {
 
-// grpc.health.v1.Health/Check for service "": the serving status (1 SERVING, 2 NOT_SERVING),
-// or -1 with the call's error.
+// grpc.health.v1.Health/Check for `service` ("" = the server as a whole): the serving status
+// (1 SERVING, 2 NOT_SERVING, 0 UNKNOWN), or -1 with the call's error.
 inline int HealthStatus(const std::shared_ptr<grpc::Channel>& channel,
-                        std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+                        std::chrono::milliseconds limit = std::chrono::seconds(5),
+                        const std::string& service = "") {
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + limit);
-  grpc::Slice empty;
-  grpc::ByteBuffer request(&empty, 1);
+  // HealthCheckRequest { string service = 1; }: tag 0x0a, length, bytes (names < 128 bytes).
+  std::string request_bytes;
+  if (!service.empty()) {
+    request_bytes.push_back(0x0a);
+    request_bytes.push_back(static_cast<char>(service.size()));
+    request_bytes += service;
+  }
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request(&slice, 1);
   auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
   call->StartCall();
   grpc::ByteBuffer response;
@@ -44,7 +52,7 @@ inline int HealthStatus(const std::shared_ptr<grpc::Channel>& channel,
   (void)response.Dump(&slices);
   std::string bytes;
   for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  // HealthCheckResponse { ServingStatus status = 1; } encodes as 0x08 <status>.
+  // HealthCheckResponse { ServingStatus status = 1; }: 0x08 <status>; empty means UNKNOWN (0).
   return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
 }
 

@@ -16,6 +16,8 @@
 #include <regex>
 #include <sstream>
 
+#include "tests/coordinator/grpc_test_util.h"
+
 namespace meshrun::deploy_test {
 namespace {
 
@@ -277,40 +279,9 @@ bool SelectorMatches(const YAML::Node& selector, const YAML::Node& labels) {
 }
 
 int HealthCheck(int port, const std::string& service, std::chrono::milliseconds limit) {
-  auto channel =
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
-  grpc::CompletionQueue cq;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + limit);
-  // HealthCheckRequest { string service = 1; }: tag 0x0a, length, bytes (names < 128 bytes).
-  std::string request_bytes;
-  if (!service.empty()) {
-    request_bytes.push_back(0x0a);
-    request_bytes.push_back(static_cast<char>(service.size()));
-    request_bytes += service;
-  }
-  grpc::Slice slice(request_bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
-  call->StartCall();
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  if (!status.ok()) return -1;
-  std::vector<grpc::Slice> slices;
-  (void)response.Dump(&slices);
-  std::string bytes;
-  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  // HealthCheckResponse { ServingStatus status = 1; }: 0x08 <status>; empty means UNKNOWN (0).
-  if (bytes.empty()) return 0;
-  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
+  return testing::HealthStatus(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()),
+      limit, service);
 }
 
 std::string HttpGet(int port, const std::string& path) {
