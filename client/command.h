@@ -18,6 +18,9 @@ namespace meshrun::client {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;       // anything else
 inline constexpr int kExitInvalidInput = 2;  // spec, flags, arguments
+// Stopped by SIGINT/SIGTERM at a step boundary (with a checkpoint when checkpoint.dir is set);
+// the same whatever --nproc is (128 + SIGINT, as shells report Ctrl-C).
+inline constexpr int kExitInterrupted = 130;
 
 // Filled in during parsing by the chosen subcommand; run after parsing succeeded, so a
 // command never starts work on half-parsed flags. Not thread-safe; owned by main().
