@@ -14,7 +14,7 @@ class App;
 
 namespace meshrun::client {
 
-// Exit codes of CONVENTIONS §6.
+// Exit codes of docs/cli.md.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;       // anything else
 inline constexpr int kExitInvalidInput = 2;  // spec, flags, arguments

@@ -1,5 +1,5 @@
 // `meshrun jobs|status|logs|cancel` (see jobs_command.h): one RPC each (logs --follow streams),
-// printed as a table for people or as the JSON of CONVENTIONS §6 with -o json.
+// printed as a table for people or as the JSON of docs/cli.md with -o json.
 #include "client/jobs_command.h"
 
 #include <CLI/CLI.hpp>

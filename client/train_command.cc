@@ -1,5 +1,5 @@
 // `meshrun train|eval|export`: load and validate the spec, build the engine's Trainer, print
-// one line per step (text for people, JSON objects for programs; CONVENTIONS §6 shapes).
+// one line per step (text for people, JSON objects for programs; docs/cli.md shapes).
 #include "client/train_command.h"
 
 #include <CLI/CLI.hpp>

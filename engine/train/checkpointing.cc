@@ -1,4 +1,4 @@
-// Saving and resuming the trainer's state under any mesh (CONVENTIONS §4). Tensors are saved
+// Saving and resuming the trainer's state under any mesh (docs/checkpoints.md). Tensors are saved
 // by their global names as boxes of the global tensor: "model/<param>", "optim/exp_avg/<param>",
 // "optim/exp_avg_sq/<param>". One rank per tp shard writes (dp_replicate 0, dp_shard_cp index
 // 0), after gathering its FSDP shards; the others write an empty shard file. Loading reads this

@@ -151,7 +151,7 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   const int Tl = T / dims_->cp();
   const double grad_scale = 1.0 / (static_cast<double>(B) * T);
   std::vector<int32_t> inputs(static_cast<size_t>(mb) * T), targets(inputs.size());
-  // This dp rank's sequences of the global batch (CONVENTIONS §2).
+  // This dp rank's sequences of the global batch (docs/data.md).
   const int dp = dims_->dp_replicate() * dims_->dp_shard();
   const int d = coords_.dp_replicate * dims_->dp_shard() + coords_.dp_shard;
   MESHRUN_ASSIGN_OR_RETURN(SeqRange range, DpRankRange(B, dp, d));
@@ -304,7 +304,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
         tokens_per_step * static_cast<double>(summary.steps) / total_seconds;
     summary.mfu = summary.tokens_per_second * flops_per_token / world_peak;
   }
-  // Bus bytes per rank per step, averaged over every rank of the job (CONVENTIONS §6).
+  // Bus bytes per rank per step, averaged over every rank of the job (docs/parallelism.md).
   for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"}) {
     double mine = 0;
     if (stats && summary.steps > 0) mine = stats->AxisTotal(axis).bytes / summary.steps;

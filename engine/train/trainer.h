@@ -1,5 +1,5 @@
 // The training loop of one rank: data → forward/backward over micro-batches → clip → AdamW,
-// with metrics per step, periodic evaluation and checkpoints (CONVENTIONS §2–§4).
+// with metrics per step, periodic evaluation and checkpoints (docs/data.md, docs/checkpoints.md).
 // Instrumentation reaches the outside only through TrainObserver; the math stays in Step().
 #pragma once
 
@@ -36,7 +36,7 @@ struct StepMetrics {
   int64_t peak_memory_bytes = 0;
   int64_t reserved_memory_bytes = 0;
   // This rank's communication by (axis label, op) since its first step: seconds, bus bytes
-  // (CONVENTIONS §6) and calls; cumulative, like the Prometheus counters they feed (§7).
+  // (docs/parallelism.md) and calls; cumulative, like the Prometheus counters they feed.
   std::map<CommStats::Key, CommCounter> comm;
 };
 
@@ -98,7 +98,7 @@ class Trainer {
   // Resumes when the spec asks for it, then trains to the last step (or stop_after_step).
   StatusOr<RunSummary> Run(TrainObserver* observer);
 
-  // Mean loss over the windows of `stream` (CONVENTIONS §2 windows, in batches): all of them
+  // Mean loss over the windows of `stream` (docs/data.md windows, in batches): all of them
   // on one rank; on a mesh, the first multiple of dp·micro_batch_size of them (at most
   // max_windows when > 0), split over the dp ranks.
   StatusOr<EvalMetrics> Evaluate(const TokenStream& stream, int64_t max_windows);
@@ -140,7 +140,7 @@ class Trainer {
 };
 
 // Float32 GEMM throughput of this machine with the current thread count (FLOP/s): the CPU
-// "peak" that MFU is measured against (CONVENTIONS §7).
+// "peak" that MFU is measured against (docs/model.md).
 double MeasureCpuGemmPeakFlops();
 
 }  // namespace meshrun
