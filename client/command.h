@@ -4,13 +4,12 @@
 // command and hands over to RunCommandLine, which parses, runs, and maps errors to exit codes.
 #pragma once
 
+#include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
+#include <string>
 
 #include "common/status.h"
-
-namespace CLI {
-class App;
-}  // namespace CLI
 
 namespace meshrun::client {
 
@@ -27,6 +26,11 @@ inline constexpr int kExitInterrupted = 130;
 struct CommandResult {
   std::function<int()> run;  // returns the process exit code
 };
+
+// A flag's check for a whole number in [lo, hi], with a message people read:
+// `--nproc: 'abc' is not a whole number from 1 to 4096` (CLI11's own Range prints doubles with
+// 309 digits and calls text "not in range").
+CLI::Validator WholeNumber(int64_t lo, int64_t hi);
 
 // kExitInvalidInput for INVALID_ARGUMENT (the caller's input), kExitFailure otherwise.
 int ExitCodeFor(const Status& status);

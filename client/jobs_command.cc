@@ -216,7 +216,7 @@ void RegisterLogsCommand(CLI::App& app, CommandResult& result) {
   auto f = std::make_shared<JobFlags>();
   CLI::App* cmd = AddJobCommand(app, "logs", "The log lines of a job's ranks", f);
   cmd->add_flag("--follow", f->follow, "keep printing new lines until the job ends");
-  cmd->add_option("--rank", f->rank, "only this rank's lines")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--rank", f->rank, "only this rank's lines")->check(WholeNumber(0, INT64_MAX));
   cmd->callback([f, &result] { result.run = [f] { return RunLogs(*f); }; });
 }
 

@@ -401,13 +401,13 @@ void RegisterTrainCommand(CLI::App& app, CommandResult& result) {
   CLI::App* cmd = app.add_subcommand("train", "Train a job standalone on this host (no daemons)");
   AddSpecOptions(cmd, &o->file, &o->overrides);
   cmd->add_option("--nproc", o->nproc, "rank processes to start; must equal the mesh's world size")
-      ->check(CLI::Range(1, 4096));
+      ->check(WholeNumber(1, 4096));
   cmd->add_option("-o,--output", o->output, "output format: text or json")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--stop-after", o->stop_after,
                   "stop after this step (with a checkpoint when checkpoint.dir is set); the "
                   "schedule still spans train.steps, so a later run resumes seamlessly")
-      ->check(CLI::PositiveNumber);
+      ->check(WholeNumber(1, INT64_MAX));
   cmd->callback([o, &result] { result.run = [o] { return RunTrain(*o); }; });
 }
 
