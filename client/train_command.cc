@@ -337,12 +337,29 @@ StatusOr<std::string> ResolveCheckpoint(const std::string& path, const char* fla
   return latest->step_dir;
 }
 
+// The spec a checkpoint was trained with (its metadata holds it), with --set overrides.
+StatusOr<JobSpec> SpecOfCheckpoint(const std::string& step_dir,
+                                   const std::vector<std::string>& overrides) {
+  MESHRUN_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
+  MESHRUN_ASSIGN_OR_RETURN(JobSpec spec,
+                           ParseJobSpecYaml(reader.metadata().job_spec_yaml, overrides,
+                                            step_dir + "/metadata.json (job spec)"));
+  MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, 0));
+  return spec;
+}
+
 int RunEval(const std::string& file, const std::vector<std::string>& overrides,
             const std::string& checkpoint, const std::string& tokens, const std::string& output) {
-  StatusOr<JobSpec> spec = LoadSpec(file, overrides, 0);
-  if (!spec.ok()) return ReportError(spec.status());
-  StatusOr<std::string> step_dir = ResolveCheckpoint(checkpoint, "--checkpoint");
+  StatusOr<std::string> step_dir = ResolveCheckpoint(checkpoint, "CKPT");
   if (!step_dir.ok()) return ReportError(step_dir.status());
+  // The spec: -f when given, else the one stored in the checkpoint.
+  StatusOr<JobSpec> spec =
+      file.empty() ? SpecOfCheckpoint(*step_dir, overrides) : LoadSpec(file, overrides, 0);
+  if (!spec.ok()) return ReportError(spec.status());
+  // Evaluation runs on this one process whatever mesh trained the checkpoint: loading reshards.
+  const std::string strategy = spec->parallelism.cp_comm_strategy;
+  spec->parallelism = ParallelismSpec{};
+  spec->parallelism.cp_comm_strategy = strategy;
   const std::string stream_path = tokens.empty() ? spec->data.val : tokens;
   if (stream_path.empty()) {
     return ReportError(InvalidArgumentError(
@@ -419,14 +436,23 @@ void RegisterEvalCommand(CLI::App& app, CommandResult& result) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "eval", "Mean loss of a checkpoint over every window of a token stream (default data.val)");
-  AddSpecOptions(cmd, &o->file, &o->overrides);
-  cmd->add_option("--checkpoint", o->checkpoint, "a step-NNNNNNNN folder, or a checkpoint.dir")
-      ->required();
+  cmd->add_option("CKPT", o->checkpoint, "a step-NNNNNNNN folder, or a checkpoint.dir");
+  cmd->add_option("--checkpoint", o->checkpoint, "the same as CKPT");
+  cmd->add_option("-f,--file", o->file,
+                  "job spec (YAML); default: the spec the checkpoint was trained with");
+  cmd->add_option("--set", o->overrides, "override a field: dotted.path=value (repeatable)")
+      ->expected(1)
+      ->take_all();
   cmd->add_option("--tokens", o->tokens, "token stream to score (default: data.val)");
   cmd->add_option("-o,--output", o->output, "output format: text or json")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->callback([o, &result] {
     result.run = [o] {
+      if (o->checkpoint.empty()) {
+        return ReportError(InvalidArgumentError(
+            "CKPT: no checkpoint to evaluate (hint: meshrun eval CKPT, where CKPT is a "
+            "step-NNNNNNNN folder or a checkpoint.dir)"));
+      }
       return RunEval(o->file, o->overrides, o->checkpoint, o->tokens, o->output);
     };
   });
@@ -441,8 +467,19 @@ void RegisterExportCommand(CLI::App& app, CommandResult& result) {
       "export",
       "Write a checkpoint as a Hugging Face GPT-2 folder (model.safetensors + config.json)");
   cmd->add_option("CKPT", o->checkpoint, "a step-NNNNNNNN folder, or a checkpoint.dir")->required();
-  cmd->add_option("-o,--output", o->out, "output folder")->required();
-  cmd->callback([o, &result] { result.run = [o] { return RunExport(o->checkpoint, o->out); }; });
+  cmd->add_option("-o,--output-dir", o->out, "output folder")->required();
+  cmd->callback([o, &result] {
+    result.run = [o] {
+      // Everywhere else -o is the output format: `export CKPT -o json` meant that, not a folder.
+      if ((o->out == "json" || o->out == "text") && !fs::exists(o->out)) {
+        return ReportError(InvalidArgumentError(
+            "--output-dir: '" + o->out + "' looks like an output format, but export writes a "
+            "folder (hint: meshrun export CKPT --output-dir DIR; for a folder of that name, "
+            "write ./" + o->out + ")"));
+      }
+      return RunExport(o->checkpoint, o->out);
+    };
+  });
 }
 
 }  // namespace meshrun::client

@@ -197,6 +197,39 @@ TEST_F(TrainCommandTest, InitFromAnExportedModelStartsFromItsWeights) {
   EXPECT_NE(bad.err.find("error: model.n_layer"), std::string::npos) << bad.err;
 }
 
+TEST_F(TrainCommandTest, EvalReadsTheSpecFromTheCheckpointAndExportTakesAFolder) {
+  ASSERT_EQ(Train("ckpt").exit_code, 0);
+  const std::string tiny = (source_ / "examples/tiny.yaml").string();
+  CliResult with_spec =
+      Run({"eval", "-f", tiny, "--checkpoint", (temp_ / "ckpt").string(), "-o", "json"});
+  ASSERT_EQ(with_spec.exit_code, 0) << with_spec.err;
+  // `eval CKPT`: the spec (and so data.val) is the one the checkpoint was trained with.
+  CliResult from_ckpt = Run({"eval", (temp_ / "ckpt").string(), "-o", "json"});
+  ASSERT_EQ(from_ckpt.exit_code, 0) << from_ckpt.err;
+  EXPECT_EQ(json::parse(from_ckpt.out)["loss"], json::parse(with_spec.out)["loss"]);
+  // A checkpoint of a 2-rank mesh is evaluated on this one process (loading reshards).
+  CliResult two = Run({"train", "-f", tiny, "--nproc", "2", "-o", "json", "--set",
+                       "parallelism.dp_shard_size=2", "--set", "train.steps=2", "--set",
+                       "checkpoint.dir=" + (temp_ / "two").string()});
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  CliResult eval_two = Run({"eval", (temp_ / "two").string(), "-o", "json"});
+  EXPECT_EQ(eval_two.exit_code, 0) << eval_two.err;
+  CliResult none = Run({"eval", "-o", "json"});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("error: CKPT: no checkpoint to evaluate"), std::string::npos) << none.err;
+  // -o is the output format everywhere else: `export CKPT -o json` makes no folder named json.
+  CliResult exp = Run({"export", (temp_ / "ckpt").string(), "-o", "json"});
+  EXPECT_EQ(exp.exit_code, 2) << exp.err;
+  EXPECT_NE(exp.err.find("error: --output-dir: 'json' looks like an output format"),
+            std::string::npos)
+      << exp.err;
+  EXPECT_FALSE(fs::exists("json"));
+  CliResult named = Run({"export", (temp_ / "ckpt").string(), "--output-dir",
+                         (temp_ / "hf").string()});
+  EXPECT_EQ(named.exit_code, 0) << named.err;
+  EXPECT_TRUE(fs::exists(temp_ / "hf/model.safetensors"));
+}
+
 TEST_F(TrainCommandTest, WorldSizeMismatchIsInvalidInput) {
   CliResult mismatch =
       Run({"train", "-f", (source_ / "examples/tiny.yaml").string(), "--nproc", "2"});
