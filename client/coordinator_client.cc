@@ -29,10 +29,39 @@ std::string WithoutPrefix(const std::string& name, const std::string& prefix) {
 
 }  // namespace
 
+namespace {
+
+// HOST:PORT, [IPV6]:PORT, or a gRPC URI (dns:///…, unix:…, ipv4:…), as dialled.
+Status CheckAddress(const std::string& address, const char* where) {
+  if (address.find(":/") != std::string::npos || address.rfind("unix:", 0) == 0 ||
+      address.rfind("ipv4:", 0) == 0 || address.rfind("ipv6:", 0) == 0) {
+    return OkStatus();
+  }
+  const size_t colon = address.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
+  const std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  bool digits = !port.empty() && port.size() <= 5;
+  for (char ch : port) digits &= ch >= '0' && ch <= '9';
+  if (host.empty() || !digits || std::stoi(port) == 0 || std::stoi(port) > 65535) {
+    return InvalidArgumentError(std::string(where) + ": '" + address +
+                                "' is not HOST:PORT (hint: e.g. --coordinator 127.0.0.1:50051; "
+                                "`meshrun up` prints its address)");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<std::string> ResolveCoordinatorAddress(const std::string& flag) {
-  if (!flag.empty()) return flag;
+  if (!flag.empty()) {
+    MESHRUN_RETURN_IF_ERROR(CheckAddress(flag, "--coordinator"));
+    return flag;
+  }
   const char* env = std::getenv(kEnvCoordinator);
-  if (env != nullptr && *env != '\0') return std::string(env);
+  if (env != nullptr && *env != '\0') {
+    MESHRUN_RETURN_IF_ERROR(CheckAddress(env, kEnvCoordinator));
+    return std::string(env);
+  }
   return InvalidArgumentError(
       "--coordinator: no coordinator address (hint: pass --coordinator HOST:PORT or export "
       "MESHRUN_COORDINATOR=HOST:PORT; `meshrun up` starts a local cluster and prints it)");

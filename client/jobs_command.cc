@@ -178,6 +178,15 @@ int RunCancel(const JobFlags& f) {
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
   StatusOr<v1::Job> job = (*client)->CancelJob(f.job_id, f.reason);
+  if (!job.ok() && job.status().code() == StatusCode::kFailedPrecondition) {
+    // Cancelling a job that already ended is done already: say how it ended, exit 0.
+    StatusOr<v1::Job> ended = (*client)->GetJob(f.job_id);
+    if (ended.ok() && IsTerminal(ended->state())) {
+      std::cerr << "note: job " << f.job_id << " already ended " << JobStateName(ended->state())
+                << "; nothing to cancel" << std::endl;
+      job = std::move(ended);
+    }
+  }
   if (!job.ok()) return ReportError(job.status());
   if (f.output == "json") {
     std::cout << JobStatusJson(*job).dump() << std::endl;

@@ -33,7 +33,8 @@ namespace {
 constexpr int64_t kSequenceBlock = 4096;
 
 Status JobNotFound(const std::string& job_id) {
-  return NotFoundError("job " + job_id + " not found (hint: `meshrun jobs` lists the jobs)");
+  return NotFoundError("job_id: " + job_id +
+                       " is not a job of this coordinator (hint: `meshrun jobs` lists the jobs)");
 }
 
 bool PrintableId(const std::string& s, size_t max) {

@@ -41,5 +41,20 @@ TEST(CoordinatorClient, PlaintextToANonLoopbackAddressIsRefused) {
       << client.status().ToString();
 }
 
+TEST(CoordinatorClient, AnAddressWithoutAPortIsInvalidInputNotATlsError) {
+  for (const std::string bad : {"notaport", "host:", ":50051", "host:abc", "host:70000"}) {
+    auto address = ResolveCoordinatorAddress(bad);
+    ASSERT_FALSE(address.ok()) << bad;
+    EXPECT_EQ(address.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(address.status().message().rfind("--coordinator: '" + bad + "' is not HOST:PORT", 0),
+              0u)
+        << address.status().ToString();
+  }
+  for (const std::string good : {"127.0.0.1:50051", "[::1]:7070", "dns:///coord:50051",
+                                  "coordinator.svc:443"}) {
+    EXPECT_TRUE(ResolveCoordinatorAddress(good).ok()) << good;
+  }
+}
+
 }  // namespace
 }  // namespace meshrun::client
