@@ -1,6 +1,9 @@
 // `meshrun submit` (see submit_command.h).
 #include "client/submit_command.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
@@ -48,6 +51,22 @@ int RunSubmit(const SubmitFlags& f) {
     std::cout << *job_id << std::endl;
   }
   if (!f.follow) return kExitOk;
+  // Ctrl-C stops following, not the job: say so, and how to reach it (a one-shot handler; the
+  // message is prepared now because the handler may only write(2) and _exit).
+  static std::string interrupt_message;
+  interrupt_message = "\nstopped following " + *job_id +
+                      "; it keeps running on the coordinator (hint: meshrun status " + *job_id +
+                      ", meshrun logs " + *job_id + " --follow, meshrun cancel " + *job_id +
+                      ")\n";
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {
+    ssize_t ignored = write(STDERR_FILENO, interrupt_message.data(), interrupt_message.size());
+    (void)ignored;
+    _exit(kExitInterrupted);
+  };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
 
   // With -o json, stdout carries JSON only: progress goes to stderr, the final status to stdout.
   FollowOptions follow;

@@ -299,6 +299,38 @@ TEST_F(ControlPlaneTest, CancelStopsARunningJobsRanks) {
   const std::vector<pid_t> pids = RankPids(s);
   ASSERT_EQ(pids.size(), 4u);
   for (pid_t pid : pids) EXPECT_TRUE(Alive(pid)) << pid;
+  // Ctrl-C of `submit --follow` stops following, not the job, and says so (exit 130).
+  {
+    const fs::path log = dir_ / "follow.log";
+    Daemon follow = Spawn("follow",
+                          {(BinDir() / "meshrun").string(), "submit", "-f",
+                           WriteSpec("followed", 5000, 0, 0), "--follow", "--coordinator",
+                           address_},
+                          log);
+    const Clock::time_point until = Clock::now() + 20s;
+    while (testing::ReadFile(log).find("job-") == std::string::npos && Clock::now() < until) {
+      std::this_thread::sleep_for(50ms);
+    }
+    std::this_thread::sleep_for(300ms);
+    ASSERT_EQ(kill(follow.pid, SIGINT), 0);
+    int status = 0;
+    const Clock::time_point wait_until = Clock::now() + 10s;
+    while (waitpid(follow.pid, &status, WNOHANG) == 0 && Clock::now() < wait_until) {
+      std::this_thread::sleep_for(20ms);
+    }
+    ASSERT_TRUE(WIFEXITED(status)) << testing::ReadFile(log);
+    EXPECT_EQ(WEXITSTATUS(status), 130) << testing::ReadFile(log);
+    const std::string text = testing::ReadFile(log);
+    const size_t at = text.find("stopped following job-");
+    ASSERT_NE(at, std::string::npos) << text;
+    const std::string followed = text.substr(at + 18, text.find(';', at) - at - 18);
+    EXPECT_NE(text.find("it keeps running on the coordinator (hint: meshrun status " + followed),
+              std::string::npos)
+        << text;
+    const json state = Status(followed);
+    EXPECT_TRUE(state["state"] == "PENDING" || state["state"] == "RUNNING") << state.dump();
+    EXPECT_EQ(Cli({"cancel", followed}).exit_code, 0);
+  }
   testing::CliResult c = Cli({"cancel", job});
   ASSERT_EQ(c.exit_code, 0) << c.err;
   ASSERT_TRUE(WaitState(job, "CANCELLED", 10s, &s)) << s.dump();
