@@ -281,9 +281,10 @@ std::vector<std::string> CheckRendering(const Rendered& r) {
       }
       if (services.empty()) problems.push_back(name + ": its selector matches no Service");
       for (const auto& e : obj["spec"]["endpoints"]) {
-        if (Str(e["honorLabels"]) != "true") {
+        if (e["honorLabels"]) {
           problems.push_back(name + ": endpoint " + Str(e["port"]) +
-                             " lacks honorLabels: true (meshrun's `job` label would be renamed)");
+                             " sets honorLabels (not needed: meshrun's labels never collide with "
+                             "target labels, and it would overwrite the scrape job's `job`)");
         }
         for (const YAML::Node* s : services) {
           bool metrics = false;
@@ -305,9 +306,10 @@ std::vector<std::string> CheckRendering(const Rendered& r) {
       const auto pods = Selected(all, At(obj, {"spec", "selector", "matchLabels"}), ns);
       if (pods.empty()) problems.push_back(name + ": its selector matches no pod");
       for (const auto& e : obj["spec"]["podMetricsEndpoints"]) {
-        if (Str(e["honorLabels"]) != "true") {
+        if (e["honorLabels"]) {
           problems.push_back(name + ": endpoint " + Str(e["port"]) +
-                             " lacks honorLabels: true (meshrun's `job` label would be renamed)");
+                             " sets honorLabels (not needed: meshrun's labels never collide with "
+                             "target labels, and it would overwrite the scrape job's `job`)");
         }
         for (const Analyzed* a : pods) {
           const int port = ResolvePort(a->c.spec, e["port"]);
