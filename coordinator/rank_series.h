@@ -1,4 +1,4 @@
-// The per-rank Prometheus series of the coordinator (CONVENTIONS §7, docs/metrics.md), kept
+// The per-rank Prometheus series of the coordinator (docs/metrics.md), kept
 // from the RankMetrics samples the workers forward: gauges of each rank's newest step, its
 // step-time histogram, its step/token/FLOP counters and its communication counters, with the
 // labels the placement gives (job_id, rank, worker, mesh coordinates) and the
