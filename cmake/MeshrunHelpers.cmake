@@ -26,14 +26,19 @@ function(meshrun_add_executable name)
   endif()
 endfunction()
 
+# The exit code of a test that skipped (GTEST_SKIP, no GPU, a tool missing) and failed nothing:
+# ctest's SKIP_RETURN_CODE on every test, so a skip is reported as skipped, never as passed.
+set(MESHRUN_TEST_SKIP_CODE 77)
+
 # Tests run from the build tree with OMP_NUM_THREADS=1 (ctest runs tests side by side, and
 # spinning OpenMP threads that outnumber the cores slow everything down); each gets a label
 # (unit, integration, gpu) so CI and
-# scripts/gpu-check can pick them with `ctest -L`.
+# scripts/gpu-check can pick them with `ctest -L`. main() is tests/test_main.cc (the
+# meshrun_test_main library): GTEST_SKIP makes the executable exit MESHRUN_TEST_SKIP_CODE.
 function(meshrun_add_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest meshrun_test_main)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
@@ -45,6 +50,7 @@ function(meshrun_add_test name)
     set(ARG_TIMEOUT 300)
   endif()
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
+    SKIP_RETURN_CODE ${MESHRUN_TEST_SKIP_CODE}
     ENVIRONMENT "MESHRUN_SOURCE_DIR=${PROJECT_SOURCE_DIR};MESHRUN_BINARY_DIR=${PROJECT_BINARY_DIR};OMP_NUM_THREADS=1")
 endfunction()
 

@@ -298,6 +298,8 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
   }
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, ValidateProtoJobSpec(request.spec()));
   MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
+  // Stored and sent to the ranks with the defaults applied: a client may leave fields unset.
+  v1::JobSpec resolved = ResolvedJobSpecProto(request.spec(), spec);
 
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return UnavailableError("the coordinator is stopping (hint: retry)");
@@ -329,12 +331,12 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
   row.job_id = id;
   row.name = spec.name;
   row.state = v1::JOB_STATE_UNSPECIFIED;
-  row.spec = request.spec().SerializeAsString();
+  row.spec = resolved.SerializeAsString();
   row.resolved_yaml = JobSpecToYaml(spec);
   row.request_id = request.request_id();
   row.submitted_ms = ToMillis(clock_.Now());
   row.world_size = mesh.world_size();
-  auto job = std::make_unique<Job>(std::move(row), request.spec(), mesh, config_.events);
+  auto job = std::make_unique<Job>(std::move(row), std::move(resolved), mesh, config_.events);
   Txn txn(*job);
   SetJobStateLocked(txn, v1::JOB_STATE_PENDING, "submitted");
   Status status = CommitLocked(txn, Durability::kDurable);

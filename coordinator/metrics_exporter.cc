@@ -61,11 +61,21 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
                      MetricType::Histogram);
   auto tps = Family("meshrun_rank_tokens_per_second",
                     "global_batch_size*seq_len / the rank's newest step time.", MetricType::Gauge);
-  auto tflops = Family("meshrun_rank_tflops",
-                       "Model TFLOP/s of the job as seen from the rank's newest step time.",
-                       MetricType::Gauge);
-  auto mfu = Family("meshrun_rank_mfu", "Model FLOPs utilization of the rank's newest step (0..1).",
-                    MetricType::Gauge);
+  auto flops = Family("meshrun_rank_model_flops_per_second",
+                      "Model FLOP/s of the job as seen from the rank's newest step time.",
+                      MetricType::Gauge);
+  auto mfu = Family("meshrun_rank_mfu_ratio",
+                    "Model FLOPs utilization of the rank's newest step (0..1).", MetricType::Gauge);
+  auto tokens_total = Family("meshrun_rank_tokens_total",
+                             "Tokens of every step the rank finished (global_batch_size*seq_len "
+                             "each; all attempts of the job).",
+                             MetricType::Counter);
+  auto steps_total = Family("meshrun_rank_steps_total",
+                            "Steps the rank finished (all attempts of the job).",
+                            MetricType::Counter);
+  auto flops_total = Family("meshrun_rank_model_flops_total",
+                            "Model FLOPs of every step the rank finished (all attempts of the job).",
+                            MetricType::Counter);
   auto loss = Family("meshrun_rank_loss", "Loss of the global batch of the rank's newest step.",
                      MetricType::Gauge);
   auto memory = Family("meshrun_rank_memory_bytes",
@@ -88,7 +98,7 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
   for (const RankSeries::Job& job : ranks.Snapshot()) {
     for (const RankSeries::Rank& r : job.ranks) {
       const MeshCoords& c = r.placement.coords;
-      const Labels base = {{"job", job.job_id},
+      const Labels base = {{"job_id", job.job_id},
                            {"rank", std::to_string(r.rank)},
                            {"worker", r.placement.worker},
                            {"dp_replicate", std::to_string(c.dp_replicate)},
@@ -112,8 +122,11 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
       }
       step.metric.push_back(std::move(h));
       AddGauge(tps, base, r.tokens_per_second);
-      AddGauge(tflops, base, r.tflops);
+      AddGauge(flops, base, r.model_flops_per_second);
       AddGauge(mfu, base, r.mfu);
+      AddGauge(tokens_total, base, r.tokens_total);
+      AddGauge(steps_total, base, static_cast<double>(r.step_count));
+      AddGauge(flops_total, base, r.model_flops_total);
       AddGauge(loss, base, r.loss);
       AddGauge(memory, with({{"kind", "allocated"}}), static_cast<double>(r.memory_allocated));
       AddGauge(memory, with({{"kind", "peak"}}), static_cast<double>(r.memory_peak));
@@ -131,7 +144,8 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
                1);
     }
   }
-  for (auto* f : {&step, &tps, &tflops, &mfu, &loss, &memory, &comm_seconds, &comm_bytes, &info}) {
+  for (auto* f : {&step, &tps, &flops, &mfu, &tokens_total, &steps_total, &flops_total, &loss,
+                  &memory, &comm_seconds, &comm_bytes, &info}) {
     out.push_back(std::move(*f));
   }
 }
@@ -165,8 +179,8 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
       Family("meshrun_job_step", "Step of the job's newest job-level sample.", MetricType::Gauge);
   auto tps = Family("meshrun_job_tokens_per_second",
                     "global_batch_size*seq_len / the slowest rank's step time.", MetricType::Gauge);
-  auto mfu = Family("meshrun_job_mfu", "Model FLOPs utilization averaged over ranks (0..1).",
-                    MetricType::Gauge);
+  auto mfu = Family("meshrun_job_mfu_ratio",
+                    "Model FLOPs utilization averaged over ranks (0..1).", MetricType::Gauge);
   auto restarts = Family("meshrun_job_restarts_total", "Attempts started after a failure.",
                          MetricType::Counter);
   auto skew = Family("meshrun_job_step_time_skew",
@@ -175,13 +189,13 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
                      MetricType::Gauge);
   for (const JobsSnapshot::JobLine& j : snap.jobs) {
     for (v1::JobState s : kJobStates) {
-      AddGauge(state, {{"job", j.job_id}, {"state", JobStateName(s)}}, s == j.state ? 1 : 0);
+      AddGauge(state, {{"job_id", j.job_id}, {"state", JobStateName(s)}}, s == j.state ? 1 : 0);
     }
-    AddGauge(step, {{"job", j.job_id}}, static_cast<double>(j.step));
-    AddGauge(tps, {{"job", j.job_id}}, j.tokens_per_second);
-    AddGauge(mfu, {{"job", j.job_id}}, j.mfu);
-    AddGauge(restarts, {{"job", j.job_id}}, j.restarts);
-    AddGauge(skew, {{"job", j.job_id}}, j.step_time_skew);
+    AddGauge(step, {{"job_id", j.job_id}}, static_cast<double>(j.step));
+    AddGauge(tps, {{"job_id", j.job_id}}, j.tokens_per_second);
+    AddGauge(mfu, {{"job_id", j.job_id}}, j.mfu);
+    AddGauge(restarts, {{"job_id", j.job_id}}, j.restarts);
+    AddGauge(skew, {{"job_id", j.job_id}}, j.step_time_skew);
   }
   for (auto* f : {&state, &step, &tps, &mfu, &restarts, &skew}) out.push_back(std::move(*f));
   if (ranks != nullptr) AppendRankFamilies(*ranks, out);

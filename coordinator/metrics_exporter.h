@@ -1,10 +1,13 @@
 // The coordinator's Prometheus endpoint (--metrics-listen, docs/metrics.md):
-// meshrun_jobs{state}, meshrun_workers{state}; per job meshrun_job_state{job,state},
-// meshrun_job_step, meshrun_job_tokens_per_second, meshrun_job_mfu, meshrun_job_restarts_total
-// and meshrun_job_step_time_skew; per rank (from RankSeries) meshrun_rank_step_seconds,
-// meshrun_rank_{tokens_per_second,tflops,mfu,loss}, meshrun_rank_memory_bytes{kind},
-// meshrun_rank_comm_{seconds,bytes}_total{axis,op} with the labels job, rank, worker,
-// dp_replicate, dp_shard, cp, tp, and the join gauge meshrun_rank_info{…,attempt,device,gpu}.
+// meshrun_jobs{state}, meshrun_workers{state}; per job meshrun_job_state{job_id,state},
+// meshrun_job_step, meshrun_job_tokens_per_second, meshrun_job_mfu_ratio,
+// meshrun_job_restarts_total and meshrun_job_step_time_skew; per rank (from RankSeries)
+// meshrun_rank_step_seconds, meshrun_rank_{tokens_per_second,model_flops_per_second,mfu_ratio,
+// loss}, the counters meshrun_rank_{tokens,steps,model_flops}_total,
+// meshrun_rank_memory_bytes{kind}, meshrun_rank_comm_{seconds,bytes}_total{axis,op} with the
+// labels job_id, rank, worker, dp_replicate, dp_shard, cp, tp, and the join gauge
+// meshrun_rank_info{…,attempt,device,gpu}. No label is named after a Prometheus target label
+// (job, instance): a standard scrape config (honor_labels off) keeps every label as written.
 // Values are read from the managers at scrape time (a prometheus::Collectable), so nothing is
 // updated on the hot path; a new series is one more family in Collect().
 //

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 namespace meshrun::coordinator {
 namespace {
@@ -58,7 +59,7 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
   r.step = s.step();
   r.loss = s.loss();
   r.tokens_per_second = s.tokens_per_second();
-  r.tflops = s.tflops();
+  r.model_flops_per_second = s.tflops() * 1e12;
   r.mfu = s.mfu();
   r.memory_allocated = s.memory_allocated_bytes();
   r.memory_peak = s.memory_peak_bytes();
@@ -70,6 +71,10 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
   ++r.step_buckets[bucket];
   ++r.step_count;
   r.step_sum += seconds;
+  // The sample carries rates of this one step: rate × its time gives the step's amounts back.
+  // Tokens per step are a whole number, so rounding removes the float noise of the division.
+  r.tokens_total += std::llround(std::max(0.0, s.tokens_per_second()) * seconds);
+  r.model_flops_total += std::max(0.0, s.tflops()) * 1e12 * seconds;
 
   // Cumulative within the attempt: a sample never lowers a counter (samples may overtake).
   for (const v1::CommStats& c : s.comm()) {

@@ -1,12 +1,13 @@
 // The per-rank Prometheus series of the coordinator (docs/metrics.md), kept
 // from the RankMetrics samples the workers forward: gauges of each rank's newest step, its
-// step-time histogram and its communication counters, with the labels the placement gives
-// (job, rank, worker, mesh coordinates) and the attempt/device/gpu of meshrun_rank_info.
+// step-time histogram, its step/token/FLOP counters and its communication counters, with the
+// labels the placement gives (job_id, rank, worker, mesh coordinates) and the
+// attempt/device/gpu of meshrun_rank_info.
 //
 // Counters stay monotonic across attempts: a restarted rank's cumulative comm counters start
 // again at 0, so each series adds the final totals of the job's earlier attempts (no attempt
-// label on counters; see docs/decisions/0003-where-metrics-live.md). The step histogram simply
-// keeps counting. A finished job's series stay until kMaxFinishedJobs newer jobs finished.
+// label on counters; see docs/decisions/0003-where-metrics-live.md). The step histogram and the
+// step, token and FLOP counters add each step observed, so they simply keep counting. A finished job's series stay until kMaxFinishedJobs newer jobs finished.
 //
 // Thread-safe (one mutex, never held while calling out). JobManager calls Add and JobFinished
 // under its own mutex (lock order JobManager -> RankSeries); the exporter calls Snapshot at
@@ -52,7 +53,13 @@ class RankSeries {
     int attempt = 0;
     RankLabels placement;
     int64_t step = 0;  // newest step of `attempt`
-    double loss = 0, tokens_per_second = 0, tflops = 0, mfu = 0;
+    // Gauges of the newest step, in base units (model_flops_per_second = the sample's tflops·1e12).
+    double loss = 0, tokens_per_second = 0, model_flops_per_second = 0, mfu = 0;
+    // Counters beside the rate gauges, every observed step of every attempt: rate() of these
+    // is the gauges' rate over a window. tokens_total adds each step's tokens (the job's
+    // global_batch_size·seq_len, as tokens_per_second counts them), model_flops_total its model
+    // FLOPs; the step count is step_count below.
+    double tokens_total = 0, model_flops_total = 0;
     uint64_t memory_allocated = 0, memory_peak = 0, memory_reserved = 0;
     // Per bucket of StepSecondsBounds() plus +Inf, not cumulative; count and sum.
     std::vector<uint64_t> step_buckets;

@@ -1,5 +1,6 @@
-// JobSpec proto <-> struct conversion. Integer fields are int64 in the proto and int in
-// common/, so every narrowing is checked and reported with the field's YAML path.
+// JobSpec proto <-> struct conversion. Unset fields take common/'s defaults (the YAML ones);
+// integer fields are int64 in the proto and int in common/, so every narrowing is checked and
+// reported with the field's YAML path.
 #include "proto/spec_convert.h"
 
 #include <climits>
@@ -21,84 +22,94 @@ Status Narrow(const std::string& path, int64_t value, int* out) {
   return OkStatus();
 }
 
-// A model size the client may leave out only when init_from names a config.json to read it.
-Status ModelSize(const std::string& key, bool has, int32_t value, bool from_init, int placeholder,
-                 int* out) {
-  if (has) {
-    *out = value;
-    return OkStatus();
-  }
-  if (!from_init) {
-    return Invalid("model." + key, "required field is missing",
-                   "set model." + key + ", or model.init_from to read it from a config.json");
-  }
-  *out = placeholder;
-  return OkStatus();
+// A field the client set replaces the default already in *out; an unset one keeps it.
+template <typename T, typename V>
+void SetIfPresent(bool has, const V& value, T* out) {
+  if (has) *out = static_cast<T>(value);
+}
+
+Status NarrowIfPresent(const std::string& path, bool has, int64_t value, int* out) {
+  return has ? Narrow(path, value, out) : OkStatus();
 }
 
 }  // namespace
 
 StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
+  // Every field starts at the default of common/job_spec.h, the one table of defaults that the
+  // YAML parser uses too: a field the message leaves unset resolves exactly as a field left out
+  // of a YAML spec.
   JobSpec s;
-  s.name = p.name();
+  SetIfPresent(p.has_name(), p.name(), &s.name);
 
   const v1::ModelSpec& m = p.model();
-  s.model.arch = m.arch();
-  s.model.init_from = m.init_from();
-  const bool from_init = !m.init_from().empty();
-  const int tp = p.parallelism().tp_size() > 0 ? p.parallelism().tp_size() : 1;
-  const int cp = p.parallelism().cp_size() > 0 ? p.parallelism().cp_size() : 1;
-  MESHRUN_RETURN_IF_ERROR(
-      ModelSize("n_layer", m.has_n_layer(), m.n_layer(), from_init, 1, &s.model.n_layer));
-  MESHRUN_RETURN_IF_ERROR(
-      ModelSize("n_head", m.has_n_head(), m.n_head(), from_init, tp, &s.model.n_head));
-  MESHRUN_RETURN_IF_ERROR(ModelSize("d_model", m.has_d_model(), m.d_model(), from_init,
-                                    s.model.n_head * tp, &s.model.d_model));
-  MESHRUN_RETURN_IF_ERROR(
-      ModelSize("seq_len", m.has_seq_len(), m.seq_len(), from_init, 2 * cp, &s.model.seq_len));
-  MESHRUN_RETURN_IF_ERROR(ModelSize("vocab_size", m.has_vocab_size(), m.vocab_size(), from_init,
-                                    256, &s.model.vocab_size));
+  SetIfPresent(m.has_arch(), m.arch(), &s.model.arch);
+  SetIfPresent(m.has_init_from(), m.init_from(), &s.model.init_from);
+  SetIfPresent(m.has_n_layer(), m.n_layer(), &s.model.n_layer);
+  SetIfPresent(m.has_n_head(), m.n_head(), &s.model.n_head);
+  SetIfPresent(m.has_d_model(), m.d_model(), &s.model.d_model);
+  SetIfPresent(m.has_seq_len(), m.seq_len(), &s.model.seq_len);
+  SetIfPresent(m.has_vocab_size(), m.vocab_size(), &s.model.vocab_size);
 
   const v1::ParallelismSpec& par = p.parallelism();
-  s.parallelism.dp_replicate_size = par.dp_replicate_size();
-  s.parallelism.dp_shard_size = par.dp_shard_size();
-  s.parallelism.cp_size = par.cp_size();
-  s.parallelism.tp_size = par.tp_size();
-  s.parallelism.cp_comm_strategy = par.cp_comm_strategy();
+  SetIfPresent(par.has_dp_replicate_size(), par.dp_replicate_size(),
+               &s.parallelism.dp_replicate_size);
+  SetIfPresent(par.has_dp_shard_size(), par.dp_shard_size(), &s.parallelism.dp_shard_size);
+  SetIfPresent(par.has_cp_size(), par.cp_size(), &s.parallelism.cp_size);
+  SetIfPresent(par.has_tp_size(), par.tp_size(), &s.parallelism.tp_size);
+  SetIfPresent(par.has_cp_comm_strategy(), par.cp_comm_strategy(),
+               &s.parallelism.cp_comm_strategy);
+
+  if (!s.model.init_from.empty()) {
+    // Sizes left out are read from init_from's config.json by the engine at rank start; until
+    // then they hold placeholders that satisfy every mesh rule, so that validation here checks
+    // the rest of the spec (the engine reports a contradiction with config.json).
+    const int tp = s.parallelism.tp_size > 0 ? s.parallelism.tp_size : 1;
+    const int cp = s.parallelism.cp_size > 0 ? s.parallelism.cp_size : 1;
+    if (!m.has_n_layer()) s.model.n_layer = 1;
+    if (!m.has_n_head()) s.model.n_head = tp;
+    if (!m.has_d_model()) s.model.d_model = s.model.n_head * tp;
+    if (!m.has_seq_len()) s.model.seq_len = 2 * cp;
+    if (!m.has_vocab_size()) s.model.vocab_size = 256;
+  }
 
   const v1::TrainSpec& t = p.train();
-  MESHRUN_RETURN_IF_ERROR(Narrow("train.steps", t.steps(), &s.train.steps));
-  MESHRUN_RETURN_IF_ERROR(
-      Narrow("train.global_batch_size", t.global_batch_size(), &s.train.global_batch_size));
-  MESHRUN_RETURN_IF_ERROR(
-      Narrow("train.micro_batch_size", t.micro_batch_size(), &s.train.micro_batch_size));
-  s.train.lr = t.lr();
-  s.train.min_lr = t.min_lr();
-  MESHRUN_RETURN_IF_ERROR(Narrow("train.warmup_steps", t.warmup_steps(), &s.train.warmup_steps));
-  s.train.weight_decay = t.weight_decay();
-  s.train.grad_clip = t.grad_clip();
-  s.train.beta1 = t.beta1();
-  s.train.beta2 = t.beta2();
-  s.train.eps = t.eps();
-  s.train.seed = t.seed();
-  s.train.precision = t.precision();
+  MESHRUN_RETURN_IF_ERROR(NarrowIfPresent("train.steps", t.has_steps(), t.steps(), &s.train.steps));
+  MESHRUN_RETURN_IF_ERROR(NarrowIfPresent("train.global_batch_size", t.has_global_batch_size(),
+                                          t.global_batch_size(), &s.train.global_batch_size));
+  MESHRUN_RETURN_IF_ERROR(NarrowIfPresent("train.micro_batch_size", t.has_micro_batch_size(),
+                                          t.micro_batch_size(), &s.train.micro_batch_size));
+  SetIfPresent(t.has_lr(), t.lr(), &s.train.lr);
+  SetIfPresent(t.has_min_lr(), t.min_lr(), &s.train.min_lr);
+  MESHRUN_RETURN_IF_ERROR(NarrowIfPresent("train.warmup_steps", t.has_warmup_steps(),
+                                          t.warmup_steps(), &s.train.warmup_steps));
+  SetIfPresent(t.has_weight_decay(), t.weight_decay(), &s.train.weight_decay);
+  SetIfPresent(t.has_grad_clip(), t.grad_clip(), &s.train.grad_clip);
+  SetIfPresent(t.has_beta1(), t.beta1(), &s.train.beta1);
+  SetIfPresent(t.has_beta2(), t.beta2(), &s.train.beta2);
+  SetIfPresent(t.has_eps(), t.eps(), &s.train.eps);
+  SetIfPresent(t.has_seed(), t.seed(), &s.train.seed);
+  SetIfPresent(t.has_precision(), t.precision(), &s.train.precision);
 
   const v1::DataSpec& d = p.data();
-  s.data.train = d.train();
-  s.data.val = d.val();
-  s.data.format = d.format();
-  s.data.order = d.order();
-  MESHRUN_RETURN_IF_ERROR(Narrow("data.eval_every", d.eval_every(), &s.data.eval_every));
+  SetIfPresent(d.has_train(), d.train(), &s.data.train);
+  SetIfPresent(d.has_val(), d.val(), &s.data.val);
+  SetIfPresent(d.has_format(), d.format(), &s.data.format);
+  SetIfPresent(d.has_order(), d.order(), &s.data.order);
+  MESHRUN_RETURN_IF_ERROR(
+      NarrowIfPresent("data.eval_every", d.has_eval_every(), d.eval_every(), &s.data.eval_every));
 
   const v1::CheckpointSpec& c = p.checkpoint();
-  s.checkpoint.dir = c.dir();
-  MESHRUN_RETURN_IF_ERROR(Narrow("checkpoint.every", c.every(), &s.checkpoint.every));
-  s.checkpoint.keep = c.keep();
-  s.checkpoint.resume = c.resume();
+  SetIfPresent(c.has_dir(), c.dir(), &s.checkpoint.dir);
+  MESHRUN_RETURN_IF_ERROR(
+      NarrowIfPresent("checkpoint.every", c.has_every(), c.every(), &s.checkpoint.every));
+  SetIfPresent(c.has_keep(), c.keep(), &s.checkpoint.keep);
+  SetIfPresent(c.has_resume(), c.resume(), &s.checkpoint.resume);
 
-  s.resources.device = p.resources().device();
-  s.resources.threads = p.resources().threads();
-  s.restart.max_restarts = p.restart().max_restarts();
+  const v1::ResourcesSpec& r = p.resources();
+  SetIfPresent(r.has_device(), r.device(), &s.resources.device);
+  SetIfPresent(r.has_threads(), r.threads(), &s.resources.threads);
+  SetIfPresent(p.restart().has_max_restarts(), p.restart().max_restarts(),
+               &s.restart.max_restarts);
   return s;
 }
 
@@ -154,6 +165,23 @@ StatusOr<JobSpec> ValidateProtoJobSpec(const v1::JobSpec& proto) {
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromProto(proto));
   MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec));
   return spec;
+}
+
+v1::JobSpec ResolvedJobSpecProto(const v1::JobSpec& submitted, const JobSpec& resolved) {
+  v1::JobSpec p = JobSpecToProto(resolved);
+  p.set_source_yaml(submitted.source_yaml());
+  *p.mutable_set_overrides() = submitted.set_overrides();
+  if (!resolved.model.init_from.empty()) {
+    // Sizes the client left to config.json stay unset: the engine reads them at rank start.
+    const v1::ModelSpec& in = submitted.model();
+    v1::ModelSpec* out = p.mutable_model();
+    if (!in.has_n_layer()) out->clear_n_layer();
+    if (!in.has_n_head()) out->clear_n_head();
+    if (!in.has_d_model()) out->clear_d_model();
+    if (!in.has_seq_len()) out->clear_seq_len();
+    if (!in.has_vocab_size()) out->clear_vocab_size();
+  }
+  return p;
 }
 
 }  // namespace meshrun

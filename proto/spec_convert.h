@@ -8,12 +8,14 @@
 
 namespace meshrun {
 
-// Converts field by field. INVALID_ARGUMENT naming the field when a value does not fit the
-// common struct (an int64 above INT32_MAX), or when a model size is missing although
-// model.init_from is empty. With model.init_from set, missing sizes are filled with
-// placeholders that satisfy every rule of docs/job-spec.md (n_head = tp_size, d_model =
-// n_head·tp_size, seq_len = 2·cp_size, vocab_size = 256, n_layer = 1): the engine reads the
-// real ones from config.json at rank start and reports contradictions there.
+// Converts field by field. A field the message leaves unset (every field is `optional`) keeps
+// the default of common/job_spec.h, the same default a YAML spec that leaves it out gets, so a
+// minimal spec from any gRPC client resolves as the same minimal YAML does. INVALID_ARGUMENT
+// naming the field when a value does not fit the common struct (an int64 above INT32_MAX).
+// With model.init_from set, missing model sizes are filled with placeholders that satisfy
+// every rule of the mesh (n_head = tp_size, d_model = n_head·tp_size, seq_len = 2·cp_size,
+// vocab_size = 256, n_layer = 1): the engine reads the real ones from config.json at rank
+// start and reports contradictions there.
 StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& proto);
 
 // The other direction, every field set (the model sizes always present); source_yaml and
@@ -23,5 +25,11 @@ v1::JobSpec JobSpecToProto(const JobSpec& spec);
 // JobSpecFromProto, then ValidateJobSpec: the coordinator's one check of a submitted spec.
 // Errors are INVALID_ARGUMENT with the `<field>: <what> (hint: <fix>)` message of common/.
 StatusOr<JobSpec> ValidateProtoJobSpec(const v1::JobSpec& proto);
+
+// What the coordinator stores and sends to the ranks for a submitted spec: `resolved` (the
+// result of ValidateProtoJobSpec) with every field set, the submitted source_yaml and
+// set_overrides, and, with model.init_from set, the model sizes the client left out still unset
+// (the engine reads them from config.json, not the placeholders).
+v1::JobSpec ResolvedJobSpecProto(const v1::JobSpec& submitted, const JobSpec& resolved);
 
 }  // namespace meshrun

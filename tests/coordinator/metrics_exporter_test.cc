@@ -24,7 +24,7 @@ namespace {
 
 using Labels = std::map<std::string, std::string>;
 
-const std::vector<std::string> kRankLabels = {"job",      "rank", "worker", "dp_replicate",
+const std::vector<std::string> kRankLabels = {"job_id",   "rank", "worker", "dp_replicate",
                                               "dp_shard", "cp",   "tp"};
 
 v1::MetricsSample Sample(const std::string& job, int attempt, int rank, int64_t step,
@@ -119,8 +119,11 @@ TEST(RankSeriesExport, EverySeriesWithItsLabels) {
   const std::vector<Want> wants = {
       {"meshrun_rank_step_seconds", prometheus::MetricType::Histogram, 1, {}},
       {"meshrun_rank_tokens_per_second", prometheus::MetricType::Gauge, 1, {}},
-      {"meshrun_rank_tflops", prometheus::MetricType::Gauge, 1, {}},
-      {"meshrun_rank_mfu", prometheus::MetricType::Gauge, 1, {}},
+      {"meshrun_rank_model_flops_per_second", prometheus::MetricType::Gauge, 1, {}},
+      {"meshrun_rank_mfu_ratio", prometheus::MetricType::Gauge, 1, {}},
+      {"meshrun_rank_tokens_total", prometheus::MetricType::Counter, 1, {}},
+      {"meshrun_rank_steps_total", prometheus::MetricType::Counter, 1, {}},
+      {"meshrun_rank_model_flops_total", prometheus::MetricType::Counter, 1, {}},
       {"meshrun_rank_loss", prometheus::MetricType::Gauge, 1, {}},
       {"meshrun_rank_memory_bytes", prometheus::MetricType::Gauge, 3, {"kind"}},
       {"meshrun_rank_comm_seconds_total", prometheus::MetricType::Counter, 2, {"axis", "op"}},
@@ -143,9 +146,9 @@ TEST(RankSeriesExport, EverySeriesWithItsLabels) {
   }
 
   // Placement labels.
-  const auto* loss1 = Find(fs, "meshrun_rank_loss", {{"job", "job-1"}, {"rank", "1"}});
+  const auto* loss1 = Find(fs, "meshrun_rank_loss", {{"job_id", "job-1"}, {"rank", "1"}});
   ASSERT_NE(loss1, nullptr);
-  EXPECT_EQ(LabelsOf(*loss1), (Labels{{"job", "job-1"},
+  EXPECT_EQ(LabelsOf(*loss1), (Labels{{"job_id", "job-1"},
                                       {"rank", "1"},
                                       {"worker", "node-1"},
                                       {"dp_replicate", "0"},
@@ -154,8 +157,9 @@ TEST(RankSeriesExport, EverySeriesWithItsLabels) {
                                       {"tp", "1"}}));
   EXPECT_DOUBLE_EQ(loss1->gauge.value, 4.0 - 0.3);  // the newest step's
   EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_tokens_per_second", {{"rank", "1"}})->gauge.value, 1001);
-  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_mfu", {{"rank", "0"}})->gauge.value, 0.25);
-  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_tflops", {{"rank", "0"}})->gauge.value, 0.5);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_mfu_ratio", {{"rank", "0"}})->gauge.value, 0.25);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_model_flops_per_second", {{"rank", "0"}})->gauge.value,
+                   0.5e12);
   EXPECT_DOUBLE_EQ(
       Find(fs, "meshrun_rank_memory_bytes", {{"rank", "0"}, {"kind", "allocated"}})->gauge.value,
       100);
@@ -253,10 +257,42 @@ TEST(RankSeriesExport, CountersStayMonotonicAcrossAttempts) {
   ranks.Add(Placement(0), Sample("job-r", 1, 0, 3, 0.1, 5000));
   EXPECT_DOUBLE_EQ(bytes(), 1400);
   const auto fs = CollectRanks(ranks);
+  // The counters beside the rate gauges count the same 4 steps, across both attempts: rank 0's
+  // samples say 1000 tokens/s and 0.5 TFLOP/s for 0.1 s, i.e. 100 tokens and 5e10 FLOPs a step.
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_steps_total", {{"rank", "0"}})->counter.value, 4);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_tokens_total", {{"rank", "0"}})->counter.value, 400);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_model_flops_total", {{"rank", "0"}})->counter.value,
+                   4 * 5e10);
   const auto* info = Find(fs, "meshrun_rank_info", {{"rank", "0"}});
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(LabelsOf(*info).at("attempt"), "2");
   EXPECT_EQ(LabelsOf(*info).at("worker"), "node-9");
+}
+
+// Prometheus attaches its target labels (job = the scrape job, instance = the address) to every
+// series; an exported label of the same name is renamed exported_job/exported_instance under a
+// standard scrape config, and every dashboard selector on it comes back empty. Ratios end in
+// _ratio and rates are per second in base units (no tflops).
+TEST(RankSeriesExport, NoLabelCollidesWithATargetLabelAndNamesFollowTheConventions) {
+  RankSeries ranks;
+  ranks.Add(Placement(0), Sample("job-1", 1, 0, 1, 0.1, 100));
+  JobsSnapshot snap;
+  snap.jobs.push_back({"job-1", "demo", v1::JOB_STATE_RUNNING, 1, 10, 0.2, 1.0, 0});
+  const auto fs = MetricsExporter::Collect(snap, {}, &ranks);
+  ASSERT_FALSE(fs.empty());
+  for (const prometheus::MetricFamily& f : fs) {
+    EXPECT_EQ(f.name.find("tflops"), std::string::npos) << f.name;
+    if (f.name.find("mfu") != std::string::npos) EXPECT_TRUE(f.name.ends_with("_mfu_ratio")) << f.name;
+    if (f.type == prometheus::MetricType::Counter) EXPECT_TRUE(f.name.ends_with("_total")) << f.name;
+    for (const auto& m : f.metric) {
+      for (const auto& [k, v] : LabelsOf(m)) {
+        EXPECT_NE(k, "job") << f.name;
+        EXPECT_NE(k, "instance") << f.name;
+      }
+    }
+  }
+  ASSERT_NE(Find(fs, "meshrun_job_mfu_ratio", {{"job_id", "job-1"}}), nullptr);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_mfu_ratio", {{"job_id", "job-1"}})->gauge.value, 0.2);
 }
 
 TEST(RankSeriesExport, FinishedJobsAreKeptForTheNewest32) {
@@ -299,16 +335,16 @@ TEST(JobSeriesExport, JobAndClusterSeries) {
   EXPECT_DOUBLE_EQ(Find(fs, "meshrun_workers", {{"state", "BUSY"}})->gauge.value, 1);
   EXPECT_DOUBLE_EQ(Find(fs, "meshrun_workers", {{"state", "LOST"}})->gauge.value, 0);
   EXPECT_DOUBLE_EQ(
-      Find(fs, "meshrun_job_state", {{"job", "job-1"}, {"state", "RUNNING"}})->gauge.value, 1);
+      Find(fs, "meshrun_job_state", {{"job_id", "job-1"}, {"state", "RUNNING"}})->gauge.value, 1);
   EXPECT_DOUBLE_EQ(
-      Find(fs, "meshrun_job_state", {{"job", "job-1"}, {"state", "PENDING"}})->gauge.value, 0);
-  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_step", {{"job", "job-1"}})->gauge.value, 12);
-  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_tokens_per_second", {{"job", "job-1"}})->gauge.value,
+      Find(fs, "meshrun_job_state", {{"job_id", "job-1"}, {"state", "PENDING"}})->gauge.value, 0);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_step", {{"job_id", "job-1"}})->gauge.value, 12);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_tokens_per_second", {{"job_id", "job-1"}})->gauge.value,
                    5000);
-  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_mfu", {{"job", "job-1"}})->gauge.value, 0.3);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_mfu_ratio", {{"job_id", "job-1"}})->gauge.value, 0.3);
   EXPECT_EQ(FindFamily(fs, "meshrun_job_restarts_total")->type, prometheus::MetricType::Counter);
-  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_restarts_total", {{"job", "job-1"}})->counter.value, 1);
-  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_step_time_skew", {{"job", "job-1"}})->gauge.value, 1.25);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_restarts_total", {{"job_id", "job-1"}})->counter.value, 1);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_step_time_skew", {{"job_id", "job-1"}})->gauge.value, 1.25);
 }
 
 v1::MetricsSample Timed(int rank, int64_t step, double seconds) {
@@ -377,7 +413,7 @@ TEST(MetricsEndpoint, ServesRankSeriesOverHttp) {
   ASSERT_TRUE(exporter.ok()) << exporter.status().ToString();
   const std::string body = HttpGet((*exporter)->port(), "/metrics");
   const std::string rank =
-      R"(job="job-7",rank="1",worker="node-1",dp_replicate="0",dp_shard="0",cp="0",tp="1")";
+      R"(job_id="job-7",rank="1",worker="node-1",dp_replicate="0",dp_shard="0",cp="0",tp="1")";
   for (const std::string& line : std::vector<std::string>{
            "# TYPE meshrun_rank_step_seconds histogram",
            "meshrun_rank_step_seconds_bucket{" + rank + R"(,le="0.025"} 0)",
@@ -389,8 +425,11 @@ TEST(MetricsEndpoint, ServesRankSeriesOverHttp) {
            "# TYPE meshrun_rank_comm_bytes_total counter",
            "meshrun_rank_comm_bytes_total{" + rank + R"(,axis="tp",op="all_reduce"} 4096)",
            "meshrun_rank_info{" + rank + R"(,attempt="2",device="cpu",gpu=""} 1)",
-           R"(meshrun_job_step_time_skew{job="job-7"} 1)",
-           R"(meshrun_job_restarts_total{job="job-7"} 1)",
+           R"(meshrun_job_step_time_skew{job_id="job-7"} 1)",
+           R"(meshrun_job_restarts_total{job_id="job-7"} 1)",
+           "# TYPE meshrun_rank_tokens_total counter",
+           "# TYPE meshrun_rank_steps_total counter",
+           "meshrun_rank_steps_total{" + rank + "} 1",
        }) {
     EXPECT_NE(body.find(line + "\n"), std::string::npos) << line << "\n--- body:\n" << body;
   }

@@ -1,7 +1,7 @@
 // The shipped observability files, checked without a server: the Grafana dashboards' JSON
 // models (schema, the templated data source on every panel and target, unique panel ids, a
-// grid position for every panel, non-empty PromQL, the job view's `job` variable and its
-// job="$job" filter), the provisioning files, the series the dashboards read against
+// grid position for every panel, non-empty PromQL, the job view's `job_id` variable and its
+// job_id="$job_id" filter), the provisioning files, the series the dashboards read against
 // docs/metrics.md, and both Prometheus configs through `promtool check config`.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -137,12 +137,12 @@ INSTANTIATE_TEST_SUITE_P(Dashboards, DashboardTest,
 TEST(JobDashboardTest, HasTheJobVariableAndEveryJobSeriesIsFilteredByIt) {
   const json d = LoadDashboard(DashboardFiles()[0]);
   ASSERT_TRUE(d.is_object());
-  const json* job = Variable(d, "job");
-  ASSERT_NE(job, nullptr) << "meshrun-job.json has no `job` variable";
+  const json* job = Variable(d, "job_id");
+  ASSERT_NE(job, nullptr) << "meshrun-job.json has no `job_id` variable";
   EXPECT_EQ((*job)["type"], "query");
   const std::string query =
       (*job)["query"].is_object() ? (*job)["query"].value("query", "") : (*job)["query"].dump();
-  EXPECT_NE(query.find("label_values(meshrun_job_step, job)"), std::string::npos) << query;
+  EXPECT_NE(query.find("label_values(meshrun_job_step, job_id)"), std::string::npos) << query;
   // Every selector of a job or rank series names the job: a panel that forgot it would sum
   // over every job in the cluster.
   static const std::regex selector("(meshrun_(?:rank|job)_[A-Za-z0-9_]*)(\\{[^}]*\\})?");
@@ -151,9 +151,9 @@ TEST(JobDashboardTest, HasTheJobVariableAndEveryJobSeriesIsFilteredByIt) {
     for (auto it = std::sregex_iterator(t.expr.begin(), t.expr.end(), selector);
          it != std::sregex_iterator(); ++it) {
       ++selectors;
-      EXPECT_NE((*it)[2].str().find("job=\"$job\""), std::string::npos)
+      EXPECT_NE((*it)[2].str().find("job_id=\"$job_id\""), std::string::npos)
           << "panel '" << t.panel_title << "' " << t.ref_id << ": " << (*it)[0]
-          << " lacks job=\"$job\"";
+          << " lacks job_id=\"$job_id\"";
     }
   }
   EXPECT_GT(selectors, 10);
@@ -189,10 +189,10 @@ TEST(DashboardSeriesTest, EveryMeshrunSeriesADashboardReadsIsInDocsMetrics) {
 TEST(DashboardSeriesTest, SubstitutionLeavesLabelReplaceGroupsAlone) {
   EXPECT_EQ(
       SubstituteVariables(
-          R"x(rate(x{job="$job"}[$__rate_interval]) + label_replace(y, "a", "$1", "b", "(.*)"))x",
+          R"x(rate(x{job_id="$job_id"}[$__rate_interval]) + label_replace(y, "a", "$1", "b", "(.*)"))x",
           "job-1", "10s"),
-      R"x(rate(x{job="job-1"}[10s]) + label_replace(y, "a", "$1", "b", "(.*)"))x");
-  EXPECT_EQ(SubstituteVariables("${job} $jobs $__range", "j", "5s"), "j $jobs 5s");
+      R"x(rate(x{job_id="job-1"}[10s]) + label_replace(y, "a", "$1", "b", "(.*)"))x");
+  EXPECT_EQ(SubstituteVariables("${job_id} $job_ids $__range", "j", "5s"), "j $job_ids 5s");
 }
 
 TEST(ProvisioningTest, DatasourceAndDashboardProviderPointAtPrometheusAndTheDashboards) {
@@ -244,15 +244,16 @@ class PromtoolTest : public ::testing::Test {
   fs::path dir_;
 };
 
-void ExpectHonorLabels(const fs::path& path) {
+// The shipped scrape configs are standard ones: meshrun's labels never collide with the target
+// labels (the job id is `job_id`), so no scrape job sets honor_labels.
+void ExpectStandardScrapeConfig(const fs::path& path) {
   const YAML::Node config = YAML::LoadFile(path.string());
   int meshrun_jobs = 0;
   for (const YAML::Node& sc : config["scrape_configs"]) {
     const std::string name = sc["job_name"].as<std::string>();
-    if (name.rfind("meshrun", 0) != 0) continue;
-    ++meshrun_jobs;
-    EXPECT_TRUE(sc["honor_labels"] && sc["honor_labels"].as<bool>())
-        << path << ": scrape job " << name << " needs honor_labels: true (meshrun's `job` label)";
+    EXPECT_FALSE(sc["honor_labels"].IsDefined())
+        << path << ": scrape job " << name << " sets honor_labels (not needed: no label collides)";
+    if (name.rfind("meshrun", 0) == 0) ++meshrun_jobs;
   }
   EXPECT_GT(meshrun_jobs, 0) << path;
 }
@@ -261,12 +262,12 @@ TEST_F(PromtoolTest, LocalConfigIsValid) {
   const fs::path config = SourceDir() / "deploy" / "prometheus" / "prometheus-local.yml";
   const ToolRun run = Promtool(config);
   EXPECT_EQ(run.exit_code, 0) << run.output;
-  ExpectHonorLabels(config);
+  ExpectStandardScrapeConfig(config);
 }
 
 TEST_F(PromtoolTest, KubernetesConfigIsValid) {
   const fs::path config = SourceDir() / "deploy" / "prometheus" / "prometheus-k8s.yml";
-  ExpectHonorLabels(config);
+  ExpectStandardScrapeConfig(config);
   const YAML::Node parsed = YAML::LoadFile(config.string());
   for (const YAML::Node& sc : parsed["scrape_configs"]) {
     ASSERT_TRUE(sc["kubernetes_sd_configs"]) << sc["job_name"];

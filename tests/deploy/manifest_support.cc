@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "tests/coordinator/grpc_test_util.h"
+#include "tests/deploy/kustomize.h"
 
 namespace meshrun::deploy_test {
 namespace {
@@ -44,54 +45,6 @@ std::optional<std::string> FindOnPath(const std::string& name) {
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return std::nullopt;
-}
-
-bool IsNamespaced(const std::string& kind) {
-  static const std::set<std::string> cluster_scoped = {
-      "Namespace",        "ClusterRole",  "ClusterRoleBinding", "CustomResourceDefinition",
-      "PersistentVolume", "StorageClass", "PriorityClass"};
-  return cluster_scoped.count(kind) == 0;
-}
-
-void LoadInto(const fs::path& dir, Rendered* out, std::string* error) {
-  fs::path file = dir / "kustomization.yaml";
-  if (!fs::exists(file)) file = dir / "kustomization.yml";
-  if (!fs::exists(file)) {
-    *error = dir.string() + ": no kustomization.yaml";
-    return;
-  }
-  YAML::Node k;
-  try {
-    k = YAML::LoadFile(file.string());
-  } catch (const std::exception& e) {
-    *error = file.string() + ": " + e.what();
-    return;
-  }
-  const size_t first = out->objects.size();
-  for (const auto& resource : k["resources"]) {
-    const fs::path path = dir / Str(resource);
-    if (fs::is_directory(path)) {
-      LoadInto(path, out, error);
-      if (!error->empty()) return;
-      continue;
-    }
-    try {
-      for (const auto& doc : YAML::LoadAllFromFile(path.string())) {
-        if (doc.IsMap()) out->objects.push_back(doc);
-      }
-    } catch (const std::exception& e) {
-      *error = path.string() + ": " + e.what();
-      return;
-    }
-  }
-  const std::string ns = Str(k["namespace"]);
-  if (!ns.empty()) {
-    for (size_t i = first; i < out->objects.size(); ++i) {
-      if (IsNamespaced(Str(out->objects[i]["kind"]))) {
-        out->objects[i]["metadata"]["namespace"] = ns;
-      }
-    }
-  }
 }
 
 }  // namespace
@@ -145,11 +98,10 @@ std::optional<Rendered> RenderWithKubectl(const std::string& dir, std::string* e
   return rendered;
 }
 
-Rendered LoadKustomizationFiles(const std::string& dir, std::string* error) {
+Rendered RenderManifests(const std::string& dir, std::string* error) {
   Rendered rendered;
-  rendered.source = dir + " (kustomization resources read directly, no kubectl)";
-  error->clear();
-  LoadInto(dir, &rendered, error);
+  rendered.source = dir + " (rendered by the tests' kustomize subset)";
+  rendered.objects = RenderKustomization(dir, error);
   return rendered;
 }
 

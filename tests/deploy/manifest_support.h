@@ -1,5 +1,5 @@
-// Helpers of the deploy/k8s manifest test: rendering the manifests (kubectl kustomize, or the
-// kustomization's resources read directly when kubectl is missing), the containers of the
+// Helpers of the deploy/k8s manifest test: rendering the manifests (the tests' own kustomize
+// subset, tests/deploy/kustomize.h, and kubectl kustomize where one is installed), the containers of the
 // workloads, their flags and ports, the options a binary's --help lists, and small probes of a
 // running daemon (grpc.health.v1 Check through the generic stub, an HTTP GET).
 #pragma once
@@ -26,10 +26,10 @@ struct Rendered {
 // failed.
 std::optional<Rendered> RenderWithKubectl(const std::string& dir, std::string* error);
 
-// Without kubectl: the kustomization's `resources` (files and folders with a kustomization of
-// their own, recursively) and its `namespace`. Patches, replacements and images are not
-// applied: they change neither flags nor ports in the base. Empty `error` on success.
-Rendered LoadKustomizationFiles(const std::string& dir, std::string* error);
+// DIR rendered by the tests' own kustomize subset (tests/deploy/kustomize.h): resources,
+// namespace, labels, images, replacements and the patches the overlays use. Needs no kubectl.
+// Empty `error` on success.
+Rendered RenderManifests(const std::string& dir, std::string* error);
 
 // One container of a workload's pod template.
 struct Container {

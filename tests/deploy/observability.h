@@ -189,16 +189,16 @@ inline std::vector<PanelTarget> Targets(const std::filesystem::path& path,
   return out;
 }
 
-// Grafana's variables in an expression, replaced: $job / ${job} by `job`, and the interval
+// Grafana's variables in an expression, replaced: $job_id / ${job_id} by `job`, and the interval
 // variables by `interval` (e.g. "10s"). Other `$` uses (label_replace's "$1") stay.
 inline std::string SubstituteVariables(std::string expr, const std::string& job,
                                        const std::string& interval) {
   const std::vector<std::pair<std::string, std::string>> vars = {
-      {"__rate_interval", interval}, {"__interval", interval}, {"__range", interval}, {"job", job}};
+      {"__rate_interval", interval}, {"__interval", interval}, {"__range", interval}, {"job_id", job}};
   for (const auto& [name, value] : vars) {
     for (const std::string& form : {"${" + name + "}", "$" + name}) {
       for (size_t at = expr.find(form); at != std::string::npos; at = expr.find(form, at)) {
-        // $job must not eat the start of a longer name ($jobs).
+        // $job_id must not eat the start of a longer name ($job_ids).
         const size_t end = at + form.size();
         if (form[1] != '{' && end < expr.size() &&
             (std::isalnum(static_cast<unsigned char>(expr[end])) || expr[end] == '_')) {

@@ -1,6 +1,7 @@
 // A tiny self-contained test harness for tests/gpu (the GPU machine has no GoogleTest): GPU_TEST
 // registers a test, EXPECT_* / ASSERT_OK record failures with file:line, and RunAllGpuTests skips
-// everything with "skipped: no CUDA device" (exit 0) when cudaGetDeviceCount reports none.
+// everything with "skipped: no CUDA device" when cudaGetDeviceCount reports none, exiting
+// MESHRUN_TEST_SKIP_CODE so that ctest (SKIP_RETURN_CODE) reports the test as skipped.
 // Also: device array helpers and a normalised array comparison with tolerances per precision.
 #pragma once
 
@@ -20,6 +21,12 @@
 
 #include "common/status.h"
 #include "engine/cuda/check.h"
+
+// CMake passes the skip code of cmake/MeshrunHelpers.cmake; scripts/gpu-check's direct nvcc
+// build does not, and gets the same value here.
+#ifndef MESHRUN_TEST_SKIP_CODE
+#define MESHRUN_TEST_SKIP_CODE 77
+#endif
 
 namespace meshrun::gputest {
 
@@ -53,7 +60,7 @@ inline int RunAllGpuTests(int argc, char** argv) {
   const int devices = gpu::DeviceCount();
   if (devices == 0) {
     std::printf("skipped: no CUDA device (%zu tests not run)\n", Registry().size());
-    return 0;
+    return MESHRUN_TEST_SKIP_CODE;
   }
   cudaDeviceProp prop{};
   (void)cudaGetDeviceProperties(&prop, 0);

@@ -1,10 +1,12 @@
 // The metrics end to end, through a real Prometheus: a meshrun-coordinator and two workers on
 // loopback run a 4-rank CPU job (dp_shard 2 x tp 2) while /usr/bin/prometheus scrapes them
 // every second with deploy/prometheus/prometheus-local.yml (its targets pointed at the
-// daemons). Through Prometheus' HTTP API the test then asserts that
+// daemons; a standard scrape config: no honor_labels). Through Prometheus' HTTP API the test
+// then asserts that
 //  (a) every `required` series of docs/metrics.md is there with every label its row lists,
 //      from the endpoint the row names, and that per-rank series exist for every rank of the
-//      job with the rank's worker and mesh coordinates;
+//      job with the rank's worker and mesh coordinates, and that no series lost a label to a
+//      target label (no exported_job, exported_instance, ...: `job` is the scrape job's name);
 //  (b) every PromQL target of every panel of both Grafana dashboards returns data (targets
 //      that read DCGM or meshrun_gpu_ series are only checked to evaluate: no GPU here).
 // Skips itself without the binaries, the corpus or Prometheus. Logs are kept on failure.
@@ -257,7 +259,8 @@ class PrometheusTest : public ::testing::Test {
         continue;
       }
       found.insert(name);
-      ASSERT_TRUE(sc["honor_labels"] && sc["honor_labels"].as<bool>()) << shipped << ": " << name;
+      // Standard scrape config: the test scrapes exactly as shipped, without honor_labels.
+      ASSERT_FALSE(sc["honor_labels"].IsDefined()) << shipped << ": " << name;
       sc["static_configs"][0]["targets"] = targets;
       scrapes.push_back(sc);
     }
@@ -388,7 +391,7 @@ std::vector<std::string> PrometheusTest::RequiredProblems(const std::string& job
       std::map<int, std::set<std::string>> axes;
       std::set<int> seen;
       for (const json& s : series) {
-        if (LabelOf(s, "job") != job) continue;
+        if (LabelOf(s, "job_id") != job) continue;
         const int g = std::atoi(LabelOf(s, "rank").c_str());
         if (g < 0 || g >= static_cast<int>(ranks.size())) {
           problems.push_back(where + ": rank " + LabelOf(s, "rank") + " is not a rank of " + job);
@@ -420,10 +423,25 @@ std::vector<std::string> PrometheusTest::RequiredProblems(const std::string& job
           }
         }
       }
-    } else if (lists("job")) {
+    } else if (lists("job_id")) {
       bool found = false;
-      for (const json& s : series) found = found || LabelOf(s, "job") == job;
-      if (!found) problems.push_back(where + ": no series with job=\"" + job + "\"");
+      for (const json& s : series) found = found || LabelOf(s, "job_id") == job;
+      if (!found) problems.push_back(where + ": no series with job_id=\"" + job + "\"");
+    }
+    // A label that collided with a target label comes back renamed exported_<name>; `job` must
+    // be the scrape job's name from the shipped config.
+    for (const json& s : series) {
+      for (const auto& [label, value] : s.items()) {
+        if (label.rfind("exported_", 0) == 0) {
+          problems.push_back(where + ": has " + label + "=" + value.dump() +
+                             ": an exported label collided with a target label");
+        }
+      }
+      const std::string scrape_job = LabelOf(s, "job");
+      if (scrape_job != "meshrun-coordinator" && scrape_job != "meshrun-workers") {
+        problems.push_back(where + ": job=\"" + scrape_job +
+                           "\", not the shipped config's scrape job name");
+      }
     }
   }
   return problems;
@@ -559,8 +577,8 @@ TEST_F(PrometheusTest, RequiredSeriesAndEveryDashboardQueryHaveData) {
   // The job dashboard's "bytes per rank per step" (bus bytes by axis over steps, from the
   // counters) is the comm_bytes that `meshrun train -o json` reports for the same spec.
   const json per_step = Query(
-      "sum by (axis) (increase(meshrun_rank_comm_bytes_total{job=\"" + job + "\"}[" + kInterval +
-          "])) / on() group_left() sum(increase(meshrun_rank_step_seconds_count{job=\"" + job +
+      "sum by (axis) (increase(meshrun_rank_comm_bytes_total{job_id=\"" + job + "\"}[" + kInterval +
+          "])) / on() group_left() sum(increase(meshrun_rank_step_seconds_count{job_id=\"" + job +
           "\"}[" + kInterval + "]))",
       "bus bytes per rank per step");
   testing::CliResult train =
