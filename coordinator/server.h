@@ -50,6 +50,11 @@ struct CoordinatorConfig {
   double submit_burst = 20;                         // --submit-burst
   size_t max_store_value_bytes = 1 << 20;           // --max-store-value-bytes
   size_t max_store_bytes_per_attempt = 256u << 20;  // --max-store-bytes-per-attempt
+  size_t max_store_bytes = size_t{1} << 30;         // --max-store-bytes (all attempts)
+  size_t max_ranks_per_report = 4'096;              // --max-ranks-per-report
+  size_t max_stops_per_worker = 1'024;              // --max-stops-per-worker
+  std::chrono::milliseconds restart_backoff{1'000};        // --restart-backoff
+  std::chrono::milliseconds restart_backoff_max{300'000};  // --restart-backoff-max
   std::chrono::milliseconds tick{20};
   // Transport security and authentication (docs/security.md). --tls-cert, --tls-key and
   // --tls-ca together turn on TLS, with client certificates verified against --tls-ca and
