@@ -47,12 +47,12 @@ Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_
   char params[32];
   std::snprintf(params, sizeof params, "%.3g", e.parameters);
   return ResourceExhaustedError(
-      "model: " + std::string(params) + " parameters (n_layer " + std::to_string(spec.model.n_layer) +
-      ", d_model " + std::to_string(spec.model.d_model) + ", vocab_size " +
-      std::to_string(spec.model.vocab_size) + ", seq_len " + std::to_string(spec.model.seq_len) +
-      ") need at least " + Bytes(e.total()) + " per rank, " + Bytes(need) + " for the " +
-      std::to_string(std::max(1, ranks_on_host)) + " ranks on this host, over the " +
-      Bytes(available_bytes) + " of the worker's " + flag +
+      "model: " + std::string(params) + " parameters (n_layer " +
+      std::to_string(spec.model.n_layer) + ", d_model " + std::to_string(spec.model.d_model) +
+      ", vocab_size " + std::to_string(spec.model.vocab_size) + ", seq_len " +
+      std::to_string(spec.model.seq_len) + ") need at least " + Bytes(e.total()) + " per rank, " +
+      Bytes(need) + " for the " + std::to_string(std::max(1, ranks_on_host)) +
+      " ranks on this host, over the " + Bytes(available_bytes) + " of the worker's " + flag +
       " (hint: use a smaller model, or more tp_size/dp_shard_size to shard it)");
 }
 

@@ -437,9 +437,10 @@ size_t CoordinatorGrpcService::RecheckWatches() {
   return watches_.Recheck([this](const std::optional<std::string_view>& authorization) {
     Status s = auth_->CheckClient(authorization);
     if (s.ok()) return s;
-    return Status(s.code(), "authorization: the token this WatchJob stream was opened with is "
-                            "no longer accepted (it was removed from the coordinator's "
-                            "--token-file) (hint: export MESHRUN_TOKEN=<a current token>)");
+    return Status(s.code(),
+                  "authorization: the token this WatchJob stream was opened with is "
+                  "no longer accepted (it was removed from the coordinator's "
+                  "--token-file) (hint: export MESHRUN_TOKEN=<a current token>)");
   });
 }
 

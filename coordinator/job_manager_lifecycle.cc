@@ -379,9 +379,10 @@ Status JobManager::OnRunning(const std::string& worker_id,
     const size_t outstanding =
         stops_per_worker_.count(worker_id) ? stops_per_worker_.at(worker_id) : 0;
     if (!new_stops.empty() && outstanding + new_stops.size() > config_.max_stops_per_worker) {
-      spdlog::warn("worker {} reports {} unknown attempts running ({} stop orders outstanding); "
-                   "refused",
-                   worker_id, new_stops.size(), outstanding);
+      spdlog::warn(
+          "worker {} reports {} unknown attempts running ({} stop orders outstanding); "
+          "refused",
+          worker_id, new_stops.size(), outstanding);
       return ResourceExhaustedError(
           "--max-stops-per-worker: the running list names " + std::to_string(new_stops.size()) +
           " attempts this coordinator does not run, and " + std::to_string(outstanding) +
@@ -566,14 +567,14 @@ void JobManager::OnLogs(const std::string& worker_id, const v1::LogBatch& logs) 
   }
   if (txn) (void)CommitLocked(*txn, Durability::kFast);
   if (dropped > 0) {
-    spdlog::warn("worker {}: dropped {} log lines of ranks not placed on it (or of attempts "
-                 "no longer known)",
-                 worker_id, dropped);
+    spdlog::warn(
+        "worker {}: dropped {} log lines of ranks not placed on it (or of attempts "
+        "no longer known)",
+        worker_id, dropped);
   }
 }
 
-void JobManager::OnCheckpointSaved(const std::string& worker_id,
-                                   const v1::CheckpointSaved& saved) {
+void JobManager::OnCheckpointSaved(const std::string& worker_id, const v1::CheckpointSaved& saved) {
   std::lock_guard<std::mutex> lock(mu_);
   Job* job = FindLocked(saved.job_id());
   if (job == nullptr || saved.attempt() != job->row.attempt) return;

@@ -69,15 +69,15 @@ Status CheckLimits(const CoordinatorConfig& c) {
         std::to_string(c.max_store_bytes_per_attempt) + ") (hint: the default is 1048576)");
   }
   if (c.max_store_bytes < c.max_store_bytes_per_attempt) {
-    return InvalidArgumentError(
-        "--max-store-bytes: " + std::to_string(c.max_store_bytes) +
-        " is below --max-store-bytes-per-attempt (" +
-        std::to_string(c.max_store_bytes_per_attempt) + ") (hint: the default is 1073741824)");
+    return InvalidArgumentError("--max-store-bytes: " + std::to_string(c.max_store_bytes) +
+                                " is below --max-store-bytes-per-attempt (" +
+                                std::to_string(c.max_store_bytes_per_attempt) +
+                                ") (hint: the default is 1073741824)");
   }
   if (c.max_ranks_per_report < 1 || c.max_stops_per_worker < 1) {
-    return InvalidArgumentError(
-        std::string(c.max_ranks_per_report < 1 ? "--max-ranks-per-report" : "--max-stops-per-worker") +
-        ": must be at least 1 (hint: the defaults are 4096 and 1024)");
+    return InvalidArgumentError(std::string(c.max_ranks_per_report < 1 ? "--max-ranks-per-report"
+                                                                       : "--max-stops-per-worker") +
+                                ": must be at least 1 (hint: the defaults are 4096 and 1024)");
   }
   if (c.restart_backoff.count() < 0 || c.restart_backoff_max < c.restart_backoff) {
     return InvalidArgumentError(

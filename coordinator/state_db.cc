@@ -147,8 +147,8 @@ StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
     if (fd < 0 || ::fchmod(fd, 0600) != 0) {
       const std::string why = std::strerror(errno);
       if (fd >= 0) ::close(fd);
-      return FailedPreconditionError("--state-dir: cannot create " + path + " owner-only: " +
-                                     why + " (hint: choose a folder this user owns)");
+      return FailedPreconditionError("--state-dir: cannot create " + path + " owner-only: " + why +
+                                     " (hint: choose a folder this user owns)");
     }
     ::close(fd);
     for (const char* suffix : {"-wal", "-shm"}) {

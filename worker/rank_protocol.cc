@@ -91,12 +91,13 @@ RankCommand BuildRankCommand(const v1::RankAssignment& a, const RankLaunchConfig
 }
 
 bool IsInheritedByRanks(std::string_view name) {
+  // clang-format off
   static constexpr std::string_view kNames[] = {
-      "PATH", "HOME",           "USER",          "LOGNAME",           "SHELL",
-      "LANG", "LANGUAGE",       "TZ",            "TMPDIR",            "TERM",
-      "PWD",  "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+      "PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+      "TERM", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
       "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"};
-  static constexpr std::string_view kPrefixes[] = {"LC_", "NCCL_", "GLOO_"};
+  // clang-format on
+  static constexpr std::string_view kPrefixes[] = {"LC_", "NCCL_", "GLOO_", "OPENBLAS_"};
   for (std::string_view n : kNames) {
     if (name == n) return true;
   }

@@ -51,10 +51,10 @@ RankCommand BuildRankCommand(const v1::RankAssignment& assignment, const RankLau
 
 // Whether a rank inherits the worker's variable `name` without being asked to: what a process
 // needs to run (PATH, HOME, USER, LANG, LC_*, TZ, TMPDIR, TERM, LD_LIBRARY_PATH), to find its
-// devices and network (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, NCCL_*, GLOO_*), and the
-// sanitizer options of a test build (ASAN_/UBSAN_/LSAN_/TSAN_OPTIONS). Anything else (a cloud
-// secret, a proxy password) stays with the worker unless its operator passes it by name
-// (--rank-env NAME).
+// devices and network (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, NCCL_*, GLOO_*), to tune its
+// BLAS (OPENBLAS_*), and the sanitizer options of a test build (ASAN_/UBSAN_/LSAN_/
+// TSAN_OPTIONS). Anything else (a cloud secret, a proxy password) stays with the worker unless
+// its operator passes it by name (--rank-env NAME).
 bool IsInheritedByRanks(std::string_view name);
 
 // The rank's environment: the entries of `base` ("NAME=value", e.g. from environ) that

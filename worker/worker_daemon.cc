@@ -141,10 +141,10 @@ StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssi
   const int share = std::max(1, config_.cores / local);
   if (spec.resources.threads == 0 || spec.resources.threads > share) {
     if (spec.resources.threads > share) {
-      spdlog::warn("{}/{} rank {}: resources.threads {} clamped to {} (--cores {} over {} local "
-                   "ranks)",
-                   a.job_id(), a.attempt(), a.rank(), spec.resources.threads, share, config_.cores,
-                   local);
+      spdlog::warn(
+          "{}/{} rank {}: resources.threads {} clamped to {} (--cores {} over {} local "
+          "ranks)",
+          a.job_id(), a.attempt(), a.rank(), spec.resources.threads, share, config_.cores, local);
     }
     spec.resources.threads = share;
   }
@@ -153,9 +153,8 @@ StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssi
       ParallelDims::Create(spec.parallelism.dp_replicate_size, spec.parallelism.dp_shard_size,
                            spec.parallelism.cp_size, spec.parallelism.tp_size));
   if (spec.resources.device == "cpu") {
-    MESHRUN_RETURN_IF_ERROR(CheckRankMemory(spec, mesh, local,
-                                            static_cast<double>(config_.memory_bytes),
-                                            "--memory-bytes"));
+    MESHRUN_RETURN_IF_ERROR(CheckRankMemory(
+        spec, mesh, local, static_cast<double>(config_.memory_bytes), "--memory-bytes"));
   }
   const fs::path dir = fs::path(config_.work_dir) / a.job_id() / std::to_string(a.attempt());
   std::error_code ec;

@@ -12,7 +12,9 @@ TEST(EscapeControlTest, TerminalEscapesArePrintedAsText) {
   EXPECT_EQ(EscapeControl("\x1b]0;owned\x07 \x1b[2J\x1b[H"), "\\x1b]0;owned\\x07 \\x1b[2J\\x1b[H");
   EXPECT_EQ(EscapeControl("a\rb\x7f\x01"), "a\\x0db\\x7f\\x01");
   // The C1 controls in UTF-8 (U+009B is a one-character CSI on some terminals).
-  EXPECT_EQ(EscapeControl("x\xc2\x9b" "31m"), "x\\u009b31m");
+  EXPECT_EQ(EscapeControl("x\xc2\x9b"
+                          "31m"),
+            "x\\u009b31m");
 }
 
 TEST(EscapeControlTest, OrdinaryTextIsUnchanged) {

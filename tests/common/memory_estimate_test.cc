@@ -9,7 +9,9 @@
 namespace meshrun {
 namespace {
 
-ParallelDims Mesh(int r, int s, int c, int t) { return ParallelDims::Create(r, s, c, t).value(); }
+ParallelDims Mesh(int r, int s, int c, int t) {
+  return ParallelDims::Create(r, s, c, t).value();
+}
 
 TEST(MemoryEstimateTest, GptTwoSmallParameterCount) {
   JobSpec spec;

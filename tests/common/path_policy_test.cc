@@ -84,7 +84,8 @@ TEST_F(PathPolicyTest, TheRootItselfIsInside) {
   // folder, those would be read, so the root is refused as a folder of data.
   auto r = Read(Dir("data"));
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("is a symlink to "), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("is a symlink to "), std::string::npos)
+      << r.status().message();
 }
 
 TEST_F(PathPolicyTest, TrailingSlashIsIgnored) {
@@ -262,10 +263,11 @@ TEST_F(PathPolicyTest, SymlinkInsideANamedFolderPointingOutIsRefused) {
   auto r = Read(Dir("data") + "/texts");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.status().message().rfind("data.train: " + Dir("data") + "/texts/b.txt is a symlink to " +
-                                           Dir("secret") + "/key, which is outside",
-                                       0),
-            0u)
+  EXPECT_EQ(
+      r.status().message().rfind("data.train: " + Dir("data") + "/texts/b.txt is a symlink to " +
+                                     Dir("secret") + "/key, which is outside",
+                                 0),
+      0u)
       << r.status().message();
   // One level further down (a checkpoint.dir's step-* folders) too.
   fs::create_directories(base_ / "ckpt" / "run" / "step-00000001");

@@ -291,8 +291,8 @@ TEST_F(AdversaryTest, HeartbeatsNamingMadeUpRanksAreBounded) {
   std::optional<grpc::Status> ended = other->WaitEnded(10s);
   ASSERT_TRUE(ended.has_value());
   EXPECT_EQ(ended->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << ended->error_message();
-  EXPECT_EQ(ended->error_message().rfind("--max-ranks-per-report: heartbeat.running lists 100000", 0),
-            0u)
+  EXPECT_EQ(
+      ended->error_message().rfind("--max-ranks-per-report: heartbeat.running lists 100000", 0), 0u)
       << ended->error_message();
 
   // Under that limit, but more unknown attempts than --max-stops-per-worker: 10 are stopped,
@@ -363,7 +363,8 @@ TEST_F(AdversaryTest, StateDatabaseIsOwnerOnly) {
   for (const char* name : {"coordinator.db", "coordinator.db-wal", "coordinator.db-shm"}) {
     const fs::path p = fs::path(state_.path()) / "state" / name;
     if (!fs::exists(p)) continue;
-    EXPECT_EQ(fs::status(p).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write)
+    EXPECT_EQ(fs::status(p).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write)
         << p;
   }
 }

@@ -68,10 +68,14 @@ TEST(RankProtocol, MergeEnvironmentDropsInheritedMeshrunVariables) {
 }
 
 TEST(RankProtocol, RanksGetOnlyTheAllowListAndWhatTheOperatorPasses) {
-  const std::vector<std::string> worker = {
-      "PATH=/bin",          "AWS_SECRET_ACCESS_KEY=hunter2", "LC_ALL=C",
-      "NCCL_SOCKET_IFNAME=eth0", "HTTPS_PROXY=http://u:p@proxy", "CUDA_VISIBLE_DEVICES=0,1",
-      "MY_DATASET_TOKEN=abc",  "MESHRUN_TOKEN=client-secret"};
+  const std::vector<std::string> worker = {"PATH=/bin",
+                                           "AWS_SECRET_ACCESS_KEY=hunter2",
+                                           "LC_ALL=C",
+                                           "NCCL_SOCKET_IFNAME=eth0",
+                                           "HTTPS_PROXY=http://u:p@proxy",
+                                           "CUDA_VISIBLE_DEVICES=0,1",
+                                           "MY_DATASET_TOKEN=abc",
+                                           "MESHRUN_TOKEN=client-secret"};
   EXPECT_EQ(MergeEnvironment(worker, {{"MESHRUN_RANK", "0"}}),
             (std::vector<std::string>{"PATH=/bin", "LC_ALL=C", "NCCL_SOCKET_IFNAME=eth0",
                                       "CUDA_VISIBLE_DEVICES=0,1", "MESHRUN_RANK=0"}));
