@@ -6,7 +6,7 @@ not fatal). Prints a table and one JSON line per mode (flushed at once, so a tim
 finished), then a summary JSON line with the meshrun/torch ratio when --meshrun-json points at
 the bench's JSON line.
 
-Model FLOPs per token (CONVENTIONS §7): 6·N + 12·n_layer·d_model·seq_len, N = parameters without
+Model FLOPs per token (docs/model.md): 6·N + 12·n_layer·d_model·seq_len, N = parameters without
 the position embedding, counted with the real vocabulary (50257) although both implementations
 pad it internally for aligned GEMMs (meshrun to 50304 rows on the device, here as nanoGPT does).
 """

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch float32 CPU baseline for meshrun's bench/train_step: trains the same GPT-2
 (tests/reference/gpt2_reference.py) on one fixed random batch and reports step time,
-tokens/s and model TFLOP/s (CONVENTIONS §7 FLOP count). Prints a table and a JSON line.
+tokens/s and model TFLOP/s (docs/model.md FLOP count). Prints a table and a JSON line.
 
 Run with Debian's interpreter, which has torch: /usr/bin/python3 bench/torch_baseline.py --config tiny
 """

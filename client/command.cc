@@ -104,6 +104,31 @@ int ReportError(const Status& status) {
   return ExitCodeFor(status);
 }
 
+CLI::Validator WholeNumber(int64_t lo, int64_t hi) {
+  const bool unbounded = hi == INT64_MAX;
+  const std::string range = unbounded ? std::to_string(lo) + " or more"
+                                      : "from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        size_t used = 0;
+        long long value = 0;
+        try {
+          value = std::stoll(text, &used, 10);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) {
+          return "'" + text + "' is not a whole number " + range;
+        }
+        if (value < lo || value > hi) {
+          return std::to_string(value) + " is out of range: a whole number " + range;
+        }
+        return "";
+      },
+      unbounded ? "INT>=" + std::to_string(lo)
+                : "INT in [" + std::to_string(lo) + "-" + std::to_string(hi) + "]");
+}
+
 int RunCommandLine(CLI::App& app, int argc, char** argv, CommandResult& result) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("meshrun"));
   spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");

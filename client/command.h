@@ -4,28 +4,34 @@
 // command and hands over to RunCommandLine, which parses, runs, and maps errors to exit codes.
 #pragma once
 
+#include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
 
 #include "common/status.h"
 
-namespace CLI {
-class App;
-}  // namespace CLI
-
 namespace meshrun::client {
 
-// Exit codes of CONVENTIONS §6.
+// Exit codes of docs/cli.md.
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;       // anything else
 inline constexpr int kExitInvalidInput = 2;  // spec, flags, arguments
+// Stopped by SIGINT/SIGTERM at a step boundary (with a checkpoint when checkpoint.dir is set);
+// the same whatever --nproc is (128 + SIGINT, as shells report Ctrl-C).
+inline constexpr int kExitInterrupted = 130;
 
 // Filled in during parsing by the chosen subcommand; run after parsing succeeded, so a
 // command never starts work on half-parsed flags. Not thread-safe; owned by main().
 struct CommandResult {
   std::function<int()> run;  // returns the process exit code
 };
+
+// A flag's check for a whole number in [lo, hi], with a message people read:
+// `--nproc: 'abc' is not a whole number from 1 to 4096` (CLI11's own Range prints doubles with
+// 309 digits and calls text "not in range").
+CLI::Validator WholeNumber(int64_t lo, int64_t hi);
 
 // kExitInvalidInput for INVALID_ARGUMENT (the caller's input), kExitFailure otherwise.
 int ExitCodeFor(const Status& status);

@@ -1,7 +1,7 @@
 // The client's connection to meshrun-coordinator: finds its address (--coordinator, else
 // MESHRUN_COORDINATOR), wraps the user-facing RPCs of CoordinatorService with deadlines and
 // readable errors, and turns jobs and workers into the JSON shapes and tables of
-// CONVENTIONS §6.
+// docs/cli.md.
 #pragma once
 
 #include <functional>
@@ -111,7 +111,7 @@ std::string FormatTime(const google::protobuf::Timestamp& t);
 // "12s", "3m04s", "1h02m" for a number of seconds.
 std::string FormatDuration(double seconds);
 
-// The JSON shapes of CONVENTIONS §6 (more fields than listed are welcome).
+// The JSON shapes of docs/cli.md (more fields than listed are welcome).
 nlohmann::ordered_json JobListEntryJson(const v1::Job& job);  // jobs -o json, one entry
 nlohmann::ordered_json JobStatusJson(const v1::Job& job);     // status -o json
 nlohmann::ordered_json WorkerJson(const v1::WorkerInfo& w);   // workers -o json, one entry

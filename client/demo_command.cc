@@ -199,8 +199,8 @@ void RegisterDemoCommand(CLI::App& app, CommandResult& result) {
       ->expected(1)
       ->take_all();
   cmd->add_option("--workers", f->workers, "workers of the local cluster")
-      ->check(CLI::Range(1, 64));
-  cmd->add_option("--slots", f->slots, "slots per worker")->check(CLI::Range(1, 1024));
+      ->check(WholeNumber(1, 64));
+  cmd->add_option("--slots", f->slots, "slots per worker")->check(WholeNumber(1, 1024));
   cmd->add_option("--dir", f->dir,
                   "folder for state, checkpoints, logs and the exported model "
                   "(default: a new /tmp/meshrun-demo-XXXXXX)");

@@ -1,5 +1,5 @@
 // `meshrun jobs|status|logs|cancel` (see jobs_command.h): one RPC each (logs --follow streams),
-// printed as a table for people or as the JSON of CONVENTIONS §6 with -o json.
+// printed as a table for people or as the JSON of docs/cli.md with -o json.
 #include "client/jobs_command.h"
 
 #include <CLI/CLI.hpp>
@@ -217,7 +217,7 @@ void RegisterLogsCommand(CLI::App& app, CommandResult& result) {
   auto f = std::make_shared<JobFlags>();
   CLI::App* cmd = AddJobCommand(app, "logs", "The log lines of a job's ranks", f);
   cmd->add_flag("--follow", f->follow, "keep printing new lines until the job ends");
-  cmd->add_option("--rank", f->rank, "only this rank's lines")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--rank", f->rank, "only this rank's lines")->check(WholeNumber(0, INT64_MAX));
   cmd->callback([f, &result] { result.run = [f] { return RunLogs(*f); }; });
 }
 

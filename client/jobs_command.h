@@ -1,5 +1,5 @@
 // `meshrun jobs`, `meshrun status JOB`, `meshrun logs JOB [--follow] [--rank R]` and
-// `meshrun cancel JOB`: reading and cancelling the coordinator's jobs (CONVENTIONS §6).
+// `meshrun cancel JOB`: reading and cancelling the coordinator's jobs (docs/cli.md).
 #pragma once
 
 #include "client/command.h"

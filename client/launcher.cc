@@ -222,7 +222,7 @@ class Supervisor {
   int Finish();
 
  private:
-  void BeginStop();
+  void BeginStop(std::chrono::milliseconds grace);
   void SignalAll(int sig);
   void DrainSignals();
   void Reap();
@@ -316,7 +316,7 @@ void Supervisor::Start(const std::string& executable, const std::string& store_d
   }
   pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   if (devnull >= 0) close(devnull);
-  if (failure_) BeginStop();
+  if (failure_) BeginStop(options_.grace);
 }
 
 std::string Supervisor::Label(int rank) const {
@@ -340,11 +340,11 @@ void Supervisor::SignalAll(int sig) {
   }
 }
 
-void Supervisor::BeginStop() {
+void Supervisor::BeginStop(std::chrono::milliseconds grace) {
   if (stopping_) return;
   stopping_ = true;
   SignalAll(SIGTERM);
-  kill_at_ = Clock::now() + options_.grace;
+  kill_at_ = Clock::now() + grace;
 }
 
 void Supervisor::DrainSignals() {
@@ -362,7 +362,10 @@ void Supervisor::DrainSignals() {
       } else if (Running() > 0) {
         interrupt_signal_ = sig;
         interrupted_ranks_ = Running();
-        BeginStop();
+        WriteAll(STDERR_FILENO,
+                 "\ninterrupt: the ranks stop at the end of this step (with a checkpoint when "
+                 "checkpoint.dir is set); press Ctrl-C again to stop them at once\n");
+        BeginStop(options_.interrupt_grace);
       }
     }
   }
@@ -381,7 +384,7 @@ void Supervisor::Reap() {
     const bool ok = WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) == 0;
     if (!ok && !stopping_) {
       failure_ = Failure{r.index, r.wait_status, ""};
-      BeginStop();
+      BeginStop(options_.grace);
     }
   }
 }
@@ -493,9 +496,20 @@ void Supervisor::Run() {
 
 int Supervisor::Finish() {
   if (interrupt_signal_ != 0) {
-    PrintError("interrupted (signal " + std::to_string(interrupt_signal_) + "); stopped " +
-               std::to_string(interrupted_ranks_) + " ranks");
-    return kExitFailure;
+    // Ranks that stopped at a step boundary exit 130 (or 0 when they had just finished).
+    std::string unclean;
+    for (const Rank& r : ranks_) {
+      const bool clean = WIFEXITED(r.wait_status) && (WEXITSTATUS(r.wait_status) == 0 ||
+                                                      WEXITSTATUS(r.wait_status) == 130);
+      if (!clean) unclean += (unclean.empty() ? "" : ", ") + std::to_string(r.index);
+    }
+    if (!unclean.empty()) {
+      PrintError("interrupted (signal " + std::to_string(interrupt_signal_) + "); stopped " +
+                 std::to_string(interrupted_ranks_) + " ranks; rank(s) " + unclean +
+                 " did not stop at a step boundary (hint: the checkpoint of this run may be "
+                 "older than its last step)");
+    }
+    return 130;
   }
   if (!failure_) return 0;
   if (failure_->rank < 0) {

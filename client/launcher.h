@@ -23,6 +23,9 @@ struct LaunchOptions {
   std::vector<std::string> rank_labels;
   // How long a rank may take to exit after SIGTERM before it gets SIGKILL.
   std::chrono::milliseconds grace{5000};
+  // After SIGINT/SIGTERM to the launcher: how long the ranks get to finish their step, write a
+  // checkpoint and exit before they get SIGKILL.
+  std::chrono::milliseconds interrupt_grace{120000};
   // Empty: create /tmp/meshrun-run-XXXXXX and remove it at the end. Otherwise the folder is
   // kept, but its `store` subfolder is emptied first (each launch needs a fresh store).
   std::string run_dir;
@@ -42,8 +45,10 @@ struct LaunchOptions {
 // or is killed, the others get SIGTERM (their whole process group), SIGKILL after `grace`, and
 // one line `error: rank R failed: exit code N: <its last stderr line> (hint: ...)` is printed;
 // the result is 2 when that rank exited 2 (invalid input), 1 otherwise. SIGINT or SIGTERM to
-// the launcher stops every rank the same way and returns 1 after
-// `error: interrupted (signal N); stopped K ranks` (a second signal escalates to SIGKILL).
+// the launcher is passed on as SIGTERM to every rank, which stop at the end of their step (with
+// a checkpoint) and exit 130; they get `interrupt_grace` before SIGKILL, and a second signal
+// kills them at once. The result is then 130, after `error: interrupted (signal N); …` only when
+// some rank did not stop cleanly.
 // Invalid options print one error line and return 2.
 //
 // Not thread-safe: one Launch at a time per process (it owns the SIGINT, SIGTERM and SIGCHLD

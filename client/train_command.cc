@@ -1,14 +1,17 @@
 // `meshrun train|eval|export`: load and validate the spec, build the engine's Trainer, print
-// one line per step (text for people, JSON objects for programs; CONVENTIONS §6 shapes).
+// one line per step (text for people, JSON objects for programs; docs/cli.md shapes).
 #include "client/train_command.h"
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <unistd.h>
 
 #include "client/launcher.h"
 #include "common/job_spec_yaml.h"
@@ -103,6 +106,66 @@ class PrintingObserver final : public TrainObserver {
   int64_t steps_;
   bool quiet_;
 };
+
+// Set by SIGINT/SIGTERM in a rank; the trainer stops at the next step boundary (all ranks at
+// the same one), checkpoints and returns. The handler is one-shot: a second signal kills.
+volatile std::sig_atomic_t g_stop_requested = 0;
+bool g_announce_stop = false;  // a rank of its own (no launcher): say what happens on Ctrl-C
+
+extern "C" void OnStopSignal(int) {
+  g_stop_requested = 1;
+  if (g_announce_stop) {
+    static const char kMessage[] =
+        "\ninterrupt: stopping at the end of this step (with a checkpoint when checkpoint.dir is "
+        "set); press Ctrl-C again to stop at once\n";
+    ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+    (void)ignored;
+  }
+}
+
+void InstallStopHandlers(bool announce) {
+  g_announce_stop = announce;
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+// What a user needs after a run that trained nothing new or stopped early (stderr: stdout may
+// be JSON). Returns the exit code.
+int ReportRunEnd(const RunSummary& s, const JobSpec& spec) {
+  const int64_t steps = spec.train.steps;
+  const std::string dir = spec.checkpoint.dir;
+  char loss[64];
+  std::snprintf(loss, sizeof(loss), std::isnan(s.final_loss) ? "unknown" : "%.4f", s.final_loss);
+  if (s.interrupted) {
+    if (!s.last_checkpoint.empty()) {
+      std::cerr << "interrupted: stopped after step " << s.last_step << " of " << steps
+                << " (loss " << loss << "); checkpoint " << s.last_checkpoint
+                << "; run the same command again to resume from step " << s.last_step
+                << std::endl;
+    } else {
+      std::cerr << "interrupted: stopped after step " << s.last_step << " of " << steps
+                << "; no checkpoint.dir is set, so this run's steps are not kept (hint: set "
+                   "checkpoint.dir to resume after an interrupt)"
+                << std::endl;
+    }
+    return kExitInterrupted;
+  }
+  if (s.steps == 0 && s.resumed_step >= steps && s.resumed_step > 0) {
+    std::cerr << "note: checkpoint.dir: " << dir << " already holds this run's last step ("
+              << s.resumed_step << " of " << steps << ", final loss " << loss << ", "
+              << s.last_checkpoint << "); nothing to train (hint: to train again, use another "
+              << "folder with --set checkpoint.dir=ANOTHER_DIR or remove " << dir
+              << "; to train further, raise train.steps)" << std::endl;
+  } else if (s.resumed_step > 0) {
+    std::cerr << "note: resumed from step " << s.resumed_step << " of " << steps << " ("
+              << dir << ")" << std::endl;
+  }
+  return kExitOk;
+}
 
 void AddSpecOptions(CLI::App* cmd, std::string* file, std::vector<std::string>* overrides) {
   cmd->add_option("-f,--file", *file, "job spec (YAML)")->required();
@@ -218,6 +281,8 @@ int RunTrain(const TrainFlags& o) {
   meshrun::TrainOptions options;
   options.stop_after_step = o.stop_after;
   options.spec_yaml = JobSpecToYaml(*spec);
+  InstallStopHandlers(/*announce=*/!is_rank);
+  options.stop_requested = &g_stop_requested;
   StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, options, ctx);
   if (!trainer.ok()) return ReportError(trainer.status());
   const bool as_json = o.output == "json";
@@ -227,8 +292,8 @@ int RunTrain(const TrainFlags& o) {
   PrintingObserver observer(as_json, spec->train.steps, quiet);
   StatusOr<RunSummary> summary = (*trainer)->Run(&observer);
   if (!summary.ok()) return ReportError(summary.status());
-  if (quiet) return kExitOk;
   const RunSummary& s = *summary;
+  if (quiet) return s.interrupted ? kExitInterrupted : kExitOk;
   if (as_json) {
     json comm = json::object();
     for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"})
@@ -241,15 +306,19 @@ int RunTrain(const TrainFlags& o) {
                  {"mfu", s.mfu},
                  {"peak_memory_bytes", s.peak_memory_bytes},
                  {"comm_bytes", comm},
-                 {"checkpoint", s.last_checkpoint}};
+                 {"checkpoint", s.last_checkpoint},
+                 {"resumed_from_step", s.resumed_step},
+                 {"last_step", s.last_step},
+                 {"interrupted", s.interrupted}};
+    if (std::isnan(s.final_loss)) line["final_loss"] = nullptr;
     std::cout << line.dump() << std::endl;
-  } else {
-    std::printf("done: %lld steps, final loss %.4f (first %.4f), %.0f tok/s, MFU %.1f%%%s%s\n",
-                static_cast<long long>(s.steps), s.final_loss,
-                s.losses.empty() ? 0.0 : s.losses.front(), s.tokens_per_second, 100.0 * s.mfu,
+  } else if (s.steps > 0) {
+    std::printf("%s: %lld steps, final loss %.4f (first %.4f), %.0f tok/s, MFU %.1f%%%s%s\n",
+                s.interrupted ? "stopped" : "done", static_cast<long long>(s.steps), s.final_loss,
+                s.losses.front(), s.tokens_per_second, 100.0 * s.mfu,
                 s.last_checkpoint.empty() ? "" : ", checkpoint ", s.last_checkpoint.c_str());
   }
-  return kExitOk;
+  return ReportRunEnd(s, *spec);
 }
 
 // A step folder, or a checkpoint.dir whose newest complete checkpoint is meant.
@@ -332,13 +401,13 @@ void RegisterTrainCommand(CLI::App& app, CommandResult& result) {
   CLI::App* cmd = app.add_subcommand("train", "Train a job standalone on this host (no daemons)");
   AddSpecOptions(cmd, &o->file, &o->overrides);
   cmd->add_option("--nproc", o->nproc, "rank processes to start; must equal the mesh's world size")
-      ->check(CLI::Range(1, 4096));
+      ->check(WholeNumber(1, 4096));
   cmd->add_option("-o,--output", o->output, "output format: text or json")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->add_option("--stop-after", o->stop_after,
                   "stop after this step (with a checkpoint when checkpoint.dir is set); the "
                   "schedule still spans train.steps, so a later run resumes seamlessly")
-      ->check(CLI::PositiveNumber);
+      ->check(WholeNumber(1, INT64_MAX));
   cmd->callback([o, &result] { result.run = [o] { return RunTrain(*o); }; });
 }
 

@@ -1,5 +1,5 @@
 // `meshrun train`, `meshrun eval` and `meshrun export`: the engine driven from the command
-// line on this host, without daemons (CONVENTIONS §6).
+// line on this host, without daemons (docs/cli.md).
 #pragma once
 
 #include <string>
@@ -16,9 +16,9 @@ struct StepMetrics;
 
 namespace meshrun::client {
 
-// The `{"event":"step",…}` line of `train -o json` (CONVENTIONS §6) without its newline: the
-// §6 fields plus grad_norm, allocated/reserved memory and "comm":[{"axis","op","seconds",
-// "bytes","calls"}] (cumulative since the rank's first step), read by ParseStepLine.
+// The `{"event":"step",…}` line of `train -o json` without its newline (docs/cli.md lists its
+// fields: loss, lr, grad_norm, timings, memory and "comm":[{"axis","op","seconds","bytes",
+// "calls"}], cumulative since the rank's first step), read by ParseStepLine.
 std::string StepLineJson(const StepMetrics& m);
 
 void RegisterTrainCommand(CLI::App& app, CommandResult& result);

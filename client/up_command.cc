@@ -339,8 +339,8 @@ void RegisterUpCommand(CLI::App& app, CommandResult& result) {
   auto f = std::make_shared<UpFlags>();
   CLI::App* cmd = app.add_subcommand(
       "up", "Run a local cluster (coordinator + workers on loopback) in the foreground");
-  cmd->add_option("--workers", f->workers, "workers to start")->check(CLI::Range(1, 64));
-  cmd->add_option("--slots", f->slots, "rank slots per worker")->check(CLI::Range(1, 1024));
+  cmd->add_option("--workers", f->workers, "workers to start")->check(WholeNumber(1, 64));
+  cmd->add_option("--slots", f->slots, "rank slots per worker")->check(WholeNumber(1, 1024));
   cmd->add_option("--device", f->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--state-dir", f->state_dir,
                   "the coordinator's state (jobs survive a restart on the same folder); default: "
@@ -348,7 +348,7 @@ void RegisterUpCommand(CLI::App& app, CommandResult& result) {
   cmd->add_option("--heartbeat-timeout", f->heartbeat_timeout,
                   "seconds without a heartbeat before a worker is LOST (default: the "
                   "coordinator's)")
-      ->check(CLI::Range(1, 3600));
+      ->check(WholeNumber(1, 3600));
   cmd->callback([f, &result] { result.run = [f] { return RunUp(*f); }; });
 }
 

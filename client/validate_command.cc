@@ -33,7 +33,7 @@ void RegisterValidateCommand(CLI::App& app, CommandResult& result) {
       ->take_all();
   cmd->add_option("--nproc", options->nproc,
                   "number of ranks the job will run on; the mesh must have that many")
-      ->check(CLI::Range(1, ParallelDims::kMaxWorldSize));
+      ->check(WholeNumber(1, ParallelDims::kMaxWorldSize));
   cmd->add_option("-o,--output", options->output, "output format: text or json")
       ->check(CLI::IsMember({"text", "json"}));
   cmd->callback([options, &result] {

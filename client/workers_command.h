@@ -1,4 +1,4 @@
-// `meshrun workers [-o json]`: the registered workers, their state and slots (CONVENTIONS §6).
+// `meshrun workers [-o json]`: the registered workers, their state and slots (docs/cli.md).
 #pragma once
 
 #include "client/command.h"

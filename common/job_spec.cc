@@ -1,5 +1,5 @@
 // ValidateJobSpec: per-field ranges and enums in spec order, then the cross-field mesh rules of
-// CONVENTIONS §1. Every error names the field, the values and a fix.
+// docs/job-spec.md. Every error names the field, the values and a fix.
 #include "common/job_spec.h"
 
 #include <algorithm>
@@ -264,7 +264,7 @@ Status CheckOthers(const JobSpec& spec) {
   return OkStatus();
 }
 
-// The divisibility rules of CONVENTIONS §1, in the order a user fixes them: tensor parallel
+// The divisibility rules of docs/job-spec.md, in the order a user fixes them: tensor parallel
 // splits heads and the MLP, heads split the width, cp splits the sequence, dp the batch.
 Status CheckMeshRules(const JobSpec& spec, const ParallelDims& mesh, int nproc) {
   const ModelSpec& m = spec.model;

@@ -1,5 +1,5 @@
-// The job spec of CONVENTIONS §5 as plain structs with every default, the one table of its
-// fields (ForEachJobSpecField), and ValidateJobSpec: ranges, enums and the mesh rules of §1.
+// The job spec of docs/job-spec.md as plain structs with every default, the one table of its
+// fields (ForEachJobSpecField), and ValidateJobSpec: ranges, enums and the mesh rules.
 // Pure: no I/O. The YAML reader/writer lives in common/job_spec_yaml.h.
 #pragma once
 
@@ -21,7 +21,7 @@ struct ModelSpec {
   int d_model = 64;
   int seq_len = 64;
   int vocab_size = 256;
-  std::string init_from;  // a Hugging Face GPT-2 folder (§4 layout); empty: random init
+  std::string init_from;  // a Hugging Face GPT-2 folder (docs/checkpoints.md); empty: random init
 
   bool operator==(const ModelSpec&) const = default;
 };
@@ -170,7 +170,7 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
 std::string EscapeForMessage(std::string_view value);
 std::string QuoteForMessage(std::string_view value);
 
-// Checks every range and enum and every cross-field rule of CONVENTIONS §1. nproc > 0 also
+// Checks every range and enum and every cross-field rule of docs/job-spec.md. nproc > 0 also
 // requires the world size to equal nproc (0: not checked). Errors are INVALID_ARGUMENT with
 // the message `<field.path>: <what is wrong, with the values> (hint: <how to fix>)`.
 Status ValidateJobSpec(const JobSpec& spec, int nproc = 0);

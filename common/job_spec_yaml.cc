@@ -544,7 +544,7 @@ StatusOr<JobSpec> LoadJobSpecFile(const std::string& path,
     return InvalidArgumentError(path + ": cannot read the job spec: " + std::strerror(errno) +
                                 " (hint: check that the file is readable)");
   }
-  // CONVENTIONS §3: model fields the spec leaves out come from model.init_from's config.json.
+  // docs/job-spec.md: model fields the spec leaves out come from model.init_from's config.json.
   try {
     return ParseUnguarded(text.str(), overrides, path, /*fill_from_init_from=*/true);
   } catch (const std::exception& e) {

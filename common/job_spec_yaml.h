@@ -1,4 +1,4 @@
-// Reads and writes the job spec (CONVENTIONS §5) as YAML with yaml-cpp, applying `--set`
+// Reads and writes the job spec (docs/job-spec.md) as YAML with yaml-cpp, applying `--set`
 // overrides. Nothing here throws: every yaml-cpp exception becomes an INVALID_ARGUMENT Status
 // whose message names the field path and, where there is one, the YAML line.
 #pragma once
@@ -27,7 +27,7 @@ StatusOr<JobSpec> ParseJobSpecYaml(const std::string& text,
 
 // Reads the file at `path` and parses it as ParseJobSpecYaml does (source = path). With
 // model.init_from set, model fields the file and overrides leave out are taken from the
-// folder's config.json (CONVENTIONS §3); this is the one reader that touches other files. A file
+// folder's config.json (docs/job-spec.md); this is the one reader that touches other files. A file
 // that cannot be read is INVALID_ARGUMENT too: it is the caller's input.
 StatusOr<JobSpec> LoadJobSpecFile(const std::string& path,
                                   const std::vector<std::string>& overrides);

@@ -1,4 +1,4 @@
-// Rank arithmetic of the device mesh (CONVENTIONS §1). Axes are stored as an array indexed
+// Rank arithmetic of the device mesh (docs/parallelism.md). Axes are stored as an array indexed
 // 0..3 = (dp_replicate, dp_shard, cp, tp) so that single and flattened axes share one code path:
 // an axis is the set of mesh dims it spans.
 #include "common/parallel_dims.h"

@@ -1,4 +1,4 @@
-// The device mesh of CONVENTIONS §1: axis sizes (R, S, C, T), rank <-> coordinates, and the
+// The device mesh of docs/parallelism.md: axis sizes (R, S, C, T), rank <-> coordinates, and the
 // process groups of every axis (single and flattened). Pure arithmetic: no I/O, no threads.
 #pragma once
 

@@ -1,5 +1,5 @@
 // JobManager: jobs, their attempts and ranks, the FIFO placement queue, the restart policy and
-// every job's event log (CONVENTIONS §1 placement, architecture.md "A job, from submit to its
+// every job's event log (docs/parallelism.md placement, architecture.md "A job, from submit to its
 // last step"). It owns the job state in memory and writes it through StateDb before a change
 // becomes visible; it places attempts with placement.h over the workers WorkerView shows,
 // opens and closes their store key spaces, and sends RankAssignments and StopOrders down the
@@ -37,7 +37,7 @@
 
 namespace meshrun::coordinator {
 
-// "PENDING", "RUNNING", … (the JSON and Prometheus spelling of CONVENTIONS §6).
+// "PENDING", "RUNNING", … (the JSON and Prometheus spelling of docs/cli.md).
 const char* JobStateName(v1::JobState state);
 
 // State of one attempt, as stored in StateDb's attempts table.

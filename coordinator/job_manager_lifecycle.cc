@@ -60,7 +60,7 @@ std::string FindNewestCheckpoint(const std::string& dir) {
     if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
       continue;
     }
-    // Complete only when its metadata is (CONVENTIONS §4).
+    // Complete only when its metadata is (docs/checkpoints.md).
     if (!std::filesystem::is_regular_file(it->path() / "metadata.json", ec)) continue;
     const long long step = std::atoll(name.c_str() + 5);
     if (step > best) {

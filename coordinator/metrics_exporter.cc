@@ -77,8 +77,8 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
                              "attempts included).",
                              MetricType::Counter);
   auto comm_bytes = Family("meshrun_rank_comm_bytes_total",
-                           "Bus bytes (CONVENTIONS §6) the rank moved, by axis and op (earlier "
-                           "attempts included).",
+                           "Bus bytes (nccl-tests' measure) the rank moved, by axis and op "
+                           "(earlier attempts included).",
                            MetricType::Counter);
   auto info = Family("meshrun_rank_info",
                      "1 per rank of a job's newest attempt: joins rank series to node series "

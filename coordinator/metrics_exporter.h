@@ -1,4 +1,4 @@
-// The coordinator's Prometheus endpoint (--metrics-listen, CONVENTIONS §7, docs/metrics.md):
+// The coordinator's Prometheus endpoint (--metrics-listen, docs/metrics.md):
 // meshrun_jobs{state}, meshrun_workers{state}; per job meshrun_job_state{job,state},
 // meshrun_job_step, meshrun_job_tokens_per_second, meshrun_job_mfu, meshrun_job_restarts_total
 // and meshrun_job_step_time_skew; per rank (from RankSeries) meshrun_rank_step_seconds,

@@ -1,4 +1,4 @@
-// Gang placement of one job's ranks on workers' free slots (CONVENTIONS §1 "Placement").
+// Gang placement of one job's ranks on workers' free slots (docs/parallelism.md "Placement").
 // Pure functions of values: no clocks, no I/O, no threads; deterministic for equal inputs.
 //
 // The unit is the tp group (T consecutive global ranks), which never spans workers. Groups are

@@ -1,4 +1,4 @@
-// The per-rank Prometheus series of the coordinator (CONVENTIONS §7, docs/metrics.md), kept
+// The per-rank Prometheus series of the coordinator (docs/metrics.md), kept
 // from the RankMetrics samples the workers forward: gauges of each rank's newest step, its
 // step-time histogram and its communication counters, with the labels the placement gives
 // (job, rank, worker, mesh coordinates) and the attempt/device/gpu of meshrun_rank_info.

@@ -1,5 +1,5 @@
 // Fuzz target: `--set KEY=VALUE` overrides (common/job_spec_yaml.h) applied to a fixed, valid
-// base spec (the example of CONVENTIONS §5). The input is the list of overrides, one per line
+// base spec (the example of docs/job-spec.md). The input is the list of overrides, one per line
 // (at most 16). Properties: never a crash, throw or hang; a rejection is INVALID_ARGUMENT with
 // a message; an accepted result round-trips through JobSpecToYaml; and overrides are
 // assignments, so applying the list twice in a row gives the same spec as applying it once

@@ -11,7 +11,7 @@ namespace meshrun {
 // Converts field by field. INVALID_ARGUMENT naming the field when a value does not fit the
 // common struct (an int64 above INT32_MAX), or when a model size is missing although
 // model.init_from is empty. With model.init_from set, missing sizes are filled with
-// placeholders that satisfy every rule of CONVENTIONS §1 (n_head = tp_size, d_model =
+// placeholders that satisfy every rule of docs/job-spec.md (n_head = tp_size, d_model =
 // n_head·tp_size, seq_len = 2·cp_size, vocab_size = 256, n_layer = 1): the engine reads the
 // real ones from config.json at rank start and reports contradictions there.
 StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& proto);

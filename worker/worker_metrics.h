@@ -1,7 +1,7 @@
 // The worker's Prometheus endpoint (--metrics-listen): the node's series, meshrun_worker_up,
 // meshrun_worker_slots{worker,state="free"|"busy"}, meshrun_worker_session_connected and, when
 // NVML loads, meshrun_gpu_memory_bytes{worker,gpu,kind="used"|"total"} and
-// meshrun_gpu_utilization_ratio{worker,gpu} read at scrape time (CONVENTIONS §7). Per-rank and
+// meshrun_gpu_utilization_ratio{worker,gpu} read at scrape time (docs/metrics.md). Per-rank and
 // job series are the coordinator's (docs/decisions/0003-where-metrics-live.md).
 #pragma once
 

@@ -8,7 +8,7 @@
 // Sizes are nccl-tests' S: the buffer for all_reduce, the gathered output for all_gather, the
 // input for reduce_scatter (rounded down to a multiple of 4·N bytes). Time is the mean over
 // ranks of the mean over iterations. algbw = S/time; busbw = algbw·2(N−1)/N for all_reduce and
-// algbw·(N−1)/N for the others (CONVENTIONS §6). #wrong counts wrong elements, summed over
+// algbw·(N−1)/N for the others (docs/parallelism.md). #wrong counts wrong elements, summed over
 // ranks, in one extra verified call per size.
 #include <signal.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 // bench/gpu_train_step: training steps of GPT-2 124M (seq_len 1024, bf16 mixed precision) on one
-// GPU: tokens/s, model TFLOP/s and MFU (CONVENTIONS §7: 6·N + 12·n_layer·d_model·seq_len FLOPs per
+// GPU: tokens/s, model TFLOP/s and MFU (docs/model.md: 6·N + 12·n_layer·d_model·seq_len FLOPs per
 // token; peak from a table by GPU name, or --peak-tflops). Prints a table, then one JSON line.
 // bench/gpu_torch_baseline.py runs the same model and batch in PyTorch for the ratio.
 #include <cuda_runtime_api.h>

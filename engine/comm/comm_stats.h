@@ -1,6 +1,6 @@
-// Communication accounting: the collective ops, their "bus bytes" (CONVENTIONS §6) and a
+// Communication accounting: the collective ops, their "bus bytes" (docs/parallelism.md) and a
 // thread-safe per-(axis, op) counter of seconds, bus bytes and calls, shared by every
-// Communicator of a rank and read by the trainer's metrics (CONVENTIONS §7).
+// Communicator of a rank and read by the trainer's metrics (docs/metrics.md).
 #pragma once
 
 #include <cstddef>

@@ -40,7 +40,7 @@ struct CallOptions {
 
   // 0: the communicator's default (CommConfig::timeout).
   std::chrono::milliseconds timeout{0};
-  // The axis label the call is charged to in CommStats; empty: name(). CONVENTIONS §6 charges
+  // The axis label the call is charged to in CommStats; empty: name(). docs/parallelism.md charges
   // traffic to the parallelism that caused it, e.g. FSDP's gathers over the dp_shard_cp group
   // are charged to "dp_shard".
   std::string_view axis;

@@ -124,7 +124,7 @@ class GlooCommunicator final : public Communicator {
 
   // Ring reduce-scatter: at step s (0 … n−2) rank r sends its partial sum of chunk r−s−1 to
   // r+1 and adds the partial sum of chunk r−s−2 received from r−1; after n−1 steps chunk r
-  // holds the full sum. Each rank sends (n−1)·count floats: the bus bytes of §6.
+  // holds the full sum. Each rank sends (n−1)·count floats: the bus bytes of docs/parallelism.md.
   Status DoReduceScatter(const float* input, float* output, size_t count,
                          Duration timeout) override {
     return GlooCall([&] {

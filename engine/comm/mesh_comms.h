@@ -1,4 +1,4 @@
-// One rank's communicators for every axis of the device mesh (CONVENTIONS §1): dp_replicate,
+// One rank's communicators for every axis of the device mesh (docs/parallelism.md): dp_replicate,
 // dp_shard, cp, tp and the flattened dp, dp_shard_cp, dp_cp. Built once at rank start, before
 // the first step; the parallel plans (FSDP, tp, cp) take their groups from here.
 #pragma once

@@ -1,7 +1,7 @@
 // Tensors and the per-device allocators that count their memory.
 // A Tensor is a shape, a dtype, a device and a shared reference to storage obtained from that
 // device's Allocator; views share storage. The allocators count allocated, peak and reserved
-// bytes, which the training loop reports as metrics (CONVENTIONS §7 meshrun_rank_memory_bytes).
+// bytes, which the training loop reports as metrics (docs/metrics.md meshrun_rank_memory_bytes).
 #pragma once
 
 #include <cstddef>

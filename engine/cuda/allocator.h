@@ -1,6 +1,6 @@
 // The caching CUDA device allocator: blocks come from cudaMalloc once and are kept for reuse,
 // because cudaMalloc/cudaFree synchronize the device. Counts allocated, peak and reserved bytes
-// for meshrun_rank_memory_bytes (CONVENTIONS §7), like the CPU allocator in engine/core/tensor.h.
+// for meshrun_rank_memory_bytes (docs/metrics.md), like the CPU allocator in engine/core/tensor.h.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// The GPT-2 of CONVENTIONS §3 on one CUDA device: the same parameter layout and names as the CPU
+// The GPT-2 of docs/model.md on one CUDA device: the same parameter layout and names as the CPU
 // model (engine/model/gpt2.h, GPT2ParamLayout), so weights copy over in both directions; forward,
 // forward+backward and the clipped AdamW update, in execution order (llm.c style).
 //
@@ -75,10 +75,10 @@ class GPT2Cuda {
 
   // As ShardedState::ClipAndStep (engine/train/sharding.h) on one rank: clip by the global L2 norm
   // (factor clip/(norm + 1e-6) when norm > clip), then AdamW for update `step` (0-based) with the
-  // §3 schedule and weight decay on 2+-dim parameters; refreshes the bf16 weights.
+  // schedule of docs/model.md and weight decay on 2+-dim parameters; refreshes the bf16 weights.
   StatusOr<UpdateResult> ClipAndAdamW(const TrainSpec& train, int64_t step);
 
-  // Device memory of this process on the model's device (CONVENTIONS §7).
+  // Device memory of this process on the model's device (docs/metrics.md).
   MemoryStats memory_stats() const;
   Status Synchronize();
 

@@ -1,4 +1,4 @@
-// The window sampler of CONVENTIONS §2: which token windows form the global batch of step k,
+// The window sampler of docs/data.md: which token windows form the global batch of step k,
 // and the context-parallel split of a sequence. The batch of a step depends only on (data,
 // seed, k, order), never on the mesh; each rank asks for its own slice of it.
 #pragma once
@@ -36,7 +36,7 @@ class SplitMix64 {
 // by SplitMix64 seeded from (seed, epoch).
 std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int64_t epoch);
 
-// Sequences [first, first + count) of the global batch: what one dp rank takes (§2).
+// Sequences [first, first + count) of the global batch: what one dp rank takes (docs/data.md).
 struct SeqRange {
   int first = 0;
   int count = 0;
@@ -90,8 +90,8 @@ class BatchSampler {
   std::unique_ptr<PermCache> cache_;
 };
 
-// Context-parallel split of one sequence (§2): the sequence is cut into 2·cp_size equal chunks
-// of seq_len / (2·cp_size) tokens; cp rank c holds chunk c followed by chunk 2·cp_size − 1 − c.
+// Context-parallel split of one sequence (docs/data.md): the sequence is cut into 2·cp_size
+// equal chunks of seq_len / (2·cp_size) tokens; cp rank c holds chunk c followed by chunk 2·cp_size − 1 − c.
 // Writes seq_len / cp_size tokens to out_tokens and their global positions (0-based index in
 // the sequence) to out_positions (skipped when null, e.g. for the targets).
 // Preconditions (validated with the job spec): seq_len % (2·cp_size) == 0 when cp_size > 1,

@@ -1,4 +1,4 @@
-// Token streams for training and evaluation (CONVENTIONS §2): loads a UTF-8 text file, a folder
+// Token streams for training and evaluation (docs/data.md): loads a UTF-8 text file, a folder
 // of text files, or a `.bin` token file (llm.c with its 256-int32 header, or nanoGPT's raw
 // uint16) into memory as int32 token ids.
 #pragma once

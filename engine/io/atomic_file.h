@@ -1,5 +1,5 @@
-// Atomic file writes (CONVENTIONS §4): write to `PATH.tmp.<pid>`, fsync, rename over PATH, fsync
-// the folder. Readers see either the old file or the whole new one, never a torn write, even
+// Atomic file writes (docs/checkpoints.md): write to `PATH.tmp.<pid>`, fsync, rename over
+// PATH, fsync the folder. Readers see either the old file or the whole new one, never a torn write, even
 // after a crash or a power loss.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Sharded, reshardable checkpoints (CONVENTIONS §4). A checkpoint is a folder
+// Sharded, reshardable checkpoints (docs/checkpoints.md). A checkpoint is a folder
 // `DIR/step-NNNNNNNN/` with one safetensors shard per rank (`rank-RRRRR.safetensors`), each
 // holding slices (hyper-rectangles) of float tensors, and a `metadata.json` written last by
 // rank 0. Any hyper-rectangle of any tensor can be read back, whatever mesh wrote it.

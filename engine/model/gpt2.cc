@@ -41,7 +41,7 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
     offset = (offset + pad - 1) / pad * pad;
     ++unit;
   };
-  // Megatron splits (CONVENTIONS §3): column parallel = a block of output rows per rank,
+  // Megatron splits (docs/model.md): column parallel = a block of output rows per rank,
   // row parallel = a block of input columns; c_attn's rows are q, k, v, each split by heads.
   auto rows = [&](int64_t first, int64_t count, int64_t cols) {
     return Box{{first, 0}, {count, cols}};

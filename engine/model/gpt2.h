@@ -1,4 +1,4 @@
-// The GPT-2 model of CONVENTIONS §3 on one rank: parameter layout, deterministic
+// The GPT-2 model of docs/model.md on one rank: parameter layout, deterministic
 // initialisation, forward with saved activations, and backward into flat gradients.
 // The step reads in execution order (llm.c style); kernels live in engine/kernels/cpu.
 #pragma once
@@ -19,7 +19,7 @@ struct GPT2Config {
   int d_model = 64;
   int max_seq_len = 64;  // rows of the position embedding (n_positions)
   double ln_eps = 1e-5;
-  // Tensor parallel: this rank holds 1/tp_size of the heads and MLP units (CONVENTIONS §3).
+  // Tensor parallel: this rank holds 1/tp_size of the heads and MLP units (docs/model.md).
   int tp_size = 1;
   int tp_rank = 0;
   // FSDP: each unit's flat parameters are padded to a multiple of fsdp_size (= S·C) so that
@@ -68,7 +68,8 @@ int64_t GlobalIndex(const ParamInfo& p, int64_t i);
 class Communicator;
 
 // FSDP's hooks into the step: called by the model before a unit's parameters are used and once
-// a unit's gradients for this micro-batch are complete. Implemented by engine/train/fsdp.h.
+// a unit's gradients for this micro-batch are complete. Implemented by ShardedState
+// (engine/train/sharding.h).
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;
@@ -86,7 +87,7 @@ struct ModelParallel {
   UnitHooks* fsdp = nullptr;
 };
 
-// Model FLOPs per token of CONVENTIONS §7: 6·N + 12·n_layer·d_model·seq_len, where N is the
+// Model FLOPs per token of docs/model.md: 6·N + 12·n_layer·d_model·seq_len, where N is the
 // parameter count without the position embedding.
 double GPT2FlopsPerToken(const GPT2Config& cfg, int seq_len);
 

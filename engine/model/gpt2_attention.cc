@@ -1,6 +1,6 @@
 // GPT-2 attention on one rank: split heads, causal attention over this rank's queries and
 // (under context parallel) every rank's keys, merge heads. Context parallel has two strategies
-// (CONVENTIONS §5 cp_comm_strategy): `allgather` gathers K and V once per layer;
+// (docs/job-spec.md cp_comm_strategy): `allgather` gathers K and V once per layer;
 // `ring` passes K/V blocks around the cp ring and merges partial results by log-sum-exp.
 // docs/parallelism.md gives the bytes each moves.
 #include <cmath>
@@ -88,7 +88,7 @@ void BlocksToSequence(T* blocks, T* seq, int64_t n, int64_t BH, int64_t Tl, int6
   }
 }
 
-// Global positions of cp rank j's tokens (CONVENTIONS §2: chunks j and 2C−1−j of 2C).
+// Global positions of cp rank j's tokens (docs/data.md: chunks j and 2C−1−j of 2C).
 std::vector<int32_t> CpPositions(int j, int cp_size, int local_len) {
   std::vector<int32_t> pos(local_len);
   const int chunk = local_len / 2;

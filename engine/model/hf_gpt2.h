@@ -1,4 +1,4 @@
-// Hugging Face GPT-2 layout (CONVENTIONS §4): `model.safetensors` + `config.json` with
+// Hugging Face GPT-2 layout (docs/checkpoints.md): `model.safetensors` + `config.json` with
 // `transformer.*` names and Conv1D (in, out) weights. Loads one into a GPT2 (model.init_from)
 // and writes one from a GPT2 (meshrun export).
 #pragma once

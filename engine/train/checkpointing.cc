@@ -1,4 +1,4 @@
-// Saving and resuming the trainer's state under any mesh (CONVENTIONS §4). Tensors are saved
+// Saving and resuming the trainer's state under any mesh (docs/checkpoints.md). Tensors are saved
 // by their global names as boxes of the global tensor: "model/<param>", "optim/exp_avg/<param>",
 // "optim/exp_avg_sq/<param>". One rank per tp shard writes (dp_replicate 0, dp_shard_cp index
 // 0), after gathering its FSDP shards; the others write an empty shard file. Loading reads this
@@ -75,7 +75,9 @@ Status Trainer::SaveCheckpoint() {
   meta.world_size = dims_->world_size();
   meta.mesh = {dims_->dp_replicate(), dims_->dp_shard(), dims_->cp(), dims_->tp()};
   meta.job_spec_yaml = options_.spec_yaml;
-  nlohmann::json trainer = {{"step", step_}, {"optimizer_step", step_}};
+  // The loss history travels with the checkpoint, so a resumed (or finished) run can report
+  // the real loss of its last step.
+  nlohmann::json trainer = {{"step", step_}, {"optimizer_step", step_}, {"losses", loss_history_}};
   meta.trainer_json = trainer.dump();
   MESHRUN_RETURN_IF_ERROR(WriteMetadata(step_dir, meta));
   return PruneCheckpoints(spec_.checkpoint.dir, std::max(1, spec_.checkpoint.keep));
@@ -91,7 +93,13 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
     if (shape != p.global_shape) {
       return FailedPreconditionError("checkpoint " + step_dir + ": tensor " + p.name +
                                      " does not fit this model's config (hint: resume with the "
-                                     "model section the checkpoint was written with)");
+                                     "model section the checkpoint was written with, or train "
+                                     "this model in another folder: --set "
+                                     "checkpoint.dir=ANOTHER_DIR, or remove " +
+                                     (spec_.checkpoint.dir.empty() ? step_dir
+                                                                   : spec_.checkpoint.dir) +
+                                     "; checkpoint.resume=never would start from step 0 but "
+                                     "write into the old run's folder)");
     }
     // A checkpoint without optimizer state (e.g. converted weights) starts fresh moments.
     const bool has_moments = reader.HasTensor(MomentKey("exp_avg", p));
@@ -115,6 +123,15 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
     return DataLossError("checkpoint " + step_dir + ": metadata has no trainer step");
   }
   step_ = trainer["step"].get<int64_t>();
+  loss_history_.clear();
+  if (const auto it = trainer.find("losses"); it != trainer.end() && it->is_array()) {
+    for (const auto& x : *it) {
+      if (!x.is_number()) break;
+      loss_history_.push_back(x.get<double>());
+    }
+    // A history that does not end at this step (an older checkpoint) is not reported.
+    if (loss_history_.size() != static_cast<size_t>(step_)) loss_history_.clear();
+  }
   last_checkpoint_ = step_dir;
   return OkStatus();
 }

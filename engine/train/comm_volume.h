@@ -1,4 +1,4 @@
-// The bus bytes (CONVENTIONS §6) each mesh axis moves per rank per training step, from the
+// The bus bytes (docs/parallelism.md) each mesh axis moves per rank per training step, from the
 // formulas of docs/parallelism.md. The trainer measures the same quantity from the calls it
 // makes (CommStats); tests/integration/parallel_test.cc asserts they agree.
 #pragma once

@@ -1,6 +1,6 @@
 // What the update that ends every step reports: global grad-norm clipping (torch
-// clip_grad_norm_) and AdamW (torch.optim.AdamW) with the learning-rate schedule of CONVENTIONS
-// §3. The CPU update is ShardedState::ClipAndStep (engine/train/sharding.h); the GPU one
+// clip_grad_norm_) and AdamW (torch.optim.AdamW) with the learning-rate schedule of
+// docs/model.md. The CPU update is ShardedState::ClipAndStep (engine/train/sharding.h); the GPU one
 // GPT2Cuda::ClipAndAdamW.
 #pragma once
 

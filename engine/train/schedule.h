@@ -1,4 +1,4 @@
-// The learning-rate schedule of CONVENTIONS §3: linear warmup, then cosine decay to min_lr.
+// The learning-rate schedule of docs/model.md: linear warmup, then cosine decay to min_lr.
 #pragma once
 
 #include <cmath>

@@ -52,7 +52,7 @@ class ShardedState final : public UnitHooks {
   Status FinishGradients();
   // ‖g‖² over the whole model: shards summed over dp_shard_cp and tp.
   StatusOr<double> GlobalGradNormSquared();
-  // Clip by the global norm and apply AdamW to the shard (CONVENTIONS §3).
+  // Clip by the global norm and apply AdamW to the shard (docs/model.md).
   StatusOr<UpdateResult> ClipAndStep(const TrainSpec& train, int64_t step);
 
   // Full (tp-local) parameters into the model and moments into full_m/full_v (num_params each),

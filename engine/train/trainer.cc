@@ -151,7 +151,7 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   const int Tl = T / dims_->cp();
   const double grad_scale = 1.0 / (static_cast<double>(B) * T);
   std::vector<int32_t> inputs(static_cast<size_t>(mb) * T), targets(inputs.size());
-  // This dp rank's sequences of the global batch (CONVENTIONS §2).
+  // This dp rank's sequences of the global batch (docs/data.md).
   const int dp = dims_->dp_replicate() * dims_->dp_shard();
   const int d = coords_.dp_replicate * dims_->dp_shard() + coords_.dp_shard;
   MESHRUN_ASSIGN_OR_RETURN(SeqRange range, DpRankRange(B, dp, d));
@@ -226,6 +226,15 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
   return out;
 }
 
+StatusOr<bool> Trainer::StopAgreed() {
+  if (options_.stop_requested == nullptr) return false;
+  const double mine = *options_.stop_requested != 0 ? 1.0 : 0.0;
+  // Over tp, then over dp_cp: the whole world, in the groups every rank already has.
+  MESHRUN_ASSIGN_OR_RETURN(double over_tp, SumOverGroup(Comm(MeshAxis::kTp), mine, "control"));
+  MESHRUN_ASSIGN_OR_RETURN(double all, SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, "control"));
+  return all > 0;
+}
+
 StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   TrainObserver none;
   if (observer == nullptr) observer = &none;
@@ -236,6 +245,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     if (!s.ok() && s.code() != StatusCode::kNotFound) return s;
   }
   RunSummary summary;
+  summary.resumed_step = step_;
   summary.first_step = step_ + 1;
   const int64_t last = options_.stop_after_step > 0
                            ? std::min<int64_t>(options_.stop_after_step, tr.steps)
@@ -272,20 +282,29 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
       MESHRUN_ASSIGN_OR_RETURN(EvalMetrics e, Evaluate(*val_data_, /*max_windows=*/64));
       observer->OnEval(e);
     }
+    loss_history_.push_back(loss);
+    MESHRUN_ASSIGN_OR_RETURN(const bool stop, StopAgreed());
     const bool at_end = step_ == last;
-    if (!ck.dir.empty() && (at_end || (ck.every > 0 && step_ % ck.every == 0))) {
+    if (!ck.dir.empty() && (at_end || stop || (ck.every > 0 && step_ % ck.every == 0))) {
       MESHRUN_RETURN_IF_ERROR(SaveCheckpoint());
       observer->OnLog("checkpoint " + last_checkpoint_);
     }
+    if (stop && !at_end) {
+      summary.interrupted = true;
+      break;
+    }
   }
   summary.steps = static_cast<int64_t>(summary.losses.size());
-  summary.final_loss = summary.losses.empty() ? 0.0 : summary.losses.back();
+  summary.last_step = step_;
+  summary.final_loss = loss_history_.size() == static_cast<size_t>(step_) && !loss_history_.empty()
+                           ? loss_history_.back()
+                           : (summary.losses.empty() ? std::nan("") : summary.losses.back());
   if (total_seconds > 0) {
     summary.tokens_per_second =
         tokens_per_step * static_cast<double>(summary.steps) / total_seconds;
     summary.mfu = summary.tokens_per_second * flops_per_token / world_peak;
   }
-  // Bus bytes per rank per step, averaged over every rank of the job (CONVENTIONS §6).
+  // Bus bytes per rank per step, averaged over every rank of the job (docs/parallelism.md).
   for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"}) {
     double mine = 0;
     if (stats && summary.steps > 0) mine = stats->AxisTotal(axis).bytes / summary.steps;

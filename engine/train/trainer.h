@@ -1,8 +1,9 @@
 // The training loop of one rank: data → forward/backward over micro-batches → clip → AdamW,
-// with metrics per step, periodic evaluation and checkpoints (CONVENTIONS §2–§4).
+// with metrics per step, periodic evaluation and checkpoints (docs/data.md, docs/checkpoints.md).
 // Instrumentation reaches the outside only through TrainObserver; the math stays in Step().
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,7 +36,7 @@ struct StepMetrics {
   int64_t peak_memory_bytes = 0;
   int64_t reserved_memory_bytes = 0;
   // This rank's communication by (axis label, op) since its first step: seconds, bus bytes
-  // (CONVENTIONS §6) and calls; cumulative, like the Prometheus counters they feed (§7).
+  // (docs/parallelism.md) and calls; cumulative, like the Prometheus counters they feed.
   std::map<CommStats::Key, CommCounter> comm;
 };
 
@@ -48,8 +49,13 @@ struct EvalMetrics {
 struct RunSummary {
   int64_t steps = 0;       // steps run by this process
   int64_t first_step = 0;  // 1-based number of the first step run (after a resume, > 1)
+  int64_t resumed_step = 0;  // the step of the checkpoint this run resumed from (0: none)
+  int64_t last_step = 0;     // updates done at the end of this run (train.steps when complete)
+  // The loss of the run's last step, also when it was trained before a resume (from the
+  // checkpoint's loss history); NaN when no step was ever recorded.
   double final_loss = 0;
-  std::vector<double> losses;
+  std::vector<double> losses;  // this process's steps only
+  bool interrupted = false;    // stopped early by a stop request (SIGINT/SIGTERM)
   double tokens_per_second = 0;
   double mfu = 0;
   int64_t peak_memory_bytes = 0;
@@ -75,6 +81,10 @@ struct RankContext {
 
 struct TrainOptions {
   int64_t stop_after_step = 0;  // > 0: stop (with a checkpoint) after this step
+  // Set (non-zero) by a signal handler to ask for a stop. The ranks agree at every step boundary
+  // (one 8-byte gather per step over the world), so all stop after the same step, checkpoint
+  // (with checkpoint.dir) and Run returns with `interrupted`. Null: never checked.
+  const volatile std::sig_atomic_t* stop_requested = nullptr;
   double peak_flops = 0;        // device peak for MFU; 0: measure a float32 GEMM at start
   std::string spec_yaml;        // the resolved spec, stored in checkpoint metadata
 };
@@ -88,7 +98,7 @@ class Trainer {
   // Resumes when the spec asks for it, then trains to the last step (or stop_after_step).
   StatusOr<RunSummary> Run(TrainObserver* observer);
 
-  // Mean loss over the windows of `stream` (CONVENTIONS §2 windows, in batches): all of them
+  // Mean loss over the windows of `stream` (docs/data.md windows, in batches): all of them
   // on one rank; on a mesh, the first multiple of dp·micro_batch_size of them (at most
   // max_windows when > 0), split over the dp ranks.
   StatusOr<EvalMetrics> Evaluate(const TokenStream& stream, int64_t max_windows);
@@ -109,6 +119,8 @@ class Trainer {
   Status WaitForAllRanks(const std::string& key);
   // One optimizer step over the global batch of step_ (0-based); returns the mean loss.
   StatusOr<double> Step(StepMetrics* metrics);
+  // Whether any rank was asked to stop (the same answer on every rank).
+  StatusOr<bool> StopAgreed();
 
   JobSpec spec_;
   TrainOptions options_;
@@ -122,12 +134,13 @@ class Trainer {
   std::unique_ptr<TokenStream> train_data_, val_data_;
   std::unique_ptr<BatchSampler> sampler_;
   int64_t step_ = 0;  // updates done so far
+  std::vector<double> loss_history_;  // the loss of every step so far, resumed ones included
   double peak_flops_ = 0;
   std::string last_checkpoint_;
 };
 
 // Float32 GEMM throughput of this machine with the current thread count (FLOP/s): the CPU
-// "peak" that MFU is measured against (CONVENTIONS §7).
+// "peak" that MFU is measured against (docs/model.md).
 double MeasureCpuGemmPeakFlops();
 
 }  // namespace meshrun

@@ -319,7 +319,7 @@ record_pid
 exec sleep 30
 )sh",
                                 3);
-  options.grace = milliseconds(500);
+  options.interrupt_grace = milliseconds(500);
   Start(options);
   std::vector<pid_t> pids;
   for (int r = 0; r < 3; ++r) pids.push_back(RankPid(r));
@@ -327,11 +327,35 @@ exec sleep 30
   ASSERT_EQ(kill(launcher_, SIGTERM), 0);
   const Outcome o = Wait(seconds(15));
   ASSERT_FALSE(o.timed_out) << o.err;
-  EXPECT_EQ(o.exit_code, 1) << o.err;
+  EXPECT_EQ(o.exit_code, 130) << o.err;
   const std::vector<std::string> errors = ErrorLines(o.err);
   ASSERT_EQ(errors.size(), 1u) << o.err;
-  EXPECT_EQ(errors[0], "error: interrupted (signal 15); stopped 3 ranks");
+  // sleep dies of the SIGTERM and rank 1 ignores it (then SIGKILL): none stopped cleanly.
+  EXPECT_EQ(errors[0].rfind("error: interrupted (signal 15); stopped 3 ranks; rank(s) 0, 1, 2 did "
+                            "not stop at a step boundary (hint: ",
+                            0),
+            0u)
+      << errors[0];
   for (pid_t pid : pids) EXPECT_FALSE(IsAlive(pid)) << pid;
+}
+
+TEST_F(LauncherTest, RanksThatStopAtAStepBoundaryEndTheRunWith130AndNoError) {
+  // A rank of `meshrun train` answers SIGTERM by finishing its step and exiting 130.
+  LaunchOptions options = Shell(std::string(kShellHelpers) + R"sh(
+trap "exit 130" TERM
+record_pid
+while :; do sleep 0.05; done
+)sh",
+                                2);
+  Start(options);
+  for (int r = 0; r < 2; ++r) ASSERT_GT(RankPid(r), 0);
+  ASSERT_EQ(kill(launcher_, SIGINT), 0);
+  const Outcome o = Wait(seconds(15));
+  ASSERT_FALSE(o.timed_out) << o.err;
+  EXPECT_EQ(o.exit_code, 130) << o.err;
+  EXPECT_TRUE(ErrorLines(o.err).empty()) << o.err;
+  EXPECT_NE(o.err.find("interrupt: the ranks stop at the end of this step"), std::string::npos)
+      << o.err;
 }
 
 TEST_F(LauncherTest, RanksDieWithAKilledLauncher) {

@@ -1,6 +1,6 @@
 // The rank's step line end to end without processes: StepMetrics -> StepLineJson (what
 // `meshrun train -o json` prints) -> ParseStepLine (what the worker forwards) keeps every
-// number, memory kind and (axis, op) comm counter the proto can name (CONVENTIONS §6, §7).
+// number, memory kind and (axis, op) comm counter the proto can name (docs/cli.md).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>

@@ -1,5 +1,5 @@
 // `meshrun train|eval|export` as real processes on the tiny example: the JSON lines of
-// CONVENTIONS §6 and a falling loss; resume equals an uninterrupted run bit for bit; a
+// docs/cli.md and a falling loss; resume equals an uninterrupted run bit for bit; a
 // truncated or missing shard is never loaded; an exported model scores in the PyTorch
 // reference exactly as `meshrun eval` does.
 #include <gtest/gtest.h>

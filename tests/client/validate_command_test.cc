@@ -225,6 +225,24 @@ TEST_F(ValidateCommandTest, BadFlagsAndArgumentsExitTwo) {
   ExpectInvalid(Run({"frobnicate"}), "frobnicate: unknown command");
 }
 
+TEST_F(ValidateCommandTest, NumericFlagsAreExplainedInWholeNumbers) {
+  const std::string tiny = Example("tiny.yaml");
+  ExpectInvalid(Run({"validate", "-f", tiny, "--nproc", "abc"}),
+                "--nproc: 'abc' is not a whole number from 1 to ");
+  ExpectInvalid(Run({"train", "-f", tiny, "--nproc", "abc"}),
+                "--nproc: 'abc' is not a whole number from 1 to 4096 (hint: run 'meshrun train "
+                "--help')");
+  ExpectInvalid(Run({"train", "-f", tiny, "--nproc", "5000"}),
+                "--nproc: 5000 is out of range: a whole number from 1 to 4096");
+  // CLI11's own check printed the double range 0 … 1.8e308 with all 309 digits.
+  ExpectInvalid(Run({"train", "-f", tiny, "--stop-after", "0"}),
+                "--stop-after: 0 is out of range: a whole number 1 or more (hint: ");
+  ExpectInvalid(Run({"train", "-f", tiny, "--stop-after", "1.5"}),
+                "--stop-after: '1.5' is not a whole number 1 or more");
+  ExpectInvalid(Run({"up", "--workers", "0"}), "--workers: 0 is out of range: a whole number from "
+                                               "1 to 64");
+}
+
 TEST_F(ValidateCommandTest, HelpExitsZero) {
   const Result result = Run({"validate", "--help"});
   EXPECT_EQ(result.exit_code, 0);

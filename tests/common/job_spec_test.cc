@@ -1,5 +1,5 @@
 // ValidateJobSpec: the documented defaults, one case per rule (ranges, enums and the mesh rules
-// of CONVENTIONS §1), and the shape of every message: `<field>: <what> (hint: <fix>)`.
+// of docs/job-spec.md), and the shape of every message: `<field>: <what> (hint: <fix>)`.
 #include "common/job_spec.h"
 
 #include <gtest/gtest.h>
@@ -161,7 +161,7 @@ const RuleCase kRuleCases[] = {
     {"max_restarts_negative", [](JobSpec& s) { s.restart.max_restarts = -1; }, "restart.max_restarts", "got -1"},
     {"threads_over_limit", [](JobSpec& s) { s.resources.threads = 2147483647; }, "resources.threads", "2147483647 is over the limit of 1024"},
     {"max_restarts_over_limit", [](JobSpec& s) { s.restart.max_restarts = 1000000; }, "restart.max_restarts", "1000000 is over the limit of 100"},
-    // The mesh rules of CONVENTIONS §1.
+    // The mesh rules of docs/job-spec.md.
     {"n_head_by_tp", [](JobSpec& s) { s.model.n_head = 6; s.model.d_model = 96; s.parallelism.tp_size = 4; }, "parallelism.tp_size", "model.n_head(6) is not divisible by tp_size(4)"},
     {"mlp_by_tp", [](JobSpec& s) { s.model.n_head = 3; s.parallelism.tp_size = 3; }, "parallelism.tp_size", "4·model.d_model(256) is not divisible by tp_size(3)"},
     {"d_model_by_n_head", [](JobSpec& s) { s.model.d_model = 66; }, "model.d_model", "66 is not divisible by model.n_head(4)"},

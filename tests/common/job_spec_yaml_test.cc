@@ -1,4 +1,4 @@
-// The job spec's YAML reader and writer: CONVENTIONS §5 as written, defaults, --set overrides,
+// The job spec's YAML reader and writer: docs/job-spec.md as written, defaults, --set overrides,
 // round trips, and the exact wording (field, line, hint) of every kind of error.
 #include "common/job_spec_yaml.h"
 
@@ -12,7 +12,7 @@
 namespace meshrun {
 namespace {
 
-// CONVENTIONS §5, verbatim apart from the PATHs.
+// A complete spec in flow style, every section given (dp_shard 2 × tp 2).
 constexpr const char* kConventionsExample = R"(name: tiny-demo
 model:       {arch: gpt2, n_layer: 2, n_head: 4, d_model: 64, seq_len: 64, vocab_size: 256}  # init_from: DIR
 parallelism: {dp_replicate_size: 1, dp_shard_size: 2, cp_size: 1, tp_size: 2, cp_comm_strategy: allgather}  # or ring
@@ -277,7 +277,7 @@ TEST(JobSpecYamlTest, WritesEveryFieldInSpecOrderAndFloatsAsFloats) {
   EXPECT_NE(yaml.find("\nrestart:\n  max_restarts: 0\n"), std::string::npos) << yaml;
 }
 
-// CONVENTIONS §3: with model.init_from, model fields the spec leaves out come from the
+// docs/job-spec.md: with model.init_from, model fields the spec leaves out come from the
 // folder's config.json; fields the spec (or --set) gives are kept.
 TEST(JobSpecYamlTest, InitFromFillsLeftOutModelFieldsFromConfigJson) {
   const std::filesystem::path dir =

@@ -1,4 +1,4 @@
-// The coordinator's Prometheus series (CONVENTIONS §7, docs/metrics.md): RankSeries fed with the
+// The coordinator's Prometheus series (docs/metrics.md): RankSeries fed with the
 // samples of a 2-rank job, the families MetricsExporter::Collect builds from it (every series
 // and label set, counters that stay monotonic across an attempt change, retention of finished
 // jobs), the step-time skew of StepAggregator, and one real scrape over HTTP.

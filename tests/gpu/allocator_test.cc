@@ -1,5 +1,5 @@
 // The caching device allocator: size rounding, reuse of freed blocks, and the allocated / peak /
-// reserved counters of CONVENTIONS §7.
+// reserved counters of docs/metrics.md.
 #include "engine/cuda/allocator.h"
 
 #include <vector>

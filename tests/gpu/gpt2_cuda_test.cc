@@ -49,7 +49,7 @@ struct Batch {
   std::vector<int32_t> inputs, targets;
 };
 
-// Windows (CONVENTIONS §2, order sequential) of step k.
+// Windows (docs/data.md, order sequential) of step k.
 Batch MakeBatch(const std::vector<int32_t>& stream, int step, int B, int T) {
   const int64_t windows = (static_cast<int64_t>(stream.size()) - 1) / T;
   Batch b;

@@ -244,7 +244,7 @@ std::vector<int32_t> Range(int32_t start, int32_t n) {
   return v;
 }
 
-// The context-parallel chunk pattern of CONVENTIONS §2: chunks c and 2C−1−c of a sequence.
+// The context-parallel chunk pattern of docs/data.md: chunks c and 2C−1−c of a sequence.
 std::vector<int32_t> CpChunks(int32_t T, int32_t C, int32_t c) {
   const int32_t chunk = T / (2 * C);
   std::vector<int32_t> v = Range(c * chunk, chunk);

@@ -1,4 +1,4 @@
-// N-D parallel equivalence (CONVENTIONS §3): every mesh trains the model one rank trains.
+// N-D parallel equivalence (docs/parallelism.md): every mesh trains the model one rank trains.
 // Runs `meshrun train --nproc N` as real processes over Gloo on loopback, 6 steps of the tiny
 // example each, and checks against the single-rank run: the loss at every step and the final
 // parameters within 1e-4 relative; the measured bus bytes per axis against the formulas of

@@ -1,4 +1,4 @@
-// Checks the generated control-plane API against the contract: JobSpec mirrors CONVENTIONS §5
+// Checks the generated control-plane API against the contract: JobSpec mirrors docs/job-spec.md
 // field for field and round-trips, the event and session oneofs behave, and CoordinatorService
 // declares exactly the RPCs of docs/api.md with XxxRequest/XxxResponse types.
 #include <google/protobuf/descriptor.h>
@@ -29,7 +29,7 @@ using google::protobuf::MethodDescriptor;
 using google::protobuf::ServiceDescriptor;
 using google::protobuf::util::MessageDifferencer;
 
-// The spec of CONVENTIONS §5, tp=2 × dp_shard=2.
+// A complete spec, tp=2 × dp_shard=2.
 JobSpec TinyDemoSpec() {
   JobSpec spec;
   spec.set_name("tiny-demo");
@@ -274,7 +274,7 @@ TEST(CoordinatorServiceTest, StoreRequestsAreScopedToOneAttempt) {
   EXPECT_NE(StoreGetRequest::descriptor()->FindFieldByName("timeout"), nullptr);
 }
 
-// JobState and WorkerState names, without their prefix, are the spellings of CONVENTIONS §6.
+// JobState and WorkerState names, without their prefix, are the spellings of docs/cli.md.
 std::set<std::string> UnprefixedValues(const google::protobuf::EnumDescriptor* e,
                                        const std::string& prefix) {
   std::set<std::string> names;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch reference GPT-2 for meshrun (CONVENTIONS §3): writes the numeric fixtures the C++
+"""PyTorch reference GPT-2 for meshrun (docs/model.md): writes the numeric fixtures the C++
 tests compare against (`fixtures`) and scores a Hugging Face GPT-2 export (`score`).
 
 Run with Debian's interpreter, which has torch and numpy: /usr/bin/python3 gpt2_reference.py ...
@@ -96,7 +96,7 @@ def write_safetensors(path, tensors, metadata=None):
 
 
 # --------------------------------------------------------------------------------------------
-# The model (CONVENTIONS §3), functional over an ordered {name: tensor} dict.
+# The model (docs/model.md), functional over an ordered {name: tensor} dict.
 # --------------------------------------------------------------------------------------------
 
 @dataclass
@@ -148,7 +148,7 @@ def is_output_projection(name):
 def init_params(cfg, dtype=torch.float32, style="convention", generator=None):
     """Random parameters in canonical order.
 
-    style "convention": CONVENTIONS §3 (weights N(0,0.02), output projections
+    style "convention": docs/model.md (weights N(0,0.02), output projections
     N(0,0.02/sqrt(2L)), biases 0, LayerNorm 1/0). style "fixture": the same weights but biases
     N(0,0.02), LN weights 1+N(0,0.1), LN biases N(0,0.02), so every term of the math is exercised.
     Draws happen in float64 in canonical order, then are cast to `dtype`.
@@ -219,7 +219,7 @@ def mean_loss(params, tokens, cfg):
 
 
 def lr_at(k, lr, min_lr, warmup_steps, steps):
-    """CONVENTIONS §3 schedule at 0-based step k."""
+    """docs/model.md schedule at 0-based step k."""
     if k < warmup_steps:
         return lr * (k + 1) / warmup_steps
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * (k - warmup_steps) / (steps - warmup_steps))) * (lr - min_lr)
@@ -293,7 +293,7 @@ def _train(params0, tokens, fc, dtype, check=True):
 
 
 def _adamw_by_hand(params0, tokens, fc, grads_per_step_fn):
-    """Independent AdamW (CONVENTIONS §3 formulas) in float64, to cross-check torch.optim."""
+    """Independent AdamW (docs/model.md formulas) in float64, to cross-check torch.optim."""
     names = list(params0)
     p = {n: params0[n].clone() for n in names}
     m = {n: torch.zeros_like(p[n]) for n in names}
@@ -414,7 +414,7 @@ LLMC_MAGIC = 20240520
 
 
 def read_tokens(path, fmt="auto"):
-    """Token stream of CONVENTIONS §2 as an int64 numpy array."""
+    """Token stream of docs/data.md as an int64 numpy array."""
     if os.path.isdir(path):
         if fmt not in ("auto", "text"):
             raise ValueError(f"{path}: a folder is read as text files, not --format {fmt}")
@@ -451,7 +451,7 @@ _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c
 
 
 def load_hf_gpt2(model_dir, dtype=torch.float64):
-    """Loads a Hugging Face GPT-2 dir (CONVENTIONS §4) into (GPT2Config, params)."""
+    """Loads a Hugging Face GPT-2 dir (docs/checkpoints.md) into (GPT2Config, params)."""
     with open(os.path.join(model_dir, "config.json")) as f:
         hf = json.load(f)
     cfg = GPT2Config(vocab_size=hf["vocab_size"], n_layer=hf["n_layer"], n_head=hf["n_head"],

@@ -1,6 +1,6 @@
 // The Communicator contract on the in-process fake backend: every op against a serial reference
-// for n = 1…4, the bus bytes of CONVENTIONS §6, axis relabelling, and bounded failures (injected
-// hangs and failures, mismatched calls, Send-Send deadlocks, bad arguments).
+// for n = 1…4, the bus bytes of docs/parallelism.md, axis relabelling, and bounded failures
+// (injected hangs and failures, mismatched calls, Send-Send deadlocks, bad arguments).
 #include "engine/comm/fake_backend.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,5 @@
-// Tests for the §2 window sampler (sequential, shuffled, dp slices) and the cp chunk split.
+// Tests for the window sampler of docs/data.md (sequential, shuffled, dp slices) and the cp
+// chunk split.
 #include "engine/data/batch_sampler.h"
 
 #include <gtest/gtest.h>
