@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -43,5 +44,11 @@ int ReportError(const Status& status);
 // 2 with one `error: <flag>: ...` line for bad flags or arguments, 1 for an exception.
 // Logging (spdlog) goes to stderr so that stdout stays clean for `-o json`.
 int RunCommandLine(CLI::App& app, int argc, char** argv, CommandResult& result);
+
+// `text` safe to print on a terminal: control characters (C0 but tab, DEL, and the UTF-8
+// encoded C1 range U+0080..U+009F) become `\xNN` / `\u00NN`, so rank
+// output (which any rank, or a worker, wrote) cannot move the cursor, set the title or send
+// terminal escape sequences to whoever reads `meshrun logs`.
+std::string EscapeControl(std::string_view text);
 
 }  // namespace meshrun::client

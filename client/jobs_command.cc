@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "client/command.h"
 #include "client/coordinator_client.h"
 #include "worker/backoff.h"
 
@@ -122,7 +123,7 @@ void PrintLogLine(const v1::LogLine& l, bool with_attempt) {
   std::string prefix = "[rank " + std::to_string(l.rank());
   if (with_attempt) prefix += " attempt " + std::to_string(l.attempt());
   prefix += "] ";
-  std::cout << prefix << l.text() << '\n';
+  std::cout << prefix << EscapeControl(l.text()) << '\n';
 }
 
 int RunLogs(const JobFlags& f) {

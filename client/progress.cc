@@ -9,6 +9,7 @@
 #include <iostream>
 #include <thread>
 
+#include "client/command.h"
 #include "worker/backoff.h"
 
 namespace meshrun::client {
@@ -176,7 +177,7 @@ StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& j
       case v1::JobEvent::kLog: {
         if (options.show_logs) {
           const v1::LogLine& l = e.log();
-          view.Line("[rank " + std::to_string(l.rank()) + "] " + l.text());
+          view.Line("[rank " + std::to_string(l.rank()) + "] " + EscapeControl(l.text()));
         }
         break;
       }

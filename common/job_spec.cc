@@ -246,8 +246,22 @@ Status CheckOthers(const JobSpec& spec) {
       AtLeast("checkpoint.keep", spec.checkpoint.keep, 1, "keep 1 or more checkpoints"));
   MESHRUN_RETURN_IF_ERROR(AtLeast("resources.threads", spec.resources.threads, 0,
                                   "use 0 for OMP_NUM_THREADS or all cores"));
-  return AtLeast("restart.max_restarts", spec.restart.max_restarts, 0,
-                 "use 0 for no automatic restarts");
+  if (spec.resources.threads > kMaxThreads) {
+    return Invalid("resources.threads",
+                   Str(spec.resources.threads) + " is over the limit of " + Str(kMaxThreads),
+                   "use 0 to take the worker's share of cores; a worker never runs a rank with "
+                   "more threads than its --cores");
+  }
+  MESHRUN_RETURN_IF_ERROR(AtLeast("restart.max_restarts", spec.restart.max_restarts, 0,
+                                  "use 0 for no automatic restarts"));
+  if (spec.restart.max_restarts > kMaxRestarts) {
+    return Invalid("restart.max_restarts",
+                   Str(spec.restart.max_restarts) + " is over the limit of " + Str(kMaxRestarts),
+                   "use at most " + Str(kMaxRestarts) +
+                       "; restarts wait longer each time (up to the coordinator's "
+                       "--restart-backoff-max), so a job that keeps failing needs a fix");
+  }
+  return OkStatus();
 }
 
 // The divisibility rules of docs/job-spec.md, in the order a user fixes them: tensor parallel

@@ -75,13 +75,19 @@ struct CheckpointSpec {
 
 struct ResourcesSpec {
   std::string device = "cpu";  // cpu | cuda
-  int threads = 0;             // per rank; 0: OMP_NUM_THREADS, else all cores
+  int threads = 0;             // per rank; 0: OMP_NUM_THREADS, else all cores; ≤ kMaxThreads
 
   bool operator==(const ResourcesSpec&) const = default;
 };
 
+// The most automatic restarts a job may ask for: each one re-runs the whole attempt after a
+// growing backoff, so more is a loop, not resilience (docs/security.md "Limits").
+inline constexpr int kMaxRestarts = 100;
+// The most OpenMP threads a rank may ask for; a worker also clamps it to its --cores.
+inline constexpr int kMaxThreads = 1024;
+
 struct RestartSpec {
-  int max_restarts = 0;
+  int max_restarts = 0;  // at most kMaxRestarts
 
   bool operator==(const RestartSpec&) const = default;
 };

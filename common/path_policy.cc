@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <system_error>
 
 namespace meshrun {
@@ -74,6 +75,52 @@ StatusOr<std::vector<std::string>> ResolveRoots(const std::vector<std::string>& 
   return out;
 }
 
+// Entries of a folder the spec names (a text folder, an init_from folder, a checkpoint.dir and
+// its step-* folders) are opened by the rank under that folder's path: a symlink among them
+// must point inside the roots as well. Checks the folder's own entries and those of its
+// sub-folders (not symlinked ones, whose target is checked instead), at most
+// kMaxFolderEntries in all. Not a folder (or not there yet): OK.
+constexpr size_t kMaxFolderEntries = 100'000;
+
+Status CheckFolderLinks(const std::string& field, const std::string& dir,
+                        const std::function<bool(const std::string&)>& inside,
+                        const std::string& allowed, const std::string& hint) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return OkStatus();
+  size_t seen = 0;
+  std::vector<std::pair<fs::path, int>> todo = {{fs::path(dir), 0}};
+  while (!todo.empty()) {
+    const auto [folder, depth] = todo.back();
+    todo.pop_back();
+    for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+      if (++seen > kMaxFolderEntries) {
+        return InvalidArgumentError(
+            field + ": " + PathForMessage(dir) + " holds more than " +
+            std::to_string(kMaxFolderEntries) +
+            " entries, too many to check for symlinks leaving the roots (hint: split it, or "
+            "name a file)");
+      }
+      std::error_code entry_ec;
+      if (it->is_symlink(entry_ec)) {
+        const fs::path target = fs::weakly_canonical(it->path(), entry_ec);
+        const std::string real = DropTrailingSlash(target.lexically_normal()).string();
+        if (entry_ec || !inside(real)) {
+          return InvalidArgumentError(field + ": " + PathForMessage(it->path().string()) +
+                                      " is a symlink to " + PathForMessage(real) +
+                                      ", which is outside " + allowed + " (" + hint + ")");
+        }
+      } else if (depth == 0 && it->is_directory(entry_ec)) {
+        todo.push_back({it->path(), depth + 1});
+      }
+    }
+    if (ec) {
+      return InvalidArgumentError(field + ": cannot list " + PathForMessage(folder.string()) +
+                                  ": " + ec.message() + " (hint: check that it is readable)");
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 bool PathIsWithin(const std::string& path, const std::string& root) {
@@ -140,8 +187,15 @@ StatusOr<PathPolicy::Resolved> PathPolicy::Resolve(std::string_view field, const
                                 ec.message() + " (hint: check that its folders are readable)");
   }
   out.real = DropTrailingSlash(real.lexically_normal()).string();
-  for (const std::string& root : roots) {
-    if (PathIsWithin(out.real, root)) return out;
+  auto inside = [&](const std::string& p) {
+    for (const std::string& root : roots) {
+      if (PathIsWithin(p, root)) return true;
+    }
+    return false;
+  };
+  if (inside(out.real)) {
+    MESHRUN_RETURN_IF_ERROR(CheckFolderLinks(name, out.real, inside, allowed, hint));
+    return out;
   }
   const std::string what = out.real == path ? PathForMessage(path)
                                             : PathForMessage(path) + " resolves to " +

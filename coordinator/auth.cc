@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "common/tls.h"
+#include "coordinator/rate_limiter.h"
 
 namespace meshrun::coordinator {
 namespace {
@@ -69,6 +70,17 @@ Status Authorizer::CheckClient(const std::optional<std::string_view>& authorizat
         "MESHRUN_TOKEN or --token-file; tokens are listed in the coordinator's --token-file)");
   }
   return OkStatus();
+}
+
+std::string Authorizer::ClientCaller(const std::optional<std::string_view>& authorization,
+                                     const std::string& peer) const {
+  if (tokens_required() && authorization.has_value()) {
+    const std::string token = BearerToken(*authorization);
+    if (!token.empty()) {
+      return kTokenCallerPrefix + std::to_string(std::hash<std::string>()(token));
+    }
+  }
+  return CallerOfPeer(peer);
 }
 
 StatusOr<std::string> Authorizer::WorkerIdentity(

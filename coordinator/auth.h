@@ -57,6 +57,14 @@ class Authorizer {
   // Client API: `authorization` is the header value, nullopt when the call has none.
   Status CheckClient(const std::optional<std::string_view>& authorization) const;
 
+  // Who a client call is, for the SubmitJob rate limit (rate_limiter.h): with --token-file, the
+  // accepted token itself, parsed (hashed, prefixed kTokenCallerPrefix), so spelling one token
+  // differently (spaces, case of "Bearer") is still one caller; without --token-file the
+  // header proves nothing and the caller is the peer's host (CallerOfPeer). Call after
+  // CheckClient accepted the call.
+  std::string ClientCaller(const std::optional<std::string_view>& authorization,
+                           const std::string& peer) const;
+
   // Worker RPCs. `peer_name` is the CN of the verified client certificate, nullopt when the
   // peer presented none. Each returns OK without TLS.
   // The worker name the peer acts as ("" without TLS), or UNAUTHENTICATED.

@@ -169,6 +169,15 @@ void CoordinatorServiceImpl::HandleRegisterWorker(const v1::RegisterWorkerReques
   done(OkStatus());
 }
 
+Status CoordinatorServiceImpl::CheckRunningList(const std::string& kind, int ranks) const {
+  if (static_cast<size_t>(ranks) <= options_.max_ranks_per_report) return OkStatus();
+  return ResourceExhaustedError(
+      "--max-ranks-per-report: " + kind + ".running lists " + std::to_string(ranks) +
+      " ranks, over the limit of " + std::to_string(options_.max_ranks_per_report) +
+      " (hint: a worker lists only the ranks it runs, at most its slots; raise "
+      "--max-ranks-per-report on the coordinator for workers with more slots)");
+}
+
 Status CoordinatorServiceImpl::ValidateSessionMessage(const v1::WorkerSessionRequest& r) {
   auto rank_fields = [](const std::string& kind, const std::string& job_id, int attempt,
                         int rank) -> Status {
@@ -224,13 +233,18 @@ void CoordinatorServiceImpl::HandleWorkerSessionRequest(
       return stream->Finish(FailedPreconditionError(
           "open: sent twice on one session (hint: send `open` once, as the first message)"));
     }
+    if (Status listed = CheckRunningList("open", request.open().running_size()); !listed.ok()) {
+      return stream->Finish(listed);
+    }
     StatusOr<std::string> id = workers_.OpenSession(request.open(), stream);
     if (!id.ok()) return stream->Finish(id.status());
     {
       std::lock_guard<std::mutex> lock(mu_);
       opened_.insert(stream.get());
     }
-    jobs_.OnRunning(*id, request.open().running());
+    if (Status s = jobs_.OnRunning(*id, request.open().running()); !s.ok()) {
+      return stream->Finish(s);
+    }
     jobs_.Schedule();
     return;
   }
@@ -244,9 +258,12 @@ void CoordinatorServiceImpl::HandleWorkerSessionRequest(
   Status valid = ValidateSessionMessage(request);
   if (!valid.ok()) return stream->Finish(valid);
   switch (request.kind_case()) {
-    case v1::WorkerSessionRequest::kHeartbeat:
-      jobs_.OnRunning(*id, request.heartbeat().running());
+    case v1::WorkerSessionRequest::kHeartbeat: {
+      Status listed = CheckRunningList("heartbeat", request.heartbeat().running_size());
+      if (listed.ok()) listed = jobs_.OnRunning(*id, request.heartbeat().running());
+      if (!listed.ok()) return stream->Finish(listed);
       break;
+    }
     case v1::WorkerSessionRequest::kRankStarted:
       jobs_.OnRankStarted(*id, request.rank_started());
       break;

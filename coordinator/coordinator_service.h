@@ -75,6 +75,9 @@ class CoordinatorServiceHandler {
 struct ServiceOptions {
   PathPolicy paths;       // --data-root, --checkpoint-root: checked at SubmitJob
   RateLimit submit_rate;  // --submit-rate, --submit-burst: SubmitJob per caller
+  // --max-ranks-per-report: ranks one `open` or heartbeat may list (a worker runs at most its
+  // slots); a longer list ends the session with RESOURCE_EXHAUSTED.
+  size_t max_ranks_per_report = 4'096;
 };
 
 // The handlers over JobManager, WorkerManager and StoreManager: validation of session
@@ -125,6 +128,8 @@ class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
  private:
   // INVALID_ARGUMENT naming the first missing field of a session message, or OK.
   static Status ValidateSessionMessage(const v1::WorkerSessionRequest& request);
+  // RESOURCE_EXHAUSTED naming --max-ranks-per-report when `kind`.running is too long.
+  Status CheckRunningList(const std::string& kind, int ranks) const;
   // Common checks of the Store* requests; NOT_FOUND for an unknown job.
   Status CheckStoreCall(const std::string& job_id, int attempt, const std::string& key) const;
 

@@ -221,13 +221,20 @@ class WatchStream final : public WatchJobStream {
 class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse> {
  public:
   // `allowed`: the Authorizer's verdict; the call ends with it at once when it is not OK.
+  // Otherwise the call is in `registry` (with its header) until OnDone, so that revoking its
+  // token ends it.
   WatchReactor(CoordinatorServiceHandler& handler, const v1::WatchJobRequest& request,
-               size_t max_queue, const Status& allowed)
-      : stream_(std::make_shared<WatchStream>(this, max_queue)) {
+               size_t max_queue, const Status& allowed, WatchRegistry& registry,
+               std::optional<std::string> authorization)
+      : stream_(std::make_shared<WatchStream>(this, max_queue)), registry_(registry) {
     if (!allowed.ok()) {
       stream_->Finish(allowed);
       return;
     }
+    std::weak_ptr<WatchStream> weak = stream_;
+    registered_ = registry_.Add(std::move(authorization), [weak](const Status& why) {
+      if (std::shared_ptr<WatchStream> s = weak.lock()) s->Finish(why);
+    });
     try {
       handler.HandleWatchJob(request, stream_);
     } catch (const std::exception& e) {
@@ -238,10 +245,15 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
   void OnCancel() override {
     stream_->FinishGrpc(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
   }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (registered_ != 0) registry_.Remove(registered_);
+    delete this;
+  }
 
  private:
   std::shared_ptr<WatchStream> stream_;
+  WatchRegistry& registry_;
+  uint64_t registered_ = 0;
 };
 
 WatchStream::WatchStream(WatchReactor* reactor, size_t max_queue) : queue_(reactor, max_queue) {}
@@ -353,18 +365,17 @@ MESHRUN_CLIENT_UNARY(ListWorkers)
 MESHRUN_CLIENT_UNARY(GetJobLogs)
 #undef MESHRUN_CLIENT_UNARY
 
-// SubmitJob also names its caller for the rate limit: the bearer token (hashed, never shown)
-// when the call has one, else the peer's host.
+// SubmitJob also names its caller for the rate limit: the accepted bearer token (parsed and
+// hashed, never shown) with --token-file, else the peer's host (Authorizer::ClientCaller).
 grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* ctx,
                                                             const v1::SubmitJobRequest* request,
                                                             v1::SubmitJobResponse* response) {
   return Unary(ctx, [&](ReplyCallback done) {
     Status allowed = CheckClient(auth_, ctx);
     if (!allowed.ok()) return done(allowed);
-    std::string caller = CallerOfPeer(ctx->peer());
-    if (std::optional<std::string_view> token = AuthorizationHeader(ctx)) {
-      caller = kTokenCallerPrefix + std::to_string(std::hash<std::string_view>()(*token));
-    }
+    const std::string caller = auth_ != nullptr
+                                   ? auth_->ClientCaller(AuthorizationHeader(ctx), ctx->peer())
+                                   : CallerOfPeer(ctx->peer());
     handler_.HandleSubmitJob(*request, caller, response, std::move(done));
   });
 }
@@ -415,7 +426,61 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::StoreGet(grpc::CallbackServerC
 
 grpc::ServerWriteReactor<v1::WatchJobResponse>* CoordinatorGrpcService::WatchJob(
     grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* request) {
-  return new WatchReactor(handler_, *request, limits_.max_watch_queue, CheckClient(auth_, ctx));
+  std::optional<std::string> authorization;
+  if (std::optional<std::string_view> h = AuthorizationHeader(ctx)) authorization.emplace(*h);
+  return new WatchReactor(handler_, *request, limits_.max_watch_queue, CheckClient(auth_, ctx),
+                          watches_, std::move(authorization));
+}
+
+size_t CoordinatorGrpcService::RecheckWatches() {
+  if (auth_ == nullptr || !auth_->tokens_required()) return 0;
+  return watches_.Recheck([this](const std::optional<std::string_view>& authorization) {
+    Status s = auth_->CheckClient(authorization);
+    if (s.ok()) return s;
+    return Status(s.code(),
+                  "authorization: the token this WatchJob stream was opened with is "
+                  "no longer accepted (it was removed from the coordinator's "
+                  "--token-file) (hint: export MESHRUN_TOKEN=<a current token>)");
+  });
+}
+
+// ---- WatchRegistry ------------------------------------------------------------------------------
+
+uint64_t WatchRegistry::Add(std::optional<std::string> authorization, Stop stop) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_++;
+  entries_.emplace(id, Entry{std::move(authorization), std::move(stop)});
+  return id;
+}
+
+void WatchRegistry::Remove(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  entries_.erase(id);
+}
+
+size_t WatchRegistry::Recheck(const Check& check) {
+  std::vector<std::pair<Stop, Status>> stop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      std::optional<std::string_view> header;
+      if (it->second.authorization) header = *it->second.authorization;
+      Status s = check(header);
+      if (s.ok()) {
+        ++it;
+        continue;
+      }
+      stop.emplace_back(std::move(it->second.stop), std::move(s));
+      it = entries_.erase(it);
+    }
+  }
+  for (auto& [fn, why] : stop) fn(why);
+  return stop.size();
+}
+
+size_t WatchRegistry::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return entries_.size();
 }
 
 grpc::ServerBidiReactor<v1::WorkerSessionRequest, v1::WorkerSessionResponse>*

@@ -6,6 +6,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
 #include "common/status.h"
 #include "coordinator/auth.h"
 #include "coordinator/coordinator_service.h"
@@ -21,6 +29,29 @@ struct AdapterLimits {
   // Messages queued for one worker's session before the stream is ended (UNAVAILABLE); the
   // worker reopens and its outbox resumes.
   size_t max_session_queue = 1'000'000;
+};
+
+// The open WatchJob calls and the `authorization` header each was accepted with, so that a
+// token taken out of --token-file (SIGHUP) also ends the streams opened with it. Thread-safe.
+class WatchRegistry {
+ public:
+  using Stop = std::function<void(const Status&)>;
+  using Check = std::function<Status(const std::optional<std::string_view>& authorization)>;
+  uint64_t Add(std::optional<std::string> authorization, Stop stop);
+  void Remove(uint64_t id);
+  // Calls `stop` (outside the lock) of every watch whose header `check` no longer accepts.
+  // Returns how many were stopped.
+  size_t Recheck(const Check& check);
+  size_t size() const;
+
+ private:
+  struct Entry {
+    std::optional<std::string> authorization;
+    Stop stop;
+  };
+  mutable std::mutex mu_;
+  uint64_t next_ = 1;
+  std::map<uint64_t, Entry> entries_;  // guarded by mu_
 };
 
 class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
@@ -65,10 +96,15 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
                                      const v1::StoreAddRequest* request,
                                      v1::StoreAddResponse* response) override;
 
+  // Ends, with UNAUTHENTICATED, the WatchJob streams whose token is no longer accepted (call
+  // after Authorizer::ReloadTokens). Returns how many ended.
+  size_t RecheckWatches();
+
  private:
   CoordinatorServiceHandler& handler_;
   const AdapterLimits limits_;
   const Authorizer* const auth_;
+  WatchRegistry watches_;
 };
 
 }  // namespace meshrun::coordinator

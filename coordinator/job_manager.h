@@ -58,6 +58,13 @@ struct JobManagerConfig {
   // A RUNNING rank missing from this many consecutive `running` reports of its worker (open,
   // heartbeats) is LOST.
   int max_missed_reports = 2;
+  // A failed attempt's restart waits restart_backoff·2^(k−1) before restart k is placed, at
+  // most restart_backoff_max (--restart-backoff, --restart-backoff-max); 0: no wait.
+  std::chrono::milliseconds restart_backoff{1'000};
+  std::chrono::milliseconds restart_backoff_max{300'000};
+  // Distinct (job, attempt) StopOrders outstanding for one worker (--max-stops-per-worker):
+  // a `running` list naming more unknown attempts than this is refused.
+  size_t max_stops_per_worker = 1'024;
   EventLimits events;
   // The newest complete checkpoint folder under a checkpoint.dir, or "" (none, or not visible
   // from the coordinator). Default: scans DIR/step-*/metadata.json.
@@ -116,8 +123,10 @@ class JobManager {
   // ---- Worker session messages (already validated by CoordinatorService) ----
   // `running` of an `open` or a heartbeat: confirms ranks, stops ranks of stale attempts,
   // counts missing ones (see JobManagerConfig::max_missed_reports).
-  void OnRunning(const std::string& worker_id,
-                 const google::protobuf::RepeatedPtrField<v1::RunningRank>& running);
+  // RESOURCE_EXHAUSTED naming --max-stops-per-worker when the list would need more StopOrders
+  // than the worker may have outstanding (nothing of the list is applied then).
+  Status OnRunning(const std::string& worker_id,
+                   const google::protobuf::RepeatedPtrField<v1::RunningRank>& running);
   void OnRankStarted(const std::string& worker_id, const v1::RankStarted& started);
   void OnRankExited(const std::string& worker_id, const v1::RankExited& exited);
   void OnRankMetrics(const std::string& worker_id, const v1::RankMetrics& metrics);
@@ -195,6 +204,8 @@ class JobManager {
   Rank* FindRankLocked(const std::string& worker_id, const std::string& job_id, int attempt,
                        int rank, Job** job_out, Attempt** attempt_out);
   std::string ResumeCheckpointLocked(const Job& job) const;
+  // How long restart `restart` (1-based) waits (JobManagerConfig::restart_backoff).
+  std::chrono::milliseconds RestartBackoff(int restart) const;
 
   StateDb* const db_;
   WorkerView& workers_;
@@ -213,6 +224,7 @@ class JobManager {
   std::unordered_map<std::string, std::set<RankRef>> by_worker_;  // slot holders
   std::unordered_map<std::string, int> foreign_;                  // unknown running ranks
   std::map<std::tuple<std::string, std::string, int>, MonoTime> stops_sent_;
+  std::unordered_map<std::string, size_t> stops_per_worker_;  // entries of stops_sent_
   std::set<std::string> active_;  // jobs with a RUNNING attempt or ranks holding slots
   int64_t next_seq_ = 1;
   bool shut_down_ = false;

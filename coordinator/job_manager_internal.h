@@ -3,6 +3,7 @@
 // Private to JobManager: nothing outside those two files includes it.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +57,10 @@ struct JobManager::Job {
   // Why the job is PENDING ("submitted", or the failure that asked for a restart); the
   // message adds what it waits for.
   std::string pending_reason = "submitted";
+  // A restart is not placed before this (the restart backoff); not persisted: after a
+  // coordinator restart a PENDING job may be placed at once.
+  MonoTime not_before{};
+  std::chrono::milliseconds backoff{0};  // the wait that set not_before
   JobEventLog events;
 
   const std::string& device() const { return spec.resources().device(); }

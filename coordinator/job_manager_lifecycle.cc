@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <system_error>
 
@@ -30,7 +31,23 @@ std::string DescribeExit(const v1::RankExited& e, const std::string& worker_name
   return out;
 }
 
+// "1.5 s", for messages.
+std::string Seconds(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
+}
+
 }  // namespace
+
+std::chrono::milliseconds JobManager::RestartBackoff(int restart) const {
+  using std::chrono::milliseconds;
+  if (config_.restart_backoff.count() <= 0) return milliseconds(0);
+  // Doubling in int64 milliseconds stops well before it could overflow.
+  milliseconds wait = config_.restart_backoff;
+  for (int k = 1; k < restart && wait < config_.restart_backoff_max; ++k) wait *= 2;
+  return std::min(wait, std::max(config_.restart_backoff, config_.restart_backoff_max));
+}
 
 std::string FindNewestCheckpoint(const std::string& dir) {
   std::error_code ec;
@@ -117,6 +134,7 @@ void JobManager::SendStopLocked(const std::string& worker_id, const std::string&
   const MonoTime now = clock_.Monotonic();
   auto it = stops_sent_.find(key);
   if (!force && it != stops_sent_.end() && now - it->second < config_.stop_resend) return;
+  if (it == stops_sent_.end()) ++stops_per_worker_[worker_id];
   stops_sent_[key] = now;
   v1::WorkerSessionResponse msg;
   v1::StopOrder* stop = msg.mutable_stop();
@@ -173,6 +191,11 @@ void JobManager::ScheduleLocked() {
     Candidates& c = by_device[job.device()];
     if (c.live.empty()) {
       SetWaitMessageLocked(job, "waiting for a " + job.device() + " worker to register");
+      continue;
+    }
+    if (clock_.Monotonic() < job.not_before) {
+      // Backing off after a failure; it does not hold up the jobs behind it.
+      SetWaitMessageLocked(job, "waiting out the restart backoff (" + Seconds(job.backoff) + ")");
       continue;
     }
     const PlaceabilityVerdict verdict = CheckPlaceable(job.mesh, c.slots);
@@ -307,10 +330,14 @@ void JobManager::FailAttemptLocked(Txn& txn, Attempt& attempt, const std::string
   const int max_restarts = txn.job.spec.restart().max_restarts();
   const int used = attempt.number - 1;
   if (used < max_restarts) {
+    const std::chrono::milliseconds wait = RestartBackoff(used + 1);
+    txn.job.not_before = clock_.Monotonic() + wait;
+    txn.job.backoff = wait;
     SetJobStateLocked(txn, v1::JOB_STATE_PENDING,
                       "attempt " + std::to_string(attempt.number) + " failed: " + reason +
                           "; restart " + std::to_string(used + 1) + " of " +
-                          std::to_string(max_restarts) + " queued");
+                          std::to_string(max_restarts) + " queued" +
+                          (wait.count() > 0 ? " after a backoff of " + Seconds(wait) : ""));
   } else {
     SetJobStateLocked(txn, v1::JOB_STATE_FAILED,
                       max_restarts > 0
@@ -334,9 +361,37 @@ void JobManager::SucceedAttemptLocked(Txn& txn, Attempt& attempt) {
 
 // ---- Worker reports -----------------------------------------------------------------------------
 
-void JobManager::OnRunning(const std::string& worker_id,
-                           const google::protobuf::RepeatedPtrField<v1::RunningRank>& running) {
+Status JobManager::OnRunning(const std::string& worker_id,
+                             const google::protobuf::RepeatedPtrField<v1::RunningRank>& running) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Every (job, attempt) of the list this coordinator does not count gets a StopOrder and an
+  // entry in stops_sent_; a worker naming made-up attempts must not grow them without bound.
+  {
+    std::set<std::pair<std::string, int>> new_stops;
+    for (const v1::RunningRank& rr : running) {
+      Job* job = nullptr;
+      Attempt* a = nullptr;
+      Rank* r = FindRankLocked(worker_id, rr.job_id(), rr.attempt(), rr.rank(), &job, &a);
+      if (r != nullptr && r->occupying && a->state == AttemptState::kRunning) continue;
+      if (stops_sent_.count(std::make_tuple(worker_id, rr.job_id(), rr.attempt()))) continue;
+      new_stops.insert({rr.job_id(), rr.attempt()});
+    }
+    const size_t outstanding =
+        stops_per_worker_.count(worker_id) ? stops_per_worker_.at(worker_id) : 0;
+    if (!new_stops.empty() && outstanding + new_stops.size() > config_.max_stops_per_worker) {
+      spdlog::warn(
+          "worker {} reports {} unknown attempts running ({} stop orders outstanding); "
+          "refused",
+          worker_id, new_stops.size(), outstanding);
+      return ResourceExhaustedError(
+          "--max-stops-per-worker: the running list names " + std::to_string(new_stops.size()) +
+          " attempts this coordinator does not run, and " + std::to_string(outstanding) +
+          " stop orders are outstanding for this worker, over the limit of " +
+          std::to_string(config_.max_stops_per_worker) +
+          " (hint: a worker lists only the ranks it runs; raise --max-stops-per-worker on the "
+          "coordinator only if a worker really runs that many stale attempts)");
+    }
+  }
   std::set<RankRef> reported;
   int foreign = 0;
   for (const v1::RunningRank& rr : running) {
@@ -375,7 +430,7 @@ void JobManager::OnRunning(const std::string& worker_id,
 
   // Ranks the worker should run but did not report.
   auto holders_it = by_worker_.find(worker_id);
-  if (holders_it == by_worker_.end()) return;
+  if (holders_it == by_worker_.end()) return OkStatus();
   const std::set<RankRef> holders = holders_it->second;
   bool released = false;
   for (const RankRef& ref : holders) {
@@ -405,6 +460,7 @@ void JobManager::OnRunning(const std::string& worker_id,
     PruneAttemptsLocked(*job);
   }
   if (released) ScheduleLocked();
+  return OkStatus();
 }
 
 void JobManager::OnRankStarted(const std::string& worker_id, const v1::RankStarted& m) {
@@ -485,29 +541,49 @@ void JobManager::OnRankMetrics(const std::string& worker_id, const v1::RankMetri
   (void)CommitLocked(txn, Durability::kFast);
 }
 
-void JobManager::OnLogs(const std::string& /*worker_id*/, const v1::LogBatch& logs) {
+void JobManager::OnLogs(const std::string& worker_id, const v1::LogBatch& logs) {
   std::lock_guard<std::mutex> lock(mu_);
-  // Lines of any attempt of a known job are kept: a failed attempt's last words matter.
+  // A line is kept only when its rank is one of a known attempt's (the running one, or an
+  // ended one whose ranks still hold slots: a failed attempt's last words matter) placed on
+  // the sending worker. Anything else is forged or stale and dropped, so one worker cannot
+  // write into, or push the real lines out of, another worker's job.
   Job* job = nullptr;
   std::unique_ptr<Txn> txn;
+  size_t dropped = 0;
   for (const v1::LogLine& line : logs.lines()) {
-    if (job == nullptr || job->row.job_id != line.job_id()) {
+    Job* line_job = nullptr;
+    Attempt* line_attempt = nullptr;
+    if (FindRankLocked(worker_id, line.job_id(), line.attempt(), line.rank(), &line_job,
+                       &line_attempt) == nullptr) {
+      ++dropped;
+      continue;
+    }
+    if (job != line_job) {
       if (txn) (void)CommitLocked(*txn, Durability::kFast);
-      txn.reset();
-      job = FindLocked(line.job_id());
-      if (job == nullptr) continue;
+      job = line_job;
       txn = std::make_unique<Txn>(*job);
     }
     *AddEvent(*txn)->mutable_log() = line;
   }
   if (txn) (void)CommitLocked(*txn, Durability::kFast);
+  if (dropped > 0) {
+    spdlog::warn(
+        "worker {}: dropped {} log lines of ranks not placed on it (or of attempts "
+        "no longer known)",
+        worker_id, dropped);
+  }
 }
 
-void JobManager::OnCheckpointSaved(const std::string& /*worker_id*/,
-                                   const v1::CheckpointSaved& saved) {
+void JobManager::OnCheckpointSaved(const std::string& worker_id, const v1::CheckpointSaved& saved) {
   std::lock_guard<std::mutex> lock(mu_);
   Job* job = FindLocked(saved.job_id());
   if (job == nullptr || saved.attempt() != job->row.attempt) return;
+  // Only a worker running a rank of the attempt reports its checkpoints.
+  Attempt* a = FindAttemptLocked(*job, saved.attempt());
+  if (a == nullptr || std::none_of(a->ranks.begin(), a->ranks.end(),
+                                   [&](const Rank& r) { return r.worker_id == worker_id; })) {
+    return;
+  }
   Txn txn(*job);
   job->row.last_checkpoint = saved.path();
   txn.job_dirty = true;
@@ -571,8 +647,17 @@ void JobManager::Tick() {
   }
   for (const std::string& w : gone) WorkerLostLocked(w, "it is not registered");
   const MonoTime now = clock_.Monotonic();
-  std::erase_if(stops_sent_,
-                [&](const auto& kv) { return now - kv.second > 10 * config_.stop_resend; });
+  for (auto it = stops_sent_.begin(); it != stops_sent_.end();) {
+    if (now - it->second <= 10 * config_.stop_resend) {
+      ++it;
+      continue;
+    }
+    const std::string& worker = std::get<0>(it->first);
+    if (auto n = stops_per_worker_.find(worker); n != stops_per_worker_.end() && --n->second == 0) {
+      stops_per_worker_.erase(n);
+    }
+    it = stops_sent_.erase(it);
+  }
   ScheduleLocked();
 }
 

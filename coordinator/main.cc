@@ -79,6 +79,24 @@ int main(int argc, char** argv) {
   app.add_option("--max-store-bytes-per-attempt", config.max_store_bytes_per_attempt,
                  "rendezvous store bytes one attempt may hold")
       ->capture_default_str();
+  app.add_option("--max-store-bytes", config.max_store_bytes,
+                 "rendezvous store bytes all attempts together may hold")
+      ->capture_default_str();
+  app.add_option("--max-ranks-per-report", config.max_ranks_per_report,
+                 "ranks one worker heartbeat (or session open) may list")
+      ->capture_default_str();
+  app.add_option("--max-stops-per-worker", config.max_stops_per_worker,
+                 "stop orders for unknown attempts outstanding per worker")
+      ->capture_default_str();
+  double restart_backoff_s = 1, restart_backoff_max_s = 300;
+  app.add_option("--restart-backoff", restart_backoff_s,
+                 "seconds before a job's first restart; doubles with each further one")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--restart-backoff-max", restart_backoff_max_s,
+                 "longest wait before a restart, in seconds")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
@@ -94,6 +112,10 @@ int main(int argc, char** argv) {
   }
   config.heartbeat_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(heartbeat_timeout_s * 1000));
+  config.restart_backoff =
+      std::chrono::milliseconds(static_cast<int64_t>(restart_backoff_s * 1000));
+  config.restart_backoff_max =
+      std::chrono::milliseconds(static_cast<int64_t>(restart_backoff_max_s * 1000));
   spdlog::set_default_logger(spdlog::stderr_color_mt("coordinator"));
   spdlog::set_level(spdlog::level::from_str(log_level));
 

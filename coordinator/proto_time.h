@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "coordinator/clock.h"
+#include "proto/duration.h"
 
 namespace meshrun::coordinator {
 
@@ -39,8 +40,9 @@ inline void SetDuration(std::chrono::milliseconds d, google::protobuf::Duration*
   out->set_nanos(static_cast<int32_t>((d.count() % 1000) * 1'000'000));
 }
 
+// Saturating (proto/duration.h): a peer's Duration of any size is safe.
 inline std::chrono::milliseconds FromDuration(const google::protobuf::Duration& d) {
-  return std::chrono::milliseconds(d.seconds() * 1000 + d.nanos() / 1'000'000);
+  return DurationToMillis(d);
 }
 
 }  // namespace meshrun::coordinator

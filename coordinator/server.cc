@@ -68,6 +68,22 @@ Status CheckLimits(const CoordinatorConfig& c) {
         " must be at least 1024 and at most --max-store-bytes-per-attempt (" +
         std::to_string(c.max_store_bytes_per_attempt) + ") (hint: the default is 1048576)");
   }
+  if (c.max_store_bytes < c.max_store_bytes_per_attempt) {
+    return InvalidArgumentError("--max-store-bytes: " + std::to_string(c.max_store_bytes) +
+                                " is below --max-store-bytes-per-attempt (" +
+                                std::to_string(c.max_store_bytes_per_attempt) +
+                                ") (hint: the default is 1073741824)");
+  }
+  if (c.max_ranks_per_report < 1 || c.max_stops_per_worker < 1) {
+    return InvalidArgumentError(std::string(c.max_ranks_per_report < 1 ? "--max-ranks-per-report"
+                                                                       : "--max-stops-per-worker") +
+                                ": must be at least 1 (hint: the defaults are 4096 and 1024)");
+  }
+  if (c.restart_backoff.count() < 0 || c.restart_backoff_max < c.restart_backoff) {
+    return InvalidArgumentError(
+        "--restart-backoff: must be ≥ 0 and at most --restart-backoff-max (hint: the defaults "
+        "are 1 and 300 seconds)");
+  }
   return OkStatus();
 }
 
@@ -86,6 +102,11 @@ std::string CoordinatorConfig::ToString() const {
          " submit_burst=" + std::to_string(submit_burst) +
          " max_store_value_bytes=" + std::to_string(max_store_value_bytes) +
          " max_store_bytes_per_attempt=" + std::to_string(max_store_bytes_per_attempt) +
+         " max_store_bytes=" + std::to_string(max_store_bytes) +
+         " max_ranks_per_report=" + std::to_string(max_ranks_per_report) +
+         " max_stops_per_worker=" + std::to_string(max_stops_per_worker) +
+         " restart_backoff=" + std::to_string(restart_backoff.count()) + "ms" +
+         " restart_backoff_max=" + std::to_string(restart_backoff_max.count()) + "ms" +
          " tls=" + (tls.any() ? "on" : "off") +
          " token_file=" + (token_file.empty() ? "(none)" : token_file) +
          (insecure ? " insecure" : "");
@@ -152,6 +173,7 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   StoreLimits store_limits;
   store_limits.max_value_bytes = config.max_store_value_bytes;
   store_limits.max_bytes_per_attempt = config.max_store_bytes_per_attempt;
+  store_limits.max_bytes = config.max_store_bytes;
   s->store_ = std::make_unique<StoreManager>(*s->clock_, store_limits);
   WorkerManagerConfig wcfg;
   wcfg.lease_ttl = config.heartbeat_timeout;
@@ -160,6 +182,9 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   jcfg.stop_resend = std::max(std::chrono::milliseconds(500), config.heartbeat_timeout / 2);
   jcfg.max_queued_jobs = config.max_pending_jobs;
   jcfg.max_spec_bytes = config.max_spec_bytes;
+  jcfg.max_stops_per_worker = config.max_stops_per_worker;
+  jcfg.restart_backoff = config.restart_backoff;
+  jcfg.restart_backoff_max = config.restart_backoff_max;
   jcfg.rank_series = std::make_shared<RankSeries>();
   s->jobs_ = std::make_unique<JobManager>(s->db_.get(), *s->workers_, *s->store_, *s->clock_, jcfg);
   if (paths.confined()) {
@@ -173,6 +198,7 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   service_options.paths = std::move(paths);
   service_options.submit_rate.per_second = config.submit_rate;
   service_options.submit_rate.burst = config.submit_burst;
+  service_options.max_ranks_per_report = config.max_ranks_per_report;
   s->service_ = std::make_unique<CoordinatorServiceImpl>(*s->jobs_, *s->workers_, *s->store_,
                                                          *s->clock_, std::move(service_options));
   s->grpc_service_ =
@@ -225,7 +251,9 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 Status CoordinatorServer::ReloadTokens() {
   if (!auth_ || !auth_->tokens_required()) return OkStatus();
   MESHRUN_RETURN_IF_ERROR(auth_->ReloadTokens());
-  spdlog::info("--token-file {}: {} tokens accepted", config_.token_file, auth_->token_count());
+  const size_t ended = grpc_service_->RecheckWatches();
+  spdlog::info("--token-file {}: {} tokens accepted; {} WatchJob streams of revoked tokens ended",
+               config_.token_file, auth_->token_count(), ended);
   return OkStatus();
 }
 

@@ -41,15 +41,20 @@ struct CoordinatorConfig {
   // or this machine's host name when --listen is a wildcard (0.0.0.0, [::]).
   std::string advertise_host;
   // Confined paths and limits (docs/security.md "Confined paths" and "Limits").
-  int max_receive_message_bytes = 4 << 20;          // --max-request-bytes
-  std::vector<std::string> data_roots;              // --data-root (repeatable); none: unconfined
-  std::vector<std::string> checkpoint_roots;        // --checkpoint-root (repeatable)
-  size_t max_spec_bytes = 256 * 1024;               // --max-spec-bytes
-  size_t max_pending_jobs = 10'000;                 // --max-pending-jobs
-  double submit_rate = 10;                          // --submit-rate: per second per caller; 0: off
-  double submit_burst = 20;                         // --submit-burst
-  size_t max_store_value_bytes = 1 << 20;           // --max-store-value-bytes
-  size_t max_store_bytes_per_attempt = 256u << 20;  // --max-store-bytes-per-attempt
+  int max_receive_message_bytes = 4 << 20;           // --max-request-bytes
+  std::vector<std::string> data_roots;               // --data-root (repeatable); none: unconfined
+  std::vector<std::string> checkpoint_roots;         // --checkpoint-root (repeatable)
+  size_t max_spec_bytes = 256 * 1024;                // --max-spec-bytes
+  size_t max_pending_jobs = 10'000;                  // --max-pending-jobs
+  double submit_rate = 10;                           // --submit-rate: per second per caller; 0: off
+  double submit_burst = 20;                          // --submit-burst
+  size_t max_store_value_bytes = 1 << 20;            // --max-store-value-bytes
+  size_t max_store_bytes_per_attempt = 256u << 20;   // --max-store-bytes-per-attempt
+  size_t max_store_bytes = size_t{1} << 30;          // --max-store-bytes (all attempts)
+  size_t max_ranks_per_report = 4'096;               // --max-ranks-per-report
+  size_t max_stops_per_worker = 1'024;               // --max-stops-per-worker
+  std::chrono::milliseconds restart_backoff{1'000};  // --restart-backoff
+  std::chrono::milliseconds restart_backoff_max{300'000};  // --restart-backoff-max
   std::chrono::milliseconds tick{20};
   // Transport security and authentication (docs/security.md). --tls-cert, --tls-key and
   // --tls-ca together turn on TLS, with client certificates verified against --tls-ca and

@@ -2,8 +2,14 @@
 // once per connection and reused.
 #include "coordinator/state_db.h"
 
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -133,6 +139,25 @@ StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
                                    " (hint: choose a writable folder)");
   }
   const std::string path = (std::filesystem::path(dir) / "coordinator.db").string();
+  // The database holds worker session tokens and job specs: owner-only, whatever the umask.
+  // Created here (SQLite would use 0644 & ~umask), and tightened if an older coordinator
+  // created it; SQLite gives its -wal and -shm files the database file's mode.
+  {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0 || ::fchmod(fd, 0600) != 0) {
+      const std::string why = std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      return FailedPreconditionError("--state-dir: cannot create " + path + " owner-only: " + why +
+                                     " (hint: choose a folder this user owns)");
+    }
+    ::close(fd);
+    for (const char* suffix : {"-wal", "-shm"}) {
+      const std::string extra = path + suffix;
+      if (::chmod(extra.c_str(), 0600) != 0 && errno != ENOENT) {
+        spdlog::warn("--state-dir: cannot make {} owner-only: {}", extra, std::strerror(errno));
+      }
+    }
+  }
   sqlite3* db = nullptr;
   if (sqlite3_open_v2(path.c_str(), &db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,

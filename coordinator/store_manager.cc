@@ -23,6 +23,7 @@ void StoreManager::OpenAttempt(const std::string& job_id, int attempt) {
     if (it != spaces_.end()) {
       for (Waiter& w : it->second.waiters) abort.push_back(std::move(w.done));
       waiters_ -= it->second.waiters.size();
+      total_bytes_ -= it->second.bytes;
     }
     spaces_[{job_id, attempt}] = KeySpace{};
   }
@@ -37,6 +38,7 @@ void StoreManager::CloseAttempt(const std::string& job_id, int attempt) {
     if (it == spaces_.end()) return;
     for (Waiter& w : it->second.waiters) abort.push_back(std::move(w.done));
     waiters_ -= it->second.waiters.size();
+    total_bytes_ -= it->second.bytes;
     spaces_.erase(it);
   }
   for (auto& done : abort) done(NoKeySpace(job_id, attempt));
@@ -75,6 +77,15 @@ Status StoreManager::SetLocked(KeySpace& space, const std::string& key, std::str
         " of the coordinator's --max-store-bytes-per-attempt (hint: store less, or raise "
         "--max-store-bytes-per-attempt)");
   }
+  const size_t new_total = total_bytes_ - space.bytes + new_bytes;
+  if (new_bytes > space.bytes && new_total > limits_.max_bytes) {
+    return ResourceExhaustedError(
+        "store: all attempts' keys would hold " + std::to_string(new_total) + " bytes, over the " +
+        std::to_string(limits_.max_bytes) +
+        " of the coordinator's --max-store-bytes (hint: the coordinator runs many jobs that "
+        "store a lot at once; raise --max-store-bytes, or lower --max-store-bytes-per-attempt)");
+  }
+  total_bytes_ = new_total;
   space.bytes = new_bytes;
   std::string& slot = space.values[key];
   slot = std::move(value);
@@ -218,6 +229,11 @@ size_t StoreManager::waiter_count() const {
 size_t StoreManager::attempt_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return spaces_.size();
+}
+
+size_t StoreManager::total_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_bytes_;
 }
 
 }  // namespace meshrun::coordinator

@@ -27,6 +27,9 @@ struct StoreLimits {
   size_t max_value_bytes = 1 << 20;  // --max-store-value-bytes
   size_t max_keys_per_attempt = 1 << 20;
   size_t max_bytes_per_attempt = 256u << 20;  // --max-store-bytes-per-attempt
+  // All keys and values of every attempt together (--max-store-bytes): many attempts, each
+  // under its own limit, must not add up to the coordinator's memory.
+  size_t max_bytes = size_t{1} << 30;
   size_t max_waiters = 1 << 16;
   // StoreGet with wait and no timeout waits this long (c10d's default store timeout).
   std::chrono::milliseconds default_wait{300'000};
@@ -68,6 +71,7 @@ class StoreManager {
 
   size_t waiter_count() const;
   size_t attempt_count() const;
+  size_t total_bytes() const;
 
  private:
   struct Waiter {
@@ -91,6 +95,7 @@ class StoreManager {
   mutable std::mutex mu_;
   std::map<Key, KeySpace> spaces_;  // guarded by mu_
   size_t waiters_ = 0;              // guarded by mu_
+  size_t total_bytes_ = 0;          // sum of spaces_[*].bytes, guarded by mu_
   bool shut_down_ = false;          // guarded by mu_
 };
 

@@ -92,6 +92,15 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-root", checkpoint_roots,
                  "folder ranks may write checkpoints to and read from (repeatable)")
       ->take_all();
+  app.add_option("--rank-env", config.rank_env_pass,
+                 "NAME of a variable of this worker's environment its ranks also get "
+                 "(repeatable); ranks otherwise get only an allow-list (PATH, HOME, LANG, "
+                 "CUDA_VISIBLE_DEVICES, NCCL_*, …)")
+      ->take_all();
+  app.add_option("--memory-bytes", config.memory_bytes,
+                 "host memory its cpu ranks share; a rank whose estimated peak does not fit "
+                 "is refused (default: physical memory; 0: no check)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 60));
   app.add_option("--health-listen", health_listen,
                  "HOST:PORT of a plaintext gRPC server with only grpc.health.v1 (for probes; "
                  "service \"\" is SERVING while the session to the coordinator is up, "
@@ -117,6 +126,18 @@ int main(int argc, char** argv) {
   config.metrics_address = metrics_listen;
   if (config.cores < 1 || !app.count("--cores")) {
     config.cores = std::max(1u, std::thread::hardware_concurrency());
+  }
+  if (!app.count("--memory-bytes")) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    config.memory_bytes = pages > 0 && page > 0 ? int64_t{pages} * page : 0;
+  }
+  for (const std::string& name : config.rank_env_pass) {
+    if (name.empty() || name.find('=') != std::string::npos || name.rfind("MESHRUN_", 0) == 0) {
+      return Fail("--rank-env: '" + name +
+                      "' is not a variable name ranks may get (hint: pass a NAME without '=', "
+                      "not one of the MESHRUN_* variables the worker sets itself)",
+                  2);
+    }
   }
   config.default_grace = std::chrono::seconds(grace_seconds);
   std::error_code ec;

@@ -90,13 +90,34 @@ RankCommand BuildRankCommand(const v1::RankAssignment& a, const RankLaunchConfig
   return cmd;
 }
 
+bool IsInheritedByRanks(std::string_view name) {
+  // clang-format off
+  static constexpr std::string_view kNames[] = {
+      "PATH", "HOME", "USER", "LOGNAME", "SHELL", "PWD", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+      "TERM", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+      "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS", "TSAN_OPTIONS"};
+  // clang-format on
+  static constexpr std::string_view kPrefixes[] = {"LC_", "NCCL_", "GLOO_", "OPENBLAS_"};
+  for (std::string_view n : kNames) {
+    if (name == n) return true;
+  }
+  for (std::string_view p : kPrefixes) {
+    if (StartsWith(name, p)) return true;
+  }
+  return false;
+}
+
 std::vector<std::string> MergeEnvironment(
     const std::vector<std::string>& base,
-    const std::vector<std::pair<std::string, std::string>>& vars) {
+    const std::vector<std::pair<std::string, std::string>>& vars,
+    const std::vector<std::string>& pass) {
   std::vector<std::string> env;
   for (const std::string& entry : base) {
     const std::string_view name = std::string_view(entry).substr(0, entry.find('='));
     if (StartsWith(name, "MESHRUN_") || name == "OMP_NUM_THREADS") continue;
+    if (!IsInheritedByRanks(name) && std::find(pass.begin(), pass.end(), name) == pass.end()) {
+      continue;
+    }
     env.push_back(entry);
   }
   for (const auto& [name, value] : vars) env.push_back(name + "=" + value);

@@ -36,23 +36,34 @@ struct RankLaunchConfig {
   int cores = 1;               // CPU cores of this host
 };
 
-// argv and the variables to set (on top of the worker's own environment, minus any inherited
-// MESHRUN_* and OMP_NUM_THREADS) for one assigned rank:
+// argv and the variables to set (on top of the allow-listed part of the worker's own
+// environment, see MergeEnvironment) for one assigned rank:
 //   meshrun train -f <spec> --nproc <world> -o json
 //   MESHRUN_RANK, MESHRUN_WORLD_SIZE, MESHRUN_STORE_ADDRESS, MESHRUN_JOB_ID, MESHRUN_ATTEMPT,
 //   MESHRUN_HOST, MESHRUN_REPORT_ALL_RANKS=1, MESHRUN_LOCAL_RANK, MESHRUN_LOCAL_WORLD_SIZE,
-//   OMP_NUM_THREADS = max(1, cores / local_world_size), and MESHRUN_RESUME_CHECKPOINT if set.
+//   OMP_NUM_THREADS = max(1, cores / local_world_size), and MESHRUN_RESUME_CHECKPOINT if set
+//   (the caller passes the checkpoint as it resolved and checked it).
 struct RankCommand {
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;
 };
 RankCommand BuildRankCommand(const v1::RankAssignment& assignment, const RankLaunchConfig& config);
 
-// `base` ("NAME=value" entries, e.g. from environ) without the variables a rank must not
-// inherit (MESHRUN_*, OMP_NUM_THREADS), followed by `vars`.
+// Whether a rank inherits the worker's variable `name` without being asked to: what a process
+// needs to run (PATH, HOME, USER, LANG, LC_*, TZ, TMPDIR, TERM, LD_LIBRARY_PATH), to find its
+// devices and network (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, NCCL_*, GLOO_*), to tune its
+// BLAS (OPENBLAS_*), and the sanitizer options of a test build (ASAN_/UBSAN_/LSAN_/
+// TSAN_OPTIONS). Anything else (a cloud secret, a proxy password) stays with the worker unless
+// its operator passes it by name (--rank-env NAME).
+bool IsInheritedByRanks(std::string_view name);
+
+// The rank's environment: the entries of `base` ("NAME=value", e.g. from environ) that
+// IsInheritedByRanks allows or `pass` names (never MESHRUN_* or OMP_NUM_THREADS, which the
+// worker sets), followed by `vars`.
 std::vector<std::string> MergeEnvironment(
     const std::vector<std::string>& base,
-    const std::vector<std::pair<std::string, std::string>>& vars);
+    const std::vector<std::pair<std::string, std::string>>& vars,
+    const std::vector<std::string>& pass = {});
 
 // A job id that is safe as one path component (no '/', not "." or "..", not empty, at most
 // 128 printable characters); the worker refuses to start ranks of any other.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "proto/duration.h"
 #include "worker/backoff.h"
 #include "worker/grpc_status.h"
 
@@ -18,7 +19,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 milliseconds FromDuration(const google::protobuf::Duration& d) {
-  return milliseconds(d.seconds() * 1000 + d.nanos() / 1000000);
+  return DurationToMillis(d);
 }
 
 // Messages that must reach the coordinator even across a reconnect.

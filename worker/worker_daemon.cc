@@ -5,12 +5,16 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "common/job_spec_yaml.h"
+#include "common/memory_estimate.h"
+#include "common/parallel_dims.h"
+#include "proto/duration.h"
 #include "proto/spec_convert.h"
 #include "worker/worker_metrics.h"
 
@@ -30,8 +34,10 @@ void SetNow(google::protobuf::Timestamp* t) {
   t->set_nanos(static_cast<int32_t>(ns % 1000000000));
 }
 
+// Saturating, and a StopOrder's grace is at most an hour: a huge one must not keep a rank
+// alive for ever, nor overflow the supervisor's deadline arithmetic.
 milliseconds FromDuration(const google::protobuf::Duration& d) {
-  return milliseconds(d.seconds() * 1000 + d.nanos() / 1000000);
+  return std::clamp(DurationToMillis(d), milliseconds(0), milliseconds(3'600'000));
 }
 
 std::vector<std::string> OwnEnvironment() {
@@ -120,22 +126,43 @@ size_t WorkerDaemon::active_ranks() const {
   return active_.size();
 }
 
-StatusOr<std::string> WorkerDaemon::PrepareAttempt(const v1::RankAssignment& a) {
+StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssignment& a) {
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromProto(a.spec()));
   MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, a.world_size()));
   // Confined paths, checked again here whatever the coordinator checked: the spec.yaml the rank
   // reads names the resolved paths, so neither a relative path nor a symlink leads elsewhere.
   MESHRUN_RETURN_IF_ERROR(config_.paths.ConfineJobSpec(&spec, PathPolicy::Rewrite::kReal));
-  MESHRUN_RETURN_IF_ERROR(
-      config_.paths.Resolve("resume_checkpoint", a.resume_checkpoint(), PathPolicy::Access::kRead)
-          .status());
+  MESHRUN_ASSIGN_OR_RETURN(
+      PathPolicy::Resolved resume,
+      config_.paths.Resolve("resume_checkpoint", a.resume_checkpoint(), PathPolicy::Access::kRead));
+  // The operator's limits win over the spec's: no rank runs more threads than this worker's
+  // share of --cores, and none starts whose model cannot fit in its memory.
+  const int local = std::max(1, a.local_world_size());
+  const int share = std::max(1, config_.cores / local);
+  if (spec.resources.threads == 0 || spec.resources.threads > share) {
+    if (spec.resources.threads > share) {
+      spdlog::warn(
+          "{}/{} rank {}: resources.threads {} clamped to {} (--cores {} over {} local "
+          "ranks)",
+          a.job_id(), a.attempt(), a.rank(), spec.resources.threads, share, config_.cores, local);
+    }
+    spec.resources.threads = share;
+  }
+  MESHRUN_ASSIGN_OR_RETURN(
+      ParallelDims mesh,
+      ParallelDims::Create(spec.parallelism.dp_replicate_size, spec.parallelism.dp_shard_size,
+                           spec.parallelism.cp_size, spec.parallelism.tp_size));
+  if (spec.resources.device == "cpu") {
+    MESHRUN_RETURN_IF_ERROR(CheckRankMemory(
+        spec, mesh, local, static_cast<double>(config_.memory_bytes), "--memory-bytes"));
+  }
   const fs::path dir = fs::path(config_.work_dir) / a.job_id() / std::to_string(a.attempt());
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create " + dir.string() + ": " + ec.message());
   const fs::path spec_path = dir / "spec.yaml";
   MESHRUN_RETURN_IF_ERROR(WriteFileAtomically(spec_path, JobSpecToYaml(spec)));
-  return dir.string();
+  return Prepared{dir.string(), a.resume_checkpoint().empty() ? "" : resume.real};
 }
 
 void WorkerDaemon::ReportNotStarted(const v1::RankAssignment& a, const std::string& error) {
@@ -176,24 +203,26 @@ void WorkerDaemon::OnAssign(const v1::RankAssignment& a) {
       return;
     }
   }
-  StatusOr<std::string> dir = PrepareAttempt(a);
-  if (!dir.ok()) {
-    ReportNotStarted(a, dir.status().message());
+  StatusOr<Prepared> prepared = PrepareAttempt(a);
+  if (!prepared.ok()) {
+    ReportNotStarted(a, prepared.status().message());
     return;
   }
   RankLaunchConfig launch;
   launch.meshrun_binary = config_.meshrun_binary;
-  launch.spec_path = *dir + "/spec.yaml";
-  launch.working_dir = *dir;
+  launch.spec_path = prepared->dir + "/spec.yaml";
+  launch.working_dir = prepared->dir;
   launch.host = config_.address;
   launch.cores = config_.cores;
-  RankCommand command = BuildRankCommand(a, launch);
+  v1::RankAssignment resolved = a;  // the rank is told the checkpoint as it was checked
+  resolved.set_resume_checkpoint(prepared->resume_checkpoint);
+  RankCommand command = BuildRankCommand(resolved, launch);
   command.env.insert(command.env.end(), config_.rank_env.begin(), config_.rank_env.end());
   RankSpawn spawn;
   spawn.key = key;
   spawn.argv = std::move(command.argv);
-  spawn.env = MergeEnvironment(OwnEnvironment(), command.env);
-  spawn.working_dir = *dir;
+  spawn.env = MergeEnvironment(OwnEnvironment(), command.env, config_.rank_env_pass);
+  spawn.working_dir = prepared->dir;
   {
     std::lock_guard<std::mutex> lock(mu_);
     active_[key] = Active{a.coords(), 0};

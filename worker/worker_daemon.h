@@ -39,6 +39,13 @@ struct WorkerConfig {
   // Added to every rank's environment (the TLS files ranks reach the store with, see
   // common/tls.h), after the variables of BuildRankCommand.
   std::vector<std::pair<std::string, std::string>> rank_env;
+  // --rank-env NAME (repeatable): variables of the worker's environment passed on to its
+  // ranks beyond the allow-list of IsInheritedByRanks (rank_protocol.h).
+  std::vector<std::string> rank_env_pass;
+  // Bytes of host memory the ranks of this worker share (--memory-bytes; default the
+  // machine's physical memory): a cpu rank whose estimated peak (common/memory_estimate.h)
+  // times its local ranks does not fit is refused before it starts. 0: no check.
+  int64_t memory_bytes = 0;
 };
 
 // Owns the supervisor and the session. Thread-safe: the session calls it from its threads, the
@@ -72,8 +79,13 @@ class WorkerDaemon : public SessionHandler {
     v1::MeshCoords coords;
     int pid = 0;
   };
-  // Writes <work_dir>/<job>/<attempt>/spec.yaml (once per attempt) and returns its folder.
-  StatusOr<std::string> PrepareAttempt(const v1::RankAssignment& a);
+  struct Prepared {
+    std::string dir;                // <work_dir>/<job>/<attempt>
+    std::string resume_checkpoint;  // the assignment's, resolved and checked ("" if none)
+  };
+  // Checks the assignment against this worker's limits (paths, threads, memory), writes
+  // <work_dir>/<job>/<attempt>/spec.yaml with the resolved paths and the clamped threads.
+  StatusOr<Prepared> PrepareAttempt(const v1::RankAssignment& a);
   // Reports an assignment that never became a process (RankExited, exit_code −1).
   void ReportNotStarted(const v1::RankAssignment& a, const std::string& error);
   void OnRankStarted(const RankKey& key, pid_t pid);

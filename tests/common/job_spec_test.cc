@@ -159,6 +159,8 @@ const RuleCase kRuleCases[] = {
     {"device", [](JobSpec& s) { s.resources.device = "tpu"; }, "resources.device", "'cpu' or 'cuda'"},
     {"threads_negative", [](JobSpec& s) { s.resources.threads = -2; }, "resources.threads", "got -2"},
     {"max_restarts_negative", [](JobSpec& s) { s.restart.max_restarts = -1; }, "restart.max_restarts", "got -1"},
+    {"threads_over_limit", [](JobSpec& s) { s.resources.threads = 2147483647; }, "resources.threads", "2147483647 is over the limit of 1024"},
+    {"max_restarts_over_limit", [](JobSpec& s) { s.restart.max_restarts = 1000000; }, "restart.max_restarts", "1000000 is over the limit of 100"},
     // The mesh rules of docs/job-spec.md.
     {"n_head_by_tp", [](JobSpec& s) { s.model.n_head = 6; s.model.d_model = 96; s.parallelism.tp_size = 4; }, "parallelism.tp_size", "model.n_head(6) is not divisible by tp_size(4)"},
     {"mlp_by_tp", [](JobSpec& s) { s.model.n_head = 3; s.parallelism.tp_size = 3; }, "parallelism.tp_size", "4·model.d_model(256) is not divisible by tp_size(3)"},

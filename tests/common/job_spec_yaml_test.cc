@@ -251,7 +251,7 @@ TEST(JobSpecYamlTest, RoundTripsEveryField) {
   odd.train.grad_clip = 123456789.125;
   odd.train.seed = 9007199254740993;  // not representable as a double
   odd.model.vocab_size = 50257;
-  odd.resources.threads = 2147483647;
+  odd.resources.threads = kMaxThreads;  // the largest a spec may ask for
   specs.push_back(odd);
   for (const char* value : {"yes", "true", "123", "1e3", "-", "a: b", " lead", "trail ", "[x]"}) {
     JobSpec s = MustParse(kBlockSpec);

@@ -78,8 +78,14 @@ TEST_F(PathPolicyTest, PathsInsideTheRootAreAllowed) {
 }
 
 TEST_F(PathPolicyTest, TheRootItselfIsInside) {
-  EXPECT_TRUE(Read(Dir("data")).ok());
+  EXPECT_TRUE(Read(Dir("ckpt")).ok());
   EXPECT_TRUE(Write(Dir("ckpt")).ok());
+  // The data root holds links that point out (data/out, data/relative-out): named as a text
+  // folder, those would be read, so the root is refused as a folder of data.
+  auto r = Read(Dir("data"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("is a symlink to "), std::string::npos)
+      << r.status().message();
 }
 
 TEST_F(PathPolicyTest, TrailingSlashIsIgnored) {
@@ -245,6 +251,36 @@ TEST(PathIsWithinTest, ComparesWholeComponents) {
   EXPECT_FALSE(PathIsWithin("/dat", "/data"));
   EXPECT_FALSE(PathIsWithin("/", "/data"));
   EXPECT_TRUE(PathIsWithin("/anything", "/"));
+}
+
+// A folder the spec names is read entry by entry: a symlink inside it that leaves the roots is
+// refused, not only a symlink on the way to the folder.
+TEST_F(PathPolicyTest, SymlinkInsideANamedFolderPointingOutIsRefused) {
+  fs::create_directories(base_ / "data" / "texts");
+  Touch(base_ / "data" / "texts" / "a.txt");
+  EXPECT_TRUE(Read(Dir("data") + "/texts").ok());
+  fs::create_symlink(base_ / "secret" / "key", base_ / "data" / "texts" / "b.txt");
+  auto r = Read(Dir("data") + "/texts");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      r.status().message().rfind("data.train: " + Dir("data") + "/texts/b.txt is a symlink to " +
+                                     Dir("secret") + "/key, which is outside",
+                                 0),
+      0u)
+      << r.status().message();
+  // One level further down (a checkpoint.dir's step-* folders) too.
+  fs::create_directories(base_ / "ckpt" / "run" / "step-00000001");
+  EXPECT_TRUE(Write(Dir("ckpt") + "/run").ok());
+  fs::create_symlink(base_ / "secret", base_ / "ckpt" / "run" / "step-00000001" / "shard");
+  auto w = Write(Dir("ckpt") + "/run");
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("is a symlink to " + Dir("secret")), std::string::npos)
+      << w.status().message();
+  // A link within the roots is fine.
+  fs::remove(base_ / "data" / "texts" / "b.txt");
+  fs::create_symlink(base_ / "data" / "train.txt", base_ / "data" / "texts" / "c.txt");
+  EXPECT_TRUE(Read(Dir("data") + "/texts").ok());
 }
 
 }  // namespace

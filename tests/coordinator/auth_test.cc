@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 
+#include "coordinator/rate_limiter.h"
 #include "tests/coordinator/test_util.h"
 
 namespace meshrun::coordinator {
@@ -118,6 +119,22 @@ TEST_F(AuthTest, AttemptsAreReachableOnlyByTheirWorkers) {
   // Attempts the coordinator does not know are left to the handler (NOT_FOUND / ABORTED).
   EXPECT_TRUE(auth->CheckAttempt("worker-b", "job-1", 2, "StoreGet").ok());
   EXPECT_TRUE(auth->CheckAttempt("worker-b", "job-9", 1, "StoreGet").ok());
+}
+
+TEST_F(AuthTest, SubmitCallerIsTheParsedTokenOrThePeerHost) {
+  // With tokens: one token however it is spelt is one caller, and it is not the peer.
+  auto auth = Make(false, "tok-1\ntok-2\n");
+  const std::string one = auth->ClientCaller(std::string_view("Bearer tok-1"), "ipv4:10.0.0.1:5");
+  EXPECT_EQ(one.rfind(kTokenCallerPrefix, 0), 0u);
+  EXPECT_EQ(auth->ClientCaller(std::string_view("bearer    tok-1  "), "ipv4:10.0.0.2:6"), one);
+  EXPECT_NE(auth->ClientCaller(std::string_view("Bearer tok-2"), "ipv4:10.0.0.1:5"), one);
+  // Without tokens a header proves nothing: every spelling, every made-up token, is the host.
+  auto open = Make(false, "");
+  for (const char* header : {"Bearer a", "Bearer b", "Basic x", "anything"}) {
+    EXPECT_EQ(open->ClientCaller(std::string_view(header), "ipv4:10.0.0.7:41234"), "ipv4:10.0.0.7")
+        << header;
+  }
+  EXPECT_EQ(open->ClientCaller(std::nullopt, "ipv4:10.0.0.7:1"), "ipv4:10.0.0.7");
 }
 
 }  // namespace

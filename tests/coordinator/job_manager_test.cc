@@ -29,6 +29,9 @@ class JobManagerTest : public ::testing::Test {
     config.store_address = "coord:1234";
     config.find_checkpoint = [](const std::string&) { return std::string(); };
     config.stop_resend = milliseconds(1000);
+    // Restarts are placed at once unless a test sets a backoff (RestartsBackOffExponentially).
+    config.restart_backoff = restart_backoff_;
+    config.max_stops_per_worker = max_stops_per_worker_;
     jobs_ = std::make_unique<JobManager>(db_.get(), workers_, store_, clock_, config);
     ASSERT_TRUE(jobs_->Load().ok());
   }
@@ -81,6 +84,8 @@ class JobManagerTest : public ::testing::Test {
     jobs_->OnRunning(worker, list);
   }
 
+  milliseconds restart_backoff_{0};
+  size_t max_stops_per_worker_ = 1024;
   testing::TempDir dir_;
   testing::FakeClock clock_;
   testing::FakeWorkerView workers_;
@@ -554,11 +559,14 @@ TEST_F(JobManagerTest, LogsTailAndFilter) {
 }
 
 TEST_F(JobManagerTest, OnlyTheNewestFinishedJobsKeepTheirEventsInMemory) {
-  // Every job logs one line and is cancelled while PENDING (no worker), so it finishes.
+  // Every job runs on worker "a" (log lines count only from the worker its rank runs on),
+  // logs one line and succeeds.
+  workers_.Add("a", 1);
   std::vector<std::string> ids;
   const size_t n = JobManager::kFinishedJobsWithEvents + 2;
   for (size_t i = 0; i < n; ++i) {
     ids.push_back(Submit(1, 1, 1, 1));
+    StartAll("a");
     v1::LogBatch logs;
     v1::LogLine* line = logs.add_lines();
     line->set_job_id(ids.back());
@@ -566,9 +574,7 @@ TEST_F(JobManagerTest, OnlyTheNewestFinishedJobsKeepTheirEventsInMemory) {
     line->set_rank(0);
     line->set_text("line of " + ids.back());
     jobs_->OnLogs("a", logs);
-    v1::CancelJobRequest cancel;
-    cancel.set_job_id(ids.back());
-    ASSERT_TRUE(jobs_->Cancel(cancel).ok());
+    Exited("a", ids.back(), 1, 0, 0);
   }
   auto logs_of = [&](const std::string& id) {
     v1::GetJobLogsRequest req;
@@ -591,8 +597,8 @@ TEST_F(JobManagerTest, OnlyTheNewestFinishedJobsKeepTheirEventsInMemory) {
     const auto events = watch_of(ids[i]);
     ASSERT_FALSE(events.empty()) << ids[i];
     EXPECT_EQ(events.front().state_changed().state(), v1::JOB_STATE_PENDING);
-    EXPECT_EQ(events.back().state_changed().state(), v1::JOB_STATE_CANCELLED);
-    EXPECT_EQ(Get(ids[i]).state(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(events.back().state_changed().state(), v1::JOB_STATE_SUCCEEDED);
+    EXPECT_EQ(Get(ids[i]).state(), v1::JOB_STATE_SUCCEEDED);
   }
   // The newest kFinishedJobsWithEvents keep theirs.
   for (size_t i = 2; i < n; ++i) {
@@ -602,7 +608,7 @@ TEST_F(JobManagerTest, OnlyTheNewestFinishedJobsKeepTheirEventsInMemory) {
     EXPECT_FALSE(logs.truncated());
     const auto events = watch_of(ids[i]);
     ASSERT_FALSE(events.empty());
-    EXPECT_EQ(events.back().state_changed().state(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(events.back().state_changed().state(), v1::JOB_STATE_SUCCEEDED);
   }
 }
 
@@ -651,6 +657,117 @@ TEST_F(JobManagerTest, ListJobsNewestFirstWithPages) {
   v1::ListJobsRequest running;
   running.add_states(v1::JOB_STATE_RUNNING);
   EXPECT_EQ(jobs_->List(running)->jobs_size(), 0);
+}
+
+// ---- Attacks of a compromised worker, and the restart policy's bounds ----
+
+TEST_F(JobManagerTest, LogLinesCountOnlyFromTheWorkerTheRankRunsOn) {
+  workers_.Add("a", 1);
+  workers_.Add("b", 1);
+  const std::string id = Submit(1, 1, 1, 1);
+  const std::string owner = Get(id).ranks(0).worker_id();
+  const std::string other = owner == "a" ? "b" : "a";
+  StartAll(owner);
+  auto batch = [&](int attempt, int rank, const std::string& text, int n) {
+    v1::LogBatch logs;
+    for (int i = 0; i < n; ++i) {
+      v1::LogLine* line = logs.add_lines();
+      line->set_job_id(id);
+      line->set_attempt(attempt);
+      line->set_rank(rank);
+      line->set_text(text);
+    }
+    return logs;
+  };
+  jobs_->OnLogs(owner, batch(1, 0, "real", 1));
+  // Another worker, an attempt never run, a rank the attempt does not have: all dropped, even
+  // in numbers that would push the real line out of the 10,000 kept.
+  jobs_->OnLogs(other, batch(1, 0, "forged", 11000));
+  jobs_->OnLogs(other, batch(77, 0, "forged", 11000));
+  jobs_->OnLogs(owner, batch(77, 0, "forged", 5));
+  jobs_->OnLogs(owner, batch(1, 5, "forged", 5));
+  v1::GetJobLogsRequest req;
+  req.set_job_id(id);
+  auto out = jobs_->Logs(req);
+  ASSERT_TRUE(out.ok());
+  ASSERT_EQ(out->lines_size(), 1);
+  EXPECT_EQ(out->lines(0).text(), "real");
+  EXPECT_FALSE(out->truncated());
+  // Nor may another worker record a checkpoint for the attempt.
+  v1::CheckpointSaved saved;
+  saved.set_job_id(id);
+  saved.set_attempt(1);
+  saved.set_step(9);
+  saved.set_path("/elsewhere/step-00000009");
+  jobs_->OnCheckpointSaved(other, saved);
+  EXPECT_EQ(Get(id).last_checkpoint(), "");
+}
+
+TEST_F(JobManagerTest, RestartsBackOffExponentially) {
+  restart_backoff_ = milliseconds(1000);
+  Open();
+  workers_.Add("a", 1);
+  const std::string id = Submit(1, 1, 1, 1, /*max_restarts=*/3);
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    ASSERT_EQ(Get(id).attempt(), attempt);
+    StartAll("a");
+    Exited("a", id, attempt, 0, 1);
+    const milliseconds wait = milliseconds(1000) * (1 << (attempt - 1));  // 1 s, 2 s, 4 s
+    v1::Job job = Get(id);
+    EXPECT_EQ(job.state(), v1::JOB_STATE_PENDING);
+    EXPECT_NE(job.message().find("after a backoff of"), std::string::npos) << job.message();
+    // The slot is free, but the restart waits out its backoff.
+    clock_.Advance(wait - milliseconds(1));
+    jobs_->Tick();
+    EXPECT_EQ(Get(id).state(), v1::JOB_STATE_PENDING);
+    EXPECT_NE(Get(id).message().find("waiting out the restart backoff"), std::string::npos)
+        << Get(id).message();
+    EXPECT_TRUE(workers_.TakeAssignments("a").empty());
+    clock_.Advance(milliseconds(1));
+    jobs_->Tick();
+    ASSERT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  }
+}
+
+TEST_F(JobManagerTest, BackingOffJobDoesNotHoldUpTheQueue) {
+  restart_backoff_ = milliseconds(60000);
+  Open();
+  workers_.Add("a", 1);
+  const std::string failing = Submit(1, 1, 1, 1, /*max_restarts=*/1);
+  StartAll("a");
+  const std::string next = Submit(1, 1, 1, 1);
+  Exited("a", failing, 1, 0, 1);
+  EXPECT_EQ(Get(failing).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(Get(next).state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST_F(JobManagerTest, StopOrdersForMadeUpAttemptsAreBoundedPerWorker) {
+  max_stops_per_worker_ = 8;
+  Open();
+  workers_.Add("a", 2);
+  auto fake = [](int first, int n) {
+    google::protobuf::RepeatedPtrField<v1::RunningRank> list;
+    for (int i = 0; i < n; ++i) {
+      v1::RunningRank* r = list.Add();
+      r->set_job_id("job-fake-" + std::to_string(first + i));
+      r->set_attempt(1);
+      r->set_rank(0);
+    }
+    return list;
+  };
+  EXPECT_TRUE(jobs_->OnRunning("a", fake(0, 6)).ok());
+  EXPECT_EQ(workers_.TakeStops("a").size(), 6u);
+  // The same ones again add nothing; 3 more would pass 8.
+  EXPECT_TRUE(jobs_->OnRunning("a", fake(0, 6)).ok());
+  Status over = jobs_->OnRunning("a", fake(6, 3));
+  EXPECT_EQ(over.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(over.message().rfind("--max-stops-per-worker: ", 0), 0u) << over.message();
+  EXPECT_TRUE(workers_.TakeStops("a").empty());
+  // Old entries expire (10 × stop_resend): room again.
+  clock_.Advance(milliseconds(10001));
+  jobs_->Tick();
+  EXPECT_TRUE(jobs_->OnRunning("a", fake(6, 3)).ok());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 
 #include "tests/coordinator/test_util.h"
 
@@ -142,6 +143,28 @@ TEST(StateDbTest, UnusableFolderIsFailedPrecondition) {
   ASSERT_FALSE(db.ok());
   EXPECT_EQ(db.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(db.status().message().rfind("--state-dir: ", 0), 0u);
+}
+
+TEST(StateDbTest, DatabaseIsCreatedOwnerOnlyAndTightenedWhenOlder) {
+  // It holds worker session tokens and job specs.
+  testing::TempDir dir;
+  const mode_t old_umask = ::umask(022);
+  {
+    auto db = StateDb::Open(dir.path());
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat((dir.path() + "/coordinator.db").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // A database an older coordinator left 0644 is made 0600 on open.
+  ASSERT_EQ(::chmod((dir.path() + "/coordinator.db").c_str(), 0644), 0);
+  {
+    auto db = StateDb::Open(dir.path());
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+  }
+  ::umask(old_umask);
+  ASSERT_EQ(::stat((dir.path() + "/coordinator.db").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
 }
 
 }  // namespace

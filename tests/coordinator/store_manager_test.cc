@@ -153,5 +153,33 @@ TEST_F(StoreManagerTest, ShutdownEndsWaits) {
   EXPECT_EQ(r.value.status().code(), StatusCode::kUnavailable);
 }
 
+TEST_F(StoreManagerTest, AllAttemptsTogetherAreBoundedByMaxStoreBytes) {
+  // Each attempt under its own limit, but together over --max-store-bytes.
+  StoreLimits limits;
+  limits.max_value_bytes = 1000;
+  limits.max_bytes_per_attempt = 4000;
+  limits.max_bytes = 5000;
+  StoreManager store(clock_, limits);
+  store.OpenAttempt("j1", 1);
+  store.OpenAttempt("j2", 1);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(store.Set("j1", 1, "k" + std::to_string(i), std::string(999, 'x')).ok());
+    ASSERT_TRUE(store.Set("j2", 1, "k" + std::to_string(i), std::string(999, 'x')).ok());
+  }
+  EXPECT_EQ(store.total_bytes(), 4004u);
+  Status over = store.Set("j2", 1, "k2", std::string(999, 'x'));
+  EXPECT_EQ(over.code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(over.message().find("of the coordinator's --max-store-bytes "), std::string::npos)
+      << over.message();
+  // Replacing a value by a smaller one is always allowed; closing an attempt frees its bytes.
+  EXPECT_TRUE(store.Set("j2", 1, "k1", "small").ok());
+  store.CloseAttempt("j1", 1);
+  EXPECT_EQ(store.total_bytes(), 999u + 2 + 2 + 5);
+  EXPECT_TRUE(store.Set("j2", 1, "k2", std::string(999, 'x')).ok());
+  // Reopening an attempt drops what it held.
+  store.OpenAttempt("j2", 1);
+  EXPECT_EQ(store.total_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace meshrun::coordinator

@@ -5,6 +5,7 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -16,6 +17,7 @@
 #include "meshrun/v1/store.pb.h"
 #include "meshrun/v1/types.pb.h"
 #include "meshrun/v1/worker.pb.h"
+#include "proto/duration.h"
 
 namespace meshrun::v1 {
 namespace {
@@ -292,6 +294,24 @@ TEST(TypesTest, StateNamesMatchTheConventions) {
             (std::set<std::string>{"READY", "BUSY", "LOST"}));
   EXPECT_EQ(UnprefixedValues(MeshAxis_descriptor(), "MESH_AXIS_"),
             (std::set<std::string>{"DP_REPLICATE", "DP_SHARD", "CP", "TP"}));
+}
+
+// A peer's Duration of any size converts without overflow (StopOrder grace, StoreGet timeout,
+// heartbeat interval).
+TEST(DurationTest, HugeDurationsSaturateInsteadOfOverflowing) {
+  google::protobuf::Duration d;
+  d.set_seconds(1);
+  d.set_nanos(500'000'000);
+  EXPECT_EQ(meshrun::DurationToMillis(d).count(), 1500);
+  d.set_seconds(std::numeric_limits<int64_t>::max());
+  d.set_nanos(999'999'999);
+  EXPECT_EQ(meshrun::DurationToMillis(d).count(), meshrun::kMaxDurationMillis);
+  d.set_seconds(std::numeric_limits<int64_t>::min());
+  d.set_nanos(std::numeric_limits<int32_t>::min());
+  EXPECT_EQ(meshrun::DurationToMillis(d).count(), -meshrun::kMaxDurationMillis);
+  d.set_seconds(0);
+  d.set_nanos(std::numeric_limits<int32_t>::max());  // not a valid Duration: clamped
+  EXPECT_EQ(meshrun::DurationToMillis(d).count(), 999);
 }
 
 }  // namespace

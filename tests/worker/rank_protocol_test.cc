@@ -67,6 +67,27 @@ TEST(RankProtocol, MergeEnvironmentDropsInheritedMeshrunVariables) {
                                            "OMP_NUM_THREADS=2"}));
 }
 
+TEST(RankProtocol, RanksGetOnlyTheAllowListAndWhatTheOperatorPasses) {
+  const std::vector<std::string> worker = {"PATH=/bin",
+                                           "AWS_SECRET_ACCESS_KEY=hunter2",
+                                           "LC_ALL=C",
+                                           "NCCL_SOCKET_IFNAME=eth0",
+                                           "HTTPS_PROXY=http://u:p@proxy",
+                                           "CUDA_VISIBLE_DEVICES=0,1",
+                                           "MY_DATASET_TOKEN=abc",
+                                           "MESHRUN_TOKEN=client-secret"};
+  EXPECT_EQ(MergeEnvironment(worker, {{"MESHRUN_RANK", "0"}}),
+            (std::vector<std::string>{"PATH=/bin", "LC_ALL=C", "NCCL_SOCKET_IFNAME=eth0",
+                                      "CUDA_VISIBLE_DEVICES=0,1", "MESHRUN_RANK=0"}));
+  // --rank-env MY_DATASET_TOKEN passes that one; MESHRUN_* never come from the worker.
+  EXPECT_EQ(MergeEnvironment(worker, {}, {"MY_DATASET_TOKEN", "MESHRUN_TOKEN"}),
+            (std::vector<std::string>{"PATH=/bin", "LC_ALL=C", "NCCL_SOCKET_IFNAME=eth0",
+                                      "CUDA_VISIBLE_DEVICES=0,1", "MY_DATASET_TOKEN=abc"}));
+  EXPECT_FALSE(IsInheritedByRanks("AWS_SECRET_ACCESS_KEY"));
+  EXPECT_FALSE(IsInheritedByRanks("PATHX"));
+  EXPECT_TRUE(IsInheritedByRanks("LD_LIBRARY_PATH"));
+}
+
 TEST(RankProtocol, SafeJobIds) {
   EXPECT_TRUE(IsSafeJobId("job-1"));
   EXPECT_TRUE(IsSafeJobId("j_20260101.3"));

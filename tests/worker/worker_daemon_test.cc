@@ -70,6 +70,9 @@ class WorkerDaemonTest : public ::testing::Test {
     config.cores = 8;
     config.default_grace = 2s;
     config.session.backoff_initial = 50ms;
+    // The fake rank's mode travels in the worker's environment; ranks get only an allow-list
+    // of it, so the test passes it by name as an operator would (--rank-env).
+    config.rank_env_pass = {"FAKE_RANK_MODE"};
     daemon_ = std::make_unique<WorkerDaemon>(config, testing::StubFor(server_->address()), nullptr);
     daemon_->Start();
     ASSERT_TRUE(fake_.WaitForOpens(1));

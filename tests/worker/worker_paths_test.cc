@@ -27,6 +27,7 @@ using Ups = std::vector<v1::WorkerSessionRequest>;
 // A stand-in for `meshrun train` that leaves a mark when it runs and exits 0.
 constexpr char kFakeRank[] = R"(#!/bin/sh
 touch "$PWD/ran-$MESHRUN_RANK"
+env > "$PWD/env-$MESHRUN_RANK"
 exit 0
 )";
 
@@ -55,6 +56,12 @@ class WorkerPathsTest : public ::testing::Test {
     config.meshrun_binary = script.string();
     config.default_grace = 2s;
     config.session.backoff_initial = 50ms;
+    // The operator's limits: one core, 64 GiB, one variable passed on by name.
+    config.cores = 1;
+    config.memory_bytes = int64_t{64} << 30;
+    config.rank_env_pass = {"PASSED_BY_OPERATOR"};
+    setenv("CLOUD_SECRET_KEY", "hunter2", 1);
+    setenv("PASSED_BY_OPERATOR", "yes", 1);
     auto paths = PathPolicy::Create({(dir_ / "data").string()}, {(dir_ / "ckpt").string()});
     ASSERT_TRUE(paths.ok()) << paths.status().ToString();
     config.paths = *paths;
@@ -166,6 +173,79 @@ TEST_F(WorkerPathsTest, PathsInsideRunWithTheResolvedPathsInTheSpec) {
   yaml << in.rdbuf();
   EXPECT_NE(yaml.str().find(Real("data") + "/corpus/train.txt"), std::string::npos) << yaml.str();
   EXPECT_NE(yaml.str().find(Real("ckpt") + "/run-1"), std::string::npos) << yaml.str();
+}
+
+// ---- What the spec may not override of the operator's limits ----
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Attack: a data folder inside the root holding a symlink to a file outside it.
+TEST_F(WorkerPathsTest, SymlinkInsideADataFolderPointingOutIsRefused) {
+  fs::create_directories(dir_ / "data" / "texts");
+  std::ofstream(dir_ / "data" / "texts" / "a.txt") << "text";
+  fs::create_symlink(dir_ / "secret" / "key", dir_ / "data" / "texts" / "b.txt");
+  const v1::RankExited e =
+      Run(Assign("job-folder-link", [&](JobSpec& s) { s.data.train = Real("data") + "/texts"; }));
+  EXPECT_EQ(e.exit_code(), -1);
+  EXPECT_EQ(e.error().rfind("data.train: " + Real("data") + "/texts/b.txt is a symlink to " +
+                                Real("secret") + "/key, which is outside",
+                            0),
+            0u)
+      << e.error();
+  EXPECT_FALSE(Started(fake_.up(), "job-folder-link"));
+}
+
+// Attack: resources.threads 300 (and 2^31−1) on a worker started with --cores 1.
+TEST_F(WorkerPathsTest, ThreadsAreClampedToTheWorkersCores) {
+  for (int threads : {300, 1024}) {
+    const std::string id = "job-threads-" + std::to_string(threads);
+    const v1::RankExited e = Run(Assign(id, [&](JobSpec& s) { s.resources.threads = threads; }));
+    EXPECT_EQ(e.exit_code(), 0) << e.error();
+    const fs::path attempt = dir_ / "work" / id / "1";
+    EXPECT_NE(ReadFile(attempt / "spec.yaml").find("threads: 1\n"), std::string::npos)
+        << ReadFile(attempt / "spec.yaml");
+    EXPECT_NE(ReadFile(attempt / "env-0").find("OMP_NUM_THREADS=1\n"), std::string::npos);
+  }
+  // Over the spec's own bound: refused before anything runs.
+  const v1::RankExited e =
+      Run(Assign("job-threads-max", [](JobSpec& s) { s.resources.threads = 2147483647; }));
+  EXPECT_EQ(e.exit_code(), -1);
+  EXPECT_EQ(e.error().rfind("resources.threads: 2147483647 is over the limit", 0), 0u) << e.error();
+}
+
+// Attack: model sizes of 2^31−1, which ended in bad_alloc inside the rank.
+TEST_F(WorkerPathsTest, ModelThatCannotFitIsRefusedBeforeTheRankStarts) {
+  const v1::RankExited e = Run(Assign("job-huge", [](JobSpec& s) {
+    s.model.n_layer = 2147483647;
+    s.model.vocab_size = 2147483647;
+  }));
+  EXPECT_EQ(e.exit_code(), -1);
+  EXPECT_EQ(e.error().rfind("model: ", 0), 0u) << e.error();
+  EXPECT_NE(e.error().find("--memory-bytes"), std::string::npos) << e.error();
+  EXPECT_FALSE(Started(fake_.up(), "job-huge"));
+  EXPECT_FALSE(fs::exists(dir_ / "work" / "job-huge"));
+}
+
+// Attack: a secret in the worker's environment reached its ranks.
+TEST_F(WorkerPathsTest, RanksGetAnAllowListedEnvironmentAndTheResolvedCheckpoint) {
+  fs::create_directories(dir_ / "ckpt" / "run-1" / "step-00000002");
+  fs::create_symlink(dir_ / "ckpt" / "run-1", dir_ / "ckpt" / "latest");
+  const v1::RankExited e = Run(Assign(
+      "job-env", [](JobSpec&) {}, Real("ckpt") + "/latest/step-00000002"));
+  EXPECT_EQ(e.exit_code(), 0) << e.error();
+  const std::string env = ReadFile(dir_ / "work" / "job-env" / "1" / "env-0");
+  EXPECT_EQ(env.find("CLOUD_SECRET_KEY"), std::string::npos) << env;
+  EXPECT_NE(env.find("PASSED_BY_OPERATOR=yes\n"), std::string::npos) << env;
+  EXPECT_NE(env.find("PATH="), std::string::npos) << env;
+  // The checkpoint the rank is told about is the one the worker checked, links resolved.
+  EXPECT_NE(env.find("MESHRUN_RESUME_CHECKPOINT=" + Real("ckpt") + "/run-1/step-00000002\n"),
+            std::string::npos)
+      << env;
 }
 
 }  // namespace

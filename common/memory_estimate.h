@@ -1,0 +1,32 @@
+// A quick estimate of one rank's peak memory for a job spec, from the model sizes and the
+// mesh alone, so that a worker can refuse a rank that cannot fit before it starts (a spec with
+// d_model 2^31−1 would otherwise end in bad_alloc, or take the machine down first).
+// Pure: values in, a value out. Computed in double, so no size overflows.
+#pragma once
+
+#include <string>
+
+#include "common/job_spec.h"
+#include "common/parallel_dims.h"
+#include "common/status.h"
+
+namespace meshrun {
+
+struct RankMemoryEstimate {
+  double parameters = 0;        // total parameters of the model (unsharded)
+  double state_bytes = 0;       // this rank's float32 parameters, gradients and AdamW moments
+  double activation_bytes = 0;  // one micro-batch's largest activations (logits, attention)
+  double total() const { return state_bytes + activation_bytes; }
+};
+
+// A lower-bound style estimate (what any implementation must hold): parameters, gradients and
+// two AdamW moments in float32, divided over tp·dp_shard·cp, plus the logits and the
+// attention scores of one micro-batch on this rank.
+RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& mesh);
+
+// OK when `ranks_on_host` ranks of the estimate fit in `available_bytes` (0: no check), else
+// RESOURCE_EXHAUSTED naming model sizes and `flag` (the worker's --memory-bytes).
+Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_on_host,
+                       double available_bytes, const std::string& flag);
+
+}  // namespace meshrun
