@@ -339,7 +339,7 @@ TEST_F(ServerTest, HealthReflectionAndMetrics) {
     return body;
   };
   const std::string rank1 =
-      "meshrun_rank_loss{job=\"job-000001\",rank=\"1\",worker=\"a\",dp_replicate=\"0\","
+      "meshrun_rank_loss{job_id=\"job-000001\",rank=\"1\",worker=\"a\",dp_replicate=\"0\","
       "dp_shard=\"1\",cp=\"0\",tp=\"0\"} 2.5";
   std::string body = scrape();
   for (auto deadline = std::chrono::steady_clock::now() + seconds(10);
@@ -348,10 +348,10 @@ TEST_F(ServerTest, HealthReflectionAndMetrics) {
     body = scrape();
   }
   EXPECT_NE(body.find(rank1), std::string::npos) << body;
-  EXPECT_NE(body.find("meshrun_job_step{job=\"job-000001\"} 1"), std::string::npos) << body;
+  EXPECT_NE(body.find("meshrun_job_step{job_id=\"job-000001\"} 1"), std::string::npos) << body;
   EXPECT_NE(body.find("meshrun_jobs{state=\"RUNNING\"} 1"), std::string::npos) << body;
   EXPECT_NE(body.find("meshrun_workers{state=\"BUSY\"} 1"), std::string::npos);
-  EXPECT_NE(body.find("meshrun_job_state{job=\"job-000001\",state=\"RUNNING\"} 1"),
+  EXPECT_NE(body.find("meshrun_job_state{job_id=\"job-000001\",state=\"RUNNING\"} 1"),
             std::string::npos);
 
   server_->Shutdown();
