@@ -119,7 +119,13 @@ int RunStatus(const JobFlags& f) {
   return kExitOk;
 }
 
-void PrintLogLine(const v1::LogLine& l, bool with_attempt) {
+void PrintLogLine(const v1::LogLine& l, bool with_attempt, bool as_json = false) {
+  if (as_json) {  // one object per line; JSON escaping keeps control bytes harmless
+    std::cout << nlohmann::json({{"rank", l.rank()}, {"attempt", l.attempt()}, {"text", l.text()}})
+                     .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+              << '\n';
+    return;
+  }
   std::string prefix = "[rank " + std::to_string(l.rank());
   if (with_attempt) prefix += " attempt " + std::to_string(l.attempt());
   prefix += "] ";
@@ -129,6 +135,19 @@ void PrintLogLine(const v1::LogLine& l, bool with_attempt) {
 int RunLogs(const JobFlags& f) {
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
+  const bool as_json = f.output == "json";
+  if (f.rank) {
+    // A rank the job does not have would print nothing and exit 0: say so instead.
+    StatusOr<v1::Job> job = (*client)->GetJob(f.job_id);
+    if (!job.ok()) return ReportError(job.status());
+    if (job->ranks_size() > 0 && *f.rank >= job->ranks_size()) {
+      return ReportError(InvalidArgumentError(
+          "--rank: " + std::to_string(*f.rank) + " is not a rank of " + f.job_id + ", which has " +
+          std::to_string(job->ranks_size()) + " ranks (hint: pass a rank from 0 to " +
+          std::to_string(job->ranks_size() - 1) + "; `meshrun status " + f.job_id +
+          "` lists them)"));
+    }
+  }
   if (!f.follow) {
     StatusOr<v1::GetJobLogsResponse> logs = (*client)->GetJobLogs(f.job_id, f.rank);
     if (logs.ok()) {
@@ -136,8 +155,10 @@ int RunLogs(const JobFlags& f) {
       for (const v1::LogLine& l : logs->lines()) {
         several_attempts |= l.attempt() != logs->lines(0).attempt();
       }
-      if (logs->truncated()) std::cout << "(older lines are no longer retained)\n";
-      for (const v1::LogLine& l : logs->lines()) PrintLogLine(l, several_attempts);
+      if (logs->truncated()) {
+        (as_json ? std::cerr : std::cout) << "(older lines are no longer retained)\n";
+      }
+      for (const v1::LogLine& l : logs->lines()) PrintLogLine(l, several_attempts, as_json);
       std::cout.flush();
       return kExitOk;
     }
@@ -157,7 +178,7 @@ int RunLogs(const JobFlags& f) {
     const Status s = (*client)->WatchJob(request, [&](const v1::JobEvent& e) {
       last_sequence = std::max(last_sequence, e.sequence());
       if (e.has_log()) {
-        PrintLogLine(e.log(), /*with_attempt=*/false);
+        PrintLogLine(e.log(), /*with_attempt=*/false, as_json);
         std::cout.flush();
       }
       if (e.has_state_changed() && IsTerminal(e.state_changed().state())) ended = true;
@@ -227,6 +248,7 @@ void RegisterLogsCommand(CLI::App& app, CommandResult& result) {
   CLI::App* cmd = AddJobCommand(app, "logs", "The log lines of a job's ranks", f);
   cmd->add_flag("--follow", f->follow, "keep printing new lines until the job ends");
   cmd->add_option("--rank", f->rank, "only this rank's lines")->check(WholeNumber(0, INT64_MAX));
+  AddOutputOption(cmd, &f->output);
   cmd->callback([f, &result] { result.run = [f] { return RunLogs(*f); }; });
 }
 

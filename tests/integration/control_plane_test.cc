@@ -299,6 +299,18 @@ TEST_F(ControlPlaneTest, CancelStopsARunningJobsRanks) {
   const std::vector<pid_t> pids = RankPids(s);
   ASSERT_EQ(pids.size(), 4u);
   for (pid_t pid : pids) EXPECT_TRUE(Alive(pid)) << pid;
+  // logs: a rank the job does not have is an error, not silence; -o json is one object a line.
+  testing::CliResult no_rank = Cli({"logs", job, "--rank", "9"});
+  EXPECT_EQ(no_rank.exit_code, 2) << no_rank.err;
+  EXPECT_EQ(no_rank.err.rfind("error: --rank: 9 is not a rank of " + job + ", which has 4 ranks", 0),
+            0u)
+      << no_rank.err;
+  testing::CliResult logs_json = Cli({"logs", job, "-o", "json"});
+  EXPECT_EQ(logs_json.exit_code, 0) << logs_json.err;
+  for (const std::string& line : testing::Lines(logs_json.out)) {
+    const json l = json::parse(line, nullptr, false);
+    EXPECT_TRUE(l.is_object() && l.contains("rank") && l.contains("text")) << line;
+  }
   // Ctrl-C of `submit --follow` stops following, not the job, and says so (exit 130).
   {
     const fs::path log = dir_ / "follow.log";
