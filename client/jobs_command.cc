@@ -3,6 +3,9 @@
 #include "client/jobs_command.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <vector>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -25,6 +28,7 @@ struct JobFlags {
   bool follow = false;
   std::optional<int> rank;
   std::string reason;
+  std::vector<std::string> states;  // jobs --state
 };
 
 void AddOutputOption(CLI::App* cmd, std::string* output) {
@@ -43,6 +47,12 @@ int RunJobs(const JobFlags& f) {
   if (!client.ok()) return ReportError(client.status());
   StatusOr<std::vector<v1::Job>> jobs = (*client)->ListJobs();
   if (!jobs.ok()) return ReportError(jobs.status());
+  if (!f.states.empty()) {  // --state: only jobs in one of these states
+    std::erase_if(*jobs, [&f](const v1::Job& job) {
+      return std::find(f.states.begin(), f.states.end(), JobStateName(job.state())) ==
+             f.states.end();
+    });
+  }
   if (f.output == "json") {
     json list = json::array();
     for (const v1::Job& job : *jobs) list.push_back(JobListEntryJson(job));
@@ -232,6 +242,13 @@ void RegisterJobsCommand(CLI::App& app, CommandResult& result) {
   auto f = std::make_shared<JobFlags>();
   CLI::App* cmd = app.add_subcommand("jobs", "List the coordinator's jobs, newest first");
   AddOutputOption(cmd, &f->output);
+  cmd->add_option("--state", f->states, "only jobs in this state (repeatable)")
+      ->check(CLI::IsMember({"PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"},
+                            CLI::ignore_case))
+      ->transform([](std::string s) {
+        for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        return s;
+      });
   AddCoordinatorOption(cmd, &f->coordinator);
   cmd->callback([f, &result] { result.run = [f] { return RunJobs(*f); }; });
 }

@@ -10,6 +10,7 @@
 #include "client/up_command.h"
 #include "client/validate_command.h"
 #include "client/workers_command.h"
+#include "gen/client/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"meshrun: N-D parallel GPT training (dp_replicate x dp_shard x cp x tp)", "meshrun"};

@@ -38,6 +38,8 @@ struct UpFlags {
   std::string device = "cpu";
   std::string state_dir;
   int heartbeat_timeout = 0;
+  int port = 0;
+  int metrics_port = 0;
 };
 
 int RunUp(const UpFlags& f) {
@@ -46,6 +48,8 @@ int RunUp(const UpFlags& f) {
   options.slots = f.slots;
   options.device = f.device;
   options.heartbeat_timeout_seconds = f.heartbeat_timeout;
+  options.port = f.port;
+  options.metrics_port = f.metrics_port;
   options.state_dir = f.state_dir;
   if (options.state_dir.empty()) {
     char dir[] = "/tmp/meshrun-up-XXXXXX";
@@ -186,8 +190,20 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   };
   c->supervisor_ = std::make_unique<RankSupervisor>(std::move(callbacks));
 
-  MESHRUN_ASSIGN_OR_RETURN(int port, FreeLoopbackPort());
-  MESHRUN_ASSIGN_OR_RETURN(int metrics_port, FreeLoopbackPort());
+  int port = options.port, metrics_port = options.metrics_port;
+  for (auto [wanted, flag] : {std::pair{port, "--port"}, std::pair{metrics_port, "--metrics-port"}}) {
+    if (wanted != 0 && LoopbackAccepts(wanted)) {
+      return InvalidArgumentError(std::string(flag) + ": 127.0.0.1:" + std::to_string(wanted) +
+                                  " is already in use (hint: pick another port, or leave " + flag +
+                                  " out for a free one)");
+    }
+  }
+  if (port == 0) {
+    MESHRUN_ASSIGN_OR_RETURN(port, FreeLoopbackPort());
+  }
+  if (metrics_port == 0) {
+    MESHRUN_ASSIGN_OR_RETURN(metrics_port, FreeLoopbackPort());
+  }
   Daemon coordinator{"coordinator", "127.0.0.1:" + std::to_string(port),
                      "127.0.0.1:" + std::to_string(metrics_port)};
   std::vector<std::string> argv = {bin + "/meshrun-coordinator",
@@ -349,6 +365,12 @@ void RegisterUpCommand(CLI::App& app, CommandResult& result) {
                   "seconds without a heartbeat before a worker is LOST (default: the "
                   "coordinator's)")
       ->check(WholeNumber(1, 3600));
+  cmd->add_option("--port", f->port,
+                  "the coordinator's gRPC port on 127.0.0.1 (default: a free one)")
+      ->check(WholeNumber(1, 65535));
+  cmd->add_option("--metrics-port", f->metrics_port,
+                  "the coordinator's /metrics port on 127.0.0.1 (default: a free one)")
+      ->check(WholeNumber(1, 65535));
   cmd->callback([f, &result] { result.run = [f] { return RunUp(*f); }; });
 }
 

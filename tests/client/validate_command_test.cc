@@ -1,7 +1,11 @@
 // Runs `meshrun validate` as a real process ($MESHRUN_BINARY_DIR/bin/meshrun) and checks exit
 // codes (0 ok, 2 invalid input), the mesh table, the JSON shape, and that every invalid spec
 // gives exactly one `error: <field>: ...` line on stderr.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -241,6 +245,29 @@ TEST_F(ValidateCommandTest, NumericFlagsAreExplainedInWholeNumbers) {
                 "--stop-after: '1.5' is not a whole number 1 or more");
   ExpectInvalid(Run({"up", "--workers", "0"}), "--workers: 0 is out of range: a whole number from "
                                                "1 to 64");
+}
+
+TEST_F(ValidateCommandTest, VersionNamesTheCommitAndBuildOptions) {
+  const Result result = Run({"--version"});
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_NE(result.out.find("(commit "), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("cuda="), std::string::npos) << result.out;
+}
+
+TEST_F(ValidateCommandTest, UpOnAPortInUseIsInvalidInput) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  ExpectInvalid(Run({"up", "--port", port}),
+                "--port: 127.0.0.1:" + port + " is already in use (hint: ");
+  close(fd);
+  ExpectInvalid(Run({"up", "--port", "99999"}), "--port: 99999 is out of range");
 }
 
 TEST_F(ValidateCommandTest, HelpExitsZero) {

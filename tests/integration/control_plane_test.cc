@@ -299,6 +299,11 @@ TEST_F(ControlPlaneTest, CancelStopsARunningJobsRanks) {
   const std::vector<pid_t> pids = RankPids(s);
   ASSERT_EQ(pids.size(), 4u);
   for (pid_t pid : pids) EXPECT_TRUE(Alive(pid)) << pid;
+  // jobs --state filters (case-insensitive).
+  const json running = json::parse(Cli({"jobs", "--state", "running", "-o", "json"}).out);
+  ASSERT_EQ(running.size(), 1u) << running.dump();
+  EXPECT_EQ(running[0]["job_id"], job);
+  EXPECT_TRUE(json::parse(Cli({"jobs", "--state", "SUCCEEDED", "-o", "json"}).out).empty());
   // logs: a rank the job does not have is an error, not silence; -o json is one object a line.
   testing::CliResult no_rank = Cli({"logs", job, "--rank", "9"});
   EXPECT_EQ(no_rank.exit_code, 2) << no_rank.err;
