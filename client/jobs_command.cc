@@ -5,12 +5,12 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
-#include <vector>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "client/command.h"
 #include "client/coordinator_client.h"

@@ -499,8 +499,8 @@ int Supervisor::Finish() {
     // Ranks that stopped at a step boundary exit 130 (or 0 when they had just finished).
     std::string unclean;
     for (const Rank& r : ranks_) {
-      const bool clean = WIFEXITED(r.wait_status) && (WEXITSTATUS(r.wait_status) == 0 ||
-                                                      WEXITSTATUS(r.wait_status) == 130);
+      const bool clean = WIFEXITED(r.wait_status) &&
+                         (WEXITSTATUS(r.wait_status) == 0 || WEXITSTATUS(r.wait_status) == 130);
       if (!clean) unclean += (unclean.empty() ? "" : ", ") + std::to_string(r.index);
     }
     if (!unclean.empty()) {

@@ -56,8 +56,7 @@ int RunSubmit(const SubmitFlags& f) {
   static std::string interrupt_message;
   interrupt_message = "\nstopped following " + *job_id +
                       "; it keeps running on the coordinator (hint: meshrun status " + *job_id +
-                      ", meshrun logs " + *job_id + " --follow, meshrun cancel " + *job_id +
-                      ")\n";
+                      ", meshrun logs " + *job_id + " --follow, meshrun cancel " + *job_id + ")\n";
   struct sigaction sa {};
   sa.sa_handler = [](int) {
     ssize_t ignored = write(STDERR_FILENO, interrupt_message.data(), interrupt_message.size());

@@ -2,6 +2,8 @@
 // one line per step (text for people, JSON objects for programs; docs/cli.md shapes).
 #include "client/train_command.h"
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <csignal>
@@ -11,7 +13,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
-#include <unistd.h>
 
 #include "client/launcher.h"
 #include "common/job_spec_yaml.h"
@@ -142,10 +143,9 @@ int ReportRunEnd(const RunSummary& s, const JobSpec& spec) {
   std::snprintf(loss, sizeof(loss), std::isnan(s.final_loss) ? "unknown" : "%.4f", s.final_loss);
   if (s.interrupted) {
     if (!s.last_checkpoint.empty()) {
-      std::cerr << "interrupted: stopped after step " << s.last_step << " of " << steps
-                << " (loss " << loss << "); checkpoint " << s.last_checkpoint
-                << "; run the same command again to resume from step " << s.last_step
-                << std::endl;
+      std::cerr << "interrupted: stopped after step " << s.last_step << " of " << steps << " (loss "
+                << loss << "); checkpoint " << s.last_checkpoint
+                << "; run the same command again to resume from step " << s.last_step << std::endl;
     } else {
       std::cerr << "interrupted: stopped after step " << s.last_step << " of " << steps
                 << "; no checkpoint.dir is set, so this run's steps are not kept (hint: set "
@@ -161,8 +161,8 @@ int ReportRunEnd(const RunSummary& s, const JobSpec& spec) {
               << "folder with --set checkpoint.dir=ANOTHER_DIR or remove " << dir
               << "; to train further, raise train.steps)" << std::endl;
   } else if (s.resumed_step > 0) {
-    std::cerr << "note: resumed from step " << s.resumed_step << " of " << steps << " ("
-              << dir << ")" << std::endl;
+    std::cerr << "note: resumed from step " << s.resumed_step << " of " << steps << " (" << dir
+              << ")" << std::endl;
   }
   return kExitOk;
 }
@@ -473,9 +473,11 @@ void RegisterExportCommand(CLI::App& app, CommandResult& result) {
       // Everywhere else -o is the output format: `export CKPT -o json` meant that, not a folder.
       if ((o->out == "json" || o->out == "text") && !fs::exists(o->out)) {
         return ReportError(InvalidArgumentError(
-            "--output-dir: '" + o->out + "' looks like an output format, but export writes a "
+            "--output-dir: '" + o->out +
+            "' looks like an output format, but export writes a "
             "folder (hint: meshrun export CKPT --output-dir DIR; for a folder of that name, "
-            "write ./" + o->out + ")"));
+            "write ./" +
+            o->out + ")"));
       }
       return RunExport(o->checkpoint, o->out);
     };

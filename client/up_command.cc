@@ -191,7 +191,8 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
   c->supervisor_ = std::make_unique<RankSupervisor>(std::move(callbacks));
 
   int port = options.port, metrics_port = options.metrics_port;
-  for (auto [wanted, flag] : {std::pair{port, "--port"}, std::pair{metrics_port, "--metrics-port"}}) {
+  for (auto [wanted, flag] :
+       {std::pair{port, "--port"}, std::pair{metrics_port, "--metrics-port"}}) {
     if (wanted != 0 && LoopbackAccepts(wanted)) {
       return InvalidArgumentError(std::string(flag) + ": 127.0.0.1:" + std::to_string(wanted) +
                                   " is already in use (hint: pick another port, or leave " + flag +

@@ -32,8 +32,8 @@ struct LocalClusterOptions {
   std::string work_dir;   // workers' --work-dir is <work_dir>/<name>; empty: <state_dir>/work
   std::string bin_dir;    // where meshrun-coordinator and meshrun-worker are; empty: ours
   int heartbeat_timeout_seconds = 0;  // 0: the coordinator's default
-  int port = 0;          // the coordinator's gRPC port on 127.0.0.1; 0: a free one
-  int metrics_port = 0;  // its /metrics port; 0: a free one
+  int port = 0;                       // the coordinator's gRPC port on 127.0.0.1; 0: a free one
+  int metrics_port = 0;               // its /metrics port; 0: a free one
   // Empty: the daemons' stderr lines go to ours, prefixed "[name] "; else to <log_dir>/<name>.log.
   std::string log_dir;
   std::chrono::seconds ready_timeout{30};

@@ -70,12 +70,13 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
                              "Tokens of every step the rank finished (global_batch_size*seq_len "
                              "each; all attempts of the job).",
                              MetricType::Counter);
-  auto steps_total = Family("meshrun_rank_steps_total",
-                            "Steps the rank finished (all attempts of the job).",
-                            MetricType::Counter);
-  auto flops_total = Family("meshrun_rank_model_flops_total",
-                            "Model FLOPs of every step the rank finished (all attempts of the job).",
-                            MetricType::Counter);
+  auto steps_total =
+      Family("meshrun_rank_steps_total", "Steps the rank finished (all attempts of the job).",
+             MetricType::Counter);
+  auto flops_total =
+      Family("meshrun_rank_model_flops_total",
+             "Model FLOPs of every step the rank finished (all attempts of the job).",
+             MetricType::Counter);
   auto loss = Family("meshrun_rank_loss", "Loss of the global batch of the rank's newest step.",
                      MetricType::Gauge);
   auto memory = Family("meshrun_rank_memory_bytes",
@@ -179,8 +180,8 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
       Family("meshrun_job_step", "Step of the job's newest job-level sample.", MetricType::Gauge);
   auto tps = Family("meshrun_job_tokens_per_second",
                     "global_batch_size*seq_len / the slowest rank's step time.", MetricType::Gauge);
-  auto mfu = Family("meshrun_job_mfu_ratio",
-                    "Model FLOPs utilization averaged over ranks (0..1).", MetricType::Gauge);
+  auto mfu = Family("meshrun_job_mfu_ratio", "Model FLOPs utilization averaged over ranks (0..1).",
+                    MetricType::Gauge);
   auto restarts = Family("meshrun_job_restarts_total", "Attempts started after a failure.",
                          MetricType::Counter);
   auto skew = Family("meshrun_job_step_time_skew",

@@ -7,7 +7,8 @@
 // Counters stay monotonic across attempts: a restarted rank's cumulative comm counters start
 // again at 0, so each series adds the final totals of the job's earlier attempts (no attempt
 // label on counters; see docs/decisions/0003-where-metrics-live.md). The step histogram and the
-// step, token and FLOP counters add each step observed, so they simply keep counting. A finished job's series stay until kMaxFinishedJobs newer jobs finished.
+// step, token and FLOP counters add each step observed, so they simply keep counting. A finished
+// job's series stay until kMaxFinishedJobs newer jobs finished.
 //
 // Thread-safe (one mutex, never held while calling out). JobManager calls Add and JobFinished
 // under its own mutex (lock order JobManager -> RankSeries); the exporter calls Snapshot at

@@ -56,8 +56,7 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(par.has_dp_shard_size(), par.dp_shard_size(), &s.parallelism.dp_shard_size);
   SetIfPresent(par.has_cp_size(), par.cp_size(), &s.parallelism.cp_size);
   SetIfPresent(par.has_tp_size(), par.tp_size(), &s.parallelism.tp_size);
-  SetIfPresent(par.has_cp_comm_strategy(), par.cp_comm_strategy(),
-               &s.parallelism.cp_comm_strategy);
+  SetIfPresent(par.has_cp_comm_strategy(), par.cp_comm_strategy(), &s.parallelism.cp_comm_strategy);
 
   if (!s.model.init_from.empty()) {
     // Sizes left out are read from init_from's config.json by the engine at rank start; until
@@ -108,8 +107,7 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   const v1::ResourcesSpec& r = p.resources();
   SetIfPresent(r.has_device(), r.device(), &s.resources.device);
   SetIfPresent(r.has_threads(), r.threads(), &s.resources.threads);
-  SetIfPresent(p.restart().has_max_restarts(), p.restart().max_restarts(),
-               &s.restart.max_restarts);
+  SetIfPresent(p.restart().has_max_restarts(), p.restart().max_restarts(), &s.restart.max_restarts);
   return s;
 }
 

@@ -91,11 +91,11 @@ class BatchSampler {
 };
 
 // Context-parallel split of one sequence (docs/data.md): the sequence is cut into 2·cp_size
-// equal chunks of seq_len / (2·cp_size) tokens; cp rank c holds chunk c followed by chunk 2·cp_size − 1 − c.
-// Writes seq_len / cp_size tokens to out_tokens and their global positions (0-based index in
-// the sequence) to out_positions (skipped when null, e.g. for the targets).
-// Preconditions (validated with the job spec): seq_len % (2·cp_size) == 0 when cp_size > 1,
-// 0 ≤ cp_rank < cp_size. cp_size == 1 copies the sequence unchanged.
+// equal chunks of seq_len / (2·cp_size) tokens; cp rank c holds chunk c followed by chunk 2·cp_size
+// − 1 − c. Writes seq_len / cp_size tokens to out_tokens and their global positions (0-based index
+// in the sequence) to out_positions (skipped when null, e.g. for the targets). Preconditions
+// (validated with the job spec): seq_len % (2·cp_size) == 0 when cp_size > 1, 0 ≤ cp_rank <
+// cp_size. cp_size == 1 copies the sequence unchanged.
 void CpChunk(const int32_t* seq_tokens, int seq_len, int cp_size, int cp_rank, int32_t* out_tokens,
              int32_t* out_positions);
 

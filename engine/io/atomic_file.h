@@ -1,6 +1,6 @@
 // Atomic file writes (docs/checkpoints.md): write to `PATH.tmp.<pid>`, fsync, rename over
-// PATH, fsync the folder. Readers see either the old file or the whole new one, never a torn write, even
-// after a crash or a power loss.
+// PATH, fsync the folder. Readers see either the old file or the whole new one, never a torn write,
+// even after a crash or a power loss.
 #pragma once
 
 #include <cstddef>

@@ -91,15 +91,15 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
   for (const ParamInfo& p : model_->params()) {
     MESHRUN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, reader.GlobalShape(ModelKey(p)));
     if (shape != p.global_shape) {
-      return FailedPreconditionError("checkpoint " + step_dir + ": tensor " + p.name +
-                                     " does not fit this model's config (hint: resume with the "
-                                     "model section the checkpoint was written with, or train "
-                                     "this model in another folder: --set "
-                                     "checkpoint.dir=ANOTHER_DIR, or remove " +
-                                     (spec_.checkpoint.dir.empty() ? step_dir
-                                                                   : spec_.checkpoint.dir) +
-                                     "; checkpoint.resume=never would start from step 0 but "
-                                     "write into the old run's folder)");
+      return FailedPreconditionError(
+          "checkpoint " + step_dir + ": tensor " + p.name +
+          " does not fit this model's config (hint: resume with the "
+          "model section the checkpoint was written with, or train "
+          "this model in another folder: --set "
+          "checkpoint.dir=ANOTHER_DIR, or remove " +
+          (spec_.checkpoint.dir.empty() ? step_dir : spec_.checkpoint.dir) +
+          "; checkpoint.resume=never would start from step 0 but "
+          "write into the old run's folder)");
     }
     // A checkpoint without optimizer state (e.g. converted weights) starts fresh moments.
     const bool has_moments = reader.HasTensor(MomentKey("exp_avg", p));

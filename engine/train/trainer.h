@@ -47,8 +47,8 @@ struct EvalMetrics {
 };
 
 struct RunSummary {
-  int64_t steps = 0;       // steps run by this process
-  int64_t first_step = 0;  // 1-based number of the first step run (after a resume, > 1)
+  int64_t steps = 0;         // steps run by this process
+  int64_t first_step = 0;    // 1-based number of the first step run (after a resume, > 1)
   int64_t resumed_step = 0;  // the step of the checkpoint this run resumed from (0: none)
   int64_t last_step = 0;     // updates done at the end of this run (train.steps when complete)
   // The loss of the run's last step, also when it was trained before a resume (from the
@@ -85,8 +85,8 @@ struct TrainOptions {
   // (one 8-byte gather per step over the world), so all stop after the same step, checkpoint
   // (with checkpoint.dir) and Run returns with `interrupted`. Null: never checked.
   const volatile std::sig_atomic_t* stop_requested = nullptr;
-  double peak_flops = 0;        // device peak for MFU; 0: measure a float32 GEMM at start
-  std::string spec_yaml;        // the resolved spec, stored in checkpoint metadata
+  double peak_flops = 0;  // device peak for MFU; 0: measure a float32 GEMM at start
+  std::string spec_yaml;  // the resolved spec, stored in checkpoint metadata
 };
 
 // Owns the model, optimizer state and data of one rank. Not thread-safe; one per process.
@@ -133,7 +133,7 @@ class Trainer {
   std::vector<int32_t> local_in_, local_tg_, local_pos_;
   std::unique_ptr<TokenStream> train_data_, val_data_;
   std::unique_ptr<BatchSampler> sampler_;
-  int64_t step_ = 0;  // updates done so far
+  int64_t step_ = 0;                  // updates done so far
   std::vector<double> loss_history_;  // the loss of every step so far, resumed ones included
   double peak_flops_ = 0;
   std::string last_checkpoint_;

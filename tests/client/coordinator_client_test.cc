@@ -50,8 +50,8 @@ TEST(CoordinatorClient, AnAddressWithoutAPortIsInvalidInputNotATlsError) {
               0u)
         << address.status().ToString();
   }
-  for (const std::string good : {"127.0.0.1:50051", "[::1]:7070", "dns:///coord:50051",
-                                  "coordinator.svc:443"}) {
+  for (const std::string good :
+       {"127.0.0.1:50051", "[::1]:7070", "dns:///coord:50051", "coordinator.svc:443"}) {
     EXPECT_TRUE(ResolveCoordinatorAddress(good).ok()) << good;
   }
 }

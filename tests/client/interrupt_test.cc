@@ -3,12 +3,11 @@
 // --nproc 1 and 2 alike), says where the run resumes, and the same command again ends at the
 // uninterrupted run's final loss. A re-run of a finished run says so and reports its real loss.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
@@ -45,11 +44,13 @@ class InterruptTest : public ::testing::Test {
 
   // 30 steps of a model big enough that a step takes a while (so SIGINT lands mid-run).
   std::vector<std::string> Args(int nproc, const fs::path& ckpt) const {
-    std::vector<std::string> args = {"train", "-f", (source_ / "examples/tiny.yaml").string(),
-                                     "--nproc", std::to_string(nproc), "-o", "json"};
-    for (const std::string& kv : std::vector<std::string>{"train.steps=30", "model.d_model=128", "model.n_layer=2", "checkpoint.every=0",
-         "checkpoint.dir=" + ckpt.string(),
-         "parallelism.dp_shard_size=" + std::to_string(nproc)}) {
+    std::vector<std::string> args = {
+        "train", "-f",  (source_ / "examples/tiny.yaml").string(), "--nproc", std::to_string(nproc),
+        "-o",    "json"};
+    for (const std::string& kv :
+         std::vector<std::string>{"train.steps=30", "model.d_model=128", "model.n_layer=2",
+                                  "checkpoint.every=0", "checkpoint.dir=" + ckpt.string(),
+                                  "parallelism.dp_shard_size=" + std::to_string(nproc)}) {
       args.push_back("--set");
       args.push_back(kv);
     }
@@ -150,13 +151,12 @@ class InterruptTest : public ::testing::Test {
     char step_dir[32];
     std::snprintf(step_dir, sizeof(step_dir), "step-%08lld", static_cast<long long>(stopped));
     EXPECT_TRUE(fs::exists(ckpt / step_dir / "metadata.json")) << cut.err;
-    EXPECT_NE(cut.err.find("interrupted: stopped after step " + std::to_string(stopped) +
-                           " of 30"),
+    EXPECT_NE(cut.err.find("interrupted: stopped after step " + std::to_string(stopped) + " of 30"),
               std::string::npos)
         << cut.err;
-    EXPECT_NE(cut.err.find("run the same command again to resume from step " +
-                           std::to_string(stopped)),
-              std::string::npos)
+    EXPECT_NE(
+        cut.err.find("run the same command again to resume from step " + std::to_string(stopped)),
+        std::string::npos)
         << cut.err;
 
     const testing::CliResult again = Run(Args(nproc, ckpt));

@@ -224,8 +224,8 @@ TEST_F(TrainCommandTest, EvalReadsTheSpecFromTheCheckpointAndExportTakesAFolder)
             std::string::npos)
       << exp.err;
   EXPECT_FALSE(fs::exists("json"));
-  CliResult named = Run({"export", (temp_ / "ckpt").string(), "--output-dir",
-                         (temp_ / "hf").string()});
+  CliResult named =
+      Run({"export", (temp_ / "ckpt").string(), "--output-dir", (temp_ / "hf").string()});
   EXPECT_EQ(named.exit_code, 0) << named.err;
   EXPECT_TRUE(fs::exists(temp_ / "hf/model.safetensors"));
 }

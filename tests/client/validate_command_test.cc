@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <unistd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -243,8 +242,9 @@ TEST_F(ValidateCommandTest, NumericFlagsAreExplainedInWholeNumbers) {
                 "--stop-after: 0 is out of range: a whole number 1 or more (hint: ");
   ExpectInvalid(Run({"train", "-f", tiny, "--stop-after", "1.5"}),
                 "--stop-after: '1.5' is not a whole number 1 or more");
-  ExpectInvalid(Run({"up", "--workers", "0"}), "--workers: 0 is out of range: a whole number from "
-                                               "1 to 64");
+  ExpectInvalid(Run({"up", "--workers", "0"}),
+                "--workers: 0 is out of range: a whole number from "
+                "1 to 64");
 }
 
 TEST_F(ValidateCommandTest, VersionNamesTheCommitAndBuildOptions) {

@@ -282,8 +282,10 @@ TEST(RankSeriesExport, NoLabelCollidesWithATargetLabelAndNamesFollowTheConventio
   ASSERT_FALSE(fs.empty());
   for (const prometheus::MetricFamily& f : fs) {
     EXPECT_EQ(f.name.find("tflops"), std::string::npos) << f.name;
-    if (f.name.find("mfu") != std::string::npos) EXPECT_TRUE(f.name.ends_with("_mfu_ratio")) << f.name;
-    if (f.type == prometheus::MetricType::Counter) EXPECT_TRUE(f.name.ends_with("_total")) << f.name;
+    if (f.name.find("mfu") != std::string::npos)
+      EXPECT_TRUE(f.name.ends_with("_mfu_ratio")) << f.name;
+    if (f.type == prometheus::MetricType::Counter)
+      EXPECT_TRUE(f.name.ends_with("_total")) << f.name;
     for (const auto& m : f.metric) {
       for (const auto& [k, v] : LabelsOf(m)) {
         EXPECT_NE(k, "job") << f.name;
@@ -344,7 +346,8 @@ TEST(JobSeriesExport, JobAndClusterSeries) {
   EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_mfu_ratio", {{"job_id", "job-1"}})->gauge.value, 0.3);
   EXPECT_EQ(FindFamily(fs, "meshrun_job_restarts_total")->type, prometheus::MetricType::Counter);
   EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_restarts_total", {{"job_id", "job-1"}})->counter.value, 1);
-  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_step_time_skew", {{"job_id", "job-1"}})->gauge.value, 1.25);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_step_time_skew", {{"job_id", "job-1"}})->gauge.value,
+                   1.25);
 }
 
 v1::MetricsSample Timed(int rank, int64_t step, double seconds) {

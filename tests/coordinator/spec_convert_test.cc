@@ -163,50 +163,50 @@ TEST(SpecConvertTest, EveryFieldHasPresenceAndSetsOnlyItself) {
   });
   const JobSpec defaults;
   int fields = 0;
-  ForEachJobSpecField(other, [&](std::string_view section, std::string_view key,
-                                 const auto& value) {
-    ++fields;
-    const std::string path = section.empty() ? std::string(key)
-                                             : std::string(section) + "." + std::string(key);
-    v1::JobSpec p;
-    google::protobuf::Message* msg = &p;
-    if (!section.empty()) {
-      const FieldDescriptor* sf = p.GetDescriptor()->FindFieldByName(std::string(section));
-      ASSERT_NE(sf, nullptr) << "no section " << section << " in meshrun.v1.JobSpec";
-      msg = p.GetReflection()->MutableMessage(&p, sf);
-    }
-    const FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(std::string(key));
-    ASSERT_NE(f, nullptr) << path << " is not in the proto";
-    EXPECT_TRUE(f->has_presence()) << path << " must be `optional` so that unset is not 0";
-    const auto* r = msg->GetReflection();
-    using T = std::decay_t<decltype(value)>;
-    if constexpr (std::is_same_v<T, std::string>) {
-      r->SetString(msg, f, value);
-    } else if constexpr (std::is_floating_point_v<T>) {
-      r->SetDouble(msg, f, value);
-    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_INT64) {
-      r->SetInt64(msg, f, value);
-    } else {
-      r->SetInt32(msg, f, static_cast<int32_t>(value));
-    }
-    StatusOr<JobSpec> got = JobSpecFromProto(p);
-    ASSERT_TRUE(got.ok()) << path << ": " << got.status().ToString();
-    JobSpec want = defaults;
-    ForEachJobSpecField(want, [&](std::string_view s2, std::string_view k2, auto& member) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(member)>, T>) {
-        if (s2 == section && k2 == key) member = value;
-      }
-    });
-    if (section == "model" && key == "init_from") {
-      // Sizes then come from config.json: placeholders until the engine reads them.
-      want.model.n_layer = got->model.n_layer;
-      want.model.n_head = got->model.n_head;
-      want.model.d_model = got->model.d_model;
-      want.model.seq_len = got->model.seq_len;
-      want.model.vocab_size = got->model.vocab_size;
-    }
-    EXPECT_EQ(*got, want) << "setting only " << path;
-  });
+  ForEachJobSpecField(
+      other, [&](std::string_view section, std::string_view key, const auto& value) {
+        ++fields;
+        const std::string path =
+            section.empty() ? std::string(key) : std::string(section) + "." + std::string(key);
+        v1::JobSpec p;
+        google::protobuf::Message* msg = &p;
+        if (!section.empty()) {
+          const FieldDescriptor* sf = p.GetDescriptor()->FindFieldByName(std::string(section));
+          ASSERT_NE(sf, nullptr) << "no section " << section << " in meshrun.v1.JobSpec";
+          msg = p.GetReflection()->MutableMessage(&p, sf);
+        }
+        const FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(std::string(key));
+        ASSERT_NE(f, nullptr) << path << " is not in the proto";
+        EXPECT_TRUE(f->has_presence()) << path << " must be `optional` so that unset is not 0";
+        const auto* r = msg->GetReflection();
+        using T = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          r->SetString(msg, f, value);
+        } else if constexpr (std::is_floating_point_v<T>) {
+          r->SetDouble(msg, f, value);
+        } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_INT64) {
+          r->SetInt64(msg, f, value);
+        } else {
+          r->SetInt32(msg, f, static_cast<int32_t>(value));
+        }
+        StatusOr<JobSpec> got = JobSpecFromProto(p);
+        ASSERT_TRUE(got.ok()) << path << ": " << got.status().ToString();
+        JobSpec want = defaults;
+        ForEachJobSpecField(want, [&](std::string_view s2, std::string_view k2, auto& member) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(member)>, T>) {
+            if (s2 == section && k2 == key) member = value;
+          }
+        });
+        if (section == "model" && key == "init_from") {
+          // Sizes then come from config.json: placeholders until the engine reads them.
+          want.model.n_layer = got->model.n_layer;
+          want.model.n_head = got->model.n_head;
+          want.model.d_model = got->model.d_model;
+          want.model.seq_len = got->model.seq_len;
+          want.model.vocab_size = got->model.vocab_size;
+        }
+        EXPECT_EQ(*got, want) << "setting only " << path;
+      });
   EXPECT_GT(fields, 30);
 }
 

@@ -18,7 +18,9 @@ namespace {
 namespace fs = std::filesystem;
 using Objects = std::vector<YAML::Node>;
 
-std::string Text(const YAML::Node& n) { return n && n.IsScalar() ? n.Scalar() : std::string(); }
+std::string Text(const YAML::Node& n) {
+  return n && n.IsScalar() ? n.Scalar() : std::string();
+}
 
 bool Fail(std::string* error, const std::string& what) {
   if (error->empty()) *error = what;
@@ -59,7 +61,8 @@ std::vector<std::string> SplitFieldPath(const std::string& path) {
 }
 
 bool AllDigits(const std::string& s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
+  return !s.empty() &&
+         std::all_of(s.begin(), s.end(), [](unsigned char c) { return std::isdigit(c); });
 }
 
 // The child of `node` that one segment names ([key=value] in a list, an index, a map key);
@@ -76,7 +79,8 @@ YAML::Node Child(YAML::Node node, const std::string& seg) {
     return YAML::Node(YAML::NodeType::Undefined);
   }
   if (node.IsSequence()) {
-    if (!AllDigits(seg) || std::stoul(seg) >= node.size()) return YAML::Node(YAML::NodeType::Undefined);
+    if (!AllDigits(seg) || std::stoul(seg) >= node.size())
+      return YAML::Node(YAML::NodeType::Undefined);
     return node[std::stoul(seg)];
   }
   if (!node.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
@@ -148,7 +152,8 @@ bool ApplyJson6902(YAML::Node obj, const YAML::Node& ops, const std::string& whe
     const std::string& last = segs.back();
     if (!parent) return Fail(error, at + ": the parent of the path does not exist");
     if (name != "add" && name != "replace" && name != "remove") {
-      return Fail(error, at + ": only add, replace and remove are supported by the tests' renderer");
+      return Fail(error,
+                  at + ": only add, replace and remove are supported by the tests' renderer");
     }
     if (parent.IsMap()) {
       const bool exists = static_cast<bool>(static_cast<const YAML::Node&>(parent)[last]);
@@ -161,8 +166,8 @@ bool ApplyJson6902(YAML::Node obj, const YAML::Node& ops, const std::string& whe
     } else if (parent.IsSequence()) {
       const size_t n = parent.size();
       const bool append = name == "add" && last == "-";
-      if (!append && (!AllDigits(last) || std::stoul(last) > n ||
-                      (name != "add" && std::stoul(last) == n))) {
+      if (!append &&
+          (!AllDigits(last) || std::stoul(last) > n || (name != "add" && std::stoul(last) == n))) {
         return Fail(error, at + ": no such index");
       }
       const size_t index = append ? n : std::stoul(last);
@@ -204,8 +209,8 @@ bool ApplyPatches(const fs::path& dir, const YAML::Node& patches, Objects& objec
       for (YAML::Node& obj : objects) {
         if (!Matches(obj, p["target"], "patches[].target", error)) continue;
         ++matched;
-        const std::string where = dir.string() + ": patch of " + Text(obj["kind"]) + "/" +
-                                  Text(obj["metadata"]["name"]);
+        const std::string where =
+            dir.string() + ": patch of " + Text(obj["kind"]) + "/" + Text(obj["metadata"]["name"]);
         if (!ApplyJson6902(obj, patch, where, error)) return false;
       }
       if (!error->empty()) return false;
@@ -337,12 +342,13 @@ bool Render(const fs::path& dir, Objects& out, std::string* error) {
   } catch (const std::exception& e) {
     return Fail(error, file.string() + ": " + e.what());
   }
-  static const std::set<std::string> known = {"apiVersion", "kind",   "resources",   "namespace",
+  static const std::set<std::string> known = {"apiVersion", "kind",   "resources",    "namespace",
                                               "labels",     "images", "replacements", "patches"};
   for (const auto& kv : k) {
     if (!known.count(Text(kv.first))) {
-      return Fail(error, file.string() + ": '" + Text(kv.first) +
-                             "' is not supported by the tests' renderer (tests/deploy/kustomize.h)");
+      return Fail(error,
+                  file.string() + ": '" + Text(kv.first) +
+                      "' is not supported by the tests' renderer (tests/deploy/kustomize.h)");
     }
   }
   Objects objects;
@@ -382,7 +388,8 @@ bool Render(const fs::path& dir, Objects& out, std::string* error) {
 std::optional<long long> YamlInt(const YAML::Node& n) {
   if (n.Tag() == "!") return std::nullopt;  // quoted: a string
   const std::string& t = n.Scalar();
-  if (t.empty() || !std::all_of(t.begin(), t.end(), [](unsigned char c) { return std::isxdigit(c) || c == 'x'; })) {
+  if (t.empty() || !std::all_of(t.begin(), t.end(),
+                                [](unsigned char c) { return std::isxdigit(c) || c == 'x'; })) {
     return std::nullopt;
   }
   try {

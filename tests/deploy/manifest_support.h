@@ -1,7 +1,7 @@
 // Helpers of the deploy/k8s manifest test: rendering the manifests (the tests' own kustomize
-// subset, tests/deploy/kustomize.h, and kubectl kustomize where one is installed), the containers of the
-// workloads, their flags and ports, the options a binary's --help lists, and small probes of a
-// running daemon (grpc.health.v1 Check through the generic stub, an HTTP GET).
+// subset, tests/deploy/kustomize.h, and kubectl kustomize where one is installed), the containers
+// of the workloads, their flags and ports, the options a binary's --help lists, and small probes of
+// a running daemon (grpc.health.v1 Check through the generic stub, an HTTP GET).
 #pragma once
 
 #include <yaml-cpp/yaml.h>

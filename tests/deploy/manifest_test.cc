@@ -6,9 +6,10 @@
 // renderings of the base and both overlays by the tests' own kustomize subset
 // (tests/deploy/kustomize.h: no kubectl needed), and ManifestKubectl checks that kubectl
 // kustomize, where one that can build deploy/k8s is installed, renders the same objects
-// (docs/decisions/0006-manifest-validation.md). The daemon check (integration) starts meshrun-coordinator and meshrun-worker with
-// the manifests' arguments (paths moved into a temporary folder, addresses to 127.0.0.1 with
-// ephemeral ports, TLS material made with openssl) and asks the manifests' probes and scrapes.
+// (docs/decisions/0006-manifest-validation.md). The daemon check (integration) starts
+// meshrun-coordinator and meshrun-worker with the manifests' arguments (paths moved into a
+// temporary folder, addresses to 127.0.0.1 with ephemeral ports, TLS material made with openssl)
+// and asks the manifests' probes and scrapes.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -368,8 +369,9 @@ TEST(ManifestKubectl, RendersTheSameObjectsAsTheTestsRenderer) {
   for (const std::string sub : kRenderings) {
     std::string error;
     const auto kubectl = RenderWithKubectl(K8sDir(sub), &error);
-    if (!kubectl) GTEST_SKIP() << "kubectl is not on PATH: deploy/k8s is checked on the tests' "
-                                  "own rendering only";
+    if (!kubectl)
+      GTEST_SKIP() << "kubectl is not on PATH: deploy/k8s is checked on the tests' "
+                      "own rendering only";
     if (!error.empty()) {
       GTEST_SKIP() << "this kubectl cannot build deploy/k8s (its kustomize is too old?), so "
                       "only the tests' own rendering is checked: "

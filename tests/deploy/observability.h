@@ -193,8 +193,10 @@ inline std::vector<PanelTarget> Targets(const std::filesystem::path& path,
 // variables by `interval` (e.g. "10s"). Other `$` uses (label_replace's "$1") stay.
 inline std::string SubstituteVariables(std::string expr, const std::string& job,
                                        const std::string& interval) {
-  const std::vector<std::pair<std::string, std::string>> vars = {
-      {"__rate_interval", interval}, {"__interval", interval}, {"__range", interval}, {"job_id", job}};
+  const std::vector<std::pair<std::string, std::string>> vars = {{"__rate_interval", interval},
+                                                                 {"__interval", interval},
+                                                                 {"__range", interval},
+                                                                 {"job_id", job}};
   for (const auto& [name, value] : vars) {
     for (const std::string& form : {"${" + name + "}", "$" + name}) {
       for (size_t at = expr.find(form); at != std::string::npos; at = expr.find(form, at)) {

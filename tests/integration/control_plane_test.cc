@@ -307,8 +307,8 @@ TEST_F(ControlPlaneTest, CancelStopsARunningJobsRanks) {
   // logs: a rank the job does not have is an error, not silence; -o json is one object a line.
   testing::CliResult no_rank = Cli({"logs", job, "--rank", "9"});
   EXPECT_EQ(no_rank.exit_code, 2) << no_rank.err;
-  EXPECT_EQ(no_rank.err.rfind("error: --rank: 9 is not a rank of " + job + ", which has 4 ranks", 0),
-            0u)
+  EXPECT_EQ(
+      no_rank.err.rfind("error: --rank: 9 is not a rank of " + job + ", which has 4 ranks", 0), 0u)
       << no_rank.err;
   testing::CliResult logs_json = Cli({"logs", job, "-o", "json"});
   EXPECT_EQ(logs_json.exit_code, 0) << logs_json.err;
@@ -319,11 +319,11 @@ TEST_F(ControlPlaneTest, CancelStopsARunningJobsRanks) {
   // Ctrl-C of `submit --follow` stops following, not the job, and says so (exit 130).
   {
     const fs::path log = dir_ / "follow.log";
-    Daemon follow = Spawn("follow",
-                          {(BinDir() / "meshrun").string(), "submit", "-f",
-                           WriteSpec("followed", 5000, 0, 0), "--follow", "--coordinator",
-                           address_},
-                          log);
+    Daemon follow =
+        Spawn("follow",
+              {(BinDir() / "meshrun").string(), "submit", "-f", WriteSpec("followed", 5000, 0, 0),
+               "--follow", "--coordinator", address_},
+              log);
     const Clock::time_point until = Clock::now() + 20s;
     while (testing::ReadFile(log).find("job-") == std::string::npos && Clock::now() < until) {
       std::this_thread::sleep_for(50ms);

@@ -44,8 +44,8 @@ class PythonClientTest : public ::testing::Test {
   static void SetUpTestSuite() {
     venv_ = BinDir().parent_path() / "test-venv";
     const fs::path log = BinDir().parent_path() / "test-venv.make.log";
-    const testing::CliResult r = testing::RunCli(
-        SourceDir() / "tests" / "python" / "make-venv", {venv_.string()}, log, 900);
+    const testing::CliResult r =
+        testing::RunCli(SourceDir() / "tests" / "python" / "make-venv", {venv_.string()}, log, 900);
     if (r.exit_code != 0) {
       venv_error_ = "the tests' Python virtual environment could not be made (exit " +
                     std::to_string(r.exit_code) + "): " + testing::ReadFile(log);
@@ -90,11 +90,11 @@ class PythonClientTest : public ::testing::Test {
                          {(BinDir() / "meshrun-coordinator").string(), "--listen", address_,
                           "--state-dir", (dir_ / "state").string()},
                          dir_ / "coordinator.log");
-    worker_ = Spawn("worker-1",
-                    {(BinDir() / "meshrun-worker").string(), "--coordinator", address_, "--name",
-                     "worker-1", "--slots", "2", "--work-dir", (dir_ / "work").string(),
-                     "--cores", "1", "--grace", "2"},
-                    dir_ / "worker-1.log");
+    worker_ = Spawn(
+        "worker-1",
+        {(BinDir() / "meshrun-worker").string(), "--coordinator", address_, "--name", "worker-1",
+         "--slots", "2", "--work-dir", (dir_ / "work").string(), "--cores", "1", "--grace", "2"},
+        dir_ / "worker-1.log");
     for (int i = 0; i < 300; ++i) {
       const testing::CliResult r = Cli({"workers", "-o", "json"}, 5);
       if (r.exit_code == 0) {
@@ -151,7 +151,8 @@ TEST_F(PythonClientTest, MinimalSpecFromGeneratedPythonClientTrainsWithTheYamlDe
   EXPECT_EQ(spec.value("name", ""), "python-minimal");
 
   // And meshrun's own client sees the same job.
-  const testing::CliResult status = Cli({"status", result["job_id"].get<std::string>(), "-o", "json"});
+  const testing::CliResult status =
+      Cli({"status", result["job_id"].get<std::string>(), "-o", "json"});
   ASSERT_EQ(status.exit_code, 0) << status.err;
   const json st = json::parse(status.out, nullptr, false);
   ASSERT_TRUE(st.is_object()) << status.out;
