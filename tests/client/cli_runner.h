@@ -2,6 +2,7 @@
 // pipe, stderr through a file, every run bounded by coreutils `timeout`.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -61,5 +62,28 @@ inline CliResult RunCli(const std::filesystem::path& binary, const std::vector<s
   result.err = ReadFile(err_path);
   return result;
 }
+
+// A fixture for tests of the built `meshrun`: binary_ (MESHRUN_BINARY_DIR/bin/meshrun, set by
+// ctest), source_ (the source tree) and temp_ (a fresh folder, removed afterwards).
+class MeshrunBinaryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* binary_dir = std::getenv("MESHRUN_BINARY_DIR");
+    const char* source_dir = std::getenv("MESHRUN_SOURCE_DIR");
+    ASSERT_NE(binary_dir, nullptr) << "run through ctest (sets MESHRUN_BINARY_DIR)";
+    binary_ = std::filesystem::path(binary_dir) / "bin" / "meshrun";
+    source_ = source_dir ? std::filesystem::path(source_dir) : std::filesystem::current_path();
+    ASSERT_TRUE(std::filesystem::exists(binary_)) << binary_;
+    char pattern[] = "/tmp/meshrun_cli_test_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    temp_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!temp_.empty()) std::filesystem::remove_all(temp_, ec);
+  }
+
+  std::filesystem::path binary_, source_, temp_;
+};
 
 }  // namespace meshrun::testing

@@ -25,23 +25,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-class InterruptTest : public ::testing::Test {
+class InterruptTest : public meshrun::testing::MeshrunBinaryTest {
  protected:
-  void SetUp() override {
-    const char* binary_dir = std::getenv("MESHRUN_BINARY_DIR");
-    const char* source_dir = std::getenv("MESHRUN_SOURCE_DIR");
-    ASSERT_NE(binary_dir, nullptr) << "run through ctest (sets MESHRUN_BINARY_DIR)";
-    binary_ = fs::path(binary_dir) / "bin" / "meshrun";
-    source_ = source_dir ? fs::path(source_dir) : fs::current_path();
-    char pattern[] = "/tmp/meshrun_interrupt_test_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    temp_ = pattern;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(temp_, ec);
-  }
-
   // 30 steps of a model big enough that a step takes a while (so SIGINT lands mid-run).
   std::vector<std::string> Args(int nproc, const fs::path& ckpt) const {
     std::vector<std::string> args = {
@@ -166,8 +151,6 @@ class InterruptTest : public ::testing::Test {
     EXPECT_EQ(rs["steps"].get<int64_t>(), 30 - stopped);
     EXPECT_EQ(rs["final_loss"].get<double>(), expected);
   }
-
-  fs::path binary_, source_, temp_;
 };
 
 TEST_F(InterruptTest, CtrlCOfOneRankCheckpointsAndTheSameCommandFinishesTheRun) {

@@ -21,23 +21,8 @@ using testing::CliResult;
 using testing::Lines;
 using testing::RunCli;
 
-class TrainCommandTest : public ::testing::Test {
+class TrainCommandTest : public meshrun::testing::MeshrunBinaryTest {
  protected:
-  void SetUp() override {
-    const char* binary_dir = std::getenv("MESHRUN_BINARY_DIR");
-    const char* source_dir = std::getenv("MESHRUN_SOURCE_DIR");
-    ASSERT_NE(binary_dir, nullptr) << "run through ctest (sets MESHRUN_BINARY_DIR)";
-    binary_ = fs::path(binary_dir) / "bin" / "meshrun";
-    source_ = source_dir ? fs::path(source_dir) : fs::current_path();
-    char pattern[] = "/tmp/meshrun_train_test_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    temp_ = pattern;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(temp_, ec);
-  }
-
   CliResult Run(const std::vector<std::string>& args) {
     return RunCli(binary_, args, temp_ / "stderr.txt", 120);
   }
@@ -73,8 +58,6 @@ class TrainCommandTest : public ::testing::Test {
     }
     return losses;
   }
-
-  fs::path binary_, source_, temp_;
 };
 
 TEST_F(TrainCommandTest, JsonLinesFollowTheContractAndTheLossFalls) {

@@ -29,24 +29,8 @@ using meshrun::testing::Lines;
 using meshrun::testing::RunCli;
 using Result = CliResult;
 
-class ValidateCommandTest : public ::testing::Test {
+class ValidateCommandTest : public meshrun::testing::MeshrunBinaryTest {
  protected:
-  void SetUp() override {
-    const char* binary_dir = std::getenv("MESHRUN_BINARY_DIR");
-    const char* source_dir = std::getenv("MESHRUN_SOURCE_DIR");
-    ASSERT_NE(binary_dir, nullptr) << "run through ctest (sets MESHRUN_BINARY_DIR)";
-    binary_ = fs::path(binary_dir) / "bin" / "meshrun";
-    source_ = source_dir ? fs::path(source_dir) : fs::current_path();
-    ASSERT_TRUE(fs::exists(binary_)) << binary_;
-    char pattern[] = "/tmp/meshrun_validate_test_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    temp_ = pattern;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!temp_.empty()) fs::remove_all(temp_, ec);
-  }
-
   // Runs meshrun with `args`; stdout through a pipe, stderr through a file. Bounded by
   // `timeout` (coreutils) so a hung binary fails the test instead of blocking it.
   Result Run(const std::vector<std::string>& args) {
@@ -73,8 +57,6 @@ class ValidateCommandTest : public ::testing::Test {
     EXPECT_NE(lines[0].find("(hint: "), std::string::npos) << lines[0];
     EXPECT_EQ(result.out, "");
   }
-
-  fs::path binary_, source_, temp_;
 };
 
 // A valid spec in block style; the bad specs below each change one thing.
