@@ -139,8 +139,8 @@ void InstallStopHandlers(bool announce) {
 int ReportRunEnd(const RunSummary& s, const JobSpec& spec) {
   const int64_t steps = spec.train.steps;
   const std::string dir = spec.checkpoint.dir;
-  char loss[64];
-  std::snprintf(loss, sizeof(loss), std::isnan(s.final_loss) ? "unknown" : "%.4f", s.final_loss);
+  char loss[64] = "unknown";
+  if (!std::isnan(s.final_loss)) std::snprintf(loss, sizeof(loss), "%.4f", s.final_loss);
   if (s.interrupted) {
     if (!s.last_checkpoint.empty()) {
       std::cerr << "interrupted: stopped after step " << s.last_step << " of " << steps << " (loss "

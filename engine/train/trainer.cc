@@ -296,9 +296,8 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   }
   summary.steps = static_cast<int64_t>(summary.losses.size());
   summary.last_step = step_;
-  summary.final_loss = loss_history_.size() == static_cast<size_t>(step_) && !loss_history_.empty()
-                           ? loss_history_.back()
-                           : (summary.losses.empty() ? std::nan("") : summary.losses.back());
+  // The last step's loss: this run's, else the resumed checkpoint's (its history ends at step_).
+  summary.final_loss = !loss_history_.empty() ? loss_history_.back() : std::nan("");
   if (total_seconds > 0) {
     summary.tokens_per_second =
         tokens_per_step * static_cast<double>(summary.steps) / total_seconds;
