@@ -39,6 +39,15 @@ struct TrainFlags {
   int64_t stop_after = 0;
 };
 
+// Peak bytes per kind, as the step line and summary carry them.
+json MemoryJson(const MemoryBreakdown& m) {
+  json out = json::object();
+  for (int k = 0; k < kNumMemoryKinds; ++k) {
+    out[MemoryKindName(static_cast<MemoryKind>(k))] = m.peak[k];
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string StepLineJson(const StepMetrics& m) {
@@ -62,6 +71,7 @@ std::string StepLineJson(const StepMetrics& m) {
                {"allocated_memory_bytes", m.allocated_memory_bytes},
                {"peak_memory_bytes", m.peak_memory_bytes},
                {"reserved_memory_bytes", m.reserved_memory_bytes},
+               {"memory", MemoryJson(m.memory)},
                {"comm", std::move(comm)}};
   return line.dump();
 }
@@ -305,6 +315,8 @@ int RunTrain(const TrainFlags& o) {
                  {"tokens_per_second", s.tokens_per_second},
                  {"mfu", s.mfu},
                  {"peak_memory_bytes", s.peak_memory_bytes},
+                 {"memory", MemoryJson(s.memory)},
+                 {"max_rss_bytes", s.max_rss_bytes},
                  {"comm_bytes", comm},
                  {"checkpoint", s.last_checkpoint},
                  {"resumed_from_step", s.resumed_step},

@@ -393,6 +393,7 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
   if (path == "model.arch") return {"gpt2"};
   if (path == "parallelism.cp_comm_strategy") return {"allgather", "ring"};
   if (path == "train.precision") return {"fp32", "bf16"};
+  if (path == "train.activation_checkpointing") return {"none", "selective", "full"};
   if (path == "data.format") return {"auto", "text", "llmc", "nanogpt"};
   if (path == "data.order") return {"sequential", "shuffled"};
   if (path == "checkpoint.resume") return {"auto", "never"};

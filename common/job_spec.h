@@ -32,6 +32,9 @@ struct ParallelismSpec {
   int cp_size = 1;
   int tp_size = 1;
   std::string cp_comm_strategy = "allgather";  // allgather | ring
+  // FSDP: free a block's gathered parameters after its forward (gathered again for its
+  // backward); false keeps them until the backward (less traffic, more memory).
+  bool fsdp_reshard_after_forward = true;
 
   bool operator==(const ParallelismSpec&) const = default;
 };
@@ -50,6 +53,9 @@ struct TrainSpec {
   double eps = 1e-8;
   int64_t seed = 1337;
   std::string precision = "fp32";  // fp32 | bf16
+  // none | selective (recompute the attention core and elementwise ops in backward) | full
+  // (keep only each block's input, recompute the block).
+  std::string activation_checkpointing = "none";
 
   bool operator==(const TrainSpec&) const = default;
 };
@@ -106,7 +112,7 @@ struct JobSpec {
 };
 
 // Calls f(section, key, member) for every field in spec order, section "" for the top-level
-// `name`; member is an int&, int64_t&, double& or std::string& (const when spec is const).
+// `name`; member is a bool&, int&, int64_t&, double& or std::string& (const when spec is const).
 // This is the one table of the schema: the YAML reader, the writer, --set and the JSON output
 // all walk it, so a new field is added here and in its struct, nowhere else.
 template <typename Spec, typename F>
@@ -126,6 +132,7 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("parallelism", "cp_size", p.cp_size);
   f("parallelism", "tp_size", p.tp_size);
   f("parallelism", "cp_comm_strategy", p.cp_comm_strategy);
+  f("parallelism", "fsdp_reshard_after_forward", p.fsdp_reshard_after_forward);
   auto& t = spec.train;
   f("train", "steps", t.steps);
   f("train", "global_batch_size", t.global_batch_size);
@@ -140,6 +147,7 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("train", "eps", t.eps);
   f("train", "seed", t.seed);
   f("train", "precision", t.precision);
+  f("train", "activation_checkpointing", t.activation_checkpointing);
   auto& d = spec.data;
   f("data", "train", d.train);
   f("data", "val", d.val);

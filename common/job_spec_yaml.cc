@@ -187,6 +187,8 @@ std::string DefaultText(std::string_view section, std::string_view key) {
     using T = std::decay_t<decltype(value)>;
     if constexpr (std::is_same_v<T, std::string>) {
       text = value;
+    } else if constexpr (std::is_same_v<T, bool>) {
+      text = value ? "true" : "false";
     } else if constexpr (std::is_floating_point_v<T>) {
       text = FormatDouble(value);
     } else {
@@ -214,6 +216,20 @@ Status ReadValue(const YAML::Node& node, std::string_view section, std::string_v
     return FieldError(path, "expected a string, got " + Describe(node), where,
                       allowed.empty() ? "write a single value, e.g. " + std::string(key) + ": ..."
                                       : "use one of " + JoinQuoted(allowed));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (node.IsScalar()) {
+      const std::string& v = node.Scalar();
+      if (v == "true" || v == "True" || v == "TRUE") {
+        out = true;
+        return OkStatus();
+      }
+      if (v == "false" || v == "False" || v == "FALSE") {
+        out = false;
+        return OkStatus();
+      }
+    }
+    return FieldError(path, "expected true or false, got " + Describe(node), where,
+                      "write " + std::string(key) + ": true or " + std::string(key) + ": false");
   } else {
     constexpr bool kIsInt = std::is_integral_v<T>;
     const std::string expected = kIsInt ? "an integer" : "a number";
@@ -567,7 +583,9 @@ std::string JobSpecToYaml(const JobSpec& spec) {
           }
           out << YAML::Key << std::string(key) << YAML::Value;
           using T = std::decay_t<decltype(value)>;
-          if constexpr (std::is_floating_point_v<T>) {
+          if constexpr (std::is_same_v<T, bool>) {
+            out << (value ? "true" : "false");
+          } else if constexpr (std::is_floating_point_v<T>) {
             out << FormatDouble(value);
           } else {
             out << value;

@@ -57,6 +57,8 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(par.has_cp_size(), par.cp_size(), &s.parallelism.cp_size);
   SetIfPresent(par.has_tp_size(), par.tp_size(), &s.parallelism.tp_size);
   SetIfPresent(par.has_cp_comm_strategy(), par.cp_comm_strategy(), &s.parallelism.cp_comm_strategy);
+  SetIfPresent(par.has_fsdp_reshard_after_forward(), par.fsdp_reshard_after_forward(),
+               &s.parallelism.fsdp_reshard_after_forward);
 
   if (!s.model.init_from.empty()) {
     // Sizes left out are read from init_from's config.json by the engine at rank start; until
@@ -88,6 +90,8 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(t.has_eps(), t.eps(), &s.train.eps);
   SetIfPresent(t.has_seed(), t.seed(), &s.train.seed);
   SetIfPresent(t.has_precision(), t.precision(), &s.train.precision);
+  SetIfPresent(t.has_activation_checkpointing(), t.activation_checkpointing(),
+               &s.train.activation_checkpointing);
 
   const v1::DataSpec& d = p.data();
   SetIfPresent(d.has_train(), d.train(), &s.data.train);
@@ -128,6 +132,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   par->set_cp_size(s.parallelism.cp_size);
   par->set_tp_size(s.parallelism.tp_size);
   par->set_cp_comm_strategy(s.parallelism.cp_comm_strategy);
+  par->set_fsdp_reshard_after_forward(s.parallelism.fsdp_reshard_after_forward);
   v1::TrainSpec* t = p.mutable_train();
   t->set_steps(s.train.steps);
   t->set_global_batch_size(s.train.global_batch_size);
@@ -142,6 +147,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   t->set_eps(s.train.eps);
   t->set_seed(s.train.seed);
   t->set_precision(s.train.precision);
+  t->set_activation_checkpointing(s.train.activation_checkpointing);
   v1::DataSpec* d = p.mutable_data();
   d->set_train(s.data.train);
   d->set_val(s.data.val);

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
+#include <malloc.h>
 #include <new>
 #include <stdexcept>
 
@@ -29,12 +30,76 @@ const char* ScalarTypeName(ScalarType dtype) {
   return "?";
 }
 
+const char* MemoryKindName(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kParameters: return "parameters";
+    case MemoryKind::kGradients: return "gradients";
+    case MemoryKind::kOptimizer: return "optimizer";
+    case MemoryKind::kActivations: return "activations";
+    case MemoryKind::kCommunication: return "communication";
+    case MemoryKind::kOther: return "other";
+  }
+  return "other";
+}
+
+namespace {
+
+thread_local MemoryKind current_kind = MemoryKind::kOther;
+
+// The per-kind ledger of one device type.
+struct Ledger {
+  std::mutex mu;
+  MemoryBreakdown counts;
+  void Add(MemoryKind kind, int64_t bytes) {
+    const int k = static_cast<int>(kind);
+    std::lock_guard<std::mutex> lock(mu);
+    counts.allocated[k] += bytes;
+    if (counts.allocated[k] > counts.peak[k]) counts.peak[k] = counts.allocated[k];
+  }
+};
+
+Ledger& LedgerOf(DeviceType device) {
+  static Ledger* ledgers = new Ledger[2];  // never destroyed (tensors may outlive main)
+  return ledgers[device == DeviceType::kCpu ? 0 : 1];
+}
+
+}  // namespace
+
+MemoryKindScope::MemoryKindScope(MemoryKind kind) : previous_(current_kind) {
+  current_kind = kind;
+}
+MemoryKindScope::~MemoryKindScope() {
+  current_kind = previous_;
+}
+MemoryKind CurrentMemoryKind() {
+  return current_kind;
+}
+
+MemoryBreakdown MemoryBreakdownOf(DeviceType device) {
+  Ledger& l = LedgerOf(device);
+  std::lock_guard<std::mutex> lock(l.mu);
+  return l.counts;
+}
+
+void ResetMemoryBreakdownPeak(DeviceType device) {
+  Ledger& l = LedgerOf(device);
+  std::lock_guard<std::mutex> lock(l.mu);
+  for (int k = 0; k < kNumMemoryKinds; ++k) l.counts.peak[k] = l.counts.allocated[k];
+}
+
 namespace {
 
 // Counts every byte it hands out. Blocks come straight from aligned_alloc: the engine
 // allocates its buffers once per run, so a caching layer would buy nothing on CPU.
 class CountingCpuAllocator final : public Allocator {
  public:
+  CountingCpuAllocator() {
+    // Blocks of 1 MiB and more are mapped and unmapped on their own, so a freed buffer leaves
+    // the process's resident set (glibc would otherwise raise its threshold after the first
+    // free and serve later blocks from a heap that does not shrink): what the counts say is
+    // what the kernel sees.
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  }
   void* Allocate(size_t bytes) override {
     const size_t rounded = (bytes + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
@@ -83,7 +148,9 @@ Allocator& AllocatorFor(Device device) {
 }
 
 Tensor::Storage::~Storage() {
-  if (allocator != nullptr) allocator->Free(ptr, bytes);
+  if (allocator == nullptr) return;
+  allocator->Free(ptr, bytes);
+  LedgerOf(allocator->device().type).Add(kind, -static_cast<int64_t>(bytes));
 }
 
 int64_t Tensor::numel() const {
@@ -101,6 +168,8 @@ Tensor Tensor::Empty(std::vector<int64_t> shape, ScalarType dtype, Device device
   storage->allocator = &AllocatorFor(device);
   storage->bytes = t.nbytes();
   storage->ptr = storage->allocator->Allocate(storage->bytes);
+  storage->kind = current_kind;
+  LedgerOf(device.type).Add(storage->kind, static_cast<int64_t>(storage->bytes));
   t.storage_ = std::move(storage);
   return t;
 }

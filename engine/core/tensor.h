@@ -31,6 +31,37 @@ struct MemoryStats {
   int64_t reserved_bytes = 0;   // bytes held from the system (≥ allocated; caches keep more)
 };
 
+// What a buffer is for: the breakdown of a rank's memory (docs/parallelism.md). Tensors take
+// the kind of the MemoryKindScope open on their thread when they are created.
+enum class MemoryKind { kParameters, kGradients, kOptimizer, kActivations, kCommunication, kOther };
+inline constexpr int kNumMemoryKinds = 6;
+const char* MemoryKindName(MemoryKind kind);  // "parameters", …, "other"
+
+// Live and peak bytes per kind on one device; the peak of each kind is its own high-water mark
+// (the kinds' peaks need not coincide in time).
+struct MemoryBreakdown {
+  int64_t allocated[kNumMemoryKinds] = {};
+  int64_t peak[kNumMemoryKinds] = {};
+};
+
+// Sets the kind of the tensors created on this thread while it lives (nests; restores on exit).
+class MemoryKindScope {
+ public:
+  explicit MemoryKindScope(MemoryKind kind);
+  ~MemoryKindScope();
+  MemoryKindScope(const MemoryKindScope&) = delete;
+  MemoryKindScope& operator=(const MemoryKindScope&) = delete;
+
+ private:
+  MemoryKind previous_;
+};
+MemoryKind CurrentMemoryKind();
+
+// The per-kind counts of every tensor of a device type (process-wide, thread-safe).
+MemoryBreakdown MemoryBreakdownOf(DeviceType device);
+// Starts a new high-water mark for every kind of `device` (at the live bytes).
+void ResetMemoryBreakdownPeak(DeviceType device);
+
 // One allocator per device. Thread-safe. Owned by the process (see CpuAllocator()).
 class Allocator {
  public:
@@ -78,6 +109,7 @@ class Tensor {
     void* ptr = nullptr;
     size_t bytes = 0;
     Allocator* allocator = nullptr;
+    MemoryKind kind = MemoryKind::kOther;
     ~Storage();
   };
   std::vector<int64_t> shape_;

@@ -158,11 +158,24 @@ double InitNormal(uint64_t seed, const std::string& name, int64_t index) {
 }
 
 template <typename T>
-GPT2<T>::GPT2(GPT2Config cfg)
+GPT2<T>::GPT2(GPT2Config cfg, bool own_storage)
     : cfg_(cfg), layout_(GPT2ParamLayout(cfg)), units_(GPT2Units(cfg, layout_)) {
   num_params_ = units_.back().offset + units_.back().padded;
-  params_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>());
-  grads_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>());
+  unit_params_.assign(units_.size(), nullptr);
+  unit_grads_.assign(units_.size(), nullptr);
+  if (!own_storage) return;
+  {
+    MemoryKindScope kind(MemoryKind::kParameters);
+    params_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>());
+  }
+  {
+    MemoryKindScope kind(MemoryKind::kGradients);
+    grads_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>());
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    unit_params_[u] = params_.template data<T>() + units_[u].offset;
+    unit_grads_[u] = grads_.template data<T>() + units_[u].offset;
+  }
 }
 
 template <typename T>
@@ -190,7 +203,7 @@ void GPT2<T>::InitDeterministic(uint64_t seed) {
 
 template <typename T>
 void GPT2<T>::ZeroGrad() {
-  std::memset(grads_data(), 0, sizeof(T) * num_params_);
+  if (owns_storage()) std::memset(grads_data(), 0, sizeof(T) * num_params_);
 }
 
 template <typename T>
@@ -200,6 +213,7 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   const int64_t N = static_cast<int64_t>(B) * T_;
   if (N <= capacity_tokens_) return;
   capacity_tokens_ = static_cast<int>(N);
+  MemoryKindScope kind(MemoryKind::kActivations);
   const int64_t C = cfg_.d_model, V = cfg_.vocab_size, Hl = cfg_.n_head / cfg_.tp_size,
                 Cl = C / cfg_.tp_size, Fl = 4 * C / cfg_.tp_size;
   const ScalarType dt = ScalarTypeOf<T>();
@@ -209,9 +223,8 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   lnf_rstd_ = Tensor::Empty({N}, dt);
   logits_ = Tensor::Empty({N, V}, dt);
   losses_ = Tensor::Empty({N}, dt);
-  acts_.clear();
-  acts_.resize(cfg_.n_layer);
-  for (LayerActs& a : acts_) {
+  // One layer's full set of activations.
+  auto allocate = [&](LayerActs& a) {
     a.ln1 = Tensor::Empty({N, C}, dt);
     a.ln1_mean = Tensor::Empty({N}, dt);
     a.ln1_rstd = Tensor::Empty({N}, dt);
@@ -228,7 +241,38 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
     a.fch = Tensor::Empty({N, Fl}, dt);
     a.fch_gelu = Tensor::Empty({N, Fl}, dt);
     a.res3 = Tensor::Empty({N, C}, dt);
+  };
+  acts_.clear();
+  acts_.resize(cfg_.n_layer);
+  work_ = LayerActs();
+  if (cfg_.recompute == Recompute::kNone) {
+    for (LayerActs& a : acts_) allocate(a);
+  } else {
+    allocate(work_);
+    const bool full = cfg_.recompute == Recompute::kFull;
+    for (LayerActs& a : acts_) {
+      a = work_;  // every tensor a view of the shared set, then the kept ones of its own
+      a.res3 = Tensor::Empty({N, C}, dt);
+      if (full) continue;
+      a.res2 = Tensor::Empty({N, C}, dt);
+      a.q = Tensor::Empty({N, Cl}, dt);
+      a.k = Tensor::Empty({N, Cl}, dt);
+      a.v = Tensor::Empty({N, Cl}, dt);
+      a.fch = Tensor::Empty({N, Fl}, dt);
+    }
+    // Context parallel (allgather): every rank's K and V are gathered again on recompute.
+    const Communicator* cp = par_ != nullptr ? par_->cp : nullptr;
+    if (cp != nullptr && cp->size() > 1 && !par_->cp_ring) {
+      const int64_t all = static_cast<int64_t>(cp->size()) * N * Cl;
+      work_.k_all = Tensor::Empty({all}, dt);
+      work_.v_all = Tensor::Empty({all}, dt);
+      for (LayerActs& a : acts_) {
+        a.k_all = work_.k_all;
+        a.v_all = work_.v_all;
+      }
+    }
   }
+  MemoryKindScope scratch(MemoryKind::kActivations);
   qkv_ = Tensor::Empty({N, 3 * Cl}, dt);
   dres_ = Tensor::Empty({N, C}, dt);
   dln_ = Tensor::Empty({N, C}, dt);
@@ -269,7 +313,7 @@ void BiasBackward(T* dbias, const T* dout, int64_t N, int64_t C) {
   }
 }
 
-enum HookKind { kBeforeForward, kBeforeBackward, kAfterBackward };
+enum HookKind { kBeforeForward, kAfterForward, kBeforeBackward, kAfterBackward };
 
 }  // namespace
 
@@ -278,6 +322,7 @@ Status GPT2<T>::Hook(int which, int unit) {
   if (par_ == nullptr || par_->fsdp == nullptr) return OkStatus();
   switch (which) {
     case kBeforeForward: return par_->fsdp->BeforeForward(unit);
+    case kAfterForward: return par_->fsdp->AfterForward(unit);
     case kBeforeBackward: return par_->fsdp->BeforeBackward(unit);
     default: return par_->fsdp->AfterBackward(unit);
   }
@@ -296,8 +341,7 @@ Status GPT2<T>::TpAllReduce(T* data, int64_t count) {
 template <typename T>
 Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* positions) {
   EnsureActivations(B, Tn);
-  const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model, Cl = C / cfg_.tp_size,
-                V = cfg_.vocab_size, Fl = 4 * C / cfg_.tp_size;
+  const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model, V = cfg_.vocab_size;
   const int L = cfg_.n_layer;
   tokens_.assign(inputs, inputs + N);
   seq_positions_.resize(Tn);
@@ -309,38 +353,10 @@ Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* pos
   T* x = encoded_.template data<T>();
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 0));
   cpu::EmbeddingForward(x, tokens_.data(), positions_.data(), P("wte"), P("wpe"), N, C);
-
   for (int l = 0; l < L; ++l) {
     MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 1 + l));
-    LayerActs& a = acts_[l];
-    const std::string h = "h." + std::to_string(l) + ".";
-    const T* residual = l == 0 ? x : acts_[l - 1].res3.template data<T>();
-    // Attention block: qkv is column parallel (this rank's heads), c_proj row parallel.
-    cpu::LayerNormForward(a.ln1.template data<T>(), a.ln1_mean.template data<T>(),
-                          a.ln1_rstd.template data<T>(), residual, P(h + "ln_1.weight"),
-                          P(h + "ln_1.bias"), N, C, cfg_.ln_eps);
-    cpu::MatmulForward(qkv_.template data<T>(), a.ln1.template data<T>(),
-                       P(h + "attn.c_attn.weight"), P(h + "attn.c_attn.bias"), N, C, 3 * Cl);
-    MESHRUN_RETURN_IF_ERROR(AttentionForward(a));
-    T* attproj = dln_.template data<T>();  // scratch: attproj is not needed for backward
-    cpu::MatmulForward(attproj, a.atty.template data<T>(), P(h + "attn.c_proj.weight"),
-                       static_cast<const T*>(nullptr), N, Cl, C);
-    MESHRUN_RETURN_IF_ERROR(TpAllReduce(attproj, N * C));
-    AddBias(attproj, P(h + "attn.c_proj.bias"), N, C);
-    cpu::ResidualForward(a.res2.template data<T>(), residual, attproj, N * C);
-    // MLP block: c_fc column parallel, c_proj row parallel.
-    cpu::LayerNormForward(a.ln2.template data<T>(), a.ln2_mean.template data<T>(),
-                          a.ln2_rstd.template data<T>(), a.res2.template data<T>(),
-                          P(h + "ln_2.weight"), P(h + "ln_2.bias"), N, C, cfg_.ln_eps);
-    cpu::MatmulForward(a.fch.template data<T>(), a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"),
-                       P(h + "mlp.c_fc.bias"), N, C, Fl);
-    cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
-    T* fcproj = dln_.template data<T>();
-    cpu::MatmulForward(fcproj, a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"),
-                       static_cast<const T*>(nullptr), N, Fl, C);
-    MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
-    AddBias(fcproj, P(h + "mlp.c_proj.bias"), N, C);
-    cpu::ResidualForward(a.res3.template data<T>(), a.res2.template data<T>(), fcproj, N * C);
+    MESHRUN_RETURN_IF_ERROR(BlockForward(l, l == 0 ? x : acts_[l - 1].res3.template data<T>()));
+    MESHRUN_RETURN_IF_ERROR(Hook(kAfterForward, 1 + l));
   }
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, L + 1));
   const T* last = L > 0 ? acts_.back().res3.template data<T>() : x;
@@ -350,6 +366,68 @@ Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* pos
   // LM head tied to the token embedding (replicated over tp).
   cpu::MatmulForward(logits_.template data<T>(), lnf_.template data<T>(), P("wte"),
                      static_cast<const T*>(nullptr), N, C, V);
+  return OkStatus();
+}
+
+template <typename T>
+Status GPT2<T>::BlockForward(int l, const T* residual) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
+                Fl = 4 * C / cfg_.tp_size;
+  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  LayerActs& a = acts_[l];
+  const std::string h = "h." + std::to_string(l) + ".";
+  // Attention block: qkv is column parallel (this rank's heads), c_proj row parallel.
+  cpu::LayerNormForward(a.ln1.template data<T>(), a.ln1_mean.template data<T>(),
+                        a.ln1_rstd.template data<T>(), residual, P(h + "ln_1.weight"),
+                        P(h + "ln_1.bias"), N, C, cfg_.ln_eps);
+  cpu::MatmulForward(qkv_.template data<T>(), a.ln1.template data<T>(),
+                     P(h + "attn.c_attn.weight"), P(h + "attn.c_attn.bias"), N, C, 3 * Cl);
+  MESHRUN_RETURN_IF_ERROR(AttentionForward(a));
+  T* attproj = dln_.template data<T>();  // scratch: attproj is not needed for backward
+  cpu::MatmulForward(attproj, a.atty.template data<T>(), P(h + "attn.c_proj.weight"),
+                     static_cast<const T*>(nullptr), N, Cl, C);
+  MESHRUN_RETURN_IF_ERROR(TpAllReduce(attproj, N * C));
+  AddBias(attproj, P(h + "attn.c_proj.bias"), N, C);
+  cpu::ResidualForward(a.res2.template data<T>(), residual, attproj, N * C);
+  // MLP block: c_fc column parallel, c_proj row parallel.
+  cpu::LayerNormForward(a.ln2.template data<T>(), a.ln2_mean.template data<T>(),
+                        a.ln2_rstd.template data<T>(), a.res2.template data<T>(),
+                        P(h + "ln_2.weight"), P(h + "ln_2.bias"), N, C, cfg_.ln_eps);
+  cpu::MatmulForward(a.fch.template data<T>(), a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"),
+                     P(h + "mlp.c_fc.bias"), N, C, Fl);
+  cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
+  T* fcproj = dln_.template data<T>();
+  cpu::MatmulForward(fcproj, a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"),
+                     static_cast<const T*>(nullptr), N, Fl, C);
+  MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
+  AddBias(fcproj, P(h + "mlp.c_proj.bias"), N, C);
+  cpu::ResidualForward(a.res3.template data<T>(), a.res2.template data<T>(), fcproj, N * C);
+  return OkStatus();
+}
+
+template <typename T>
+Status GPT2<T>::RecomputeBlock(int l, const T* residual) {
+  switch (cfg_.recompute) {
+    case Recompute::kNone: return OkStatus();
+    case Recompute::kFull: {
+      // The kept output is written again with the same values (the same kernels on the same
+      // inputs); the shared tensors now hold this block's activations.
+      return BlockForward(l, residual);
+    }
+    case Recompute::kSelective: break;
+  }
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Fl = 4 * C / cfg_.tp_size;
+  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  LayerActs& a = acts_[l];
+  const std::string h = "h." + std::to_string(l) + ".";
+  cpu::LayerNormForward(a.ln1.template data<T>(), a.ln1_mean.template data<T>(),
+                        a.ln1_rstd.template data<T>(), residual, P(h + "ln_1.weight"),
+                        P(h + "ln_1.bias"), N, C, cfg_.ln_eps);
+  MESHRUN_RETURN_IF_ERROR(AttentionForward(a, /*split_qkv=*/false));
+  cpu::LayerNormForward(a.ln2.template data<T>(), a.ln2_mean.template data<T>(),
+                        a.ln2_rstd.template data<T>(), a.res2.template data<T>(),
+                        P(h + "ln_2.weight"), P(h + "ln_2.bias"), N, C, cfg_.ln_eps);
+  cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
   return OkStatus();
 }
 
@@ -384,8 +462,7 @@ StatusOr<double> GPT2<T>::ForwardBackward(const int32_t* inputs, const int32_t* 
 
 template <typename T>
 Status GPT2<T>::Backward() {
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
-                Fl = 4 * C / cfg_.tp_size, V = cfg_.vocab_size;
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_size;
   const int L = cfg_.n_layer;
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
@@ -394,6 +471,8 @@ Status GPT2<T>::Backward() {
   const T* dlogits = logits_.template data<T>();
 
   // Head (tied) and final LayerNorm: units 0 and L+1 stay gathered from the forward.
+  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 0));
+  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, L + 1));
   Zero<T>(dln_);
   cpu::MatmulBackward(dln, G("wte"), static_cast<T*>(nullptr), dlogits, lnf_.template data<T>(),
                       P("wte"), N, C, V);
@@ -405,45 +484,58 @@ Status GPT2<T>::Backward() {
 
   for (int l = L - 1; l >= 0; --l) {
     MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 1 + l));
-    LayerActs& a = acts_[l];
-    const std::string h = "h." + std::to_string(l) + ".";
     const T* residual = l == 0 ? encoded_.template data<T>() : acts_[l - 1].res3.template data<T>();
-    // MLP block: res3 = res2 + proj(gelu(fc(ln2(res2)))); dres flows to res2 unchanged.
-    BiasBackward(G(h + "mlp.c_proj.bias"), dres, N, C);
-    Zero<T>(dfch_gelu_);
-    cpu::MatmulBackward(dfch_gelu_.template data<T>(), G(h + "mlp.c_proj.weight"),
-                        static_cast<T*>(nullptr), dres, a.fch_gelu.template data<T>(),
-                        P(h + "mlp.c_proj.weight"), N, Fl, C);
-    Zero<T>(dfch_);
-    cpu::GeluBackward(dfch_.template data<T>(), a.fch.template data<T>(),
-                      dfch_gelu_.template data<T>(), N * Fl);
-    Zero<T>(dln_);
-    cpu::MatmulBackward(dln, G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"),
-                        dfch_.template data<T>(), a.ln2.template data<T>(),
-                        P(h + "mlp.c_fc.weight"), N, C, Fl);
-    MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
-    cpu::LayerNormBackward(dres, G(h + "ln_2.weight"), G(h + "ln_2.bias"), dln,
-                           a.res2.template data<T>(), P(h + "ln_2.weight"),
-                           a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), N, C);
-    // Attention block: res2 = residual + proj(attn(qkv(ln1(residual)))).
-    BiasBackward(G(h + "attn.c_proj.bias"), dres, N, C);
-    Zero<T>(datty_);
-    cpu::MatmulBackward(datty_.template data<T>(), G(h + "attn.c_proj.weight"),
-                        static_cast<T*>(nullptr), dres, a.atty.template data<T>(),
-                        P(h + "attn.c_proj.weight"), N, Cl, C);
-    MESHRUN_RETURN_IF_ERROR(AttentionBackward(a));
-    Zero<T>(dln_);
-    cpu::MatmulBackward(dln, G(h + "attn.c_attn.weight"), G(h + "attn.c_attn.bias"),
-                        dqkv_.template data<T>(), a.ln1.template data<T>(),
-                        P(h + "attn.c_attn.weight"), N, C, 3 * Cl);
-    MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
-    cpu::LayerNormBackward(dres, G(h + "ln_1.weight"), G(h + "ln_1.bias"), dln, residual,
-                           P(h + "ln_1.weight"), a.ln1_mean.template data<T>(),
-                           a.ln1_rstd.template data<T>(), N, C);
+    MESHRUN_RETURN_IF_ERROR(RecomputeBlock(l, residual));
+    MESHRUN_RETURN_IF_ERROR(BlockBackward(l, residual));
     MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, 1 + l));
   }
   cpu::EmbeddingBackward(G("wte"), G("wpe"), dres, tokens_.data(), positions_.data(), N, C);
   return Hook(kAfterBackward, 0);
+}
+
+template <typename T>
+Status GPT2<T>::BlockBackward(int l, const T* residual) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
+                Fl = 4 * C / cfg_.tp_size;
+  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
+  T* dres = dres_.template data<T>();
+  T* dln = dln_.template data<T>();
+  LayerActs& a = acts_[l];
+  const std::string h = "h." + std::to_string(l) + ".";
+  // MLP block: res3 = res2 + proj(gelu(fc(ln2(res2)))); dres flows to res2 unchanged.
+  BiasBackward(G(h + "mlp.c_proj.bias"), dres, N, C);
+  Zero<T>(dfch_gelu_);
+  cpu::MatmulBackward(dfch_gelu_.template data<T>(), G(h + "mlp.c_proj.weight"),
+                      static_cast<T*>(nullptr), dres, a.fch_gelu.template data<T>(),
+                      P(h + "mlp.c_proj.weight"), N, Fl, C);
+  Zero<T>(dfch_);
+  cpu::GeluBackward(dfch_.template data<T>(), a.fch.template data<T>(),
+                    dfch_gelu_.template data<T>(), N * Fl);
+  Zero<T>(dln_);
+  cpu::MatmulBackward(dln, G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"),
+                      dfch_.template data<T>(), a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"),
+                      N, C, Fl);
+  MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
+  cpu::LayerNormBackward(dres, G(h + "ln_2.weight"), G(h + "ln_2.bias"), dln,
+                         a.res2.template data<T>(), P(h + "ln_2.weight"),
+                         a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), N, C);
+  // Attention block: res2 = residual + proj(attn(qkv(ln1(residual)))).
+  BiasBackward(G(h + "attn.c_proj.bias"), dres, N, C);
+  Zero<T>(datty_);
+  cpu::MatmulBackward(datty_.template data<T>(), G(h + "attn.c_proj.weight"),
+                      static_cast<T*>(nullptr), dres, a.atty.template data<T>(),
+                      P(h + "attn.c_proj.weight"), N, Cl, C);
+  MESHRUN_RETURN_IF_ERROR(AttentionBackward(a));
+  Zero<T>(dln_);
+  cpu::MatmulBackward(dln, G(h + "attn.c_attn.weight"), G(h + "attn.c_attn.bias"),
+                      dqkv_.template data<T>(), a.ln1.template data<T>(),
+                      P(h + "attn.c_attn.weight"), N, C, 3 * Cl);
+  MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
+  cpu::LayerNormBackward(dres, G(h + "ln_1.weight"), G(h + "ln_1.bias"), dln, residual,
+                         P(h + "ln_1.weight"), a.ln1_mean.template data<T>(),
+                         a.ln1_rstd.template data<T>(), N, C);
+  return OkStatus();
 }
 
 template class GPT2<float>;

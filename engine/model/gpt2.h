@@ -12,6 +12,12 @@
 
 namespace meshrun {
 
+// Activation checkpointing (docs/parallelism.md): what a block keeps from its forward for its
+// backward. kSelective keeps the GEMM outputs (q, k, v, c_fc) and the residual stream and
+// recomputes the LayerNorms, the attention core and GELU; kFull keeps only the block's input
+// and recomputes the whole block (its tp and cp collectives included).
+enum class Recompute { kNone, kSelective, kFull };
+
 struct GPT2Config {
   int vocab_size = 256;
   int n_layer = 2;
@@ -25,6 +31,7 @@ struct GPT2Config {
   // FSDP: each unit's flat parameters are padded to a multiple of fsdp_size (= S·C) so that
   // every rank of the dp_shard_cp group holds an equal slice.
   int fsdp_size = 1;
+  Recompute recompute = Recompute::kNone;
   bool operator==(const GPT2Config&) const = default;
 };
 
@@ -67,13 +74,17 @@ int64_t GlobalIndex(const ParamInfo& p, int64_t i);
 
 class Communicator;
 
-// FSDP's hooks into the step: called by the model before a unit's parameters are used and once
-// a unit's gradients for this micro-batch are complete. Implemented by ShardedState
-// (engine/train/sharding.h).
+// FSDP's hooks into the step, called by a model that does not own its parameters (see
+// GPT2::BindUnit). Forward: BeforeForward(u) before unit u's parameters are read, AfterForward(u)
+// after a block's forward (not for the embedding and final units, which are used again by the
+// head and the backward). Backward: BeforeBackward(u) before unit u's parameters and gradients
+// are used (units 0 and L+1 first, then each block), AfterBackward(u) once its gradients for
+// this micro-batch are complete. Implemented by ShardedState (engine/train/sharding.h).
 class UnitHooks {
  public:
   virtual ~UnitHooks() = default;
   virtual Status BeforeForward(int unit) = 0;
+  virtual Status AfterForward(int unit) = 0;
   virtual Status BeforeBackward(int unit) = 0;
   virtual Status AfterBackward(int unit) = 0;
 };
@@ -95,26 +106,40 @@ double GPT2FlopsPerToken(const GPT2Config& cfg, int seq_len);
 // (seed, name, index), so every mesh starts from the same model.
 double InitNormal(uint64_t seed, const std::string& name, int64_t index);
 
-// A GPT-2 with flat parameter and gradient buffers. Owns its parameters, gradients and
-// activations. Not thread-safe (one per rank; kernels are parallel inside).
+// A GPT-2 whose parameters and gradients are read through one buffer per FSDP unit. With
+// own_storage (one rank, tp, dp_replicate) it owns flat buffers of num_params() elements and
+// every unit points into them; without (FSDP) it owns none, and the UnitHooks bind each unit's
+// transient buffers (BindUnit) while it is in use. Owns its activations. Not thread-safe (one
+// per rank; kernels are parallel inside).
 template <typename T>
 class GPT2 {
  public:
-  explicit GPT2(GPT2Config cfg);
+  explicit GPT2(GPT2Config cfg, bool own_storage = true);
 
   const GPT2Config& config() const { return cfg_; }
   const std::vector<ParamInfo>& params() const { return layout_; }
   const ParamInfo* FindParam(const std::string& name) const;
   int64_t num_params() const { return num_params_; }
-  T* params_data() { return params_.template data<T>(); }
-  T* grads_data() { return grads_.template data<T>(); }
-  T* param(const ParamInfo& p) { return params_data() + p.offset; }
-  T* grad(const ParamInfo& p) { return grads_data() + p.offset; }
+  bool owns_storage() const { return params_.defined(); }
+  // The flat buffers (own_storage only; null otherwise).
+  T* params_data() { return owns_storage() ? params_.template data<T>() : nullptr; }
+  T* grads_data() { return owns_storage() ? grads_.template data<T>() : nullptr; }
+  // p's elements in its unit's current buffers.
+  T* param(const ParamInfo& p) {
+    return unit_params_[p.unit] + (p.offset - units_[p.unit].offset);
+  }
+  T* grad(const ParamInfo& p) { return unit_grads_[p.unit] + (p.offset - units_[p.unit].offset); }
+  // Points unit u at `params` and `grads` (units()[u].padded elements each; null: none now).
+  void BindUnit(int unit, T* params, T* grads) {
+    unit_params_[unit] = params;
+    unit_grads_[unit] = grads;
+  }
 
   const std::vector<UnitInfo>& units() const { return units_; }
 
   // Element i of every parameter from InitNormal(seed, name, global index of i).
   void InitDeterministic(uint64_t seed);
+  // Zeroes the flat gradients (own_storage; otherwise the hooks own the gradients).
   void ZeroGrad();
   // Tensor/context parallel communicators and FSDP hooks (float only); null: single rank.
   void SetParallel(const ModelParallel* parallel) { par_ = parallel; }
@@ -145,8 +170,15 @@ class GPT2 {
   void EnsureActivations(int B, int seq_len);
   double Loss(const int32_t* targets, bool with_grad, double grad_scale);
   Status Backward();
-  // Attention of one layer over local queries and (under cp) every rank's keys.
-  Status AttentionForward(LayerActs& a);
+  // One block's forward from its input `residual` into acts_[l]; its backward from dres_
+  // (the gradient of its output), leaving the gradient of its input in dres_.
+  Status BlockForward(int l, const T* residual);
+  Status BlockBackward(int l, const T* residual);
+  // What activation checkpointing dropped from acts_[l], computed again before its backward.
+  Status RecomputeBlock(int l, const T* residual);
+  // Attention of one layer over local queries and (under cp) every rank's keys; split_qkv
+  // first splits qkv_ into a.q, a.k, a.v (false: they are kept from the forward).
+  Status AttentionForward(LayerActs& a, bool split_qkv = true);
   Status AttentionBackward(LayerActs& a);
   // Sum over the tp group (after row-parallel layers in forward, column-parallel in backward).
   Status TpAllReduce(T* data, int64_t count);
@@ -159,13 +191,15 @@ class GPT2 {
   std::vector<int32_t> k_positions_;           // cp allgather: global positions of gathered keys
   Tensor cp_send_, cp_recv_, cp_kv_, cp_dkv_;  // cp scratch
   int64_t num_params_ = 0;
-  Tensor params_, grads_;
+  Tensor params_, grads_;                     // own_storage only
+  std::vector<T*> unit_params_, unit_grads_;  // per unit: its current buffers
 
   int B_ = 0, T_ = 0, capacity_tokens_ = 0;
   std::vector<int32_t> seq_positions_;  // positions of one sequence's local tokens
   std::vector<int32_t> tokens_, positions_;
   Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
-  std::vector<LayerActs> acts_;
+  std::vector<LayerActs> acts_;  // per layer; what recompute drops are views of work_'s
+  LayerActs work_;               // under recompute: the dropped tensors of one layer
   // Backward scratch.
   Tensor dres_, dln_, dqkv_, dq_, dk_, dv_, datt_, datty_, dfch_, dfch_gelu_, qkv_;
 };

@@ -99,14 +99,17 @@ std::vector<int32_t> CpPositions(int j, int cp_size, int local_len) {
   return pos;
 }
 
-void EnsureSize(Tensor& t, int64_t n, ScalarType dt) {
+// cp's exchange buffers count as communication memory; the gathered K and V as activations.
+void EnsureSize(Tensor& t, int64_t n, ScalarType dt,
+                MemoryKind kind = MemoryKind::kCommunication) {
+  MemoryKindScope scope(kind);
   if (!t.defined() || t.numel() < n) t = Tensor::Empty({n}, dt);
 }
 
 }  // namespace
 
 template <typename T>
-Status GPT2<T>::AttentionForward(LayerActs& a) {
+Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
   const int64_t B = B_, Tn = T_, Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.d_model / cfg_.n_head;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const int32_t* pos = seq_positions_.data();
@@ -115,7 +118,7 @@ Status GPT2<T>::AttentionForward(LayerActs& a) {
   T* v = a.v.template data<T>();
   T* att = a.att.template data<T>();
   T* lse = a.lse.template data<T>();
-  SplitHeads(q, k, v, qkv_.template data<T>(), B, Tn, Hl, D);
+  if (split_qkv) SplitHeads(q, k, v, qkv_.template data<T>(), B, Tn, Hl, D);
   Communicator* cp = nullptr;
   if constexpr (std::is_same_v<T, float>) {
     if (par_ != nullptr && par_->cp != nullptr && par_->cp->size() > 1) cp = par_->cp;
@@ -135,8 +138,8 @@ Status GPT2<T>::AttentionForward(LayerActs& a) {
         k_positions_.insert(k_positions_.end(), pj.begin(), pj.end());
       }
       EnsureSize(cp_kv_, n * count, dt);
-      EnsureSize(a.k_all, n * count, dt);
-      EnsureSize(a.v_all, n * count, dt);
+      EnsureSize(a.k_all, n * count, dt, MemoryKind::kActivations);
+      EnsureSize(a.v_all, n * count, dt, MemoryKind::kActivations);
       for (auto [local, all] : {std::pair{k, &a.k_all}, std::pair{v, &a.v_all}}) {
         MESHRUN_RETURN_IF_ERROR(
             cp->AllGather(local, cp_kv_.template data<T>(), static_cast<size_t>(count), on_cp));
@@ -245,8 +248,8 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
   return OkStatus();
 }
 
-template Status GPT2<float>::AttentionForward(GPT2<float>::LayerActs&);
-template Status GPT2<double>::AttentionForward(GPT2<double>::LayerActs&);
+template Status GPT2<float>::AttentionForward(GPT2<float>::LayerActs&, bool);
+template Status GPT2<double>::AttentionForward(GPT2<double>::LayerActs&, bool);
 template Status GPT2<float>::AttentionBackward(GPT2<float>::LayerActs&);
 template Status GPT2<double>::AttentionBackward(GPT2<double>::LayerActs&);
 

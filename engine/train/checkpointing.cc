@@ -1,8 +1,8 @@
 // Saving and resuming the trainer's state under any mesh (docs/checkpoints.md). Tensors are saved
 // by their global names as boxes of the global tensor: "model/<param>", "optim/exp_avg/<param>",
-// "optim/exp_avg_sq/<param>". One rank per tp shard writes (dp_replicate 0, dp_shard_cp index
-// 0), after gathering its FSDP shards; the others write an empty shard file. Loading reads this
-// rank's boxes from whatever mesh wrote them (resharding), then takes its FSDP shard.
+// "optim/exp_avg_sq/<param>". Every rank of replica 0 writes the boxes of its own shard (no rank
+// gathers anything); loading reads the boxes of this rank's shard from whatever mesh wrote them
+// (resharding).
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -22,17 +22,6 @@ std::string MomentKey(const char* which, const ParamInfo& p) {
   return std::string("optim/") + which + "/" + p.name;
 }
 
-// Rows of p's local tensor before box b (boxes are concatenated along dim 0).
-int64_t ElementsBefore(const ParamInfo& p, size_t b) {
-  int64_t n = 0;
-  for (size_t i = 0; i < b; ++i) {
-    int64_t e = 1;
-    for (int64_t d : p.boxes[i].shape) e *= d;
-    n += e;
-  }
-  return n;
-}
-
 }  // namespace
 
 Status Trainer::WaitForAllRanks(const std::string& key) {
@@ -45,23 +34,24 @@ Status Trainer::WaitForAllRanks(const std::string& key) {
 
 Status Trainer::SaveCheckpoint() {
   const std::string step_dir = StepDir(spec_.checkpoint.dir, step_);
-  const int64_t n = model_->num_params();
-  std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
-  MESHRUN_RETURN_IF_ERROR(shards_->GatherFull(m.data(), v.data()));
-  const bool writer =
-      coords_.dp_replicate == 0 && dims_->IndexInGroup(ctx_.rank, MeshAxis::kDpShardCp) == 0;
+  // Each rank writes the slices it holds, straight from its shard: a replica (dp_replicate > 0)
+  // holds a copy of replica 0's and writes an empty file; tp-replicated tensors come from tp
+  // rank 0 only.
   std::vector<SliceRef> slices;
-  if (writer) {
-    const float* params = model_->params_data();
-    for (const ParamInfo& p : model_->params()) {
-      for (size_t b = 0; b < p.boxes.size(); ++b) {
-        const int64_t at = p.offset + ElementsBefore(p, b);
-        const Box& box = p.boxes[b];
-        slices.push_back({ModelKey(p), p.global_shape, box.offset, box.shape, params + at});
+  if (coords_.dp_replicate == 0) {
+    const float* params = shards_->params();
+    const float* m = shards_->exp_avg();
+    const float* v = shards_->exp_avg_sq();
+    for (const ShardSegment& s : shards_->segments()) {
+      const ParamInfo& p = model_->params()[s.param];
+      if (!p.tp_sharded && coords_.tp != 0) continue;
+      for (const ParamPiece& piece : PiecesOf(p, s.param_first, s.count)) {
+        const int64_t at = s.shard_offset + (piece.local_first - s.param_first);
+        slices.push_back({ModelKey(p), p.global_shape, piece.offset, piece.shape, params + at});
         slices.push_back(
-            {MomentKey("exp_avg", p), p.global_shape, box.offset, box.shape, m.data() + at});
+            {MomentKey("exp_avg", p), p.global_shape, piece.offset, piece.shape, m + at});
         slices.push_back(
-            {MomentKey("exp_avg_sq", p), p.global_shape, box.offset, box.shape, v.data() + at});
+            {MomentKey("exp_avg_sq", p), p.global_shape, piece.offset, piece.shape, v + at});
       }
     }
   }
@@ -85,9 +75,6 @@ Status Trainer::SaveCheckpoint() {
 
 Status Trainer::LoadCheckpoint(const std::string& step_dir) {
   MESHRUN_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
-  const int64_t n = model_->num_params();
-  std::vector<float> m(static_cast<size_t>(n), 0.f), v(static_cast<size_t>(n), 0.f);
-  float* params = model_->params_data();
   for (const ParamInfo& p : model_->params()) {
     MESHRUN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, reader.GlobalShape(ModelKey(p)));
     if (shape != p.global_shape) {
@@ -101,22 +88,31 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
           "; checkpoint.resume=never would start from step 0 but "
           "write into the old run's folder)");
     }
+  }
+  // Only the byte ranges of this rank's shard are read, whatever mesh wrote them.
+  float* params = shards_->params();
+  float* m = shards_->exp_avg();
+  float* v = shards_->exp_avg_sq();
+  for (const ShardSegment& s : shards_->segments()) {
+    const ParamInfo& p = model_->params()[s.param];
     // A checkpoint without optimizer state (e.g. converted weights) starts fresh moments.
     const bool has_moments = reader.HasTensor(MomentKey("exp_avg", p));
-    for (size_t b = 0; b < p.boxes.size(); ++b) {
-      const int64_t at = p.offset + ElementsBefore(p, b);
-      const Box& box = p.boxes[b];
-      MESHRUN_RETURN_IF_ERROR(reader.ReadSlice(ModelKey(p), box.offset, box.shape, params + at));
+    for (const ParamPiece& piece : PiecesOf(p, s.param_first, s.count)) {
+      const int64_t at = s.shard_offset + (piece.local_first - s.param_first);
+      MESHRUN_RETURN_IF_ERROR(reader.ReadSlice(ModelKey(p), piece.offset, piece.shape, params + at));
       if (has_moments) {
         MESHRUN_RETURN_IF_ERROR(
-            reader.ReadSlice(MomentKey("exp_avg", p), box.offset, box.shape, m.data() + at));
+            reader.ReadSlice(MomentKey("exp_avg", p), piece.offset, piece.shape, m + at));
         MESHRUN_RETURN_IF_ERROR(
-            reader.ReadSlice(MomentKey("exp_avg_sq", p), box.offset, box.shape, v.data() + at));
+            reader.ReadSlice(MomentKey("exp_avg_sq", p), piece.offset, piece.shape, v + at));
+      } else {
+        int64_t n = 1;
+        for (int64_t d : piece.shape) n *= d;
+        std::fill(m + at, m + at + n, 0.f);
+        std::fill(v + at, v + at + n, 0.f);
       }
     }
   }
-  shards_->TakeShardOfModel();
-  shards_->ScatterMoments(m.data(), v.data());
   nlohmann::json trainer =
       nlohmann::json::parse(reader.metadata().trainer_json, nullptr, /*allow_exceptions=*/false);
   if (trainer.is_discarded() || !trainer.contains("step") || !trainer["step"].is_number_integer()) {

@@ -15,24 +15,34 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
   const double micro_batches = spec.train.global_batch_size / (R * S * mb);
   std::map<std::string, double> bytes = {
       {"tp", 0}, {"cp", 0}, {"dp_shard", 0}, {"dp_replicate", 0}};
+  // Activation checkpointing runs forward work again in backward: `full` a block's whole
+  // forward (its two tp all-reduces and its cp exchange), `selective` the attention core (its
+  // cp exchange).
+  const std::string& ac = spec.train.activation_checkpointing;
+  const double tp_forward_again = ac == "full" ? 1 : 0;
+  const double cp_forward_again = ac == "none" ? 0 : 1;
 
   // tp: four all-reduces of the activations (mb·Tl·d) per layer and micro-batch (two forward
   // after the row-parallel layers, two backward after the column-parallel ones), plus the
   // 8-byte all-gather of the squared grad norm.
   if (Tp > 1) {
     const double ar = mb * Tl * d * f * 2.0 * (Tp - 1) / Tp;
-    bytes["tp"] = micro_batches * L * 4 * ar + 8.0 * (Tp - 1);
+    bytes["tp"] = micro_batches * L * (4 + 2 * tp_forward_again) * ar + 8.0 * (Tp - 1);
   }
   // cp: one K or V block is mb·(H/Tp)·Tl·(d/H) floats.
   if (C > 1) {
     const double blk = mb * Tl * d / Tp * f;
-    const double per_layer = p.cp_comm_strategy == "ring"
-                                 ? (C - 1) * 2 * blk + (C - 1) * 4 * blk + 2 * blk
-                                 : 4 * blk * (C - 1);
-    bytes["cp"] = micro_batches * L * per_layer;
+    // Forward: the ring passes K and V C−1 times; allgather gathers K and V once. Backward:
+    // the ring passes K, V, dK, dV C−1 times and the accumulators one more hop; allgather
+    // reduce-scatters dK and dV.
+    const bool ring = p.cp_comm_strategy == "ring";
+    const double forward = ring ? (C - 1) * 2 * blk : 2 * blk * (C - 1);
+    const double backward = ring ? (C - 1) * 4 * blk + 2 * blk : 2 * blk * (C - 1);
+    bytes["cp"] = micro_batches * L * (forward * (1 + cp_forward_again) + backward);
   }
   // FSDP over dp_shard_cp (N ranks): per micro-batch every unit is gathered before forward,
-  // the L layer units again before backward, and every unit's gradient is reduce-scattered;
+  // the L layer units again before backward (unless fsdp_reshard_after_forward is false), and
+  // every unit's gradient is reduce-scattered;
   // then the 8-byte all-gather of the squared grad norm.
   GPT2Config cfg;
   cfg.vocab_size = spec.model.vocab_size;
@@ -50,7 +60,8 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
     for (size_t u = 0; u < units.size(); ++u) {
       const bool layer = u > 0 && u + 1 < units.size();
       const double unit_bytes = static_cast<double>(units[u].padded) * f * (N - 1) / N;
-      per_micro += unit_bytes * (layer ? 2 : 1);  // all-gathers
+      const bool again = layer && p.fsdp_reshard_after_forward;
+      per_micro += unit_bytes * (again ? 2 : 1);  // all-gathers
       per_micro += unit_bytes;                    // reduce-scatter
     }
     bytes["dp_shard"] = micro_batches * per_micro + 8.0 * (N - 1);

@@ -17,6 +17,43 @@ bool Active(const Communicator* c) {
 }
 }  // namespace
 
+std::vector<ParamPiece> PiecesOf(const ParamInfo& p, int64_t first, int64_t count) {
+  std::vector<ParamPiece> out;
+  int64_t box_first = 0;  // local element where the current box starts
+  for (const Box& box : p.boxes) {
+    int64_t box_numel = 1;
+    for (int64_t d : box.shape) box_numel *= d;
+    const int64_t lo = std::max(first, box_first), hi = std::min(first + count, box_first + box_numel);
+    if (lo < hi) {
+      const int64_t a = lo - box_first, b = hi - box_first;  // within the box
+      if (box.shape.size() == 1) {
+        out.push_back({{box.offset[0] + a}, {b - a}, lo});
+      } else {
+        const int64_t width = box.shape[1];
+        int64_t row = a / width, col = a % width;
+        const int64_t end_row = b / width, end_col = b % width;
+        auto add = [&](int64_t r, int64_t c, int64_t rows, int64_t cols) {
+          out.push_back({{box.offset[0] + r, box.offset[1] + c},
+                         {rows, cols},
+                         box_first + r * width + c});
+        };
+        if (row == end_row) {
+          add(row, col, 1, end_col - col);
+        } else {
+          if (col > 0) {
+            add(row, col, 1, width - col);
+            ++row;
+          }
+          if (end_row > row) add(row, 0, end_row - row, width);
+          if (end_col > 0) add(end_row, 0, 1, end_col);
+        }
+      }
+    }
+    box_first += box_numel;
+  }
+  return out;
+}
+
 StatusOr<double> SumOverGroup(Communicator* comm, double value, const char* axis) {
   if (!Active(comm)) return value;
   std::vector<double> all(comm->size());
@@ -28,20 +65,27 @@ StatusOr<double> SumOverGroup(Communicator* comm, double value, const char* axis
 }
 
 ShardedState::ShardedState(GPT2<float>* model, Communicator* fsdp, Communicator* replicate,
-                           Communicator* tp)
-    : model_(model), fsdp_(fsdp), replicate_(replicate), tp_(tp) {
+                           Communicator* tp, bool reshard_after_forward)
+    : model_(model),
+      fsdp_(fsdp),
+      replicate_(replicate),
+      tp_(tp),
+      reshard_after_forward_(reshard_after_forward) {
   n_ = Active(fsdp) ? fsdp->size() : 1;
   idx_ = Active(fsdp) ? fsdp->rank() : 0;
   const std::vector<UnitInfo>& units = model_->units();
-  int64_t offset = 0;
+  int64_t offset = 0, largest = 0;
   for (const UnitInfo& u : units) {
     unit_shard_offset_.push_back(offset);
     offset += u.padded / n_;
+    largest = std::max(largest, u.padded / n_);
   }
   size_ = offset;
   const int tp_rank = tp != nullptr ? tp->rank() : 0;
   // Each parameter's elements that fall into this rank's slice of its unit.
-  for (const ParamInfo& p : model_->params()) {
+  const std::vector<ParamInfo>& layout = model_->params();
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const ParamInfo& p = layout[i];
     const UnitInfo& u = units[p.unit];
     const int64_t count = u.padded / n_;
     const int64_t lo = std::max(p.offset - u.offset, idx_ * count);
@@ -50,36 +94,58 @@ ShardedState::ShardedState(GPT2<float>* model, Communicator* fsdp, Communicator*
     ShardSegment s;
     s.shard_offset = ShardOffset(p.unit) + (lo - idx_ * count);
     s.count = hi - lo;
+    s.param = static_cast<int>(i);
+    s.param_first = lo - (p.offset - u.offset);
     s.decay = p.decay;
     s.counts_in_norm = p.tp_sharded || tp_rank == 0;
     segments_.push_back(s);
   }
   if (sharded()) {
-    params_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
-    grads_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
-    scratch_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
+    {
+      MemoryKindScope kind(MemoryKind::kParameters);
+      params_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
+    }
+    {
+      MemoryKindScope kind(MemoryKind::kGradients);
+      grads_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
+    }
+    MemoryKindScope kind(MemoryKind::kCommunication);
+    scratch_ = Tensor::Zeros({largest}, ScalarType::kFloat32);
+    gathered_.resize(units.size());
+    unit_grads_.resize(units.size());
   }
+  MemoryKindScope kind(MemoryKind::kOptimizer);
   m_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
   v_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
 }
 
-void ShardedState::TakeShardOfModel() {
-  if (!sharded()) return;
-  for (size_t u = 0; u < model_->units().size(); ++u) {
-    const UnitInfo& unit = model_->units()[u];
-    const int64_t count = ShardCount(static_cast<int>(u));
-    std::memcpy(params() + ShardOffset(static_cast<int>(u)),
-                model_->params_data() + unit.offset + idx_ * count, sizeof(float) * count);
+void ShardedState::InitDeterministic(uint64_t seed) {
+  if (!sharded()) {
+    model_->InitDeterministic(seed);
+    return;
+  }
+  float* dst = params();
+  for (const ShardSegment& s : segments_) {
+    const ParamInfo& p = model_->params()[s.param];
+    if (p.init_std == 0.0) {
+      std::fill(dst + s.shard_offset, dst + s.shard_offset + s.count,
+                static_cast<float>(p.init_value));
+      continue;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < s.count; ++i) {
+      dst[s.shard_offset + i] = static_cast<float>(
+          p.init_std * InitNormal(seed, p.name, GlobalIndex(p, s.param_first + i)));
+    }
   }
 }
 
-void ShardedState::ScatterMoments(const float* full_m, const float* full_v) {
-  for (size_t u = 0; u < model_->units().size(); ++u) {
-    const UnitInfo& unit = model_->units()[u];
-    const int64_t count = ShardCount(static_cast<int>(u));
-    const int64_t src = unit.offset + idx_ * count, dst = ShardOffset(static_cast<int>(u));
-    std::memcpy(exp_avg() + dst, full_m + src, sizeof(float) * count);
-    std::memcpy(exp_avg_sq() + dst, full_v + src, sizeof(float) * count);
+void ShardedState::TakeShardOf(GPT2<float>& full) {
+  float* dst = params();
+  for (const ShardSegment& s : segments_) {
+    const ParamInfo& p = full.params()[s.param];
+    const float* src = full.param(p) + s.param_first;
+    if (dst + s.shard_offset != src) std::memcpy(dst + s.shard_offset, src, sizeof(float) * s.count);
   }
 }
 
@@ -88,35 +154,85 @@ void ShardedState::ZeroGrad() {
   if (sharded()) std::memset(grads(), 0, sizeof(float) * size_);
 }
 
-void ShardedState::BeginMicroBatch() {
-  // Sharded: the full gradients hold one micro-batch at a time (reduce-scattered after it).
-  if (sharded()) model_->ZeroGrad();
+Tensor ShardedState::Acquire(std::vector<Tensor>& pool, int64_t numel, MemoryKind kind) {
+  // The smallest free buffer that fits; a new one only when none does.
+  size_t best = pool.size();
+  for (size_t i = 0; i < pool.size(); ++i) {
+    if (pool[i].numel() >= numel && (best == pool.size() || pool[i].numel() < pool[best].numel())) {
+      best = i;
+    }
+  }
+  if (best == pool.size()) {
+    MemoryKindScope scope(kind);
+    return Tensor::Empty({numel}, ScalarType::kFloat32);
+  }
+  Tensor t = pool[best];
+  pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(best));
+  return t;
+}
+
+void ShardedState::Release(std::vector<Tensor>& pool, Tensor& buffer) {
+  if (!buffer.defined()) return;
+  pool.push_back(buffer);
+  buffer = Tensor();
+}
+
+void ShardedState::ReleaseParams(int unit) {
+  Release(free_params_, gathered_[unit]);
+  model_->BindUnit(unit, nullptr, unit_grads_[unit].defined() ? unit_grads_[unit].data<float>()
+                                                              : nullptr);
+}
+
+void ShardedState::ReleaseAll() {
+  if (!sharded()) return;
+  for (size_t u = 0; u < gathered_.size(); ++u) {
+    Release(free_params_, gathered_[u]);
+    Release(free_grads_, unit_grads_[u]);
+    model_->BindUnit(static_cast<int>(u), nullptr, nullptr);
+  }
 }
 
 Status ShardedState::Gather(int unit) {
-  if (!sharded()) return OkStatus();
+  if (!sharded() || gathered_[unit].defined()) return OkStatus();
   const UnitInfo& u = model_->units()[unit];
-  return fsdp_->AllGather(params() + ShardOffset(unit), model_->params_data() + u.offset,
-                          static_cast<size_t>(ShardCount(unit)), CallOptions::Axis("dp_shard"));
+  Tensor buffer = Acquire(free_params_, u.padded, MemoryKind::kParameters);
+  MESHRUN_RETURN_IF_ERROR(fsdp_->AllGather(params() + ShardOffset(unit), buffer.data<float>(),
+                                           static_cast<size_t>(ShardCount(unit)),
+                                           CallOptions::Axis("dp_shard")));
+  gathered_[unit] = buffer;
+  model_->BindUnit(unit, buffer.data<float>(),
+                   unit_grads_[unit].defined() ? unit_grads_[unit].data<float>() : nullptr);
+  return OkStatus();
+}
+
+Status ShardedState::AfterForward(int unit) {
+  if (sharded() && reshard_after_forward_) ReleaseParams(unit);
+  return OkStatus();
 }
 
 Status ShardedState::BeforeBackward(int unit) {
-  // The embedding and final-LayerNorm units stay gathered from the forward (they are used at
-  // both its ends); the layers were freed and are gathered again.
-  const int last = static_cast<int>(model_->units().size()) - 1;
-  if (unit == 0 || unit == last) return OkStatus();
-  return Gather(unit);
+  if (!sharded()) return OkStatus();
+  MESHRUN_RETURN_IF_ERROR(Gather(unit));
+  const UnitInfo& u = model_->units()[unit];
+  if (!unit_grads_[unit].defined()) {
+    unit_grads_[unit] = Acquire(free_grads_, u.padded, MemoryKind::kGradients);
+    std::memset(unit_grads_[unit].raw(), 0, sizeof(float) * static_cast<size_t>(u.padded));
+  }
+  model_->BindUnit(unit, gathered_[unit].data<float>(), unit_grads_[unit].data<float>());
+  return OkStatus();
 }
 
 Status ShardedState::AfterBackward(int unit) {
   if (!sharded()) return OkStatus();
-  const UnitInfo& u = model_->units()[unit];
   const int64_t count = ShardCount(unit);
   float* tmp = scratch_.data<float>();
-  MESHRUN_RETURN_IF_ERROR(fsdp_->ReduceScatter(model_->grads_data() + u.offset, tmp,
+  MESHRUN_RETURN_IF_ERROR(fsdp_->ReduceScatter(unit_grads_[unit].data<float>(), tmp,
                                                static_cast<size_t>(count),
                                                CallOptions::Axis("dp_shard")));
   cpu::Accumulate(grads() + ShardOffset(unit), tmp, count);
+  Release(free_grads_, unit_grads_[unit]);
+  Release(free_params_, gathered_[unit]);
+  model_->BindUnit(unit, nullptr, nullptr);
   return OkStatus();
 }
 
@@ -137,6 +253,7 @@ StatusOr<double> ShardedState::GlobalGradNormSquared() {
 }
 
 StatusOr<UpdateResult> ShardedState::ClipAndStep(const TrainSpec& tr, int64_t step) {
+  ReleaseAll();  // nothing gathered may outlive the update (it would be stale)
   UpdateResult r;
   MESHRUN_ASSIGN_OR_RETURN(double norm_sq, GlobalGradNormSquared());
   r.grad_norm = std::sqrt(norm_sq);
@@ -153,27 +270,6 @@ StatusOr<UpdateResult> ShardedState::ClipAndStep(const TrainSpec& tr, int64_t st
                s.decay ? tr.weight_decay : 0.0, step + 1);
   }
   return r;
-}
-
-Status ShardedState::GatherFull(float* full_m, float* full_v) {
-  const CallOptions opts = CallOptions::Axis("checkpoint");
-  for (size_t u = 0; u < model_->units().size(); ++u) {
-    const UnitInfo& unit = model_->units()[u];
-    const int ui = static_cast<int>(u);
-    const size_t count = static_cast<size_t>(ShardCount(ui));
-    if (!sharded()) {
-      std::memcpy(full_m + unit.offset, exp_avg() + ShardOffset(ui), sizeof(float) * count);
-      std::memcpy(full_v + unit.offset, exp_avg_sq() + ShardOffset(ui), sizeof(float) * count);
-      continue;
-    }
-    MESHRUN_RETURN_IF_ERROR(fsdp_->AllGather(params() + ShardOffset(ui),
-                                             model_->params_data() + unit.offset, count, opts));
-    MESHRUN_RETURN_IF_ERROR(
-        fsdp_->AllGather(exp_avg() + ShardOffset(ui), full_m + unit.offset, count, opts));
-    MESHRUN_RETURN_IF_ERROR(
-        fsdp_->AllGather(exp_avg_sq() + ShardOffset(ui), full_v + unit.offset, count, opts));
-  }
-  return OkStatus();
 }
 
 }  // namespace meshrun

@@ -22,17 +22,28 @@ class Communicator;
 struct ShardSegment {
   int64_t shard_offset = 0;  // in the shard buffers
   int64_t count = 0;
+  int param = 0;             // index into the model's params()
+  int64_t param_first = 0;   // the parameter's (tp-local) element at shard_offset
   bool decay = false;          // AdamW weight decay (2+-dim parameters)
   bool counts_in_norm = true;  // false for tp-replicated parameters on tp ranks > 0
 };
 
 // Owns this rank's shard of parameters, gradients and AdamW moments, and implements the FSDP
-// unit hooks the model calls. Not thread-safe; one per rank, owned by the Trainer.
+// unit hooks the model calls (docs/parallelism.md "What a rank holds"). Sharded (a dp_shard_cp
+// group of n > 1), the model owns no full buffers: each unit's parameters are all-gathered
+// into a transient buffer when the model needs them and freed after (after a block's forward,
+// or after its backward with fsdp_reshard_after_forward false), and its full gradients live
+// from its backward until they are reduce-scattered into the shard. The transient buffers come
+// from a small free list, so a step allocates nothing once the first one has run. With n = 1
+// the shard is the model's own flat buffers. Not thread-safe; one per rank, owned by the
+// Trainer.
 class ShardedState final : public UnitHooks {
  public:
   // fsdp: the dp_shard_cp communicator (size S·C), replicate: dp_replicate, tp: the tp group
-  // (only for the grad norm). Any may be null or of size 1.
-  ShardedState(GPT2<float>* model, Communicator* fsdp, Communicator* replicate, Communicator* tp);
+  // (only for the grad norm). Any may be null or of size 1. A sharded model must have been
+  // built without its own storage.
+  ShardedState(GPT2<float>* model, Communicator* fsdp, Communicator* replicate, Communicator* tp,
+               bool reshard_after_forward = true);
 
   bool sharded() const { return n_ > 1; }
   int64_t size() const { return size_; }
@@ -42,30 +53,34 @@ class ShardedState final : public UnitHooks {
   float* exp_avg_sq() { return v_.data<float>(); }
   const std::vector<ShardSegment>& segments() const { return segments_; }
 
-  // Takes this rank's shard of the model's full (tp-local) parameters, e.g. after init or load.
-  void TakeShardOfModel();
-  void ScatterMoments(const float* full_m, const float* full_v);
-  // Start of a step / of a micro-batch.
+  // Element i of every parameter from InitNormal(seed, name, global index of i), computed for
+  // this rank's shard only.
+  void InitDeterministic(uint64_t seed);
+  // Takes this rank's shard of `full`, a model with its own storage and this model's config
+  // (e.g. one loaded from Hugging Face weights).
+  void TakeShardOf(GPT2<float>& full);
+  // Start of a step.
   void ZeroGrad();
-  void BeginMicroBatch();
   // After the last micro-batch: replica gradients all-reduced (summed) over dp_replicate.
   Status FinishGradients();
   // ‖g‖² over the whole model: shards summed over dp_shard_cp and tp.
   StatusOr<double> GlobalGradNormSquared();
   // Clip by the global norm and apply AdamW to the shard (docs/model.md).
   StatusOr<UpdateResult> ClipAndStep(const TrainSpec& train, int64_t step);
-
-  // Full (tp-local) parameters into the model and moments into full_m/full_v (num_params each),
-  // for checkpoints; traffic charged to "checkpoint".
-  Status GatherFull(float* full_m, float* full_v);
+  // Frees every gathered unit (after forwards without a backward, e.g. an evaluation).
+  void ReleaseAll();
 
   // UnitHooks.
   Status BeforeForward(int unit) override { return Gather(unit); }
+  Status AfterForward(int unit) override;
   Status BeforeBackward(int unit) override;
   Status AfterBackward(int unit) override;
 
  private:
   Status Gather(int unit);
+  Tensor Acquire(std::vector<Tensor>& pool, int64_t numel, MemoryKind kind);
+  void Release(std::vector<Tensor>& pool, Tensor& buffer);
+  void ReleaseParams(int unit);
   int64_t ShardOffset(int unit) const { return unit_shard_offset_[unit]; }
   int64_t ShardCount(int unit) const { return model_->units()[unit].padded / n_; }
 
@@ -73,13 +88,31 @@ class ShardedState final : public UnitHooks {
   Communicator* fsdp_;
   Communicator* replicate_;
   Communicator* tp_;
+  bool reshard_after_forward_ = true;
   int n_ = 1;    // FSDP group size
   int idx_ = 0;  // this rank's index in it
   int64_t size_ = 0;
   std::vector<int64_t> unit_shard_offset_;
   std::vector<ShardSegment> segments_;
   Tensor params_, grads_, m_, v_, scratch_;
+  // Sharded: each unit's gathered parameters and full gradients while they exist, and the
+  // free buffers they return to.
+  std::vector<Tensor> gathered_, unit_grads_;
+  std::vector<Tensor> free_params_, free_grads_;
 };
+
+// A run of a parameter's (tp-local) elements as a hyper-rectangle of its global tensor: local
+// elements [local_first, local_first + product(shape)) are the box [offset, offset + shape),
+// row-major. What a checkpoint stores for a shard segment.
+struct ParamPiece {
+  std::vector<int64_t> offset;
+  std::vector<int64_t> shape;
+  int64_t local_first = 0;
+};
+
+// The boxes (at most three per tp box: a partial first row, whole rows, a partial last row) of
+// p's local elements [first, first + count). Parameters have one or two dimensions.
+std::vector<ParamPiece> PiecesOf(const ParamInfo& p, int64_t first, int64_t count);
 
 // Σ of one double over a group, identical and in the same order on every member.
 StatusOr<double> SumOverGroup(Communicator* comm, double value, const char* axis);

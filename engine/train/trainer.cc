@@ -10,6 +10,8 @@
 #include <cstring>
 #include <thread>
 
+#include <sys/resource.h>
+
 #include "engine/comm/communicator.h"
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/model/hf_gpt2.h"
@@ -83,9 +85,16 @@ Status Trainer::Init() {
   cfg.tp_size = dims.tp();
   cfg.tp_rank = coords_.tp;
   cfg.fsdp_size = dims.dp_shard() * dims.cp();
-  model_ = std::make_unique<GPT2<float>>(cfg);
-  shards_ = std::make_unique<ShardedState>(model_.get(), Comm(MeshAxis::kDpShardCp),
-                                           Comm(MeshAxis::kDpReplicate), Comm(MeshAxis::kTp));
+  const std::string& ac = spec_.train.activation_checkpointing;
+  cfg.recompute = ac == "full"        ? Recompute::kFull
+                  : ac == "selective" ? Recompute::kSelective
+                                      : Recompute::kNone;
+  // Under FSDP the model owns no full buffers: its units are gathered when used (sharding.h).
+  const bool fsdp = cfg.fsdp_size > 1;
+  model_ = std::make_unique<GPT2<float>>(cfg, /*own_storage=*/!fsdp);
+  shards_ = std::make_unique<ShardedState>(
+      model_.get(), Comm(MeshAxis::kDpShardCp), Comm(MeshAxis::kDpReplicate),
+      Comm(MeshAxis::kTp), spec_.parallelism.fsdp_reshard_after_forward);
   model_par_.tp = Comm(MeshAxis::kTp);
   model_par_.cp = Comm(MeshAxis::kCp);
   model_par_.cp_ring = spec_.parallelism.cp_comm_strategy == "ring";
@@ -119,11 +128,17 @@ Status Trainer::Init() {
           "model.init_from: loading Hugging Face weights under tp_size > 1 is not built yet "
           "(hint: start with tp_size: 1, checkpoint, and resume under the tp mesh)");
     }
-    MESHRUN_RETURN_IF_ERROR(LoadHuggingFaceGPT2(spec_.model.init_from, model_.get()));
+    if (!fsdp) {
+      MESHRUN_RETURN_IF_ERROR(LoadHuggingFaceGPT2(spec_.model.init_from, model_.get()));
+    } else {
+      // The whole (tp-local) model once, at start, then this rank's shard of it.
+      GPT2<float> full(cfg);
+      MESHRUN_RETURN_IF_ERROR(LoadHuggingFaceGPT2(spec_.model.init_from, &full));
+      shards_->TakeShardOf(full);
+    }
   } else {
-    model_->InitDeterministic(static_cast<uint64_t>(spec_.train.seed));
+    shards_->InitDeterministic(static_cast<uint64_t>(spec_.train.seed));
   }
-  shards_->TakeShardOfModel();
   peak_flops_ = options_.peak_flops > 0 ? options_.peak_flops : MeasureCpuGemmPeakFlops();
   return OkStatus();
 }
@@ -163,7 +178,6 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
     MESHRUN_RETURN_IF_ERROR(
         sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
     LocalTokens(inputs.data(), targets.data(), mb);
-    shards_->BeginMicroBatch();
     MESHRUN_ASSIGN_OR_RETURN(
         double loss, model_->ForwardBackward(local_in_.data(), local_tg_.data(), mb, Tl, grad_scale,
                                              local_pos_.data()));
@@ -218,12 +232,26 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
                                                               rows, Tl, local_pos_.data()));
     loss_sum += loss;
   }
+  shards_->ReleaseAll();
   MESHRUN_ASSIGN_OR_RETURN(double total, SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, "metrics"));
   EvalMetrics out;
   out.step = step_;
   out.tokens = windows * T;
   out.loss = total / static_cast<double>(out.tokens);
   return out;
+}
+
+StatusOr<double> Trainer::MaxOverRanks(double value) {
+  double result = value;
+  for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kDpCp}) {
+    Communicator* comm = Comm(axis);
+    if (comm == nullptr || comm->size() <= 1) continue;
+    std::vector<double> all(comm->size());
+    MESHRUN_RETURN_IF_ERROR(
+        comm->AllGatherBytes(&result, all.data(), sizeof(double), CallOptions::Axis("metrics")));
+    result = *std::max_element(all.begin(), all.end());
+  }
+  return result;
 }
 
 StatusOr<bool> Trainer::StopAgreed() {
@@ -257,6 +285,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   const double world_peak = peak_flops_ * dims_->world_size();
   double total_seconds = 0;
   CpuAllocator().ResetPeak();
+  ResetMemoryBreakdownPeak(DeviceType::kCpu);
   std::shared_ptr<CommStats> stats = ctx_.comms ? ctx_.comms->stats() : nullptr;
   if (stats) stats->Reset();
 
@@ -272,6 +301,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     m.allocated_memory_bytes = mem.allocated_bytes;
     m.peak_memory_bytes = mem.peak_bytes;
     m.reserved_memory_bytes = mem.reserved_bytes;
+    m.memory = MemoryBreakdownOf(DeviceType::kCpu);
     if (stats) m.comm = stats->Snapshot();
     observer->OnStep(m);
     summary.losses.push_back(loss);
@@ -311,6 +341,18 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     MESHRUN_ASSIGN_OR_RETURN(double all, SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, "metrics"));
     summary.comm_bytes[axis] = all / dims_->world_size();
   }
+  // Memory: the largest rank's figures (every rank runs this, in the same order).
+  const MemoryBreakdown mem = MemoryBreakdownOf(DeviceType::kCpu);
+  MESHRUN_ASSIGN_OR_RETURN(double peak, MaxOverRanks(static_cast<double>(summary.peak_memory_bytes)));
+  summary.peak_memory_bytes = static_cast<int64_t>(peak);
+  for (int k = 0; k < kNumMemoryKinds; ++k) {
+    MESHRUN_ASSIGN_OR_RETURN(double kind_peak, MaxOverRanks(static_cast<double>(mem.peak[k])));
+    summary.memory.peak[k] = static_cast<int64_t>(kind_peak);
+  }
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  MESHRUN_ASSIGN_OR_RETURN(double rss, MaxOverRanks(static_cast<double>(usage.ru_maxrss) * 1024));
+  summary.max_rss_bytes = static_cast<int64_t>(rss);
   summary.last_checkpoint = last_checkpoint_;
   return summary;
 }

@@ -35,6 +35,8 @@ struct StepMetrics {
   int64_t allocated_memory_bytes = 0;
   int64_t peak_memory_bytes = 0;
   int64_t reserved_memory_bytes = 0;
+  // Peak bytes of each MemoryKind on this rank since the run started (docs/parallelism.md).
+  MemoryBreakdown memory;
   // This rank's communication by (axis label, op) since its first step: seconds, bus bytes
   // (docs/parallelism.md) and calls; cumulative, like the Prometheus counters they feed.
   std::map<CommStats::Key, CommCounter> comm;
@@ -58,7 +60,11 @@ struct RunSummary {
   bool interrupted = false;    // stopped early by a stop request (SIGINT/SIGTERM)
   double tokens_per_second = 0;
   double mfu = 0;
+  // The maximum over the job's ranks of: the peak of every tensor counted together, the
+  // peak of each kind, and the kernel's high-water mark of the process's resident set.
   int64_t peak_memory_bytes = 0;
+  MemoryBreakdown memory;
+  int64_t max_rss_bytes = 0;
   std::map<std::string, double> comm_bytes;  // per axis, per rank per step
   std::string last_checkpoint;               // step dir of the last checkpoint written
 };
@@ -121,6 +127,8 @@ class Trainer {
   StatusOr<double> Step(StepMetrics* metrics);
   // Whether any rank was asked to stop (the same answer on every rank).
   StatusOr<bool> StopAgreed();
+  // The maximum of `value` over every rank of the job (the same answer on every rank).
+  StatusOr<double> MaxOverRanks(double value);
 
   JobSpec spec_;
   TrainOptions options_;

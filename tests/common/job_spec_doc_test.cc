@@ -70,6 +70,7 @@ std::map<std::string, DocRow> FieldTable(const std::string& doc) {
 
 template <typename T>
 std::string TypeName(std::string_view section, std::string_view key) {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
   if constexpr (std::is_same_v<T, int>) return "int";
   if constexpr (std::is_same_v<T, int64_t>) return "int64";
   if constexpr (std::is_same_v<T, double>) return "float";

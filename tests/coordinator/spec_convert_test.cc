@@ -157,6 +157,8 @@ TEST(SpecConvertTest, EveryFieldHasPresenceAndSetsOnlyItself) {
     ++n;
     if constexpr (std::is_same_v<T, std::string>) {
       value = "x" + std::to_string(n);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      value = !value;
     } else {
       value = value + static_cast<T>(n);
     }
@@ -182,6 +184,8 @@ TEST(SpecConvertTest, EveryFieldHasPresenceAndSetsOnlyItself) {
         using T = std::decay_t<decltype(value)>;
         if constexpr (std::is_same_v<T, std::string>) {
           r->SetString(msg, f, value);
+        } else if constexpr (std::is_same_v<T, bool>) {
+          r->SetBool(msg, f, value);
         } else if constexpr (std::is_floating_point_v<T>) {
           r->SetDouble(msg, f, value);
         } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_INT64) {
