@@ -129,6 +129,9 @@ class GPT2 {
     return unit_params_[p.unit] + (p.offset - units_[p.unit].offset);
   }
   T* grad(const ParamInfo& p) { return unit_grads_[p.unit] + (p.offset - units_[p.unit].offset); }
+  // Unit u's current parameter buffer (null while it is not gathered).
+  const T* unit_params(int unit) const { return unit_params_[unit]; }
+  const T* unit_grads(int unit) const { return unit_grads_[unit]; }
   // Points unit u at `params` and `grads` (units()[u].padded elements each; null: none now).
   void BindUnit(int unit, T* params, T* grads) {
     unit_params_[unit] = params;

@@ -114,13 +114,12 @@ Status LoadHuggingFaceGPT2(const std::string& dir, GPT2<float>* model) {
   return OkStatus();
 }
 
-Status ExportHuggingFaceGPT2(const GPT2Config& cfg, const float* params, const std::string& dir) {
+Status ExportHuggingFaceGPT2(const GPT2Config& cfg, float* params, const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InvalidArgumentError("-o: cannot create " + dir + ": " + ec.message());
   const std::vector<ParamInfo> layout = GPT2ParamLayout(cfg);
-  std::vector<std::vector<float>> transposed;
-  transposed.reserve(layout.size());
+  std::vector<float> tr;  // one tensor's transpose at a time
   std::vector<TensorToWrite> tensors;
   for (const ParamInfo& p : layout) {
     TensorToWrite t;
@@ -130,13 +129,12 @@ Status ExportHuggingFaceGPT2(const GPT2Config& cfg, const float* params, const s
     t.data = params + p.offset;
     if (IsConv1DWeight(p.name)) {
       const int64_t out = p.shape[0], in = p.shape[1];
-      std::vector<float> tr(static_cast<size_t>(p.numel));
+      tr.resize(static_cast<size_t>(p.numel));
       for (int64_t o = 0; o < out; ++o) {
         for (int64_t i = 0; i < in; ++i) tr[i * out + o] = params[p.offset + o * in + i];
       }
-      transposed.push_back(std::move(tr));
+      std::copy(tr.begin(), tr.end(), params + p.offset);
       t.shape = {in, out};
-      t.data = transposed.back().data();
     }
     tensors.push_back(std::move(t));
   }

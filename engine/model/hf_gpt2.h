@@ -19,8 +19,9 @@ StatusOr<GPT2Config> ReadHuggingFaceConfig(const std::string& dir);
 Status LoadHuggingFaceGPT2(const std::string& dir, GPT2<float>* model);
 
 // Writes DIR/model.safetensors and DIR/config.json (created if needed), atomically.
-// `params` holds the model's flat parameters in GPT2ParamLayout(cfg) order.
-Status ExportHuggingFaceGPT2(const GPT2Config& cfg, const float* params, const std::string& dir);
+// `params` holds the model's flat parameters in GPT2ParamLayout(cfg) order; the Conv1D weights
+// are transposed in place, one at a time (peak memory: the model and its largest tensor).
+Status ExportHuggingFaceGPT2(const GPT2Config& cfg, float* params, const std::string& dir);
 
 // The Hugging Face name of an internal parameter name ("h.0.attn.c_attn.weight" →
 // "transformer.h.0.attn.c_attn.weight") and whether its layout is transposed (Conv1D).

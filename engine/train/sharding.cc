@@ -192,6 +192,18 @@ void ShardedState::ReleaseAll() {
   }
 }
 
+size_t ShardedState::parameter_buffers() const {
+  size_t n = free_params_.size();
+  for (const Tensor& t : gathered_) n += t.defined() ? 1 : 0;
+  return n;
+}
+
+size_t ShardedState::gradient_buffers() const {
+  size_t n = free_grads_.size();
+  for (const Tensor& t : unit_grads_) n += t.defined() ? 1 : 0;
+  return n;
+}
+
 Status ShardedState::Gather(int unit) {
   if (!sharded() || gathered_[unit].defined()) return OkStatus();
   const UnitInfo& u = model_->units()[unit];

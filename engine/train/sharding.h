@@ -69,6 +69,10 @@ class ShardedState final : public UnitHooks {
   StatusOr<UpdateResult> ClipAndStep(const TrainSpec& train, int64_t step);
   // Frees every gathered unit (after forwards without a backward, e.g. an evaluation).
   void ReleaseAll();
+  // Transient buffers ever allocated (live or free) for gathered parameters and for full
+  // gradients: what the free lists grew to, i.e. the most units materialised at once.
+  size_t parameter_buffers() const;
+  size_t gradient_buffers() const;
 
   // UnitHooks.
   Status BeforeForward(int unit) override { return Gather(unit); }

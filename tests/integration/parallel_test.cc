@@ -31,23 +31,30 @@ using json = nlohmann::json;
 struct Mesh {
   int R = 1, S = 1, C = 1, T = 1;
   std::string cp_strategy = "allgather";
+  std::string recompute = "none";  // train.activation_checkpointing
+  bool reshard = true;             // parallelism.fsdp_reshard_after_forward
   int world() const { return R * S * C * T; }
   std::string Name() const {
     return "R" + std::to_string(R) + "S" + std::to_string(S) + "C" + std::to_string(C) + "T" +
-           std::to_string(T) + (C > 1 ? "-" + cp_strategy : "");
+           std::to_string(T) + (C > 1 ? "-" + cp_strategy : "") +
+           (recompute != "none" ? "-ac-" + recompute : "") + (reshard ? "" : "-keep");
   }
   std::vector<std::string> Sets() const {
     return {"--set", "parallelism.dp_replicate_size=" + std::to_string(R),
             "--set", "parallelism.dp_shard_size=" + std::to_string(S),
             "--set", "parallelism.cp_size=" + std::to_string(C),
             "--set", "parallelism.tp_size=" + std::to_string(T),
-            "--set", "parallelism.cp_comm_strategy=" + cp_strategy};
+            "--set", "parallelism.cp_comm_strategy=" + cp_strategy,
+            "--set", "train.activation_checkpointing=" + recompute,
+            "--set", std::string("parallelism.fsdp_reshard_after_forward=") +
+                         (reshard ? "true" : "false")};
   }
 };
 
 struct RunResult {
   testing::CliResult cli;
   std::vector<double> losses;
+  std::vector<double> grad_norms;
   json summary;
 };
 
@@ -95,7 +102,10 @@ class ParallelTest : public ::testing::Test {
     for (const std::string& line : testing::Lines(r.cli.out)) {
       json j = json::parse(line, nullptr, false);
       if (j.is_discarded()) continue;
-      if (j["event"] == "step") r.losses.push_back(j["loss"]);
+      if (j["event"] == "step") {
+        r.losses.push_back(j["loss"]);
+        r.grad_norms.push_back(j["grad_norm"]);
+      }
       if (j["event"] == "summary") r.summary = j;
     }
     return r;
@@ -154,8 +164,14 @@ TEST_P(MeshEquivalence, LossesParametersAndBusBytesMatch) {
   RunResult r = Train(mesh, mesh.Name());
   ASSERT_EQ(r.cli.exit_code, 0) << r.cli.err;
   ASSERT_EQ(r.losses.size(), 6u) << r.cli.out;
+  // The loss and the global grad norm of every step (the norm is above train.grad_clip 1.0
+  // in the first steps of tiny.yaml, so clipping is active and checked too).
+  ASSERT_EQ(r.grad_norms.size(), 6u);
+  EXPECT_GT(base.grad_norms[0], 1.0) << "clipping must be active in this test";
   for (size_t k = 0; k < 6; ++k) {
     EXPECT_NEAR(r.losses[k], base.losses[k], 1e-4 * base.losses[k]) << "step " << k + 1;
+    EXPECT_NEAR(r.grad_norms[k], base.grad_norms[k], 1e-4 * base.grad_norms[k])
+        << "grad norm of step " << k + 1;
   }
   ExpectSameParameters(mesh.Name());
 
@@ -174,11 +190,19 @@ TEST_P(MeshEquivalence, LossesParametersAndBusBytesMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryAxisAndTheirCombinations, MeshEquivalence,
-                         ::testing::Values(Mesh{2, 1, 1, 1}, Mesh{1, 2, 1, 1},
-                                           Mesh{1, 1, 2, 1, "allgather"}, Mesh{1, 1, 2, 1, "ring"},
-                                           Mesh{1, 1, 1, 2}, Mesh{1, 2, 1, 2}, Mesh{2, 2, 1, 1},
-                                           Mesh{1, 2, 2, 1}, Mesh{1, 1, 2, 2, "ring"},
-                                           Mesh{2, 1, 2, 2, "allgather"}),
+                         ::testing::Values(
+                             Mesh{2, 1, 1, 1}, Mesh{1, 2, 1, 1}, Mesh{1, 1, 2, 1, "allgather"},
+                             Mesh{1, 1, 2, 1, "ring"}, Mesh{1, 1, 1, 2}, Mesh{1, 2, 1, 2},
+                             Mesh{2, 2, 1, 1}, Mesh{1, 2, 2, 1}, Mesh{1, 1, 2, 2, "ring"},
+                             Mesh{2, 1, 2, 2, "allgather"},
+                             // An axis of 4: with two ranks a ring's neighbours are the same
+                             // rank, so only four can catch a wrong direction.
+                             Mesh{1, 1, 1, 4}, Mesh{1, 4, 1, 1}, Mesh{1, 1, 4, 1, "ring"},
+                             // Activation checkpointing and unit residency.
+                             Mesh{1, 2, 1, 2, "allgather", "full"},
+                             Mesh{1, 1, 2, 2, "ring", "selective"},
+                             Mesh{1, 2, 2, 1, "allgather", "selective"},
+                             Mesh{1, 2, 1, 1, "allgather", "none", false}),
                          [](const ::testing::TestParamInfo<Mesh>& info) {
                            std::string name = info.param.Name();
                            for (char& c : name) {
@@ -198,6 +222,39 @@ TEST_F(ParallelTest, CheckpointFromOneMeshResumesUnderAnother) {
     SCOPED_TRACE(target.Name());
     const std::string dir = "reshard-" + target.Name();
     fs::copy(*temp_ / "reshard-source", *temp_ / dir, fs::copy_options::recursive);
+    RunResult r = Train(target, dir);
+    ASSERT_EQ(r.cli.exit_code, 0) << r.cli.err;
+    EXPECT_NE(r.cli.err.find("resumed from"), std::string::npos) << r.cli.err;
+    ASSERT_EQ(r.losses.size(), 3u) << r.cli.out;
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_NEAR(r.losses[k], base.losses[3 + k], 1e-4 * base.losses[3 + k]) << "step " << k + 4;
+    }
+  }
+}
+
+TEST_F(ParallelTest, ShardedCheckpointHasAQuarterPerRankAndResumesUnderOtherMeshes) {
+  const RunResult& base = Baseline();
+  ASSERT_EQ(base.cli.exit_code, 0) << base.cli.err;
+  RunResult first = Train(Mesh{1, 4, 1, 1}, "sharded-source", {"--stop-after", "3"});
+  ASSERT_EQ(first.cli.exit_code, 0) << first.cli.err;
+  const fs::path step = *temp_ / "sharded-source/step-00000003";
+  // Every rank wrote its own quarter of the state: four files of about a quarter each.
+  std::vector<uintmax_t> sizes;
+  uintmax_t total = 0;
+  for (int r = 0; r < 4; ++r) {
+    const fs::path file = step / ShardFileName(r);
+    ASSERT_TRUE(fs::exists(file)) << file;
+    sizes.push_back(fs::file_size(file));
+    total += sizes.back();
+  }
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_GT(sizes[r], total * 0.20) << "rank " << r;
+    EXPECT_LT(sizes[r], total * 0.30) << "rank " << r;
+  }
+  for (const Mesh& target : {Mesh{2, 1, 1, 2}, Mesh{}}) {
+    SCOPED_TRACE(target.Name());
+    const std::string dir = "sharded-" + target.Name();
+    fs::copy(*temp_ / "sharded-source", *temp_ / dir, fs::copy_options::recursive);
     RunResult r = Train(target, dir);
     ASSERT_EQ(r.cli.exit_code, 0) << r.cli.err;
     EXPECT_NE(r.cli.err.find("resumed from"), std::string::npos) << r.cli.err;

@@ -1,0 +1,153 @@
+// The memory model, buffer by buffer, in the order of engine/model/gpt2.cc (EnsureActivations,
+// the attention's exchange buffers) and engine/train/sharding.cc (shards, the gathered-unit
+// pool). A change to what either allocates belongs here too; bench/memory shows the difference.
+#include "engine/train/memory_model.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "engine/model/gpt2.h"
+
+namespace meshrun {
+
+namespace {
+
+// ShardedState's free list: the smallest free buffer that fits, else a new one. Buffers are
+// never returned to the allocator, so the pool's peak is everything it ever allocated.
+class PoolSimulation {
+ public:
+  // Returns the size of the buffer handed out.
+  int64_t Acquire(int64_t numel) {
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (*it >= numel && (best == free_.end() || *it < *best)) best = it;
+    }
+    if (best == free_.end()) {
+      total_ += numel;
+      return numel;
+    }
+    const int64_t size = *best;
+    free_.erase(best);
+    return size;
+  }
+  void Release(int64_t& buffer) {
+    if (buffer == 0) return;
+    free_.push_back(buffer);
+    buffer = 0;
+  }
+  int64_t total() const { return total_; }
+
+ private:
+  std::vector<int64_t> free_;
+  int64_t total_ = 0;
+};
+
+}  // namespace
+
+MemoryPrediction PredictRankMemory(const JobSpec& spec) {
+  const ParallelismSpec& par = spec.parallelism;
+  const int tp = par.tp_size, cp = par.cp_size, n = par.dp_shard_size * par.cp_size;
+  GPT2Config cfg;
+  cfg.vocab_size = spec.model.vocab_size;
+  cfg.n_layer = spec.model.n_layer;
+  cfg.n_head = spec.model.n_head;
+  cfg.d_model = spec.model.d_model;
+  cfg.max_seq_len = spec.model.seq_len;
+  cfg.tp_size = tp;
+  cfg.fsdp_size = n;
+  const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));
+  const int L = cfg.n_layer;
+  const int64_t f = sizeof(float);
+
+  MemoryPrediction out;
+  auto add = [&](MemoryKind kind, int64_t elements) {
+    out.bytes[static_cast<int>(kind)] += elements * f;
+  };
+
+  // Parameters, gradients, AdamW moments.
+  int64_t total = 0, shard = 0, largest_shard = 0;
+  for (const UnitInfo& u : units) {
+    total += u.padded;
+    shard += u.padded / n;
+    largest_shard = std::max(largest_shard, u.padded / n);
+  }
+  if (n == 1) {
+    add(MemoryKind::kParameters, total);
+    add(MemoryKind::kGradients, total);
+  } else {
+    add(MemoryKind::kParameters, shard);
+    add(MemoryKind::kGradients, shard);
+    add(MemoryKind::kCommunication, largest_shard);  // the reduce-scatter's output
+    // The gathered units of each micro-batch, in the order the model's hooks ask for them.
+    PoolSimulation params, grads;
+    std::vector<int64_t> p_buf(units.size(), 0), g_buf(units.size(), 0);
+    auto gather = [&](size_t u) {
+      if (p_buf[u] == 0) p_buf[u] = params.Acquire(units[u].padded);
+    };
+    auto before_backward = [&](size_t u) {
+      gather(u);
+      if (g_buf[u] == 0) g_buf[u] = grads.Acquire(units[u].padded);
+    };
+    auto after_backward = [&](size_t u) {
+      grads.Release(g_buf[u]);
+      params.Release(p_buf[u]);
+    };
+    const int micro_batches = spec.train.global_batch_size /
+                              (par.dp_replicate_size * par.dp_shard_size *
+                               spec.train.micro_batch_size);
+    for (int m = 0; m < micro_batches; ++m) {
+      gather(0);
+      for (int l = 1; l <= L; ++l) {
+        gather(l);
+        if (par.fsdp_reshard_after_forward) params.Release(p_buf[l]);
+      }
+      gather(L + 1);
+      before_backward(0);
+      before_backward(L + 1);
+      after_backward(L + 1);
+      for (int l = L; l >= 1; --l) {
+        before_backward(l);
+        after_backward(l);
+      }
+      after_backward(0);
+    }
+    add(MemoryKind::kParameters, params.total());
+    add(MemoryKind::kGradients, grads.total());
+  }
+  add(MemoryKind::kOptimizer, 2 * shard);
+
+  // Activations of one micro-batch of this rank's tokens (GPT2::EnsureActivations).
+  const int64_t N = static_cast<int64_t>(spec.train.micro_batch_size) * (spec.model.seq_len / cp);
+  const int64_t C = cfg.d_model, V = cfg.vocab_size, Hl = cfg.n_head / tp, Cl = C / tp,
+                Fl = 4 * C / tp;
+  const int64_t root = N * C * 2 + N * 2 + N * V + N;
+  const int64_t layer = N * C * 4 + N * 4 + N * Cl * 5 + N * Hl + N * Fl * 2;
+  const int64_t scratch = N * Cl * 3 * 2 + N * C * 2 + N * Cl * 5 + N * Fl * 2;
+  const std::string& ac = spec.train.activation_checkpointing;
+  int64_t acts = root + scratch;
+  if (ac == "none") {
+    acts += L * layer;
+  } else {
+    const int64_t kept = ac == "full" ? N * C : N * C * 2 + N * Cl * 3 + N * Fl;
+    acts += layer + L * kept;
+  }
+  // Context parallel: one K or V block is c = N·Cl floats on this rank.
+  const int64_t c = N * Cl;
+  if (cp > 1) {
+    if (par.cp_comm_strategy == "ring") {
+      // Forward: 2c to send, 2c to receive, c + N·Hl for a partial output and its lse; the
+      // backward grows both to 4c (each growth holds the old and the new buffer at once).
+      add(MemoryKind::kCommunication, 10 * c + c + N * Hl);
+    } else {
+      // The gathered K and V (kept per layer, or once under recompute), the gather buffer,
+      // and the backward's gathered dK and dV.
+      acts += (ac == "none" ? L : 1) * 2 * cp * c;
+      add(MemoryKind::kCommunication, cp * c + 2 * cp * c);
+    }
+  }
+  add(MemoryKind::kActivations, acts);
+  for (int k = 0; k < kNumMemoryKinds; ++k) out.peak_bytes += out.bytes[k];
+  return out;
+}
+
+}  // namespace meshrun
