@@ -170,6 +170,13 @@ TEST(JobSpecYamlTest, WrongTypesNameFieldValueAndLine) {
   EXPECT_EQ(ErrorOf(Replace(kBlockSpec, "model:\n  n_head: 4", "model: 5")),
             "model: expected a mapping of fields, got '5' (line 2) (hint: indent the fields "
             "under 'model:', e.g. arch: gpt2)");
+  EXPECT_EQ(ErrorOf(Replace(kBlockSpec, "tp_size: 2", "fsdp_reshard_after_forward: yes")),
+            "parallelism.fsdp_reshard_after_forward: expected true or false, got 'yes' (line 5) "
+            "(hint: write fsdp_reshard_after_forward: true or fsdp_reshard_after_forward: false)");
+  EXPECT_FALSE(MustParse(Replace(kBlockSpec, "tp_size: 2", "fsdp_reshard_after_forward: false"))
+                   .parallelism.fsdp_reshard_after_forward);
+  EXPECT_EQ(ErrorOf(kBlockSpec, {"train.activation_checkpointing=some"}).substr(0, 77),
+            "train.activation_checkpointing: 'some' is not one of 'none', 'selective' or '");
   // Quoted numbers and a leading '+' are accepted; numbers in string fields are strings.
   EXPECT_EQ(MustParse(Replace(kBlockSpec, "steps: 20", "steps: \"30\"")).train.steps, 30);
   EXPECT_EQ(MustParse(Replace(kBlockSpec, "steps: 20", "steps: +30")).train.steps, 30);
@@ -252,6 +259,8 @@ TEST(JobSpecYamlTest, RoundTripsEveryField) {
   odd.train.seed = 9007199254740993;  // not representable as a double
   odd.model.vocab_size = 50257;
   odd.resources.threads = kMaxThreads;  // the largest a spec may ask for
+  odd.parallelism.fsdp_reshard_after_forward = false;
+  odd.train.activation_checkpointing = "selective";
   specs.push_back(odd);
   for (const char* value : {"yes", "true", "123", "1e3", "-", "a: b", " lead", "trail ", "[x]"}) {
     JobSpec s = MustParse(kBlockSpec);
