@@ -1,6 +1,7 @@
 // GPT-2 forward and backward on one rank, in execution order.
 #include "engine/model/gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -221,7 +222,9 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   lnf_ = Tensor::Empty({N, C}, dt);
   lnf_mean_ = Tensor::Empty({N}, dt);
   lnf_rstd_ = Tensor::Empty({N}, dt);
-  logits_ = Tensor::Empty({N, V}, dt);
+  head_rows_ = HeadChunkRows(N, V);
+  head_logits_ = Tensor::Empty({head_rows_, V}, dt);
+  logits_ = Tensor();  // the whole logits only for Forward() (allocated there)
   losses_ = Tensor::Empty({N}, dt);
   // One layer's full set of activations.
   auto allocate = [&](LayerActs& a) {
@@ -340,8 +343,22 @@ Status GPT2<T>::TpAllReduce(T* data, int64_t count) {
 
 template <typename T>
 Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* positions) {
-  EnsureActivations(B, Tn);
+  MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions));
   const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model, V = cfg_.vocab_size;
+  if (!logits_.defined() || logits_.numel() < N * V) {
+    MemoryKindScope kind(MemoryKind::kActivations);
+    logits_ = Tensor::Empty({N, V}, ScalarTypeOf<T>());
+  }
+  // LM head tied to the token embedding (replicated over tp).
+  cpu::MatmulForward(logits_.template data<T>(), lnf_.template data<T>(),
+                     param(*FindParam("wte")), static_cast<const T*>(nullptr), N, C, V);
+  return OkStatus();
+}
+
+template <typename T>
+Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t* positions) {
+  EnsureActivations(B, Tn);
+  const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model;
   const int L = cfg_.n_layer;
   tokens_.assign(inputs, inputs + N);
   seq_positions_.resize(Tn);
@@ -363,9 +380,6 @@ Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* pos
   cpu::LayerNormForward(lnf_.template data<T>(), lnf_mean_.template data<T>(),
                         lnf_rstd_.template data<T>(), last, P("ln_f.weight"), P("ln_f.bias"), N, C,
                         cfg_.ln_eps);
-  // LM head tied to the token embedding (replicated over tp).
-  cpu::MatmulForward(logits_.template data<T>(), lnf_.template data<T>(), P("wte"),
-                     static_cast<const T*>(nullptr), N, C, V);
   return OkStatus();
 }
 
@@ -431,14 +445,32 @@ Status GPT2<T>::RecomputeBlock(int l, const T* residual) {
   return OkStatus();
 }
 
+int64_t HeadChunkRows(int64_t tokens, int64_t vocab) {
+  // 2^23 floats (32 MiB) of logits at a time, or all rows when they fit.
+  return std::max<int64_t>(1, std::min<int64_t>(tokens, (int64_t{1} << 23) / vocab));
+}
+
 template <typename T>
-double GPT2<T>::Loss(const int32_t* targets, bool with_grad, double grad_scale) {
-  const int64_t N = static_cast<int64_t>(B_) * T_;
-  T* logits = logits_.template data<T>();
+double GPT2<T>::HeadLoss(const int32_t* targets, bool with_grad, double grad_scale) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_size;
+  const T* wte = param(*FindParam("wte"));
+  T* dwte = with_grad ? grad(*FindParam("wte")) : nullptr;
   T* losses = losses_.template data<T>();
-  // The fused kernel writes dlogits over the logits when a backward follows.
-  cpu::SoftmaxCrossEntropy(losses, with_grad ? logits : static_cast<T*>(nullptr), logits, targets,
-                           N, cfg_.vocab_size, static_cast<T>(grad_scale));
+  T* logits = head_logits_.template data<T>();
+  const T* lnf = lnf_.template data<T>();
+  if (with_grad) Zero<T>(dln_);
+  // One chunk of rows at a time: logits, cross-entropy (the fused kernel writes dlogits over
+  // the logits), and with a backward to follow, the head's two gradients right away.
+  for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
+    const int64_t rows = std::min(head_rows_, N - r0);
+    cpu::MatmulForward(logits, lnf + r0 * C, wte, static_cast<const T*>(nullptr), rows, C, V);
+    cpu::SoftmaxCrossEntropy(losses + r0, with_grad ? logits : static_cast<T*>(nullptr), logits,
+                             targets + r0, rows, V, static_cast<T>(grad_scale));
+    if (with_grad) {
+      cpu::MatmulBackward(dln_.template data<T>() + r0 * C, dwte, static_cast<T*>(nullptr),
+                          logits, lnf + r0 * C, wte, rows, C, V);
+    }
+  }
   double sum = 0;
   for (int64_t i = 0; i < N; ++i) sum += static_cast<double>(losses[i]);
   return sum;
@@ -447,35 +479,33 @@ double GPT2<T>::Loss(const int32_t* targets, bool with_grad, double grad_scale) 
 template <typename T>
 StatusOr<double> GPT2<T>::ForwardLoss(const int32_t* inputs, const int32_t* targets, int B, int Tn,
                                       const int32_t* positions) {
-  MESHRUN_RETURN_IF_ERROR(Forward(inputs, B, Tn, positions));
-  return Loss(targets, /*with_grad=*/false, 0.0);
+  MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions));
+  return HeadLoss(targets, /*with_grad=*/false, 0.0);
 }
 
 template <typename T>
 StatusOr<double> GPT2<T>::ForwardBackward(const int32_t* inputs, const int32_t* targets, int B,
                                           int Tn, double grad_scale, const int32_t* positions) {
-  MESHRUN_RETURN_IF_ERROR(Forward(inputs, B, Tn, positions));
-  const double loss = Loss(targets, /*with_grad=*/true, grad_scale);
+  MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions));
+  // The head's backward runs with its forward, chunk by chunk: units 0 and L+1 (still gathered
+  // from the forward) get their gradient buffers first.
+  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 0));
+  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, cfg_.n_layer + 1));
+  const double loss = HeadLoss(targets, /*with_grad=*/true, grad_scale);
   MESHRUN_RETURN_IF_ERROR(Backward());
   return loss;
 }
 
 template <typename T>
 Status GPT2<T>::Backward() {
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_size;
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
   const int L = cfg_.n_layer;
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
-  const T* dlogits = logits_.template data<T>();
 
-  // Head (tied) and final LayerNorm: units 0 and L+1 stay gathered from the forward.
-  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 0));
-  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, L + 1));
-  Zero<T>(dln_);
-  cpu::MatmulBackward(dln, G("wte"), static_cast<T*>(nullptr), dlogits, lnf_.template data<T>(),
-                      P("wte"), N, C, V);
+  // The head's backward is done (HeadLoss left the gradient of lnf in dln_); final LayerNorm.
   const T* last = L > 0 ? acts_.back().res3.template data<T>() : encoded_.template data<T>();
   Zero<T>(dres_);
   cpu::LayerNormBackward(dres, G("ln_f.weight"), G("ln_f.bias"), dln, last, P("ln_f.weight"),

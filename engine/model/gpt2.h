@@ -98,6 +98,11 @@ struct ModelParallel {
   UnitHooks* fsdp = nullptr;
 };
 
+// Rows of logits the head computes at once for `tokens` rows of a vocabulary of `vocab`:
+// all of them up to 2^23 floats (32 MiB), fewer beyond (the logits of GPT-2 at 1,024 tokens are
+// 200 MiB otherwise).
+int64_t HeadChunkRows(int64_t tokens, int64_t vocab);
+
 // Model FLOPs per token of docs/model.md: 6·N + 12·n_layer·d_model·seq_len, where N is the
 // parameter count without the position embedding.
 double GPT2FlopsPerToken(const GPT2Config& cfg, int seq_len);
@@ -149,7 +154,8 @@ class GPT2 {
 
   // Forward of B sequences of L tokens each (inputs: B·L token ids). positions: the global
   // position of each of the L tokens (the same for every sequence; context parallel passes
-  // its two chunks); null: 0..L-1. Keeps the activations and logits (B·L·V).
+  // its two chunks); null: 0..L-1. Keeps the activations and the whole logits (B·L·V), which
+  // training and ForwardLoss never hold at once (they compute the head in chunks of rows).
   Status Forward(const int32_t* inputs, int B, int seq_len, const int32_t* positions = nullptr);
   const T* logits() const { return logits_.template data<T>(); }
 
@@ -171,7 +177,12 @@ class GPT2 {
     Tensor k_all, v_all;  // context parallel (allgather): K and V of the whole sequence
   };
   void EnsureActivations(int B, int seq_len);
-  double Loss(const int32_t* targets, bool with_grad, double grad_scale);
+  // Embedding, blocks and the final LayerNorm (everything but the head).
+  Status ForwardTrunk(const int32_t* inputs, int B, int seq_len, const int32_t* positions);
+  // The head and cross-entropy over HeadChunkRows rows at a time; with_grad also leaves the
+  // gradient of the final LayerNorm's output in dln_ and adds the head's to wte's gradient.
+  double HeadLoss(const int32_t* targets, bool with_grad, double grad_scale);
+  // The backward from the final LayerNorm down (after HeadLoss with_grad).
   Status Backward();
   // One block's forward from its input `residual` into acts_[l]; its backward from dres_
   // (the gradient of its output), leaving the gradient of its input in dres_.
@@ -201,6 +212,8 @@ class GPT2 {
   std::vector<int32_t> seq_positions_;  // positions of one sequence's local tokens
   std::vector<int32_t> tokens_, positions_;
   Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  Tensor head_logits_;     // one chunk of the head's logits (then its dlogits)
+  int64_t head_rows_ = 0;  // rows per chunk
   std::vector<LayerActs> acts_;  // per layer; what recompute drops are views of work_'s
   LayerActs work_;               // under recompute: the dropped tensors of one layer
   // Backward scratch.

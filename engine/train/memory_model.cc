@@ -120,7 +120,8 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
   const int64_t N = static_cast<int64_t>(spec.train.micro_batch_size) * (spec.model.seq_len / cp);
   const int64_t C = cfg.d_model, V = cfg.vocab_size, Hl = cfg.n_head / tp, Cl = C / tp,
                 Fl = 4 * C / tp;
-  const int64_t root = N * C * 2 + N * 2 + N * V + N;
+  // The head computes its logits HeadChunkRows rows at a time.
+  const int64_t root = N * C * 2 + N * 2 + HeadChunkRows(N, V) * V + N;
   const int64_t layer = N * C * 4 + N * 4 + N * Cl * 5 + N * Hl + N * Fl * 2;
   const int64_t scratch = N * Cl * 3 * 2 + N * C * 2 + N * Cl * 5 + N * Fl * 2;
   const std::string& ac = spec.train.activation_checkpointing;
