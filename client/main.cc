@@ -5,6 +5,7 @@
 #include "client/command.h"
 #include "client/demo_command.h"
 #include "client/jobs_command.h"
+#include "client/plan_command.h"
 #include "client/submit_command.h"
 #include "client/train_command.h"
 #include "client/up_command.h"
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   meshrun::client::RegisterTrainCommand(app, result);
   meshrun::client::RegisterEvalCommand(app, result);
   meshrun::client::RegisterExportCommand(app, result);
+  meshrun::client::RegisterPlanCommand(app, result);
   meshrun::client::RegisterUpCommand(app, result);
   meshrun::client::RegisterDemoCommand(app, result);
   meshrun::client::RegisterSubmitCommand(app, result);

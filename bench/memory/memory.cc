@@ -40,7 +40,8 @@ std::vector<std::string> Split(const std::string& s) {
 }
 
 // Runs meshrun with `args`, returning its stdout (empty on failure, with stderr shown).
-std::string Run(const fs::path& meshrun, const std::vector<std::string>& args, const fs::path& err) {
+std::string Run(const fs::path& meshrun, const std::vector<std::string>& args,
+                const fs::path& err) {
   std::string command = "OMP_NUM_THREADS=1 timeout 900 '" + meshrun.string() + "'";
   for (const std::string& a : args) command += " '" + a + "'";
   command += " 2>'" + err.string() + "'";
@@ -75,7 +76,7 @@ double MiB(double bytes) {
   return bytes / (1 << 20);
 }
 
-constexpr const char* kKinds[] = {"parameters", "gradients",     "optimizer",
+constexpr const char* kKinds[] = {"parameters",  "gradients",     "optimizer",
                                   "activations", "communication", "other"};
 
 }  // namespace
@@ -102,8 +103,9 @@ int main(int argc, char** argv) {
     } else if (a == "--gpt2-steps") {
       gpt2_steps = std::stoi(next());
     } else {
-      std::fprintf(stderr, "usage: memory [--shards 1,2,4,8] [--modes none,selective,full] "
-                           "[--steps N] [--no-gpt2] [--gpt2-seq T] [--gpt2-steps N]\n");
+      std::fprintf(stderr,
+                   "usage: memory [--shards 1,2,4,8] [--modes none,selective,full] "
+                   "[--steps N] [--no-gpt2] [--gpt2-seq T] [--gpt2-steps N]\n");
       return 2;
     }
   }
@@ -120,16 +122,24 @@ int main(int argc, char** argv) {
   }();
 
   // The model of issue "memory that scales": state dominates (25M parameters, seq 64).
-  const std::vector<std::string> model = {
-      "model.n_layer=8",  "model.d_model=512", "model.n_head=8", "model.seq_len=64",
-      "train.micro_batch_size=1", "train.global_batch_size=8", "resources.threads=1",
-      "checkpoint.every=0", "data.val=", "train.steps=" + std::to_string(steps)};
+  const std::vector<std::string> model = {"model.n_layer=8",
+                                          "model.d_model=512",
+                                          "model.n_head=8",
+                                          "model.seq_len=64",
+                                          "train.micro_batch_size=1",
+                                          "train.global_batch_size=8",
+                                          "resources.threads=1",
+                                          "checkpoint.every=0",
+                                          "data.val=",
+                                          "train.steps=" + std::to_string(steps)};
   json rows = json::array();
-  std::printf("FSDP × activation checkpointing: 8 layers, d_model 512, seq 64, micro batch 1, "
-              "%d steps, one thread per rank; MiB, predicted / measured (max over ranks)\n\n",
-              steps);
-  std::printf("| dp_shard | AC | parameters | gradients | optimizer | activations | "
-              "communication | peak | peak vs dp_shard 1 | max RSS | RSS vs dp_shard 1 |\n");
+  std::printf(
+      "FSDP × activation checkpointing: 8 layers, d_model 512, seq 64, micro batch 1, "
+      "%d steps, one thread per rank; MiB, predicted / measured (max over ranks)\n\n",
+      steps);
+  std::printf(
+      "| dp_shard | AC | parameters | gradients | optimizer | activations | "
+      "communication | peak | peak vs dp_shard 1 | max RSS | RSS vs dp_shard 1 |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::map<std::string, std::pair<double, double>> base;  // mode → (peak, rss) at dp_shard 1
   for (const std::string& mode : modes) {
@@ -145,8 +155,8 @@ int main(int argc, char** argv) {
         return 1;
       }
       const meshrun::MemoryPrediction want = meshrun::PredictRankMemory(*spec);
-      std::vector<std::string> args = {"train", "-f", spec_file.string(), "--nproc",
-                                       std::to_string(s), "-o", "json"};
+      std::vector<std::string> args = {
+          "train", "-f", spec_file.string(), "--nproc", std::to_string(s), "-o", "json"};
       for (const std::string& x : sets) {
         args.push_back("--set");
         args.push_back(x);
@@ -164,7 +174,8 @@ int main(int argc, char** argv) {
         std::printf(" %.1f / %.1f |", MiB(pred), MiB(got));
         row["predicted"][kKinds[k]] = pred;
         row["measured"][kKinds[k]] = got;
-        if (got > 0 || pred > 0) worst = std::max(worst, std::fabs(pred - got) / std::max(got, 1.0));
+        if (got > 0 || pred > 0)
+          worst = std::max(worst, std::fabs(pred - got) / std::max(got, 1.0));
       }
       const auto& b = base.count(mode) ? base[mode] : std::pair<double, double>{0, 0};
       std::printf(" %.1f / %.1f | %s | %.1f | %s |\n", MiB(want.peak_bytes), MiB(peak),
@@ -182,19 +193,25 @@ int main(int argc, char** argv) {
 
   json ac_rows = json::array();
   if (gpt2) {
-    std::printf("\nActivation checkpointing on one rank, GPT-2-small shapes (12 layers, d_model "
-                "768, 12 heads, vocab 50257), seq %d, micro batch 1, %d steps (first dropped)\n\n",
-                gpt2_seq, gpt2_steps);
+    std::printf(
+        "\nActivation checkpointing on one rank, GPT-2-small shapes (12 layers, d_model "
+        "768, 12 heads, vocab 50257), seq %d, micro batch 1, %d steps (first dropped)\n\n",
+        gpt2_seq, gpt2_steps);
     std::printf("| AC | activations MiB (pred / measured) | vs none | step s | vs none |\n");
     std::printf("|---|---|---|---|---|\n");
     double none_acts = 0, none_step = 0;
     for (const std::string& mode : modes) {
-      std::vector<std::string> sets = {
-          "model.n_layer=12", "model.d_model=768", "model.n_head=12",
-          "model.vocab_size=50257", "model.seq_len=" + std::to_string(gpt2_seq),
-          "train.micro_batch_size=1", "train.global_batch_size=1", "data.val=",
-          "train.steps=" + std::to_string(gpt2_steps), "checkpoint.dir=",
-          "train.activation_checkpointing=" + mode};
+      std::vector<std::string> sets = {"model.n_layer=12",
+                                       "model.d_model=768",
+                                       "model.n_head=12",
+                                       "model.vocab_size=50257",
+                                       "model.seq_len=" + std::to_string(gpt2_seq),
+                                       "train.micro_batch_size=1",
+                                       "train.global_batch_size=1",
+                                       "data.val=",
+                                       "train.steps=" + std::to_string(gpt2_steps),
+                                       "checkpoint.dir=",
+                                       "train.activation_checkpointing=" + mode};
       meshrun::StatusOr<meshrun::JobSpec> spec = meshrun::ParseJobSpecYaml(yaml, sets);
       if (!spec.ok()) {
         std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
@@ -207,17 +224,18 @@ int main(int argc, char** argv) {
         args.push_back(x);
       }
       std::vector<double> times;
-      const json summary = LastSummary(Run(meshrun, args, temp / ("gpt2-" + mode + ".err")), &times);
+      const json summary =
+          LastSummary(Run(meshrun, args, temp / ("gpt2-" + mode + ".err")), &times);
       if (summary.is_null() || times.size() < 2) continue;
       double step = 1e30;
       for (size_t i = 1; i < times.size(); ++i) step = std::min(step, times[i]);
       const double acts = summary["memory"]["activations"];
       if (mode == "none") none_acts = acts, none_step = step;
-      std::printf("| %s | %.1f / %.1f | %s | %.2f | %s |\n", mode.c_str(),
-                  MiB(static_cast<double>(want.of(MemoryKind::kActivations))), MiB(acts),
-                  none_acts > 0 ? (std::to_string(acts / none_acts).substr(0, 4) + "×").c_str() : "",
-                  step,
-                  none_step > 0 ? (std::to_string(step / none_step).substr(0, 4) + "×").c_str() : "");
+      std::printf(
+          "| %s | %.1f / %.1f | %s | %.2f | %s |\n", mode.c_str(),
+          MiB(static_cast<double>(want.of(MemoryKind::kActivations))), MiB(acts),
+          none_acts > 0 ? (std::to_string(acts / none_acts).substr(0, 4) + "×").c_str() : "", step,
+          none_step > 0 ? (std::to_string(step / none_step).substr(0, 4) + "×").c_str() : "");
       ac_rows.push_back({{"activation_checkpointing", mode},
                          {"activations_bytes", acts},
                          {"predicted_activations_bytes", want.of(MemoryKind::kActivations)},
@@ -227,6 +245,7 @@ int main(int argc, char** argv) {
   }
   std::error_code ec;
   fs::remove_all(temp, ec);
-  std::printf("\n%s\n", json({{"bench", "memory"}, {"fsdp", rows}, {"recompute", ac_rows}}).dump().c_str());
+  std::printf("\n%s\n",
+              json({{"bench", "memory"}, {"fsdp", rows}, {"recompute", ac_rows}}).dump().c_str());
   return 0;
 }

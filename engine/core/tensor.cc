@@ -1,10 +1,11 @@
 // Tensor storage and the counting CPU allocator.
 #include "engine/core/tensor.h"
 
+#include <malloc.h>
+
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
-#include <malloc.h>
 #include <new>
 #include <stdexcept>
 

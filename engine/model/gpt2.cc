@@ -350,8 +350,8 @@ Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* pos
     logits_ = Tensor::Empty({N, V}, ScalarTypeOf<T>());
   }
   // LM head tied to the token embedding (replicated over tp).
-  cpu::MatmulForward(logits_.template data<T>(), lnf_.template data<T>(),
-                     param(*FindParam("wte")), static_cast<const T*>(nullptr), N, C, V);
+  cpu::MatmulForward(logits_.template data<T>(), lnf_.template data<T>(), param(*FindParam("wte")),
+                     static_cast<const T*>(nullptr), N, C, V);
   return OkStatus();
 }
 
@@ -394,8 +394,8 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
   cpu::LayerNormForward(a.ln1.template data<T>(), a.ln1_mean.template data<T>(),
                         a.ln1_rstd.template data<T>(), residual, P(h + "ln_1.weight"),
                         P(h + "ln_1.bias"), N, C, cfg_.ln_eps);
-  cpu::MatmulForward(qkv_.template data<T>(), a.ln1.template data<T>(),
-                     P(h + "attn.c_attn.weight"), P(h + "attn.c_attn.bias"), N, C, 3 * Cl);
+  cpu::MatmulForward(qkv_.template data<T>(), a.ln1.template data<T>(), P(h + "attn.c_attn.weight"),
+                     P(h + "attn.c_attn.bias"), N, C, 3 * Cl);
   MESHRUN_RETURN_IF_ERROR(AttentionForward(a));
   T* attproj = dln_.template data<T>();  // scratch: attproj is not needed for backward
   cpu::MatmulForward(attproj, a.atty.template data<T>(), P(h + "attn.c_proj.weight"),
@@ -467,8 +467,8 @@ double GPT2<T>::HeadLoss(const int32_t* targets, bool with_grad, double grad_sca
     cpu::SoftmaxCrossEntropy(losses + r0, with_grad ? logits : static_cast<T*>(nullptr), logits,
                              targets + r0, rows, V, static_cast<T>(grad_scale));
     if (with_grad) {
-      cpu::MatmulBackward(dln_.template data<T>() + r0 * C, dwte, static_cast<T*>(nullptr),
-                          logits, lnf + r0 * C, wte, rows, C, V);
+      cpu::MatmulBackward(dln_.template data<T>() + r0 * C, dwte, static_cast<T*>(nullptr), logits,
+                          lnf + r0 * C, wte, rows, C, V);
     }
   }
   double sum = 0;

@@ -130,9 +130,7 @@ class GPT2 {
   T* params_data() { return owns_storage() ? params_.template data<T>() : nullptr; }
   T* grads_data() { return owns_storage() ? grads_.template data<T>() : nullptr; }
   // p's elements in its unit's current buffers.
-  T* param(const ParamInfo& p) {
-    return unit_params_[p.unit] + (p.offset - units_[p.unit].offset);
-  }
+  T* param(const ParamInfo& p) { return unit_params_[p.unit] + (p.offset - units_[p.unit].offset); }
   T* grad(const ParamInfo& p) { return unit_grads_[p.unit] + (p.offset - units_[p.unit].offset); }
   // Unit u's current parameter buffer (null while it is not gathered).
   const T* unit_params(int unit) const { return unit_params_[unit]; }
@@ -212,8 +210,8 @@ class GPT2 {
   std::vector<int32_t> seq_positions_;  // positions of one sequence's local tokens
   std::vector<int32_t> tokens_, positions_;
   Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
-  Tensor head_logits_;     // one chunk of the head's logits (then its dlogits)
-  int64_t head_rows_ = 0;  // rows per chunk
+  Tensor head_logits_;           // one chunk of the head's logits (then its dlogits)
+  int64_t head_rows_ = 0;        // rows per chunk
   std::vector<LayerActs> acts_;  // per layer; what recompute drops are views of work_'s
   LayerActs work_;               // under recompute: the dropped tensors of one layer
   // Backward scratch.

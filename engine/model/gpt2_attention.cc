@@ -100,8 +100,7 @@ std::vector<int32_t> CpPositions(int j, int cp_size, int local_len) {
 }
 
 // cp's exchange buffers count as communication memory; the gathered K and V as activations.
-void EnsureSize(Tensor& t, int64_t n, ScalarType dt,
-                MemoryKind kind = MemoryKind::kCommunication) {
+void EnsureSize(Tensor& t, int64_t n, ScalarType dt, MemoryKind kind = MemoryKind::kCommunication) {
   MemoryKindScope scope(kind);
   if (!t.defined() || t.numel() < n) t = Tensor::Empty({n}, dt);
 }

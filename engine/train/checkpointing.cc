@@ -99,7 +99,8 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
     const bool has_moments = reader.HasTensor(MomentKey("exp_avg", p));
     for (const ParamPiece& piece : PiecesOf(p, s.param_first, s.count)) {
       const int64_t at = s.shard_offset + (piece.local_first - s.param_first);
-      MESHRUN_RETURN_IF_ERROR(reader.ReadSlice(ModelKey(p), piece.offset, piece.shape, params + at));
+      MESHRUN_RETURN_IF_ERROR(
+          reader.ReadSlice(ModelKey(p), piece.offset, piece.shape, params + at));
       if (has_moments) {
         MESHRUN_RETURN_IF_ERROR(
             reader.ReadSlice(MomentKey("exp_avg", p), piece.offset, piece.shape, m + at));

@@ -92,9 +92,9 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
       grads.Release(g_buf[u]);
       params.Release(p_buf[u]);
     };
-    const int micro_batches = spec.train.global_batch_size /
-                              (par.dp_replicate_size * par.dp_shard_size *
-                               spec.train.micro_batch_size);
+    const int micro_batches =
+        spec.train.global_batch_size /
+        (par.dp_replicate_size * par.dp_shard_size * spec.train.micro_batch_size);
     for (int m = 0; m < micro_batches; ++m) {
       gather(0);
       for (int l = 1; l <= L; ++l) {

@@ -23,7 +23,8 @@ std::vector<ParamPiece> PiecesOf(const ParamInfo& p, int64_t first, int64_t coun
   for (const Box& box : p.boxes) {
     int64_t box_numel = 1;
     for (int64_t d : box.shape) box_numel *= d;
-    const int64_t lo = std::max(first, box_first), hi = std::min(first + count, box_first + box_numel);
+    const int64_t lo = std::max(first, box_first),
+                  hi = std::min(first + count, box_first + box_numel);
     if (lo < hi) {
       const int64_t a = lo - box_first, b = hi - box_first;  // within the box
       if (box.shape.size() == 1) {
@@ -33,9 +34,8 @@ std::vector<ParamPiece> PiecesOf(const ParamInfo& p, int64_t first, int64_t coun
         int64_t row = a / width, col = a % width;
         const int64_t end_row = b / width, end_col = b % width;
         auto add = [&](int64_t r, int64_t c, int64_t rows, int64_t cols) {
-          out.push_back({{box.offset[0] + r, box.offset[1] + c},
-                         {rows, cols},
-                         box_first + r * width + c});
+          out.push_back(
+              {{box.offset[0] + r, box.offset[1] + c}, {rows, cols}, box_first + r * width + c});
         };
         if (row == end_row) {
           add(row, col, 1, end_col - col);
@@ -145,7 +145,8 @@ void ShardedState::TakeShardOf(GPT2<float>& full) {
   for (const ShardSegment& s : segments_) {
     const ParamInfo& p = full.params()[s.param];
     const float* src = full.param(p) + s.param_first;
-    if (dst + s.shard_offset != src) std::memcpy(dst + s.shard_offset, src, sizeof(float) * s.count);
+    if (dst + s.shard_offset != src)
+      std::memcpy(dst + s.shard_offset, src, sizeof(float) * s.count);
   }
 }
 
@@ -179,8 +180,8 @@ void ShardedState::Release(std::vector<Tensor>& pool, Tensor& buffer) {
 
 void ShardedState::ReleaseParams(int unit) {
   Release(free_params_, gathered_[unit]);
-  model_->BindUnit(unit, nullptr, unit_grads_[unit].defined() ? unit_grads_[unit].data<float>()
-                                                              : nullptr);
+  model_->BindUnit(unit, nullptr,
+                   unit_grads_[unit].defined() ? unit_grads_[unit].data<float>() : nullptr);
 }
 
 void ShardedState::ReleaseAll() {

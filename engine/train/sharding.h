@@ -22,8 +22,8 @@ class Communicator;
 struct ShardSegment {
   int64_t shard_offset = 0;  // in the shard buffers
   int64_t count = 0;
-  int param = 0;             // index into the model's params()
-  int64_t param_first = 0;   // the parameter's (tp-local) element at shard_offset
+  int param = 0;               // index into the model's params()
+  int64_t param_first = 0;     // the parameter's (tp-local) element at shard_offset
   bool decay = false;          // AdamW weight decay (2+-dim parameters)
   bool counts_in_norm = true;  // false for tp-replicated parameters on tp ranks > 0
 };

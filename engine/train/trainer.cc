@@ -4,13 +4,13 @@
 // FSDP over dp_shard_cp and replication over dp_replicate (ShardedState).
 #include "engine/train/trainer.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <thread>
-
-#include <sys/resource.h>
 
 #include "engine/comm/communicator.h"
 #include "engine/kernels/cpu/kernels.h"
@@ -92,9 +92,9 @@ Status Trainer::Init() {
   // Under FSDP the model owns no full buffers: its units are gathered when used (sharding.h).
   const bool fsdp = cfg.fsdp_size > 1;
   model_ = std::make_unique<GPT2<float>>(cfg, /*own_storage=*/!fsdp);
-  shards_ = std::make_unique<ShardedState>(
-      model_.get(), Comm(MeshAxis::kDpShardCp), Comm(MeshAxis::kDpReplicate),
-      Comm(MeshAxis::kTp), spec_.parallelism.fsdp_reshard_after_forward);
+  shards_ = std::make_unique<ShardedState>(model_.get(), Comm(MeshAxis::kDpShardCp),
+                                           Comm(MeshAxis::kDpReplicate), Comm(MeshAxis::kTp),
+                                           spec_.parallelism.fsdp_reshard_after_forward);
   model_par_.tp = Comm(MeshAxis::kTp);
   model_par_.cp = Comm(MeshAxis::kCp);
   model_par_.cp_ring = spec_.parallelism.cp_comm_strategy == "ring";
@@ -343,7 +343,8 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   }
   // Memory: the largest rank's figures (every rank runs this, in the same order).
   const MemoryBreakdown mem = MemoryBreakdownOf(DeviceType::kCpu);
-  MESHRUN_ASSIGN_OR_RETURN(double peak, MaxOverRanks(static_cast<double>(summary.peak_memory_bytes)));
+  MESHRUN_ASSIGN_OR_RETURN(double peak,
+                           MaxOverRanks(static_cast<double>(summary.peak_memory_bytes)));
   summary.peak_memory_bytes = static_cast<int64_t>(peak);
   for (int k = 0; k < kNumMemoryKinds; ++k) {
     MESHRUN_ASSIGN_OR_RETURN(double kind_peak, MaxOverRanks(static_cast<double>(mem.peak[k])));

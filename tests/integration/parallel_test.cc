@@ -40,14 +40,20 @@ struct Mesh {
            (recompute != "none" ? "-ac-" + recompute : "") + (reshard ? "" : "-keep");
   }
   std::vector<std::string> Sets() const {
-    return {"--set", "parallelism.dp_replicate_size=" + std::to_string(R),
-            "--set", "parallelism.dp_shard_size=" + std::to_string(S),
-            "--set", "parallelism.cp_size=" + std::to_string(C),
-            "--set", "parallelism.tp_size=" + std::to_string(T),
-            "--set", "parallelism.cp_comm_strategy=" + cp_strategy,
-            "--set", "train.activation_checkpointing=" + recompute,
-            "--set", std::string("parallelism.fsdp_reshard_after_forward=") +
-                         (reshard ? "true" : "false")};
+    return {"--set",
+            "parallelism.dp_replicate_size=" + std::to_string(R),
+            "--set",
+            "parallelism.dp_shard_size=" + std::to_string(S),
+            "--set",
+            "parallelism.cp_size=" + std::to_string(C),
+            "--set",
+            "parallelism.tp_size=" + std::to_string(T),
+            "--set",
+            "parallelism.cp_comm_strategy=" + cp_strategy,
+            "--set",
+            "train.activation_checkpointing=" + recompute,
+            "--set",
+            std::string("parallelism.fsdp_reshard_after_forward=") + (reshard ? "true" : "false")};
   }
 };
 
@@ -189,27 +195,26 @@ TEST_P(MeshEquivalence, LossesParametersAndBusBytesMatch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryAxisAndTheirCombinations, MeshEquivalence,
-                         ::testing::Values(
-                             Mesh{2, 1, 1, 1}, Mesh{1, 2, 1, 1}, Mesh{1, 1, 2, 1, "allgather"},
-                             Mesh{1, 1, 2, 1, "ring"}, Mesh{1, 1, 1, 2}, Mesh{1, 2, 1, 2},
-                             Mesh{2, 2, 1, 1}, Mesh{1, 2, 2, 1}, Mesh{1, 1, 2, 2, "ring"},
-                             Mesh{2, 1, 2, 2, "allgather"},
-                             // An axis of 4: with two ranks a ring's neighbours are the same
-                             // rank, so only four can catch a wrong direction.
-                             Mesh{1, 1, 1, 4}, Mesh{1, 4, 1, 1}, Mesh{1, 1, 4, 1, "ring"},
-                             // Activation checkpointing and unit residency.
-                             Mesh{1, 2, 1, 2, "allgather", "full"},
-                             Mesh{1, 1, 2, 2, "ring", "selective"},
-                             Mesh{1, 2, 2, 1, "allgather", "selective"},
-                             Mesh{1, 2, 1, 1, "allgather", "none", false}),
-                         [](const ::testing::TestParamInfo<Mesh>& info) {
-                           std::string name = info.param.Name();
-                           for (char& c : name) {
-                             if (c == '-') c = '_';
-                           }
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    EveryAxisAndTheirCombinations, MeshEquivalence,
+    ::testing::Values(Mesh{2, 1, 1, 1}, Mesh{1, 2, 1, 1}, Mesh{1, 1, 2, 1, "allgather"},
+                      Mesh{1, 1, 2, 1, "ring"}, Mesh{1, 1, 1, 2}, Mesh{1, 2, 1, 2},
+                      Mesh{2, 2, 1, 1}, Mesh{1, 2, 2, 1}, Mesh{1, 1, 2, 2, "ring"},
+                      Mesh{2, 1, 2, 2, "allgather"},
+                      // An axis of 4: with two ranks a ring's neighbours are the same
+                      // rank, so only four can catch a wrong direction.
+                      Mesh{1, 1, 1, 4}, Mesh{1, 4, 1, 1}, Mesh{1, 1, 4, 1, "ring"},
+                      // Activation checkpointing and unit residency.
+                      Mesh{1, 2, 1, 2, "allgather", "full"}, Mesh{1, 1, 2, 2, "ring", "selective"},
+                      Mesh{1, 2, 2, 1, "allgather", "selective"},
+                      Mesh{1, 2, 1, 1, "allgather", "none", false}),
+    [](const ::testing::TestParamInfo<Mesh>& info) {
+      std::string name = info.param.Name();
+      for (char& c : name) {
+        if (c == '-') c = '_';
+      }
+      return name;
+    });
 
 TEST_F(ParallelTest, CheckpointFromOneMeshResumesUnderAnother) {
   const RunResult& base = Baseline();

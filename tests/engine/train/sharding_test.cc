@@ -119,8 +119,8 @@ std::vector<RankResult> RunSharded(int n, bool reshard, const Batch& batch, int 
       model.SetParallel(&par);
       state.ZeroGrad();
       // Every rank runs the same batch, so the mean over the group is the one-rank gradient.
-      StatusOr<double> loss = model.ForwardBackward(batch.inputs.data(), batch.targets.data(), B,
-                                                    T, 1.0 / (static_cast<double>(n) * B * T));
+      StatusOr<double> loss = model.ForwardBackward(batch.inputs.data(), batch.targets.data(), B, T,
+                                                    1.0 / (static_cast<double>(n) * B * T));
       out.status = loss.status();
       if (!loss.ok()) return;
       out.loss = *loss;

@@ -1,0 +1,162 @@
+// `meshrun plan`: the planner's rows as a table (the first --top of them) or as JSON (all).
+#include "client/plan_command.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/command.h"
+#include "common/job_spec_yaml.h"
+#include "engine/kernels/cpu/kernels.h"
+#include "engine/train/planner.h"
+#include "engine/train/trainer.h"
+
+namespace meshrun::client {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct PlanOptions {
+  std::string file;
+  std::vector<std::string> overrides;
+  int nodes = 1, per_node = 1, top = 20;
+  std::string device = "cpu";
+  double memory_gib = 0, tflops = 0, intra_gbps = 0, inter_gbps = 0;
+  std::string output = "text";
+};
+
+// This host's memory (MemTotal) in bytes; 0 when unknown.
+double HostMemoryBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemTotal:") return kib * 1024;
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+json MemoryJson(const MemoryPrediction& m) {
+  json out = json::object();
+  for (int k = 0; k < kNumMemoryKinds; ++k) {
+    out[MemoryKindName(static_cast<MemoryKind>(k))] = m.bytes[k];
+  }
+  return out;
+}
+
+int RunPlan(const PlanOptions& o) {
+  StatusOr<JobSpec> spec = LoadJobSpecFile(o.file, o.overrides);
+  if (!spec.ok()) return ReportError(spec.status());
+  StatusOr<DeviceProfile> device = DeviceProfileNamed(o.device);
+  if (!device.ok()) return ReportError(InvalidArgumentError(device.status().message()));
+  ClusterShape cluster;
+  cluster.nodes = o.nodes;
+  cluster.per_node = o.per_node;
+  cluster.device = *device;
+  if (o.device == "cpu") {
+    // This host, shared by the ranks of a node: its memory and its measured GEMM rate.
+    const int cores = std::max(1u, std::thread::hardware_concurrency());
+    const int threads = std::max(1, cores / o.per_node);
+    cpu::SetNumThreads(threads);
+    cluster.device.memory_bytes = HostMemoryBytes() / o.per_node;
+    cluster.device.flops = MeasureCpuGemmPeakFlops();
+  }
+  if (o.memory_gib > 0) cluster.device.memory_bytes = o.memory_gib * 1024 * 1024 * 1024;
+  if (o.tflops > 0) cluster.device.flops = o.tflops * 1e12;
+  if (o.intra_gbps > 0) cluster.device.intra_node_bw = o.intra_gbps * 1e9;
+  if (o.inter_gbps > 0) cluster.device.inter_node_bw = o.inter_gbps * 1e9;
+  StatusOr<std::vector<PlanRow>> rows = Plan(*spec, cluster);
+  if (!rows.ok()) return ReportError(rows.status());
+  if (rows->empty()) {
+    return ReportError(InvalidArgumentError(
+        "--nodes/--per-node: no mesh of " + std::to_string(cluster.world()) +
+        " ranks is valid for this job (hint: the world size must divide the job's batch, heads "
+        "and sequence as docs/job-spec.md says; try a world size that divides "
+        "train.global_batch_size)"));
+  }
+  if (o.output == "json") {
+    json out = json::array();
+    for (const PlanRow& r : *rows) {
+      const ParallelismSpec& p = r.spec.parallelism;
+      out.push_back({{"mesh",
+                      {{"dp_replicate", p.dp_replicate_size},
+                       {"dp_shard", p.dp_shard_size},
+                       {"cp", p.cp_size},
+                       {"tp", p.tp_size}}},
+                     {"cp_comm_strategy", p.cp_comm_strategy},
+                     {"activation_checkpointing", r.spec.train.activation_checkpointing},
+                     {"fsdp_reshard_after_forward", p.fsdp_reshard_after_forward},
+                     {"fits", r.fits},
+                     {"reason", r.reason},
+                     {"peak_memory_bytes", r.memory.peak_bytes},
+                     {"memory", MemoryJson(r.memory)},
+                     {"step_seconds", r.step_seconds},
+                     {"tokens_per_second", r.tokens_per_second},
+                     {"mfu", r.mfu},
+                     {"comm_seconds", r.comm_seconds}});
+    }
+    std::printf("%s\n", out.dump().c_str());
+    return kExitOk;
+  }
+  std::printf(
+      "%d node(s) × %d rank(s) of %s: %.1f GiB, %.3g TFLOP/s per rank; %zu configurations\n\n",
+      o.nodes, o.per_node, cluster.device.name.c_str(),
+      cluster.device.memory_bytes / (1024.0 * 1024 * 1024), cluster.device.flops / 1e12,
+      rows->size());
+  std::printf("%4s %12s %8s %3s %3s %9s %9s %7s %9s %4s %10s %11s %6s\n", "#", "DP_REPLICATE",
+              "DP_SHARD", "CP", "TP", "CP_COMM", "AC", "RESHARD", "PEAK_GIB", "FITS", "STEP_S",
+              "TOKENS/S", "MFU");
+  const size_t shown = std::min(rows->size(), static_cast<size_t>(std::max(1, o.top)));
+  for (size_t i = 0; i < shown; ++i) {
+    const PlanRow& r = (*rows)[i];
+    const ParallelismSpec& p = r.spec.parallelism;
+    std::printf(
+        "%4zu %12d %8d %3d %3d %9s %9s %7s %9.3f %4s %10.4g %11.0f %5.1f%%\n", i + 1,
+        p.dp_replicate_size, p.dp_shard_size, p.cp_size, p.tp_size,
+        p.cp_size > 1 ? p.cp_comm_strategy.c_str() : "-",
+        r.spec.train.activation_checkpointing.c_str(),
+        p.dp_shard_size * p.cp_size > 1 ? (p.fsdp_reshard_after_forward ? "true" : "false") : "-",
+        static_cast<double>(r.memory.peak_bytes) / (1024.0 * 1024 * 1024), r.fits ? "yes" : "no",
+        r.step_seconds, r.tokens_per_second, 100.0 * r.mfu);
+  }
+  if (shown < rows->size())
+    std::printf("… %zu more (--top N, or -o json for all)\n", rows->size() - shown);
+  std::printf("\n%s\n", ExplainBest(*rows, cluster).c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterPlanCommand(CLI::App& app, CommandResult& result) {
+  auto o = std::make_shared<PlanOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Predict memory, step time and MFU of every mesh of a cluster for a job, best first");
+  cmd->add_option("-f,--file", o->file, "job spec (YAML)")->required();
+  cmd->add_option("--set", o->overrides, "override a field: dotted.path=value (repeatable)")
+      ->expected(1)
+      ->take_all();
+  cmd->add_option("--nodes", o->nodes, "nodes in the cluster")->check(CLI::Range(1, 1 << 16));
+  cmd->add_option("--per-node", o->per_node, "ranks (devices) per node")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--device", o->device, "cpu, a100, h100, h200 or l40s");
+  cmd->add_option("--memory-gib", o->memory_gib, "override: memory per rank (GiB)");
+  cmd->add_option("--tflops", o->tflops, "override: achievable TFLOP/s per rank");
+  cmd->add_option("--intra-gbps", o->intra_gbps, "override: GB/s per rank inside a node");
+  cmd->add_option("--inter-gbps", o->inter_gbps, "override: GB/s per rank across nodes");
+  cmd->add_option("--top", o->top, "rows of the table (text output)")->check(CLI::Range(1, 100000));
+  cmd->add_option("-o,--output", o->output, "output format: text or json")
+      ->check(CLI::IsMember({"text", "json"}));
+  cmd->callback([o, &result] { result.run = [o] { return RunPlan(*o); }; });
+}
+
+}  // namespace meshrun::client
