@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "client/coordinator_client.h"
+#include "client/generate_command.h"
 #include "client/progress.h"
 #include "client/submit_command.h"
 #include "client/up_command.h"
@@ -159,6 +160,15 @@ int RunDemo(const DemoFlags& f) {
       model_dir.clear();
     }
   }
+  // What the model learned: a short sample of it.
+  std::string sample;
+  if (!model_dir.empty()) {
+    StatusOr<std::string> s = SampleFromModel(model_dir, "The ", 48);
+    sample = s.ok() ? *s : "(" + s.status().message() + ")";
+    for (char& c : sample) {
+      if (c == '\n' || c == '\t') c = ' ';
+    }
+  }
   (*cluster)->Stop();
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
 
@@ -183,6 +193,7 @@ int RunDemo(const DemoFlags& f) {
       {"  checkpoint", followed->last_checkpoint.empty() ? "-" : followed->last_checkpoint});
   rows.push_back(
       {"  model", model_dir.empty() ? "-" : model_dir + " (model.safetensors, config.json)"});
+  if (!sample.empty()) rows.push_back({"  sample", "\"" + sample + "\""});
   rows.push_back({"  wall time", FormatDuration(wall)});
   PrintTable(std::cout, rows);
   return succeeded && !model_dir.empty() ? kExitOk : kExitFailure;

@@ -4,6 +4,7 @@
 
 #include "client/command.h"
 #include "client/demo_command.h"
+#include "client/generate_command.h"
 #include "client/jobs_command.h"
 #include "client/plan_command.h"
 #include "client/submit_command.h"
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   meshrun::client::RegisterEvalCommand(app, result);
   meshrun::client::RegisterExportCommand(app, result);
   meshrun::client::RegisterPlanCommand(app, result);
+  meshrun::client::RegisterGenerateCommand(app, result);
   meshrun::client::RegisterUpCommand(app, result);
   meshrun::client::RegisterDemoCommand(app, result);
   meshrun::client::RegisterSubmitCommand(app, result);

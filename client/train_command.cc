@@ -333,7 +333,8 @@ int RunTrain(const TrainFlags& o) {
   return ReportRunEnd(s, *spec);
 }
 
-// A step folder, or a checkpoint.dir whose newest complete checkpoint is meant.
+}  // namespace
+
 StatusOr<std::string> ResolveCheckpoint(const std::string& path, const char* flag) {
   if (fs::exists(fs::path(path) / kCheckpointMetadataFile)) {
     MESHRUN_RETURN_IF_ERROR(CheckComplete(path));
@@ -348,6 +349,8 @@ StatusOr<std::string> ResolveCheckpoint(const std::string& path, const char* fla
   }
   return latest->step_dir;
 }
+
+namespace {
 
 // The spec a checkpoint was trained with (its metadata holds it), with --set overrides.
 StatusOr<JobSpec> SpecOfCheckpoint(const std::string& step_dir,

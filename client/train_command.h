@@ -5,6 +5,7 @@
 #include <string>
 
 #include "client/command.h"
+#include "common/status.h"
 
 namespace CLI {
 class App;
@@ -24,5 +25,9 @@ std::string StepLineJson(const StepMetrics& m);
 void RegisterTrainCommand(CLI::App& app, CommandResult& result);
 void RegisterEvalCommand(CLI::App& app, CommandResult& result);
 void RegisterExportCommand(CLI::App& app, CommandResult& result);
+
+// A step folder (checked complete), or a checkpoint.dir whose newest complete checkpoint is
+// meant; INVALID_ARGUMENT naming `flag` when there is none.
+StatusOr<std::string> ResolveCheckpoint(const std::string& path, const char* flag);
 
 }  // namespace meshrun::client

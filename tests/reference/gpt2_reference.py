@@ -515,6 +515,21 @@ def cmd_score(args):
     print(json.dumps({"loss": loss, "tokens": count}))
 
 
+def cmd_generate(args):
+    """Greedy continuation of a byte prompt in float64 (the reference for `meshrun generate`)."""
+    cfg, params = load_hf_gpt2(args.model, torch.float64)
+    ids = list(args.prompt.encode("utf-8"))
+    new = []
+    with torch.no_grad():
+        for _ in range(args.max_new_tokens):
+            window = ids[-cfg.seq_len:]
+            logits = gpt2_forward(params, torch.tensor([window]), cfg)[0, -1]
+            nxt = int(torch.argmax(logits).item())
+            new.append(nxt)
+            ids.append(nxt)
+    print(json.dumps({"tokens": new}))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -530,11 +545,15 @@ def main(argv=None):
     sc.add_argument("--format", default="auto", choices=["auto", "text", "llmc", "nanogpt"])
     sc.add_argument("--seq-len", type=int, default=None, help="window length (default n_positions)")
     sc.add_argument("--threads", type=int, default=None)
+    gn = sub.add_parser("generate", help="greedy continuation of a byte prompt")
+    gn.add_argument("--model", required=True, help="dir with model.safetensors + config.json")
+    gn.add_argument("--prompt", required=True)
+    gn.add_argument("--max-new-tokens", type=int, default=32)
     args = ap.parse_args(argv)
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     try:
-        {"fixtures": cmd_fixtures, "score": cmd_score}[args.cmd](args)
+        {"fixtures": cmd_fixtures, "score": cmd_score, "generate": cmd_generate}[args.cmd](args)
     except (ValueError, KeyError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
