@@ -59,7 +59,9 @@ struct TrialResult {
   int restarts = -1;
   double final_loss = NAN;
   double reference_loss = NAN;
-  double recovery_seconds = NAN;  // fault → the job's step past where it was (or SUCCEEDED)
+  // Fault → the job's step past where it was, by the next attempt (by the same one after a
+  // coordinator kill), or the job's end, whichever is first; seen by polling every 50 ms.
+  double recovery_seconds = NAN;
   double trial_seconds = 0;
   std::string transcript;  // `submit --follow` output: states, reasons, rank failures
   std::string logs;        // `meshrun logs JOB`: every rank's lines, "[rank R attempt A] …"
@@ -238,8 +240,11 @@ class ChaosCluster {
           placed_again = true;
           t.newest_at_restart = NewestComplete(checkpoints);
         }
+        // Progress past the fault: by the same attempt after a coordinator kill, else by the
+        // next one (a stopped rank may have reported a step beyond the job's before it hung).
         const bool ended = s["state"] == "SUCCEEDED" || s["state"] == "FAILED";
-        if (ended || (s["step"].get<int>() > t.fault_at_step && s["state"] == "RUNNING")) {
+        const bool next = fault == Fault::kKillCoordinator || s["attempt"].get<int>() >= 2;
+        if (ended || (next && s["step"].get<int>() > t.fault_at_step && s["state"] == "RUNNING")) {
           t.recovery_seconds = std::chrono::duration<double>(Clock::now() - fault_time).count();
           break;
         }
