@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
                                           "stop-rank"};
   std::string bin_dir = "build/bin";
   std::string dir;
-  int steps = 24;
+  int steps = 40;
   CLI::App app{"chaos: seeded faults against a local meshrun cluster"};
   app.add_option("--trials", trials, "number of trials")->capture_default_str();
   app.add_option("--seed", seed, "seed of the first trial (trial i uses seed + i)")

@@ -92,11 +92,15 @@ class ChaosCluster {
     fs::path bin_dir;  // holds meshrun, meshrun-worker, meshrun-coordinator
     fs::path dir;      // a fresh folder for state, work dirs, logs and checkpoints
     std::string corpus = "/usr/share/games/fortunes/cookie";
-    int steps = 24;
+    int steps = 40;
     int every = 4;
     int max_restarts = 3;
     int heartbeat_timeout_s = 3;
-    std::chrono::seconds trial_timeout{150};  // the stated bound per trial
+    // The stated bound per trial. A hang inside a checkpoint's barrier is found by that
+    // barrier's store wait (5 minutes in engine/train), not by the 30 s collective timeout, so
+    // a stop-rank trial gets longer.
+    std::chrono::seconds trial_timeout{150};
+    std::chrono::seconds hang_trial_timeout{420};
   };
 
   explicit ChaosCluster(Options o) : o_(std::move(o)) {}
@@ -162,11 +166,14 @@ class ChaosCluster {
     t.seed = seed;
     t.reference_loss = reference;
     const Clock::time_point begin = Clock::now();
-    const Clock::time_point give_up = begin + o_.trial_timeout;
+    const std::chrono::seconds bound =
+        fault == Fault::kStopRank ? o_.hang_trial_timeout : o_.trial_timeout;
+    const Clock::time_point give_up = begin + bound;
     std::mt19937_64 rng(seed);
-    // When: a step in [1, steps − 6] (so some training is left after the fault) plus 0–400 ms,
-    // which lands anywhere in a step: forward, a collective, a checkpoint write.
-    const int target = std::uniform_int_distribution<int>(1, o_.steps - 6)(rng);
+    // When: a step in [1, steps / 2] (half the run is left after the fault, far more than the
+    // delay) plus 0–400 ms, which lands anywhere in a step: forward, a collective, a checkpoint
+    // write, the barrier before metadata.json.
+    const int target = std::uniform_int_distribution<int>(1, o_.steps / 2)(rng);
     t.fault_delay_ms = std::uniform_int_distribution<int>(0, 400)(rng);
     const int victim_index = std::uniform_int_distribution<int>(0, 1)(rng);
 
@@ -265,8 +272,7 @@ class ChaosCluster {
     // A killed worker comes back under its name for the next trial.
     if (fault == Fault::kKillWorker) StartWorker(worker);
     if (!s.is_object() || s["state"] != "SUCCEEDED") {
-      return fail("did not SUCCEED within " + std::to_string(o_.trial_timeout.count()) +
-                  " s: " + s.dump());
+      return fail("did not SUCCEED within " + std::to_string(bound.count()) + " s: " + s.dump());
     }
     t.restarts = s["restarts"].get<int>();
     t.final_loss = s["loss"].get<double>();
@@ -359,18 +365,22 @@ class ChaosCluster {
               std::to_string(t->newest_complete) + ", " + std::to_string(t->fault_at_step + 1) +
               "]");
     if (t->fault == Fault::kStopRank) {
-      // The hang is found by the collective timeout, which names the collective, and the
-      // stopped rank is named as the hung one.
+      // The hang is found by a bounded wait that names what it waited for: the collective
+      // timeout (the collective and its group) or, inside a checkpoint, the barrier's store
+      // wait (the key, which names the missing rank); the stopped rank is named as hung.
       bool timeout = false, named = false;
       for (const std::string& line : Lines(t->transcript + "\n" + t->logs)) {
-        timeout = timeout || (line.find("timeout") != std::string::npos &&
-                              (line.find("all_") != std::string::npos ||
-                               line.find("reduce_scatter") != std::string::npos ||
-                               line.find("broadcast") != std::string::npos));
+        const bool collective = line.find("timeout") != std::string::npos &&
+                                (line.find("all_") != std::string::npos ||
+                                 line.find("reduce_scatter") != std::string::npos ||
+                                 line.find("broadcast") != std::string::npos);
+        const bool barrier = line.find("checkpoint/") != std::string::npos &&
+                             line.find("not set within") != std::string::npos;
+        timeout = timeout || collective || barrier;
         named = named || (line.rfind("[rank " + std::to_string(t->victim_rank), 0) == 0 &&
                           line.find("a hung rank") != std::string::npos);
       }
-      claim(timeout, "no collective timeout naming the collective in the job's events or logs");
+      claim(timeout, "no timeout naming the collective or barrier in the job's events or logs");
       claim(named, "the stopped rank " + std::to_string(t->victim_rank) +
                        " is not named as hung in the job's logs");
     }
