@@ -4,8 +4,10 @@
 // SUCCEED with the undisturbed run's final loss; a failed rank's job resumes from the newest
 // complete checkpoint (the step is asserted), a killed coordinator's job is not restarted at all,
 // and a hang is found by the collective timeout, which names the collective, while the stopped
-// rank is named as the hung one. Each trial is bounded (ChaosCluster::Options::trial_timeout,
-// 150 s); the whole test takes about three minutes. bench/chaos runs the same trials many times.
+// rank is named as the hung one. Each trial is bounded (ChaosCluster::Options: 150 s, 420 s for
+// a hang, whose SIGSTOP may land in a checkpoint's barrier, a 5-minute store wait); the whole
+// test takes about two minutes, up to seven when the hang lands in a barrier. bench/chaos runs
+// the same trials many times.
 // Also: acknowledged submissions, cancels and state changes survive a kill -9 of the coordinator.
 #include <gtest/gtest.h>
 
