@@ -1,5 +1,6 @@
 // bench/chaos: N seeded chaos trials on a local cluster (bench/chaos/chaos_trial.h): faults in
-// turn kill-rank, kill-coordinator, kill-worker, stop-rank (or --faults), one per trial. Prints
+// turn kill-rank, kill-coordinator, kill-worker, stop-rank, kill-rank-in-restart (or --faults),
+// one per trial. Prints
 // a row per trial, a summary table (per fault: trials, succeeded with the undisturbed loss,
 // recovery p50/p95) and one JSON line. Exit 0 only when every trial held.
 //   build/bin/chaos --trials 50 --seed 1
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
   int trials = 50;
   uint64_t seed = 1;
   std::vector<std::string> fault_names = {"kill-rank", "kill-coordinator", "kill-worker",
-                                          "stop-rank"};
+                                          "stop-rank", "kill-rank-in-restart"};
   std::string bin_dir = "build/bin";
   std::string dir;
   int steps = 40;
@@ -51,8 +52,8 @@ int main(int argc, char** argv) {
   std::vector<Fault> faults;
   for (const std::string& f : fault_names) {
     bool known = false;
-    for (Fault k :
-         {Fault::kKillRank, Fault::kKillWorker, Fault::kKillCoordinator, Fault::kStopRank}) {
+    for (Fault k : {Fault::kKillRank, Fault::kKillWorker, Fault::kKillCoordinator, Fault::kStopRank,
+                    Fault::kKillRankInRestart}) {
       if (f == meshrun::chaos::FaultName(k)) {
         faults.push_back(k);
         known = true;
@@ -61,7 +62,7 @@ int main(int argc, char** argv) {
     if (!known) {
       std::fprintf(stderr,
                    "error: --faults: unknown fault '%s' (hint: kill-rank, kill-worker, "
-                   "kill-coordinator, stop-rank)\n",
+                   "kill-coordinator, stop-rank, kill-rank-in-restart)\n",
                    f.c_str());
       return 2;
     }

@@ -32,7 +32,9 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-enum class Fault { kKillRank, kKillWorker, kKillCoordinator, kStopRank };
+// kKillRankInRestart: kill -9 of a rank, then of a rank of the restarted attempt as soon as it
+// runs (during its start: loading the checkpoint, the rendezvous), so the job restarts twice.
+enum class Fault { kKillRank, kKillWorker, kKillCoordinator, kStopRank, kKillRankInRestart };
 
 inline const char* FaultName(Fault f) {
   switch (f) {
@@ -40,6 +42,7 @@ inline const char* FaultName(Fault f) {
     case Fault::kKillWorker: return "kill-worker";
     case Fault::kKillCoordinator: return "kill-coordinator";
     case Fault::kStopRank: return "stop-rank";
+    case Fault::kKillRankInRestart: return "kill-rank-in-restart";
   }
   return "?";
 }
@@ -221,7 +224,8 @@ class ChaosCluster {
     // The fault.
     const Clock::time_point fault_time = Clock::now();
     switch (fault) {
-      case Fault::kKillRank: kill(pid, SIGKILL); break;
+      case Fault::kKillRank:
+      case Fault::kKillRankInRestart: kill(pid, SIGKILL); break;
       case Fault::kStopRank:
         kill(pid, SIGSTOP);
         stopped_.push_back(pid);
@@ -238,19 +242,40 @@ class ChaosCluster {
       std::string why;
       if (!StartCoordinator(&why)) return fail(why);
     }
+    // The attempt the job should finish on, and the newest complete checkpoint each time a
+    // new attempt is seen placed (the last one is what the finishing attempt resumed from).
+    const int final_attempt = fault == Fault::kKillCoordinator     ? 1
+                              : fault == Fault::kKillRankInRestart ? 3
+                                                                   : 2;
+    int attempt_seen = 1;
+    auto note_attempt = [&](const json& j) {
+      if (!j.is_object() || j["attempt"].get<int>() <= attempt_seen) return;
+      attempt_seen = j["attempt"].get<int>();
+      t.newest_at_restart = NewestComplete(checkpoints);
+    };
+    if (fault == Fault::kKillRankInRestart) {
+      // The second kill: a rank of attempt 2 as soon as its process exists.
+      pid_t second = 0;
+      while (second <= 0 && Clock::now() < give_up) {
+        s = Status(t.job_id);
+        note_attempt(s);
+        if (s.is_object() && s["attempt"].get<int>() >= 2 && s["ranks"].size() > 1) {
+          second = s["ranks"][1 - victim_index]["pid"].get<int>();
+        }
+        if (second <= 0) std::this_thread::sleep_for(20ms);
+      }
+      if (second <= 0) return fail("attempt 2 never started its ranks: " + s.dump());
+      kill(second, SIGKILL);
+    }
     // Recovery: the job's step goes past where it was, or the job ends.
-    bool placed_again = false;
     while (Clock::now() < give_up) {
       s = Status(t.job_id);
       if (s.is_object()) {
-        if (!placed_again && s["attempt"].get<int>() >= 2) {
-          placed_again = true;
-          t.newest_at_restart = NewestComplete(checkpoints);
-        }
+        note_attempt(s);
         // Progress past the fault: by the same attempt after a coordinator kill, else by the
         // next one (a stopped rank may have reported a step beyond the job's before it hung).
         const bool ended = s["state"] == "SUCCEEDED" || s["state"] == "FAILED";
-        const bool next = fault == Fault::kKillCoordinator || s["attempt"].get<int>() >= 2;
+        const bool next = s["attempt"].get<int>() >= final_attempt;
         if (ended || (next && s["step"].get<int>() > t.fault_at_step && s["state"] == "RUNNING")) {
           t.recovery_seconds = std::chrono::duration<double>(Clock::now() - fault_time).count();
           break;
@@ -262,10 +287,7 @@ class ChaosCluster {
     // The end.
     while (Clock::now() < give_up) {
       s = Status(t.job_id);
-      if (s.is_object() && !placed_again && s["attempt"].get<int>() >= 2) {
-        placed_again = true;
-        t.newest_at_restart = NewestComplete(checkpoints);
-      }
+      note_attempt(s);
       if (s.is_object() && (s["state"] == "SUCCEEDED" || s["state"] == "FAILED")) break;
       std::this_thread::sleep_for(100ms);
     }
@@ -353,7 +375,9 @@ class ChaosCluster {
       claim(t->resumed_step == -1, "ranks resumed although nothing failed");
       return;
     }
-    claim(t->restarts == 1, "restarts " + std::to_string(t->restarts) + ", expected 1");
+    const int expected = t->fault == Fault::kKillRankInRestart ? 2 : 1;
+    claim(t->restarts == expected,
+          "restarts " + std::to_string(t->restarts) + ", expected " + std::to_string(expected));
     // The newest complete checkpoint when the next attempt was placed; the survivors may have
     // completed one after the fault (every shard was already written), never a newer one.
     claim(t->resumed_step == t->newest_at_restart,

@@ -1,6 +1,7 @@
 // The chaos matrix in CI (issue #16), bounded: on a real local cluster (coordinator + three
 // 1-slot workers) a tiny 2-rank job is hit once per trial, at a seeded random moment, by kill -9
-// of a rank, of a worker or of the coordinator, or by SIGSTOP of a rank (a hang). Every trial must
+// of a rank, of a worker or of the coordinator, of a rank again while the restarted attempt
+// starts (its rendezvous), or by SIGSTOP of a rank (a hang). Every trial must
 // SUCCEED with the undisturbed run's final loss; a failed rank's job resumes from the newest
 // complete checkpoint (the step is asserted), a killed coordinator's job is not restarted at all,
 // and a hang is found by the collective timeout, which names the collective, while the stopped
@@ -55,8 +56,8 @@ TEST_F(ChaosTest, EveryFaultEndsWithTheUndisturbedLoss) {
   ASSERT_FALSE(std::isnan(reference)) << "the undisturbed run failed";
   std::string why;
   ASSERT_TRUE(cluster.Start(&why)) << why;
-  const Fault faults[] = {Fault::kKillRank, Fault::kKillCoordinator, Fault::kKillWorker,
-                          Fault::kKillCoordinator, Fault::kStopRank};
+  const Fault faults[] = {Fault::kKillRank,        Fault::kKillCoordinator,   Fault::kKillWorker,
+                          Fault::kKillCoordinator, Fault::kKillRankInRestart, Fault::kStopRank};
   uint64_t seed = base;
   for (Fault fault : faults) {
     const TrialResult t = cluster.RunTrial(fault, seed, reference);
