@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "client/launcher.h"
+#include "common/confined_file.h"
 #include "common/job_spec_yaml.h"
 #include "engine/comm/gloo_backend.h"
 #include "engine/comm/mesh_comms.h"
@@ -284,6 +285,7 @@ int RunTrain(const TrainFlags& o) {
   }
   RankContext ctx;
   if (is_rank) {
+    if (Status roots = InstallFileRootsFromEnvironment(); !roots.ok()) return ReportError(roots);
     StatusOr<RankContext> connected = ConnectRank(*dims);
     if (!connected.ok()) return ReportError(connected.status());
     ctx = std::move(connected).value();

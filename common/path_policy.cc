@@ -55,7 +55,9 @@ StatusOr<std::vector<std::string>> ResolveRoots(const std::vector<std::string>& 
                                                 const std::string& flag) {
   std::vector<std::string> out;
   for (const std::string& root : roots) {
-    if (root.empty() || root.find('\0') != std::string::npos) {
+    // A newline would break the list a worker passes its ranks (common/confined_file.h).
+    if (root.empty() || root.find('\0') != std::string::npos ||
+        root.find('\n') != std::string::npos) {
       return InvalidArgumentError(flag + ": '" + PathForMessage(root) +
                                   "' is not a folder name (hint: pass an absolute folder, e.g. " +
                                   flag + " /data)");

@@ -545,7 +545,8 @@ Status JobManager::Load() {
       }
     }
     active_.insert(job_id);
-    store_.OpenAttempt(job_id, a.number);
+    // Its store keys too: a barrier the ranks were in (or enter while we were down) completes.
+    MESHRUN_RETURN_IF_ERROR(store_.RestoreAttempt(job_id, a.number));
     spdlog::info("job {} restored RUNNING (attempt {}); waiting for its workers to report", job_id,
                  a.number);
   }

@@ -82,6 +82,9 @@ struct JobsSnapshot {
     int64_t step = 0;
     double tokens_per_second = 0, mfu = 0, step_time_skew = 0;
     int restarts = 0;
+    // Tokens of every job-level step since the coordinator started (steps repeated after a
+    // restart count again: work done); a counter beside tokens_per_second for rate().
+    double tokens_total = 0;
   };
   std::map<v1::JobState, int> jobs_by_state;
   std::vector<JobLine> jobs;  // PENDING and RUNNING jobs, and the 100 newest finished ones

@@ -54,6 +54,7 @@ struct JobManager::Job {
   // False for a finished job restored from StateDb until GetJob reads its ranks.
   bool ranks_loaded = true;
   double step_time_skew = 0;
+  double tokens_total = 0;  // JobsSnapshot::JobLine::tokens_total; in memory only
   // Why the job is PENDING ("submitted", or the failure that asked for a restart); the
   // message adds what it waits for.
   std::string pending_reason = "submitted";

@@ -535,6 +535,8 @@ void JobManager::OnRankMetrics(const std::string& worker_id, const v1::RankMetri
     row.tokens_per_second = step->tokens_per_second();
     row.mfu = step->mfu();
     job->step_time_skew = a->aggregator->last_skew();
+    job->tokens_total += static_cast<double>(job->spec.train().global_batch_size()) *
+                         static_cast<double>(job->spec.model().seq_len());
     txn.job_dirty = true;
     *AddEvent(txn)->mutable_metrics() = std::move(*step);
   }
@@ -672,7 +674,7 @@ JobsSnapshot JobManager::Snapshot() const {
     if (job.terminal() && ++finished_listed > 100) continue;
     out.jobs.push_back({job.row.job_id, job.row.name, state, job.row.step,
                         job.row.tokens_per_second, job.row.mfu, job.step_time_skew,
-                        job.row.restarts});
+                        job.row.restarts, job.tokens_total});
   }
   return out;
 }

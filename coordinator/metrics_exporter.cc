@@ -180,6 +180,10 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
       Family("meshrun_job_step", "Step of the job's newest job-level sample.", MetricType::Gauge);
   auto tps = Family("meshrun_job_tokens_per_second",
                     "global_batch_size*seq_len / the slowest rank's step time.", MetricType::Gauge);
+  auto tokens = Family("meshrun_job_tokens_total",
+                       "Tokens of the job's completed steps (global_batch_size*seq_len each, "
+                       "repeated steps after a restart included) since the coordinator started.",
+                       MetricType::Counter);
   auto mfu = Family("meshrun_job_mfu_ratio", "Model FLOPs utilization averaged over ranks (0..1).",
                     MetricType::Gauge);
   auto restarts = Family("meshrun_job_restarts_total", "Attempts started after a failure.",
@@ -194,11 +198,14 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
     }
     AddGauge(step, {{"job_id", j.job_id}}, static_cast<double>(j.step));
     AddGauge(tps, {{"job_id", j.job_id}}, j.tokens_per_second);
+    AddGauge(tokens, {{"job_id", j.job_id}}, j.tokens_total);
     AddGauge(mfu, {{"job_id", j.job_id}}, j.mfu);
     AddGauge(restarts, {{"job_id", j.job_id}}, j.restarts);
     AddGauge(skew, {{"job_id", j.job_id}}, j.step_time_skew);
   }
-  for (auto* f : {&state, &step, &tps, &mfu, &restarts, &skew}) out.push_back(std::move(*f));
+  for (auto* f : {&state, &step, &tps, &tokens, &mfu, &restarts, &skew}) {
+    out.push_back(std::move(*f));
+  }
   if (ranks != nullptr) AppendRankFamilies(*ranks, out);
   return out;
 }

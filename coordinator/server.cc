@@ -174,7 +174,7 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   store_limits.max_value_bytes = config.max_store_value_bytes;
   store_limits.max_bytes_per_attempt = config.max_store_bytes_per_attempt;
   store_limits.max_bytes = config.max_store_bytes;
-  s->store_ = std::make_unique<StoreManager>(*s->clock_, store_limits);
+  s->store_ = std::make_unique<StoreManager>(*s->clock_, store_limits, s->db_.get());
   WorkerManagerConfig wcfg;
   wcfg.lease_ttl = config.heartbeat_timeout;
   s->workers_ = std::make_unique<WorkerManager>(s->db_.get(), *s->clock_, wcfg);

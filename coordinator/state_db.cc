@@ -47,6 +47,9 @@ CREATE TABLE IF NOT EXISTS workers(
 CREATE TABLE IF NOT EXISTS events(
   job_id TEXT NOT NULL, sequence INTEGER NOT NULL, event BLOB NOT NULL,
   PRIMARY KEY(job_id, sequence));
+CREATE TABLE IF NOT EXISTS store(
+  job_id TEXT NOT NULL, attempt INTEGER NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL,
+  PRIMARY KEY(job_id, attempt, key));
 )sql";
 
 Status SqlError(sqlite3* db, const std::string& what) {
@@ -110,6 +113,12 @@ constexpr const char* kUpsertWorker =
     "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)";
 constexpr const char* kInsertEvent =
     "INSERT OR REPLACE INTO events(job_id, sequence, event) VALUES(?1,?2,?3)";
+
+constexpr const char* kUpsertStoreValue =
+    "INSERT OR REPLACE INTO store(job_id, attempt, key, value) VALUES(?1,?2,?3,?4)";
+constexpr const char* kDeleteStoreAttempt = "DELETE FROM store WHERE job_id = ?1 AND attempt = ?2";
+constexpr const char* kSelectStore =
+    "SELECT key, value FROM store WHERE job_id = ?1 AND attempt = ?2";
 
 constexpr const char* kSelectJobs =
     "SELECT job_id, seq, name, state, spec, resolved_yaml, request_id, attempt, restarts, "
@@ -415,6 +424,38 @@ StatusOr<std::vector<EventRow>> StateDb::LoadEvents(const std::string& job_id, i
     out.push_back({q.Text(0), q.Int(1), q.Text(2)});
   }
   if (rc != SQLITE_DONE) return SqlError(db_, "read events");
+  return out;
+}
+
+Status StateDb::PutStoreValue(const std::string& job_id, int attempt, const std::string& key,
+                              const std::string& value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kUpsertStoreValue));
+  Stmt q(s);
+  q.Bind(1, job_id).Bind(2, attempt).BindBlob(3, key).BindBlob(4, value);
+  if (q.Step() != SQLITE_DONE) return SqlError(db_, "write a store key of " + job_id);
+  return OkStatus();
+}
+
+Status StateDb::DeleteStoreAttempt(const std::string& job_id, int attempt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kDeleteStoreAttempt));
+  Stmt q(s);
+  q.Bind(1, job_id).Bind(2, attempt);
+  if (q.Step() != SQLITE_DONE) return SqlError(db_, "drop the store keys of " + job_id);
+  return OkStatus();
+}
+
+StatusOr<std::vector<std::pair<std::string, std::string>>> StateDb::LoadStore(
+    const std::string& job_id, int attempt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kSelectStore));
+  Stmt q(s);
+  q.Bind(1, job_id).Bind(2, attempt);
+  std::vector<std::pair<std::string, std::string>> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) out.emplace_back(q.Text(0), q.Text(1));
+  if (rc != SQLITE_DONE) return SqlError(db_, "read the store keys of " + job_id);
   return out;
 }
 

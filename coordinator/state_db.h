@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -118,6 +119,14 @@ class StateDb {
   // Events of one job with from ≤ sequence < to, oldest first, at most `limit`.
   StatusOr<std::vector<EventRow>> LoadEvents(const std::string& job_id, int64_t from, int64_t to,
                                              int limit);
+
+  // The rendezvous store's keys of one attempt (StoreManager), each write its own transaction
+  // (synchronous=NORMAL in WAL mode: it survives the coordinator being killed, not a power cut).
+  Status PutStoreValue(const std::string& job_id, int attempt, const std::string& key,
+                       const std::string& value);
+  Status DeleteStoreAttempt(const std::string& job_id, int attempt);
+  StatusOr<std::vector<std::pair<std::string, std::string>>> LoadStore(const std::string& job_id,
+                                                                       int attempt);
 
   const std::string& path() const { return path_; }
 

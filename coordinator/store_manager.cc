@@ -1,6 +1,8 @@
 // StoreManager: key spaces, waits and counters of the rendezvous store.
 #include "coordinator/store_manager.h"
 
+#include <spdlog/spdlog.h>
+
 #include <charconv>
 #include <limits>
 
@@ -13,12 +15,53 @@ Status NoKeySpace(const std::string& job_id, int attempt) {
                       "was replaced; stop it)");
 }
 
+// The write-through of one key; a failure is logged and reported, the memory keeps the value.
+Status Persist(StateDb* db, const std::string& job_id, int attempt, const std::string& key,
+               const std::string& value) {
+  if (db == nullptr) return OkStatus();
+  Status s = db->PutStoreValue(job_id, attempt, key, value);
+  if (!s.ok()) {
+    spdlog::error("store {}/{}: key not persisted: {}", job_id, attempt, s.message());
+    return InternalError(
+        "store: the key is set but not persisted, so it would not survive a "
+        "coordinator restart: " +
+        s.message() + " (hint: check the coordinator's --state-dir)");
+  }
+  return OkStatus();
+}
+
+void DropPersisted(StateDb* db, const std::string& job_id, int attempt) {
+  if (db == nullptr) return;
+  if (Status s = db->DeleteStoreAttempt(job_id, attempt); !s.ok()) {
+    spdlog::warn("store {}/{}: old keys not deleted: {}", job_id, attempt, s.message());
+  }
+}
+
 }  // namespace
+
+Status StoreManager::RestoreAttempt(const std::string& job_id, int attempt) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  if (db_ != nullptr) {
+    MESHRUN_ASSIGN_OR_RETURN(rows, db_->LoadStore(job_id, attempt));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  KeySpace space;
+  for (auto& [key, value] : rows) {
+    space.bytes += key.size() + value.size();
+    space.values[std::move(key)] = std::move(value);
+  }
+  auto it = spaces_.find({job_id, attempt});
+  if (it != spaces_.end()) total_bytes_ -= it->second.bytes;  // no waiters yet at start-up
+  total_bytes_ += space.bytes;
+  spaces_[{job_id, attempt}] = std::move(space);
+  return OkStatus();
+}
 
 void StoreManager::OpenAttempt(const std::string& job_id, int attempt) {
   std::vector<GetCallback> abort;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    DropPersisted(db_, job_id, attempt);
     auto it = spaces_.find({job_id, attempt});
     if (it != spaces_.end()) {
       for (Waiter& w : it->second.waiters) abort.push_back(std::move(w.done));
@@ -34,6 +77,7 @@ void StoreManager::CloseAttempt(const std::string& job_id, int attempt) {
   std::vector<GetCallback> abort;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    DropPersisted(db_, job_id, attempt);
     auto it = spaces_.find({job_id, attempt});
     if (it == spaces_.end()) return;
     for (Waiter& w : it->second.waiters) abort.push_back(std::move(w.done));
@@ -107,14 +151,16 @@ Status StoreManager::SetLocked(KeySpace& space, const std::string& key, std::str
 Status StoreManager::Set(const std::string& job_id, int attempt, const std::string& key,
                          std::string value) {
   std::vector<std::pair<GetCallback, std::string>> wake;
+  Status persisted;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = spaces_.find({job_id, attempt});
     if (it == spaces_.end()) return NoKeySpace(job_id, attempt);
-    MESHRUN_RETURN_IF_ERROR(SetLocked(it->second, key, std::move(value), &wake));
+    MESHRUN_RETURN_IF_ERROR(SetLocked(it->second, key, value, &wake));
+    persisted = Persist(db_, job_id, attempt, key, value);
   }
   for (auto& [done, v] : wake) done(std::optional<std::string>(std::move(v)));
-  return OkStatus();
+  return persisted;
 }
 
 void StoreManager::Get(const std::string& job_id, int attempt, const std::string& key, bool wait,
@@ -151,6 +197,7 @@ void StoreManager::Get(const std::string& job_id, int attempt, const std::string
 StatusOr<int64_t> StoreManager::Add(const std::string& job_id, int attempt, const std::string& key,
                                     int64_t delta) {
   std::vector<std::pair<GetCallback, std::string>> wake;
+  Status persisted;
   int64_t value = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -174,9 +221,11 @@ StatusOr<int64_t> StoreManager::Add(const std::string& job_id, int attempt, cons
     value += delta;
     if (delta != 0 || v == it->second.values.end()) {
       MESHRUN_RETURN_IF_ERROR(SetLocked(it->second, key, std::to_string(value), &wake));
+      persisted = Persist(db_, job_id, attempt, key, std::to_string(value));
     }
   }
   for (auto& [done, v] : wake) done(std::optional<std::string>(std::move(v)));
+  if (!persisted.ok()) return persisted;
   return value;
 }
 

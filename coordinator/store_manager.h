@@ -1,7 +1,8 @@
 // The rendezvous store (store.proto): one in-memory key space per (job_id, attempt), opened by
-// JobManager when it places the attempt and closed when the attempt ends. The store does not
-// survive a coordinator restart: an attempt that keeps running after one gets a fresh, empty
-// key space (its ranks have finished their rendezvous by then, or time out and fail).
+// JobManager when it places the attempt and closed when the attempt ends. With a StateDb every
+// Set and Add is written through to it before it is answered, so an attempt that keeps running
+// across a coordinator restart finds its keys again (RestoreAttempt): a barrier that straddles
+// the restart (a checkpoint's "written" keys) completes instead of timing out.
 //
 // Thread-safe (one mutex). Called by JobManager (Open/CloseAttempt) and by the Store* handlers.
 // Waiting StoreGet calls complete through their callback, which runs without the store's lock
@@ -19,6 +20,7 @@
 
 #include "common/status.h"
 #include "coordinator/clock.h"
+#include "coordinator/state_db.h"
 
 namespace meshrun::coordinator {
 
@@ -40,16 +42,22 @@ class StoreManager {
   // The value found (nullopt: not set, only without wait) or an error.
   using GetCallback = std::function<void(StatusOr<std::optional<std::string>>)>;
 
-  StoreManager(const Clock& clock, StoreLimits limits) : clock_(clock), limits_(limits) {}
+  // `db` (optional, not owned, outliving this) keeps the keys across restarts.
+  StoreManager(const Clock& clock, StoreLimits limits, StateDb* db = nullptr)
+      : clock_(clock), limits_(limits), db_(db) {}
 
-  // Creates an empty key space (replacing any of the same attempt).
+  // Creates an empty key space (replacing any of the same attempt, also in the database).
   void OpenAttempt(const std::string& job_id, int attempt);
+  // After a coordinator restart: the key space of a still running attempt, as the database
+  // kept it (empty without a database).
+  Status RestoreAttempt(const std::string& job_id, int attempt);
   // Drops the key space; every waiting StoreGet on it fails with ABORTED.
   void CloseAttempt(const std::string& job_id, int attempt);
   bool HasAttempt(const std::string& job_id, int attempt) const;
 
   // Errors: ABORTED no open key space for (job_id, attempt) (the caller tells NOT_FOUND apart
-  // by asking JobManager whether the job exists); RESOURCE_EXHAUSTED over a limit.
+  // by asking JobManager whether the job exists); RESOURCE_EXHAUSTED over a limit; INTERNAL
+  // when the database refuses the write (the value is then held in memory only).
   Status Set(const std::string& job_id, int attempt, const std::string& key, std::string value);
   // Without wait: done(value or nullopt) at once. With wait: done(value) as soon as the key is
   // set, DEADLINE_EXCEEDED when min(timeout or the default, call_deadline) passes (checked by
@@ -92,6 +100,7 @@ class StoreManager {
 
   const Clock& clock_;
   const StoreLimits limits_;
+  StateDb* const db_;
   mutable std::mutex mu_;
   std::map<Key, KeySpace> spaces_;  // guarded by mu_
   size_t waiters_ = 0;              // guarded by mu_

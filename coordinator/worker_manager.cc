@@ -83,7 +83,7 @@ Status WorkerManager::Load() {
   for (WorkerRow& row : rows) {
     Worker w;
     w.row = std::move(row);
-    w.lease_deadline = clock_.Monotonic() + config_.lease_ttl;
+    w.lease_deadline = clock_.Monotonic() + config_.lease_ttl + config_.restart_grace;
     w.last_heartbeat = FromMillis(w.row.last_heartbeat_ms);
     const std::string id = w.row.worker_id;
     if (id.rfind("wkr-", 0) == 0) {

@@ -28,6 +28,10 @@ namespace meshrun::coordinator {
 struct WorkerManagerConfig {
   // --heartbeat-timeout: a worker silent this long is LOST.
   std::chrono::milliseconds lease_ttl{10'000};
+  // Extra time a restored worker gets, after a coordinator restart, to reopen its session:
+  // its channel and its session retry with backoffs of up to 2 s each, and a lease as short as
+  // its heartbeat timeout would declare LOST (and so restart) attempts whose ranks are fine.
+  std::chrono::milliseconds restart_grace{10'000};
   size_t max_workers = 10'000;
   // Messages kept for a worker whose stream is broken; older ones are dropped beyond this.
   size_t max_outbox = 1 << 16;
@@ -65,7 +69,8 @@ class WorkerManager final : public WorkerView {
   ~WorkerManager() override;
 
   // Restores registrations from the database; every worker that was live gets a fresh lease
-  // from now, so it has lease_ttl to reopen its session after a coordinator restart.
+  // from now, so it has lease_ttl + restart_grace to reopen its session after a coordinator
+  // restart.
   Status Load();
 
   struct Registered {

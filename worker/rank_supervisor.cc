@@ -14,7 +14,9 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <string>
 
 #include "worker/rank_protocol.h"
 
@@ -50,6 +52,27 @@ std::string SignalName(int sig) {
 
 }  // namespace
 
+// Why a rank had to be SIGKILLed after a stop order's grace period: the state of its process
+// just before, from /proc/PID/stat. A stopped or hung rank is the one its peers waited for in a
+// collective; saying so in its exit report names it in the job's events.
+static std::string UnresponsiveNote(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const size_t paren = text.rfind(')');
+  const char state = paren != std::string::npos && paren + 2 < text.size() ? text[paren + 2] : '?';
+  std::string what;
+  if (state == 'T' || state == 't') {
+    what = "its process was stopped (state " + std::string(1, state) +
+           ", e.g. SIGSTOP): a hung rank, the one its peers waited for";
+  } else if (state == 'D') {
+    what = "its process was in uninterruptible I/O (state D): a hung rank";
+  } else {
+    what = "its process (state " + std::string(1, state) + ") ignored SIGTERM: a hung rank";
+  }
+  return "did not exit within the stop order's grace period and was killed; " + what;
+}
+
 struct RankSupervisor::Proc {
   RankSpawn spawn;
   // Guarded by mu_ (Stop and RunningRanks read them from other threads).
@@ -65,6 +88,7 @@ struct RankSupervisor::Proc {
   LineSplitter out;
   LineSplitter err;
   std::string last_err_line;
+  std::string unresponsive;  // UnresponsiveNote, when SIGKILL followed a stop's grace period
   bool reaped = false;
   int wait_status = 0;
   Clock::time_point reaped_at{};
@@ -316,6 +340,12 @@ void RankSupervisor::Loop() {
         p->term_sent = true;
       }
       if (!p->kill_sent && now >= kill_at) {
+        p->unresponsive = UnresponsiveNote(p->pid);
+        if (callbacks_.on_line) {  // into the job's logs, under the rank it is about
+          callbacks_.on_line(
+              p->spawn.key, true,
+              "meshrun-worker: rank " + std::to_string(p->spawn.key.rank) + " " + p->unresponsive);
+        }
         kill(-p->pid, SIGKILL);
         p->kill_sent = true;
       }
@@ -436,6 +466,7 @@ void RankSupervisor::ReapAndReport() {
       exit.exit_code = -1;
       exit.signal = WTERMSIG(p->wait_status);
       exit.error = "killed by " + SignalName(exit.signal) +
+                   (p->kill_sent && !p->unresponsive.empty() ? ": " + p->unresponsive : "") +
                    (p->last_err_line.empty() ? "" : "; last line: " + p->last_err_line);
     }
     SetResult(*p, exit);

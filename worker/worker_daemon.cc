@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/confined_file.h"
 #include "common/job_spec_yaml.h"
 #include "common/memory_estimate.h"
 #include "common/parallel_dims.h"
@@ -218,6 +219,8 @@ void WorkerDaemon::OnAssign(const v1::RankAssignment& a) {
   resolved.set_resume_checkpoint(prepared->resume_checkpoint);
   RankCommand command = BuildRankCommand(resolved, launch);
   command.env.insert(command.env.end(), config_.rank_env.begin(), config_.rank_env.end());
+  // The rank re-checks what it really opens against the same roots (common/confined_file.h).
+  for (auto& root_env : FileRootsEnvironment(config_.paths)) command.env.push_back(root_env);
   RankSpawn spawn;
   spawn.key = key;
   spawn.argv = std::move(command.argv);

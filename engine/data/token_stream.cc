@@ -8,6 +8,8 @@
 #include <set>
 #include <system_error>
 
+#include "common/confined_file.h"
+
 namespace meshrun {
 namespace {
 
@@ -17,7 +19,8 @@ constexpr const char* kFormatHint = "hint: use format auto, text, llmc or nanogp
 
 // Reads a whole file into `out`.
 Status ReadWholeFile(const fs::path& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
+  MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(path.string()));
+  std::ifstream in(name.name(), std::ios::binary);
   if (!in)
     return NotFoundError(path.string() + ": cannot open for reading: " + std::strerror(errno));
   in.seekg(0, std::ios::end);
@@ -36,7 +39,8 @@ Status ReadWholeFile(const fs::path& path, std::string* out) {
 // chunks so a large file never sits in memory twice.
 Status ReadUint16Tokens(const fs::path& path, uint64_t begin, uint64_t count,
                         std::vector<int32_t>* tokens, int32_t* max_id) {
-  std::ifstream in(path, std::ios::binary);
+  MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(path.string()));
+  std::ifstream in(name.name(), std::ios::binary);
   if (!in)
     return NotFoundError(path.string() + ": cannot open for reading: " + std::strerror(errno));
   in.seekg(static_cast<std::streamoff>(begin));
@@ -82,7 +86,8 @@ Status LoadLlmc(const fs::path& path, uint64_t file_size, TokenStream* s) {
                                 std::to_string(kHeaderBytes) +
                                 "-byte header (hint: for raw uint16 tokens use format nanogpt)");
   }
-  std::ifstream in(path, std::ios::binary);
+  MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(path.string()));
+  std::ifstream in(name.name(), std::ios::binary);
   unsigned char header[kHeaderBytes];
   if (!in || !in.read(reinterpret_cast<char*>(header), kHeaderBytes)) {
     return DataLossError(path.string() + ": cannot read the llm.c header");
@@ -312,7 +317,8 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
   if (format == "auto") {
     unsigned char head[4] = {0, 0, 0, 0};
     if (size >= 4) {
-      std::ifstream in(p, std::ios::binary);
+      MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(p.string()));
+      std::ifstream in(name.name(), std::ios::binary);
       in.read(reinterpret_cast<char*>(head), 4);
     }
     if (size >= 4 && ReadLeInt32(head) == kLlmcMagic) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "common/confined_file.h"
 #include "engine/io/crc32.h"
 
 namespace meshrun {
@@ -37,7 +38,8 @@ std::string ParentDir(const std::string& path) {
 
 StatusOr<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path) {
   std::string temp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MESHRUN_ASSIGN_OR_RETURN(const int fd,
+                           OpenConfined(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd < 0) return IoError("cannot create a temporary file", temp, errno);
   return AtomicFileWriter(path, std::move(temp), fd);
 }
@@ -104,7 +106,12 @@ Status AtomicFileWriter::Commit() {
     ::unlink(temp_path_.c_str());
     return IoError("close failed", temp_path_, err);
   }
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+  StatusOr<int> renamed = RenameConfined(temp_path_, path_);
+  if (!renamed.ok()) {
+    ::unlink(temp_path_.c_str());
+    return renamed.status();
+  }
+  if (*renamed != 0) {
     const int err = errno;
     ::unlink(temp_path_.c_str());
     return IoError("rename from " + temp_path_ + " failed", path_, err);
@@ -119,7 +126,7 @@ Status WriteFileAtomic(const std::string& path, std::string_view bytes) {
 }
 
 Status FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  MESHRUN_ASSIGN_OR_RETURN(const int fd, OpenConfined(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd < 0) return IoError("cannot open the folder to fsync it", dir, errno);
   const int rc = ::fsync(fd);
   const int err = errno;

@@ -13,6 +13,7 @@
 #include <system_error>
 #include <utility>
 
+#include "common/confined_file.h"
 #include "engine/io/atomic_file.h"
 #include "engine/io/crc32.h"
 #include "engine/io/safetensors.h"
@@ -381,9 +382,7 @@ std::string ShardFileName(int rank) {
 Status WriteShard(const std::string& step_dir, int rank, const std::vector<SliceRef>& slices,
                   ShardInfo* info) {
   if (rank < 0) return InvalidArgumentError("WriteShard: negative rank " + std::to_string(rank));
-  std::error_code ec;
-  fs::create_directories(step_dir, ec);
-  if (ec) return InternalError("cannot create " + step_dir + ": " + ec.message());
+  MESHRUN_RETURN_IF_ERROR(CreateDirectoriesConfined(step_dir));
 
   ShardInfo shard;
   shard.rank = rank;
@@ -452,7 +451,8 @@ Status WriteMetadata(const std::string& step_dir, const CheckpointMetadata& meta
 
 StatusOr<CheckpointMetadata> ReadMetadata(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / kCheckpointMetadataFile).string();
-  std::ifstream in(path, std::ios::binary);
+  MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(path));
+  std::ifstream in(name.name(), std::ios::binary);
   if (!in) return NotFoundError(path + ": no such file");
   std::stringstream text;
   text << in.rdbuf();
@@ -559,9 +559,7 @@ Status PruneCheckpoints(const std::string& dir, int keep, std::vector<std::strin
       remove = complete_seen > 0;  // older than the newest complete one: a crashed save
     }
     if (!remove) continue;
-    std::error_code ec;
-    fs::remove_all(step_dir, ec);
-    if (ec) return InternalError("cannot delete " + step_dir + ": " + ec.message());
+    MESHRUN_RETURN_IF_ERROR(RemoveAllConfined(step_dir));
     if (deleted) deleted->push_back(step_dir);
   }
   return OkStatus();

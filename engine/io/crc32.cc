@@ -10,6 +10,8 @@
 #include <cstring>
 #include <vector>
 
+#include "common/confined_file.h"
+
 namespace meshrun {
 namespace {
 
@@ -51,7 +53,7 @@ uint32_t Crc32Update(uint32_t crc, const void* data, size_t size) {
 }
 
 StatusOr<FileDigest> DigestFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MESHRUN_ASSIGN_OR_RETURN(const int fd, OpenConfined(path, O_RDONLY | O_CLOEXEC));
   if (fd < 0) return NotFoundError(path + ": cannot open: " + std::strerror(errno));
   FileDigest d;
   std::vector<unsigned char> buf(1 << 20);

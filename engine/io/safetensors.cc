@@ -13,6 +13,7 @@
 #include <set>
 #include <utility>
 
+#include "common/confined_file.h"
 #include "engine/io/atomic_file.h"
 
 namespace meshrun {
@@ -277,7 +278,7 @@ void ConvertToFloat(DType dtype, const unsigned char* src, int64_t count, float*
 }  // namespace
 
 StatusOr<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MESHRUN_ASSIGN_OR_RETURN(const int fd, OpenConfined(path, O_RDONLY | O_CLOEXEC));
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) return NotFoundError(path + ": no such file");

@@ -23,8 +23,13 @@ class JobManagerTest : public ::testing::Test {
 
   void Open() {
     jobs_.reset();
+    persistent_store_.reset();
     db_.reset();
     db_ = StateDb::Open(dir_.path()).value();
+    // As server.cc builds it: a fresh store per start, writing through to the database.
+    if (persist_store_) {
+      persistent_store_ = std::make_unique<StoreManager>(clock_, StoreLimits{}, db_.get());
+    }
     JobManagerConfig config;
     config.store_address = "coord:1234";
     config.find_checkpoint = [](const std::string&) { return std::string(); };
@@ -32,7 +37,8 @@ class JobManagerTest : public ::testing::Test {
     // Restarts are placed at once unless a test sets a backoff (RestartsBackOffExponentially).
     config.restart_backoff = restart_backoff_;
     config.max_stops_per_worker = max_stops_per_worker_;
-    jobs_ = std::make_unique<JobManager>(db_.get(), workers_, store_, clock_, config);
+    jobs_ = std::make_unique<JobManager>(
+        db_.get(), workers_, persist_store_ ? *persistent_store_ : store_, clock_, config);
     ASSERT_TRUE(jobs_->Load().ok());
   }
 
@@ -90,6 +96,8 @@ class JobManagerTest : public ::testing::Test {
   testing::FakeClock clock_;
   testing::FakeWorkerView workers_;
   StoreManager store_{clock_, StoreLimits{}};
+  bool persist_store_ = false;
+  std::unique_ptr<StoreManager> persistent_store_;
   std::unique_ptr<StateDb> db_;
   std::unique_ptr<JobManager> jobs_;
 };
@@ -408,6 +416,39 @@ TEST_F(JobManagerTest, StateSurvivesAReopen) {
   EXPECT_GT(Get(running).last_event_sequence(), last_seq);
   // New ids continue after the old ones.
   EXPECT_GT(Submit(1, 1, 1, 1), pending);
+}
+
+// A checkpoint barrier that straddles a coordinator restart: rank 0 set its key before, rank 1
+// sets its own after; both keys are there, so the barrier completes and the attempt goes on
+// (no restart, attempt 1 succeeds).
+TEST_F(JobManagerTest, StoreKeysOfARunningAttemptSurviveAReopen) {
+  persist_store_ = true;
+  Open();
+  workers_.Add("a", 2);
+  const std::string id = Submit(1, 2, 1, 1, 1);
+  auto as = StartAll("a");
+  ASSERT_TRUE(persistent_store_->Set(id, 1, "checkpoint/4/written/0", "1").ok());
+  Open();  // kill -9 and start again on the same database
+  ASSERT_TRUE(persistent_store_->Set(id, 1, "checkpoint/4/written/1", "1").ok());
+  for (const char* key : {"checkpoint/4/written/0", "checkpoint/4/written/1"}) {
+    bool called = false;
+    std::string value;
+    persistent_store_->Get(id, 1, key, /*wait=*/false, milliseconds(0), std::nullopt,
+                           [&](StatusOr<std::optional<std::string>> v) {
+                             called = true;
+                             if (v.ok() && v->has_value()) value = **v;
+                           });
+    EXPECT_TRUE(called);
+    EXPECT_EQ(value, "1") << key;
+  }
+  Heartbeat("a", as);
+  Heartbeat("a", as);
+  Exited("a", id, 1, 0, 0);
+  Exited("a", id, 1, 1, 0);
+  const v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.message();
+  EXPECT_EQ(job.attempt(), 1);
+  EXPECT_EQ(job.restarts(), 0);
 }
 
 TEST_F(JobManagerTest, RestoredRanksThatNoWorkerReportsFailTheAttempt) {

@@ -326,7 +326,7 @@ TEST(RankSeriesExport, FinishedJobsAreKeptForTheNewest32) {
 TEST(JobSeriesExport, JobAndClusterSeries) {
   JobsSnapshot snap;
   snap.jobs_by_state[v1::JOB_STATE_RUNNING] = 1;
-  snap.jobs.push_back({"job-1", "demo", v1::JOB_STATE_RUNNING, 12, 5000, 0.3, 1.25, 1});
+  snap.jobs.push_back({"job-1", "demo", v1::JOB_STATE_RUNNING, 12, 5000, 0.3, 1.25, 1, 6144});
   std::vector<v1::WorkerInfo> workers(2);
   workers[0].set_state(v1::WORKER_STATE_BUSY);
   workers[1].set_state(v1::WORKER_STATE_READY);
@@ -344,6 +344,9 @@ TEST(JobSeriesExport, JobAndClusterSeries) {
   EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_tokens_per_second", {{"job_id", "job-1"}})->gauge.value,
                    5000);
   EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_mfu_ratio", {{"job_id", "job-1"}})->gauge.value, 0.3);
+  EXPECT_EQ(FindFamily(fs, "meshrun_job_tokens_total")->type, prometheus::MetricType::Counter);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_tokens_total", {{"job_id", "job-1"}})->counter.value,
+                   6144);
   EXPECT_EQ(FindFamily(fs, "meshrun_job_restarts_total")->type, prometheus::MetricType::Counter);
   EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_restarts_total", {{"job_id", "job-1"}})->counter.value, 1);
   EXPECT_DOUBLE_EQ(Find(fs, "meshrun_job_step_time_skew", {{"job_id", "job-1"}})->gauge.value,

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/coordinator/test_util.h"
 #include "tests/fakes/fake_clock.h"
 
 namespace meshrun::coordinator {
@@ -179,6 +180,57 @@ TEST_F(StoreManagerTest, AllAttemptsTogetherAreBoundedByMaxStoreBytes) {
   // Reopening an attempt drops what it held.
   store.OpenAttempt("j2", 1);
   EXPECT_EQ(store.total_bytes(), 0u);
+}
+
+// With a state database the keys survive a coordinator restart (a new StoreManager over the same
+// database): a barrier a running attempt was in completes instead of timing out. Opening an
+// attempt anew and closing it drop what was kept.
+TEST(StoreManagerPersistenceTest, KeysOfARunningAttemptSurviveARestart) {
+  testing::TempDir dir;
+  testing::FakeClock clock;
+  {
+    auto db = StateDb::Open(dir.path());
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    StoreManager store(clock, StoreLimits{}, db->get());
+    store.OpenAttempt("j", 1);
+    store.OpenAttempt("j", 2);
+    ASSERT_TRUE(store.Set("j", 1, "checkpoint/10/written/0", "1").ok());
+    ASSERT_TRUE(store
+                    .Set("j", 1, "gloo/addr",
+                         std::string("\0\x01"
+                                     "binary",
+                                     8))
+                    .ok());
+    ASSERT_TRUE(store.Add("j", 1, "counter", 3).ok());
+    ASSERT_TRUE(store.Set("j", 2, "other", "x").ok());
+    store.CloseAttempt("j", 2);
+  }  // the coordinator goes away
+  auto db = StateDb::Open(dir.path());
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  StoreManager store(clock, StoreLimits{}, db->get());
+  ASSERT_TRUE(store.RestoreAttempt("j", 1).ok());
+  ASSERT_TRUE(store.RestoreAttempt("j", 2).ok());
+  auto get = [&](int attempt, const std::string& key) {
+    Result r;
+    store.Get("j", attempt, key, false, milliseconds(0), std::nullopt, Capture(&r));
+    EXPECT_TRUE(r.called && r.value.ok());
+    return r.value.ok() && r.value->has_value() ? **r.value : std::string("<unset>");
+  };
+  EXPECT_EQ(get(1, "checkpoint/10/written/0"), "1");
+  EXPECT_EQ(get(1, "gloo/addr"), std::string("\0\x01"
+                                             "binary",
+                                             8));
+  EXPECT_EQ(*store.Add("j", 1, "counter", 1), 4);
+  EXPECT_EQ(get(2, "other"), "<unset>");  // closed before the restart: dropped
+  EXPECT_EQ(store.total_bytes(), std::string("checkpoint/10/written/0").size() + 1 +
+                                     std::string("gloo/addr").size() + 8 +
+                                     std::string("counter").size() + 1);
+  // A new placement of the attempt starts empty, also after the next restart.
+  store.OpenAttempt("j", 1);
+  EXPECT_EQ(get(1, "checkpoint/10/written/0"), "<unset>");
+  StoreManager again(clock, StoreLimits{}, db->get());
+  ASSERT_TRUE(again.RestoreAttempt("j", 1).ok());
+  EXPECT_EQ(again.total_bytes(), 0u);
 }
 
 }  // namespace

@@ -467,6 +467,47 @@ TEST_F(ControlPlaneTest, CoordinatorRestartLosesNoJob) {
   EXPECT_NE(followed.find("SUCCEEDED"), std::string::npos) << followed;
 }
 
+// A worker with --data-root/--checkpoint-root hands its roots to its ranks, which check every
+// object they open (common/confined_file.h): a job inside the roots reads its data, writes
+// checkpoints (create, rename, make folders) and prunes old ones (keep: 2) as an unconfined one.
+TEST_F(ControlPlaneTest, ConfinedRanksTrainAndCheckpointInsideTheRoots) {
+  const fs::path ckroot = dir_ / "ckroot";
+  fs::create_directories(ckroot);
+  const std::string data_root = fs::path(kCorpus).parent_path().string();
+  const std::vector<std::string> roots = {"--data-root", data_root, "--checkpoint-root",
+                                          ckroot.string()};
+  StartCoordinator(3, roots);
+  std::vector<std::string> argv = {(BinDir() / "meshrun-worker").string(),
+                                   "--coordinator",
+                                   address_,
+                                   "--name",
+                                   "confined",
+                                   "--slots",
+                                   "4",
+                                   "--work-dir",
+                                   (dir_ / "work" / "confined").string(),
+                                   "--cores",
+                                   "1",
+                                   "--grace",
+                                   "2"};
+  argv.insert(argv.end(), roots.begin(), roots.end());
+  workers_.push_back(Spawn("confined", argv, dir_ / "confined.log"));
+  ASSERT_TRUE(WaitWorkers(1, "READY")) << Cli({"workers"}).out;
+  const fs::path spec = dir_ / "confined.yaml";
+  std::ofstream(spec) << Spec(ckroot / "run", 12, 4, 0);
+  const std::string job = Submit(spec.string());
+  ASSERT_FALSE(job.empty());
+  json s;
+  ASSERT_TRUE(WaitState(job, "SUCCEEDED", 240s, &s)) << s.dump();
+  EXPECT_EQ(s["step"], 12);
+  std::set<std::string> kept;
+  for (const auto& e : fs::directory_iterator(ckroot / "run")) {
+    kept.insert(e.path().filename().string());
+  }
+  EXPECT_EQ(kept, (std::set<std::string>{"step-00000008", "step-00000012"}));
+  EXPECT_TRUE(fs::exists(ckroot / "run" / "step-00000012" / "metadata.json"));
+}
+
 // ---- Confined paths and limits through the CLI ------------------------------------------------
 
 // A coordinator with --data-root/--checkpoint-root and tight limits, no workers (jobs stay

@@ -15,18 +15,20 @@ namespace meshrun::testing {
 class TestCerts {
  public:
   // False (with `error` set) when openssl is missing or fails; the caller skips.
-  bool Generate(const std::filesystem::path& dir, const std::vector<std::string>& workers) {
+  // `coordinator_sans` adds subjectAltNames to the coordinator's ("IP:10.0.0.1").
+  bool Generate(const std::filesystem::path& dir, const std::vector<std::string>& workers,
+                const std::vector<std::string>& coordinator_sans = {}) {
     dir_ = dir;
     std::filesystem::create_directories(dir_);
     if (std::system("openssl version >/dev/null 2>&1") != 0) {
       error = "the openssl command is missing (apt-get install openssl)";
       return false;
     }
-    bool ok =
-        MakeCa("ca") && MakeCa("other-ca") &&
-        MakeLeaf("coordinator", "ca",
-                 "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n") &&
-        MakeLeaf("rogue", "other-ca", "extendedKeyUsage=clientAuth\n");
+    bool ok = MakeCa("ca") && MakeCa("other-ca") &&
+              MakeLeaf("coordinator", "ca",
+                       "subjectAltName=DNS:localhost,IP:127.0.0.1" + ExtraSans(coordinator_sans) +
+                           "\nextendedKeyUsage=serverAuth\n") &&
+              MakeLeaf("rogue", "other-ca", "extendedKeyUsage=clientAuth\n");
     for (const std::string& w : workers) {
       ok = ok && MakeLeaf(w, "ca", "extendedKeyUsage=clientAuth\n");
     }
@@ -47,6 +49,11 @@ class TestCerts {
       return false;
     }
     return true;
+  }
+  static std::string ExtraSans(const std::vector<std::string>& sans) {
+    std::string out;
+    for (const std::string& s : sans) out += "," + s;
+    return out;
   }
   static std::string NewKey() { return " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"; }
   bool MakeCa(const std::string& name) {

@@ -1,0 +1,526 @@
+// Chaos trials on a real local cluster (issue #16): a coordinator and three 1-slot workers on
+// loopback run a tiny 2-rank job (dp_shard 2, a checkpoint every 4 steps) while one fault hits at
+// a seeded random moment: kill -9 of a rank, of a worker or of the coordinator, or SIGSTOP of a
+// rank (a hang). Each trial must end SUCCEEDED with the undisturbed run's final loss, resumed from
+// the newest complete checkpoint (or, for a coordinator kill, not restarted at all), within a
+// bound. Shared by tests/integration/chaos_test.cc (a few trials in CI) and bench/chaos (many).
+// No gtest here: results are values, and every wait is bounded.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/integration/daemons.h"
+
+namespace meshrun::chaos {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+// kKillRankInRestart: kill -9 of a rank, then of a rank of the restarted attempt as soon as it
+// runs (during its start: loading the checkpoint, the rendezvous), so the job restarts twice.
+enum class Fault { kKillRank, kKillWorker, kKillCoordinator, kStopRank, kKillRankInRestart };
+
+inline const char* FaultName(Fault f) {
+  switch (f) {
+    case Fault::kKillRank: return "kill-rank";
+    case Fault::kKillWorker: return "kill-worker";
+    case Fault::kKillCoordinator: return "kill-coordinator";
+    case Fault::kStopRank: return "stop-rank";
+    case Fault::kKillRankInRestart: return "kill-rank-in-restart";
+  }
+  return "?";
+}
+
+struct TrialResult {
+  Fault fault = Fault::kKillRank;
+  uint64_t seed = 0;
+  bool ok = false;
+  std::string why;  // what failed, when !ok
+  std::string job_id;
+  int fault_at_step = -1;  // the job's step when the fault hit
+  int fault_delay_ms = 0;  // how long after reaching that step
+  int victim_rank = -1;
+  int newest_complete = -1;    // newest complete checkpoint step when the fault hit
+  int newest_at_restart = -1;  // … when the next attempt was placed
+  int resumed_step = -1;       // what the restarted ranks resumed from (-1: no resume)
+  int restarts = -1;
+  double final_loss = NAN;
+  double reference_loss = NAN;
+  // Fault → the job's step past where it was, by the next attempt (by the same one after a
+  // coordinator kill), or the job's end, whichever is first; seen by polling every 50 ms.
+  double recovery_seconds = NAN;
+  double trial_seconds = 0;
+  std::string transcript;  // `submit --follow` output: states, reasons, rank failures
+  std::string logs;        // `meshrun logs JOB`: every rank's lines, "[rank R attempt A] …"
+};
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+};
+
+inline std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+inline std::string Quote(const std::string& arg) {
+  std::string q = "'";
+  for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// The cluster and the job of every trial. Not thread-safe; one trial at a time.
+class ChaosCluster {
+ public:
+  struct Options {
+    fs::path bin_dir;  // holds meshrun, meshrun-worker, meshrun-coordinator
+    fs::path dir;      // a fresh folder for state, work dirs, logs and checkpoints
+    std::string corpus = "/usr/share/games/fortunes/cookie";
+    int steps = 40;
+    int every = 4;
+    int max_restarts = 3;
+    int heartbeat_timeout_s = 3;
+    // The stated bound per trial. A hang inside a checkpoint's barrier is found by that
+    // barrier's store wait (5 minutes in engine/train), not by the 30 s collective timeout, so
+    // a stop-rank trial gets longer.
+    std::chrono::seconds trial_timeout{150};
+    std::chrono::seconds hang_trial_timeout{420};
+  };
+
+  explicit ChaosCluster(Options o) : o_(std::move(o)) {}
+  ~ChaosCluster() { Stop(); }
+
+  std::string Spec(const fs::path& checkpoints) const {
+    return "name: chaos\n"
+           "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, seq_len: 64, vocab_size: "
+           "256}\n"
+           "parallelism: {dp_replicate_size: 1, dp_shard_size: 2, cp_size: 1, tp_size: 1}\n"
+           "train: {steps: " +
+           std::to_string(o_.steps) +
+           ", global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-3, min_lr: 1.0e-4, "
+           "warmup_steps: 2, seed: 1337}\n"
+           "data: {train: " +
+           o_.corpus +
+           ", format: text}\n"
+           "checkpoint: {dir: " +
+           checkpoints.string() + ", every: " + std::to_string(o_.every) +
+           ", keep: 2}\n"
+           "restart: {max_restarts: " +
+           std::to_string(o_.max_restarts) + "}\n";
+  }
+
+  // The undisturbed run: the same spec trained standalone (`meshrun train --nproc 2`).
+  double ReferenceLoss() {
+    const fs::path spec = o_.dir / "reference.yaml";
+    std::ofstream(spec) << Spec(o_.dir / "reference-checkpoints");
+    CliResult r = Run({(o_.bin_dir / "meshrun").string(), "train", "-f", spec.string(), "--nproc",
+                       "2", "-o", "json"},
+                      300);
+    for (const std::string& line : Lines(r.out)) {
+      json j = json::parse(line, nullptr, false);
+      if (j.is_object() && j["event"] == "summary" && j["final_loss"].is_number()) {
+        return j["final_loss"].get<double>();
+      }
+    }
+    return NAN;
+  }
+
+  // Coordinator + workers w1..w3, READY. False (with `why`) when they do not come up in time.
+  bool Start(std::string* why) {
+    fs::create_directories(o_.dir);
+    address_ = "127.0.0.1:" + std::to_string(testing::FreePort());
+    if (!StartCoordinator(why)) return false;
+    for (const char* name : {"w1", "w2", "w3"}) StartWorker(name);
+    if (!WaitWorkers(3, 30s)) {
+      *why = "the 3 workers did not become READY: " + Cli({"workers"}).out;
+      return false;
+    }
+    return true;
+  }
+
+  void Stop() {
+    for (testing::Daemon& w : workers_) testing::Stop(w, 5s);
+    workers_.clear();
+    testing::Stop(coordinator_, 5s);
+  }
+
+  TrialResult RunTrial(Fault fault, uint64_t seed, double reference) {
+    TrialResult t;
+    t.fault = fault;
+    t.seed = seed;
+    t.reference_loss = reference;
+    const Clock::time_point begin = Clock::now();
+    const std::chrono::seconds bound =
+        fault == Fault::kStopRank ? o_.hang_trial_timeout : o_.trial_timeout;
+    const Clock::time_point give_up = begin + bound;
+    std::mt19937_64 rng(seed);
+    // When: a step in [1, steps / 2] (half the run is left after the fault, far more than the
+    // delay) plus 0–400 ms, which lands anywhere in a step: forward, a collective, a checkpoint
+    // write, the barrier before metadata.json.
+    const int target = std::uniform_int_distribution<int>(1, o_.steps / 2)(rng);
+    t.fault_delay_ms = std::uniform_int_distribution<int>(0, 400)(rng);
+    const int victim_index = std::uniform_int_distribution<int>(0, 1)(rng);
+
+    const std::string name = "trial-" + std::to_string(++trials_);
+    const fs::path checkpoints = o_.dir / (name + "-checkpoints");
+    const fs::path spec = o_.dir / (name + ".yaml");
+    std::ofstream(spec) << Spec(checkpoints);
+    const fs::path follow_log = o_.dir / (name + "-follow.log");
+    testing::Daemon follow = testing::Spawn("follow",
+                                            {(o_.bin_dir / "meshrun").string(), "submit", "-f",
+                                             spec.string(), "--follow", "--coordinator", address_},
+                                            follow_log);
+    auto fail = [&](const std::string& why) {
+      t.ok = false;
+      t.why = why;
+      if (!t.job_id.empty()) t.logs = Cli({"logs", t.job_id}).out;
+      t.trial_seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+      t.transcript = ReadFile(follow_log);
+      testing::Stop(follow, 2s);
+      CleanUpStopped();
+      return t;
+    };
+    // The job id is the follower's first line.
+    while (t.job_id.empty() && Clock::now() < give_up) {
+      const std::vector<std::string> lines = Lines(ReadFile(follow_log));
+      if (!lines.empty() && lines[0].rfind("job-", 0) == 0) t.job_id = lines[0];
+      std::this_thread::sleep_for(20ms);
+    }
+    if (t.job_id.empty()) return fail("no job id from submit --follow");
+    json s;
+    if (!WaitStatus(
+            t.job_id, [&](const json& j) { return j["step"].get<int>() >= target; }, give_up, &s)) {
+      return fail("never reached step " + std::to_string(target) + ": " + s.dump());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(t.fault_delay_ms));
+    s = Status(t.job_id);
+    if (!s.is_object() || s["state"] != "RUNNING") return fail("not RUNNING at the fault");
+    t.fault_at_step = s["step"].get<int>();
+    const json& victim = s["ranks"][victim_index];
+    t.victim_rank = victim["rank"].get<int>();
+    const pid_t pid = victim["pid"].get<int>();
+    const std::string worker = victim["worker"].get<std::string>();
+    if (pid <= 0) return fail("no pid for rank " + std::to_string(t.victim_rank));
+
+    // The fault.
+    const Clock::time_point fault_time = Clock::now();
+    switch (fault) {
+      case Fault::kKillRank:
+      case Fault::kKillRankInRestart: kill(pid, SIGKILL); break;
+      case Fault::kStopRank:
+        kill(pid, SIGSTOP);
+        stopped_.push_back(pid);
+        break;
+      case Fault::kKillWorker:
+        for (testing::Daemon& w : workers_) {
+          if (w.name == worker) testing::KillNow(w);
+        }
+        break;
+      case Fault::kKillCoordinator: testing::KillNow(coordinator_); break;
+    }
+    t.newest_complete = NewestComplete(checkpoints);
+    if (fault == Fault::kKillCoordinator) {
+      std::string why;
+      if (!StartCoordinator(&why)) return fail(why);
+    }
+    // The attempt the job should finish on, and the newest complete checkpoint each time a
+    // new attempt is seen placed (the last one is what the finishing attempt resumed from).
+    const int final_attempt = fault == Fault::kKillCoordinator     ? 1
+                              : fault == Fault::kKillRankInRestart ? 3
+                                                                   : 2;
+    int attempt_seen = 1;
+    auto note_attempt = [&](const json& j) {
+      if (!j.is_object() || j["attempt"].get<int>() <= attempt_seen) return;
+      attempt_seen = j["attempt"].get<int>();
+      t.newest_at_restart = NewestComplete(checkpoints);
+    };
+    if (fault == Fault::kKillRankInRestart) {
+      // The second kill: a rank of attempt 2 as soon as its process exists.
+      pid_t second = 0;
+      while (second <= 0 && Clock::now() < give_up) {
+        s = Status(t.job_id);
+        note_attempt(s);
+        if (s.is_object() && s["attempt"].get<int>() >= 2 && s["ranks"].size() > 1) {
+          second = s["ranks"][1 - victim_index]["pid"].get<int>();
+        }
+        if (second <= 0) std::this_thread::sleep_for(20ms);
+      }
+      if (second <= 0) return fail("attempt 2 never started its ranks: " + s.dump());
+      kill(second, SIGKILL);
+    }
+    // Recovery: the job's step goes past where it was, or the job ends.
+    while (Clock::now() < give_up) {
+      s = Status(t.job_id);
+      if (s.is_object()) {
+        note_attempt(s);
+        // Progress past the fault: by the same attempt after a coordinator kill, else by the
+        // next one (a stopped rank may have reported a step beyond the job's before it hung).
+        const bool ended = s["state"] == "SUCCEEDED" || s["state"] == "FAILED";
+        const bool next = s["attempt"].get<int>() >= final_attempt;
+        if (ended || (next && s["step"].get<int>() > t.fault_at_step && s["state"] == "RUNNING")) {
+          t.recovery_seconds = std::chrono::duration<double>(Clock::now() - fault_time).count();
+          break;
+        }
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    if (std::isnan(t.recovery_seconds)) return fail("no progress after the fault: " + s.dump());
+    // The end.
+    while (Clock::now() < give_up) {
+      s = Status(t.job_id);
+      note_attempt(s);
+      if (s.is_object() && (s["state"] == "SUCCEEDED" || s["state"] == "FAILED")) break;
+      std::this_thread::sleep_for(100ms);
+    }
+    // A killed worker comes back under its name for the next trial.
+    if (fault == Fault::kKillWorker) StartWorker(worker);
+    if (!s.is_object() || s["state"] != "SUCCEEDED") {
+      return fail("did not SUCCEED within " + std::to_string(bound.count()) + " s: " + s.dump());
+    }
+    t.restarts = s["restarts"].get<int>();
+    t.final_loss = s["loss"].get<double>();
+    // What the restarted ranks say they resumed from (rank 0's log: "resumed from DIR at step N").
+    CliResult logs = Cli({"logs", t.job_id, "--rank", "0"});
+    for (const std::string& line : Lines(logs.out)) {
+      const size_t at = line.find("resumed from ");
+      const size_t step = line.find(" at step ", at);
+      if (at != std::string::npos && step != std::string::npos) {
+        t.resumed_step = std::atoi(line.c_str() + step + 9);
+      }
+    }
+    testing::WaitExit(follow.pid, 20s);
+    follow.pid = -1;
+    if (fault == Fault::kStopRank) {
+      // The job has moved on; the stopped rank goes when its stop order's grace (10 s) is out,
+      // and its worker then says why it had to be killed. Bounded wait for that.
+      const Clock::time_point until = Clock::now() + 20s;
+      while (testing::Alive(pid) && Clock::now() < until) std::this_thread::sleep_for(100ms);
+      std::this_thread::sleep_for(500ms);  // the worker's report reaches the coordinator
+    }
+    t.transcript = ReadFile(follow_log);
+    t.logs = Cli({"logs", t.job_id}).out;
+    t.trial_seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+    CleanUpStopped();
+    if (fault == Fault::kKillWorker && !WaitWorkers(3, 30s)) {
+      return fail("the killed worker did not come back READY");
+    }
+    t.ok = true;
+    Check(&t);
+    return t;
+  }
+
+  const std::string& address() const { return address_; }
+
+  // For tests that drive the cluster themselves.
+  CliResult Cli(std::vector<std::string> args, int timeout_s = 10) const {
+    args.insert(args.begin(), (o_.bin_dir / "meshrun").string());
+    args.push_back("--coordinator");
+    args.push_back(address_);
+    return Run(args, timeout_s);
+  }
+
+  json Status(const std::string& job) const {
+    CliResult r = Cli({"status", job, "-o", "json"});
+    if (r.exit_code != 0) return json();
+    return json::parse(r.out, nullptr, false);
+  }
+
+  // kill -9 of the coordinator, then a new one on the same state folder and port.
+  bool KillAndRestartCoordinator(std::string* why) {
+    testing::KillNow(coordinator_);
+    return StartCoordinator(why);
+  }
+
+  std::string WriteSpec(const std::string& name) {
+    const fs::path spec = o_.dir / (name + ".yaml");
+    std::ofstream(spec) << Spec(o_.dir / (name + "-checkpoints"));
+    return spec.string();
+  }
+
+ private:
+  // The trial's claims, each turned into `why` when it does not hold.
+  void Check(TrialResult* t) const {
+    auto claim = [&](bool holds, const std::string& what) {
+      if (!holds && t->ok) {
+        t->ok = false;
+        t->why = what;
+      }
+    };
+    claim(std::abs(t->final_loss - t->reference_loss) <= 1e-5 * std::abs(t->reference_loss),
+          "final loss " + std::to_string(t->final_loss) + " != the undisturbed " +
+              std::to_string(t->reference_loss));
+    if (t->fault == Fault::kKillCoordinator) {
+      // The ranks were alive throughout: the attempt must simply go on.
+      claim(t->restarts == 0, "the coordinator's restart restarted the attempt (restarts " +
+                                  std::to_string(t->restarts) + ")");
+      claim(t->resumed_step == -1, "ranks resumed although nothing failed");
+      return;
+    }
+    const int expected = t->fault == Fault::kKillRankInRestart ? 2 : 1;
+    claim(t->restarts == expected,
+          "restarts " + std::to_string(t->restarts) + ", expected " + std::to_string(expected));
+    // The newest complete checkpoint when the next attempt was placed; the survivors may have
+    // completed one after the fault (every shard was already written), never a newer one.
+    claim(t->resumed_step == t->newest_at_restart,
+          "resumed from step " + std::to_string(t->resumed_step) +
+              " but the newest complete checkpoint at the restart was " +
+              std::to_string(t->newest_at_restart));
+    claim(t->resumed_step >= t->newest_complete && t->resumed_step <= t->fault_at_step + 1,
+          "resumed from step " + std::to_string(t->resumed_step) + ", outside [" +
+              std::to_string(t->newest_complete) + ", " + std::to_string(t->fault_at_step + 1) +
+              "]");
+    if (t->fault == Fault::kStopRank) {
+      // The hang is found by a bounded wait that names what it waited for: the collective
+      // timeout (the collective and its group) or, inside a checkpoint, the barrier's store
+      // wait (the key, which names the missing rank); the stopped rank is named as hung.
+      bool timeout = false, named = false;
+      for (const std::string& line : Lines(t->transcript + "\n" + t->logs)) {
+        const bool collective = line.find("timeout") != std::string::npos &&
+                                (line.find("all_") != std::string::npos ||
+                                 line.find("reduce_scatter") != std::string::npos ||
+                                 line.find("broadcast") != std::string::npos);
+        const bool barrier = line.find("checkpoint/") != std::string::npos &&
+                             line.find("not set within") != std::string::npos;
+        timeout = timeout || collective || barrier;
+        named = named || (line.rfind("[rank " + std::to_string(t->victim_rank), 0) == 0 &&
+                          line.find("a hung rank") != std::string::npos);
+      }
+      claim(timeout, "no timeout naming the collective or barrier in the job's events or logs");
+      claim(named, "the stopped rank " + std::to_string(t->victim_rank) +
+                       " is not named as hung in the job's logs");
+    }
+  }
+
+  static std::vector<std::string> Lines(const std::string& text) {
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    return lines;
+  }
+
+  static CliResult Run(const std::vector<std::string>& argv, int timeout_s) {
+    std::string command = "timeout " + std::to_string(timeout_s);
+    for (const std::string& a : argv) {
+      command += ' ';
+      command += Quote(a);
+    }
+    command += " 2>/dev/null";
+    CliResult r;
+    FILE* pipe = popen(command.c_str(), "r");
+    if (pipe == nullptr) return r;
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) r.out.append(buf, n);
+    const int status = pclose(pipe);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  }
+
+  template <typename Pred>
+  bool WaitStatus(const std::string& job, Pred pred, Clock::time_point give_up, json* last) const {
+    while (Clock::now() < give_up) {
+      *last = Status(job);
+      if (last->is_object() && pred(*last)) return true;
+      if (last->is_object() && (*last)["state"] != "RUNNING" && (*last)["state"] != "PENDING") {
+        return false;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return false;
+  }
+
+  bool WaitWorkers(int n, std::chrono::seconds timeout) const {
+    const Clock::time_point give_up = Clock::now() + timeout;
+    while (Clock::now() < give_up) {
+      CliResult r = Cli({"workers", "-o", "json"});
+      if (r.exit_code == 0) {
+        json list = json::parse(r.out, nullptr, false);
+        int ready = 0;
+        if (list.is_array()) {
+          for (const json& w : list) ready += w["state"] == "READY";
+        }
+        if (ready >= n) return true;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    return false;
+  }
+
+  bool StartCoordinator(std::string* why) {
+    coordinator_ =
+        testing::Spawn("coordinator",
+                       {(o_.bin_dir / "meshrun-coordinator").string(), "--listen", address_,
+                        "--state-dir", (o_.dir / "state").string(), "--heartbeat-timeout",
+                        std::to_string(o_.heartbeat_timeout_s), "--restart-backoff", "0.5"},
+                       o_.dir / "coordinator.log");
+    const Clock::time_point give_up = Clock::now() + 20s;
+    while (Clock::now() < give_up) {
+      if (Cli({"workers", "-o", "json"}, 5).exit_code == 0) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    *why = "the coordinator did not answer on " + address_;
+    return false;
+  }
+
+  void StartWorker(const std::string& name) {
+    workers_.erase(std::remove_if(workers_.begin(), workers_.end(),
+                                  [&](const testing::Daemon& d) { return d.name == name; }),
+                   workers_.end());
+    workers_.push_back(
+        testing::Spawn(name,
+                       {(o_.bin_dir / "meshrun-worker").string(), "--coordinator", address_,
+                        "--name", name, "--slots", "1", "--work-dir",
+                        (o_.dir / "work" / name).string(), "--cores", "1", "--grace", "2"},
+                       o_.dir / (name + ".log")));
+  }
+
+  // The newest step-N folder of `dir` whose metadata.json is in place (-1: none).
+  static int NewestComplete(const fs::path& dir) {
+    int newest = -1;
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string n = it->path().filename().string();
+      if (n.rfind("step-", 0) != 0 || !fs::exists(it->path() / "metadata.json")) continue;
+      newest = std::max(newest, std::atoi(n.c_str() + 5));
+    }
+    return newest;
+  }
+
+  // A SIGSTOPped rank the worker did not kill (it should have) goes now.
+  void CleanUpStopped() {
+    for (pid_t pid : stopped_) {
+      if (testing::Alive(pid)) {
+        kill(pid, SIGKILL);
+        kill(pid, SIGCONT);
+      }
+    }
+    stopped_.clear();
+  }
+
+  Options o_;
+  std::string address_;
+  testing::Daemon coordinator_;
+  std::vector<testing::Daemon> workers_;
+  std::vector<pid_t> stopped_;
+  int trials_ = 0;
+};
+
+}  // namespace meshrun::chaos
