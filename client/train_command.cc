@@ -220,7 +220,7 @@ int LaunchRanks(const TrainFlags& o, const ParallelDims& dims) {
 // it sits; the store is the coordinator's (MESHRUN_STORE_ADDRESS, MESHRUN_JOB_ID,
 // MESHRUN_ATTEMPT, set by meshrun-worker) or else a FileStore in MESHRUN_STORE_DIR (set by the
 // standalone launcher). MESHRUN_HOST, when set, is the address peers reach this rank at.
-StatusOr<RankContext> ConnectRank(const ParallelDims& dims) {
+StatusOr<RankContext> ConnectRank(const ParallelDims& dims, std::chrono::seconds timeout) {
   const char* rank_env = std::getenv("MESHRUN_RANK");
   const char* world_env = std::getenv("MESHRUN_WORLD_SIZE");
   const char* store_env = std::getenv("MESHRUN_STORE_DIR");
@@ -261,7 +261,7 @@ StatusOr<RankContext> ConnectRank(const ParallelDims& dims) {
   }
   MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GlooBackend> backend, GlooBackend::Create(gloo));
   MeshCommsOptions comm_options;
-  comm_options.timeout = std::chrono::seconds(30);
+  comm_options.timeout = timeout;  // parallelism.comm_timeout_seconds
   MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
                            MeshComms::Create(dims, ctx.rank, store, *backend,
                                              std::make_shared<CommStats>(), comm_options));
@@ -286,7 +286,8 @@ int RunTrain(const TrainFlags& o) {
   RankContext ctx;
   if (is_rank) {
     if (Status roots = InstallFileRootsFromEnvironment(); !roots.ok()) return ReportError(roots);
-    StatusOr<RankContext> connected = ConnectRank(*dims);
+    StatusOr<RankContext> connected =
+        ConnectRank(*dims, std::chrono::seconds(spec->parallelism.comm_timeout_seconds));
     if (!connected.ok()) return ReportError(connected.status());
     ctx = std::move(connected).value();
   }

@@ -412,6 +412,9 @@ Status ValidateJobSpec(const JobSpec& spec, int nproc) {
   MESHRUN_RETURN_IF_ERROR(CheckModel(spec.model));
   MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
   MESHRUN_RETURN_IF_ERROR(CheckTrain(spec.train));
+  MESHRUN_RETURN_IF_ERROR(InRange("parallelism.comm_timeout_seconds",
+                                  spec.parallelism.comm_timeout_seconds, 1, false, 86400, true,
+                                  "use a bound such as 60 (seconds; at most a day)"));
   MESHRUN_RETURN_IF_ERROR(CheckData(spec));
   MESHRUN_RETURN_IF_ERROR(CheckOthers(spec));
   return CheckMeshRules(spec, mesh, nproc);

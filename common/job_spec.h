@@ -35,6 +35,8 @@ struct ParallelismSpec {
   // FSDP: free a block's gathered parameters after its forward (gathered again for its
   // backward); false keeps them until the backward (less traffic, more memory).
   bool fsdp_reshard_after_forward = true;
+  // Every collective and store wait of a rank is bounded by it: a hung peer fails the attempt.
+  int comm_timeout_seconds = 60;
 
   bool operator==(const ParallelismSpec&) const = default;
 };
@@ -133,6 +135,7 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("parallelism", "tp_size", p.tp_size);
   f("parallelism", "cp_comm_strategy", p.cp_comm_strategy);
   f("parallelism", "fsdp_reshard_after_forward", p.fsdp_reshard_after_forward);
+  f("parallelism", "comm_timeout_seconds", p.comm_timeout_seconds);
   auto& t = spec.train;
   f("train", "steps", t.steps);
   f("train", "global_batch_size", t.global_batch_size);

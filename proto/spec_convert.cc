@@ -59,6 +59,8 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(par.has_cp_comm_strategy(), par.cp_comm_strategy(), &s.parallelism.cp_comm_strategy);
   SetIfPresent(par.has_fsdp_reshard_after_forward(), par.fsdp_reshard_after_forward(),
                &s.parallelism.fsdp_reshard_after_forward);
+  SetIfPresent(par.has_comm_timeout_seconds(), par.comm_timeout_seconds(),
+               &s.parallelism.comm_timeout_seconds);
 
   if (!s.model.init_from.empty()) {
     // Sizes left out are read from init_from's config.json by the engine at rank start; until
@@ -133,6 +135,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   par->set_tp_size(s.parallelism.tp_size);
   par->set_cp_comm_strategy(s.parallelism.cp_comm_strategy);
   par->set_fsdp_reshard_after_forward(s.parallelism.fsdp_reshard_after_forward);
+  par->set_comm_timeout_seconds(s.parallelism.comm_timeout_seconds);
   v1::TrainSpec* t = p.mutable_train();
   t->set_steps(s.train.steps);
   t->set_global_batch_size(s.train.global_batch_size);

@@ -113,7 +113,8 @@ class ChaosCluster {
     return "name: chaos\n"
            "model: {arch: gpt2, n_layer: 2, n_head: 2, d_model: 64, seq_len: 64, vocab_size: "
            "256}\n"
-           "parallelism: {dp_replicate_size: 1, dp_shard_size: 2, cp_size: 1, tp_size: 1}\n"
+           "parallelism: {dp_replicate_size: 1, dp_shard_size: 2, cp_size: 1, tp_size: 1, "
+           "comm_timeout_seconds: 30}\n"
            "train: {steps: " +
            std::to_string(o_.steps) +
            ", global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-3, min_lr: 1.0e-4, "

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/confined_file.h"
 #include "engine/io/atomic_file.h"
 #include "engine/io/safetensors.h"
 
@@ -29,7 +30,8 @@ bool IsConv1DWeight(const std::string& name) {
 
 StatusOr<GPT2Config> ReadHuggingFaceConfig(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
-  std::ifstream in(path);
+  MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(path));
+  std::ifstream in(name.name());
   if (!in) {
     return InvalidArgumentError("model.init_from: " + path +
                                 " cannot be read (hint: point init_from at a folder with "

@@ -29,7 +29,7 @@ Status Trainer::WaitForAllRanks(const std::string& key) {
   MESHRUN_RETURN_IF_ERROR(ctx_.store->Set(key + "/" + std::to_string(ctx_.rank), "1"));
   std::vector<std::string> keys;
   for (int r = 0; r < dims_->world_size(); ++r) keys.push_back(key + "/" + std::to_string(r));
-  return ctx_.store->Wait(keys, std::chrono::minutes(5));
+  return ctx_.store->Wait(keys, std::chrono::seconds(spec_.parallelism.comm_timeout_seconds));
 }
 
 Status Trainer::SaveCheckpoint() {

@@ -127,7 +127,7 @@ TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
       {"model", {"arch", "n_layer", "n_head", "d_model", "seq_len", "vocab_size", "init_from"}},
       {"parallelism",
        {"dp_replicate_size", "dp_shard_size", "cp_size", "tp_size", "cp_comm_strategy",
-        "fsdp_reshard_after_forward"}},
+        "fsdp_reshard_after_forward", "comm_timeout_seconds"}},
       {"train",
        {"steps", "global_batch_size", "micro_batch_size", "lr", "min_lr", "warmup_steps",
         "weight_decay", "grad_clip", "beta1", "beta2", "eps", "seed", "precision",
