@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "client/coordinator_client.h"
+#include "client/preflight.h"
 #include "client/progress.h"
 #include "common/job_spec_yaml.h"
 #include "proto/spec_convert.h"
@@ -28,6 +29,7 @@ struct SubmitFlags {
   std::vector<std::string> overrides;
   bool follow = false;
   bool logs = false;
+  bool skip_local_checks = false;
   std::string output = "text";
   std::string coordinator;
 };
@@ -38,7 +40,7 @@ void MakeAbsolute(std::string& path) {
 }
 
 int RunSubmit(const SubmitFlags& f) {
-  StatusOr<v1::JobSpec> spec = PrepareSubmission(f.file, f.overrides);
+  StatusOr<v1::JobSpec> spec = PrepareSubmission(f.file, f.overrides, !f.skip_local_checks);
   if (!spec.ok()) return ReportError(spec.status());
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
@@ -89,13 +91,20 @@ int RunSubmit(const SubmitFlags& f) {
 }  // namespace
 
 StatusOr<v1::JobSpec> PrepareSubmission(const std::string& file,
-                                        const std::vector<std::string>& overrides) {
+                                        const std::vector<std::string>& overrides,
+                                        bool local_checks) {
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpecFile(file, overrides));
   MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, 0));
   MakeAbsolute(spec.data.train);
   MakeAbsolute(spec.data.val);
   MakeAbsolute(spec.checkpoint.dir);
   MakeAbsolute(spec.model.init_from);
+  if (local_checks) {
+    // One rank of the job must fit this host's memory: a model no host of this size can hold
+    // is refused here; the workers check their own memory when a rank starts.
+    MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
+    MESHRUN_RETURN_IF_ERROR(CheckBeforeTraining(spec, mesh));
+  }
   v1::JobSpec proto = JobSpecToProto(spec);
   std::ifstream in(file, std::ios::binary);
   std::stringstream text;
@@ -121,6 +130,9 @@ void RegisterSubmitCommand(CLI::App& app, CommandResult& result) {
       ->take_all();
   cmd->add_flag("--follow", f->follow, "show the job's progress until it ends");
   cmd->add_flag("--logs", f->logs, "with --follow: also print the ranks' log lines");
+  cmd->add_flag("--skip-local-checks", f->skip_local_checks,
+                "do not check data, checkpoint.dir and memory on this host (paths that exist "
+                "only on the workers)");
   cmd->add_option("-o,--output", f->output, "output format: text or json")
       ->check(CLI::IsMember({"text", "json"}));
   AddCoordinatorOption(cmd, &f->coordinator);

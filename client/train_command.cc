@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "client/launcher.h"
+#include "client/preflight.h"
 #include "common/job_spec_yaml.h"
 #include "engine/comm/gloo_backend.h"
 #include "engine/comm/mesh_comms.h"
@@ -264,6 +265,13 @@ int RunTrain(const TrainFlags& o) {
   StatusOr<ParallelDims> dims = MeshOf(*spec);
   if (!dims.ok()) return ReportError(dims.status());
   const bool is_rank = std::getenv("MESHRUN_RANK") != nullptr;
+  if (!is_rank) {
+    // Before any rank starts: data readable, checkpoint.dir writable, the ranks fit this host
+    // (a rank under a worker was checked by whoever submitted it).
+    PreflightOptions preflight;
+    preflight.ranks_on_host = o.nproc;
+    if (Status s = CheckBeforeTraining(*spec, *dims, preflight); !s.ok()) return ReportError(s);
+  }
   if (o.nproc > 1 && !is_rank) return LaunchRanks(o, *dims);
 
   // Ranks on one host share its cores: without a thread count in the spec or OMP_NUM_THREADS,
