@@ -15,6 +15,7 @@
 #include "client/coordinator_client.h"
 #include "client/preflight.h"
 #include "client/progress.h"
+#include "client/validate_command.h"
 #include "common/job_spec_yaml.h"
 #include "proto/spec_convert.h"
 
@@ -30,6 +31,8 @@ struct SubmitFlags {
   bool follow = false;
   bool logs = false;
   bool skip_local_checks = false;
+  bool wait_for_capacity = false;
+  bool dry_run = false;
   std::string output = "text";
   std::string coordinator;
 };
@@ -44,9 +47,37 @@ int RunSubmit(const SubmitFlags& f) {
   if (!spec.ok()) return ReportError(spec.status());
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
-  StatusOr<std::string> job_id = (*client)->SubmitJob(*spec, NewRequestId());
-  if (!job_id.ok()) return ReportError(job_id.status());
   const bool as_json = f.output == "json";
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = *spec;
+  request.set_wait_for_capacity(f.wait_for_capacity);
+  if (f.dry_run) {
+    // Every check a submission gets, and where it would run; nothing is created.
+    request.set_dry_run(true);
+    StatusOr<v1::SubmitJobResponse> answer = (*client)->SubmitJob(request);
+    if (!answer.ok()) return ReportError(answer.status());
+    StatusOr<JobSpec> resolved = JobSpecFromProto(*spec);
+    if (!resolved.ok()) return ReportError(resolved.status());
+    StatusOr<ParallelDims> mesh = MeshOf(*resolved);
+    if (!mesh.ok()) return ReportError(mesh.status());
+    if (as_json) {
+      std::cout << json{{"dry_run", true},
+                        {"spec", JobSpecToJson(*resolved)},
+                        {"mesh", MeshToJson(*mesh)},
+                        {"placement", answer->placement()}}
+                       .dump()
+                << std::endl;
+    } else {
+      std::cout << "# dry run: the job is valid and nothing was submitted\n"
+                << JobSpecToYaml(*resolved) << "# mesh: " << mesh->ToString()
+                << "\n# placement: " << answer->placement() << std::endl;
+    }
+    return kExitOk;
+  }
+  request.set_request_id(NewRequestId());
+  StatusOr<v1::SubmitJobResponse> submitted = (*client)->SubmitJob(request);
+  if (!submitted.ok()) return ReportError(submitted.status());
+  const std::string* job_id = &submitted->job_id();
   if (as_json) {
     std::cout << json{{"job_id", *job_id}}.dump() << std::endl;
   } else {
@@ -130,6 +161,10 @@ void RegisterSubmitCommand(CLI::App& app, CommandResult& result) {
       ->take_all();
   cmd->add_flag("--follow", f->follow, "show the job's progress until it ends");
   cmd->add_flag("--logs", f->logs, "with --follow: also print the ranks' log lines");
+  cmd->add_flag("--wait-for-capacity", f->wait_for_capacity,
+                "queue the job even when the registered workers together are too few for it");
+  cmd->add_flag("--dry-run", f->dry_run,
+                "check the spec and ask the coordinator where it would run; submit nothing");
   cmd->add_flag("--skip-local-checks", f->skip_local_checks,
                 "do not check data, checkpoint.dir and memory on this host (paths that exist "
                 "only on the workers)");
