@@ -111,10 +111,13 @@ int RunSubmit(const SubmitFlags& f) {
   if (as_json) {
     std::cout << JobStatusJson(job).dump() << std::endl;
   } else {
-    std::printf("job %s %s after %lld/%lld steps, final loss %.4f, restarts %d%s%s\n",
-                job.job_id().c_str(), JobStateName(job.state()).c_str(),
-                static_cast<long long>(job.step()), static_cast<long long>(job.steps()), job.loss(),
-                job.restarts(), job.message().empty() ? "" : ": ", job.message().c_str());
+    std::printf(
+        "job %s %s after %lld/%lld steps, final loss %.4f, %.0f tok/s, MFU %.2f%%, restarts "
+        "%d%s%s\n",
+        job.job_id().c_str(), JobStateName(job.state()).c_str(), static_cast<long long>(job.step()),
+        static_cast<long long>(job.steps()), job.loss(), followed->tokens_per_second,
+        100.0 * followed->mfu, job.restarts(), job.message().empty() ? "" : ": ",
+        job.message().c_str());
   }
   return job.state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitFailure;
 }
