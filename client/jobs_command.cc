@@ -15,6 +15,7 @@
 
 #include "client/command.h"
 #include "client/coordinator_client.h"
+#include "client/progress.h"
 #include "worker/backoff.h"
 
 namespace meshrun::client {
@@ -194,6 +195,8 @@ void PrintLogLine(const v1::LogLine& l, bool with_attempt, bool as_json = false)
 int RunLogs(const JobFlags& f) {
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
+  StatusOr<v1::Job> about = (*client)->GetJob(f.job_id);
+  if (!about.ok()) return ReportError(about.status());
   const bool as_json = f.output == "json";
   if (f.rank) {
     // A rank the job does not have would print nothing and exit 0: say so instead.
@@ -226,11 +229,15 @@ int RunLogs(const JobFlags& f) {
   }
   v1::WatchJobRequest request;
   request.set_job_id(f.job_id);
-  request.set_skip_metrics(true);
+  // Text shows the training progress too: a `[job] step k/N  loss …` line per job-level sample
+  // (the ranks' step lines become those samples, not log lines).
+  request.set_skip_metrics(as_json);
   request.set_replay_only(!f.follow);
   if (f.rank) request.set_log_rank(*f.rank);
   uint64_t last_sequence = 0;
   bool ended = false;
+  ProgressState progress;
+  progress.steps = about->steps();
   Backoff backoff(std::chrono::milliseconds(200), std::chrono::milliseconds(3000));
   for (int tries = 0;; ++tries) {
     request.set_from_sequence(last_sequence + 1);
@@ -240,7 +247,19 @@ int RunLogs(const JobFlags& f) {
         PrintLogLine(e.log(), /*with_attempt=*/false, as_json);
         std::cout.flush();
       }
-      if (e.has_state_changed() && IsTerminal(e.state_changed().state())) ended = true;
+      if (e.has_metrics() && !e.metrics().has_rank() && !as_json) {
+        const v1::MetricsSample& m = e.metrics();
+        progress.step = m.step();
+        progress.loss = m.loss();
+        progress.tokens_per_second = m.tokens_per_second();
+        progress.mfu = m.mfu();
+        progress.attempt = m.attempt();
+        std::cout << "[job] " << RenderProgressLine(progress, 0) << std::endl;
+      }
+      if (e.has_state_changed()) {
+        if (e.state_changed().attempt() > 0) progress.attempt = e.state_changed().attempt();
+        if (IsTerminal(e.state_changed().state())) ended = true;
+      }
       return true;
     });
     if (s.ok() && (ended || !f.follow)) return kExitOk;

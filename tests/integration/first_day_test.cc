@@ -118,6 +118,10 @@ TEST_F(FirstDayTest, CapacityDryRunLossHistoryAndLogsAcrossARestart) {
   EXPECT_NE(Cli({"status", job}).out.find("loss history:"), std::string::npos);
   const std::string logs_before = Cli({"logs", job}).out;
   ASSERT_NE(logs_before.find("[rank 0] "), std::string::npos) << logs_before;
+  // `logs --follow` shows the training progress beside the ranks' lines.
+  const std::string followed = Cli({"logs", job, "--follow"}).out;
+  EXPECT_NE(followed.find("[job] step 1/4  loss "), std::string::npos) << followed;
+  EXPECT_NE(followed.find("[job] step 4/4  loss "), std::string::npos) << followed;
 
   // The coordinator restarts on the same state: logs and loss history are still there.
   testing::Stop(up_);
