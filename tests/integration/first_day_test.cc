@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -129,6 +130,38 @@ TEST_F(FirstDayTest, CapacityDryRunLossHistoryAndLogsAcrossARestart) {
   EXPECT_EQ(Cli({"logs", job}).out, logs_before);
   status = json::parse(Cli({"status", job, "-o", "json"}).out);
   EXPECT_EQ(status["loss_history"].size(), 4u) << status.dump();
+}
+
+// `meshrun demo`: the rank table in the mesh order, and the summary's tokens/s defined as the
+// run's tokens over its step time, which the progress lines' per-step rates reproduce.
+TEST_F(FirstDayTest, DemoTableInMeshOrderAndOneDefinitionOfTokensPerSecond) {
+  const testing::CliResult r =
+      testing::RunCli(testing::BinDir() / "meshrun",
+                      {"demo", "--set", "train.steps=3", "--set", "train.warmup_steps=1", "--dir",
+                       (dir_ / "demo").string()},
+                      dir_ / "demo.err", 240);
+  ASSERT_EQ(r.exit_code, 0) << r.out << testing::ReadFile(dir_ / "demo.err");
+  EXPECT_TRUE(std::regex_search(
+      r.out, std::regex(R"(RANK +WORKER +DP_REPLICATE +DP_SHARD +CP +TP +STATE\n)")))
+      << r.out;
+  // Each step's tokens are the same, so the run's rate is the harmonic mean of the step rates.
+  const std::regex step_line(R"(step \d+/3 +loss [0-9.]+ +([0-9,]+) tok/s)");
+  double inverse_sum = 0;
+  int steps = 0;
+  for (const std::string& line : testing::Lines(r.out)) {
+    std::smatch m;
+    if (!std::regex_search(line, m, step_line)) continue;
+    std::string digits = m[1].str();
+    std::erase(digits, ',');
+    inverse_sum += 1.0 / std::stod(digits);
+    ++steps;
+  }
+  ASSERT_EQ(steps, 3) << r.out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      r.out, m, std::regex(R"(throughput +(\d+) tokens/s, MFU [0-9.]+% \(over all steps)")))
+      << r.out;
+  EXPECT_NEAR(std::stod(m[1].str()), steps / inverse_sum, 0.01 * steps / inverse_sum) << r.out;
 }
 
 }  // namespace
