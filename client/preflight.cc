@@ -124,6 +124,17 @@ Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
     if (!spec.checkpoint.dir.empty()) {
       MESHRUN_RETURN_IF_ERROR(CheckCheckpointDir(spec.checkpoint.dir));
     }
+    if (!spec.model.init_from.empty()) {
+      std::error_code ec;
+      for (const char* file : {"config.json", "model.safetensors"}) {
+        if (!fs::is_regular_file(fs::path(spec.model.init_from) / file, ec)) {
+          return InvalidArgumentError(
+              "model.init_from: " + spec.model.init_from + " has no " + file +
+              " (hint: point it at a Hugging Face GPT-2 folder, e.g. one `meshrun export` "
+              "wrote)");
+        }
+      }
+    }
   }
   if (options.host_memory_bytes >= 0) {
     const double host =

@@ -28,6 +28,7 @@ struct PreflightOptions {
 //    model.vocab_size. Files over 64 MiB in all are only checked to exist and be readable.
 //  - checkpoint.dir: a folder, or one that can be created, in which this process can create
 //    entries (probed with a temporary folder that is removed again).
+//  - model.init_from: a folder holding config.json and model.safetensors.
 //  - the memory estimate (CheckJobFitsHost of common/memory_estimate.h).
 // Nothing is left behind on disk.
 Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,

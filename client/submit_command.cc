@@ -77,19 +77,19 @@ int RunSubmit(const SubmitFlags& f) {
   request.set_request_id(NewRequestId());
   StatusOr<v1::SubmitJobResponse> submitted = (*client)->SubmitJob(request);
   if (!submitted.ok()) return ReportError(submitted.status());
-  const std::string* job_id = &submitted->job_id();
+  const std::string job_id = submitted->job_id();
   if (as_json) {
-    std::cout << json{{"job_id", *job_id}}.dump() << std::endl;
+    std::cout << json{{"job_id", job_id}}.dump() << std::endl;
   } else {
-    std::cout << *job_id << std::endl;
+    std::cout << job_id << std::endl;
   }
   if (!f.follow) return kExitOk;
   // Ctrl-C stops following, not the job: say so, and how to reach it (a one-shot handler; the
   // message is prepared now because the handler may only write(2) and _exit).
   static std::string interrupt_message;
-  interrupt_message = "\nstopped following " + *job_id +
-                      "; it keeps running on the coordinator (hint: meshrun status " + *job_id +
-                      ", meshrun logs " + *job_id + " --follow, meshrun cancel " + *job_id + ")\n";
+  interrupt_message = "\nstopped following " + job_id +
+                      "; it keeps running on the coordinator (hint: meshrun status " + job_id +
+                      ", meshrun logs " + job_id + " --follow, meshrun cancel " + job_id + ")\n";
   struct sigaction sa {};
   sa.sa_handler = [](int) {
     ssize_t ignored = write(STDERR_FILENO, interrupt_message.data(), interrupt_message.size());
@@ -105,7 +105,7 @@ int RunSubmit(const SubmitFlags& f) {
   follow.out = as_json ? &std::cerr : &std::cout;
   follow.terminal = !as_json && StdoutIsTerminal();
   follow.show_logs = f.logs;
-  StatusOr<FollowResult> followed = FollowJob(**client, *job_id, follow);
+  StatusOr<FollowResult> followed = FollowJob(**client, job_id, follow);
   if (!followed.ok()) return ReportError(followed.status());
   const v1::Job& job = followed->job;
   if (as_json) {
@@ -134,8 +134,8 @@ StatusOr<v1::JobSpec> PrepareSubmission(const std::string& file,
   MakeAbsolute(spec.checkpoint.dir);
   MakeAbsolute(spec.model.init_from);
   if (local_checks) {
-    // One rank of the job must fit this host's memory: a model no host of this size can hold
-    // is refused here; the workers check their own memory when a rank starts.
+    // Data, checkpoint.dir and one rank's memory on this host (preflight.h); the workers check
+    // their own memory again when a rank starts.
     MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
     MESHRUN_RETURN_IF_ERROR(CheckBeforeTraining(spec, mesh));
   }

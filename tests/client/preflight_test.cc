@@ -107,6 +107,11 @@ TEST_F(PreflightTest, AModelNoHostCanHoldIsRefusedWithTheField) {
                           "model.d_model: n_layer 48, d_model 65536", "of memory");
 }
 
+TEST_F(PreflightTest, InitFromMustBeAHuggingFaceFolder) {
+  ExpectRefusedEverywhere({"model.init_from=" + temp_.string()},
+                          "model.init_from: " + temp_.string() + " has no config.json", "export");
+}
+
 TEST_F(PreflightTest, SkipLocalChecksLeavesPathsToTheWorkers) {
   const CliResult r = Run({"validate", "-f", spec_, "--skip-local-checks", "--set",
                            "data.train=/only/on/the/workers.txt"});
