@@ -204,6 +204,12 @@ StatusOr<std::string> CoordinatorClient::SubmitJob(const v1::JobSpec& spec,
   v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;
   request.set_request_id(request_id);
+  MESHRUN_ASSIGN_OR_RETURN(v1::SubmitJobResponse response, SubmitJob(request, retry_for));
+  return response.job_id();
+}
+
+StatusOr<v1::SubmitJobResponse> CoordinatorClient::SubmitJob(const v1::SubmitJobRequest& request,
+                                                             milliseconds retry_for) {
   const auto give_up = std::chrono::steady_clock::now() + retry_for;
   Backoff backoff(milliseconds(100), milliseconds(1000));
   while (true) {
@@ -211,7 +217,7 @@ StatusOr<std::string> CoordinatorClient::SubmitJob(const v1::JobSpec& spec,
     Prepare(&ctx);
     v1::SubmitJobResponse response;
     const grpc::Status s = stub_->SubmitJob(&ctx, request, &response);
-    if (s.ok()) return response.job_id();
+    if (s.ok()) return response;
     // The request_id makes a retry safe: the coordinator answers the first job's id.
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE ||
         std::chrono::steady_clock::now() >= give_up) {

@@ -73,6 +73,10 @@ class CoordinatorClient {
   // Retries UNAVAILABLE with the same request_id for up to `retry_for`.
   StatusOr<std::string> SubmitJob(const v1::JobSpec& spec, const std::string& request_id,
                                   std::chrono::milliseconds retry_for = std::chrono::seconds(10));
+  // The whole request (wait_for_capacity, dry_run) and the whole response (placement).
+  StatusOr<v1::SubmitJobResponse> SubmitJob(
+      const v1::SubmitJobRequest& request,
+      std::chrono::milliseconds retry_for = std::chrono::seconds(10));
   StatusOr<v1::Job> GetJob(const std::string& job_id);
   // Every page, newest first.
   StatusOr<std::vector<v1::Job>> ListJobs();

@@ -137,13 +137,14 @@ int RunDemo(const DemoFlags& f) {
 
   // Where the ranks ran.
   if (StatusOr<v1::Job> full = (*client)->GetJob(*job_id); full.ok() && full->ranks_size() > 0) {
+    // The mesh order, as in `status` and `validate`.
     std::vector<std::vector<std::string>> rows = {
-        {"  RANK", "WORKER", "DP_SHARD", "TP", "DP_REPLICATE", "CP", "STATE"}};
+        {"  RANK", "WORKER", "DP_REPLICATE", "DP_SHARD", "CP", "TP", "STATE"}};
     for (const v1::RankInfo& r : full->ranks()) {
       rows.push_back({"  " + std::to_string(r.rank()), r.worker_name(),
-                      std::to_string(r.coords().dp_shard()), std::to_string(r.coords().tp()),
-                      std::to_string(r.coords().dp_replicate()), std::to_string(r.coords().cp()),
-                      RankStateName(r.state())});
+                      std::to_string(r.coords().dp_replicate()),
+                      std::to_string(r.coords().dp_shard()), std::to_string(r.coords().cp()),
+                      std::to_string(r.coords().tp()), RankStateName(r.state())});
     }
     PrintTable(std::cout, rows);
   }
@@ -186,8 +187,9 @@ int RunDemo(const DemoFlags& f) {
                   static_cast<long long>(loss.rbegin()->first));
     rows.push_back({"  loss", text});
   }
-  std::snprintf(text, sizeof(text), "%.0f tokens/s (mean over steps), MFU %.2f%%",
-                followed->mean_tokens_per_second, 100.0 * followed->mean_mfu);
+  std::snprintf(text, sizeof(text),
+                "%.0f tokens/s, MFU %.2f%% (over all steps: tokens / step time)",
+                followed->tokens_per_second, 100.0 * followed->mfu);
   rows.push_back({"  throughput", text});
   rows.push_back(
       {"  checkpoint", followed->last_checkpoint.empty() ? "-" : followed->last_checkpoint});

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -14,6 +15,7 @@
 
 #include "client/command.h"
 #include "client/coordinator_client.h"
+#include "client/progress.h"
 #include "worker/backoff.h"
 
 namespace meshrun::client {
@@ -75,13 +77,54 @@ int RunJobs(const JobFlags& f) {
   return kExitOk;
 }
 
+// The job's loss by step, from the job-level samples the coordinator keeps (in StateDb too, so
+// they outlive a restart); a step trained again after a restart keeps its newest loss.
+std::map<int64_t, double> LossHistory(CoordinatorClient& client, const std::string& job_id) {
+  std::map<int64_t, double> losses;
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  request.set_skip_logs(true);
+  request.set_replay_only(true);
+  (void)client.WatchJob(request, [&](const v1::JobEvent& e) {
+    if (e.has_metrics() && !e.metrics().has_rank()) losses[e.metrics().step()] = e.metrics().loss();
+    return true;
+  });
+  return losses;
+}
+
+// "▇▆▅▄▃▂▁" of the losses, at most `width` characters (each the mean of its run of steps).
+std::string Sparkline(const std::map<int64_t, double>& losses, size_t width) {
+  static const char* kBars[] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
+  std::vector<double> values;
+  for (const auto& [step, loss] : losses) values.push_back(loss);
+  if (values.empty()) return "";
+  const size_t n = std::min(width, values.size());
+  std::vector<double> buckets(n, 0);
+  for (size_t b = 0; b < n; ++b) {
+    const size_t from = b * values.size() / n, to = (b + 1) * values.size() / n;
+    for (size_t i = from; i < to; ++i) buckets[b] += values[i] / double(to - from);
+  }
+  const auto [lo, hi] = std::minmax_element(buckets.begin(), buckets.end());
+  std::string line;
+  for (double v : buckets) {
+    const int level = *hi > *lo ? static_cast<int>(std::lround((v - *lo) / (*hi - *lo) * 7)) : 0;
+    line += kBars[std::clamp(level, 0, 7)];
+  }
+  return line;
+}
+
 int RunStatus(const JobFlags& f) {
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
   StatusOr<v1::Job> job = (*client)->GetJob(f.job_id);
   if (!job.ok()) return ReportError(job.status());
+  const std::map<int64_t, double> losses = LossHistory(**client, f.job_id);
   if (f.output == "json") {
-    std::cout << JobStatusJson(*job).dump() << std::endl;
+    json out = JobStatusJson(*job);
+    json history = json::array();
+    for (const auto& [step, loss] : losses) history.push_back({{"step", step}, {"loss", loss}});
+    out["loss_history"] = std::move(history);
+    std::cout << out.dump() << std::endl;
     return kExitOk;
   }
   const v1::JobSpec& spec = job->spec();
@@ -97,8 +140,15 @@ int RunStatus(const JobFlags& f) {
                    std::to_string(job->world_size()) + " ranks"},
       {"step", std::to_string(job->step()) + "/" + std::to_string(job->steps())},
       {"loss", job->step() > 0 ? Fixed(job->loss(), 4) : "-"},
-      {"tokens/s", Fixed(job->tokens_per_second(), 0)},
-      {"MFU", Fixed(100.0 * job->mfu(), 2) + "%"},
+      {"loss history", losses.empty()
+                           ? "-"
+                           : Sparkline(losses, 40) + "  " + Fixed(losses.begin()->second, 4) +
+                                 " (step " + std::to_string(losses.begin()->first) + ") -> " +
+                                 Fixed(losses.rbegin()->second, 4) + " (step " +
+                                 std::to_string(losses.rbegin()->first) + "), " +
+                                 std::to_string(losses.size()) + " steps"},
+      {"tokens/s (last step)", Fixed(job->tokens_per_second(), 0)},
+      {"MFU (last step)", Fixed(100.0 * job->mfu(), 2) + "%"},
       {"submitted", FormatTime(job->submitted_at())},
   };
   if (job->has_started_at()) info.push_back({"started", FormatTime(job->started_at())});
@@ -145,6 +195,8 @@ void PrintLogLine(const v1::LogLine& l, bool with_attempt, bool as_json = false)
 int RunLogs(const JobFlags& f) {
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
+  StatusOr<v1::Job> about = (*client)->GetJob(f.job_id);
+  if (!about.ok()) return ReportError(about.status());
   const bool as_json = f.output == "json";
   if (f.rank) {
     // A rank the job does not have would print nothing and exit 0: say so instead.
@@ -177,11 +229,15 @@ int RunLogs(const JobFlags& f) {
   }
   v1::WatchJobRequest request;
   request.set_job_id(f.job_id);
-  request.set_skip_metrics(true);
+  // Text shows the training progress too: a `[job] step k/N  loss …` line per job-level sample
+  // (the ranks' step lines become those samples, not log lines).
+  request.set_skip_metrics(as_json);
   request.set_replay_only(!f.follow);
   if (f.rank) request.set_log_rank(*f.rank);
   uint64_t last_sequence = 0;
   bool ended = false;
+  ProgressState progress;
+  progress.steps = about->steps();
   Backoff backoff(std::chrono::milliseconds(200), std::chrono::milliseconds(3000));
   for (int tries = 0;; ++tries) {
     request.set_from_sequence(last_sequence + 1);
@@ -191,7 +247,19 @@ int RunLogs(const JobFlags& f) {
         PrintLogLine(e.log(), /*with_attempt=*/false, as_json);
         std::cout.flush();
       }
-      if (e.has_state_changed() && IsTerminal(e.state_changed().state())) ended = true;
+      if (e.has_metrics() && !e.metrics().has_rank() && !as_json) {
+        const v1::MetricsSample& m = e.metrics();
+        progress.step = m.step();
+        progress.loss = m.loss();
+        progress.tokens_per_second = m.tokens_per_second();
+        progress.mfu = m.mfu();
+        progress.attempt = m.attempt();
+        std::cout << "[job] " << RenderProgressLine(progress, 0) << std::endl;
+      }
+      if (e.has_state_changed()) {
+        if (e.state_changed().attempt() > 0) progress.attempt = e.state_changed().attempt();
+        if (IsTerminal(e.state_changed().state())) ended = true;
+      }
       return true;
     });
     if (s.ok() && (ended || !f.follow)) return kExitOk;

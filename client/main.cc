@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "client/command.h"
+#include "client/completion_command.h"
 #include "client/demo_command.h"
 #include "client/generate_command.h"
 #include "client/jobs_command.h"
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
   meshrun::client::RegisterLogsCommand(app, result);
   meshrun::client::RegisterCancelCommand(app, result);
   meshrun::client::RegisterWorkersCommand(app, result);
+  meshrun::client::RegisterCompletionCommand(app, result);  // last: it lists the others
   // New commands register here, one line each.
 
   return meshrun::client::RunCommandLine(app, argc, argv, result);

@@ -109,8 +109,10 @@ StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& j
   ProgressState state;
   uint64_t last_sequence = 0;
   bool job_level_seen = false;
-  double tps_sum = 0, mfu_sum = 0;
-  int samples = 0;
+  struct StepTime {
+    double seconds = 0, tokens = 0, mfu = 0;
+  };
+  std::map<int64_t, StepTime> step_times;  // by step, for the run's tokens/s and MFU
   bool terminal = false;
   bool got_event = false;
 
@@ -168,9 +170,10 @@ StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& j
         }
         if (m.attempt() > state.attempt) state.attempt = m.attempt();
         result.loss[m.step()] = m.loss();
-        tps_sum += m.tokens_per_second();
-        mfu_sum += m.mfu();
-        ++samples;
+        if (m.step_seconds() > 0) {
+          step_times[m.step()] = {m.step_seconds(), m.tokens_per_second() * m.step_seconds(),
+                                  m.mfu()};
+        }
         view.Bar(state);
         break;
       }
@@ -231,9 +234,15 @@ StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& j
   }
   view.End();
   MESHRUN_ASSIGN_OR_RETURN(result.job, client.GetJob(job_id));
-  if (samples > 0) {
-    result.mean_tokens_per_second = tps_sum / samples;
-    result.mean_mfu = mfu_sum / samples;
+  double seconds = 0, tokens = 0, mfu_seconds = 0;
+  for (const auto& [step, t] : step_times) {
+    seconds += t.seconds;
+    tokens += t.tokens;
+    mfu_seconds += t.mfu * t.seconds;
+  }
+  if (seconds > 0) {
+    result.tokens_per_second = tokens / seconds;
+    result.mfu = mfu_seconds / seconds;
   }
   if (result.last_checkpoint.empty()) result.last_checkpoint = result.job.last_checkpoint();
   return result;

@@ -42,10 +42,14 @@ struct FollowOptions {
 
 // What was seen by the end.
 struct FollowResult {
-  v1::Job job;                        // GetJob after the terminal state
-  std::map<int64_t, double> loss;     // job-level loss by step (a restart overwrites its steps)
-  double mean_tokens_per_second = 0;  // over the job-level samples seen
-  double mean_mfu = 0;
+  v1::Job job;                     // GetJob after the terminal state
+  std::map<int64_t, double> loss;  // job-level loss by step (a restart overwrites its steps)
+  // Over every step seen, defined as `train`'s summary defines them (docs/metrics.md): the
+  // steps' tokens over the sum of their step_seconds, and the MFU of that rate (each step's
+  // MFU weighted by its time). A step seen twice (a restart redoing it) counts once, as the
+  // newest sample.
+  double tokens_per_second = 0;
+  double mfu = 0;
   std::string last_checkpoint;  // newest CheckpointSaved seen (or job.last_checkpoint)
 };
 

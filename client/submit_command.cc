@@ -13,7 +13,9 @@
 #include <sstream>
 
 #include "client/coordinator_client.h"
+#include "client/preflight.h"
 #include "client/progress.h"
+#include "client/validate_command.h"
 #include "common/job_spec_yaml.h"
 #include "proto/spec_convert.h"
 
@@ -28,6 +30,9 @@ struct SubmitFlags {
   std::vector<std::string> overrides;
   bool follow = false;
   bool logs = false;
+  bool skip_local_checks = false;
+  bool wait_for_capacity = false;
+  bool dry_run = false;
   std::string output = "text";
   std::string coordinator;
 };
@@ -38,25 +43,53 @@ void MakeAbsolute(std::string& path) {
 }
 
 int RunSubmit(const SubmitFlags& f) {
-  StatusOr<v1::JobSpec> spec = PrepareSubmission(f.file, f.overrides);
+  StatusOr<v1::JobSpec> spec = PrepareSubmission(f.file, f.overrides, !f.skip_local_checks);
   if (!spec.ok()) return ReportError(spec.status());
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
-  StatusOr<std::string> job_id = (*client)->SubmitJob(*spec, NewRequestId());
-  if (!job_id.ok()) return ReportError(job_id.status());
   const bool as_json = f.output == "json";
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = *spec;
+  request.set_wait_for_capacity(f.wait_for_capacity);
+  if (f.dry_run) {
+    // Every check a submission gets, and where it would run; nothing is created.
+    request.set_dry_run(true);
+    StatusOr<v1::SubmitJobResponse> answer = (*client)->SubmitJob(request);
+    if (!answer.ok()) return ReportError(answer.status());
+    StatusOr<JobSpec> resolved = JobSpecFromProto(*spec);
+    if (!resolved.ok()) return ReportError(resolved.status());
+    StatusOr<ParallelDims> mesh = MeshOf(*resolved);
+    if (!mesh.ok()) return ReportError(mesh.status());
+    if (as_json) {
+      std::cout << json{{"dry_run", true},
+                        {"spec", JobSpecToJson(*resolved)},
+                        {"mesh", MeshToJson(*mesh)},
+                        {"placement", answer->placement()}}
+                       .dump()
+                << std::endl;
+    } else {
+      std::cout << "# dry run: the job is valid and nothing was submitted\n"
+                << JobSpecToYaml(*resolved) << "# mesh: " << mesh->ToString()
+                << "\n# placement: " << answer->placement() << std::endl;
+    }
+    return kExitOk;
+  }
+  request.set_request_id(NewRequestId());
+  StatusOr<v1::SubmitJobResponse> submitted = (*client)->SubmitJob(request);
+  if (!submitted.ok()) return ReportError(submitted.status());
+  const std::string job_id = submitted->job_id();
   if (as_json) {
-    std::cout << json{{"job_id", *job_id}}.dump() << std::endl;
+    std::cout << json{{"job_id", job_id}}.dump() << std::endl;
   } else {
-    std::cout << *job_id << std::endl;
+    std::cout << job_id << std::endl;
   }
   if (!f.follow) return kExitOk;
   // Ctrl-C stops following, not the job: say so, and how to reach it (a one-shot handler; the
   // message is prepared now because the handler may only write(2) and _exit).
   static std::string interrupt_message;
-  interrupt_message = "\nstopped following " + *job_id +
-                      "; it keeps running on the coordinator (hint: meshrun status " + *job_id +
-                      ", meshrun logs " + *job_id + " --follow, meshrun cancel " + *job_id + ")\n";
+  interrupt_message = "\nstopped following " + job_id +
+                      "; it keeps running on the coordinator (hint: meshrun status " + job_id +
+                      ", meshrun logs " + job_id + " --follow, meshrun cancel " + job_id + ")\n";
   struct sigaction sa {};
   sa.sa_handler = [](int) {
     ssize_t ignored = write(STDERR_FILENO, interrupt_message.data(), interrupt_message.size());
@@ -72,16 +105,19 @@ int RunSubmit(const SubmitFlags& f) {
   follow.out = as_json ? &std::cerr : &std::cout;
   follow.terminal = !as_json && StdoutIsTerminal();
   follow.show_logs = f.logs;
-  StatusOr<FollowResult> followed = FollowJob(**client, *job_id, follow);
+  StatusOr<FollowResult> followed = FollowJob(**client, job_id, follow);
   if (!followed.ok()) return ReportError(followed.status());
   const v1::Job& job = followed->job;
   if (as_json) {
     std::cout << JobStatusJson(job).dump() << std::endl;
   } else {
-    std::printf("job %s %s after %lld/%lld steps, final loss %.4f, restarts %d%s%s\n",
-                job.job_id().c_str(), JobStateName(job.state()).c_str(),
-                static_cast<long long>(job.step()), static_cast<long long>(job.steps()), job.loss(),
-                job.restarts(), job.message().empty() ? "" : ": ", job.message().c_str());
+    std::printf(
+        "job %s %s after %lld/%lld steps, final loss %.4f, %.0f tok/s, MFU %.2f%%, restarts "
+        "%d%s%s\n",
+        job.job_id().c_str(), JobStateName(job.state()).c_str(), static_cast<long long>(job.step()),
+        static_cast<long long>(job.steps()), job.loss(), followed->tokens_per_second,
+        100.0 * followed->mfu, job.restarts(), job.message().empty() ? "" : ": ",
+        job.message().c_str());
   }
   return job.state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitFailure;
 }
@@ -89,13 +125,20 @@ int RunSubmit(const SubmitFlags& f) {
 }  // namespace
 
 StatusOr<v1::JobSpec> PrepareSubmission(const std::string& file,
-                                        const std::vector<std::string>& overrides) {
+                                        const std::vector<std::string>& overrides,
+                                        bool local_checks) {
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpecFile(file, overrides));
   MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, 0));
   MakeAbsolute(spec.data.train);
   MakeAbsolute(spec.data.val);
   MakeAbsolute(spec.checkpoint.dir);
   MakeAbsolute(spec.model.init_from);
+  if (local_checks) {
+    // Data, checkpoint.dir and one rank's memory on this host (preflight.h); the workers check
+    // their own memory again when a rank starts.
+    MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
+    MESHRUN_RETURN_IF_ERROR(CheckBeforeTraining(spec, mesh));
+  }
   v1::JobSpec proto = JobSpecToProto(spec);
   std::ifstream in(file, std::ios::binary);
   std::stringstream text;
@@ -121,6 +164,13 @@ void RegisterSubmitCommand(CLI::App& app, CommandResult& result) {
       ->take_all();
   cmd->add_flag("--follow", f->follow, "show the job's progress until it ends");
   cmd->add_flag("--logs", f->logs, "with --follow: also print the ranks' log lines");
+  cmd->add_flag("--wait-for-capacity", f->wait_for_capacity,
+                "queue the job even when the registered workers together are too few for it");
+  cmd->add_flag("--dry-run", f->dry_run,
+                "check the spec and ask the coordinator where it would run; submit nothing");
+  cmd->add_flag("--skip-local-checks", f->skip_local_checks,
+                "do not check data, checkpoint.dir and memory on this host (paths that exist "
+                "only on the workers)");
   cmd->add_option("-o,--output", f->output, "output format: text or json")
       ->check(CLI::IsMember({"text", "json"}));
   AddCoordinatorOption(cmd, &f->coordinator);

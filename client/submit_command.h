@@ -21,9 +21,11 @@ void RegisterSubmitCommand(CLI::App& app, CommandResult& result);
 
 // The spec of a file with its overrides, validated and ready to send: relative paths (data,
 // checkpoint.dir, model.init_from) made absolute against the current folder, since the ranks
-// run elsewhere; source_yaml and set_overrides filled. INVALID_ARGUMENT for a bad spec.
+// run elsewhere; source_yaml and set_overrides filled. INVALID_ARGUMENT for a bad spec, and
+// with `local_checks` for what CheckBeforeTraining (preflight.h) finds on this host.
 StatusOr<v1::JobSpec> PrepareSubmission(const std::string& file,
-                                        const std::vector<std::string>& overrides);
+                                        const std::vector<std::string>& overrides,
+                                        bool local_checks = true);
 
 // A fresh idempotency key for SubmitJob (128 random bits in hex).
 std::string NewRequestId();

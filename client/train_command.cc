@@ -15,6 +15,8 @@
 #include <thread>
 
 #include "client/launcher.h"
+#include "client/preflight.h"
+#include "client/progress.h"
 #include "common/confined_file.h"
 #include "common/job_spec_yaml.h"
 #include "engine/comm/gloo_backend.h"
@@ -84,13 +86,28 @@ namespace {
 class PrintingObserver final : public TrainObserver {
  public:
   // quiet: a rank other than 0, which leaves stdout to rank 0.
-  PrintingObserver(bool json_output, int64_t steps, bool quiet = false)
-      : json_(json_output), steps_(steps), quiet_(quiet) {}
+  // terminal: text on a terminal redraws one progress bar (the one `submit --follow` shows)
+  // instead of printing a line per step.
+  PrintingObserver(bool json_output, int64_t steps, bool quiet = false, bool terminal = false)
+      : json_(json_output), steps_(steps), quiet_(quiet), terminal_(terminal && !json_output) {
+    bar_.steps = steps;
+    bar_.state = v1::JOB_STATE_RUNNING;
+  }
+  ~PrintingObserver() override { EndBar(); }
 
   void OnStep(const StepMetrics& m) override {
     if (quiet_) return;
     if (json_) {
       std::cout << StepLineJson(m) << std::endl;
+    } else if (terminal_) {
+      bar_.step = m.step;
+      bar_.loss = m.loss;
+      bar_.tokens_per_second = m.tokens_per_second;
+      bar_.mfu = m.mfu;
+      bar_.step_seconds =
+          bar_.step_seconds > 0 ? 0.8 * bar_.step_seconds + 0.2 * m.step_seconds : m.step_seconds;
+      std::cout << "\r\x1b[K" << RenderProgressLine(bar_, 24) << std::flush;
+      bar_shown_ = true;
     } else {
       std::printf(
           "step %5lld/%-5lld loss %.4f  lr %.3e  norm %.3f  %7.1f ms  %9.0f tok/s  "
@@ -103,6 +120,7 @@ class PrintingObserver final : public TrainObserver {
   }
   void OnEval(const EvalMetrics& e) override {
     if (quiet_) return;
+    ClearBar();
     if (json_) {
       json line = {{"event", "eval"}, {"step", e.step}, {"loss", e.loss}, {"tokens", e.tokens}};
       std::cout << line.dump() << std::endl;
@@ -111,12 +129,28 @@ class PrintingObserver final : public TrainObserver {
                   static_cast<long long>(e.step), e.loss, static_cast<long long>(e.tokens));
     }
   }
-  void OnLog(const std::string& line) override { std::cerr << line << std::endl; }
+  void OnLog(const std::string& line) override {
+    ClearBar();
+    std::cerr << line << std::endl;
+  }
+  // Leaves the bar's last state on its own line, before the summary.
+  void EndBar() {
+    if (bar_shown_) std::cout << std::endl;
+    bar_shown_ = false;
+  }
 
  private:
+  // Clears the bar's line for another line; the next step draws the bar again.
+  void ClearBar() {
+    if (bar_shown_) std::cout << "\r\x1b[K" << std::flush;
+  }
+
   bool json_;
   int64_t steps_;
   bool quiet_;
+  bool terminal_;
+  ProgressState bar_;
+  bool bar_shown_ = false;
 };
 
 // Set by SIGINT/SIGTERM in a rank; the trainer stops at the next step boundary (all ranks at
@@ -275,6 +309,13 @@ int RunTrain(const TrainFlags& o) {
   StatusOr<ParallelDims> dims = MeshOf(*spec);
   if (!dims.ok()) return ReportError(dims.status());
   const bool is_rank = std::getenv("MESHRUN_RANK") != nullptr;
+  if (!is_rank) {
+    // Before any rank starts: data readable, checkpoint.dir writable, the ranks fit this host
+    // (a rank under a worker was checked by whoever submitted it).
+    PreflightOptions preflight;
+    preflight.ranks_on_host = o.nproc;
+    if (Status s = CheckBeforeTraining(*spec, *dims, preflight); !s.ok()) return ReportError(s);
+  }
   if (o.nproc > 1 && !is_rank) return LaunchRanks(o, *dims);
 
   // Ranks on one host share its cores: without a thread count in the spec or OMP_NUM_THREADS,
@@ -302,8 +343,9 @@ int RunTrain(const TrainFlags& o) {
   // Rank 0 alone prints, unless a worker asks every rank to (it reads each rank's step lines).
   const char* report_all = std::getenv(kEnvReportAllRanks);
   const bool quiet = ctx.rank != 0 && !(report_all != nullptr && std::string(report_all) == "1");
-  PrintingObserver observer(as_json, spec->train.steps, quiet);
+  PrintingObserver observer(as_json, spec->train.steps, quiet, StdoutIsTerminal());
   StatusOr<RunSummary> summary = (*trainer)->Run(&observer);
+  observer.EndBar();
   if (!summary.ok()) return ReportError(summary.status());
   const RunSummary& s = *summary;
   if (quiet) return s.interrupted ? kExitInterrupted : kExitOk;

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "client/preflight.h"
 #include "common/job_spec_yaml.h"
 
 namespace meshrun::client {
@@ -36,6 +37,9 @@ void RegisterValidateCommand(CLI::App& app, CommandResult& result) {
       ->check(WholeNumber(1, ParallelDims::kMaxWorldSize));
   cmd->add_option("-o,--output", options->output, "output format: text or json")
       ->check(CLI::IsMember({"text", "json"}));
+  cmd->add_flag("--skip-local-checks", options->skip_local_checks,
+                "do not check data, checkpoint.dir and memory on this host (paths that exist "
+                "only on the workers)");
   cmd->callback([options, &result] {
     result.run = [options] { return RunValidate(*options, std::cout, std::cerr); };
   });
@@ -55,6 +59,14 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
   if (!mesh.ok()) {  // ValidateJobSpec checked the sizes; kept for safety
     ReportTo(err, mesh.status());
     return ExitCodeFor(mesh.status());
+  }
+  // What would fail only once training starts: unreadable data, an unwritable checkpoint.dir,
+  // a model one rank of this host cannot hold.
+  if (!options.skip_local_checks) {
+    if (Status status = CheckBeforeTraining(*spec, *mesh); !status.ok()) {
+      ReportTo(err, status);
+      return ExitCodeFor(status);
+    }
   }
 
   if (options.output == "json") {

@@ -22,6 +22,9 @@ struct ValidateOptions {
   std::vector<std::string> overrides;  // --set K=V, in order
   int nproc = 0;                       // --nproc: the world size must match (0: not checked)
   std::string output = "text";         // -o: text | json
+  // --skip-local-checks: leave out CheckBeforeTraining (data, checkpoint.dir, memory on this
+  // host), for a spec whose paths exist only on a cluster's workers.
+  bool skip_local_checks = false;
 };
 
 // Adds the `validate` subcommand to `app`; when chosen, `result.run` runs RunValidate.

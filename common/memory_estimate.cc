@@ -56,4 +56,44 @@ Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_
       " (hint: use a smaller model, or more tp_size/dp_shard_size to shard it)");
 }
 
+Status CheckJobFitsHost(const JobSpec& spec, const ParallelDims& mesh, int ranks_on_host,
+                        double host_bytes) {
+  if (host_bytes <= 0) return OkStatus();
+  const RankMemoryEstimate e = EstimateRankMemory(spec, mesh);
+  const int ranks = std::max(1, ranks_on_host);
+  const double need = e.total() * ranks;
+  if (need <= host_bytes) return OkStatus();
+  // Name the field behind the largest term: the blocks (d_model² per layer), the embedding
+  // (vocab·d_model) or one micro-batch's activations.
+  const ModelSpec& m = spec.model;
+  const double d = std::max(0, m.d_model);
+  const double blocks = static_cast<double>(std::max(0, m.n_layer)) * 12 * d * d;
+  const double embedding = static_cast<double>(std::max(0, m.vocab_size)) * d;
+  std::string field = "model.d_model";
+  std::string fix = "use a smaller model.d_model or model.n_layer";
+  if (e.activation_bytes > e.state_bytes) {
+    field = "train.micro_batch_size";
+    fix =
+        "use a smaller train.micro_batch_size or model.seq_len (gradient accumulation keeps "
+        "the global batch)";
+  } else if (embedding > blocks) {
+    field = "model.vocab_size";
+    fix = "use a smaller model.vocab_size or model.d_model";
+  } else if (m.n_layer > m.d_model) {
+    field = "model.n_layer";
+  }
+  char params[32];
+  std::snprintf(params, sizeof params, "%.3g", e.parameters);
+  std::string message = field + ": n_layer " + std::to_string(m.n_layer) + ", d_model " +
+                        std::to_string(m.d_model) + ", vocab_size " + std::to_string(m.vocab_size) +
+                        ", seq_len " + std::to_string(m.seq_len) + " make " + params +
+                        " parameters; one rank needs at least " + Bytes(e.total()) +
+                        " (float32 parameters, gradients and AdamW moments over " +
+                        mesh.ToString() + ", and one micro-batch's activations)";
+  if (ranks > 1) message += ", " + Bytes(need) + " for the " + std::to_string(ranks) + " ranks";
+  message += ", more than this host's " + Bytes(host_bytes) + " of memory (hint: " + fix +
+             ", or shard it with more tp_size/dp_shard_size over more hosts)";
+  return InvalidArgumentError(message);
+}
+
 }  // namespace meshrun

@@ -29,4 +29,13 @@ RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& m
 Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_on_host,
                        double available_bytes, const std::string& flag);
 
+// The check `meshrun validate` and the start of `train`/`submit` run (client/preflight.h): OK
+// when `ranks_on_host` ranks of the estimate fit in `host_bytes` (0: no check), else
+// INVALID_ARGUMENT (the spec asks for what this host can never hold; exit 2) naming the field
+// that drives the estimate (model.d_model, model.n_layer, model.vocab_size or
+// train.micro_batch_size), the sizes, the bytes and a fix. One function, so a fuller memory
+// model can replace the estimate behind it.
+Status CheckJobFitsHost(const JobSpec& spec, const ParallelDims& mesh, int ranks_on_host,
+                        double host_bytes);
+
 }  // namespace meshrun

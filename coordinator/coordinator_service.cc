@@ -78,11 +78,11 @@ void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request
     Status paths = ConfineSpecPaths(options_.paths, confined.mutable_spec());
     if (!paths.ok()) return done(paths);
     StatusOr<std::string> id = jobs_.Submit(confined);
-    if (id.ok()) response->set_job_id(*id);
+    if (id.ok()) request.dry_run() ? response->set_placement(*id) : response->set_job_id(*id);
     return done(id.status());
   }
   StatusOr<std::string> id = jobs_.Submit(request);
-  if (id.ok()) response->set_job_id(*id);
+  if (id.ok()) request.dry_run() ? response->set_placement(*id) : response->set_job_id(*id);
   done(id.status());
 }
 

@@ -70,7 +70,8 @@ class JobEventLog {
   size_t watcher_count() const { return watchers_.size(); }
 
   // Drops every retained event (durable ones stay in StateDb and Replay's `older` brings them
-  // back; log lines and rank samples are gone: GetJobLogs then reports `truncated`). JobManager
+  // back; log lines and rank samples are gone from memory: JobManager::Logs reads the lines
+  // StateDb kept instead). JobManager
   // calls it for finished jobs beyond the newest kFinishedJobsWithEvents, so that memory does
   // not grow with every job the coordinator has run.
   void ReleaseRetained();

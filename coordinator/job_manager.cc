@@ -31,6 +31,8 @@ const char* JobStateName(v1::JobState state) {
 namespace {
 
 constexpr int64_t kSequenceBlock = 4096;
+// Stored events GetJobLogs reads back at most (log lines and the durable events between them).
+constexpr int kStoredEventsRead = 200'000;
 
 Status JobNotFound(const std::string& job_id) {
   return NotFoundError("job_id: " + job_id +
@@ -163,7 +165,11 @@ Status JobManager::CommitLocked(Txn& txn, Durability durability) {
   if (txn.job_dirty) txn.batch.jobs.push_back(job.row);
   bool finished = false;
   for (const v1::JobEvent& e : txn.events) {
-    if (JobEventLog::IsDurable(e)) {
+    // Log lines too (kFast like the rest of their batch, bounded per job): GetJobLogs reads
+    // them back once the memory tier is gone (a restart, or a job's events released).
+    const bool log_kept = e.has_log() && job.persisted_logs < config_.events.logs;
+    if (log_kept) ++job.persisted_logs;
+    if (JobEventLog::IsDurable(e) || log_kept) {
       txn.batch.events.push_back(
           {job.row.job_id, static_cast<int64_t>(e.sequence()), e.SerializeAsString()});
     }
@@ -322,7 +328,29 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
     if (verdict.verdict == Placeability::kTpGroupTooLarge) {
       return FailedPreconditionError(verdict.message);
     }
+    // More ranks than every registered worker together holds: it would wait PENDING until
+    // workers register, which the submitter must ask for (docs/decisions/0009).
+    if (verdict.verdict == Placeability::kTooFewSlots && !request.wait_for_capacity()) {
+      long long total = 0;
+      for (int n : slots) total += n;
+      const std::string world = std::to_string(mesh.world_size());
+      std::string held = std::to_string(total) + " slots";
+      if (verdict.usable_slots != total) {
+        held += " (" + std::to_string(verdict.usable_slots) + " of them in whole tp groups of " +
+                std::to_string(mesh.tp()) + ")";
+      }
+      return FailedPreconditionError(
+          "parallelism: " + mesh.ToString() + " needs " + world + " slots but the " +
+          std::to_string(slots.size()) + " registered " + spec.resources.device +
+          (slots.size() == 1 ? " worker holds " : " workers hold ") + held +
+          " in all, so it could never start (hint: choose sizes whose product is at most " +
+          std::to_string(verdict.usable_slots) +
+          ", start more workers, or submit with --wait-for-capacity to queue it until they "
+          "register)");
+    }
   }
+
+  if (request.dry_run()) return DryRunPlacementLocked(spec.resources.device, mesh);
 
   JobRow row;
   row.seq = next_seq_;
@@ -353,6 +381,50 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
                mesh.ToString());
   ScheduleLocked();
   return job_id;
+}
+
+std::string JobManager::DryRunPlacementLocked(const std::string& device,
+                                              const ParallelDims& mesh) const {
+  std::vector<LiveWorker> live;
+  std::vector<PlacementWorker> candidates;
+  std::vector<int> slots;
+  for (LiveWorker& w : workers_.LiveWorkers()) {
+    if (w.device != device) continue;
+    int used = 0;
+    if (auto it = by_worker_.find(w.worker_id); it != by_worker_.end()) {
+      used += static_cast<int>(it->second.size());
+    }
+    if (auto it = foreign_.find(w.worker_id); it != foreign_.end()) used += it->second;
+    candidates.push_back({w.worker_id, w.slots, std::max(0, w.slots - used)});
+    slots.push_back(w.slots);
+    live.push_back(std::move(w));
+  }
+  if (live.empty()) return "would wait PENDING for a " + device + " worker to register";
+  const PlaceabilityVerdict verdict = CheckPlaceable(mesh, slots);
+  if (verdict.verdict != Placeability::kPlaceable) return "would wait PENDING: " + verdict.message;
+  int ahead = 0;
+  for (const auto& [seq, id] : queue_) ahead += jobs_.at(id)->device() == device ? 1 : 0;
+  if (ahead > 0) {
+    return "would wait PENDING behind " + std::to_string(ahead) + " queued " + device + " job" +
+           (ahead == 1 ? "" : "s");
+  }
+  StatusOr<Placement> placement = PlaceJob(mesh, candidates);
+  if (!placement.ok()) {
+    return "would wait PENDING: " + placement.status().message() + "; waiting for slots to free up";
+  }
+  // "ranks 0-1 on worker-1, ranks 2-3 on worker-2" (rank runs in global-rank order).
+  std::string where;
+  for (int g = 0; g < mesh.world_size();) {
+    const int w = placement->ranks[g].worker;
+    int end = g;
+    while (end + 1 < mesh.world_size() && placement->ranks[end + 1].worker == w) ++end;
+    where += where.empty() ? "" : ", ";
+    where += (g == end ? "rank " + std::to_string(g)
+                       : "ranks " + std::to_string(g) + "-" + std::to_string(end)) +
+             " on " + live[w].name;
+    g = end + 1;
+  }
+  return "would start now: " + where;
 }
 
 StatusOr<v1::Job> JobManager::Get(const std::string& job_id) {
@@ -461,7 +533,8 @@ Status JobManager::Watch(const v1::WatchJobRequest& request,
     if (rows.ok()) {
       for (const EventRow& row : *rows) {
         v1::JobEvent e;
-        if (e.ParseFromString(row.event)) older.push_back(std::move(e));
+        // Stored log lines are GetJobLogs' (the memory tier may hold the same ones).
+        if (e.ParseFromString(row.event) && !e.has_log()) older.push_back(std::move(e));
       }
     }
   }
@@ -487,7 +560,29 @@ StatusOr<v1::GetJobLogsResponse> JobManager::Logs(const v1::GetJobLogsRequest& r
   if (job == nullptr) return JobNotFound(request.job_id());
   std::optional<int> rank;
   if (request.has_rank()) rank = request.rank();
-  return job->events.Logs(rank, request.attempt(), request.tail_lines());
+  v1::GetJobLogsResponse memory = job->events.Logs(rank, request.attempt(), request.tail_lines());
+  if (memory.lines_size() > 0 || db_ == nullptr) return memory;
+  // Nothing in memory: the coordinator restarted, or the job's events were released. The lines
+  // StateDb kept answer instead.
+  auto rows = db_->LoadEvents(job->row.job_id, 1, INT64_MAX, kStoredEventsRead);
+  if (!rows.ok()) return memory;
+  std::vector<v1::LogLine> lines;
+  for (const EventRow& row : *rows) {
+    v1::JobEvent e;
+    if (!e.ParseFromString(row.event) || !e.has_log()) continue;
+    if (rank && e.log().rank() != *rank) continue;
+    if (request.attempt() > 0 && e.log().attempt() != request.attempt()) continue;
+    lines.push_back(std::move(*e.mutable_log()));
+  }
+  if (lines.empty()) return memory;
+  v1::GetJobLogsResponse stored;
+  size_t begin = 0;
+  if (request.tail_lines() > 0 && lines.size() > static_cast<size_t>(request.tail_lines())) {
+    begin = lines.size() - request.tail_lines();
+  }
+  for (size_t i = begin; i < lines.size(); ++i) *stored.add_lines() = std::move(lines[i]);
+  stored.set_truncated(job->persisted_logs >= config_.events.logs);
+  return stored;
 }
 
 // ---- Restore ------------------------------------------------------------------------------------

@@ -109,6 +109,7 @@ class JobManager {
   Status Load();
 
   // ---- Client RPCs (errors as in coordinator.proto) ----
+  // The new job's id; for request.dry_run() the placement answer instead (nothing is stored).
   StatusOr<std::string> Submit(const v1::SubmitJobRequest& request);
   StatusOr<v1::Job> Get(const std::string& job_id);
   StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request);
@@ -163,6 +164,9 @@ class JobManager {
     int rank = 0;
     auto operator<=>(const RankRef&) const = default;
   };
+
+  // Where a job of `mesh` on `device` would run now, in one line (Submit with dry_run).
+  std::string DryRunPlacementLocked(const std::string& device, const ParallelDims& mesh) const;
 
   // Job access and proto building (job_manager.cc).
   Job* FindLocked(const std::string& job_id) const;

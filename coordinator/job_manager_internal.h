@@ -62,6 +62,9 @@ struct JobManager::Job {
   // coordinator restart a PENDING job may be placed at once.
   MonoTime not_before{};
   std::chrono::milliseconds backoff{0};  // the wait that set not_before
+  // Log lines written to StateDb by this coordinator process (at most EventLimits::logs per
+  // job), so that `meshrun logs` still answers after a restart.
+  size_t persisted_logs = 0;
   JobEventLog events;
 
   const std::string& device() const { return spec.resources().device(); }

@@ -35,9 +35,10 @@ PlaceabilityVerdict CheckPlaceable(const ParallelDims& mesh, const std::vector<i
     return {Placeability::kTooFewSlots,
             "needs " + Str(world) + " slots in tp groups of " + Str(tp) + "; the " +
                 Str(static_cast<long long>(worker_slots.size())) + " workers hold " + Str(usable) +
-                "; waiting for more workers"};
+                "; waiting for more workers",
+            usable};
   }
-  return {};
+  return {Placeability::kPlaceable, "", usable};
 }
 
 StatusOr<Placement> PlaceJob(const ParallelDims& mesh,

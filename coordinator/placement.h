@@ -53,6 +53,8 @@ struct PlaceabilityVerdict {
   // "parallelism.tp_size: a tp group of 8 ranks must run on one worker but the largest has 4
   //  slots (hint: ...)".
   std::string message;
+  // Slots of the workers usable in whole tp groups (what a mesh can use at most).
+  long long usable_slots = 0;
 };
 
 // Judges `mesh` against the total slots of every candidate worker (free or not). With no

@@ -213,6 +213,21 @@ TEST_F(TrainCommandTest, EvalReadsTheSpecFromTheCheckpointAndExportTakesAFolder)
   EXPECT_TRUE(fs::exists(temp_ / "hf/model.safetensors"));
 }
 
+// On a terminal (a pseudo-terminal from util-linux `script`), text output is the progress bar of
+// `submit --follow`, redrawn in place, and then the summary line.
+TEST_F(TrainCommandTest, OnATerminalTrainDrawsTheProgressBarOfSubmit) {
+  const std::string command = testing::ShellQuote(binary_.string()) + " train -f " +
+                              testing::ShellQuote((source_ / "examples/tiny.yaml").string()) +
+                              " --set checkpoint.dir= --set train.steps=3";
+  const CliResult r = RunCli("script", {"-qec", command, "/dev/null"}, temp_ / "err.txt", 120);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("\r\x1b[K["), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("] 3/3  loss "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" tok/s  MFU "), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("step     1/3"), std::string::npos) << "no per-step lines: " << r.out;
+  EXPECT_NE(r.out.find("done: 3 steps, final loss "), std::string::npos) << r.out;
+}
+
 TEST_F(TrainCommandTest, WorldSizeMismatchIsInvalidInput) {
   CliResult mismatch =
       Run({"train", "-f", (source_ / "examples/tiny.yaml").string(), "--nproc", "2"});

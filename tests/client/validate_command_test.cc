@@ -74,7 +74,7 @@ train:
   global_batch_size: 8
   micro_batch_size: 2
 data:
-  train: /tmp/train.txt
+  train: /usr/share/games/fortunes/cookie
 )";
 
 std::string With(std::string text, const std::string& from, const std::string& to) {

@@ -62,5 +62,33 @@ TEST(MemoryEstimateTest, RanksOnOneHostShareItsMemory) {
   EXPECT_FALSE(CheckRankMemory(spec, Mesh(1, 1, 1, 1), 2, one * 1.5, "--memory-bytes").ok());
 }
 
+// CheckJobFitsHost (validate, train, submit): INVALID_ARGUMENT naming the field behind the
+// largest term, the ranks of this host counted.
+TEST(MemoryEstimateTest, CheckJobFitsHostNamesTheFieldThatDrivesTheEstimate) {
+  JobSpec wide;
+  wide.model.d_model = 65536;
+  wide.model.n_layer = 48;
+  Status s = CheckJobFitsHost(wide, Mesh(1, 1, 1, 1), 1, 64.0 * (1 << 30));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("model.d_model: n_layer 48, d_model 65536", 0), 0u) << s.message();
+  EXPECT_NE(s.message().find("(hint: "), std::string::npos);
+  JobSpec vocab;
+  vocab.model.vocab_size = 1 << 30;
+  s = CheckJobFitsHost(vocab, Mesh(1, 1, 1, 1), 1, 64.0 * (1 << 30));
+  EXPECT_EQ(s.message().rfind("model.vocab_size: ", 0), 0u) << s.message();
+  JobSpec micro;
+  micro.model.seq_len = 1 << 16;
+  micro.train.micro_batch_size = 64;
+  micro.train.global_batch_size = 64;
+  s = CheckJobFitsHost(micro, Mesh(1, 1, 1, 1), 1, 64.0 * (1 << 30));
+  EXPECT_EQ(s.message().rfind("train.micro_batch_size: ", 0), 0u) << s.message();
+  // The default spec fits; 0 bytes: no check; more ranks on the host need more.
+  EXPECT_TRUE(CheckJobFitsHost(JobSpec(), Mesh(1, 1, 1, 1), 8, 1e9).ok());
+  EXPECT_TRUE(CheckJobFitsHost(wide, Mesh(1, 1, 1, 1), 1, 0).ok());
+  const double one = EstimateRankMemory(JobSpec(), Mesh(1, 1, 1, 1)).total();
+  EXPECT_TRUE(CheckJobFitsHost(JobSpec(), Mesh(1, 1, 1, 1), 1, one * 1.5).ok());
+  EXPECT_FALSE(CheckJobFitsHost(JobSpec(), Mesh(1, 1, 1, 1), 2, one * 1.5).ok());
+}
+
 }  // namespace
 }  // namespace meshrun

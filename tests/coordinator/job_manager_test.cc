@@ -191,9 +191,30 @@ TEST_F(JobManagerTest, TpGroupLargerThanEveryWorker) {
   EXPECT_NE(job.message().find("tp group of 8"), std::string::npos) << job.message();
 }
 
+TEST_F(JobManagerTest, TooBigForEveryWorkerTogetherIsRefusedWithTheNumbers) {
+  workers_.Add("a", 4);
+  workers_.Add("b", 3);
+  auto id = jobs_->Submit(SubmitRequest(1, 4, 1, 2));  // 8 ranks; 4 + 2 usable in tp groups of 2
+  ASSERT_FALSE(id.ok());
+  EXPECT_EQ(id.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(id.status().message().rfind("parallelism: dp_replicate=1 dp_shard=4 cp=1 tp=2 "
+                                        "(world size 8) needs 8 slots but the 2 registered cpu "
+                                        "workers hold 7 slots (6 of them in whole tp groups of "
+                                        "2) in all",
+                                        0),
+            0u)
+      << id.status().message();
+  EXPECT_NE(id.status().message().find("--wait-for-capacity"), std::string::npos);
+  EXPECT_EQ(jobs_->List(v1::ListJobsRequest())->jobs_size(), 0);
+}
+
 TEST_F(JobManagerTest, TooBigForTheClusterWaitsWithoutBlockingOthers) {
   workers_.Add("a", 4);
-  const std::string big = Submit(1, 8, 1, 1);
+  v1::SubmitJobRequest wait = SubmitRequest(1, 8, 1, 1);
+  wait.set_wait_for_capacity(true);
+  auto queued = jobs_->Submit(wait);
+  ASSERT_TRUE(queued.ok()) << queued.status().ToString();
+  const std::string big = *queued;
   const std::string small = Submit(1, 2, 1, 1);
   v1::Job b = Get(big);
   EXPECT_EQ(b.state(), v1::JOB_STATE_PENDING);
@@ -599,6 +620,35 @@ TEST_F(JobManagerTest, LogsTailAndFilter) {
   EXPECT_EQ(jobs_->Logs(req).status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST_F(JobManagerTest, LogsSurviveACoordinatorRestart) {
+  workers_.Add("a", 2);
+  const std::string id = Submit(1, 2, 1, 1);
+  v1::LogBatch logs;
+  for (int i = 0; i < 6; ++i) {
+    v1::LogLine* line = logs.add_lines();
+    line->set_job_id(id);
+    line->set_attempt(1);
+    line->set_rank(i % 2);
+    line->set_text("line " + std::to_string(i));
+  }
+  jobs_->OnLogs("a", logs);
+  Open();  // a new JobManager on the same StateDb file: nothing of the old one in memory
+  v1::GetJobLogsRequest req;
+  req.set_job_id(id);
+  auto all = jobs_->Logs(req);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->lines_size(), 6);
+  EXPECT_EQ(all->lines(0).text(), "line 0");
+  EXPECT_EQ(all->lines(5).text(), "line 5");
+  req.set_rank(0);
+  req.set_tail_lines(2);
+  auto tail = jobs_->Logs(req);
+  ASSERT_TRUE(tail.ok());
+  ASSERT_EQ(tail->lines_size(), 2);
+  EXPECT_EQ(tail->lines(0).text(), "line 2");
+  EXPECT_EQ(tail->lines(1).text(), "line 4");
+}
+
 TEST_F(JobManagerTest, OnlyTheNewestFinishedJobsKeepTheirEventsInMemory) {
   // Every job runs on worker "a" (log lines count only from the worker its rank runs on),
   // logs one line and succeeds.
@@ -629,12 +679,13 @@ TEST_F(JobManagerTest, OnlyTheNewestFinishedJobsKeepTheirEventsInMemory) {
     EXPECT_TRUE(jobs_->Watch(req, stream).ok());
     return stream->events();
   };
-  // The two oldest released their events: no log lines (reported as truncated), but the
-  // durable events still replay, from the database.
+  // The two oldest released their events from memory: their log lines and durable events
+  // come back from the database.
   for (size_t i = 0; i < 2; ++i) {
     const v1::GetJobLogsResponse logs = logs_of(ids[i]);
-    EXPECT_EQ(logs.lines_size(), 0) << ids[i];
-    EXPECT_TRUE(logs.truncated()) << ids[i];
+    ASSERT_EQ(logs.lines_size(), 1) << ids[i];
+    EXPECT_EQ(logs.lines(0).text(), "line of " + ids[i]);
+    EXPECT_FALSE(logs.truncated()) << ids[i];
     const auto events = watch_of(ids[i]);
     ASSERT_FALSE(events.empty()) << ids[i];
     EXPECT_EQ(events.front().state_changed().state(), v1::JOB_STATE_PENDING);

@@ -1,0 +1,147 @@
+// CheckBeforeTraining (see preflight.h).
+#include "client/preflight.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "common/memory_estimate.h"
+#include "engine/data/token_stream.h"
+
+namespace meshrun::client {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Streams up to this size are loaded in full (exactly what a rank does); larger ones are only
+// opened and read from, so `validate` stays quick on a corpus of many gigabytes.
+constexpr uintmax_t kFullCheckBytes = 64ull << 20;
+
+uintmax_t BytesUnder(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return fs::file_size(path, ec);
+  uintmax_t total = 0;
+  for (fs::directory_iterator it(path, ec), end; !ec && it != end; it.increment(ec)) {
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+    if (total > kFullCheckBytes) break;
+  }
+  return total;
+}
+
+Status CheckStream(const char* field, const std::string& path, const JobSpec& spec) {
+  const std::string prefix = std::string(field) + ": ";
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    return InvalidArgumentError(prefix + path +
+                                ": no such file or folder (hint: check the path; relative paths "
+                                "are resolved from the working directory)");
+  }
+  if (BytesUnder(path) > kFullCheckBytes) {
+    if (fs::is_regular_file(path, ec)) {
+      std::ifstream in(path, std::ios::binary);
+      char byte = 0;
+      if (!in || !in.read(&byte, 1)) {
+        return InvalidArgumentError(prefix + path + ": cannot be read: " + std::strerror(errno) +
+                                    " (hint: check its permissions)");
+      }
+    }
+    return OkStatus();
+  }
+  StatusOr<TokenStream> stream = LoadTokens(path, spec.data.format);
+  if (!stream.ok()) return InvalidArgumentError(prefix + stream.status().message());
+  if (stream->max_token_id >= spec.model.vocab_size) {
+    return InvalidArgumentError(
+        "model.vocab_size: token id " + std::to_string(stream->max_token_id) + " in " + path +
+        " (" + field + ") is not below vocab_size(" + std::to_string(spec.model.vocab_size) +
+        ") (hint: raise model.vocab_size or use data tokenized with a smaller vocabulary)");
+  }
+  return OkStatus();
+}
+
+// checkpoint.dir must be a folder this process can create entries in, or one it can create:
+// probed in the folder itself, or else in its nearest existing parent.
+Status CheckCheckpointDir(const std::string& dir) {
+  const std::string prefix = "checkpoint.dir: " + dir;
+  std::error_code ec;
+  fs::path probe_in = fs::absolute(dir, ec);
+  while (!fs::exists(probe_in, ec) && probe_in.has_parent_path() &&
+         probe_in.parent_path() != probe_in) {
+    probe_in = probe_in.parent_path();
+  }
+  if (!fs::is_directory(probe_in, ec)) {
+    return InvalidArgumentError(prefix + ": " + probe_in.string() +
+                                " is not a folder, so no checkpoint can be written there (hint: "
+                                "set checkpoint.dir to a folder you can write, e.g. --set "
+                                "checkpoint.dir=/tmp/ck)");
+  }
+  std::string pattern = (probe_in / ".meshrun-write-check-XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) {
+    const int err = errno;
+    return InvalidArgumentError(prefix + ": cannot create anything in " + probe_in.string() + ": " +
+                                std::strerror(err) +
+                                " (hint: set checkpoint.dir to a folder you can write, e.g. "
+                                "--set checkpoint.dir=/tmp/ck)");
+  }
+  fs::remove(pattern, ec);
+  return OkStatus();
+}
+
+double CgroupLimitBytes() {
+  for (const char* file :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream in(file);
+    std::string text;
+    if (in >> text && !text.empty() && text != "max") {
+      try {
+        return std::stod(text);
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+double HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  double bytes = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
+  const double limit = CgroupLimitBytes();
+  if (limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;
+  return bytes;
+}
+
+Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
+                           const PreflightOptions& options) {
+  if (options.check_paths) {
+    MESHRUN_RETURN_IF_ERROR(CheckStream("data.train", spec.data.train, spec));
+    if (!spec.data.val.empty()) {
+      MESHRUN_RETURN_IF_ERROR(CheckStream("data.val", spec.data.val, spec));
+    }
+    if (!spec.checkpoint.dir.empty()) {
+      MESHRUN_RETURN_IF_ERROR(CheckCheckpointDir(spec.checkpoint.dir));
+    }
+    if (!spec.model.init_from.empty()) {
+      std::error_code ec;
+      for (const char* file : {"config.json", "model.safetensors"}) {
+        if (!fs::is_regular_file(fs::path(spec.model.init_from) / file, ec)) {
+          return InvalidArgumentError(
+              "model.init_from: " + spec.model.init_from + " has no " + file +
+              " (hint: point it at a Hugging Face GPT-2 folder, e.g. one `meshrun export` "
+              "wrote)");
+        }
+      }
+    }
+  }
+  if (options.host_memory_bytes >= 0) {
+    const double host =
+        options.host_memory_bytes > 0 ? options.host_memory_bytes : HostMemoryBytes();
+    MESHRUN_RETURN_IF_ERROR(CheckJobFitsHost(spec, mesh, options.ranks_on_host, host));
+  }
+  return OkStatus();
+}
+
+}  // namespace meshrun::client

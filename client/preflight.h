@@ -1,0 +1,40 @@
+// Checks run before any training starts, so that a spec that would fail later fails now with
+// exit 2 and the field: `meshrun validate`, the start of `meshrun train` and `meshrun submit`
+// (docs/cli.md "Checks before training"). Each reads the spec's paths on this host.
+#pragma once
+
+#include <string>
+
+#include "common/job_spec.h"
+#include "common/parallel_dims.h"
+#include "common/status.h"
+
+namespace meshrun::client {
+
+struct PreflightOptions {
+  // Ranks of the job this host runs at once (train --nproc N: N). The memory check asks
+  // whether that many ranks fit in this host's memory.
+  int ranks_on_host = 1;
+  // This host's memory in bytes; 0: HostMemoryBytes(); negative: no memory check.
+  double host_memory_bytes = 0;
+  // Whether data.train, data.val and checkpoint.dir are checked on this host (off for
+  // `submit --no-local-checks`, where they exist only on the workers).
+  bool check_paths = true;
+};
+
+// The first problem found, as INVALID_ARGUMENT naming the field (exit 2):
+//  - data.train / data.val: the stream loads as the ranks will load it (missing file, binary
+//    bytes for format text, a bad llm.c header, an empty folder…) and its token ids are below
+//    model.vocab_size. Files over 64 MiB in all are only checked to exist and be readable.
+//  - checkpoint.dir: a folder, or one that can be created, in which this process can create
+//    entries (probed with a temporary folder that is removed again).
+//  - model.init_from: a folder holding config.json and model.safetensors.
+//  - the memory estimate (CheckJobFitsHost of common/memory_estimate.h).
+// Nothing is left behind on disk.
+Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
+                           const PreflightOptions& options = {});
+
+// Physical memory of this host, or the cgroup's limit when that is lower.
+double HostMemoryBytes();
+
+}  // namespace meshrun::client
