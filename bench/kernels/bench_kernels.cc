@@ -1,8 +1,16 @@
-// CPU kernel benchmark at GPT-2 small shapes (d_model 768, 12 heads, seq 1024): time and
-// GFLOP/s of each kernel's forward and backward, then one JSON line with the same numbers.
+// CPU kernel benchmark at GPT-2 small shapes (d_model 768, 12 heads, seq 1024) or at `mini`'s
+// (d_model 256, 8 heads, seq 256, batch 8): time and GFLOP/s of each kernel's forward and
+// backward beside its roofline bound on this machine, then one JSON line with the same numbers.
 //
-//   bench_kernels [-B batch] [-T seq_len] [-t threads] [-n iters] [-w warmup] [--fallback]
+//   bench_kernels [--config gpt2|mini] [-B batch] [-T seq_len] [-t threads] [-n iters]
+//                 [-w warmup] [--fallback]
 //
+// Times are the best of -n runs (the machine is shared; the best run is the one least
+// disturbed). The roofline bound of a kernel is max(FLOPs / GEMM peak, bytes / bandwidth), with
+// the float32 GEMM peak (best Gemm rate at 512³..2048³) and the memory bandwidth (a STREAM
+// triad over 3 × 64 MiB, bytes counted as STREAM does, no write-allocate) measured at start
+// with the same threads. Bytes are each kernel's compulsory traffic: every input read once,
+// every output written once (accumulated outputs read and written).
 // --fallback runs the Matmul shapes through GemmFallback instead of the build's Gemm backend.
 #include <algorithm>
 #include <chrono>
@@ -22,14 +30,16 @@ namespace {
 using namespace meshrun::cpu;
 
 struct Options {
-  int64_t B = 1, T = 1024, C = 768, H = 12, V = 50257;
-  int threads = 0, iters = 5, warmup = 2;
+  std::string config = "gpt2";
+  int64_t B = 1, T = 1024, C = 768, H = 12, V = 50257, L = 12;
+  int64_t adamw_params = 124'000'000;  // GPT-2 small
+  int threads = 0, iters = 7, warmup = 2;
   bool fallback = false;
 };
 
 struct Result {
   std::string name;
-  double ms, gflops;
+  double ms, flops, bytes;
 };
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -40,22 +50,53 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-// Median wall time of fn over iters runs after warmup runs.
+// Best wall time of fn over iters runs after warmup runs.
 double TimeMs(const Options& o, const std::function<void()>& fn) {
   for (int i = 0; i < o.warmup; ++i) fn();
-  std::vector<double> t;
+  double best = 1e300;
   for (int i = 0; i < o.iters; ++i) {
     const auto start = std::chrono::steady_clock::now();
     fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                    .count());
+    best = std::min(
+        best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return best;
 }
 
-void Add(std::vector<Result>& results, const std::string& name, double ms, double flops) {
-  results.push_back({name, ms, flops / (ms * 1e-3) / 1e9});
+// bytes: compulsory memory traffic in bytes (float32 elements × 4).
+void Add(std::vector<Result>& results, const std::string& name, double ms, double flops,
+         double bytes) {
+  results.push_back({name, ms, flops, bytes});
+}
+
+// ---- the machine's two roofs, measured with the kernels' threads.
+double MeasureGemmPeak(const Options& o) {
+  double best = 0;
+  for (int64_t n : {512, 1024, 2048}) {
+    auto a = Random(n * n, 1), b = Random(n * n, 2);
+    std::vector<float> c(n * n);
+    Options q = o;
+    q.iters = n >= 2048 ? 3 : 5;
+    q.warmup = 1;
+    const double ms = TimeMs(
+        q, [&] { Gemm(false, true, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); });
+    best = std::max(best, 2.0 * n * n * n / (ms * 1e-3));
+  }
+  return best;
+}
+
+double MeasureBandwidth(const Options& o) {
+  const int64_t n = 16 << 20;  // 64 MiB per array: far beyond any cache
+  std::vector<float> a(n), b(n, 1.f), c(n, 2.f);
+  Options q = o;
+  q.iters = 7;
+  q.warmup = 1;
+  const double ms = TimeMs(q, [&] {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.f * c[i];
+  });
+  return 3.0 * 4 * n / (ms * 1e-3);
 }
 
 void BenchLinear(const Options& o, std::vector<Result>& results, const std::string& name, int64_t N,
@@ -80,8 +121,9 @@ void BenchLinear(const Options& o, std::vector<Result>& results, const std::stri
                      OC);
     });
   }
-  Add(results, name + "_fwd", fwd, flops);
-  Add(results, name + "_bwd", bwd, 2 * flops);
+  Add(results, name + "_fwd", fwd, flops, 4.0 * (N * C + OC * C + OC + N * OC));
+  Add(results, name + "_bwd", bwd, 2 * flops,
+      4.0 * (N * OC + 2 * N * C + 3 * OC * C + 2 * OC));  // dinp and dweight accumulate
 }
 
 void BenchAttention(const Options& o, std::vector<Result>& results) {
@@ -102,8 +144,8 @@ void BenchAttention(const Options& o, std::vector<Result>& results) {
     AttentionBackward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
                       out.data(), lse.data(), pos.data(), pos.data(), B, H, T, T, D, scale);
   });
-  Add(results, "attention_fwd", fwd, fwd_flops);
-  Add(results, "attention_bwd", bwd, 2.5 * fwd_flops);
+  Add(results, "attention_fwd", fwd, fwd_flops, 4.0 * (4 * n + B * H * T));
+  Add(results, "attention_bwd", bwd, 2.5 * fwd_flops, 4.0 * (11 * n + B * H * T));
 }
 
 void BenchPointwise(const Options& o, std::vector<Result>& results) {
@@ -116,21 +158,21 @@ void BenchPointwise(const Options& o, std::vector<Result>& results) {
                LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
                                 N, C, 1e-5);
              }),
-      8.0 * N * C);
+      8.0 * N * C, 4.0 * (2 * N * C + 2 * C + 2 * N));
   Add(results, "layernorm_bwd",
       TimeMs(o,
              [&] {
                LayerNormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
                                  mean.data(), rstd.data(), N, C);
              }),
-      14.0 * N * C);
+      14.0 * N * C, 4.0 * (4 * N * C + 5 * C + 2 * N));
   auto h = Random(N * 4 * C, 5, 3.f), dh = Random(N * 4 * C, 6);
   std::vector<float> gh(N * 4 * C), dgh(N * 4 * C);
   Add(results, "gelu_fwd", TimeMs(o, [&] { GeluForward(gh.data(), h.data(), N * 4 * C); }),
-      20.0 * N * 4 * C);
+      20.0 * N * 4 * C, 4.0 * 2 * N * 4 * C);
   Add(results, "gelu_bwd",
       TimeMs(o, [&] { GeluBackward(dgh.data(), h.data(), dh.data(), N * 4 * C); }),
-      30.0 * N * 4 * C);
+      30.0 * N * 4 * C, 4.0 * 4 * N * 4 * C);
 }
 
 void BenchLoss(const Options& o, std::vector<Result>& results) {
@@ -145,26 +187,69 @@ void BenchLoss(const Options& o, std::vector<Result>& results) {
                SoftmaxCrossEntropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N,
                                    V, 1.0f / N);
              }),
-      5.0 * N * V);
+      5.0 * N * V, 4.0 * (2 * N * V + 2 * N));
 }
 
 void BenchOptimizer(const Options& o, std::vector<Result>& results) {
-  const int64_t n = 124'000'000;  // GPT-2 small
+  const int64_t n = o.adamw_params;
   auto p = Random(n, 1), g = Random(n, 2);
   std::vector<float> m(n, 0.f), v(n, 0.f);
   int64_t step = 0;
-  Add(results, "adamw_124M",
+  Add(results, "adamw",
       TimeMs(o,
              [&] {
                AdamW(p.data(), g.data(), m.data(), v.data(), n, 3e-4, 0.9, 0.95, 1e-8, 0.1, ++step);
              }),
-      12.0 * n);
+      12.0 * n, 4.0 * 7 * n);  // read p, g, m, v; write p, m, v
+}
+
+// "AMD EPYC (avx2 fma)": the CPU's model name and the vector extensions the kernels use.
+std::string CpuDescription() {
+  std::string model = "unknown CPU";
+  if (FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      if (std::strncmp(line, "model name", 10) == 0) {
+        const char* colon = std::strchr(line, ':');
+        if (colon != nullptr) {
+          model = colon + 2;
+          model.erase(model.find_last_not_of(" \n") + 1);
+        }
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  std::string flags;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) flags += "avx2 ";
+  if (__builtin_cpu_supports("fma")) flags += "fma ";
+  if (__builtin_cpu_supports("avx512f")) flags += "avx512f ";
+  if (!flags.empty()) flags.pop_back();
+#endif
+  return model + " (" + (flags.empty() ? "no avx2" : flags) + ")";
+}
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "unset";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--config") o.config = argv[i + 1];
+  }
+  if (o.config == "mini") {
+    o.B = 8, o.T = 256, o.C = 256, o.H = 8, o.V = 256, o.L = 4;
+    o.adamw_params = o.V * o.C + o.T * o.C + o.L * (12 * o.C * o.C + 13 * o.C) + 2 * o.C;
+  } else if (o.config != "gpt2") {
+    std::fprintf(stderr, "error: --config %s: unknown (hint: gpt2 or mini)\n", o.config.c_str());
+    return 2;
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> long {
@@ -174,7 +259,9 @@ int main(int argc, char** argv) {
       }
       return std::strtol(argv[++i], nullptr, 10);
     };
-    if (a == "-B") {
+    if (a == "--config") {
+      ++i;
+    } else if (a == "-B") {
       o.B = next();
     } else if (a == "-T") {
       o.T = next();
@@ -188,37 +275,60 @@ int main(int argc, char** argv) {
       o.fallback = true;
     } else {
       std::fprintf(stderr,
-                   "error: %s: unknown flag (hint: bench_kernels [-B batch] [-T seq_len] "
-                   "[-t threads] [-n iters] [-w warmup] [--fallback])\n",
+                   "error: %s: unknown flag (hint: bench_kernels [--config gpt2|mini] [-B batch] "
+                   "[-T seq_len] [-t threads] [-n iters] [-w warmup] [--fallback])\n",
                    a.c_str());
       return 2;
     }
   }
   SetNumThreads(o.threads);
+  const double peak = MeasureGemmPeak(o);
+  const double bandwidth = MeasureBandwidth(o);
   const int64_t N = o.B * o.T, C = o.C;
   std::vector<Result> results;
   BenchLinear(o, results, "matmul_qkv", N, C, 3 * C);
   BenchLinear(o, results, "matmul_attn_proj", N, C, C);
   BenchLinear(o, results, "matmul_fc", N, C, 4 * C);
   BenchLinear(o, results, "matmul_mlp_proj", N, 4 * C, C);
+  BenchLinear(o, results, "matmul_lm_head", N, C, o.V);
   BenchAttention(o, results);
   BenchPointwise(o, results);
   BenchLoss(o, results);
   BenchOptimizer(o, results);
 
   const char* gemm = o.fallback ? "fallback" : GemmBackend();
-  std::printf("# meshrun CPU kernels: B=%ld T=%ld C=%ld H=%ld threads=%d gemm=%s\n", long(o.B),
-              long(o.T), long(o.C), long(o.H), NumThreads(), gemm);
-  std::printf("%-20s %12s %10s\n", "kernel", "time_ms", "GFLOP/s");
+  const std::string cpu = CpuDescription();
+  std::printf("# meshrun CPU kernels, %s: B=%ld T=%ld C=%ld H=%ld V=%ld threads=%d gemm=%s\n",
+              o.config.c_str(), long(o.B), long(o.T), long(o.C), long(o.H), long(o.V), NumThreads(),
+              gemm);
+  std::printf("# cpu: %s; OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s; best of %d runs\n", cpu.c_str(),
+              Env("OMP_WAIT_POLICY"), Env("GOMP_SPINCOUNT"), o.iters);
+  std::printf("# roofs: float32 GEMM peak %.1f GFLOP/s, memory bandwidth %.1f GB/s (triad)\n",
+              peak / 1e9, bandwidth / 1e9);
+  std::printf("%-22s %10s %9s %8s %10s %10s %8s\n", "kernel", "time_ms", "GFLOP/s", "GB/s",
+              "flop_ms", "byte_ms", "x_bound");
+  double total_ms = 0, total_bound_ms = 0;
   for (const Result& r : results) {
-    std::printf("%-20s %12.3f %10.1f\n", r.name.c_str(), r.ms, r.gflops);
+    const double flop_ms = r.flops / peak * 1e3, byte_ms = r.bytes / bandwidth * 1e3;
+    const double bound = std::max(flop_ms, byte_ms);
+    total_ms += r.ms;
+    total_bound_ms += bound;
+    std::printf("%-22s %10.3f %9.1f %8.1f %10.3f %10.3f %8.2f\n", r.name.c_str(), r.ms,
+                r.flops / (r.ms * 1e-3) / 1e9, r.bytes / (r.ms * 1e-3) / 1e9, flop_ms, byte_ms,
+                r.ms / bound);
   }
+  std::printf("%-22s %10.3f %9s %8s %21.3f %8.2f\n", "total", total_ms, "", "", total_bound_ms,
+              total_ms / total_bound_ms);
   std::printf(
-      "{\"bench\":\"kernels\",\"B\":%ld,\"T\":%ld,\"threads\":%d,\"gemm\":\"%s\",\"results\":[",
-      long(o.B), long(o.T), NumThreads(), gemm);
+      "{\"bench\":\"kernels\",\"config\":\"%s\",\"B\":%ld,\"T\":%ld,\"threads\":%d,\"gemm\":\"%s\","
+      "\"cpu\":\"%s\",\"gemm_peak_gflops\":%.2f,\"bandwidth_gbs\":%.2f,\"results\":[",
+      o.config.c_str(), long(o.B), long(o.T), NumThreads(), gemm, cpu.c_str(), peak / 1e9,
+      bandwidth / 1e9);
   for (size_t i = 0; i < results.size(); ++i) {
-    std::printf("%s{\"kernel\":\"%s\",\"ms\":%.4f,\"gflops\":%.2f}", i ? "," : "",
-                results[i].name.c_str(), results[i].ms, results[i].gflops);
+    const Result& r = results[i];
+    const double bound = std::max(r.flops / peak, r.bytes / bandwidth) * 1e3;
+    std::printf("%s{\"kernel\":\"%s\",\"ms\":%.4f,\"gflops\":%.2f,\"bound_ms\":%.4f}", i ? "," : "",
+                r.name.c_str(), r.ms, r.flops / (r.ms * 1e-3) / 1e9, bound);
   }
   std::printf("]}\n");
   return 0;

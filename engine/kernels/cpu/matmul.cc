@@ -11,6 +11,9 @@
 #ifdef MESHRUN_HAVE_OPENBLAS
 #include <cblas.h>
 #endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace meshrun::cpu {
 namespace {
@@ -33,6 +36,9 @@ bool CoreHasAvx2(const std::string& core) {
 
 BlasChoice ChooseBlas() {
   BlasChoice c;
+#ifdef _OPENMP
+  openblas_set_num_threads(1);  // even when SetNumThreads is never called (BlasPanels)
+#endif
   const std::string core = openblas_get_corename();
   std::string hint;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -78,6 +84,41 @@ inline void Blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha
                  int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   cblas_dgemm(CblasRowMajor, Op(ta), Op(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
+
+// One thread pool for the whole rank: OpenBLAS runs single-threaded (SetNumThreads) and the
+// OpenMP team splits each product into one column (or row) panel per thread. With OpenBLAS's
+// own pthreads pool beside OpenMP's, each pool's idle threads spin (sched_yield, libgomp's spin
+// wait) on the cores the other pool is computing on: 35% of a `mini` step went there.
+// Panels are multiples of 16 columns or rows (the widths of OpenBLAS's AVX2 kernels) and fixed
+// for a given thread count, so results stay deterministic.
+template <typename T>
+void BlasPanels(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+#ifdef _OPENMP
+  const int threads = omp_get_max_threads();
+  const bool split_n = N >= M;
+  const int64_t dim = split_n ? N : M;
+  const int parts = static_cast<int>(std::min<int64_t>(threads, dim / 16));
+  if (parts > 1 && !omp_in_parallel() &&
+      internal::WorthParallel(static_cast<double>(M) * N * K / 16)) {
+#pragma omp parallel num_threads(parts)
+    {
+      const int t = omp_get_thread_num();
+      const int n_parts = omp_get_num_threads();
+      auto edge = [&](int i) { return i == n_parts ? dim : (dim * i / n_parts) / 16 * 16; };
+      const int64_t lo = edge(t), len = edge(t + 1) - lo;
+      if (len > 0 && split_n) {
+        Blas(ta, tb, M, len, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+      } else if (len > 0) {
+        Blas(ta, tb, len, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc,
+             ldc);
+      }
+    }
+    return;
+  }
+#endif
+  Blas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
 #endif
 
 // Columns per task of the dbias reduction: a multiple of a cache line.
@@ -108,8 +149,8 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 #ifdef MESHRUN_HAVE_OPENBLAS
   if (Choice().use_blas) {
     // BLAS checks lda/ldb even when K == 0; keep them valid.
-    Blas(trans_a, trans_b, M, N, K, alpha, A, std::max<int64_t>(lda, 1), B,
-         std::max<int64_t>(ldb, 1), beta, C, ldc);
+    BlasPanels(trans_a, trans_b, M, N, K, alpha, A, std::max<int64_t>(lda, 1), B,
+               std::max<int64_t>(ldb, 1), beta, C, ldc);
     return;
   }
 #endif
