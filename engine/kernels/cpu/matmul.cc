@@ -85,12 +85,18 @@ inline void Blas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha
   cblas_dgemm(CblasRowMajor, Op(ta), Op(tb), M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// One thread pool for the whole rank: OpenBLAS runs single-threaded (SetNumThreads) and the
-// OpenMP team splits each product into one column (or row) panel per thread. With OpenBLAS's
-// own pthreads pool beside OpenMP's, each pool's idle threads spin (sched_yield, libgomp's spin
-// wait) on the cores the other pool is computing on: 35% of a `mini` step went there.
-// Panels are multiples of 16 columns or rows (the widths of OpenBLAS's AVX2 kernels) and fixed
-// for a given thread count, so results stay deterministic.
+// One thread pool for the whole rank: OpenBLAS runs single-threaded and the OpenMP team splits
+// each product into column (or row) panels. With OpenBLAS's own pthreads pool beside OpenMP's,
+// each pool's idle threads spin (sched_yield, libgomp's spin wait) on the cores the other pool
+// is computing on: 35% of a `mini` step's CPU time went there.
+// Panels: up to kPanelsPerThread per thread, at least kMinPanel wide (each panel packs the whole
+// other operand once more), multiples of 16 (the widths of OpenBLAS's AVX2 kernels), handed out
+// dynamically, so a thread that the machine's other work holds up costs its own panel, not the
+// whole product. Panel bounds depend only on the shape and the thread count, and each output
+// element is written by one panel, so results do not depend on which thread ran which panel.
+constexpr int kPanelsPerThread = 4;
+constexpr int64_t kMinPanel = 128;
+
 template <typename T>
 void BlasPanels(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
                 const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
@@ -98,18 +104,17 @@ void BlasPanels(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, cons
   const int threads = omp_get_max_threads();
   const bool split_n = N >= M;
   const int64_t dim = split_n ? N : M;
-  const int parts = static_cast<int>(std::min<int64_t>(threads, dim / 16));
-  if (parts > 1 && !omp_in_parallel() &&
+  const int64_t parts = std::min<int64_t>(threads * kPanelsPerThread, dim / kMinPanel);
+  if (threads > 1 && parts > 1 && !omp_in_parallel() &&
       internal::WorthParallel(static_cast<double>(M) * N * K / 16)) {
-#pragma omp parallel num_threads(parts)
-    {
-      const int t = omp_get_thread_num();
-      const int n_parts = omp_get_num_threads();
-      auto edge = [&](int i) { return i == n_parts ? dim : (dim * i / n_parts) / 16 * 16; };
-      const int64_t lo = edge(t), len = edge(t + 1) - lo;
-      if (len > 0 && split_n) {
+    auto edge = [&](int64_t i) { return i == parts ? dim : (dim * i / parts) / 16 * 16; };
+#pragma omp parallel for schedule(dynamic, 1) num_threads(std::min <int64_t>(threads, parts))
+    for (int64_t part = 0; part < parts; ++part) {
+      const int64_t lo = edge(part), len = edge(part + 1) - lo;
+      if (len <= 0) continue;
+      if (split_n) {
         Blas(ta, tb, M, len, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
-      } else if (len > 0) {
+      } else {
         Blas(ta, tb, len, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc,
              ldc);
       }
