@@ -90,7 +90,7 @@ double MeasureBandwidth(const Options& o) {
   const int64_t n = 16 << 20;  // 64 MiB per array: far beyond any cache
   std::vector<float> a(n), b(n, 1.f), c(n, 2.f);
   Options q = o;
-  q.iters = 7;
+  q.iters = 15;
   q.warmup = 1;
   const double ms = TimeMs(q, [&] {
 #pragma omp parallel for simd schedule(static)
@@ -103,20 +103,23 @@ void BenchLinear(const Options& o, std::vector<Result>& results, const std::stri
                  int64_t C, int64_t OC) {
   auto inp = Random(N * C, 1), w = Random(OC * C, 2, 0.02f), b = Random(OC, 3),
        dout = Random(N * OC, 4);
+  Options o_big = o;  // the GPT-2 LM head (80 GFLOP): fewer runs
+  if (2.0 * N * C * OC > 2e10) o_big.iters = std::min(o.iters, 3), o_big.warmup = 1;
   std::vector<float> out(N * OC), dinp(N * C), dw(OC * C), db(OC);
   const double flops = 2.0 * N * C * OC;
   double fwd, bwd;
   if (o.fallback) {
-    fwd = TimeMs(o, [&] {
+    fwd = TimeMs(o_big, [&] {
       GemmFallback(false, true, N, OC, C, 1.f, inp.data(), C, w.data(), C, 0.f, out.data(), OC);
     });
-    bwd = TimeMs(o, [&] {
+    bwd = TimeMs(o_big, [&] {
       GemmFallback(false, false, N, C, OC, 1.f, dout.data(), OC, w.data(), C, 1.f, dinp.data(), C);
       GemmFallback(true, false, OC, C, N, 1.f, dout.data(), OC, inp.data(), C, 1.f, dw.data(), C);
     });
   } else {
-    fwd = TimeMs(o, [&] { MatmulForward(out.data(), inp.data(), w.data(), b.data(), N, C, OC); });
-    bwd = TimeMs(o, [&] {
+    fwd =
+        TimeMs(o_big, [&] { MatmulForward(out.data(), inp.data(), w.data(), b.data(), N, C, OC); });
+    bwd = TimeMs(o_big, [&] {
       MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C,
                      OC);
     });
@@ -282,8 +285,8 @@ int main(int argc, char** argv) {
     }
   }
   SetNumThreads(o.threads);
-  const double peak = MeasureGemmPeak(o);
-  const double bandwidth = MeasureBandwidth(o);
+  const double peak0 = MeasureGemmPeak(o);
+  const double bandwidth0 = MeasureBandwidth(o);
   const int64_t N = o.B * o.T, C = o.C;
   std::vector<Result> results;
   BenchLinear(o, results, "matmul_qkv", N, C, 3 * C);
@@ -295,6 +298,10 @@ int main(int argc, char** argv) {
   BenchPointwise(o, results);
   BenchLoss(o, results);
   BenchOptimizer(o, results);
+  // The roofs once more after the kernels, the better of the two kept: on a shared machine a
+  // roof measured while someone else held a core would flatter every ratio.
+  const double peak = std::max(peak0, MeasureGemmPeak(o));
+  const double bandwidth = std::max(bandwidth0, MeasureBandwidth(o));
 
   const char* gemm = o.fallback ? "fallback" : GemmBackend();
   const std::string cpu = CpuDescription();
