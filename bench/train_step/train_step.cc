@@ -165,6 +165,22 @@ struct Column {
   }
 };
 
+// The best float32 GEMM rate of this moment: the trainer's 512³ measurement and a 1024³ one
+// (closer to the step's large products), best of 3. MFU in the table is against the best of
+// these over the whole run, taken beside each repetition.
+double MeasurePeak() {
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.01f), b(n * n, 0.02f), c(n * n);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    meshrun::cpu::Gemm(false, true, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return std::max(meshrun::MeasureCpuGemmPeakFlops(), 2.0 * n * n * n / best);
+}
+
 const char* Env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? v : "unset";
@@ -283,7 +299,7 @@ int main(int argc, char** argv) {
     std::vector<Column> torch_cols(columns.size());
     std::vector<std::string> failed(columns.size());
     for (int rep = 0; rep < repeats; ++rep) {
-      peak = std::max(peak, meshrun::MeasureCpuGemmPeakFlops());
+      peak = std::max(peak, MeasurePeak());
       mesh.Add(RunMeshrun(c, steps, warmup).tokens_per_second);
       for (size_t k = 0; k < columns.size(); ++k) {
         Result t;
@@ -322,7 +338,8 @@ int main(int argc, char** argv) {
     first = false;
   }
   json << "],\"gemm_peak_gflops\":" << peak / 1e9 << "}";
-  std::printf("# float32 GEMM peak (512^3, best over the run): %.1f GFLOP/s\n", peak / 1e9);
+  std::printf("# float32 GEMM peak (512^3 and 1024^3, best over the run): %.1f GFLOP/s\n",
+              peak / 1e9);
   std::printf("%-10s%7s%10s%7s%8s%8s", "config", "tokens", "meshrun", "±", "GFLOP/s", "MFU");
   for (const TorchColumn& col : columns) {
     std::printf("%10s%7s%7s", col.name.c_str(), "±", "ratio");
