@@ -3,7 +3,7 @@
 // backward beside its roofline bound on this machine, then one JSON line with the same numbers.
 //
 //   bench_kernels [--config gpt2|mini] [-B batch] [-T seq_len] [-t threads] [-n iters]
-//                 [-w warmup] [--fallback]
+//                 [-w warmup] [--fallback] [--torch] [--venv DIR]
 //
 // Times are the best of -n runs (the machine is shared; the best run is the one least
 // disturbed). The roofline bound of a kernel is max(FLOPs / GEMM peak, bytes / bandwidth), with
@@ -11,7 +11,12 @@
 // triad over 3 × 64 MiB, bytes counted as STREAM does, no write-allocate) measured at start
 // with the same threads. Bytes are each kernel's compulsory traffic: every input read once,
 // every output written once (accumulated outputs read and written).
+// --torch adds a torch_ms column: the same ops at the same shapes and threads in current torch
+// from PyPI, eager (bench/torch_kernels.py, run with DIR/bin/python right after meshrun's
+// kernels; DIR defaults to the build's torch-venv, made by tests/python/make-venv).
 // --fallback runs the Matmul shapes through GemmFallback instead of the build's Gemm backend.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -35,6 +41,8 @@ struct Options {
   int64_t adamw_params = 124'000'000;  // GPT-2 small
   int threads = 0, iters = 7, warmup = 2;
   bool fallback = false;
+  bool torch = false;
+  std::string venv = MESHRUN_BENCH_TORCH_VENV;
 };
 
 struct Result {
@@ -234,6 +242,46 @@ std::string CpuDescription() {
   return model + " (" + (flags.empty() ? "no avx2" : flags) + ")";
 }
 
+// Runs bench/torch_kernels.py at o's shapes; kernel name → ms, empty when it could not run.
+std::map<std::string, double> RunTorchKernels(const Options& o, std::string* why) {
+  std::map<std::string, double> ms;
+  const std::string py = o.venv + "/bin/python";
+  if (access(py.c_str(), X_OK) != 0) {
+    *why = py + " is missing; make it once (downloads torch from PyPI) with " +
+           MESHRUN_BENCH_SOURCE_DIR + "/tests/python/make-venv " + o.venv + " " +
+           MESHRUN_BENCH_SOURCE_DIR + "/bench/requirements-torch.txt";
+    return ms;
+  }
+  const std::string cmd =
+      py + " " + MESHRUN_BENCH_SOURCE_DIR + "/bench/torch_kernels.py --B " + std::to_string(o.B) +
+      " --T " + std::to_string(o.T) + " --C " + std::to_string(o.C) + " --H " +
+      std::to_string(o.H) + " --V " + std::to_string(o.V) + " --adamw-params " +
+      std::to_string(o.adamw_params) + " --threads " + std::to_string(NumThreads()) + " --iters " +
+      std::to_string(o.iters) + " --warmup " + std::to_string(o.warmup) + " 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string line, last;
+  char buf[8192];
+  while (f != nullptr && std::fgets(buf, sizeof(buf), f) != nullptr) {
+    if (buf[0] == '{') last = buf;
+  }
+  if (f == nullptr || pclose(f) != 0 || last.empty()) {
+    *why = cmd + " failed";
+    return ms;
+  }
+  // {"...": ..., "results": {"name": ms, ...}}: the pairs inside the object after "results".
+  const size_t results = last.find("\"results\"");
+  size_t pos = results == std::string::npos ? results : last.find('{', results);
+  while (pos != std::string::npos && last[pos] != '}') {
+    const size_t q0 = last.find('"', pos + 1);
+    const size_t q1 = q0 == std::string::npos ? q0 : last.find('"', q0 + 1);
+    const size_t colon = q1 == std::string::npos ? q1 : last.find(':', q1);
+    if (colon == std::string::npos) break;
+    ms[last.substr(q0 + 1, q1 - q0 - 1)] = std::atof(last.c_str() + colon + 1);
+    pos = last.find_first_of(",}", colon);
+  }
+  return ms;
+}
+
 const char* Env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? v : "unset";
@@ -276,6 +324,14 @@ int main(int argc, char** argv) {
       o.warmup = static_cast<int>(next());
     } else if (a == "--fallback") {
       o.fallback = true;
+    } else if (a == "--torch") {
+      o.torch = true;
+    } else if (a == "--venv") {
+      if (++i >= argc) {
+        std::fprintf(stderr, "error: --venv: missing value\n");
+        return 2;
+      }
+      o.venv = argv[i];
     } else {
       std::fprintf(stderr,
                    "error: %s: unknown flag (hint: bench_kernels [--config gpt2|mini] [-B batch] "
@@ -288,16 +344,30 @@ int main(int argc, char** argv) {
   const double peak0 = MeasureGemmPeak(o);
   const double bandwidth0 = MeasureBandwidth(o);
   const int64_t N = o.B * o.T, C = o.C;
-  std::vector<Result> results;
-  BenchLinear(o, results, "matmul_qkv", N, C, 3 * C);
-  BenchLinear(o, results, "matmul_attn_proj", N, C, C);
-  BenchLinear(o, results, "matmul_fc", N, C, 4 * C);
-  BenchLinear(o, results, "matmul_mlp_proj", N, 4 * C, C);
-  BenchLinear(o, results, "matmul_lm_head", N, C, o.V);
-  BenchAttention(o, results);
-  BenchPointwise(o, results);
-  BenchLoss(o, results);
-  BenchOptimizer(o, results);
+  auto run_all = [&] {
+    std::vector<Result> r;
+    BenchLinear(o, r, "matmul_qkv", N, C, 3 * C);
+    BenchLinear(o, r, "matmul_attn_proj", N, C, C);
+    BenchLinear(o, r, "matmul_fc", N, C, 4 * C);
+    BenchLinear(o, r, "matmul_mlp_proj", N, 4 * C, C);
+    BenchLinear(o, r, "matmul_lm_head", N, C, o.V);
+    BenchAttention(o, r);
+    BenchPointwise(o, r);
+    BenchLoss(o, r);
+    BenchOptimizer(o, r);
+    return r;
+  };
+  std::vector<Result> results = run_all();
+  std::string torch_why;
+  std::map<std::string, double> torch_ms;
+  if (o.torch) {
+    // meshrun, torch, meshrun again (best of the two kept): a burst of load on the shared
+    // machine then hits both sides rather than one.
+    torch_ms = RunTorchKernels(o, &torch_why);
+    const std::vector<Result> again = run_all();
+    for (size_t i = 0; i < results.size(); ++i)
+      results[i].ms = std::min(results[i].ms, again[i].ms);
+  }
   // The roofs once more after the kernels, the better of the two kept: on a shared machine a
   // roof measured while someone else held a core would flatter every ratio.
   const double peak = std::max(peak0, MeasureGemmPeak(o));
@@ -312,17 +382,29 @@ int main(int argc, char** argv) {
               Env("OMP_WAIT_POLICY"), Env("GOMP_SPINCOUNT"), o.iters);
   std::printf("# roofs: float32 GEMM peak %.1f GFLOP/s, memory bandwidth %.1f GB/s (triad)\n",
               peak / 1e9, bandwidth / 1e9);
-  std::printf("%-22s %10s %9s %8s %10s %10s %8s\n", "kernel", "time_ms", "GFLOP/s", "GB/s",
-              "flop_ms", "byte_ms", "x_bound");
+  if (o.torch && torch_ms.empty()) std::printf("# no torch column: %s\n", torch_why.c_str());
+  const bool have_torch = !torch_ms.empty();
+  if (have_torch)
+    std::printf("# torch_ms: bench/torch_kernels.py with %s/bin/python\n", o.venv.c_str());
+  std::printf("%-22s %10s %9s %8s %10s %10s %8s", "kernel", "time_ms", "GFLOP/s", "GB/s", "flop_ms",
+              "byte_ms", "x_bound");
+  if (have_torch) std::printf(" %10s %7s", "torch_ms", "ratio");
+  std::printf("\n");
   double total_ms = 0, total_bound_ms = 0;
   for (const Result& r : results) {
     const double flop_ms = r.flops / peak * 1e3, byte_ms = r.bytes / bandwidth * 1e3;
     const double bound = std::max(flop_ms, byte_ms);
     total_ms += r.ms;
     total_bound_ms += bound;
-    std::printf("%-22s %10.3f %9.1f %8.1f %10.3f %10.3f %8.2f\n", r.name.c_str(), r.ms,
+    std::printf("%-22s %10.3f %9.1f %8.1f %10.3f %10.3f %8.2f", r.name.c_str(), r.ms,
                 r.flops / (r.ms * 1e-3) / 1e9, r.bytes / (r.ms * 1e-3) / 1e9, flop_ms, byte_ms,
                 r.ms / bound);
+    if (have_torch) {
+      const auto it = torch_ms.find(r.name);
+      const double t = it == torch_ms.end() ? 0 : it->second;
+      std::printf(" %10.3f %7.2f", t, t > 0 ? t / r.ms : 0.0);  // ratio > 1: meshrun faster
+    }
+    std::printf("\n");
   }
   std::printf("%-22s %10.3f %9s %8s %21.3f %8.2f\n", "total", total_ms, "", "", total_bound_ms,
               total_ms / total_bound_ms);
@@ -334,8 +416,11 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bound = std::max(r.flops / peak, r.bytes / bandwidth) * 1e3;
-    std::printf("%s{\"kernel\":\"%s\",\"ms\":%.4f,\"gflops\":%.2f,\"bound_ms\":%.4f}", i ? "," : "",
-                r.name.c_str(), r.ms, r.flops / (r.ms * 1e-3) / 1e9, bound);
+    const auto it = torch_ms.find(r.name);
+    std::printf(
+        "%s{\"kernel\":\"%s\",\"ms\":%.4f,\"gflops\":%.2f,\"bound_ms\":%.4f,\"torch_ms\":%.4f}",
+        i ? "," : "", r.name.c_str(), r.ms, r.flops / (r.ms * 1e-3) / 1e9, bound,
+        it == torch_ms.end() ? 0.0 : it->second);
   }
   std::printf("]}\n");
   return 0;
