@@ -3,7 +3,14 @@
 (tests/reference/gpt2_reference.py) on one fixed random batch and reports step time,
 tokens/s and model TFLOP/s (docs/model.md FLOP count). Prints a table and a JSON line.
 
-Run with Debian's interpreter, which has torch: /usr/bin/python3 bench/torch_baseline.py --config tiny
+--mode eager runs the fused ops a user gets by default (F.scaled_dot_product_attention when
+torch has it, F.gelu(approximate="tanh"), F.cross_entropy, AdamW's default implementation);
+--mode compile wraps the forward and loss in torch.compile (the warmup steps include the
+compilation, so give it at least 1).
+
+Runs with any torch: Debian's (/usr/bin/python3, torch 1.13, eager only) or current torch from
+PyPI in the venv that tests/python/make-venv makes from bench/requirements-torch.txt:
+  build/torch-venv/bin/python bench/torch_baseline.py --config mini --mode compile
 """
 
 import argparse
@@ -42,6 +49,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps before timing")
     ap.add_argument("--threads", type=int, default=default_threads(), help="torch intra-op threads")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--mode", choices=["eager", "compile"], default="eager")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.threads < 1:
         print("error: --steps must be >= 1, --warmup >= 0, --threads >= 1", file=sys.stderr)
@@ -65,10 +73,19 @@ def main(argv=None):
     batch = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=gen)
     inputs, targets = batch[:, :-1], batch[:, 1:].reshape(-1)
 
+    def forward_loss():
+        logits = ref.gpt2_forward(params, inputs, cfg, fast=True)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets)
+
+    if args.mode == "compile":
+        if not hasattr(torch, "compile"):
+            print(f"error: --mode compile: torch {torch.__version__} has no torch.compile", file=sys.stderr)
+            return 2
+        forward_loss = torch.compile(forward_loss)
+
     def step():
         opt.zero_grad(set_to_none=True)
-        logits = ref.gpt2_forward(params, inputs, cfg, fast=True)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), targets)
+        loss = forward_loss()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(plist, 1.0)
         opt.step()
@@ -92,7 +109,7 @@ def main(argv=None):
 
     rows = [("config", args.config), ("d_model/n_layer/n_head", f"{cfg.d_model}/{cfg.n_layer}/{cfg.n_head}"),
             ("vocab/seq_len/batch", f"{cfg.vocab_size}/{T}/{B}"), ("params", f"{n_params:,}"),
-            ("threads", args.threads), ("attention", attn), ("torch", torch.__version__),
+            ("threads", args.threads), ("attention", attn), ("mode", args.mode), ("torch", torch.__version__),
             ("steps (timed/warmup)", f"{args.steps}/{args.warmup}"),
             ("loss first/last", f"{losses[0]:.4f}/{losses[-1]:.4f}"),
             ("step_seconds (median)", f"{step_s:.4f}"), ("tokens/s", f"{tok_s:,.0f}"),
@@ -101,7 +118,7 @@ def main(argv=None):
     for k, v in rows:
         print(f"{k:<{w}}  {v}")
     print(json.dumps({"bench": "torch_baseline", "config": args.config, "threads": args.threads,
-                      "seq_len": T, "batch": B, "params": n_params, "attention": attn,
+                      "seq_len": T, "batch": B, "params": n_params, "attention": attn, "mode": args.mode,
                       "tokens_per_second": tok_s, "step_seconds": step_s, "tflops": tflops,
                       "torch": torch.__version__}))
     return 0

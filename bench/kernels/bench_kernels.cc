@@ -1,9 +1,22 @@
-// CPU kernel benchmark at GPT-2 small shapes (d_model 768, 12 heads, seq 1024): time and
-// GFLOP/s of each kernel's forward and backward, then one JSON line with the same numbers.
+// CPU kernel benchmark at GPT-2 small shapes (d_model 768, 12 heads, seq 1024) or at `mini`'s
+// (d_model 256, 8 heads, seq 256, batch 8): time and GFLOP/s of each kernel's forward and
+// backward beside its roofline bound on this machine, then one JSON line with the same numbers.
 //
-//   bench_kernels [-B batch] [-T seq_len] [-t threads] [-n iters] [-w warmup] [--fallback]
+//   bench_kernels [--config gpt2|mini] [-B batch] [-T seq_len] [-t threads] [-n iters]
+//                 [-w warmup] [--fallback] [--torch] [--venv DIR]
 //
+// Times are the best of -n runs (the machine is shared; the best run is the one least
+// disturbed). The roofline bound of a kernel is max(FLOPs / GEMM peak, bytes / bandwidth), with
+// the float32 GEMM peak (best Gemm rate at 512³..2048³) and the memory bandwidth (a STREAM
+// triad over 3 × 64 MiB, bytes counted as STREAM does, no write-allocate) measured at start
+// with the same threads. Bytes are each kernel's compulsory traffic: every input read once,
+// every output written once (accumulated outputs read and written).
+// --torch adds a torch_ms column: the same ops at the same shapes and threads in current torch
+// from PyPI, eager (bench/torch_kernels.py, run with DIR/bin/python right after meshrun's
+// kernels; DIR defaults to the build's torch-venv, made by tests/python/make-venv).
 // --fallback runs the Matmul shapes through GemmFallback instead of the build's Gemm backend.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -22,14 +36,18 @@ namespace {
 using namespace meshrun::cpu;
 
 struct Options {
-  int64_t B = 1, T = 1024, C = 768, H = 12, V = 50257;
-  int threads = 0, iters = 5, warmup = 2;
+  std::string config = "gpt2";
+  int64_t B = 1, T = 1024, C = 768, H = 12, V = 50257, L = 12;
+  int64_t adamw_params = 124'000'000;  // GPT-2 small
+  int threads = 0, iters = 7, warmup = 2;
   bool fallback = false;
+  bool torch = false;
+  std::string venv = MESHRUN_BENCH_TORCH_VENV;
 };
 
 struct Result {
   std::string name;
-  double ms, gflops;
+  double ms, flops, bytes;
 };
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -40,48 +58,83 @@ std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
   return v;
 }
 
-// Median wall time of fn over iters runs after warmup runs.
+// Best wall time of fn over iters runs after warmup runs.
 double TimeMs(const Options& o, const std::function<void()>& fn) {
   for (int i = 0; i < o.warmup; ++i) fn();
-  std::vector<double> t;
+  double best = 1e300;
   for (int i = 0; i < o.iters; ++i) {
     const auto start = std::chrono::steady_clock::now();
     fn();
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                    .count());
+    best = std::min(
+        best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                  .count());
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return best;
 }
 
-void Add(std::vector<Result>& results, const std::string& name, double ms, double flops) {
-  results.push_back({name, ms, flops / (ms * 1e-3) / 1e9});
+// bytes: compulsory memory traffic in bytes (float32 elements × 4).
+void Add(std::vector<Result>& results, const std::string& name, double ms, double flops,
+         double bytes) {
+  results.push_back({name, ms, flops, bytes});
+}
+
+// ---- the machine's two roofs, measured with the kernels' threads.
+double MeasureGemmPeak(const Options& o) {
+  double best = 0;
+  for (int64_t n : {512, 1024, 2048}) {
+    auto a = Random(n * n, 1), b = Random(n * n, 2);
+    std::vector<float> c(n * n);
+    Options q = o;
+    q.iters = n >= 2048 ? 3 : 5;
+    q.warmup = 1;
+    const double ms = TimeMs(
+        q, [&] { Gemm(false, true, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n); });
+    best = std::max(best, 2.0 * n * n * n / (ms * 1e-3));
+  }
+  return best;
+}
+
+double MeasureBandwidth(const Options& o) {
+  const int64_t n = 16 << 20;  // 64 MiB per array: far beyond any cache
+  std::vector<float> a(n), b(n, 1.f), c(n, 2.f);
+  Options q = o;
+  q.iters = 15;
+  q.warmup = 1;
+  const double ms = TimeMs(q, [&] {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.f * c[i];
+  });
+  return 3.0 * 4 * n / (ms * 1e-3);
 }
 
 void BenchLinear(const Options& o, std::vector<Result>& results, const std::string& name, int64_t N,
                  int64_t C, int64_t OC) {
   auto inp = Random(N * C, 1), w = Random(OC * C, 2, 0.02f), b = Random(OC, 3),
        dout = Random(N * OC, 4);
+  Options o_big = o;  // the GPT-2 LM head (80 GFLOP): fewer runs
+  if (2.0 * N * C * OC > 2e10) o_big.iters = std::min(o.iters, 3), o_big.warmup = 1;
   std::vector<float> out(N * OC), dinp(N * C), dw(OC * C), db(OC);
   const double flops = 2.0 * N * C * OC;
   double fwd, bwd;
   if (o.fallback) {
-    fwd = TimeMs(o, [&] {
+    fwd = TimeMs(o_big, [&] {
       GemmFallback(false, true, N, OC, C, 1.f, inp.data(), C, w.data(), C, 0.f, out.data(), OC);
     });
-    bwd = TimeMs(o, [&] {
+    bwd = TimeMs(o_big, [&] {
       GemmFallback(false, false, N, C, OC, 1.f, dout.data(), OC, w.data(), C, 1.f, dinp.data(), C);
       GemmFallback(true, false, OC, C, N, 1.f, dout.data(), OC, inp.data(), C, 1.f, dw.data(), C);
     });
   } else {
-    fwd = TimeMs(o, [&] { MatmulForward(out.data(), inp.data(), w.data(), b.data(), N, C, OC); });
-    bwd = TimeMs(o, [&] {
+    fwd =
+        TimeMs(o_big, [&] { MatmulForward(out.data(), inp.data(), w.data(), b.data(), N, C, OC); });
+    bwd = TimeMs(o_big, [&] {
       MatmulBackward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C,
                      OC);
     });
   }
-  Add(results, name + "_fwd", fwd, flops);
-  Add(results, name + "_bwd", bwd, 2 * flops);
+  Add(results, name + "_fwd", fwd, flops, 4.0 * (N * C + OC * C + OC + N * OC));
+  Add(results, name + "_bwd", bwd, 2 * flops,
+      4.0 * (N * OC + 2 * N * C + 3 * OC * C + 2 * OC));  // dinp and dweight accumulate
 }
 
 void BenchAttention(const Options& o, std::vector<Result>& results) {
@@ -102,8 +155,8 @@ void BenchAttention(const Options& o, std::vector<Result>& results) {
     AttentionBackward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
                       out.data(), lse.data(), pos.data(), pos.data(), B, H, T, T, D, scale);
   });
-  Add(results, "attention_fwd", fwd, fwd_flops);
-  Add(results, "attention_bwd", bwd, 2.5 * fwd_flops);
+  Add(results, "attention_fwd", fwd, fwd_flops, 4.0 * (4 * n + B * H * T));
+  Add(results, "attention_bwd", bwd, 2.5 * fwd_flops, 4.0 * (11 * n + B * H * T));
 }
 
 void BenchPointwise(const Options& o, std::vector<Result>& results) {
@@ -116,21 +169,21 @@ void BenchPointwise(const Options& o, std::vector<Result>& results) {
                LayerNormForward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
                                 N, C, 1e-5);
              }),
-      8.0 * N * C);
+      8.0 * N * C, 4.0 * (2 * N * C + 2 * C + 2 * N));
   Add(results, "layernorm_bwd",
       TimeMs(o,
              [&] {
                LayerNormBackward(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
                                  mean.data(), rstd.data(), N, C);
              }),
-      14.0 * N * C);
+      14.0 * N * C, 4.0 * (4 * N * C + 5 * C + 2 * N));
   auto h = Random(N * 4 * C, 5, 3.f), dh = Random(N * 4 * C, 6);
   std::vector<float> gh(N * 4 * C), dgh(N * 4 * C);
   Add(results, "gelu_fwd", TimeMs(o, [&] { GeluForward(gh.data(), h.data(), N * 4 * C); }),
-      20.0 * N * 4 * C);
+      20.0 * N * 4 * C, 4.0 * 2 * N * 4 * C);
   Add(results, "gelu_bwd",
       TimeMs(o, [&] { GeluBackward(dgh.data(), h.data(), dh.data(), N * 4 * C); }),
-      30.0 * N * 4 * C);
+      30.0 * N * 4 * C, 4.0 * 4 * N * 4 * C);
 }
 
 void BenchLoss(const Options& o, std::vector<Result>& results) {
@@ -145,26 +198,109 @@ void BenchLoss(const Options& o, std::vector<Result>& results) {
                SoftmaxCrossEntropy(losses.data(), dlogits.data(), logits.data(), targets.data(), N,
                                    V, 1.0f / N);
              }),
-      5.0 * N * V);
+      5.0 * N * V, 4.0 * (2 * N * V + 2 * N));
 }
 
 void BenchOptimizer(const Options& o, std::vector<Result>& results) {
-  const int64_t n = 124'000'000;  // GPT-2 small
+  const int64_t n = o.adamw_params;
   auto p = Random(n, 1), g = Random(n, 2);
   std::vector<float> m(n, 0.f), v(n, 0.f);
   int64_t step = 0;
-  Add(results, "adamw_124M",
+  Add(results, "adamw",
       TimeMs(o,
              [&] {
                AdamW(p.data(), g.data(), m.data(), v.data(), n, 3e-4, 0.9, 0.95, 1e-8, 0.1, ++step);
              }),
-      12.0 * n);
+      12.0 * n, 4.0 * 7 * n);  // read p, g, m, v; write p, m, v
+}
+
+// "AMD EPYC (avx2 fma)": the CPU's model name and the vector extensions the kernels use.
+std::string CpuDescription() {
+  std::string model = "unknown CPU";
+  if (FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      if (std::strncmp(line, "model name", 10) == 0) {
+        const char* colon = std::strchr(line, ':');
+        if (colon != nullptr) {
+          model = colon + 2;
+          model.erase(model.find_last_not_of(" \n") + 1);
+        }
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  std::string flags;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) flags += "avx2 ";
+  if (__builtin_cpu_supports("fma")) flags += "fma ";
+  if (__builtin_cpu_supports("avx512f")) flags += "avx512f ";
+  if (!flags.empty()) flags.pop_back();
+#endif
+  return model + " (" + (flags.empty() ? "no avx2" : flags) + ")";
+}
+
+// Runs bench/torch_kernels.py at o's shapes; kernel name → ms, empty when it could not run.
+std::map<std::string, double> RunTorchKernels(const Options& o, std::string* why) {
+  std::map<std::string, double> ms;
+  const std::string py = o.venv + "/bin/python";
+  if (access(py.c_str(), X_OK) != 0) {
+    *why = py + " is missing; make it once (downloads torch from PyPI) with " +
+           MESHRUN_BENCH_SOURCE_DIR + "/tests/python/make-venv " + o.venv + " " +
+           MESHRUN_BENCH_SOURCE_DIR + "/bench/requirements-torch.txt";
+    return ms;
+  }
+  const std::string cmd =
+      py + " " + MESHRUN_BENCH_SOURCE_DIR + "/bench/torch_kernels.py --B " + std::to_string(o.B) +
+      " --T " + std::to_string(o.T) + " --C " + std::to_string(o.C) + " --H " +
+      std::to_string(o.H) + " --V " + std::to_string(o.V) + " --adamw-params " +
+      std::to_string(o.adamw_params) + " --threads " + std::to_string(NumThreads()) + " --iters " +
+      std::to_string(o.iters) + " --warmup " + std::to_string(o.warmup) + " 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string line, last;
+  char buf[8192];
+  while (f != nullptr && std::fgets(buf, sizeof(buf), f) != nullptr) {
+    if (buf[0] == '{') last = buf;
+  }
+  if (f == nullptr || pclose(f) != 0 || last.empty()) {
+    *why = cmd + " failed";
+    return ms;
+  }
+  // {"...": ..., "results": {"name": ms, ...}}: the pairs inside the object after "results".
+  const size_t results = last.find("\"results\"");
+  size_t pos = results == std::string::npos ? results : last.find('{', results);
+  while (pos != std::string::npos && last[pos] != '}') {
+    const size_t q0 = last.find('"', pos + 1);
+    const size_t q1 = q0 == std::string::npos ? q0 : last.find('"', q0 + 1);
+    const size_t colon = q1 == std::string::npos ? q1 : last.find(':', q1);
+    if (colon == std::string::npos) break;
+    ms[last.substr(q0 + 1, q1 - q0 - 1)] = std::atof(last.c_str() + colon + 1);
+    pos = last.find_first_of(",}", colon);
+  }
+  return ms;
+}
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "unset";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--config") o.config = argv[i + 1];
+  }
+  if (o.config == "mini") {
+    o.B = 8, o.T = 256, o.C = 256, o.H = 8, o.V = 256, o.L = 4;
+    o.adamw_params = o.V * o.C + o.T * o.C + o.L * (12 * o.C * o.C + 13 * o.C) + 2 * o.C;
+  } else if (o.config != "gpt2") {
+    std::fprintf(stderr, "error: --config %s: unknown (hint: gpt2 or mini)\n", o.config.c_str());
+    return 2;
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> long {
@@ -174,7 +310,9 @@ int main(int argc, char** argv) {
       }
       return std::strtol(argv[++i], nullptr, 10);
     };
-    if (a == "-B") {
+    if (a == "--config") {
+      ++i;
+    } else if (a == "-B") {
       o.B = next();
     } else if (a == "-T") {
       o.T = next();
@@ -186,39 +324,103 @@ int main(int argc, char** argv) {
       o.warmup = static_cast<int>(next());
     } else if (a == "--fallback") {
       o.fallback = true;
+    } else if (a == "--torch") {
+      o.torch = true;
+    } else if (a == "--venv") {
+      if (++i >= argc) {
+        std::fprintf(stderr, "error: --venv: missing value\n");
+        return 2;
+      }
+      o.venv = argv[i];
     } else {
       std::fprintf(stderr,
-                   "error: %s: unknown flag (hint: bench_kernels [-B batch] [-T seq_len] "
-                   "[-t threads] [-n iters] [-w warmup] [--fallback])\n",
+                   "error: %s: unknown flag (hint: bench_kernels [--config gpt2|mini] [-B batch] "
+                   "[-T seq_len] [-t threads] [-n iters] [-w warmup] [--fallback])\n",
                    a.c_str());
       return 2;
     }
   }
   SetNumThreads(o.threads);
+  const double peak0 = MeasureGemmPeak(o);
+  const double bandwidth0 = MeasureBandwidth(o);
   const int64_t N = o.B * o.T, C = o.C;
-  std::vector<Result> results;
-  BenchLinear(o, results, "matmul_qkv", N, C, 3 * C);
-  BenchLinear(o, results, "matmul_attn_proj", N, C, C);
-  BenchLinear(o, results, "matmul_fc", N, C, 4 * C);
-  BenchLinear(o, results, "matmul_mlp_proj", N, 4 * C, C);
-  BenchAttention(o, results);
-  BenchPointwise(o, results);
-  BenchLoss(o, results);
-  BenchOptimizer(o, results);
+  auto run_all = [&] {
+    std::vector<Result> r;
+    BenchLinear(o, r, "matmul_qkv", N, C, 3 * C);
+    BenchLinear(o, r, "matmul_attn_proj", N, C, C);
+    BenchLinear(o, r, "matmul_fc", N, C, 4 * C);
+    BenchLinear(o, r, "matmul_mlp_proj", N, 4 * C, C);
+    BenchLinear(o, r, "matmul_lm_head", N, C, o.V);
+    BenchAttention(o, r);
+    BenchPointwise(o, r);
+    BenchLoss(o, r);
+    BenchOptimizer(o, r);
+    return r;
+  };
+  std::vector<Result> results = run_all();
+  std::string torch_why;
+  std::map<std::string, double> torch_ms;
+  if (o.torch) {
+    // meshrun, torch, meshrun again (best of the two kept): a burst of load on the shared
+    // machine then hits both sides rather than one.
+    torch_ms = RunTorchKernels(o, &torch_why);
+    const std::vector<Result> again = run_all();
+    for (size_t i = 0; i < results.size(); ++i)
+      results[i].ms = std::min(results[i].ms, again[i].ms);
+  }
+  // The roofs once more after the kernels, the better of the two kept: on a shared machine a
+  // roof measured while someone else held a core would flatter every ratio.
+  const double peak = std::max(peak0, MeasureGemmPeak(o));
+  const double bandwidth = std::max(bandwidth0, MeasureBandwidth(o));
 
   const char* gemm = o.fallback ? "fallback" : GemmBackend();
-  std::printf("# meshrun CPU kernels: B=%ld T=%ld C=%ld H=%ld threads=%d gemm=%s\n", long(o.B),
-              long(o.T), long(o.C), long(o.H), NumThreads(), gemm);
-  std::printf("%-20s %12s %10s\n", "kernel", "time_ms", "GFLOP/s");
+  const std::string cpu = CpuDescription();
+  std::printf("# meshrun CPU kernels, %s: B=%ld T=%ld C=%ld H=%ld V=%ld threads=%d gemm=%s\n",
+              o.config.c_str(), long(o.B), long(o.T), long(o.C), long(o.H), long(o.V), NumThreads(),
+              gemm);
+  std::printf("# cpu: %s; OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s; best of %d runs\n", cpu.c_str(),
+              Env("OMP_WAIT_POLICY"), Env("GOMP_SPINCOUNT"), o.iters);
+  std::printf("# roofs: float32 GEMM peak %.1f GFLOP/s, memory bandwidth %.1f GB/s (triad)\n",
+              peak / 1e9, bandwidth / 1e9);
+  if (o.torch && torch_ms.empty()) std::printf("# no torch column: %s\n", torch_why.c_str());
+  const bool have_torch = !torch_ms.empty();
+  if (have_torch)
+    std::printf("# torch_ms: bench/torch_kernels.py with %s/bin/python\n", o.venv.c_str());
+  std::printf("%-22s %10s %9s %8s %10s %10s %8s", "kernel", "time_ms", "GFLOP/s", "GB/s", "flop_ms",
+              "byte_ms", "x_bound");
+  if (have_torch) std::printf(" %10s %7s", "torch_ms", "ratio");
+  std::printf("\n");
+  double total_ms = 0, total_bound_ms = 0;
   for (const Result& r : results) {
-    std::printf("%-20s %12.3f %10.1f\n", r.name.c_str(), r.ms, r.gflops);
+    const double flop_ms = r.flops / peak * 1e3, byte_ms = r.bytes / bandwidth * 1e3;
+    const double bound = std::max(flop_ms, byte_ms);
+    total_ms += r.ms;
+    total_bound_ms += bound;
+    std::printf("%-22s %10.3f %9.1f %8.1f %10.3f %10.3f %8.2f", r.name.c_str(), r.ms,
+                r.flops / (r.ms * 1e-3) / 1e9, r.bytes / (r.ms * 1e-3) / 1e9, flop_ms, byte_ms,
+                r.ms / bound);
+    if (have_torch) {
+      const auto it = torch_ms.find(r.name);
+      const double t = it == torch_ms.end() ? 0 : it->second;
+      std::printf(" %10.3f %7.2f", t, t > 0 ? t / r.ms : 0.0);  // ratio > 1: meshrun faster
+    }
+    std::printf("\n");
   }
+  std::printf("%-22s %10.3f %9s %8s %21.3f %8.2f\n", "total", total_ms, "", "", total_bound_ms,
+              total_ms / total_bound_ms);
   std::printf(
-      "{\"bench\":\"kernels\",\"B\":%ld,\"T\":%ld,\"threads\":%d,\"gemm\":\"%s\",\"results\":[",
-      long(o.B), long(o.T), NumThreads(), gemm);
+      "{\"bench\":\"kernels\",\"config\":\"%s\",\"B\":%ld,\"T\":%ld,\"threads\":%d,\"gemm\":\"%s\","
+      "\"cpu\":\"%s\",\"gemm_peak_gflops\":%.2f,\"bandwidth_gbs\":%.2f,\"results\":[",
+      o.config.c_str(), long(o.B), long(o.T), NumThreads(), gemm, cpu.c_str(), peak / 1e9,
+      bandwidth / 1e9);
   for (size_t i = 0; i < results.size(); ++i) {
-    std::printf("%s{\"kernel\":\"%s\",\"ms\":%.4f,\"gflops\":%.2f}", i ? "," : "",
-                results[i].name.c_str(), results[i].ms, results[i].gflops);
+    const Result& r = results[i];
+    const double bound = std::max(r.flops / peak, r.bytes / bandwidth) * 1e3;
+    const auto it = torch_ms.find(r.name);
+    std::printf(
+        "%s{\"kernel\":\"%s\",\"ms\":%.4f,\"gflops\":%.2f,\"bound_ms\":%.4f,\"torch_ms\":%.4f}",
+        i ? "," : "", r.name.c_str(), r.ms, r.flops / (r.ms * 1e-3) / 1e9, bound,
+        it == torch_ms.end() ? 0.0 : it->second);
   }
   std::printf("]}\n");
   return 0;

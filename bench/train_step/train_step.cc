@@ -1,15 +1,23 @@
 // bench/train_step: tokens/s, TFLOP/s and MFU of meshrun's CPU training step for the tiny, mini
 // and GPT-2 124M configurations, beside PyTorch training the same model on the same batch
-// shape with the same thread count (bench/torch_baseline.py). Prints a table and a JSON line.
+// shape with the same thread count (bench/torch_baseline.py): current torch from PyPI, eager
+// (fused SDPA) and torch.compile, from the venv that tests/python/make-venv makes (never made
+// here), and Debian's torch. Each repetition runs meshrun and then every torch column, so noise
+// from a shared machine hits all of them alike; the table shows the best repetition of each,
+// its spread (± = (best − worst)/best) and meshrun's ratio to it. Prints a table and a JSON line.
 //
 //   train_step [--configs tiny,mini,gpt2-124m] [--steps N] [--warmup N] [--threads N]
-//              [--seq-len T] [--no-torch] [--python /usr/bin/python3]
+//              [--seq-len T] [--repeats N] [--venv DIR] [--python /usr/bin/python3]
+//              [--no-compile] [--no-torch]
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iomanip>
 #include <random>
 #include <sstream>
 #include <string>
@@ -103,15 +111,31 @@ Result RunMeshrun(const BenchConfig& c, int steps, int warmup) {
   return r;
 }
 
-// Runs bench/torch_baseline.py and reads the JSON line it prints last.
-bool RunTorch(const std::string& python, const BenchConfig& c, int steps, int warmup, int threads,
-              Result* out) {
-  std::ostringstream cmd;
+// One PyTorch column: an interpreter and a torch_baseline.py mode.
+struct TorchColumn {
+  std::string name;    // column header
+  std::string python;  // interpreter with torch
+  std::string mode;    // eager | compile
+};
+
+std::string SourceDir() {
   const char* src = std::getenv("MESHRUN_SOURCE_DIR");
-  std::string script = std::string(src ? src : ".") + "/bench/torch_baseline.py";
-  cmd << python << " " << script << " --config " << c.name << " --steps " << steps << " --warmup "
-      << warmup << " --threads " << threads << " --seq-len " << c.model.max_seq_len << " --batch "
-      << c.batch << " 2>/dev/null";
+  return src != nullptr ? src : MESHRUN_BENCH_SOURCE_DIR;
+}
+
+bool IsExecutable(const std::string& path) {
+  return access(path.c_str(), X_OK) == 0;
+}
+
+// Runs bench/torch_baseline.py and reads the JSON line it prints last; its stderr goes to
+// `log` (the last run's, for the reason when a column fails).
+bool RunTorch(const TorchColumn& col, const BenchConfig& c, int steps, int warmup, int threads,
+              const std::string& log, Result* out) {
+  std::ostringstream cmd;
+  cmd << "OMP_NUM_THREADS=" << threads << " " << col.python << " " << SourceDir()
+      << "/bench/torch_baseline.py --config " << c.name << " --mode " << col.mode << " --steps "
+      << steps << " --warmup " << std::max(warmup, col.mode == "compile" ? 2 : 0) << " --threads "
+      << threads << " --seq-len " << c.model.max_seq_len << " --batch " << c.batch << " 2>" << log;
   FILE* f = popen(cmd.str().c_str(), "r");
   if (f == nullptr) return false;
   char buf[4096];
@@ -131,14 +155,70 @@ bool RunTorch(const std::string& python, const BenchConfig& c, int steps, int wa
   return out->tokens_per_second > 0;
 }
 
+// Best and worst of the repetitions of one column (tokens/s); best = 0 when it never ran.
+struct Column {
+  double best = 0, worst = 0;
+  void Add(double tok_s) {
+    if (tok_s <= 0) return;
+    worst = best == 0 ? tok_s : std::min(worst, tok_s);
+    best = std::max(best, tok_s);
+  }
+};
+
+// The best float32 GEMM rate of this moment: the trainer's 512³ measurement and a 1024³ one
+// (closer to the step's large products), best of 3. MFU in the table is against the best of
+// these over the whole run, taken beside each repetition.
+double MeasurePeak() {
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.01f), b(n * n, 0.02f), c(n * n);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    meshrun::cpu::Gemm(false, true, n, n, n, 1.f, a.data(), n, b.data(), n, 0.f, c.data(), n);
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return std::max(meshrun::MeasureCpuGemmPeakFlops(), 2.0 * n * n * n / best);
+}
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "unset";
+}
+
+std::string CpuModel() {
+  std::string model = "unknown CPU";
+  if (FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      if (std::strncmp(line, "model name", 10) == 0 && std::strchr(line, ':') != nullptr) {
+        model = std::strchr(line, ':') + 2;
+        model.erase(model.find_last_not_of(" \n") + 1);
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  model += " (";
+  model += __builtin_cpu_supports("avx2") ? "avx2" : "no avx2";
+  if (__builtin_cpu_supports("fma")) model += " fma";
+  if (__builtin_cpu_supports("avx512f")) model += " avx512f";
+  model += ")";
+#endif
+  return model;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string configs = "tiny,mini,gpt2-124m", python = "/usr/bin/python3";
-  int steps = 5, warmup = 2, seq_len = 256;
+  std::string configs = "tiny,mini,gpt2-124m", debian_python = "/usr/bin/python3";
+  std::string venv = MESHRUN_BENCH_TORCH_VENV;
+  int steps = 5, warmup = 2, seq_len = 256, repeats = 3;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   if (const char* omp = std::getenv("OMP_NUM_THREADS")) threads = std::atoi(omp);
-  bool torch = true;
+  bool torch = true, compile = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -158,8 +238,14 @@ int main(int argc, char** argv) {
       threads = std::atoi(next().c_str());
     else if (a == "--seq-len")
       seq_len = std::atoi(next().c_str());
-    else if (a == "--python")
-      python = next();
+    else if (a == "--repeats")
+      repeats = std::max(1, std::atoi(next().c_str()));
+    else if (a == "--venv")
+      venv = next();
+    else if (a == "--python")  // the Debian column's interpreter ("" for none)
+      debian_python = next();
+    else if (a == "--no-compile")
+      compile = false;
     else if (a == "--no-torch")
       torch = false;
     else {
@@ -171,36 +257,94 @@ int main(int argc, char** argv) {
     }
   }
   meshrun::cpu::SetNumThreads(threads);
-  const double peak = meshrun::MeasureCpuGemmPeakFlops();
-  std::printf("# float32 GEMM peak (512^3 sgemm, best of 5, %d threads): %.1f GFLOP/s\n", threads,
-              peak / 1e9);
-  std::printf("%-10s %8s %6s | %10s %8s %7s | %10s %8s | %6s\n", "config", "tokens", "thr",
-              "meshrun/s", "TFLOP/s", "MFU", "torch/s", "TFLOP/s", "ratio");
+
+  std::vector<TorchColumn> columns;
+  if (torch) {
+    const std::string py = venv + "/bin/python";
+    if (IsExecutable(py)) {
+      columns.push_back({"eager", py, "eager"});
+      if (compile) columns.push_back({"compile", py, "compile"});
+    } else {
+      std::printf(
+          "# no PyPI torch: %s is missing; make it once (downloads torch from PyPI) with\n"
+          "#   %s/tests/python/make-venv %s %s/bench/requirements-torch.txt\n",
+          py.c_str(), SourceDir().c_str(), venv.c_str(), SourceDir().c_str());
+    }
+    if (!debian_python.empty() && !columns.empty()) {
+      columns.push_back({"debian", debian_python, "eager"});
+    }
+  }
+  std::printf("# cpu: %s; %d threads; gemm %s; OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n",
+              CpuModel().c_str(), threads, meshrun::cpu::GemmBackend(), Env("OMP_WAIT_POLICY"),
+              Env("GOMP_SPINCOUNT"));
+  std::printf("# best of %d interleaved repetitions (each the median of %d steps after %d warmup)",
+              repeats, steps, warmup);
+  for (const TorchColumn& col : columns) {
+    std::printf("; %s: %s --mode %s", col.name.c_str(), col.python.c_str(), col.mode.c_str());
+  }
+  std::printf("\n");
+  const std::string log = "/tmp/meshrun-train-step-torch." + std::to_string(getpid()) + ".log";
+
   std::ostringstream json;
-  json << "{\"bench\":\"train_step\",\"threads\":" << threads
-       << ",\"gemm_peak_gflops\":" << peak / 1e9 << ",\"results\":[";
+  std::ostringstream table;
+  json << "{\"bench\":\"train_step\",\"threads\":" << threads << ",\"repeats\":" << repeats
+       << ",\"results\":[";
   std::stringstream names(configs);
   std::string name;
   bool first = true;
+  double peak = 0;
   while (std::getline(names, name, ',')) {
     const BenchConfig c = ConfigNamed(name, seq_len);
-    const Result r = RunMeshrun(c, steps, warmup);
-    Result t;
-    const bool have_torch = torch && RunTorch(python, c, steps, warmup, threads, &t);
-    const double ratio = have_torch ? r.tokens_per_second / t.tokens_per_second : 0.0;
-    std::printf("%-10s %8d %6d | %10.0f %8.4f %6.1f%% | %10.0f %8.4f | %6.2f\n", c.name.c_str(),
-                c.batch * c.model.max_seq_len, threads, r.tokens_per_second, r.tflops,
-                100.0 * r.tflops * 1e12 / peak, t.tokens_per_second, t.tflops, ratio);
+    Column mesh;
+    std::vector<Column> torch_cols(columns.size());
+    std::vector<std::string> failed(columns.size());
+    for (int rep = 0; rep < repeats; ++rep) {
+      peak = std::max(peak, MeasurePeak());
+      mesh.Add(RunMeshrun(c, steps, warmup).tokens_per_second);
+      for (size_t k = 0; k < columns.size(); ++k) {
+        Result t;
+        if (!failed[k].empty()) continue;
+        if (RunTorch(columns[k], c, steps, warmup, threads, log, &t)) {
+          torch_cols[k].Add(t.tokens_per_second);
+        } else {
+          failed[k] =
+              columns[k].python + " --mode " + columns[k].mode + " failed (see " + log + ")";
+          std::printf("# %s: %s\n", columns[k].name.c_str(), failed[k].c_str());
+        }
+      }
+      std::fflush(stdout);
+    }
+    const double flops_per_token = meshrun::GPT2FlopsPerToken(c.model, c.model.max_seq_len);
+    const double tflops = mesh.best * flops_per_token / 1e12;
+    table << std::left << std::setw(10) << c.name << std::right << std::setw(7)
+          << c.batch * c.model.max_seq_len << std::fixed << std::setprecision(0) << std::setw(10)
+          << mesh.best << std::setw(6) << std::setprecision(0)
+          << 100.0 * (mesh.best - mesh.worst) / mesh.best << "%" << std::setprecision(1)
+          << std::setw(8) << tflops * 1e3 << std::setw(7) << 100.0 * tflops * 1e12 / peak << "%";
     json << (first ? "" : ",") << "{\"config\":\"" << c.name
          << "\",\"seq_len\":" << c.model.max_seq_len << ",\"batch\":" << c.batch
-         << ",\"tokens_per_second\":" << r.tokens_per_second << ",\"tflops\":" << r.tflops
-         << ",\"mfu\":" << r.tflops * 1e12 / peak
-         << ",\"torch_tokens_per_second\":" << (have_torch ? t.tokens_per_second : 0)
-         << ",\"ratio\":" << ratio << "}";
+         << ",\"tokens_per_second\":" << mesh.best << ",\"tokens_per_second_worst\":" << mesh.worst
+         << ",\"tflops\":" << tflops << ",\"mfu\":" << tflops * 1e12 / peak;
+    for (size_t k = 0; k < columns.size(); ++k) {
+      const Column& t = torch_cols[k];
+      table << std::setprecision(0) << std::setw(10) << t.best << std::setw(6)
+            << (t.best > 0 ? 100.0 * (t.best - t.worst) / t.best : 0) << "%" << std::setprecision(2)
+            << std::setw(7) << (t.best > 0 ? mesh.best / t.best : 0.0);
+      json << ",\"torch_" << columns[k].name << "_tokens_per_second\":" << t.best << ",\"ratio_"
+           << columns[k].name << "\":" << (t.best > 0 ? mesh.best / t.best : 0.0);
+    }
+    table << "\n";
+    json << "}";
     first = false;
-    std::fflush(stdout);
   }
-  json << "]}";
-  std::printf("%s\n", json.str().c_str());
+  json << "],\"gemm_peak_gflops\":" << peak / 1e9 << "}";
+  std::printf("# float32 GEMM peak (512^3 and 1024^3, best over the run): %.1f GFLOP/s\n",
+              peak / 1e9);
+  std::printf("%-10s%7s%10s%7s%8s%8s", "config", "tokens", "meshrun", "±", "GFLOP/s", "MFU");
+  for (const TorchColumn& col : columns) {
+    std::printf("%10s%7s%7s", col.name.c_str(), "±", "ratio");
+  }
+  std::printf("\n%s%s\n", table.str().c_str(), json.str().c_str());
+  std::remove(log.c_str());
   return 0;
 }

@@ -10,6 +10,7 @@
 
 #include "engine/kernels/cpu/kernel_internal.h"
 #include "engine/kernels/cpu/kernels.h"
+#include "engine/kernels/cpu/simd.h"
 
 namespace meshrun::cpu {
 namespace {
@@ -125,18 +126,26 @@ void ForwardQueryBlock(T* out, T* lse, const T* q, const T* k_packed, const T* v
         for (int64_t j = 0; j < nk; ++j) s[j] = kp[j] > qp ? kNegInf<T> : s[j];
       }
       T mx = kNegInf<T>;
+      if constexpr (sizeof(T) == sizeof(float)) {
+        mx = simd::RowMax(s, nk);
+      } else {
 #pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < nk; ++j) mx = s[j] > mx ? s[j] : mx;
+        for (int64_t j = 0; j < nk; ++j) mx = s[j] > mx ? s[j] : mx;
+      }
       const T m_new = std::max(m[i], mx);
       if (m_new == kNegInf<T>) {  // no visible key for this row yet
         std::fill(s, s + nk, T(0));
         continue;
       }
       T sum = 0;
+      if constexpr (sizeof(T) == sizeof(float)) {
+        sum = simd::ExpShiftSum(s, s, nk, m_new);  // e^{-inf} = 0 for the masked keys
+      } else {
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < nk; ++j) {
-        s[j] = internal::Exp(s[j] - m_new);
-        sum += s[j];
+        for (int64_t j = 0; j < nk; ++j) {
+          s[j] = internal::Exp(s[j] - m_new);
+          sum += s[j];
+        }
       }
       const T corr = internal::Exp(m[i] - m_new);  // 0 while m[i] is still -inf
       l[i] = l[i] * corr + sum;
@@ -229,7 +238,14 @@ void BackwardHead(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, co
           std::fill(p, p + nk, T(0));
           continue;
         }
-        if (vis == Visibility::kPartial) {
+        if constexpr (sizeof(T) == sizeof(float)) {
+          if (vis == Visibility::kPartial) {
+            const int32_t qp = q_pos[i0 + i];
+#pragma omp simd
+            for (int64_t j = 0; j < nk; ++j) p[j] = kp[j] > qp ? kNegInf<T> : p[j];
+          }
+          simd::ExpShift(p, nk, L);  // masked: e^{-inf} = 0
+        } else if (vis == Visibility::kPartial) {
           const int32_t qp = q_pos[i0 + i];
 #pragma omp simd
           for (int64_t j = 0; j < nk; ++j) p[j] = kp[j] > qp ? T(0) : internal::Exp(p[j] - L);

@@ -16,7 +16,9 @@
 
 namespace meshrun::cpu {
 
-// Threads used by every kernel (and by the BLAS library). n <= 0 keeps the current setting.
+// Threads used by every kernel. n <= 0 keeps the current setting. With OpenMP, OpenBLAS runs
+// single-threaded and Gemm splits each product over the OpenMP team itself (one thread pool;
+// docs/decisions/0013); without OpenMP, OpenBLAS gets the n threads.
 void SetNumThreads(int n);
 int NumThreads();
 

@@ -24,7 +24,13 @@ void SetNumThreads(int n) {
   omp_set_num_threads(n);
 #endif
 #ifdef MESHRUN_HAVE_OPENBLAS
+#ifdef _OPENMP
+  // Gemm splits each product over the OpenMP team itself (matmul.cc, BlasPanels): a second
+  // pool of OpenBLAS threads would only spin against it.
+  openblas_set_num_threads(1);
+#else
   openblas_set_num_threads(n);
+#endif
 #endif
 }
 
