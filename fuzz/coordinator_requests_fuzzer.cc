@@ -216,7 +216,11 @@ void RunSequence(Reader& in, Coordinator& c, meshrun::testing::FakeClock& clock,
         (void)req.MergeFromString(payload);
         auto* resp = keep(new v1::SubmitJobResponse);
         svc.HandleSubmitJob(req, resp, answers.Expect("SubmitJob"));
-        if (answers.slots.back().status && answers.slots.back().status->ok()) {
+        if (answers.slots.back().status && answers.slots.back().status->ok() && req.dry_run()) {
+          // A dry run stores nothing: no job id, a placement answer instead.
+          FUZZ_CHECK(resp->job_id().empty(), "a dry run returned a job id: " + resp->job_id());
+          FUZZ_CHECK(!resp->placement().empty(), "a dry run without a placement answer");
+        } else if (answers.slots.back().status && answers.slots.back().status->ok()) {
           FUZZ_CHECK(!resp->job_id().empty(), "SubmitJob OK without a job id");
           if (std::find(job_ids.begin(), job_ids.end(), resp->job_id()) == job_ids.end()) {
             job_ids.push_back(resp->job_id());
