@@ -10,6 +10,7 @@
 
 #include "common/memory_estimate.h"
 #include "engine/data/token_stream.h"
+#include "engine/train/memory_model.h"
 
 namespace meshrun::client {
 namespace {
@@ -139,7 +140,13 @@ Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
   if (options.host_memory_bytes >= 0) {
     const double host =
         options.host_memory_bytes > 0 ? options.host_memory_bytes : HostMemoryBytes();
-    MESHRUN_RETURN_IF_ERROR(CheckJobFitsHost(spec, mesh, options.ranks_on_host, host));
+    // The engine's memory model where its integer sizes are safe (it walks the real layout);
+    // the lower bound, computed in double, refuses absurd sizes by itself.
+    double rank_bytes = 0;
+    if (EstimateRankMemory(spec, mesh).total() < 1e15) {
+      rank_bytes = static_cast<double>(PredictRankMemory(spec).peak_bytes);
+    }
+    MESHRUN_RETURN_IF_ERROR(CheckJobFitsHost(spec, mesh, options.ranks_on_host, host, rank_bytes));
   }
   return OkStatus();
 }

@@ -57,11 +57,12 @@ Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_
 }
 
 Status CheckJobFitsHost(const JobSpec& spec, const ParallelDims& mesh, int ranks_on_host,
-                        double host_bytes) {
+                        double host_bytes, double rank_bytes) {
   if (host_bytes <= 0) return OkStatus();
   const RankMemoryEstimate e = EstimateRankMemory(spec, mesh);
   const int ranks = std::max(1, ranks_on_host);
-  const double need = e.total() * ranks;
+  const double per_rank = rank_bytes > 0 ? rank_bytes : e.total();
+  const double need = per_rank * ranks;
   if (need <= host_bytes) return OkStatus();
   // Name the field behind the largest term: the blocks (d_model² per layer), the embedding
   // (vocab·d_model) or one micro-batch's activations.
@@ -84,12 +85,18 @@ Status CheckJobFitsHost(const JobSpec& spec, const ParallelDims& mesh, int ranks
   }
   char params[32];
   std::snprintf(params, sizeof params, "%.3g", e.parameters);
-  std::string message = field + ": n_layer " + std::to_string(m.n_layer) + ", d_model " +
-                        std::to_string(m.d_model) + ", vocab_size " + std::to_string(m.vocab_size) +
-                        ", seq_len " + std::to_string(m.seq_len) + " make " + params +
-                        " parameters; one rank needs at least " + Bytes(e.total()) +
-                        " (float32 parameters, gradients and AdamW moments over " +
-                        mesh.ToString() + ", and one micro-batch's activations)";
+  std::string message =
+      field + ": n_layer " + std::to_string(m.n_layer) + ", d_model " + std::to_string(m.d_model) +
+      ", vocab_size " + std::to_string(m.vocab_size) + ", seq_len " + std::to_string(m.seq_len) +
+      " make " + params + " parameters; one rank needs " +
+      (rank_bytes > 0
+           ? Bytes(per_rank) + " (the engine's memory model over " + mesh.ToString() + ")"
+           : "at least " + Bytes(e.total()) +
+                 " (float32 parameters, gradients and AdamW "
+                 "moments over " +
+                 mesh.ToString() +
+                 ", and one micro-batch's "
+                 "activations)");
   if (ranks > 1) message += ", " + Bytes(need) + " for the " + std::to_string(ranks) + " ranks";
   message += ", more than this host's " + Bytes(host_bytes) + " of memory (hint: " + fix +
              ", or shard it with more tp_size/dp_shard_size over more hosts)";

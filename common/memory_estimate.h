@@ -35,7 +35,9 @@ Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_
 // that drives the estimate (model.d_model, model.n_layer, model.vocab_size or
 // train.micro_batch_size), the sizes, the bytes and a fix. One function, so a fuller memory
 // model can replace the estimate behind it.
+// rank_bytes > 0: one rank's need from a fuller model (the engine's PredictRankMemory) in place
+// of the lower bound.
 Status CheckJobFitsHost(const JobSpec& spec, const ParallelDims& mesh, int ranks_on_host,
-                        double host_bytes);
+                        double host_bytes, double rank_bytes = 0);
 
 }  // namespace meshrun

@@ -88,6 +88,11 @@ TEST(MemoryEstimateTest, CheckJobFitsHostNamesTheFieldThatDrivesTheEstimate) {
   const double one = EstimateRankMemory(JobSpec(), Mesh(1, 1, 1, 1)).total();
   EXPECT_TRUE(CheckJobFitsHost(JobSpec(), Mesh(1, 1, 1, 1), 1, one * 1.5).ok());
   EXPECT_FALSE(CheckJobFitsHost(JobSpec(), Mesh(1, 1, 1, 1), 2, one * 1.5).ok());
+  // A fuller model's figure (the engine's memory model) replaces the lower bound.
+  const Status exact = CheckJobFitsHost(JobSpec(), Mesh(1, 1, 1, 1), 1, one * 1.5, one * 2);
+  EXPECT_FALSE(exact.ok());
+  EXPECT_NE(exact.message().find("(the engine's memory model over"), std::string::npos)
+      << exact.message();
 }
 
 }  // namespace
