@@ -41,7 +41,8 @@ struct Box {
   std::vector<int64_t> shape;
 };
 
-// One parameter tensor inside the flat parameter buffer, as this tp rank holds it.
+// One parameter tensor, as this tp rank holds it: `offset` places it in the flat layout (the
+// own-storage buffer; under FSDP, its unit's gathered buffer at offset − unit offset).
 struct ParamInfo {
   std::string name;                   // e.g. "h.0.attn.c_attn.weight" (docs/model.md)
   std::vector<int64_t> shape;         // local shape; PyTorch layout, Linear weights (out, in)
