@@ -35,12 +35,7 @@ StatusOr<std::unique_ptr<GPT2<float>>> LoadModel(const GenerateFlags& o) {
   MESHRUN_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpecYaml(reader.metadata().job_spec_yaml, {},
                                                           step_dir + "/metadata.json (job spec)"));
-  GPT2Config cfg;
-  cfg.vocab_size = spec.model.vocab_size;
-  cfg.n_layer = spec.model.n_layer;
-  cfg.n_head = spec.model.n_head;
-  cfg.d_model = spec.model.d_model;
-  cfg.max_seq_len = spec.model.seq_len;
+  const GPT2Config cfg = GPT2ConfigOf(spec.model);
   auto model = std::make_unique<GPT2<float>>(cfg);
   for (const ParamInfo& p : model->params()) {
     MESHRUN_RETURN_IF_ERROR(reader.ReadTensor("model/" + p.name, model->param(p)));

@@ -452,12 +452,7 @@ int RunExport(const std::string& checkpoint, const std::string& out_dir) {
   StatusOr<JobSpec> spec = ParseJobSpecYaml(reader->metadata().job_spec_yaml, {},
                                             *step_dir + "/metadata.json (job spec)");
   if (!spec.ok()) return ReportError(spec.status());
-  GPT2Config cfg;
-  cfg.vocab_size = spec->model.vocab_size;
-  cfg.n_layer = spec->model.n_layer;
-  cfg.n_head = spec->model.n_head;
-  cfg.d_model = spec->model.d_model;
-  cfg.max_seq_len = spec->model.seq_len;
+  const GPT2Config cfg = GPT2ConfigOf(spec->model);
   const std::vector<ParamInfo> layout = GPT2ParamLayout(cfg);
   std::vector<float> params(static_cast<size_t>(layout.back().offset + layout.back().numel));
   for (const ParamInfo& p : layout) {

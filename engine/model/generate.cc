@@ -63,7 +63,6 @@ StatusOr<std::vector<int32_t>> Generate(GPT2<float>& model, const std::vector<in
     const int32_t next = Pick(model.logits() + static_cast<int64_t>(T - 1) * V, V, o, rng);
     out.push_back(next);
     all.push_back(next);
-    if (next == o.stop_token) break;
   }
   return out;
 }

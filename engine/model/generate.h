@@ -17,7 +17,6 @@ struct SamplingOptions {
   int top_k = 0;           // > 0: sample among the k most likely
   double top_p = 1.0;      // < 1: sample among the smallest set whose probability reaches p
   uint64_t seed = 1;
-  int32_t stop_token = -1;  // ≥ 0: stop after generating it
 };
 
 // The prompt's continuation (new tokens only). INVALID_ARGUMENT for an empty prompt or ids

@@ -10,6 +10,16 @@
 
 namespace meshrun {
 
+GPT2Config GPT2ConfigOf(const ModelSpec& model) {
+  GPT2Config cfg;
+  cfg.vocab_size = model.vocab_size;
+  cfg.n_layer = model.n_layer;
+  cfg.n_head = model.n_head;
+  cfg.d_model = model.d_model;
+  cfg.max_seq_len = model.seq_len;
+  return cfg;
+}
+
 std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   const int64_t C = cfg.d_model, V = cfg.vocab_size, L = cfg.n_layer;
   const int64_t tp = cfg.tp_size, t = cfg.tp_rank, pad = std::max(1, cfg.fsdp_size);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/job_spec.h"
 #include "common/status.h"
 #include "engine/core/tensor.h"
 
@@ -34,6 +35,10 @@ struct GPT2Config {
   Recompute recompute = Recompute::kNone;
   bool operator==(const GPT2Config&) const = default;
 };
+
+// The single-rank model of a job's `model:` section (tp 1, no FSDP padding, no recompute): the
+// one place that maps the spec's fields to the model's.
+GPT2Config GPT2ConfigOf(const ModelSpec& model);
 
 // A hyper-rectangle of a global tensor: [offset, offset + shape).
 struct Box {

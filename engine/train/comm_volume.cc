@@ -44,12 +44,7 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
   // the L layer units again before backward (unless fsdp_reshard_after_forward is false), and
   // every unit's gradient is reduce-scattered;
   // then the 8-byte all-gather of the squared grad norm.
-  GPT2Config cfg;
-  cfg.vocab_size = spec.model.vocab_size;
-  cfg.n_layer = L;
-  cfg.n_head = spec.model.n_head;
-  cfg.d_model = spec.model.d_model;
-  cfg.max_seq_len = spec.model.seq_len;
+  GPT2Config cfg = GPT2ConfigOf(spec.model);
   cfg.tp_size = Tp;
   cfg.fsdp_size = N;
   const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));

@@ -47,12 +47,7 @@ class PoolSimulation {
 MemoryPrediction PredictRankMemory(const JobSpec& spec) {
   const ParallelismSpec& par = spec.parallelism;
   const int tp = par.tp_size, cp = par.cp_size, n = par.dp_shard_size * par.cp_size;
-  GPT2Config cfg;
-  cfg.vocab_size = spec.model.vocab_size;
-  cfg.n_layer = spec.model.n_layer;
-  cfg.n_head = spec.model.n_head;
-  cfg.d_model = spec.model.d_model;
-  cfg.max_seq_len = spec.model.seq_len;
+  GPT2Config cfg = GPT2ConfigOf(spec.model);
   cfg.tp_size = tp;
   cfg.fsdp_size = n;
   const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));

@@ -37,26 +37,85 @@ std::string Gib(double bytes) {
   return buf;
 }
 
-// FLOPs of one step of the whole job: 6·N·tokens plus attention, plus recomputation.
-double StepFlops(const JobSpec& spec) {
-  GPT2Config cfg;
-  cfg.vocab_size = spec.model.vocab_size;
-  cfg.n_layer = spec.model.n_layer;
-  cfg.n_head = spec.model.n_head;
-  cfg.d_model = spec.model.d_model;
-  cfg.max_seq_len = spec.model.seq_len;
-  const double T = spec.model.seq_len;
-  const double tokens = static_cast<double>(spec.train.global_batch_size) * T;
-  const double per_token = GPT2FlopsPerToken(cfg, spec.model.seq_len);
-  const double d = cfg.d_model, L = cfg.n_layer;
-  // Forward FLOPs per token of the blocks (a third of 6·N_blocks) and of the attention core.
-  const double block_params = 12.0 * d * d * L;
-  const double attention_forward = 4.0 * L * d * T;
-  double extra = 0;
+// FLOPs per token beyond the model's that activation checkpointing recomputes: `full` the
+// blocks' forward (a third of 6·N_blocks) and the attention core, `selective` the core.
+double RecomputeFlopsPerToken(const JobSpec& spec) {
+  const double d = spec.model.d_model, L = spec.model.n_layer, T = spec.model.seq_len;
+  const double block_forward = 2.0 * 12.0 * d * d * L, attention_forward = 4.0 * L * d * T;
   const std::string& ac = spec.train.activation_checkpointing;
-  if (ac == "full") extra = 2.0 * block_params + attention_forward;
-  if (ac == "selective") extra = attention_forward;
-  return tokens * (per_token + extra);
+  if (ac == "full") return block_forward + attention_forward;
+  if (ac == "selective") return attention_forward;
+  return 0;
+}
+
+// The enumerated configurations of `spec` on `world` ranks that pass validation.
+std::vector<JobSpec> Candidates(const JobSpec& spec, int world) {
+  std::vector<JobSpec> out;
+  for (int tp : Divisors(world)) {
+    for (int cp : Divisors(world / tp)) {
+      for (int shard : Divisors(world / tp / cp)) {
+        JobSpec s = spec;
+        s.parallelism.dp_replicate_size = world / tp / cp / shard;
+        s.parallelism.dp_shard_size = shard;
+        s.parallelism.cp_size = cp;
+        s.parallelism.tp_size = tp;
+        const std::vector<std::string> strategies =
+            cp > 1 ? std::vector<std::string>{"allgather", "ring"}
+                   : std::vector<std::string>{"allgather"};
+        const std::vector<bool> residencies =
+            shard * cp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{true};
+        for (const std::string& strategy : strategies) {
+          for (const char* ac : {"none", "selective", "full"}) {
+            for (bool reshard : residencies) {
+              s.parallelism.cp_comm_strategy = strategy;
+              s.parallelism.fsdp_reshard_after_forward = reshard;
+              s.train.activation_checkpointing = ac;
+              if (ValidateJobSpec(s, world).ok()) out.push_back(s);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// One configuration's predictions; model_flops_per_token is the same for every row.
+PlanRow Predict(const JobSpec& s, const ClusterShape& cluster, double model_flops_per_token) {
+  const int world = cluster.world();
+  const DeviceProfile& dev = cluster.device;
+  const ParallelismSpec& p = s.parallelism;
+  PlanRow row;
+  row.spec = s;
+  row.memory = PredictRankMemory(s);
+  const double usable = dev.memory_bytes * kUsableFraction;
+  row.fits = dev.memory_bytes <= 0 || row.memory.peak_bytes <= usable;
+  if (!row.fits) {
+    row.reason = "needs " + Gib(static_cast<double>(row.memory.peak_bytes)) + " per rank, " +
+                 Gib(usable) + " usable of " + Gib(dev.memory_bytes);
+  }
+  const double tokens = static_cast<double>(s.train.global_batch_size) * s.model.seq_len;
+  if (dev.flops > 0) {
+    row.compute_seconds = tokens * (model_flops_per_token + RecomputeFlopsPerToken(s)) /
+                          (world * dev.flops * dev.step_efficiency);
+  }
+  // The ranks each axis's group spans (tp innermost); inside a node when they fit in one.
+  const std::map<std::string, int> span = {{"tp", p.tp_size},
+                                           {"cp", p.tp_size * p.cp_size},
+                                           {"dp_shard", p.tp_size * p.cp_size * p.dp_shard_size},
+                                           {"dp_replicate", world}};
+  row.step_seconds = row.compute_seconds;
+  for (const auto& [axis, bytes] : ExpectedCommBytesPerStep(s)) {
+    const double link = span.at(axis) <= cluster.per_node ? dev.intra_node_bw : dev.inter_node_bw;
+    row.comm_seconds[axis] = link > 0 ? bytes / link : 0;
+    row.step_seconds += row.comm_seconds[axis];
+  }
+  if (row.step_seconds > 0) {
+    row.tokens_per_second = tokens / row.step_seconds;
+    // MFU counts model FLOPs only (recomputation is overhead, not progress).
+    row.mfu = row.tokens_per_second * model_flops_per_token / (world * dev.flops);
+  }
+  return row;
 }
 
 }  // namespace
@@ -86,73 +145,11 @@ StatusOr<std::vector<PlanRow>> Plan(const JobSpec& spec, const ClusterShape& clu
                                 " ranks per node holds no rank (hint: --nodes 1 --per-node 1 or "
                                 "more)");
   }
-  const int world = cluster.world();
-  const DeviceProfile& dev = cluster.device;
+  const double model_flops_per_token =
+      GPT2FlopsPerToken(GPT2ConfigOf(spec.model), spec.model.seq_len);
   std::vector<PlanRow> rows;
-  for (int tp : Divisors(world)) {
-    for (int cp : Divisors(world / tp)) {
-      for (int shard : Divisors(world / tp / cp)) {
-        const int replicate = world / tp / cp / shard;
-        for (const char* strategy : {"allgather", "ring"}) {
-          if (cp == 1 && std::string(strategy) == "ring") continue;
-          for (const char* ac : {"none", "selective", "full"}) {
-            for (bool reshard : {true, false}) {
-              if (shard * cp == 1 && !reshard) continue;
-              JobSpec s = spec;
-              s.parallelism.dp_replicate_size = replicate;
-              s.parallelism.dp_shard_size = shard;
-              s.parallelism.cp_size = cp;
-              s.parallelism.tp_size = tp;
-              s.parallelism.cp_comm_strategy = strategy;
-              s.parallelism.fsdp_reshard_after_forward = reshard;
-              s.train.activation_checkpointing = ac;
-              if (!ValidateJobSpec(s, world).ok()) continue;
-              PlanRow row;
-              row.spec = s;
-              row.memory = PredictRankMemory(s);
-              const double usable = dev.memory_bytes * kUsableFraction;
-              row.fits = dev.memory_bytes <= 0 || row.memory.peak_bytes <= usable;
-              if (!row.fits) {
-                row.reason = "needs " + Gib(static_cast<double>(row.memory.peak_bytes)) +
-                             " per rank, " + Gib(usable) + " usable of " + Gib(dev.memory_bytes);
-              }
-              row.compute_seconds =
-                  dev.flops > 0 ? StepFlops(s) / (world * dev.flops * dev.step_efficiency) : 0;
-              const std::map<std::string, double> bytes = ExpectedCommBytesPerStep(s);
-              const int span_tp = tp, span_cp = tp * cp, span_fsdp = tp * cp * shard;
-              auto bw = [&](int span) {
-                return span <= cluster.per_node ? dev.intra_node_bw : dev.inter_node_bw;
-              };
-              const std::map<std::string, int> span = {{"tp", span_tp},
-                                                       {"cp", span_cp},
-                                                       {"dp_shard", span_fsdp},
-                                                       {"dp_replicate", world}};
-              row.step_seconds = row.compute_seconds;
-              for (const auto& [axis, b] : bytes) {
-                const double link = bw(span.at(axis));
-                row.comm_seconds[axis] = link > 0 ? b / link : 0;
-                row.step_seconds += row.comm_seconds[axis];
-              }
-              const double tokens =
-                  static_cast<double>(s.train.global_batch_size) * s.model.seq_len;
-              if (row.step_seconds > 0) {
-                row.tokens_per_second = tokens / row.step_seconds;
-                GPT2Config cfg;
-                cfg.vocab_size = s.model.vocab_size;
-                cfg.n_layer = s.model.n_layer;
-                cfg.n_head = s.model.n_head;
-                cfg.d_model = s.model.d_model;
-                cfg.max_seq_len = s.model.seq_len;
-                // MFU counts model FLOPs only (recomputation is overhead, not progress).
-                row.mfu = row.tokens_per_second * GPT2FlopsPerToken(cfg, s.model.seq_len) /
-                          (world * dev.flops);
-              }
-              rows.push_back(std::move(row));
-            }
-          }
-        }
-      }
-    }
+  for (const JobSpec& s : Candidates(spec, cluster.world())) {
+    rows.push_back(Predict(s, cluster, model_flops_per_token));
   }
   std::stable_sort(rows.begin(), rows.end(), [](const PlanRow& a, const PlanRow& b) {
     if (a.fits != b.fits) return a.fits;

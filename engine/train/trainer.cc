@@ -76,12 +76,7 @@ Status Trainer::Init() {
   coords_ = dims.CoordsOf(ctx_.rank);
 
   // Tensor parallel: this rank's heads and MLP columns; FSDP pads units for S·C shards.
-  GPT2Config cfg;
-  cfg.vocab_size = spec_.model.vocab_size;
-  cfg.n_layer = spec_.model.n_layer;
-  cfg.n_head = spec_.model.n_head;
-  cfg.d_model = spec_.model.d_model;
-  cfg.max_seq_len = spec_.model.seq_len;
+  GPT2Config cfg = GPT2ConfigOf(spec_.model);
   cfg.tp_size = dims.tp();
   cfg.tp_rank = coords_.tp;
   cfg.fsdp_size = dims.dp_shard() * dims.cp();
@@ -241,17 +236,19 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
   return out;
 }
 
-StatusOr<double> Trainer::MaxOverRanks(double value) {
-  double result = value;
+StatusOr<std::vector<double>> Trainer::MaxOverRanks(std::vector<double> values) {
+  const size_t n = values.size();
   for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kDpCp}) {
     Communicator* comm = Comm(axis);
-    if (comm == nullptr || comm->size() <= 1) continue;
-    std::vector<double> all(comm->size());
-    MESHRUN_RETURN_IF_ERROR(
-        comm->AllGatherBytes(&result, all.data(), sizeof(double), CallOptions::Axis("metrics")));
-    result = *std::max_element(all.begin(), all.end());
+    if (comm == nullptr || comm->size() <= 1 || n == 0) continue;
+    std::vector<double> all(n * comm->size());
+    MESHRUN_RETURN_IF_ERROR(comm->AllGatherBytes(values.data(), all.data(), sizeof(double) * n,
+                                                 CallOptions::Axis("metrics")));
+    for (int r = 0; r < comm->size(); ++r) {
+      for (size_t i = 0; i < n; ++i) values[i] = std::max(values[i], all[r * n + i]);
+    }
   }
-  return result;
+  return values;
 }
 
 StatusOr<bool> Trainer::StopAgreed() {
@@ -342,18 +339,18 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     summary.comm_bytes[axis] = all / dims_->world_size();
   }
   // Memory: the largest rank's figures (every rank runs this, in the same order).
+  // One gather of [peak, each kind's peak, max RSS].
   const MemoryBreakdown mem = MemoryBreakdownOf(DeviceType::kCpu);
-  MESHRUN_ASSIGN_OR_RETURN(double peak,
-                           MaxOverRanks(static_cast<double>(summary.peak_memory_bytes)));
-  summary.peak_memory_bytes = static_cast<int64_t>(peak);
-  for (int k = 0; k < kNumMemoryKinds; ++k) {
-    MESHRUN_ASSIGN_OR_RETURN(double kind_peak, MaxOverRanks(static_cast<double>(mem.peak[k])));
-    summary.memory.peak[k] = static_cast<int64_t>(kind_peak);
-  }
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
-  MESHRUN_ASSIGN_OR_RETURN(double rss, MaxOverRanks(static_cast<double>(usage.ru_maxrss) * 1024));
-  summary.max_rss_bytes = static_cast<int64_t>(rss);
+  std::vector<double> mine = {static_cast<double>(summary.peak_memory_bytes)};
+  for (int k = 0; k < kNumMemoryKinds; ++k) mine.push_back(static_cast<double>(mem.peak[k]));
+  mine.push_back(static_cast<double>(usage.ru_maxrss) * 1024);
+  MESHRUN_ASSIGN_OR_RETURN(std::vector<double> most, MaxOverRanks(std::move(mine)));
+  summary.peak_memory_bytes = static_cast<int64_t>(most[0]);
+  for (int k = 0; k < kNumMemoryKinds; ++k)
+    summary.memory.peak[k] = static_cast<int64_t>(most[1 + k]);
+  summary.max_rss_bytes = static_cast<int64_t>(most.back());
   summary.last_checkpoint = last_checkpoint_;
   return summary;
 }

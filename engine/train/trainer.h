@@ -127,8 +127,8 @@ class Trainer {
   StatusOr<double> Step(StepMetrics* metrics);
   // Whether any rank was asked to stop (the same answer on every rank).
   StatusOr<bool> StopAgreed();
-  // The maximum of `value` over every rank of the job (the same answer on every rank).
-  StatusOr<double> MaxOverRanks(double value);
+  // The element-wise maximum of `values` over every rank of the job (the same on every rank).
+  StatusOr<std::vector<double>> MaxOverRanks(std::vector<double> values);
 
   JobSpec spec_;
   TrainOptions options_;

@@ -155,6 +155,22 @@ class ParallelTest : public ::testing::Test {
     EXPECT_GT(compared, 20);
   }
 
+  // A copy of the step-3 checkpoints in `source` resumed under `target`: steps 4–6 have the
+  // baseline's losses.
+  static void ExpectResumesWithTheBaselineLosses(const std::string& source, const Mesh& target) {
+    SCOPED_TRACE(source + " resumed under " + target.Name());
+    const std::string dir = source + "-" + target.Name();
+    fs::copy(*temp_ / source, *temp_ / dir, fs::copy_options::recursive);
+    RunResult r = Train(target, dir);
+    ASSERT_EQ(r.cli.exit_code, 0) << r.cli.err;
+    EXPECT_NE(r.cli.err.find("resumed from"), std::string::npos) << r.cli.err;
+    ASSERT_EQ(r.losses.size(), 3u) << r.cli.out;
+    const RunResult& base = Baseline();
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_NEAR(r.losses[k], base.losses[3 + k], 1e-4 * base.losses[3 + k]) << "step " << k + 4;
+    }
+  }
+
   static fs::path* temp_;
 };
 
@@ -224,16 +240,7 @@ TEST_F(ParallelTest, CheckpointFromOneMeshResumesUnderAnother) {
   ASSERT_EQ(first.cli.exit_code, 0) << first.cli.err;
   ASSERT_TRUE(fs::exists(*temp_ / "reshard-source/step-00000003/metadata.json"));
   for (const Mesh& target : {Mesh{2, 1, 2, 1}, Mesh{}}) {
-    SCOPED_TRACE(target.Name());
-    const std::string dir = "reshard-" + target.Name();
-    fs::copy(*temp_ / "reshard-source", *temp_ / dir, fs::copy_options::recursive);
-    RunResult r = Train(target, dir);
-    ASSERT_EQ(r.cli.exit_code, 0) << r.cli.err;
-    EXPECT_NE(r.cli.err.find("resumed from"), std::string::npos) << r.cli.err;
-    ASSERT_EQ(r.losses.size(), 3u) << r.cli.out;
-    for (size_t k = 0; k < 3; ++k) {
-      EXPECT_NEAR(r.losses[k], base.losses[3 + k], 1e-4 * base.losses[3 + k]) << "step " << k + 4;
-    }
+    ExpectResumesWithTheBaselineLosses("reshard-source", target);
   }
 }
 
@@ -257,16 +264,7 @@ TEST_F(ParallelTest, ShardedCheckpointHasAQuarterPerRankAndResumesUnderOtherMesh
     EXPECT_LT(sizes[r], total * 0.30) << "rank " << r;
   }
   for (const Mesh& target : {Mesh{2, 1, 1, 2}, Mesh{}}) {
-    SCOPED_TRACE(target.Name());
-    const std::string dir = "sharded-" + target.Name();
-    fs::copy(*temp_ / "sharded-source", *temp_ / dir, fs::copy_options::recursive);
-    RunResult r = Train(target, dir);
-    ASSERT_EQ(r.cli.exit_code, 0) << r.cli.err;
-    EXPECT_NE(r.cli.err.find("resumed from"), std::string::npos) << r.cli.err;
-    ASSERT_EQ(r.losses.size(), 3u) << r.cli.out;
-    for (size_t k = 0; k < 3; ++k) {
-      EXPECT_NEAR(r.losses[k], base.losses[3 + k], 1e-4 * base.losses[3 + k]) << "step " << k + 4;
-    }
+    ExpectResumesWithTheBaselineLosses("sharded-source", target);
   }
 }
 

@@ -43,10 +43,9 @@ TEST(PlannerTest, EnumeratesEveryValidConfigurationOnce) {
     if (p.dp_shard_size * p.cp_size == 1) EXPECT_TRUE(p.fsdp_reshard_after_forward);
     EXPECT_EQ(r.memory.peak_bytes, PredictRankMemory(r.spec).peak_bytes);
   }
-  // World 4 over (R, S, C, T): 20 meshes; those with cp > 1 come in two strategies, those with
-  // FSDP in two residencies, and each in three checkpointing modes. Some fail validation (e.g.
-  // tp 4 with 4 heads is fine, cp 4 needs seq divisible by 8: 64 is). Count them by hand:
-  // every mesh of 4 is valid for tiny's defaults.
+  // Count by hand: every (R, S, C, T) of 4 whose dp ranks split batch 8 into micro-batches of
+  // 2 (tiny's heads and sequence allow every tp and cp of 4); those with cp > 1 come in two
+  // strategies, those with FSDP in two residencies, each in three checkpointing modes.
   size_t want = 0;
   for (int t : {1, 2, 4}) {
     for (int c : {1, 2, 4}) {
@@ -65,8 +64,7 @@ TEST(PlannerTest, EnumeratesEveryValidConfigurationOnce) {
 TEST(PlannerTest, FitsFollowsTheMemoryModelAndSaysWhyNot) {
   // Room for the sharded configurations only: below one rank's full state.
   const JobSpec spec = Tiny();
-  JobSpec one = spec;
-  const double full = static_cast<double>(PredictRankMemory(one).peak_bytes);
+  const double full = static_cast<double>(PredictRankMemory(spec).peak_bytes);
   StatusOr<std::vector<PlanRow>> rows = Plan(spec, Cluster(1, 4, full * 0.8 / 0.9));
   ASSERT_TRUE(rows.ok());
   bool some_fit = false, some_not = false, order_ok = true, seen_misfit = false;
