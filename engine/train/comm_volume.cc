@@ -23,11 +23,15 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
   const double cp_forward_again = ac == "none" ? 0 : 1;
 
   // tp: four all-reduces of the activations (mb·Tl·d) per layer and micro-batch (two forward
-  // after the row-parallel layers, two backward after the column-parallel ones), plus the
-  // 8-byte all-gather of the squared grad norm.
+  // after the row-parallel layers, two backward after the column-parallel ones); the
+  // vocab-parallel embedding's all-reduce and the head's (its input gradient), each of the
+  // activations too; the head's all-gather of 2 floats per token (log-sum-exp and target logit
+  // of each rank's vocabulary shard); and the 8-byte all-gather of the squared grad norm.
   if (Tp > 1) {
     const double ar = mb * Tl * d * f * 2.0 * (Tp - 1) / Tp;
-    bytes["tp"] = micro_batches * L * (4 + 2 * tp_forward_again) * ar + 8.0 * (Tp - 1);
+    const double head_stats = 2.0 * mb * Tl * f * (Tp - 1);
+    bytes["tp"] =
+        micro_batches * ((L * (4 + 2 * tp_forward_again) + 2) * ar + head_stats) + 8.0 * (Tp - 1);
   }
   // cp: one K or V block is mb·(H/Tp)·Tl·(d/H) floats.
   if (C > 1) {
