@@ -23,7 +23,7 @@
 #include "engine/comm/mesh_comms.h"
 #include "engine/data/token_stream.h"
 #include "engine/io/checkpoint.h"
-#include "engine/model/hf_gpt2.h"
+#include "engine/model/hf_checkpoint.h"
 #include "engine/train/trainer.h"
 #include "worker/grpc_store.h"
 #include "worker/rank_protocol.h"
@@ -460,7 +460,7 @@ int RunExport(const std::string& checkpoint, const std::string& out_dir) {
       return ReportError(s);
     }
   }
-  if (Status s = ExportHuggingFaceGPT2(cfg, params.data(), out_dir); !s.ok()) return ReportError(s);
+  if (Status s = ExportHuggingFace(cfg, params.data(), out_dir); !s.ok()) return ReportError(s);
   std::printf("exported %s to %s (model.safetensors, config.json)\n", step_dir->c_str(),
               out_dir.c_str());
   return kExitOk;
