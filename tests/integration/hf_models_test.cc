@@ -185,9 +185,13 @@ TEST_F(HfModelsTest, ExportsAreReadByTransformersWithTheLossMeshrunEvalReports) 
     ASSERT_EQ(Train(spec, 2, {"parallelism.tp_size=2"}).size(), 2u);
     const std::string ckpt = (dir_ / ("ckpt-export-" + model)).string();
     const std::string out = (dir_ / ("exported-" + model)).string();
-    testing::CliResult r =
-        testing::RunCli(meshrun_, {"export", ckpt, "--output-dir", out}, dir_ / "export.err", 60);
+    // The Llama export in shards of at most 200 KB (its 400 KB of weights make several), with
+    // the index transformers reads; GPT-2 in one file.
+    std::vector<std::string> args = {"export", ckpt, "--output-dir", out};
+    if (model == "llama") args.insert(args.end(), {"--max-shard-size", "200KB"});
+    testing::CliResult r = testing::RunCli(meshrun_, args, dir_ / "export.err", 60);
     ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(fs::exists(fs::path(out) / "model.safetensors.index.json"), model == "llama") << out;
     r = testing::RunCli(meshrun_,
                         {"eval", ckpt, "--tokens", (dir_ / "data.bin").string(), "-o", "json"},
                         dir_ / "eval.err", 120);
