@@ -48,25 +48,33 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
   // the L layer units again before backward (unless fsdp_reshard_after_forward is false), and
   // every unit's gradient is reduce-scattered;
   // then the 8-byte all-gather of the squared grad norm.
-  GPT2Config cfg = GPT2ConfigOf(spec.model);
-  cfg.tp_size = Tp;
-  cfg.fsdp_size = N;
-  const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));
-  double shard_elems = 0;
-  for (const UnitInfo& u : units) shard_elems += static_cast<double>(u.padded) / N;
-  if (N > 1) {
-    double per_micro = 0;
-    for (size_t u = 0; u < units.size(); ++u) {
-      const bool layer = u > 0 && u + 1 < units.size();
-      const double unit_bytes = static_cast<double>(units[u].padded) * f * (N - 1) / N;
-      const bool again = layer && p.fsdp_reshard_after_forward;
-      per_micro += unit_bytes * (again ? 2 : 1);  // all-gathers
-      per_micro += unit_bytes;                    // reduce-scatter
+  // The tp ranks' units differ when tp splits the vocabulary unevenly: the figures are the
+  // average over ranks, as comm_bytes is.
+  double fsdp = 0, replicate = 0;
+  for (int t = 0; t < Tp; ++t) {
+    GPT2Config cfg = GPT2ConfigOf(spec.model);
+    cfg.tp_size = Tp;
+    cfg.tp_rank = t;
+    cfg.fsdp_size = N;
+    const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));
+    double shard_elems = 0;
+    for (const UnitInfo& u : units) shard_elems += static_cast<double>(u.padded) / N;
+    if (N > 1) {
+      double per_micro = 0;
+      for (size_t u = 0; u < units.size(); ++u) {
+        const bool layer = u > 0 && u + 1 < units.size();
+        const double unit_bytes = static_cast<double>(units[u].padded) * f * (N - 1) / N;
+        const bool again = layer && p.fsdp_reshard_after_forward;
+        per_micro += unit_bytes * (again ? 2 : 1);  // all-gathers
+        per_micro += unit_bytes;                    // reduce-scatter
+      }
+      fsdp += (micro_batches * per_micro + 8.0 * (N - 1)) / Tp;
     }
-    bytes["dp_shard"] = micro_batches * per_micro + 8.0 * (N - 1);
+    // Replicas all-reduce their gradient shards once per step.
+    if (R > 1) replicate += shard_elems * f * 2.0 * (R - 1) / R / Tp;
   }
-  // Replicas all-reduce their gradient shards once per step.
-  if (R > 1) bytes["dp_replicate"] = shard_elems * f * 2.0 * (R - 1) / R;
+  bytes["dp_shard"] = fsdp;
+  bytes["dp_replicate"] = replicate;
   return bytes;
 }
 
