@@ -10,6 +10,7 @@
 
 #include "common/memory_estimate.h"
 #include "engine/data/token_stream.h"
+#include "engine/train/device.h"
 #include "engine/train/memory_model.h"
 
 namespace meshrun::client {
@@ -117,6 +118,7 @@ double HostMemoryBytes() {
 
 Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
                            const PreflightOptions& options) {
+  if (options.check_device) MESHRUN_RETURN_IF_ERROR(CheckTrainingDevice(spec.resources.device));
   if (options.check_paths) {
     MESHRUN_RETURN_IF_ERROR(CheckStream("data.train", spec.data.train, spec));
     if (!spec.data.val.empty()) {
@@ -127,13 +129,19 @@ Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
     }
     if (!spec.model.init_from.empty()) {
       std::error_code ec;
-      for (const char* file : {"config.json", "model.safetensors"}) {
-        if (!fs::is_regular_file(fs::path(spec.model.init_from) / file, ec)) {
-          return InvalidArgumentError(
-              "model.init_from: " + spec.model.init_from + " has no " + file +
-              " (hint: point it at a Hugging Face GPT-2 folder, e.g. one `meshrun export` "
-              "wrote)");
-        }
+      const fs::path dir(spec.model.init_from);
+      const char* missing = nullptr;
+      if (!fs::is_regular_file(dir / "config.json", ec)) {
+        missing = "config.json";
+      } else if (!fs::is_regular_file(dir / "model.safetensors", ec) &&
+                 !fs::is_regular_file(dir / "model.safetensors.index.json", ec)) {
+        missing = "model.safetensors (or model.safetensors.index.json and its shards)";
+      }
+      if (missing != nullptr) {
+        return InvalidArgumentError(
+            "model.init_from: " + spec.model.init_from + " has no " + missing +
+            " (hint: point it at a Hugging Face GPT-2 or Llama folder, e.g. one `meshrun "
+            "export` wrote)");
       }
     }
   }

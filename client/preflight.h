@@ -20,9 +20,13 @@ struct PreflightOptions {
   // Whether data.train, data.val and checkpoint.dir are checked on this host (off for
   // `submit --no-local-checks`, where they exist only on the workers).
   bool check_paths = true;
+  // Whether resources.device must be usable in this process (standalone `train`; a cluster's
+  // device is the workers').
+  bool check_device = false;
 };
 
 // The first problem found, as INVALID_ARGUMENT naming the field (exit 2):
+//  - resources.device (check_device): engine/train/device.h's CheckTrainingDevice.
 //  - data.train / data.val: the stream loads as the ranks will load it (missing file, binary
 //    bytes for format text, a bad llm.c header, an empty folder…) and its token ids are below
 //    model.vocab_size. Files over 64 MiB in all are only checked to exist and be readable.

@@ -315,6 +315,7 @@ int RunTrain(const TrainFlags& o) {
     // (a rank under a worker was checked by whoever submitted it).
     PreflightOptions preflight;
     preflight.ranks_on_host = o.nproc;
+    preflight.check_device = true;
     if (Status s = CheckBeforeTraining(*spec, *dims, preflight); !s.ok()) return ReportError(s);
   }
   if (o.nproc > 1 && !is_rank) return LaunchRanks(o, *dims);

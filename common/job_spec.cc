@@ -481,6 +481,11 @@ Status ValidateJobSpec(const JobSpec& spec, int nproc) {
   MESHRUN_RETURN_IF_ERROR(InRange("parallelism.comm_timeout_seconds",
                                   spec.parallelism.comm_timeout_seconds, 1, false, 86400, true,
                                   "use a bound such as 60 (seconds; at most a day)"));
+  if (spec.train.precision == "bf16" && spec.resources.device == "cpu") {
+    return Invalid("train.precision",
+                   "'bf16' needs resources.device: cuda; the CPU engine computes in float32",
+                   "use precision: fp32 on cpu");
+  }
   MESHRUN_RETURN_IF_ERROR(CheckData(spec));
   MESHRUN_RETURN_IF_ERROR(CheckOthers(spec));
   return CheckMeshRules(spec, mesh, nproc);

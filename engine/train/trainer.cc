@@ -14,6 +14,7 @@
 
 #include "engine/comm/communicator.h"
 #include "engine/kernels/cpu/kernels.h"
+#include "engine/train/device.h"
 
 namespace meshrun {
 
@@ -60,10 +61,7 @@ Communicator* Trainer::Comm(MeshAxis axis) const {
 }
 
 Status Trainer::Init() {
-  if (spec_.resources.device != "cpu") {
-    return InvalidArgumentError("resources.device: '" + spec_.resources.device +
-                                "' is not built into this engine yet (hint: use device: cpu)");
-  }
+  MESHRUN_RETURN_IF_ERROR(CheckTrainingDevice(spec_.resources.device));
   cpu::SetNumThreads(spec_.resources.threads);
   MESHRUN_ASSIGN_OR_RETURN(ParallelDims dims, MeshOf(spec_));
   dims_ = dims;

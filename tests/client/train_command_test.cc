@@ -60,6 +60,40 @@ class TrainCommandTest : public meshrun::testing::MeshrunBinaryTest {
   }
 };
 
+// resources.device: cuda on a machine whose CUDA runtime sees no GPU (CI, this machine) is an
+// input error before any rank starts, naming the field and the runtime's reason; a build
+// without the CUDA toolkit says so instead.
+TEST_F(TrainCommandTest, CudaWithoutAVisibleGpuIsAnErrorNamingTheDevice) {
+  const CliResult version = Run({"--version"});
+  const bool cuda_build = version.out.find("cuda=ON") != std::string::npos;
+  const CliResult r = Train("cuda", {"--set", "resources.device=cuda"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  if (cuda_build) {
+    if (r.err.find("CUDA device(s) are visible") != std::string::npos) {
+      GTEST_SKIP() << "this machine has a GPU: " << r.err;
+    }
+    EXPECT_EQ(
+        r.err.rfind("error: resources.device: no CUDA device is visible (cudaGetDeviceCount: ", 0),
+        0u)
+        << r.err;
+    EXPECT_NE(r.err.find("(hint: "), std::string::npos) << r.err;
+  } else {
+    EXPECT_NE(r.err.find("error: resources.device: cuda needs an engine built with the CUDA"),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_EQ(r.out, "");  // -o json: nothing on stdout but JSON, and no run
+}
+
+// train.precision bf16 on cpu is refused up front instead of running in float32 in silence.
+TEST_F(TrainCommandTest, Bf16OnCpuIsRefused) {
+  const CliResult r = Train("bf16", {"--set", "train.precision=bf16"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("error: train.precision: 'bf16' needs resources.device: cuda"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST_F(TrainCommandTest, JsonLinesFollowTheContractAndTheLossFalls) {
   CliResult r = Train("run");
   ASSERT_EQ(r.exit_code, 0) << r.err;

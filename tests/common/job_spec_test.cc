@@ -144,6 +144,7 @@ const RuleCase kRuleCases[] = {
     {"eps_zero", [](JobSpec& s) { s.train.eps = 0; }, "train.eps", "(0, inf), got 0"},
     {"seed_negative", [](JobSpec& s) { s.train.seed = -5; }, "train.seed", "got -5"},
     {"precision", [](JobSpec& s) { s.train.precision = "fp16"; }, "train.precision", "'fp32' or 'bf16'"},
+    {"bf16_on_cpu", [](JobSpec& s) { s.train.precision = "bf16"; }, "train.precision", "needs resources.device: cuda"},
     {"train_missing", [](JobSpec& s) { s.data.train = ""; }, "data.train", "required field is missing"},
     {"train_invalid_utf8", [](JobSpec& s) { s.data.train = "a\xff"; }, "data.train", "invalid UTF-8"},
     // U+FFFF: yaml-cpp reads it back as U+FFFD (found by fuzz/set_override).
