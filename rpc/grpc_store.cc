@@ -1,6 +1,6 @@
 // GrpcStore (see grpc_store.h): each Store operation is one or a few unary calls; waits longer
 // than one call's share are split, and UNAVAILABLE is retried with backoff while time is left.
-#include "worker/grpc_store.h"
+#include "rpc/grpc_store.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -9,8 +9,8 @@
 #include <optional>
 #include <thread>
 
-#include "worker/backoff.h"
-#include "worker/grpc_status.h"
+#include "rpc/backoff.h"
+#include "rpc/grpc_status.h"
 
 namespace meshrun {
 namespace {
