@@ -26,6 +26,9 @@ Status Trainer::LoadCheckpoint(const std::string&) {
 Status Trainer::LoadLatestCheckpoint(TrainObserver*) {
   return NotFoundError("no checkpoints");
 }
+Status Trainer::ResumeFrom(const std::string&, TrainObserver*) {
+  return Unavailable("checkpoint resume");
+}
 Status LoadHuggingFaceGPT2(const std::string&, GPT2<float>*) {
   return Unavailable("model.init_from");
 }
