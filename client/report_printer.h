@@ -13,13 +13,6 @@
 
 namespace meshrun::client {
 
-// The `{"event":"step",…}` line of `train -o json` without its newline (docs/cli.md lists its
-// fields: loss, lr, grad_norm, timings, memory and "comm":[{"axis","op","seconds","bytes",
-// "calls"}], cumulative since the rank's first step).
-std::string StepLineJson(const v1::RankStep& step);
-// The `{"event":"summary",…}` line.
-std::string SummaryLineJson(const v1::RankSummary& summary);
-
 // Not thread-safe: one thread reports at a time (the rank's, or the launcher's supervisor).
 class ReportPrinter final : public rank::ReportSink {
  public:

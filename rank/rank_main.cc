@@ -216,10 +216,30 @@ int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& 
   return ReportRunEnd(*summary, *spec, /*notes=*/a.rank() == 0);
 }
 
+namespace {
+
+// The report channel, and with RankStart.echo_reports the eval and summary lines on stdout too.
+class SupervisedSink final : public ReportSink {
+ public:
+  SupervisedSink(int fd, bool echo) : channel_(fd), echo_(echo) {}
+  void Report(const v1::RankReport& report) override {
+    channel_.Report(report);
+    if (!echo_) return;
+    if (report.has_eval()) std::cout << EvalLineJson(report.eval()) << std::endl;
+    if (report.has_summary()) std::cout << SummaryLineJson(report.summary()) << std::endl;
+  }
+
+ private:
+  FdReportSink channel_;
+  bool echo_;
+};
+
+}  // namespace
+
 int RankMain() {
   StatusOr<v1::RankStart> start = ReadRankStart(STDIN_FILENO);
   if (!start.ok()) return ReportError(start.status());
-  FdReportSink sink(kReportFd);
+  SupervisedSink sink(kReportFd, start->echo_reports());
   return RunRank(*start, &sink);
 }
 

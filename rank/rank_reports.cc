@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
 
@@ -72,6 +73,75 @@ v1::RankSummary SummaryReport(const RunSummary& s) {
   r.set_last_step(s.last_step);
   r.set_interrupted(s.interrupted);
   return r;
+}
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Peak bytes per kind, as the step line and summary carry them.
+json MemoryJson(const v1::RankMemory& m) {
+  return {{"parameters", m.parameters()},       {"gradients", m.gradients()},
+          {"optimizer", m.optimizer()},         {"activations", m.activations()},
+          {"communication", m.communication()}, {"other", m.other()}};
+}
+
+}  // namespace
+
+std::string StepLineJson(const v1::RankStep& m) {
+  json comm = json::array();
+  for (const v1::RankCommCounter& c : m.comm()) {
+    comm.push_back({{"axis", c.axis()},
+                    {"op", c.op()},
+                    {"seconds", c.seconds()},
+                    {"bytes", c.bytes()},
+                    {"calls", c.calls()}});
+  }
+  json line = {{"event", "step"},
+               {"step", m.step()},
+               {"loss", m.loss()},
+               {"lr", m.lr()},
+               {"grad_norm", m.grad_norm()},
+               {"step_seconds", m.step_seconds()},
+               {"tokens_per_second", m.tokens_per_second()},
+               {"tflops", m.tflops()},
+               {"mfu", m.mfu()},
+               {"allocated_memory_bytes", m.allocated_memory_bytes()},
+               {"peak_memory_bytes", m.peak_memory_bytes()},
+               {"reserved_memory_bytes", m.reserved_memory_bytes()},
+               {"memory", MemoryJson(m.memory())},
+               {"comm", std::move(comm)}};
+  return line.dump();
+}
+
+std::string EvalLineJson(const v1::RankEval& e) {
+  const json line = {
+      {"event", "eval"}, {"step", e.step()}, {"loss", e.loss()}, {"tokens", e.tokens()}};
+  return line.dump();
+}
+
+std::string SummaryLineJson(const v1::RankSummary& s) {
+  const json comm = {{"tp", s.comm_bytes_tp()},
+                     {"cp", s.comm_bytes_cp()},
+                     {"dp_shard", s.comm_bytes_dp_shard()},
+                     {"dp_replicate", s.comm_bytes_dp_replicate()}};
+  json losses = json::array();
+  for (double loss : s.losses()) losses.push_back(loss);
+  json line = {{"event", "summary"},
+               {"steps", s.steps()},
+               {"final_loss", s.has_final_loss() ? json(s.final_loss()) : json(nullptr)},
+               {"losses", std::move(losses)},
+               {"tokens_per_second", s.tokens_per_second()},
+               {"mfu", s.mfu()},
+               {"peak_memory_bytes", s.peak_memory_bytes()},
+               {"memory", MemoryJson(s.memory())},
+               {"max_rss_bytes", s.max_rss_bytes()},
+               {"comm_bytes", comm},
+               {"checkpoint", s.checkpoint()},
+               {"resumed_from_step", s.resumed_from_step()},
+               {"last_step", s.last_step()},
+               {"interrupted", s.interrupted()}};
+  return line.dump();
 }
 
 void ReportSink::Log(const std::string& line) {

@@ -15,6 +15,13 @@ v1::RankMemory MemoryReport(const MemoryBreakdown& memory);
 v1::RankStep StepReport(const StepMetrics& m);
 v1::RankSummary SummaryReport(const RunSummary& s);
 
+// The lines of `train -o json` (docs/cli.md shapes), without their newline: step k (loss, lr,
+// grad_norm, timings, memory and "comm":[{"axis","op","seconds","bytes","calls"}], cumulative
+// since the rank's first step), eval, and the summary.
+std::string StepLineJson(const v1::RankStep& step);
+std::string EvalLineJson(const v1::RankEval& eval);
+std::string SummaryLineJson(const v1::RankSummary& summary);
+
 // Where a rank's reports and log lines go. Called from the rank's main thread only.
 class ReportSink {
  public:

@@ -44,6 +44,7 @@ RankCommand BuildRankCommand(const v1::RankAssignment& a, const RankLaunchConfig
   v1::RankStart start;
   *start.mutable_assignment() = a;
   start.set_host(config.host);
+  start.set_echo_reports(true);  // eval and summary lines stay in the job's logs
   start.mutable_tls()->set_cert(config.tls.cert);
   start.mutable_tls()->set_key(config.tls.key);
   start.mutable_tls()->set_ca(config.tls.ca);

@@ -5,7 +5,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "client/report_printer.h"
 #include "engine/train/trainer.h"
 #include "rank/rank_reports.h"
 #include "worker/rank_protocol.h"
@@ -36,8 +35,7 @@ StepMetrics Sample() {
 }
 
 TEST(StepLine, JsonCarriesConventionFields) {
-  const nlohmann::json line =
-      nlohmann::json::parse(client::StepLineJson(rank::StepReport(Sample())));
+  const nlohmann::json line = nlohmann::json::parse(rank::StepLineJson(rank::StepReport(Sample())));
   for (const char* key :
        {"event", "step", "loss", "lr", "step_seconds", "tokens_per_second", "tflops", "mfu",
         "allocated_memory_bytes", "peak_memory_bytes", "reserved_memory_bytes", "comm"}) {
@@ -91,7 +89,7 @@ TEST(StepLine, RoundTripThroughSampleOfStep) {
 TEST(StepLine, NoCommunicationIsAnEmptyArray) {
   StepMetrics m;
   m.step = 1;
-  const nlohmann::json line = nlohmann::json::parse(client::StepLineJson(rank::StepReport(m)));
+  const nlohmann::json line = nlohmann::json::parse(rank::StepLineJson(rank::StepReport(m)));
   EXPECT_TRUE(line["comm"].is_array());
   EXPECT_TRUE(line["comm"].empty());
   EXPECT_EQ(SampleOfStep(rank::StepReport(m), "j", 1, 0).comm_size(), 0);
