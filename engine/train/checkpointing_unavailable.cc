@@ -20,14 +20,14 @@ Status Trainer::WaitForAllRanks(const std::string&) {
 Status Trainer::SaveCheckpoint() {
   return Unavailable("checkpoint.dir");
 }
+Status Trainer::ResumeFrom(const std::string&, TrainObserver*) {
+  return Unavailable("checkpoint resume");
+}
 Status Trainer::LoadCheckpoint(const std::string&) {
   return Unavailable("checkpoint");
 }
 Status Trainer::LoadLatestCheckpoint(TrainObserver*) {
   return NotFoundError("no checkpoints");
-}
-Status Trainer::ResumeFrom(const std::string&, TrainObserver*) {
-  return Unavailable("checkpoint resume");
 }
 Status LoadHuggingFaceGPT2(const std::string&, GPT2<float>*) {
   return Unavailable("model.init_from");
