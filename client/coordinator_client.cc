@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "common/tls.h"
-#include "worker/backoff.h"
-#include "worker/grpc_status.h"
+#include "rpc/backoff.h"
+#include "rpc/grpc_status.h"
 
 namespace meshrun::client {
 namespace {

@@ -16,7 +16,7 @@
 #include "client/command.h"
 #include "client/coordinator_client.h"
 #include "client/progress.h"
-#include "worker/backoff.h"
+#include "rpc/backoff.h"
 
 namespace meshrun::client {
 namespace {

@@ -1,14 +1,11 @@
-// The standalone launcher (see launcher.h): fork/exec of the ranks, a poll() loop that relays
-// their output line by line and notices exits and signals (self-pipe), and the stop sequence
-// SIGTERM → grace → SIGKILL → reap.
+// The standalone launcher (see launcher.h): the ranks run as processes of a RankSupervisor
+// (supervisor/, which owns fork/exec, output and the SIGTERM → grace → SIGKILL sequence); this
+// file adds the launcher's policy — rank environment, output relay, stop-all on the first
+// failure, the launcher's own SIGINT/SIGTERM (self-pipe) — and the error line.
 #include "client/launcher.h"
 
 #include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +17,8 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -28,6 +27,7 @@
 #include <vector>
 
 #include "client/command.h"
+#include "supervisor/rank_supervisor.h"
 
 extern char** environ;
 
@@ -37,11 +37,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// A rank line longer than this without a newline is written out in pieces.
-constexpr size_t kMaxLineBytes = 1 << 16;
-// After every rank has exited, how long to keep reading output that a rank's leftover
-// children still hold open.
-constexpr std::chrono::milliseconds kDrainAfterExit{2000};
 // After SIGKILL, how long to wait for the kernel to finish a rank (e.g. one stuck in I/O).
 constexpr std::chrono::milliseconds kWaitAfterKill{10000};
 
@@ -84,12 +79,20 @@ class SignalHandlers {
   SignalHandlers(const SignalHandlers&) = delete;
   SignalHandlers& operator=(const SignalHandlers&) = delete;
 
-  // What a rank starts with: SIG_IGN stays ignored (e.g. under nohup), anything else default.
-  struct sigaction ChildAction(size_t i) const {
-    struct sigaction action {};
-    action.sa_handler = previous_[i].sa_handler == SIG_IGN ? SIG_IGN : SIG_DFL;
-    sigemptyset(&action.sa_mask);
-    return action;
+  // The signals that were ignored before the launcher took them (e.g. under nohup): the ranks
+  // start with them ignored too.
+  std::vector<int> IgnoredBefore() const {
+    std::vector<int> ignored;
+    for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
+      if (previous_[i].sa_handler == SIG_IGN) ignored.push_back(kHandledSignals[i]);
+    }
+    struct sigaction current {};
+    for (int sig : {SIGHUP, SIGPIPE, SIGQUIT}) {
+      if (sigaction(sig, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) {
+        ignored.push_back(sig);
+      }
+    }
+    return ignored;
   }
 
  private:
@@ -111,11 +114,6 @@ void WriteAll(int fd, std::string_view data) {
 
 void PrintError(const std::string& message) {
   WriteAll(STDERR_FILENO, "error: " + message + "\n");
-}
-
-void CloseFd(int& fd) {
-  if (fd >= 0) close(fd);
-  fd = -1;
 }
 
 // "SIGKILL (9)".
@@ -154,6 +152,13 @@ std::string NewRunId() {
 }
 
 // The environment of this process with our four variables replaced.
+std::vector<std::string> OwnEnvironment() {
+  std::vector<std::string> env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry)
+    env.emplace_back(*entry);
+  return env;
+}
+
 std::vector<std::string> RankEnvironment(int rank, int world_size, const std::string& store_dir,
                                          const std::string& run_id) {
   const std::vector<std::pair<std::string, std::string>> ours = {
@@ -173,153 +178,109 @@ std::vector<std::string> RankEnvironment(int rank, int world_size, const std::st
   return env;
 }
 
-std::vector<char*> CStrings(std::vector<std::string>& strings) {
-  std::vector<char*> pointers;
-  for (std::string& s : strings) pointers.push_back(s.data());
-  pointers.push_back(nullptr);
-  return pointers;
-}
-
-// One rank process and what we know about it. Owned by the Supervisor.
-struct Rank {
-  int index = 0;
-  pid_t pid = -1;
-  int out_fd = -1;  // read ends of the rank's stdout and stderr pipes; -1 once at EOF
-  int err_fd = -1;
-  std::string out_partial;  // bytes after the last newline seen
-  std::string err_partial;
+// What the launcher knows of one rank; guarded by RankGroup::mu_.
+struct RankState {
+  pid_t pid = 0;
+  bool started = false;
+  bool exited = false;
+  RankExit exit;
   std::string last_err_line;
-  bool reaped = false;
-  int wait_status = 0;
 };
 
 // Why the run stopped early.
 struct Failure {
-  int rank = -1;        // -1: not a rank's exit (the launcher could not start every rank)
-  int wait_status = 0;  // as from waitpid
-  std::string start_error;
+  int rank = -1;
+  bool start_failed = false;  // the rank's process could not be started at all
+  RankExit exit;
 };
 
-// Runs the ranks of one Launch: starts them, relays output, reacts to exits and signals, and
-// stops them. Single-threaded; lives inside Launch.
-class Supervisor {
+// The ranks of one Launch, run by a RankSupervisor (the one fork/exec path of meshrun): relays
+// their output, turns the first failure into a stop of the others and reports the outcome.
+// The supervisor's callbacks run on its thread; the launching thread waits in Run for exits
+// and for the launcher's own signals (both arrive on the self-pipe). Lives inside Launch.
+class RankGroup {
  public:
-  Supervisor(const LaunchOptions& options, int signal_pipe_read)
-      : options_(options), signal_pipe_(signal_pipe_read) {}
-  ~Supervisor() {
-    for (Rank& r : ranks_) {
-      CloseFd(r.out_fd);
-      CloseFd(r.err_fd);
-    }
-  }
+  RankGroup(const LaunchOptions& options, int signal_pipe_read, int signal_pipe_write)
+      : options_(options),
+        signal_pipe_(signal_pipe_read),
+        wake_pipe_(signal_pipe_write),
+        ranks_(static_cast<size_t>(options.nproc)) {}
 
-  // Forks every rank. On failure the ranks already started are being stopped.
+  // Queues every rank. On failure the ranks already queued are being stopped.
   void Start(const std::string& executable, const std::string& store_dir, const std::string& run_id,
-             const SignalHandlers& handlers);
-  // Relays output and waits until every rank has been reaped (and its output drained).
+             const std::vector<int>& ignored_signals);
+  // Waits until every rank has been reported exited (bounded after SIGKILL).
   void Run();
   // The exit code for the process, printing the error line when there is one.
   int Finish();
 
  private:
-  void BeginStop(std::chrono::milliseconds grace);
-  void SignalAll(int sig);
-  void DrainSignals();
-  void Reap();
-  void ReadFrom(Rank& rank, bool is_stdout);
-  void EmitLine(Rank& rank, bool is_stdout, std::string_view line);
+  void OnLine(int rank, bool is_stderr, std::string line);
+  void OnExited(int rank, const RankExit& exit);
+  void BeginStopLocked(std::chrono::milliseconds grace);
   std::string Label(int rank) const;
-  size_t Running() const;
+  size_t RunningLocked() const;
 
   const LaunchOptions& options_;
   int signal_pipe_;
-  std::vector<Rank> ranks_;
-  std::optional<Failure> failure_;
-  int interrupt_signal_ = 0;
-  size_t interrupted_ranks_ = 0;
-  bool stopping_ = false;
-  bool killed_ = false;
-  Clock::time_point kill_at_;
+  int wake_pipe_;
+  std::string run_id_;
+  mutable std::mutex mu_;
+  std::vector<RankState> ranks_;    // guarded by mu_
+  std::optional<Failure> failure_;  // guarded by mu_
+  int interrupt_signal_ = 0;        // guarded by mu_
+  size_t interrupted_ranks_ = 0;    // guarded by mu_
+  bool stopping_ = false;           // guarded by mu_
+  Clock::time_point kill_at_{};     // guarded by mu_
+  std::unique_ptr<RankSupervisor> supervisor_;
 };
 
-void Supervisor::Start(const std::string& executable, const std::string& store_dir,
-                       const std::string& run_id, const SignalHandlers& handlers) {
-  const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  const pid_t parent = getpid();
-  struct sigaction child_actions[std::size(kHandledSignals)];
-  for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
-    child_actions[i] = handlers.ChildAction(i);
+void RankGroup::Start(const std::string& executable, const std::string& store_dir,
+                      const std::string& run_id, const std::vector<int>& ignored_signals) {
+  run_id_ = run_id;
+  RankSupervisor::Callbacks callbacks;
+  callbacks.on_started = [this](const RankKey& key, pid_t pid) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranks_[key.rank].pid = pid;
+    ranks_[key.rank].started = true;
+  };
+  callbacks.on_line = [this](const RankKey& key, bool is_stderr, std::string line) {
+    OnLine(key.rank, is_stderr, std::move(line));
+  };
+  if (options_.on_report) {
+    callbacks.on_frame = [this](const RankKey& key, std::string frame) {
+      options_.on_report(key.rank, std::move(frame));
+    };
   }
-
-  // Block our signals in this thread across fork so that no handler runs in a child before its
-  // exec (it would write into the parent's self-pipe).
-  sigset_t blocked, old_mask;
-  sigemptyset(&blocked);
-  for (int sig : kHandledSignals) sigaddset(&blocked, sig);
-  pthread_sigmask(SIG_BLOCK, &blocked, &old_mask);
-
+  callbacks.on_exited = [this](const RankKey& key, const RankExit& exit) {
+    OnExited(key.rank, exit);
+  };
+  supervisor_ = std::make_unique<RankSupervisor>(std::move(callbacks));
   for (int r = 0; r < options_.nproc; ++r) {
-    // Everything the child needs is built before fork: only async-signal-safe calls after it.
-    std::vector<std::string> argv = options_.argv;
-    std::vector<std::string> env = RankEnvironment(r, options_.nproc, store_dir, run_id);
-    std::vector<char*> c_argv = CStrings(argv);
-    std::vector<char*> c_env = CStrings(env);
-    const std::string exec_error = "meshrun launcher: cannot run " + executable + ": ";
-
-    int out_pipe[2], err_pipe[2];
-    if (pipe2(out_pipe, O_CLOEXEC) != 0) {
-      failure_ = Failure{-1, 0, "rank " + std::to_string(r) + ": pipe: " + std::strerror(errno)};
-      break;
-    }
-    if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-      failure_ = Failure{-1, 0, "rank " + std::to_string(r) + ": pipe: " + std::strerror(errno)};
-      close(out_pipe[0]);
-      close(out_pipe[1]);
-      break;
-    }
-    const pid_t pid = fork();
-    if (pid == 0) {
-      for (size_t i = 0; i < std::size(kHandledSignals); ++i) {
-        sigaction(kHandledSignals[i], &child_actions[i], nullptr);
+    RankSpawn spawn;
+    spawn.key = RankKey{run_id, 0, r};
+    spawn.argv = options_.argv;
+    spawn.argv[0] = executable;
+    // A meshrun rank learns its place from its RankStart; any other command from variables.
+    spawn.env = options_.rank_input ? OwnEnvironment()
+                                    : RankEnvironment(r, options_.nproc, store_dir, run_id);
+    spawn.ignored_signals = ignored_signals;
+    if (options_.rank_input) spawn.input = options_.rank_input(r, store_dir);
+    spawn.report_channel = static_cast<bool>(options_.on_report);
+    if (Status s = supervisor_->Start(std::move(spawn)); !s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int q = r; q < options_.nproc; ++q) {
+        ranks_[q].exited = true;
+        ranks_[q].exit = RankExit{-1, 0, s.message(), false};
       }
-      setpgid(0, 0);  // its own group, so stopping it also stops what it started
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(1);  // the launcher died before prctl took effect
-      if (devnull >= 0) dup2(devnull, STDIN_FILENO);
-      dup2(out_pipe[1], STDOUT_FILENO);
-      dup2(err_pipe[1], STDERR_FILENO);
-      pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-      execve(executable.c_str(), c_argv.data(), c_env.data());
-      const char* reason = std::strerror(errno);
-      WriteAll(STDERR_FILENO, exec_error);
-      WriteAll(STDERR_FILENO, reason);
-      WriteAll(STDERR_FILENO, "\n");
-      _exit(127);
-    }
-    close(out_pipe[1]);
-    close(err_pipe[1]);
-    if (pid < 0) {
-      failure_ = Failure{-1, 0, "rank " + std::to_string(r) + ": fork: " + std::strerror(errno)};
-      close(out_pipe[0]);
-      close(err_pipe[0]);
+      if (!failure_) failure_ = Failure{r, true, ranks_[r].exit};
+      BeginStopLocked(options_.grace);
       break;
     }
-    setpgid(pid, pid);  // also here, so the group exists before we might signal it
-    Rank rank;
-    rank.index = r;
-    rank.pid = pid;
-    rank.out_fd = out_pipe[0];
-    rank.err_fd = err_pipe[0];
-    fcntl(rank.out_fd, F_SETFL, O_NONBLOCK);
-    fcntl(rank.err_fd, F_SETFL, O_NONBLOCK);
-    ranks_.push_back(std::move(rank));
   }
-  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
-  if (devnull >= 0) close(devnull);
-  if (failure_) BeginStop(options_.grace);
 }
 
-std::string Supervisor::Label(int rank) const {
+std::string RankGroup::Label(int rank) const {
   if (rank >= 0 && static_cast<size_t>(rank) < options_.rank_labels.size() &&
       !options_.rank_labels[rank].empty()) {
     return options_.rank_labels[rank];
@@ -327,181 +288,111 @@ std::string Supervisor::Label(int rank) const {
   return "rank " + std::to_string(rank);
 }
 
-size_t Supervisor::Running() const {
+size_t RankGroup::RunningLocked() const {
   return static_cast<size_t>(
-      std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return !r.reaped; }));
+      std::count_if(ranks_.begin(), ranks_.end(), [](const RankState& r) { return !r.exited; }));
 }
 
-// Signals the process group of every rank not yet reaped (a zombie leader keeps its group).
-void Supervisor::SignalAll(int sig) {
-  for (const Rank& r : ranks_) {
-    if (r.reaped) continue;
-    if (kill(-r.pid, sig) != 0) kill(r.pid, sig);
-  }
-}
-
-void Supervisor::BeginStop(std::chrono::milliseconds grace) {
+void RankGroup::BeginStopLocked(std::chrono::milliseconds grace) {
   if (stopping_) return;
   stopping_ = true;
-  SignalAll(SIGTERM);
   kill_at_ = Clock::now() + grace;
+  supervisor_->Stop(run_id_, 0, grace);
 }
 
-void Supervisor::DrainSignals() {
-  unsigned char bytes[64];
-  while (true) {
-    const ssize_t n = read(signal_pipe_, bytes, sizeof(bytes));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    for (ssize_t i = 0; i < n; ++i) {
-      const int sig = bytes[i];
-      if (sig != SIGINT && sig != SIGTERM) continue;  // SIGCHLD only wakes the loop
-      if (stopping_) {
-        // A second request (or one during a stop already under way): do not wait any longer.
-        if (!killed_) kill_at_ = Clock::now();
-      } else if (Running() > 0) {
-        interrupt_signal_ = sig;
-        interrupted_ranks_ = Running();
-        WriteAll(STDERR_FILENO,
-                 "\ninterrupt: the ranks stop at the end of this step (with a checkpoint when "
-                 "checkpoint.dir is set); press Ctrl-C again to stop them at once\n");
-        BeginStop(options_.interrupt_grace);
-      }
-    }
+// Rank 0's stdout passes through unchanged (so `-o json` stays clean); every other line goes to
+// stderr prefixed "[rank R] ". One write per line, on the supervisor's thread: never interleaved.
+void RankGroup::OnLine(int rank, bool is_stderr, std::string line) {
+  if (is_stderr && line.find_first_not_of(" \t\r") != std::string::npos) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ranks_[rank].last_err_line = line;
   }
-}
-
-void Supervisor::Reap() {
-  for (Rank& r : ranks_) {
-    if (r.reaped) continue;
-    int status = 0;
-    const pid_t got = waitpid(r.pid, &status, WNOHANG);
-    if (got == 0) continue;
-    if (got < 0 && errno == EINTR) continue;
-    // got < 0 (ECHILD): someone else reaped it; count it as finished with an unknown status.
-    r.reaped = true;
-    r.wait_status = got == r.pid ? status : 0;
-    const bool ok = WIFEXITED(r.wait_status) && WEXITSTATUS(r.wait_status) == 0;
-    if (!ok && !stopping_) {
-      failure_ = Failure{r.index, r.wait_status, ""};
-      BeginStop(options_.grace);
-    }
-  }
-}
-
-void Supervisor::EmitLine(Rank& rank, bool is_stdout, std::string_view line) {
-  if (!is_stdout && line.find_first_not_of(" \t\r") != std::string_view::npos) {
-    rank.last_err_line = std::string(line);
-  }
-  if (is_stdout && rank.index == 0) {
-    std::string text(line);
-    text += '\n';
-    WriteAll(STDOUT_FILENO, text);
+  if (!is_stderr && rank == 0) {
+    line += '\n';
+    WriteAll(STDOUT_FILENO, line);
     return;
   }
-  std::string text = "[rank " + std::to_string(rank.index) + "] ";
+  std::string text = "[rank " + std::to_string(rank) + "] ";
   text += line;
   text += '\n';
   WriteAll(STDERR_FILENO, text);
 }
 
-void Supervisor::ReadFrom(Rank& rank, bool is_stdout) {
-  int& fd = is_stdout ? rank.out_fd : rank.err_fd;
-  std::string& partial = is_stdout ? rank.out_partial : rank.err_partial;
-  char buffer[1 << 16];
-  while (fd >= 0) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    }
-    if (n <= 0) {  // EOF (or an error, treated alike): the last line may lack its newline
-      if (!partial.empty()) EmitLine(rank, is_stdout, partial);
-      partial.clear();
-      CloseFd(fd);
-      return;
-    }
-    partial.append(buffer, static_cast<size_t>(n));
-    size_t start = 0;
-    for (size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-      EmitLine(rank, is_stdout, std::string_view(partial).substr(start, nl - start));
-    }
-    partial.erase(0, start);
-    if (partial.size() >= kMaxLineBytes) {
-      EmitLine(rank, is_stdout, partial);
-      partial.clear();
+void RankGroup::OnExited(int rank, const RankExit& exit) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RankState& r = ranks_[rank];
+    r.exited = true;
+    r.exit = exit;
+    const bool ok = r.started && exit.exit_code == 0;
+    if (!ok && !stopping_) {
+      failure_ = Failure{rank, !r.started, exit};
+      BeginStopLocked(options_.grace);
     }
   }
+  const unsigned char wake = 0;  // not a signal number: only wakes Run
+  [[maybe_unused]] ssize_t n = write(wake_pipe_, &wake, 1);
 }
 
-void Supervisor::Run() {
-  std::optional<Clock::time_point> drain_until;
+void RankGroup::Run() {
   std::optional<Clock::time_point> give_up_at;
   while (true) {
-    DrainSignals();
-    Reap();
-    const Clock::time_point now = Clock::now();
-    if (stopping_ && !killed_ && now >= kill_at_) {
-      SignalAll(SIGKILL);
-      killed_ = true;
-      give_up_at = now + kWaitAfterKill;
-    }
-    const bool all_reaped = Running() == 0;
-    const bool all_closed = std::all_of(ranks_.begin(), ranks_.end(),
-                                        [](const Rank& r) { return r.out_fd < 0 && r.err_fd < 0; });
-    if (all_reaped && all_closed) return;
-    if (all_reaped && !drain_until) drain_until = now + kDrainAfterExit;
-    if (drain_until && now >= *drain_until) break;
-    if (give_up_at && now >= *give_up_at) break;
-
-    // Sleep until output, a signal, or the next deadline; 1 s at most as a backstop.
-    Clock::time_point wake = now + std::chrono::seconds(1);
-    if (stopping_ && !killed_) wake = std::min(wake, kill_at_);
-    if (drain_until) wake = std::min(wake, *drain_until);
-    if (give_up_at) wake = std::min(wake, *give_up_at);
-    const auto timeout_ms =
-        std::chrono::ceil<std::chrono::milliseconds>(std::max(wake - now, Clock::duration::zero()));
-
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Rank*, bool>> owners;  // (rank, is_stdout) per entry after the first
-    fds.push_back({signal_pipe_, POLLIN, 0});
-    for (Rank& r : ranks_) {
-      if (r.out_fd >= 0) {
-        fds.push_back({r.out_fd, POLLIN, 0});
-        owners.emplace_back(&r, true);
-      }
-      if (r.err_fd >= 0) {
-        fds.push_back({r.err_fd, POLLIN, 0});
-        owners.emplace_back(&r, false);
+    unsigned char bytes[64];
+    ssize_t n;
+    while ((n = read(signal_pipe_, bytes, sizeof(bytes))) > 0 || (n < 0 && errno == EINTR)) {
+      for (ssize_t i = 0; i < n; ++i) {
+        const int sig = bytes[i];
+        if (sig != SIGINT && sig != SIGTERM) continue;  // SIGCHLD and exits only wake the loop
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) {
+          // A second request (or one during a stop already under way): do not wait any longer.
+          kill_at_ = std::min(kill_at_, Clock::now());
+          supervisor_->Stop(run_id_, 0, std::chrono::milliseconds(0));
+        } else if (RunningLocked() > 0) {
+          interrupt_signal_ = sig;
+          interrupted_ranks_ = RunningLocked();
+          WriteAll(STDERR_FILENO,
+                   "\ninterrupt: the ranks stop at the end of this step (with a checkpoint when "
+                   "checkpoint.dir is set); press Ctrl-C again to stop them at once\n");
+          BeginStopLocked(options_.interrupt_grace);
+        }
       }
     }
-    const int ready = poll(fds.data(), fds.size(), static_cast<int>(timeout_ms.count()));
-    if (ready <= 0) continue;  // timeout or EINTR: the top of the loop rechecks everything
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents != 0) ReadFrom(*owners[i - 1].first, owners[i - 1].second);
+    Clock::time_point wake = Clock::now() + std::chrono::seconds(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (RunningLocked() == 0) return;
+      if (stopping_) {
+        if (!give_up_at) give_up_at = kill_at_ + kWaitAfterKill;
+        give_up_at = std::min(*give_up_at, kill_at_ + kWaitAfterKill);
+        if (Clock::now() >= *give_up_at) break;
+        wake = std::min(wake, *give_up_at);
+      }
     }
+    const auto timeout_ms = std::chrono::ceil<std::chrono::milliseconds>(
+        std::max(wake - Clock::now(), Clock::duration::zero()));
+    pollfd fd{signal_pipe_, POLLIN, 0};
+    poll(&fd, 1, static_cast<int>(timeout_ms.count()));
   }
-  // Left the loop on a bound: flush what we have and say who is still there.
-  for (Rank& r : ranks_) {
-    if (!r.out_partial.empty()) EmitLine(r, true, r.out_partial);
-    if (!r.err_partial.empty()) EmitLine(r, false, r.err_partial);
-    r.out_partial.clear();
-    r.err_partial.clear();
-    if (!r.reaped) {
-      WriteAll(STDERR_FILENO, "warning: " + Label(r.index) + " (pid " + std::to_string(r.pid) +
-                                  ") did not exit after SIGKILL; leaving it\n");
-    }
+  // Left on the bound: say who is still there; the supervisor's shutdown gives up on them.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    if (ranks_[r].exited) continue;
+    WriteAll(STDERR_FILENO, "warning: " + Label(static_cast<int>(r)) + " (pid " +
+                                std::to_string(ranks_[r].pid) +
+                                ") did not exit after SIGKILL; leaving it\n");
   }
 }
 
-int Supervisor::Finish() {
+int RankGroup::Finish() {
+  supervisor_->Shutdown(std::chrono::milliseconds(0));
+  std::lock_guard<std::mutex> lock(mu_);
   if (interrupt_signal_ != 0) {
     // Ranks that stopped at a step boundary exit 130 (or 0 when they had just finished).
     std::string unclean;
-    for (const Rank& r : ranks_) {
-      const bool clean = WIFEXITED(r.wait_status) &&
-                         (WEXITSTATUS(r.wait_status) == 0 || WEXITSTATUS(r.wait_status) == 130);
-      if (!clean) unclean += (unclean.empty() ? "" : ", ") + std::to_string(r.index);
+    for (size_t r = 0; r < ranks_.size(); ++r) {
+      const int code = ranks_[r].exit.exit_code;
+      if (code != 0 && code != 130) unclean += (unclean.empty() ? "" : ", ") + std::to_string(r);
     }
     if (!unclean.empty()) {
       PrintError("interrupted (signal " + std::to_string(interrupt_signal_) + "); stopped " +
@@ -512,30 +403,30 @@ int Supervisor::Finish() {
     return 130;
   }
   if (!failure_) return 0;
-  if (failure_->rank < 0) {
-    PrintError(
-        "launcher: could not start " + failure_->start_error +
-        " (hint: check the process and file-descriptor limits, `ulimit -u` and `ulimit -n`)");
+  const int rank = failure_->rank;
+  const RankExit& exit = failure_->exit;
+  if (failure_->start_failed) {
+    PrintError(Label(rank) + " failed: " + exit.error +
+               " (hint: check the rank command, and the process and file-descriptor limits, "
+               "`ulimit -u` and `ulimit -n`)");
     return kExitFailure;
   }
-  const Rank& rank = ranks_[failure_->rank];
-  const int status = failure_->wait_status;
   std::string how;
   std::string hint;
-  const bool invalid_input = WIFEXITED(status) && WEXITSTATUS(status) == 2;
-  if (WIFSIGNALED(status)) {
-    how = "killed by signal " + SignalName(WTERMSIG(status));
-    hint = WTERMSIG(status) == SIGKILL
+  const bool invalid_input = exit.exit_code == 2;
+  if (exit.signal != 0) {
+    how = "killed by signal " + SignalName(exit.signal);
+    hint = exit.signal == SIGKILL
                ? "a SIGKILL nobody asked for is usually the out-of-memory killer; see `dmesg`"
-               : "its output above is prefixed [rank " + std::to_string(rank.index) + "]";
+               : "its output above is prefixed [rank " + std::to_string(rank) + "]";
   } else {
-    how = "exit code " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    how = "exit code " + std::to_string(exit.exit_code);
     hint = invalid_input ? "the rank rejected its input; fix what it names and run again"
-                         : "its output above is prefixed [rank " + std::to_string(rank.index) +
+                         : "its output above is prefixed [rank " + std::to_string(rank) +
                                "]; the other ranks were stopped";
   }
-  std::string message = Label(rank.index) + " failed: " + how;
-  std::string last = rank.last_err_line;
+  std::string message = Label(rank) + " failed: " + how;
+  std::string last = ranks_[rank].last_err_line;
   if (last.rfind("error: ", 0) == 0) last.erase(0, 7);  // avoid "error: ...: error: ..."
   if (last.size() > 500) last = last.substr(0, 500) + "...";
   if (!last.empty()) message += ": " + last;
@@ -618,10 +509,10 @@ int Launch(const LaunchOptions& options) {
   int exit_code = kExitFailure;
   {
     SignalHandlers handlers(signal_pipe[1]);
-    Supervisor supervisor(options, signal_pipe[0]);
-    supervisor.Start(*executable, store_dir, NewRunId(), handlers);
-    supervisor.Run();
-    exit_code = supervisor.Finish();
+    RankGroup group(options, signal_pipe[0], signal_pipe[1]);
+    group.Start(*executable, store_dir, NewRunId(), handlers.IgnoredBefore());
+    group.Run();
+    exit_code = group.Finish();
   }
   close(signal_pipe[0]);
   close(signal_pipe[1]);

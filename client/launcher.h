@@ -4,12 +4,13 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace meshrun::client {
 
-// Environment variables a rank started by Launch finds (read by the rank side of `train`).
+// Environment variables a command started by Launch without a RankStart finds.
 inline constexpr char kEnvRank[] = "MESHRUN_RANK";
 inline constexpr char kEnvWorldSize[] = "MESHRUN_WORLD_SIZE";
 inline constexpr char kEnvStoreDir[] = "MESHRUN_STORE_DIR";
@@ -29,13 +30,22 @@ struct LaunchOptions {
   // Empty: create /tmp/meshrun-run-XXXXXX and remove it at the end. Otherwise the folder is
   // kept, but its `store` subfolder is emptied first (each launch needs a fresh store).
   std::string run_dir;
+  // What rank r reads on its stdin (empty or unset: /dev/null), given the run's store folder:
+  // the framed RankStart of `meshrun __rank`.
+  std::function<std::string(int rank, const std::string& store_dir)> rank_input;
+  // Set: every rank gets a report channel on fd 3, and each frame it writes arrives here (on
+  // the supervisor's thread, in order with the rank's output lines).
+  std::function<void(int rank, std::string frame)> on_report;
 };
 
 // Starts options.nproc processes running options.argv, each with the environment of this
-// process plus MESHRUN_RANK=r, MESHRUN_WORLD_SIZE=N, MESHRUN_STORE_DIR=<run_dir>/store (an empty
-// folder for engine/comm's FileStore) and MESHRUN_RUN_ID (the same unique id for every rank).
-// Each rank runs in its own process group with stdin from /dev/null and dies with SIGKILL if
-// the launching thread dies (PR_SET_PDEATHSIG).
+// process. A meshrun rank (options.rank_input set) learns its place from the RankStart on its
+// stdin; any other command gets MESHRUN_RANK=r, MESHRUN_WORLD_SIZE=N,
+// MESHRUN_STORE_DIR=<run_dir>/store (an empty folder for engine/comm's FileStore) and
+// MESHRUN_RUN_ID (the same unique id for every rank).
+// The ranks are processes of a RankSupervisor (supervisor/rank_supervisor.h, the same as a
+// worker's ranks): each in its own process group with stdin from /dev/null, killed with SIGKILL
+// if the launcher dies (PR_SET_PDEATHSIG); signals ignored when Launch began stay ignored.
 //
 // Output: rank 0's stdout lines pass through to our stdout unchanged (so `-o json` stays
 // clean); every other line (rank 0's stderr, other ranks' stdout and stderr) goes to our
@@ -43,7 +53,8 @@ struct LaunchOptions {
 //
 // Returns the exit code for the process: 0 when every rank exits 0. When a rank exits non-zero
 // or is killed, the others get SIGTERM (their whole process group), SIGKILL after `grace`, and
-// one line `error: rank R failed: exit code N: <its last stderr line> (hint: ...)` is printed;
+// one line `error: rank R failed: exit code N: <its last stderr line> (hint: ...)` is printed
+// (`rank R failed: cannot execute …` when its process could not be started);
 // the result is 2 when that rank exited 2 (invalid input), 1 otherwise. SIGINT or SIGTERM to
 // the launcher is passed on as SIGTERM to every rank, which stop at the end of their step (with
 // a checkpoint) and exit 130; they get `interrupt_grace` before SIGKILL, and a second signal
@@ -52,8 +63,7 @@ struct LaunchOptions {
 // Invalid options print one error line and return 2.
 //
 // Not thread-safe: one Launch at a time per process (it owns the SIGINT, SIGTERM and SIGCHLD
-// handlers while it runs and restores the previous ones after). Call it from the main thread,
-// since PR_SET_PDEATHSIG fires when the thread that forked the ranks exits.
+// handlers while it runs and restores the previous ones after).
 int Launch(const LaunchOptions& options);
 
 // The absolute path of this process's executable (readlink /proc/self/exe); empty on failure.

@@ -1,6 +1,7 @@
 // meshrun: the client command line. main() only wires commands together; each command lives in
 // client/<name>_command.{h,cc} and adds itself with Register<Name>Command (see command.h).
 #include <CLI/CLI.hpp>
+#include <cstring>
 
 #include "client/command.h"
 #include "client/completion_command.h"
@@ -14,8 +15,13 @@
 #include "client/validate_command.h"
 #include "client/workers_command.h"
 #include "gen/client/version.h"
+#include "rank/rank_main.h"
 
 int main(int argc, char** argv) {
+  // A rank process (started by meshrun-worker or `train --nproc N`, never by people): its
+  // input is the RankStart on stdin, not flags.
+  if (argc == 2 && std::strcmp(argv[1], "__rank") == 0) return meshrun::rank::RankMain();
+
   CLI::App app{"meshrun: N-D parallel GPT training (dp_replicate x dp_shard x cp x tp)", "meshrun"};
   app.require_subcommand(1);
   app.set_version_flag("--version", MESHRUN_VERSION);

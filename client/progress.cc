@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "client/command.h"
-#include "worker/backoff.h"
+#include "rpc/backoff.h"
 
 namespace meshrun::client {
 namespace {

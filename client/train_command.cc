@@ -1,12 +1,12 @@
-// `meshrun train|eval|export`: load and validate the spec, build the engine's Trainer, print
-// one line per step (text for people, JSON objects for programs; docs/cli.md shapes).
+// `meshrun train|eval|export`: load and validate the spec, run its ranks (rank/, in this
+// process for one rank, through the launcher for N) and print their reports, one line per step
+// (text for people, JSON objects for programs; docs/cli.md shapes).
 #include "client/train_command.h"
 
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -17,17 +17,15 @@
 
 #include "client/launcher.h"
 #include "client/preflight.h"
-#include "client/progress.h"
-#include "common/confined_file.h"
+#include "client/report_printer.h"
 #include "common/job_spec_yaml.h"
-#include "engine/comm/gloo_backend.h"
-#include "engine/comm/mesh_comms.h"
 #include "engine/data/token_stream.h"
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/train/trainer.h"
-#include "worker/grpc_store.h"
-#include "worker/rank_protocol.h"
+#include "proto/spec_convert.h"
+#include "rank/rank_main.h"
+#include "supervisor/line_splitter.h"
 
 namespace meshrun::client {
 namespace {
@@ -43,176 +41,6 @@ struct TrainFlags {
   int64_t stop_after = 0;
 };
 
-// Peak bytes per kind, as the step line and summary carry them.
-json MemoryJson(const MemoryBreakdown& m) {
-  json out = json::object();
-  for (int k = 0; k < kNumMemoryKinds; ++k) {
-    out[MemoryKindName(static_cast<MemoryKind>(k))] = m.peak[k];
-  }
-  return out;
-}
-
-}  // namespace
-
-std::string StepLineJson(const StepMetrics& m) {
-  json comm = json::array();
-  for (const auto& [key, c] : m.comm) {
-    comm.push_back({{"axis", key.first},
-                    {"op", key.second},
-                    {"seconds", c.seconds},
-                    {"bytes", c.bytes},
-                    {"calls", c.calls}});
-  }
-  json line = {{"event", "step"},
-               {"step", m.step},
-               {"loss", m.loss},
-               {"lr", m.lr},
-               {"grad_norm", m.grad_norm},
-               {"step_seconds", m.step_seconds},
-               {"tokens_per_second", m.tokens_per_second},
-               {"tflops", m.tflops},
-               {"mfu", m.mfu},
-               {"allocated_memory_bytes", m.allocated_memory_bytes},
-               {"peak_memory_bytes", m.peak_memory_bytes},
-               {"reserved_memory_bytes", m.reserved_memory_bytes},
-               {"memory", MemoryJson(m.memory)},
-               {"comm", std::move(comm)}};
-  return line.dump();
-}
-
-namespace {
-
-// Prints what the training loop reports: JSON lines on stdout with -o json (and nothing else
-// there), a readable line per step otherwise. Logs go to stderr either way.
-class PrintingObserver final : public TrainObserver {
- public:
-  // quiet: a rank other than 0, which leaves stdout to rank 0.
-  // terminal: text on a terminal redraws one progress bar (the one `submit --follow` shows)
-  // instead of printing a line per step.
-  PrintingObserver(bool json_output, int64_t steps, bool quiet = false, bool terminal = false)
-      : json_(json_output), steps_(steps), quiet_(quiet), terminal_(terminal && !json_output) {
-    bar_.steps = steps;
-    bar_.state = v1::JOB_STATE_RUNNING;
-  }
-  ~PrintingObserver() override { EndBar(); }
-
-  void OnStep(const StepMetrics& m) override {
-    if (quiet_) return;
-    if (json_) {
-      std::cout << StepLineJson(m) << std::endl;
-    } else if (terminal_) {
-      bar_.step = m.step;
-      bar_.loss = m.loss;
-      bar_.tokens_per_second = m.tokens_per_second;
-      bar_.mfu = m.mfu;
-      bar_.step_seconds =
-          bar_.step_seconds > 0 ? 0.8 * bar_.step_seconds + 0.2 * m.step_seconds : m.step_seconds;
-      std::cout << "\r\x1b[K" << RenderProgressLine(bar_, 24) << std::flush;
-      bar_shown_ = true;
-    } else {
-      std::printf(
-          "step %5lld/%-5lld loss %.4f  lr %.3e  norm %.3f  %7.1f ms  %9.0f tok/s  "
-          "%.4f TFLOP/s  MFU %5.1f%%  peak %.1f MiB\n",
-          static_cast<long long>(m.step), static_cast<long long>(steps_), m.loss, m.lr, m.grad_norm,
-          m.step_seconds * 1e3, m.tokens_per_second, m.tflops, 100.0 * m.mfu,
-          static_cast<double>(m.peak_memory_bytes) / (1 << 20));
-      std::fflush(stdout);
-    }
-  }
-  void OnEval(const EvalMetrics& e) override {
-    if (quiet_) return;
-    ClearBar();
-    if (json_) {
-      json line = {{"event", "eval"}, {"step", e.step}, {"loss", e.loss}, {"tokens", e.tokens}};
-      std::cout << line.dump() << std::endl;
-    } else {
-      std::printf("eval  step %lld  val loss %.4f over %lld tokens\n",
-                  static_cast<long long>(e.step), e.loss, static_cast<long long>(e.tokens));
-    }
-  }
-  void OnLog(const std::string& line) override {
-    ClearBar();
-    std::cerr << line << std::endl;
-  }
-  // Leaves the bar's last state on its own line, before the summary.
-  void EndBar() {
-    if (bar_shown_) std::cout << std::endl;
-    bar_shown_ = false;
-  }
-
- private:
-  // Clears the bar's line for another line; the next step draws the bar again.
-  void ClearBar() {
-    if (bar_shown_) std::cout << "\r\x1b[K" << std::flush;
-  }
-
-  bool json_;
-  int64_t steps_;
-  bool quiet_;
-  bool terminal_;
-  ProgressState bar_;
-  bool bar_shown_ = false;
-};
-
-// Set by SIGINT/SIGTERM in a rank; the trainer stops at the next step boundary (all ranks at
-// the same one), checkpoints and returns. The handler is one-shot: a second signal kills.
-volatile std::sig_atomic_t g_stop_requested = 0;
-bool g_announce_stop = false;  // a rank of its own (no launcher): say what happens on Ctrl-C
-
-extern "C" void OnStopSignal(int) {
-  g_stop_requested = 1;
-  if (g_announce_stop) {
-    static const char kMessage[] =
-        "\ninterrupt: stopping at the end of this step (with a checkpoint when checkpoint.dir is "
-        "set); press Ctrl-C again to stop at once\n";
-    ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
-    (void)ignored;
-  }
-}
-
-void InstallStopHandlers(bool announce) {
-  g_announce_stop = announce;
-  struct sigaction sa {};
-  sa.sa_handler = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART | SA_RESETHAND;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
-
-// What a user needs after a run that trained nothing new or stopped early (stderr: stdout may
-// be JSON). Returns the exit code.
-int ReportRunEnd(const RunSummary& s, const JobSpec& spec) {
-  const int64_t steps = spec.train.steps;
-  const std::string dir = spec.checkpoint.dir;
-  char loss[64] = "unknown";
-  if (!std::isnan(s.final_loss)) std::snprintf(loss, sizeof(loss), "%.4f", s.final_loss);
-  if (s.interrupted) {
-    if (!s.last_checkpoint.empty()) {
-      std::cerr << "interrupted: stopped after step " << s.last_step << " of " << steps << " (loss "
-                << loss << "); checkpoint " << s.last_checkpoint
-                << "; run the same command again to resume from step " << s.last_step << std::endl;
-    } else {
-      std::cerr << "interrupted: stopped after step " << s.last_step << " of " << steps
-                << "; no checkpoint.dir is set, so this run's steps are not kept (hint: set "
-                   "checkpoint.dir to resume after an interrupt)"
-                << std::endl;
-    }
-    return kExitInterrupted;
-  }
-  if (s.steps == 0 && s.resumed_step >= steps && s.resumed_step > 0) {
-    std::cerr << "note: checkpoint.dir: " << dir << " already holds this run's last step ("
-              << s.resumed_step << " of " << steps << ", final loss " << loss << ", "
-              << s.last_checkpoint << "); nothing to train (hint: to train again, use another "
-              << "folder with --set checkpoint.dir=ANOTHER_DIR or remove " << dir
-              << "; to train further, raise train.steps)" << std::endl;
-  } else if (s.resumed_step > 0) {
-    std::cerr << "note: resumed from step " << s.resumed_step << " of " << steps << " (" << dir
-              << ")" << std::endl;
-  }
-  return kExitOk;
-}
-
 void AddSpecOptions(CLI::App* cmd, std::string* file, std::vector<std::string>* overrides) {
   cmd->add_option("-f,--file", *file, "job spec (YAML)")->required();
   cmd->add_option("--set", *overrides, "override a field: dotted.path=value (repeatable)")
@@ -227,20 +55,50 @@ StatusOr<JobSpec> LoadSpec(const std::string& file, const std::vector<std::strin
   return spec;
 }
 
-// The launcher's side of `--nproc N`: start N copies of this command as ranks.
-int LaunchRanks(const TrainFlags& o, const ParallelDims& dims) {
+// The one decision of the resume checkpoint of a standalone run (there is no coordinator):
+// the newest complete checkpoint under checkpoint.dir by the engine's rule (FindLatestComplete,
+// the one the coordinator uses too), or "" to start fresh. Every rank is told the same.
+StatusOr<std::string> DecideResume(const JobSpec& spec) {
+  if (spec.checkpoint.dir.empty() || spec.checkpoint.resume != "auto") return std::string();
+  std::vector<std::string> warnings;
+  StatusOr<LatestCheckpoint> latest = FindLatestComplete(spec.checkpoint.dir, &warnings);
+  for (const std::string& w : warnings) std::cerr << "warning: " << w << std::endl;
+  if (!latest.ok()) {
+    if (latest.status().code() == StatusCode::kNotFound) return std::string();
+    return latest.status();
+  }
+  return latest->step_dir;
+}
+
+// The RankStart of rank `rank` of a standalone run of `spec` on this host.
+v1::RankStart StandaloneStart(const JobSpec& spec, const ParallelDims& dims, int rank,
+                              const std::string& resume, int64_t stop_after) {
+  v1::RankStart start;
+  v1::RankAssignment* a = start.mutable_assignment();
+  a->set_job_id("standalone");
+  a->set_attempt(1);
+  a->set_rank(rank);
+  a->set_world_size(dims.world_size());
+  const MeshCoords c = dims.CoordsOf(rank);
+  a->mutable_coords()->set_dp_replicate(c.dp_replicate);
+  a->mutable_coords()->set_dp_shard(c.dp_shard);
+  a->mutable_coords()->set_cp(c.cp);
+  a->mutable_coords()->set_tp(c.tp);
+  a->set_local_rank(rank);
+  a->set_local_world_size(dims.world_size());
+  *a->mutable_spec() = JobSpecToProto(spec);
+  a->set_resume_checkpoint(resume);
+  start.set_stop_after_step(stop_after);
+  return start;
+}
+
+// The launcher's side of `--nproc N`: N `meshrun __rank` processes, each told its RankStart on
+// stdin; rank 0's reports are printed here, as the in-process rank's would be.
+int LaunchRanks(const TrainFlags& o, const JobSpec& spec, const ParallelDims& dims,
+                const std::string& resume) {
   LaunchOptions launch;
   launch.nproc = o.nproc;
-  launch.argv = {SelfExecutable(),        "train", "-f",    o.file, "--nproc",
-                 std::to_string(o.nproc), "-o",    o.output};
-  for (const std::string& kv : o.overrides) {
-    launch.argv.push_back("--set");
-    launch.argv.push_back(kv);
-  }
-  if (o.stop_after > 0) {
-    launch.argv.push_back("--stop-after");
-    launch.argv.push_back(std::to_string(o.stop_after));
-  }
+  launch.argv = {SelfExecutable(), "__rank"};
   for (int r = 0; r < o.nproc; ++r) {
     const MeshCoords c = dims.CoordsOf(r);
     launch.rank_labels.push_back(
@@ -248,136 +106,48 @@ int LaunchRanks(const TrainFlags& o, const ParallelDims& dims) {
         " dp_shard=" + std::to_string(c.dp_shard) + " cp=" + std::to_string(c.cp) +
         " tp=" + std::to_string(c.tp) + ")");
   }
+  launch.rank_input = [&](int rank, const std::string& store_dir) {
+    v1::RankStart start = StandaloneStart(spec, dims, rank, resume, o.stop_after);
+    start.set_store_dir(store_dir);
+    return Frame(start.SerializeAsString());
+  };
+  // Rank 0's stdout was never a terminal: text mode prints a line per step, as before.
+  ReportPrinter printer(o.output == "json", spec.train.steps, /*terminal=*/false);
+  launch.on_report = [&](int rank, std::string frame) {
+    if (rank != 0) return;
+    v1::RankReport report;
+    if (report.ParseFromString(frame)) printer.Report(report);
+  };
   return Launch(launch);
 }
 
-// A rank started by the launcher or by a worker: MESHRUN_RANK and MESHRUN_WORLD_SIZE say where
-// it sits; the store is the coordinator's (MESHRUN_STORE_ADDRESS, MESHRUN_JOB_ID,
-// MESHRUN_ATTEMPT, set by meshrun-worker) or else a FileStore in MESHRUN_STORE_DIR (set by the
-// standalone launcher). MESHRUN_HOST, when set, is the address peers reach this rank at.
-StatusOr<RankContext> ConnectRank(const ParallelDims& dims, std::chrono::seconds timeout) {
-  const char* rank_env = std::getenv("MESHRUN_RANK");
-  const char* world_env = std::getenv("MESHRUN_WORLD_SIZE");
-  const char* store_env = std::getenv("MESHRUN_STORE_DIR");
-  const char* store_address = std::getenv(kEnvStoreAddress);
-  if (rank_env == nullptr || world_env == nullptr ||
-      (store_env == nullptr && store_address == nullptr)) {
-    return FailedPreconditionError(
-        "MESHRUN_RANK: a rank needs MESHRUN_RANK, MESHRUN_WORLD_SIZE and MESHRUN_STORE_DIR or "
-        "MESHRUN_STORE_ADDRESS (hint: start ranks with meshrun train --nproc N, or through "
-        "meshrun submit)");
-  }
-  RankContext ctx;
-  ctx.rank = std::atoi(rank_env);
-  if (std::atoi(world_env) != dims.world_size() || ctx.rank < 0 || ctx.rank >= dims.world_size()) {
-    return InvalidArgumentError("MESHRUN_WORLD_SIZE: " + std::string(world_env) +
-                                " ranks launched for a mesh of " + dims.ToString() +
-                                " (hint: --nproc must equal the mesh's world size)");
-  }
-  std::shared_ptr<Store> store;
-  if (store_address != nullptr) {
-    const char* job_env = std::getenv(kEnvJobId);
-    const char* attempt_env = std::getenv(kEnvAttempt);
-    GrpcStoreOptions options;
-    options.address = store_address;
-    options.job_id = job_env != nullptr ? job_env : "";
-    options.attempt = attempt_env != nullptr ? std::atoi(attempt_env) : 0;
-    options.tls = GrpcStoreOptions::TlsFromEnvironment();
-    MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GrpcStore> grpc_store, GrpcStore::Create(options));
-    store = std::move(grpc_store);
-  } else {
-    MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<FileStore> file_store, FileStore::Create(store_env));
-    store = std::move(file_store);
-  }
-  ctx.store = store;
-  GlooOptions gloo;
-  if (const char* host = std::getenv(kEnvHost); host != nullptr && *host != '\0') {
-    gloo.hostname = host;
-  }
-  MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GlooBackend> backend, GlooBackend::Create(gloo));
-  MeshCommsOptions comm_options;
-  comm_options.timeout = timeout;  // parallelism.comm_timeout_seconds
-  MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
-                           MeshComms::Create(dims, ctx.rank, store, *backend,
-                                             std::make_shared<CommStats>(), comm_options));
-  ctx.comms = std::move(comms);
-  return ctx;
-}
-
 int RunTrain(const TrainFlags& o) {
+  // The spec's one parse and one validation on this side; the ranks validate it once more.
   StatusOr<JobSpec> spec = LoadSpec(o.file, o.overrides, o.nproc);
   if (!spec.ok()) return ReportError(spec.status());
   StatusOr<ParallelDims> dims = MeshOf(*spec);
   if (!dims.ok()) return ReportError(dims.status());
-  const bool is_rank = std::getenv("MESHRUN_RANK") != nullptr;
-  if (!is_rank) {
-    // Before any rank starts: data readable, checkpoint.dir writable, the ranks fit this host
-    // (a rank under a worker was checked by whoever submitted it).
-    PreflightOptions preflight;
-    preflight.ranks_on_host = o.nproc;
-    preflight.check_device = true;
-    if (Status s = CheckBeforeTraining(*spec, *dims, preflight); !s.ok()) return ReportError(s);
-  }
-  if (o.nproc > 1 && !is_rank) return LaunchRanks(o, *dims);
-
+  // Before any rank starts: the device usable here, data readable, checkpoint.dir writable,
+  // the ranks fit this host.
+  PreflightOptions preflight;
+  preflight.ranks_on_host = o.nproc;
+  preflight.check_device = true;
+  if (Status s = CheckBeforeTraining(*spec, *dims, preflight); !s.ok()) return ReportError(s);
   // Ranks on one host share its cores: without a thread count in the spec or OMP_NUM_THREADS,
   // each rank takes an equal share (OpenMP threads that outnumber cores spin against each other).
   if (spec->resources.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     spec->resources.threads = std::max(1, cores / std::max(1, o.nproc));
   }
-  RankContext ctx;
-  if (is_rank) {
-    if (Status roots = InstallFileRootsFromEnvironment(); !roots.ok()) return ReportError(roots);
-    StatusOr<RankContext> connected =
-        ConnectRank(*dims, std::chrono::seconds(spec->parallelism.comm_timeout_seconds));
-    if (!connected.ok()) return ReportError(connected.status());
-    ctx = std::move(connected).value();
-  }
-  meshrun::TrainOptions options;
-  options.stop_after_step = o.stop_after;
-  options.spec_yaml = JobSpecToYaml(*spec);
-  InstallStopHandlers(/*announce=*/!is_rank);
-  options.stop_requested = &g_stop_requested;
-  StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, options, ctx);
-  if (!trainer.ok()) return ReportError(trainer.status());
-  const bool as_json = o.output == "json";
-  // Rank 0 alone prints, unless a worker asks every rank to (it reads each rank's step lines).
-  const char* report_all = std::getenv(kEnvReportAllRanks);
-  const bool quiet = ctx.rank != 0 && !(report_all != nullptr && std::string(report_all) == "1");
-  PrintingObserver observer(as_json, spec->train.steps, quiet, StdoutIsTerminal());
-  StatusOr<RunSummary> summary = (*trainer)->Run(&observer);
-  observer.EndBar();
-  if (!summary.ok()) return ReportError(summary.status());
-  const RunSummary& s = *summary;
-  if (quiet) return s.interrupted ? kExitInterrupted : kExitOk;
-  if (as_json) {
-    json comm = json::object();
-    for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"})
-      comm[axis] = s.comm_bytes.at(axis);
-    json line = {{"event", "summary"},
-                 {"steps", s.steps},
-                 {"final_loss", s.final_loss},
-                 {"losses", s.losses},
-                 {"tokens_per_second", s.tokens_per_second},
-                 {"mfu", s.mfu},
-                 {"peak_memory_bytes", s.peak_memory_bytes},
-                 {"memory", MemoryJson(s.memory)},
-                 {"max_rss_bytes", s.max_rss_bytes},
-                 {"comm_bytes", comm},
-                 {"checkpoint", s.last_checkpoint},
-                 {"resumed_from_step", s.resumed_step},
-                 {"last_step", s.last_step},
-                 {"interrupted", s.interrupted}};
-    if (std::isnan(s.final_loss)) line["final_loss"] = nullptr;
-    std::cout << line.dump() << std::endl;
-  } else if (s.steps > 0) {
-    std::printf("%s: %lld steps, final loss %.4f (first %.4f), %.0f tok/s, MFU %.1f%%%s%s\n",
-                s.interrupted ? "stopped" : "done", static_cast<long long>(s.steps), s.final_loss,
-                s.losses.front(), s.tokens_per_second, 100.0 * s.mfu,
-                s.last_checkpoint.empty() ? "" : ", checkpoint ", s.last_checkpoint.c_str());
-  }
-  return ReportRunEnd(s, *spec);
+  StatusOr<std::string> resume = DecideResume(*spec);
+  if (!resume.ok()) return ReportError(resume.status());
+  if (o.nproc > 1) return LaunchRanks(o, *spec, *dims, *resume);
+
+  // One rank: it runs in this process, reporting straight to the printer.
+  ReportPrinter printer(o.output == "json", spec->train.steps, StdoutIsTerminal());
+  rank::RankRunOptions options;
+  options.interactive = true;
+  return rank::RunRank(StandaloneStart(*spec, *dims, 0, *resume, o.stop_after), &printer, options);
 }
 
 }  // namespace

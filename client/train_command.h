@@ -11,16 +11,7 @@ namespace CLI {
 class App;
 }  // namespace CLI
 
-namespace meshrun {
-struct StepMetrics;
-}  // namespace meshrun
-
 namespace meshrun::client {
-
-// The `{"event":"step",…}` line of `train -o json` without its newline (docs/cli.md lists its
-// fields: loss, lr, grad_norm, timings, memory and "comm":[{"axis","op","seconds","bytes",
-// "calls"}], cumulative since the rank's first step), read by ParseStepLine.
-std::string StepLineJson(const StepMetrics& m);
 
 void RegisterTrainCommand(CLI::App& app, CommandResult& result);
 void RegisterEvalCommand(CLI::App& app, CommandResult& result);

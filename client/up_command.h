@@ -14,7 +14,7 @@
 
 #include "client/command.h"
 #include "common/status.h"
-#include "worker/rank_supervisor.h"
+#include "supervisor/rank_supervisor.h"
 
 namespace CLI {
 class App;

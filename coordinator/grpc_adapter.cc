@@ -16,11 +16,6 @@
 
 namespace meshrun::coordinator {
 
-grpc::Status ToGrpcStatus(const Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
-}
-
 namespace {
 
 // ---- What the Authorizer needs of a call ----------------------------------------------------

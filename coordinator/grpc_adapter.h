@@ -18,10 +18,9 @@
 #include "coordinator/auth.h"
 #include "coordinator/coordinator_service.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "rpc/grpc_status.h"
 
 namespace meshrun::coordinator {
-
-grpc::Status ToGrpcStatus(const Status& status);
 
 struct AdapterLimits {
   // Events queued for one WatchJob client before it counts as fallen behind (UNAVAILABLE).

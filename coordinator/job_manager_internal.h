@@ -84,6 +84,8 @@ struct JobManager::Txn {
   bool job_dirty = false;
 };
 
-std::string FindNewestCheckpoint(const std::string& dir);
+// The newest complete checkpoint folder under `dir` by the engine's rule (FindLatestComplete),
+// or "" (none, or not visible from the coordinator). Reads the filesystem: never under mu_.
+std::string NewestCompleteCheckpoint(const std::string& dir);
 
 }  // namespace meshrun::coordinator

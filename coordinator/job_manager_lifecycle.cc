@@ -11,6 +11,7 @@
 #include "coordinator/job_manager.h"
 #include "coordinator/job_manager_internal.h"
 #include "coordinator/proto_time.h"
+#include "engine/io/checkpoint.h"
 
 namespace meshrun::coordinator {
 namespace {
@@ -49,26 +50,12 @@ std::chrono::milliseconds JobManager::RestartBackoff(int restart) const {
   return std::min(wait, std::max(config_.restart_backoff, config_.restart_backoff_max));
 }
 
-std::string FindNewestCheckpoint(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::directory_iterator it(dir, ec), end;
-  long long best = -1;
-  std::string best_path;
-  for (; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.size() <= 5 || name.rfind("step-", 0) != 0) continue;
-    if (!std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      continue;
-    }
-    // Complete only when its metadata is (docs/checkpoints.md).
-    if (!std::filesystem::is_regular_file(it->path() / "metadata.json", ec)) continue;
-    const long long step = std::atoll(name.c_str() + 5);
-    if (step > best) {
-      best = step;
-      best_path = it->path().string();
-    }
-  }
-  return best_path;
+std::string NewestCompleteCheckpoint(const std::string& dir) {
+  // The engine's rule (engine/io/checkpoint.h), the one `meshrun train` decides with too.
+  std::vector<std::string> warnings;
+  StatusOr<LatestCheckpoint> latest = FindLatestComplete(dir, &warnings);
+  for (const std::string& w : warnings) spdlog::warn("checkpoint.dir {}: {}", dir, w);
+  return latest.ok() ? latest->step_dir : std::string();
 }
 
 // ---- Slots --------------------------------------------------------------------------------------
@@ -228,12 +215,13 @@ void JobManager::ScheduleLocked() {
   }
 }
 
+// The one decision of an attempt's resume checkpoint, with no filesystem access under the lock:
+// the newest complete checkpoint found when the job was submitted, moved on by every
+// CheckpointSaved its rank 0 reports (complete by the engine's rule when reported).
 std::string JobManager::ResumeCheckpointLocked(const Job& job) const {
   const v1::CheckpointSpec& ckpt = job.spec.checkpoint();
   if (ckpt.resume() != "auto" || ckpt.dir().empty()) return "";
-  std::string found = config_.find_checkpoint ? config_.find_checkpoint(ckpt.dir())
-                                              : FindNewestCheckpoint(ckpt.dir());
-  return found.empty() ? job.row.last_checkpoint : found;
+  return job.row.last_checkpoint;
 }
 
 void JobManager::StartAttemptLocked(Job& job, const Placement& placement,

@@ -190,12 +190,7 @@ int main(int argc, char** argv) {
     for (std::string* path : {&tls_files.cert, &tls_files.key, &tls_files.ca}) {
       *path = fs::absolute(*path).string();
     }
-    config.rank_env = {{meshrun::kEnvTlsCert, tls_files.cert},
-                       {meshrun::kEnvTlsKey, tls_files.key},
-                       {meshrun::kEnvTlsCa, tls_files.ca}};
-    if (!tls_files.server_name.empty()) {
-      config.rank_env.emplace_back(meshrun::kEnvTlsServerName, tls_files.server_name);
-    }
+    config.rank_tls = tls_files;
   } else if (!tls_files.server_name.empty()) {
     return Fail("--tls-server-name: needs TLS (hint: pass --tls-cert, --tls-key and --tls-ca)", 2);
   }

@@ -3,61 +3,27 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <chrono>
-#include <nlohmann/json.hpp>
+
+#include "supervisor/line_splitter.h"
 
 namespace meshrun {
 namespace {
-
-using json = nlohmann::json;
 
 bool StartsWith(std::string_view text, std::string_view prefix) {
   return text.size() >= prefix.size() && text.substr(0, prefix.size()) == prefix;
 }
 
-double NumberOr(const json& object, const char* key, double fallback) {
-  auto it = object.find(key);
-  if (it == object.end() || !it->is_number()) return fallback;
-  return it->get<double>();
-}
-
 // "tp" -> MESH_AXIS_TP, "all_reduce" -> COMM_OP_ALL_REDUCE; false for names the proto lacks
 // (flattened groups such as "dp_cp", the trainer's "metrics" label).
 template <typename Enum, typename Parse>
-bool ParseEnumName(const json& name, const std::string& prefix, Parse parse, Enum* out) {
-  if (!name.is_string()) return false;
+bool ParseEnumName(const std::string& name, const std::string& prefix, Parse parse, Enum* out) {
   std::string full = prefix;
-  for (char ch : name.get<std::string>()) {
+  for (char ch : name) {
     if (!(std::islower(static_cast<unsigned char>(ch)) || ch == '_')) return false;
     full.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
   }
   return parse(full, out) && static_cast<int>(*out) != 0;
-}
-
-// The step line's "comm" array as CommStats entries; malformed or unknown entries are skipped.
-void ParseComm(const json& object, v1::MetricsSample* s) {
-  auto comm = object.find("comm");
-  if (comm == object.end() || !comm->is_array()) return;
-  for (const json& entry : *comm) {
-    if (!entry.is_object()) continue;
-    v1::MeshAxis axis;
-    v1::CommOp op;
-    auto parse_axis = [](const std::string& n, v1::MeshAxis* v) {
-      return v1::MeshAxis_Parse(n, v);
-    };
-    auto parse_op = [](const std::string& n, v1::CommOp* v) { return v1::CommOp_Parse(n, v); };
-    if (!ParseEnumName(entry.value("axis", json()), "MESH_AXIS_", parse_axis, &axis) ||
-        !ParseEnumName(entry.value("op", json()), "COMM_OP_", parse_op, &op)) {
-      continue;
-    }
-    v1::CommStats* c = s->add_comm();
-    c->set_axis(axis);
-    c->set_op(op);
-    c->set_seconds(std::max(0.0, NumberOr(entry, "seconds", 0)));
-    c->set_bytes(static_cast<uint64_t>(std::max(0.0, NumberOr(entry, "bytes", 0))));
-    c->set_calls(static_cast<uint64_t>(std::max(0.0, NumberOr(entry, "calls", 0))));
-  }
 }
 
 void SetNow(google::protobuf::Timestamp* t) {
@@ -71,22 +37,24 @@ void SetNow(google::protobuf::Timestamp* t) {
 
 RankCommand BuildRankCommand(const v1::RankAssignment& a, const RankLaunchConfig& config) {
   RankCommand cmd;
-  cmd.argv = {config.meshrun_binary,          "train", "-f",  config.spec_path, "--nproc",
-              std::to_string(a.world_size()), "-o",    "json"};
+  cmd.argv = {config.meshrun_binary, "__rank"};
   const int local = std::max(1, a.local_world_size());
   const int threads = std::max(1, config.cores / local);
-  cmd.env = {{"MESHRUN_RANK", std::to_string(a.rank())},
-             {"MESHRUN_WORLD_SIZE", std::to_string(a.world_size())},
-             {kEnvStoreAddress, a.store().address()},
-             {kEnvJobId, a.job_id()},
-             {kEnvAttempt, std::to_string(a.attempt())},
-             {kEnvHost, config.host},
-             {kEnvReportAllRanks, "1"},
-             {kEnvLocalRank, std::to_string(a.local_rank())},
-             {kEnvLocalWorldSize, std::to_string(local)},
-             {"OMP_NUM_THREADS", std::to_string(threads)}};
-  if (!a.resume_checkpoint().empty())
-    cmd.env.emplace_back(kEnvResumeCheckpoint, a.resume_checkpoint());
+  cmd.env = {{"OMP_NUM_THREADS", std::to_string(threads)}};
+  v1::RankStart start;
+  *start.mutable_assignment() = a;
+  start.set_host(config.host);
+  start.set_echo_reports(true);  // eval and summary lines stay in the job's logs
+  start.mutable_tls()->set_cert(config.tls.cert);
+  start.mutable_tls()->set_key(config.tls.key);
+  start.mutable_tls()->set_ca(config.tls.ca);
+  start.mutable_tls()->set_server_name(config.tls.server_name);
+  if (!config.data_roots.empty() || !config.checkpoint_roots.empty()) {
+    v1::RankFileRoots* roots = start.mutable_file_roots();
+    for (const std::string& r : config.data_roots) roots->add_data(r);
+    for (const std::string& r : config.checkpoint_roots) roots->add_checkpoint(r);
+  }
+  cmd.input = Frame(start.SerializeAsString());
   return cmd;
 }
 
@@ -130,85 +98,43 @@ bool IsSafeJobId(std::string_view id) {
                      [](char ch) { return ch > ' ' && ch < 127 && ch != '/' && ch != '\\'; });
 }
 
-std::optional<v1::MetricsSample> ParseStepLine(std::string_view line, const std::string& job_id,
-                                               int attempt, int rank) {
-  // Cheap filter first: most lines a rank prints are not step lines.
-  if (line.empty() || line.front() != '{' || line.find("\"step\"") == std::string_view::npos) {
-    return std::nullopt;
-  }
-  const json object = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-  if (!object.is_object()) return std::nullopt;
-  auto event = object.find("event");
-  if (event == object.end() || !event->is_string() || *event != "step") return std::nullopt;
-  auto step = object.find("step");
-  if (step == object.end() || !step->is_number_integer()) return std::nullopt;
+v1::MetricsSample SampleOfStep(const v1::RankStep& step, const std::string& job_id, int attempt,
+                               int rank) {
   v1::MetricsSample s;
   s.set_job_id(job_id);
   s.set_attempt(attempt);
   s.set_rank(rank);
-  s.set_step(step->get<int64_t>());
+  s.set_step(step.step());
   SetNow(s.mutable_time());
-  s.set_loss(NumberOr(object, "loss", 0));
-  s.set_lr(NumberOr(object, "lr", 0));
-  s.set_grad_norm(NumberOr(object, "grad_norm", 0));
-  if (object.contains("val_loss")) s.set_val_loss(NumberOr(object, "val_loss", 0));
-  s.set_step_seconds(NumberOr(object, "step_seconds", 0));
-  s.set_tokens_per_second(NumberOr(object, "tokens_per_second", 0));
-  s.set_tflops(NumberOr(object, "tflops", 0));
-  s.set_mfu(NumberOr(object, "mfu", 0));
+  s.set_loss(step.loss());
+  s.set_lr(step.lr());
+  s.set_grad_norm(step.grad_norm());
+  s.set_step_seconds(step.step_seconds());
+  s.set_tokens_per_second(step.tokens_per_second());
+  s.set_tflops(step.tflops());
+  s.set_mfu(step.mfu());
   s.set_memory_allocated_bytes(
-      static_cast<uint64_t>(std::max(0.0, NumberOr(object, "allocated_memory_bytes", 0))));
-  s.set_memory_peak_bytes(
-      static_cast<uint64_t>(std::max(0.0, NumberOr(object, "peak_memory_bytes", 0))));
+      static_cast<uint64_t>(std::max<int64_t>(0, step.allocated_memory_bytes())));
+  s.set_memory_peak_bytes(static_cast<uint64_t>(std::max<int64_t>(0, step.peak_memory_bytes())));
   s.set_memory_reserved_bytes(
-      static_cast<uint64_t>(std::max(0.0, NumberOr(object, "reserved_memory_bytes", 0))));
-  ParseComm(object, &s);
-  return s;
-}
-
-std::optional<v1::CheckpointSaved> ParseCheckpointLine(std::string_view line,
-                                                       const std::string& job_id, int attempt) {
-  constexpr std::string_view kPrefix = "checkpoint ";
-  if (!StartsWith(line, kPrefix)) return std::nullopt;
-  std::string_view path = line.substr(kPrefix.size());
-  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
-  const size_t slash = path.rfind('/');
-  const std::string_view base = slash == std::string_view::npos ? path : path.substr(slash + 1);
-  constexpr std::string_view kStep = "step-";
-  if (!StartsWith(base, kStep) || base.size() == kStep.size()) return std::nullopt;
-  int64_t step = 0;
-  const std::string_view digits = base.substr(kStep.size());
-  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
-  if (ec != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
-  v1::CheckpointSaved saved;
-  saved.set_job_id(job_id);
-  saved.set_attempt(attempt);
-  saved.set_step(step);
-  saved.set_path(std::string(path));
-  return saved;
-}
-
-void LineSplitter::Feed(std::string_view data, const std::function<void(std::string)>& on_line) {
-  while (!data.empty()) {
-    const size_t newline = data.find('\n');
-    const size_t take = newline == std::string_view::npos ? data.size() : newline;
-    partial_.append(data.substr(0, take));
-    while (partial_.size() > max_line_) {
-      on_line(partial_.substr(0, max_line_));
-      partial_.erase(0, max_line_);
+      static_cast<uint64_t>(std::max<int64_t>(0, step.reserved_memory_bytes())));
+  auto parse_axis = [](const std::string& n, v1::MeshAxis* v) { return v1::MeshAxis_Parse(n, v); };
+  auto parse_op = [](const std::string& n, v1::CommOp* v) { return v1::CommOp_Parse(n, v); };
+  for (const v1::RankCommCounter& c : step.comm()) {
+    v1::MeshAxis axis;
+    v1::CommOp op;
+    if (!ParseEnumName(c.axis(), "MESH_AXIS_", parse_axis, &axis) ||
+        !ParseEnumName(c.op(), "COMM_OP_", parse_op, &op)) {
+      continue;
     }
-    if (newline == std::string_view::npos) return;
-    if (!partial_.empty() && partial_.back() == '\r') partial_.pop_back();
-    on_line(std::move(partial_));
-    partial_.clear();
-    data.remove_prefix(newline + 1);
+    v1::CommStats* out = s.add_comm();
+    out->set_axis(axis);
+    out->set_op(op);
+    out->set_seconds(std::max(0.0, c.seconds()));
+    out->set_bytes(static_cast<uint64_t>(std::max(0.0, c.bytes())));
+    out->set_calls(c.calls());
   }
-}
-
-void LineSplitter::Flush(const std::function<void(std::string)>& on_line) {
-  if (partial_.empty()) return;
-  on_line(std::move(partial_));
-  partial_.clear();
+  return s;
 }
 
 }  // namespace meshrun

@@ -1,7 +1,7 @@
-// The worker <-> rank protocol, as pure functions: how a RankAssignment becomes a command line
-// and an environment for `meshrun train`, and how the rank's output lines become session
-// messages (stdout JSON step lines -> MetricsSample, the stderr line "checkpoint <dir>" ->
-// CheckpointSaved, everything else -> LogLine). No I/O; see docs/control-plane.md.
+// The worker <-> rank protocol, as pure functions: how a RankAssignment becomes the process and
+// the RankStart of `meshrun __rank` (proto/meshrun/v1/rank.proto), and how the rank's typed
+// reports become session messages (RankStep -> MetricsSample). No I/O; see
+// docs/control-plane.md.
 #pragma once
 
 #include <functional>
@@ -11,41 +11,34 @@
 #include <utility>
 #include <vector>
 
+#include "common/tls.h"
+#include "meshrun/v1/rank.pb.h"
 #include "meshrun/v1/worker.pb.h"
+#include "supervisor/line_splitter.h"
 
 namespace meshrun {
-
-// Environment a rank started by a worker finds, besides MESHRUN_RANK and MESHRUN_WORLD_SIZE
-// (client/launcher.h), read by ConnectRank in client/train_command.cc.
-inline constexpr char kEnvStoreAddress[] = "MESHRUN_STORE_ADDRESS";  // coordinator HOST:PORT
-inline constexpr char kEnvJobId[] = "MESHRUN_JOB_ID";
-inline constexpr char kEnvAttempt[] = "MESHRUN_ATTEMPT";
-inline constexpr char kEnvHost[] = "MESHRUN_HOST";  // address peers reach this rank at (Gloo)
-inline constexpr char kEnvReportAllRanks[] = "MESHRUN_REPORT_ALL_RANKS";  // "1": every rank prints
-inline constexpr char kEnvLocalRank[] = "MESHRUN_LOCAL_RANK";
-inline constexpr char kEnvLocalWorldSize[] = "MESHRUN_LOCAL_WORLD_SIZE";
-// Informational: the checkpoint the coordinator chose; `checkpoint.resume: auto` finds the same.
-inline constexpr char kEnvResumeCheckpoint[] = "MESHRUN_RESUME_CHECKPOINT";
 
 // What a worker knows about itself when it starts a rank.
 struct RankLaunchConfig {
   std::string meshrun_binary;  // absolute path of `meshrun`
-  std::string spec_path;       // where the attempt's spec.yaml was written
   std::string working_dir;     // <work-dir>/<job>/<attempt>
-  std::string host;            // this worker's address (MESHRUN_HOST)
+  std::string host;            // this worker's address (where peers reach its ranks)
   int cores = 1;               // CPU cores of this host
+  TlsFiles tls;                // the files ranks reach the coordinator's store with
+  // --data-root / --checkpoint-root, resolved; both empty: unconfined.
+  std::vector<std::string> data_roots;
+  std::vector<std::string> checkpoint_roots;
 };
 
-// argv and the variables to set (on top of the allow-listed part of the worker's own
-// environment, see MergeEnvironment) for one assigned rank:
-//   meshrun train -f <spec> --nproc <world> -o json
-//   MESHRUN_RANK, MESHRUN_WORLD_SIZE, MESHRUN_STORE_ADDRESS, MESHRUN_JOB_ID, MESHRUN_ATTEMPT,
-//   MESHRUN_HOST, MESHRUN_REPORT_ALL_RANKS=1, MESHRUN_LOCAL_RANK, MESHRUN_LOCAL_WORLD_SIZE,
-//   OMP_NUM_THREADS = max(1, cores / local_world_size), and MESHRUN_RESUME_CHECKPOINT if set
-//   (the caller passes the checkpoint as it resolved and checked it).
+// One assigned rank as a process: `meshrun __rank`, its RankStart (the assignment as the worker
+// resolved and checked it, with the host, TLS files and file roots) framed on its stdin, and
+// the only variable it needs set: OMP_NUM_THREADS = max(1, cores / local_world_size), read by
+// OpenMP itself (on top of the allow-listed part of the worker's environment, see
+// MergeEnvironment).
 struct RankCommand {
   std::vector<std::string> argv;
   std::vector<std::pair<std::string, std::string>> env;
+  std::string input;
 };
 RankCommand BuildRankCommand(const v1::RankAssignment& assignment, const RankLaunchConfig& config);
 
@@ -69,29 +62,10 @@ std::vector<std::string> MergeEnvironment(
 // 128 printable characters); the worker refuses to start ranks of any other.
 bool IsSafeJobId(std::string_view job_id);
 
-// One `{"event":"step",…}` line of `meshrun train -o json` as a MetricsSample of (job, attempt,
-// rank); nullopt for any other line (eval, summary, text, malformed JSON).
-std::optional<v1::MetricsSample> ParseStepLine(std::string_view line, const std::string& job_id,
-                                               int attempt, int rank);
-
-// The engine's stderr line "checkpoint <dir>/step-NNNNNNNN" as a CheckpointSaved; nullopt for
-// any other line.
-std::optional<v1::CheckpointSaved> ParseCheckpointLine(std::string_view line,
-                                                       const std::string& job_id, int attempt);
-
-// Splits a byte stream into lines without their '\n' (and a trailing '\r'). A line longer than
-// max_line bytes is cut into pieces of max_line. Not thread-safe; one per pipe.
-class LineSplitter {
- public:
-  explicit LineSplitter(size_t max_line = 1 << 16) : max_line_(max_line) {}
-
-  void Feed(std::string_view data, const std::function<void(std::string)>& on_line);
-  // Hands out what is left after the last newline (at end of stream).
-  void Flush(const std::function<void(std::string)>& on_line);
-
- private:
-  size_t max_line_;
-  std::string partial_;
-};
+// A rank's step report as the MetricsSample of (job, attempt, rank) the coordinator ingests.
+// Comm counters under a label the proto's MeshAxis lacks (flattened groups, the trainer's
+// "metrics") or an op it lacks are left out.
+v1::MetricsSample SampleOfStep(const v1::RankStep& step, const std::string& job_id, int attempt,
+                               int rank);
 
 }  // namespace meshrun

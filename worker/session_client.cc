@@ -9,8 +9,8 @@
 #include <algorithm>
 
 #include "proto/duration.h"
-#include "worker/backoff.h"
-#include "worker/grpc_status.h"
+#include "rpc/backoff.h"
+#include "rpc/grpc_status.h"
 
 namespace meshrun {
 namespace {

@@ -1,5 +1,5 @@
-// WorkerDaemon (see worker_daemon.h): assignment → spec.yaml + rank process; rank output and
-// exits → session reports.
+// WorkerDaemon (see worker_daemon.h): assignment → RankStart + rank process; rank reports,
+// output and exits → session reports.
 #include "worker/worker_daemon.h"
 
 #include <spdlog/spdlog.h>
@@ -83,6 +83,7 @@ WorkerDaemon::WorkerDaemon(WorkerConfig config,
   callbacks.on_line = [this](const RankKey& key, bool is_stderr, std::string line) {
     OnRankLine(key, is_stderr, std::move(line));
   };
+  callbacks.on_frame = [this](const RankKey& key, std::string frame) { OnRankReport(key, frame); };
   callbacks.on_exited = [this](const RankKey& key, const RankExit& exit) {
     OnRankExited(key, exit);
   };
@@ -129,9 +130,8 @@ size_t WorkerDaemon::active_ranks() const {
 
 StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssignment& a) {
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromProto(a.spec()));
-  MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, a.world_size()));
-  // Confined paths, checked again here whatever the coordinator checked: the spec.yaml the rank
-  // reads names the resolved paths, so neither a relative path nor a symlink leads elsewhere.
+  // Confined paths, checked again here whatever the coordinator checked: the spec the rank
+  // gets names the resolved paths, so neither a relative path nor a symlink leads elsewhere.
   MESHRUN_RETURN_IF_ERROR(config_.paths.ConfineJobSpec(&spec, PathPolicy::Rewrite::kReal));
   MESHRUN_ASSIGN_OR_RETURN(
       PathPolicy::Resolved resume,
@@ -153,6 +153,12 @@ StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssi
       ParallelDims mesh,
       ParallelDims::Create(spec.parallelism.dp_replicate_size, spec.parallelism.dp_shard_size,
                            spec.parallelism.cp_size, spec.parallelism.tp_size));
+  if (mesh.world_size() != a.world_size()) {
+    return InvalidArgumentError("assignment.world_size: " + std::to_string(a.world_size()) +
+                                " ranks for the mesh " + mesh.ToString() + " of " +
+                                std::to_string(mesh.world_size()) +
+                                " (hint: a coordinator of another version sent it)");
+  }
   if (spec.resources.device == "cpu") {
     MESHRUN_RETURN_IF_ERROR(CheckRankMemory(
         spec, mesh, local, static_cast<double>(config_.memory_bytes), "--memory-bytes"));
@@ -163,7 +169,7 @@ StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssi
   if (ec) return InternalError("cannot create " + dir.string() + ": " + ec.message());
   const fs::path spec_path = dir / "spec.yaml";
   MESHRUN_RETURN_IF_ERROR(WriteFileAtomically(spec_path, JobSpecToYaml(spec)));
-  return Prepared{dir.string(), a.resume_checkpoint().empty() ? "" : resume.real};
+  return Prepared{dir.string(), a.resume_checkpoint().empty() ? "" : resume.real, std::move(spec)};
 }
 
 void WorkerDaemon::ReportNotStarted(const v1::RankAssignment& a, const std::string& error) {
@@ -211,20 +217,23 @@ void WorkerDaemon::OnAssign(const v1::RankAssignment& a) {
   }
   RankLaunchConfig launch;
   launch.meshrun_binary = config_.meshrun_binary;
-  launch.spec_path = prepared->dir + "/spec.yaml";
   launch.working_dir = prepared->dir;
   launch.host = config_.address;
   launch.cores = config_.cores;
-  v1::RankAssignment resolved = a;  // the rank is told the checkpoint as it was checked
+  launch.tls = config_.rank_tls;
+  // The rank re-checks what it really opens against the same roots (common/confined_file.h).
+  launch.data_roots = config_.paths.data_roots();
+  launch.checkpoint_roots = config_.paths.checkpoint_roots();
+  v1::RankAssignment resolved = a;  // the rank is told the spec and checkpoint as checked here
+  *resolved.mutable_spec() = JobSpecToProto(prepared->spec);
   resolved.set_resume_checkpoint(prepared->resume_checkpoint);
   RankCommand command = BuildRankCommand(resolved, launch);
-  command.env.insert(command.env.end(), config_.rank_env.begin(), config_.rank_env.end());
-  // The rank re-checks what it really opens against the same roots (common/confined_file.h).
-  for (auto& root_env : FileRootsEnvironment(config_.paths)) command.env.push_back(root_env);
   RankSpawn spawn;
   spawn.key = key;
   spawn.argv = std::move(command.argv);
   spawn.env = MergeEnvironment(OwnEnvironment(), command.env, config_.rank_env_pass);
+  spawn.input = std::move(command.input);
+  spawn.report_channel = true;
   spawn.working_dir = prepared->dir;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -297,22 +306,6 @@ void WorkerDaemon::OnRankStarted(const RankKey& key, pid_t pid) {
 }
 
 void WorkerDaemon::OnRankLine(const RankKey& key, bool is_stderr, std::string line) {
-  if (!is_stderr) {
-    if (std::optional<v1::MetricsSample> sample =
-            ParseStepLine(line, key.job_id, key.attempt, key.rank)) {
-      v1::WorkerSessionRequest m;
-      *m.mutable_metrics()->mutable_sample() = std::move(*sample);
-      session_->Send(std::move(m));
-      return;
-    }
-  } else if (key.rank == 0) {
-    if (std::optional<v1::CheckpointSaved> saved =
-            ParseCheckpointLine(line, key.job_id, key.attempt)) {
-      v1::WorkerSessionRequest m;
-      *m.mutable_checkpoint_saved() = std::move(*saved);
-      session_->Send(std::move(m));
-    }
-  }
   v1::WorkerSessionRequest m;
   v1::LogLine* l = m.mutable_logs()->add_lines();
   l->set_job_id(key.job_id);
@@ -321,6 +314,31 @@ void WorkerDaemon::OnRankLine(const RankKey& key, bool is_stderr, std::string li
   l->set_stream(is_stderr ? v1::LOG_STREAM_STDERR : v1::LOG_STREAM_STDOUT);
   SetNow(l->mutable_time());
   l->set_text(std::move(line));
+  session_->Send(std::move(m));
+}
+
+// A rank's typed report: every rank's steps go up as metrics, rank 0's checkpoints as
+// CheckpointSaved; the rest (eval, summary) are for the standalone launcher's printer.
+void WorkerDaemon::OnRankReport(const RankKey& key, const std::string& frame) {
+  v1::RankReport report;
+  if (!report.ParseFromString(frame)) {
+    spdlog::warn("{}: a report that does not parse ({} bytes); ignored", key.ToString(),
+                 frame.size());
+    return;
+  }
+  v1::WorkerSessionRequest m;
+  if (report.has_step()) {
+    *m.mutable_metrics()->mutable_sample() =
+        SampleOfStep(report.step(), key.job_id, key.attempt, key.rank);
+  } else if (report.has_checkpoint_saved() && key.rank == 0) {
+    v1::CheckpointSaved* saved = m.mutable_checkpoint_saved();
+    saved->set_job_id(key.job_id);
+    saved->set_attempt(key.attempt);
+    saved->set_step(report.checkpoint_saved().step());
+    saved->set_path(report.checkpoint_saved().path());
+  } else {
+    return;
+  }
   session_->Send(std::move(m));
 }
 

@@ -1,6 +1,7 @@
 // WorkerDaemon: what `meshrun-worker` is, minus flag parsing. Turns the coordinator's
-// RankAssignments into rank processes (RankSupervisor) and their lifecycle and output into
-// session reports (SessionClient); writes each attempt's spec.yaml under --work-dir.
+// RankAssignments into rank processes (`meshrun __rank` under the RankSupervisor, told their
+// RankStart on stdin) and their lifecycle, typed reports and output into session reports
+// (SessionClient); writes each attempt's spec.yaml under --work-dir for operators.
 #pragma once
 
 #include <chrono>
@@ -10,11 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "common/job_spec.h"
 #include "common/path_policy.h"
 #include "common/status.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "supervisor/rank_supervisor.h"
 #include "worker/rank_protocol.h"
-#include "worker/rank_supervisor.h"
 #include "worker/session_client.h"
 
 namespace meshrun {
@@ -36,9 +38,9 @@ struct WorkerConfig {
   // --data-root, --checkpoint-root: every path an assignment names is checked (and resolved)
   // before its rank starts; default unconfined (docs/security.md "Confined paths").
   PathPolicy paths;
-  // Added to every rank's environment (the TLS files ranks reach the store with, see
-  // common/tls.h), after the variables of BuildRankCommand.
-  std::vector<std::pair<std::string, std::string>> rank_env;
+  // The TLS files ranks reach the coordinator's store with (absolute; all empty: plaintext),
+  // passed in their RankStart.
+  TlsFiles rank_tls;
   // --rank-env NAME (repeatable): variables of the worker's environment passed on to its
   // ranks beyond the allow-list of IsInheritedByRanks (rank_protocol.h).
   std::vector<std::string> rank_env_pass;
@@ -82,14 +84,18 @@ class WorkerDaemon : public SessionHandler {
   struct Prepared {
     std::string dir;                // <work_dir>/<job>/<attempt>
     std::string resume_checkpoint;  // the assignment's, resolved and checked ("" if none)
+    JobSpec spec;                   // with the resolved paths and the clamped threads
   };
-  // Checks the assignment against this worker's limits (paths, threads, memory), writes
-  // <work_dir>/<job>/<attempt>/spec.yaml with the resolved paths and the clamped threads.
+  // Checks the assignment against this worker's limits (paths, threads, memory) and writes
+  // <work_dir>/<job>/<attempt>/spec.yaml, the spec its ranks get, for operators to read (the
+  // rank itself gets it in its RankStart). The spec is converted, not validated: the
+  // coordinator validated it and the rank validates it.
   StatusOr<Prepared> PrepareAttempt(const v1::RankAssignment& a);
   // Reports an assignment that never became a process (RankExited, exit_code −1).
   void ReportNotStarted(const v1::RankAssignment& a, const std::string& error);
   void OnRankStarted(const RankKey& key, pid_t pid);
   void OnRankLine(const RankKey& key, bool is_stderr, std::string line);
+  void OnRankReport(const RankKey& key, const std::string& frame);
   void OnRankExited(const RankKey& key, const RankExit& exit);
   void UpdateSlotMetrics();  // requires mu_
 

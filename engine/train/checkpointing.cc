@@ -139,9 +139,14 @@ Status Trainer::LoadLatestCheckpoint(TrainObserver* observer) {
   StatusOr<LatestCheckpoint> latest = FindLatestComplete(spec_.checkpoint.dir, &warnings);
   for (const std::string& w : warnings) observer->OnLog("warning: " + w);
   if (!latest.ok()) return latest.status();
-  MESHRUN_RETURN_IF_ERROR(LoadCheckpoint(latest->step_dir));
-  const MeshSizes& saved = latest->metadata.mesh;
-  observer->OnLog("resumed from " + latest->step_dir + " at step " + std::to_string(step_) +
+  return ResumeFrom(latest->step_dir, observer);
+}
+
+Status Trainer::ResumeFrom(const std::string& step_dir, TrainObserver* observer) {
+  MESHRUN_ASSIGN_OR_RETURN(CheckpointMetadata metadata, ReadMetadata(step_dir));
+  MESHRUN_RETURN_IF_ERROR(LoadCheckpoint(step_dir));
+  const MeshSizes& saved = metadata.mesh;
+  observer->OnLog("resumed from " + step_dir + " at step " + std::to_string(step_) +
                   " (saved under dp_replicate=" + std::to_string(saved.dp_replicate) +
                   " dp_shard=" + std::to_string(saved.dp_shard) +
                   " cp=" + std::to_string(saved.cp) + " tp=" + std::to_string(saved.tp) + ")");

@@ -19,6 +19,9 @@ Status Trainer::WaitForAllRanks(const std::string&) {
 Status Trainer::SaveCheckpoint() {
   return Unavailable("checkpoint.dir");
 }
+Status Trainer::ResumeFrom(const std::string&, TrainObserver*) {
+  return Unavailable("checkpoint resume");
+}
 Status Trainer::LoadCheckpoint(const std::string&) {
   return Unavailable("checkpoint");
 }

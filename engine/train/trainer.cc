@@ -251,7 +251,11 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   if (observer == nullptr) observer = &none;
   const TrainSpec& tr = spec_.train;
   const CheckpointSpec& ck = spec_.checkpoint;
-  if (!ck.dir.empty() && ck.resume == "auto") {
+  if (options_.resume_decided) {
+    if (!options_.resume_checkpoint.empty()) {
+      MESHRUN_RETURN_IF_ERROR(ResumeFrom(options_.resume_checkpoint, observer));
+    }
+  } else if (!ck.dir.empty() && ck.resume == "auto") {
     Status s = LoadLatestCheckpoint(observer);
     if (!s.ok() && s.code() != StatusCode::kNotFound) return s;
   }
@@ -301,6 +305,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     if (!ck.dir.empty() && (at_end || stop || (ck.every > 0 && step_ % ck.every == 0))) {
       MESHRUN_RETURN_IF_ERROR(SaveCheckpoint());
       observer->OnLog("checkpoint " + last_checkpoint_);
+      observer->OnCheckpoint(step_, last_checkpoint_);
     }
     if (stop && !at_end) {
       summary.interrupted = true;

@@ -76,6 +76,8 @@ class TrainObserver {
   virtual void OnStep(const StepMetrics&) {}
   virtual void OnEval(const EvalMetrics&) {}
   virtual void OnLog(const std::string& /*line*/) {}
+  // A complete checkpoint of `step` was written to `step_dir` (after its "checkpoint" log line).
+  virtual void OnCheckpoint(int64_t /*step*/, const std::string& /*step_dir*/) {}
 };
 
 // Where this rank sits in the job. The default is a single rank with no communication.
@@ -93,6 +95,11 @@ struct TrainOptions {
   const volatile std::sig_atomic_t* stop_requested = nullptr;
   double peak_flops = 0;  // device peak for MFU; 0: measure a float32 GEMM at start
   std::string spec_yaml;  // the resolved spec, stored in checkpoint metadata
+  // The resume checkpoint was chosen before the rank started (by the coordinator, or by the
+  // standalone launcher, with FindLatestComplete): load resume_checkpoint when it is set and
+  // start fresh when it is empty, instead of looking under checkpoint.dir again.
+  bool resume_decided = false;
+  std::string resume_checkpoint;
 };
 
 // Owns the model, optimizer state and data of one rank. Not thread-safe; one per process.
@@ -115,6 +122,8 @@ class Trainer {
   // Loads the newest complete checkpoint under checkpoint.dir; NOT_FOUND when there is none.
   Status LoadLatestCheckpoint(TrainObserver* observer);
   Status LoadCheckpoint(const std::string& step_dir);
+  // LoadCheckpoint, then the "resumed from …" log line.
+  Status ResumeFrom(const std::string& step_dir, TrainObserver* observer);
 
  private:
   Trainer(JobSpec spec, TrainOptions options, RankContext context);

@@ -1,12 +1,12 @@
-// The rank's step line end to end without processes: StepMetrics -> StepLineJson (what
-// `meshrun train -o json` prints) -> ParseStepLine (what the worker forwards) keeps every
-// number, memory kind and (axis, op) comm counter the proto can name (docs/cli.md).
+// The rank's step report end to end without processes: StepMetrics -> RankStep (what the rank
+// reports) -> StepLineJson (what `meshrun train -o json` prints) and -> SampleOfStep (what the
+// worker forwards) keeps every number, memory kind and (axis, op) comm counter (docs/cli.md).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
-#include "client/train_command.h"
 #include "engine/train/trainer.h"
+#include "rank/rank_reports.h"
 #include "worker/rank_protocol.h"
 
 namespace meshrun {
@@ -35,7 +35,7 @@ StepMetrics Sample() {
 }
 
 TEST(StepLine, JsonCarriesConventionFields) {
-  const nlohmann::json line = nlohmann::json::parse(client::StepLineJson(Sample()));
+  const nlohmann::json line = nlohmann::json::parse(rank::StepLineJson(rank::StepReport(Sample())));
   for (const char* key :
        {"event", "step", "loss", "lr", "step_seconds", "tokens_per_second", "tflops", "mfu",
         "allocated_memory_bytes", "peak_memory_bytes", "reserved_memory_bytes", "comm"}) {
@@ -49,10 +49,9 @@ TEST(StepLine, JsonCarriesConventionFields) {
   EXPECT_EQ(line["comm"][0]["calls"], 4);
 }
 
-TEST(StepLine, RoundTripThroughParseStepLine) {
+TEST(StepLine, RoundTripThroughSampleOfStep) {
   const StepMetrics m = Sample();
-  std::optional<v1::MetricsSample> s = ParseStepLine(client::StepLineJson(m), "job-1", 3, 5);
-  ASSERT_TRUE(s.has_value());
+  std::optional<v1::MetricsSample> s = SampleOfStep(rank::StepReport(m), "job-1", 3, 5);
   EXPECT_EQ(s->job_id(), "job-1");
   EXPECT_EQ(s->attempt(), 3);
   EXPECT_EQ(s->rank(), 5);
@@ -90,12 +89,10 @@ TEST(StepLine, RoundTripThroughParseStepLine) {
 TEST(StepLine, NoCommunicationIsAnEmptyArray) {
   StepMetrics m;
   m.step = 1;
-  const nlohmann::json line = nlohmann::json::parse(client::StepLineJson(m));
+  const nlohmann::json line = nlohmann::json::parse(rank::StepLineJson(rank::StepReport(m)));
   EXPECT_TRUE(line["comm"].is_array());
   EXPECT_TRUE(line["comm"].empty());
-  std::optional<v1::MetricsSample> s = ParseStepLine(line.dump(), "j", 1, 0);
-  ASSERT_TRUE(s.has_value());
-  EXPECT_EQ(s->comm_size(), 0);
+  EXPECT_EQ(SampleOfStep(rank::StepReport(m), "j", 1, 0).comm_size(), 0);
 }
 
 }  // namespace

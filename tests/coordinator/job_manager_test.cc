@@ -32,7 +32,10 @@ class JobManagerTest : public ::testing::Test {
     }
     JobManagerConfig config;
     config.store_address = "coord:1234";
-    config.find_checkpoint = [](const std::string&) { return std::string(); };
+    config.find_checkpoint = [this](const std::string&) {
+      ++find_calls_;
+      return found_checkpoint_;
+    };
     config.stop_resend = milliseconds(1000);
     // Restarts are placed at once unless a test sets a backoff (RestartsBackOffExponentially).
     config.restart_backoff = restart_backoff_;
@@ -97,6 +100,8 @@ class JobManagerTest : public ::testing::Test {
   testing::FakeWorkerView workers_;
   StoreManager store_{clock_, StoreLimits{}};
   bool persist_store_ = false;
+  int find_calls_ = 0;            // config.find_checkpoint calls
+  std::string found_checkpoint_;  // what it answers
   std::unique_ptr<StoreManager> persistent_store_;
   std::unique_ptr<StateDb> db_;
   std::unique_ptr<JobManager> jobs_;
@@ -723,6 +728,32 @@ TEST_F(JobManagerTest, CheckpointIsPassedToTheNextAttempt) {
   ASSERT_EQ(second.size(), 1u);
   EXPECT_EQ(second[0].attempt(), 2);
   EXPECT_EQ(second[0].resume_checkpoint(), "/ckpt/step-00000002");
+}
+
+// The resume checkpoint is decided once per job from what Submit found under checkpoint.dir
+// (outside the lock), then moved on by CheckpointSaved; placing an attempt reads no folder.
+TEST_F(JobManagerTest, ResumeIsDecidedFromWhatSubmitFoundWithoutScansAtPlacement) {
+  found_checkpoint_ = "/ckpt/step-00000005";
+  workers_.Add("a", 1);
+  v1::SubmitJobRequest req = SubmitRequest(1, 1, 1, 1, 1);
+  req.mutable_spec()->mutable_checkpoint()->set_dir("/ckpt");
+  const std::string id = *jobs_->Submit(req);
+  EXPECT_EQ(find_calls_, 1);
+  auto first = StartAll("a");
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].resume_checkpoint(), "/ckpt/step-00000005");
+  Exited("a", id, 1, 0, 1);
+  auto second = workers_.TakeAssignments("a");
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].resume_checkpoint(), "/ckpt/step-00000005");
+  EXPECT_EQ(find_calls_, 1) << "placing an attempt must not scan checkpoint.dir";
+
+  // checkpoint.resume: never asks nothing and resumes from nothing.
+  v1::SubmitJobRequest never = SubmitRequest(1, 1, 1, 1, 0);
+  never.mutable_spec()->mutable_checkpoint()->set_dir("/ckpt");
+  never.mutable_spec()->mutable_checkpoint()->set_resume("never");
+  ASSERT_TRUE(jobs_->Submit(never).ok());
+  EXPECT_EQ(find_calls_, 1);
 }
 
 TEST_F(JobManagerTest, ListJobsNewestFirstWithPages) {

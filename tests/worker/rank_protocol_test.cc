@@ -1,12 +1,12 @@
-// The worker <-> rank protocol as pure functions: command line and environment of a rank, step
-// lines to MetricsSample, checkpoint lines, line splitting; and the reconnect backoff.
+// The worker <-> rank protocol as pure functions: command line, environment and RankStart of a
+// rank, step reports to MetricsSample, frame and line splitting; and the reconnect backoff.
 #include "worker/rank_protocol.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "worker/backoff.h"
+#include "rpc/backoff.h"
 
 namespace meshrun {
 namespace {
@@ -31,32 +31,57 @@ std::string EnvOf(const std::vector<std::pair<std::string, std::string>>& env,
   return "<unset>";
 }
 
-TEST(RankProtocol, CommandLineAndEnvironment) {
-  RankLaunchConfig config{"/opt/meshrun/bin/meshrun", "/w/job-7/2/spec.yaml", "/w/job-7/2",
-                          "10.0.0.5", 8};
+v1::RankStart StartOf(const RankCommand& cmd) {
+  v1::RankStart start;
+  int frames = 0;
+  FrameSplitter splitter;
+  splitter.Feed(cmd.input, [&](std::string frame) {
+    ++frames;
+    EXPECT_TRUE(start.ParseFromString(frame));
+  });
+  EXPECT_EQ(frames, 1);
+  return start;
+}
+
+TEST(RankProtocol, CommandLineAndRankStart) {
+  RankLaunchConfig config;
+  config.meshrun_binary = "/opt/meshrun/bin/meshrun";
+  config.working_dir = "/w/job-7/2";
+  config.host = "10.0.0.5";
+  config.cores = 8;
+  config.tls.ca = "/etc/meshrun/ca.pem";
+  config.data_roots = {"/data"};
   const RankCommand cmd = BuildRankCommand(Assignment(), config);
-  EXPECT_EQ(cmd.argv,
-            (std::vector<std::string>{"/opt/meshrun/bin/meshrun", "train", "-f",
-                                      "/w/job-7/2/spec.yaml", "--nproc", "4", "-o", "json"}));
-  EXPECT_EQ(EnvOf(cmd.env, "MESHRUN_RANK"), "3");
-  EXPECT_EQ(EnvOf(cmd.env, "MESHRUN_WORLD_SIZE"), "4");
-  EXPECT_EQ(EnvOf(cmd.env, "MESHRUN_STORE_ADDRESS"), "127.0.0.1:5000");
-  EXPECT_EQ(EnvOf(cmd.env, "MESHRUN_JOB_ID"), "job-7");
-  EXPECT_EQ(EnvOf(cmd.env, "MESHRUN_ATTEMPT"), "2");
-  EXPECT_EQ(EnvOf(cmd.env, "MESHRUN_HOST"), "10.0.0.5");
-  EXPECT_EQ(EnvOf(cmd.env, "MESHRUN_REPORT_ALL_RANKS"), "1");
-  EXPECT_EQ(EnvOf(cmd.env, "MESHRUN_LOCAL_RANK"), "1");
+  EXPECT_EQ(cmd.argv, (std::vector<std::string>{"/opt/meshrun/bin/meshrun", "__rank"}));
+  // Only what OpenMP itself reads travels in the environment.
+  ASSERT_EQ(cmd.env.size(), 1u);
   EXPECT_EQ(EnvOf(cmd.env, "OMP_NUM_THREADS"), "4");  // 8 cores / 2 ranks on this worker
-  EXPECT_EQ(EnvOf(cmd.env, "MESHRUN_RESUME_CHECKPOINT"), "<unset>");
+  const v1::RankStart start = StartOf(cmd);
+  EXPECT_EQ(start.assignment().rank(), 3);
+  EXPECT_EQ(start.assignment().world_size(), 4);
+  EXPECT_EQ(start.assignment().job_id(), "job-7");
+  EXPECT_EQ(start.assignment().attempt(), 2);
+  EXPECT_EQ(start.assignment().store().address(), "127.0.0.1:5000");
+  EXPECT_EQ(start.assignment().resume_checkpoint(), "");
+  EXPECT_EQ(start.host(), "10.0.0.5");
+  EXPECT_EQ(start.tls().ca(), "/etc/meshrun/ca.pem");
+  ASSERT_TRUE(start.has_file_roots());
+  EXPECT_EQ(start.file_roots().data_size(), 1);
+  EXPECT_EQ(start.file_roots().checkpoint_size(), 0);
 }
 
 TEST(RankProtocol, ThreadsNeverBelowOne) {
   v1::RankAssignment a = Assignment();
   a.set_local_world_size(4);
   a.set_resume_checkpoint("/ck/step-00000010");
-  const RankCommand cmd = BuildRankCommand(a, RankLaunchConfig{"m", "s", "d", "h", 2});
+  RankLaunchConfig config;
+  config.meshrun_binary = "m";
+  config.cores = 2;
+  const RankCommand cmd = BuildRankCommand(a, config);
   EXPECT_EQ(EnvOf(cmd.env, "OMP_NUM_THREADS"), "1");
-  EXPECT_EQ(EnvOf(cmd.env, "MESHRUN_RESUME_CHECKPOINT"), "/ck/step-00000010");
+  const v1::RankStart start = StartOf(cmd);
+  EXPECT_EQ(start.assignment().resume_checkpoint(), "/ck/step-00000010");
+  EXPECT_FALSE(start.has_file_roots());  // unconfined
 }
 
 TEST(RankProtocol, MergeEnvironmentDropsInheritedMeshrunVariables) {
@@ -99,91 +124,73 @@ TEST(RankProtocol, SafeJobIds) {
   EXPECT_FALSE(IsSafeJobId(std::string(129, 'x')));
 }
 
-TEST(RankProtocol, StepLineBecomesMetricsSample) {
-  const std::string line =
-      R"({"event":"step","step":12,"loss":2.5,"lr":0.001,"grad_norm":0.75,"step_seconds":0.2,)"
-      R"("tokens_per_second":5120.0,"tflops":0.01,"mfu":0.05,"peak_memory_bytes":1048576})";
-  std::optional<v1::MetricsSample> s = ParseStepLine(line, "job-7", 2, 3);
-  ASSERT_TRUE(s.has_value());
-  EXPECT_EQ(s->job_id(), "job-7");
-  EXPECT_EQ(s->attempt(), 2);
-  ASSERT_TRUE(s->has_rank());
-  EXPECT_EQ(s->rank(), 3);
-  EXPECT_EQ(s->step(), 12);
-  EXPECT_DOUBLE_EQ(s->loss(), 2.5);
-  EXPECT_DOUBLE_EQ(s->lr(), 0.001);
-  EXPECT_DOUBLE_EQ(s->grad_norm(), 0.75);
-  EXPECT_DOUBLE_EQ(s->step_seconds(), 0.2);
-  EXPECT_DOUBLE_EQ(s->tokens_per_second(), 5120.0);
-  EXPECT_DOUBLE_EQ(s->tflops(), 0.01);
-  EXPECT_DOUBLE_EQ(s->mfu(), 0.05);
-  EXPECT_EQ(s->memory_peak_bytes(), 1048576u);
-  EXPECT_FALSE(s->has_val_loss());
-  EXPECT_GT(s->time().seconds(), 0);
+TEST(RankProtocol, StepReportBecomesMetricsSample) {
+  v1::RankStep step;
+  step.set_step(12);
+  step.set_loss(3.5);
+  step.set_lr(1e-4);
+  step.set_grad_norm(0.75);
+  step.set_step_seconds(0.25);
+  step.set_tokens_per_second(2048);
+  step.set_tflops(0.5);
+  step.set_mfu(0.25);
+  step.set_allocated_memory_bytes(100);
+  step.set_peak_memory_bytes(200);
+  step.set_reserved_memory_bytes(-5);  // clamped to 0
+  auto comm = [&](const char* axis, const char* op, double seconds, double bytes, int calls) {
+    v1::RankCommCounter* c = step.add_comm();
+    c->set_axis(axis);
+    c->set_op(op);
+    c->set_seconds(seconds);
+    c->set_bytes(bytes);
+    c->set_calls(calls);
+  };
+  comm("tp", "all_reduce", 0.5, 4096, 8);
+  comm("dp_shard", "reduce_scatter", 0.25, 1024.5, 2);
+  comm("dp_cp", "all_reduce", 0.1, 8, 1);    // a flattened group: no proto axis
+  comm("metrics", "all_gather", 0.1, 8, 1);  // the trainer's own label
+  comm("tp", "no_such_op", 0.1, 8, 1);
+  const v1::MetricsSample s = SampleOfStep(step, "job-7", 2, 3);
+  EXPECT_EQ(s.job_id(), "job-7");
+  EXPECT_EQ(s.attempt(), 2);
+  EXPECT_EQ(s.rank(), 3);
+  EXPECT_EQ(s.step(), 12);
+  EXPECT_GT(s.time().seconds(), 0);
+  EXPECT_DOUBLE_EQ(s.loss(), 3.5);
+  EXPECT_DOUBLE_EQ(s.lr(), 1e-4);
+  EXPECT_DOUBLE_EQ(s.grad_norm(), 0.75);
+  EXPECT_DOUBLE_EQ(s.step_seconds(), 0.25);
+  EXPECT_DOUBLE_EQ(s.tokens_per_second(), 2048);
+  EXPECT_DOUBLE_EQ(s.tflops(), 0.5);
+  EXPECT_DOUBLE_EQ(s.mfu(), 0.25);
+  EXPECT_EQ(s.memory_allocated_bytes(), 100u);
+  EXPECT_EQ(s.memory_peak_bytes(), 200u);
+  EXPECT_EQ(s.memory_reserved_bytes(), 0u);
+  ASSERT_EQ(s.comm_size(), 2);
+  EXPECT_EQ(s.comm(0).axis(), v1::MESH_AXIS_TP);
+  EXPECT_EQ(s.comm(0).op(), v1::COMM_OP_ALL_REDUCE);
+  EXPECT_EQ(s.comm(0).bytes(), 4096u);
+  EXPECT_EQ(s.comm(0).calls(), 8u);
+  EXPECT_EQ(s.comm(1).axis(), v1::MESH_AXIS_DP_SHARD);
+  EXPECT_EQ(s.comm(1).op(), v1::COMM_OP_REDUCE_SCATTER);
+  EXPECT_EQ(s.comm(1).bytes(), 1024u);
 }
 
-TEST(RankProtocol, StepLineCommAndMemory) {
-  // Known (axis, op) names map to the proto enums; flattened groups ("dp_cp"), the trainer's
-  // "metrics" label, unknown ops and malformed entries are skipped without failing the line.
-  const std::string line =
-      R"({"event":"step","step":3,"allocated_memory_bytes":4096,"reserved_memory_bytes":8192,)"
-      R"("comm":[{"axis":"tp","op":"all_reduce","seconds":0.5,"bytes":1.5e6,"calls":12},)"
-      R"({"axis":"cp","op":"send_recv","seconds":0.25,"bytes":1000,"calls":4},)"
-      R"({"axis":"dp_shard","op":"reduce_scatter","seconds":0.1,"bytes":77.5,"calls":2},)"
-      R"({"axis":"dp_cp","op":"all_gather","seconds":1,"bytes":8,"calls":1},)"
-      R"({"axis":"metrics","op":"all_gather","seconds":1,"bytes":8,"calls":1},)"
-      R"({"axis":"tp","op":"teleport","seconds":1,"bytes":8,"calls":1},)"
-      R"({"axis":"TP","op":"all_reduce"},{"axis":"unspecified","op":"all_reduce"},)"
-      R"({"axis":3,"op":"all_reduce"},"junk",{"op":"all_reduce"},)"
-      R"({"axis":"dp_replicate","op":"all_reduce","seconds":-1,"bytes":"x","calls":5}]})";
-  std::optional<v1::MetricsSample> s = ParseStepLine(line, "j", 1, 0);
-  ASSERT_TRUE(s.has_value());
-  EXPECT_EQ(s->memory_allocated_bytes(), 4096u);
-  EXPECT_EQ(s->memory_reserved_bytes(), 8192u);
-  ASSERT_EQ(s->comm_size(), 4);
-  EXPECT_EQ(s->comm(0).axis(), v1::MESH_AXIS_TP);
-  EXPECT_EQ(s->comm(0).op(), v1::COMM_OP_ALL_REDUCE);
-  EXPECT_DOUBLE_EQ(s->comm(0).seconds(), 0.5);
-  EXPECT_EQ(s->comm(0).bytes(), 1500000u);
-  EXPECT_EQ(s->comm(0).calls(), 12u);
-  EXPECT_EQ(s->comm(1).axis(), v1::MESH_AXIS_CP);
-  EXPECT_EQ(s->comm(1).op(), v1::COMM_OP_SEND_RECV);
-  EXPECT_EQ(s->comm(2).axis(), v1::MESH_AXIS_DP_SHARD);
-  EXPECT_EQ(s->comm(2).op(), v1::COMM_OP_REDUCE_SCATTER);
-  EXPECT_EQ(s->comm(2).bytes(), 77u);
-  EXPECT_EQ(s->comm(3).axis(), v1::MESH_AXIS_DP_REPLICATE);
-  EXPECT_DOUBLE_EQ(s->comm(3).seconds(), 0);  // negative clamps to 0
-  EXPECT_EQ(s->comm(3).bytes(), 0u);          // not a number
-  EXPECT_EQ(s->comm(3).calls(), 5u);
-
-  // "comm" that is not an array is ignored.
-  s = ParseStepLine(R"({"event":"step","step":3,"comm":{"tp":1}})", "j", 1, 0);
-  ASSERT_TRUE(s.has_value());
-  EXPECT_EQ(s->comm_size(), 0);
-}
-
-TEST(RankProtocol, OtherLinesAreNotSteps) {
-  for (const std::string& line :
-       {std::string(R"({"event":"summary","steps":20,"final_loss":2.0})"),
-        std::string(R"({"event":"eval","step":10,"loss":2.2,"tokens":100})"),
-        std::string(R"({"event":"step","step":"ten","loss":2})"),
-        std::string(R"({"event":"step","loss":2})"), std::string(R"({"event":"step","step":)"),
-        std::string("step 1/20 loss 2.0"), std::string(""), std::string("[1,2]")}) {
-    EXPECT_FALSE(ParseStepLine(line, "j", 1, 0).has_value()) << line;
+TEST(RankProtocol, FramesSplitAcrossReadsAndRejectOversizedOnes) {
+  const std::string stream = Frame("abc") + Frame("") + Frame(std::string(70000, 'x'));
+  std::vector<std::string> got;
+  FrameSplitter splitter;
+  for (size_t i = 0; i < stream.size(); i += 7) {
+    splitter.Feed(std::string_view(stream).substr(i, 7), [&](std::string f) { got.push_back(f); });
   }
-}
-
-TEST(RankProtocol, CheckpointLine) {
-  std::optional<v1::CheckpointSaved> c =
-      ParseCheckpointLine("checkpoint /tmp/ck/step-00000020", "job-7", 2);
-  ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(c->step(), 20);
-  EXPECT_EQ(c->path(), "/tmp/ck/step-00000020");
-  EXPECT_EQ(c->job_id(), "job-7");
-  EXPECT_EQ(c->attempt(), 2);
-  EXPECT_FALSE(ParseCheckpointLine("checkpoint /tmp/ck/latest", "j", 1).has_value());
-  EXPECT_FALSE(ParseCheckpointLine("checkpoint /tmp/ck/step-12x", "j", 1).has_value());
-  EXPECT_FALSE(ParseCheckpointLine("resumed from /tmp/ck/step-00000020", "j", 1).has_value());
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0], "abc");
+  EXPECT_EQ(got[1], "");
+  EXPECT_EQ(got[2].size(), 70000u);
+  EXPECT_EQ(splitter.pending(), 0u);
+  FrameSplitter small(16);
+  small.Feed(Frame(std::string(17, 'y')), [&](std::string) { ADD_FAILURE(); });
+  EXPECT_TRUE(small.broken());
 }
 
 TEST(RankProtocol, LineSplitterJoinsPiecesAndCutsLongLines) {

@@ -1,11 +1,10 @@
-// WorkerDaemon end to end against an in-process fake coordinator, with a shell script standing
-// in for `meshrun train`: an assignment becomes spec.yaml + a process with the protocol's
-// environment; its step line becomes RankMetrics, its checkpoint line CheckpointSaved, its other
-// lines LogBatches, its end RankExited; stop orders, full slots, bad specs and shutdown.
+// WorkerDaemon end to end against an in-process fake coordinator, with tests/fakes/fake_rank.cc
+// standing in for `meshrun __rank`: an assignment becomes spec.yaml + a process told its
+// RankStart; its step report becomes RankMetrics, its checkpoint report CheckpointSaved, its
+// output lines LogBatches, its end RankExited; stop orders, full slots, bad specs and shutdown.
 #include "worker/worker_daemon.h"
 
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -25,29 +24,12 @@ using testing::FakeCoordinator;
 using testing::FakeServer;
 using Ups = std::vector<v1::WorkerSessionRequest>;
 
-constexpr char kFakeRank[] = R"(#!/bin/sh
-# A stand-in for `meshrun train -f SPEC --nproc N -o json` that speaks the rank protocol.
-spec="$3"
-[ -f "$spec" ] || { echo "error: no spec at $spec" >&2; exit 2; }
-echo '{"event":"step","step":1,"loss":5.5,"lr":0.001,"grad_norm":1.0,"step_seconds":0.1,"tokens_per_second":100.0,"tflops":0.0,"mfu":0.01,"peak_memory_bytes":10}'
-echo "checkpoint $PWD/ck/step-00000001" >&2
-echo "env $MESHRUN_RANK $MESHRUN_WORLD_SIZE $MESHRUN_JOB_ID $MESHRUN_ATTEMPT $MESHRUN_STORE_ADDRESS $MESHRUN_HOST $MESHRUN_REPORT_ALL_RANKS $OMP_NUM_THREADS $MESHRUN_STORE_DIR"
-case "$FAKE_RANK_MODE" in
-  sleep) trap 'echo stopping >&2; exit 143' TERM; while true; do sleep 0.05; done ;;
-  fail) echo "error: rank blew up" >&2; exit 1 ;;
-esac
-exit 0
-)";
-
 class WorkerDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("worker-daemon-test-" + std::to_string(getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    const fs::path script = dir_ / "meshrun";
-    std::ofstream(script) << kFakeRank;
-    chmod(script.c_str(), 0755);
     setenv("MESHRUN_STORE_DIR", "/must/not/leak", 1);
     server_ = std::make_unique<FakeServer>(&fake_);
     ASSERT_TRUE(server_->ok());
@@ -66,7 +48,7 @@ class WorkerDaemonTest : public ::testing::Test {
     config.slots = slots;
     config.address = "127.0.0.9";
     config.work_dir = (dir_ / "work").string();
-    config.meshrun_binary = (dir_ / "meshrun").string();
+    config.meshrun_binary = MESHRUN_FAKE_RANK;  // tests/fakes/fake_rank.cc
     config.cores = 8;
     config.default_grace = 2s;
     config.session.backoff_initial = 50ms;
@@ -139,13 +121,14 @@ TEST_F(WorkerDaemonTest, AssignmentRunsARankAndReportsItsLife) {
       logs.push_back(std::to_string(l.rank()) + ":" + l.text());
   }
   EXPECT_EQ(started, 2);
-  EXPECT_EQ(metrics, 2) << "each rank's step line is a RankMetrics, not a log line";
+  EXPECT_EQ(metrics, 2) << "each rank's step report is a RankMetrics";
   EXPECT_EQ(checkpoints, 1) << "only rank 0 reports checkpoints";
   EXPECT_EQ(ExitOf(ups, 0)->exit_code(), 0);
   EXPECT_FALSE(ExitOf(ups, 0)->stopped());
   // 8 cores shared by 2 local ranks; no MESHRUN_STORE_DIR leaks from the worker's environment.
-  EXPECT_NE(std::find(logs.begin(), logs.end(), "1:env 1 2 job-1 1 127.0.0.1:7777 127.0.0.9 1 4 "),
-            logs.end());
+  EXPECT_NE(std::find(logs.begin(), logs.end(), "1:env 1 2 job-1 1 127.0.0.1:7777 127.0.0.9 4 -"),
+            logs.end())
+      << ::testing::PrintToString(logs);
   const fs::path spec = dir_ / "work" / "job-1" / "1" / "spec.yaml";
   ASSERT_TRUE(fs::exists(spec));
   StatusOr<JobSpec> parsed = LoadJobSpecFile(spec.string(), {});

@@ -2,7 +2,7 @@
 // coordinator: an assignment naming a path outside the roots (absolute elsewhere, `..`, a
 // symlink out, a resume checkpoint elsewhere, a checkpoint.dir in a data root) is reported as
 // never started with the field in the error, and no process runs; one inside runs, and the
-// spec.yaml its rank reads names the resolved paths.
+// spec its rank is told (and the spec.yaml beside it) names the resolved paths.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,13 +24,6 @@ using testing::FakeCoordinator;
 using testing::FakeServer;
 using Ups = std::vector<v1::WorkerSessionRequest>;
 
-// A stand-in for `meshrun train` that leaves a mark when it runs and exits 0.
-constexpr char kFakeRank[] = R"(#!/bin/sh
-touch "$PWD/ran-$MESHRUN_RANK"
-env > "$PWD/env-$MESHRUN_RANK"
-exit 0
-)";
-
 class WorkerPathsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -43,9 +36,6 @@ class WorkerPathsTest : public ::testing::Test {
     std::ofstream(dir_ / "secret" / "key") << "key";
     fs::create_symlink(dir_ / "secret", dir_ / "data" / "out");
     fs::create_symlink(dir_ / "data" / "corpus", dir_ / "data" / "in");
-    const fs::path script = dir_ / "meshrun";
-    std::ofstream(script) << kFakeRank;
-    chmod(script.c_str(), 0755);
     server_ = std::make_unique<FakeServer>(&fake_);
     ASSERT_TRUE(server_->ok());
 
@@ -53,7 +43,7 @@ class WorkerPathsTest : public ::testing::Test {
     config.name = "w1";
     config.slots = 8;
     config.work_dir = (dir_ / "work").string();
-    config.meshrun_binary = script.string();
+    config.meshrun_binary = MESHRUN_FAKE_RANK;  // tests/fakes/fake_rank.cc
     config.default_grace = 2s;
     config.session.backoff_initial = 50ms;
     // The operator's limits: one core, 64 GiB, one variable passed on by name.
@@ -211,11 +201,13 @@ TEST_F(WorkerPathsTest, ThreadsAreClampedToTheWorkersCores) {
         << ReadFile(attempt / "spec.yaml");
     EXPECT_NE(ReadFile(attempt / "env-0").find("OMP_NUM_THREADS=1\n"), std::string::npos);
   }
-  // Over the spec's own bound: refused before anything runs.
+  // Over the spec's own bound (which the coordinator and the rank check; the worker does not
+  // validate specs again): clamped like any other, so the rank is told 1.
   const v1::RankExited e =
       Run(Assign("job-threads-max", [](JobSpec& s) { s.resources.threads = 2147483647; }));
-  EXPECT_EQ(e.exit_code(), -1);
-  EXPECT_EQ(e.error().rfind("resources.threads: 2147483647 is over the limit", 0), 0u) << e.error();
+  EXPECT_EQ(e.exit_code(), 0) << e.error();
+  EXPECT_NE(ReadFile(dir_ / "work" / "job-threads-max" / "1" / "start-0").find("threads=1\n"),
+            std::string::npos);
 }
 
 // Attack: model sizes of 2^31−1, which ended in bad_alloc inside the rank.
@@ -242,10 +234,13 @@ TEST_F(WorkerPathsTest, RanksGetAnAllowListedEnvironmentAndTheResolvedCheckpoint
   EXPECT_EQ(env.find("CLOUD_SECRET_KEY"), std::string::npos) << env;
   EXPECT_NE(env.find("PASSED_BY_OPERATOR=yes\n"), std::string::npos) << env;
   EXPECT_NE(env.find("PATH="), std::string::npos) << env;
-  // The checkpoint the rank is told about is the one the worker checked, links resolved.
-  EXPECT_NE(env.find("MESHRUN_RESUME_CHECKPOINT=" + Real("ckpt") + "/run-1/step-00000002\n"),
-            std::string::npos)
-      << env;
+  // The checkpoint the rank is told in its RankStart is the one the worker checked, links
+  // resolved; nothing of the protocol travels in the environment.
+  const std::string start = ReadFile(dir_ / "work" / "job-env" / "1" / "start-0");
+  EXPECT_NE(start.find("resume=" + Real("ckpt") + "/run-1/step-00000002\n"), std::string::npos)
+      << start;
+  EXPECT_NE(start.find("data_roots=1\n"), std::string::npos) << start;
+  EXPECT_EQ(env.find("MESHRUN_"), std::string::npos) << env;
 }
 
 }  // namespace

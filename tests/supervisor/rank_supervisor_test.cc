@@ -1,7 +1,7 @@
 // RankSupervisor with /bin/sh children: output lines, exit codes and signals, stop with grace
 // (SIGTERM, then SIGKILL for a child that ignores it), launch failures, and the children's
 // death with their supervisor (PR_SET_PDEATHSIG).
-#include "worker/rank_supervisor.h"
+#include "supervisor/rank_supervisor.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -30,6 +30,7 @@ struct Recorder {
   std::map<RankKey, std::vector<std::string>> out, err;
   std::map<RankKey, RankExit> exits;
   std::vector<RankKey> exit_order;
+  std::map<RankKey, std::vector<std::string>> frames;
 
   RankSupervisor::Callbacks Callbacks() {
     RankSupervisor::Callbacks c;
@@ -42,6 +43,10 @@ struct Recorder {
       std::lock_guard<std::mutex> lock(mu);
       (is_stderr ? err : out)[k].push_back(std::move(line));
       cv.notify_all();
+    };
+    c.on_frame = [this](const RankKey& k, std::string frame) {
+      std::lock_guard<std::mutex> lock(mu);
+      frames[k].push_back(std::move(frame));
     };
     c.on_exited = [this](const RankKey& k, const RankExit& e) {
       std::lock_guard<std::mutex> lock(mu);
@@ -102,6 +107,42 @@ TEST(RankSupervisor, RelaysLinesAndExitCodes) {
   EXPECT_EQ(rec.exits[bad].exit_code, 3);
   EXPECT_EQ(rec.exits[bad].error, "error: something broke");
   EXPECT_EQ(sup.running_count(), 0u);
+}
+
+// The typed channel of a rank: its input on stdin (larger than a pipe holds, so it is written
+// as the child reads), its frames from fd 3, whole and in order, before its exit is reported.
+TEST(RankSupervisor, InputOnStdinAndFramesFromTheReportChannel) {
+  Recorder rec;
+  RankSupervisor sup(rec.Callbacks());
+  const RankKey key{"job", 1, 0};
+  const std::string input(200000, 'a');
+  // Echo stdin back as one frame (length 200000 = 0x030d40, little-endian), then a small one.
+  RankSpawn s = Shell(key,
+                      "printf '\\100\\015\\003\\000' >&3; cat >&3; "
+                      "printf '\\002\\000\\000\\000ok' >&3; echo done");
+  s.input = input;
+  s.report_channel = true;
+  ASSERT_TRUE(sup.Start(std::move(s)).ok());
+  ASSERT_TRUE(rec.WaitExits(1));
+  std::lock_guard<std::mutex> lock(rec.mu);
+  EXPECT_EQ(rec.exits[key].exit_code, 0) << rec.exits[key].error;
+  ASSERT_EQ(rec.frames[key].size(), 2u);
+  EXPECT_EQ(rec.frames[key][0], input);
+  EXPECT_EQ(rec.frames[key][1], "ok");
+  EXPECT_EQ(rec.out[key], (std::vector<std::string>{"done"}));
+}
+
+// A child that exits without reading its input does not take the supervisor down (EPIPE).
+TEST(RankSupervisor, AChildThatIgnoresItsInputStillEnds) {
+  Recorder rec;
+  RankSupervisor sup(rec.Callbacks());
+  const RankKey key{"job", 1, 0};
+  RankSpawn s = Shell(key, "exit 4");
+  s.input = std::string(1 << 20, 'x');
+  ASSERT_TRUE(sup.Start(std::move(s)).ok());
+  ASSERT_TRUE(rec.WaitExits(1));
+  std::lock_guard<std::mutex> lock(rec.mu);
+  EXPECT_EQ(rec.exits[key].exit_code, 4);
 }
 
 TEST(RankSupervisor, ChildGetsExactlyTheGivenEnvironmentAndFolder) {

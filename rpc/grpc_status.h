@@ -1,5 +1,6 @@
 // gRPC <-> meshrun::Status. Both use abseil's canonical code numbers, so the codes convert by a
-// cast; the messages pass unchanged. Header-only, shared by the worker and the client.
+// cast; the messages pass unchanged. Header-only, the one copy shared by
+// the coordinator's adapter, the worker, the rank and the client.
 #pragma once
 
 #include <grpcpp/support/status.h>

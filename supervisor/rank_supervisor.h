@@ -1,7 +1,9 @@
-// RankSupervisor: the rank processes of one worker. Starts them (fork/exec in their own
-// process group, stdin from /dev/null, stdout and stderr through pipes, SIGKILL when the
-// supervisor's thread dies), reads their output line by line, reaps them, and stops them
-// (SIGTERM to the group, SIGKILL after a grace period). Knows nothing about gRPC.
+// RankSupervisor: the one fork/exec path for child processes in meshrun — the ranks of a worker,
+// the ranks of `meshrun train --nproc N` (client/launcher.cc) and the daemons of `meshrun up`.
+// Starts them (their own process group, stdin from /dev/null, stdout and stderr through pipes,
+// SIGKILL when the supervisor's thread dies), reads their output line by line, reaps them, and
+// stops them (SIGTERM to the group, SIGKILL after a grace period; whatever a child leaves in its
+// group is killed when it ends). Knows nothing about gRPC.
 #pragma once
 
 #include <sys/types.h>
@@ -47,6 +49,14 @@ struct RankSpawn {
   std::vector<std::string> argv;  // argv[0] is an absolute path (no PATH lookup)
   std::vector<std::string> env;   // the whole environment, "NAME=value"
   std::string working_dir;        // empty: the worker's own
+  // Bytes the process reads on its stdin (then end of file); empty: stdin is /dev/null.
+  std::string input;
+  // Whether the process gets a report channel: fd 3 is the write end of a pipe whose frames
+  // (line_splitter.h) arrive through Callbacks::on_frame.
+  bool report_channel = false;
+  // Signals the process starts with ignored (e.g. SIGHUP under nohup); all others start with
+  // their default action.
+  std::vector<int> ignored_signals;
 };
 
 // Owns one thread (the one that forks, so that PR_SET_PDEATHSIG fires only when the supervisor
@@ -60,6 +70,8 @@ class RankSupervisor {
     std::function<void(const RankKey&, pid_t)> on_started;
     // One whole line of its stdout (is_stderr false) or stderr, without the newline.
     std::function<void(const RankKey&, bool is_stderr, std::string line)> on_line;
+    // One whole frame of its report channel (RankSpawn::report_channel), without the length.
+    std::function<void(const RankKey&, std::string frame)> on_frame;
     // Exactly once per Start that returned OK: the process ended (after its output was read),
     // or could not be started at all (exit_code −1, error says why; on_started not called).
     std::function<void(const RankKey&, const RankExit&)> on_exited;
@@ -76,7 +88,8 @@ class RankSupervisor {
   Status Start(RankSpawn spawn);
 
   // Stops every process of (job_id, attempt): SIGTERM to its process group now, SIGKILL after
-  // `grace`. Returns how many processes it applies to (0 when none runs).
+  // `grace`. A later Stop with a shorter grace brings the SIGKILL forward (a second Ctrl-C).
+  // Returns how many processes it applies to (0 when none runs).
   int Stop(const std::string& job_id, int attempt, std::chrono::milliseconds grace);
   // Stops every process.
   int StopAll(std::chrono::milliseconds grace);
@@ -101,6 +114,8 @@ class RankSupervisor {
   void Launch(Proc& proc);
   void SetResult(Proc& proc, RankExit exit);
   void PollOnce();
+  void WriteInput(Proc& proc);
+  void ReadReports(Proc& proc);
   void ReapAndReport();
 
   Callbacks callbacks_;
@@ -112,5 +127,9 @@ class RankSupervisor {
   int wake_write_ = -1;
   std::thread thread_;
 };
+
+// Runs one process to its end as a process of a RankSupervisor, its stdout and stderr lines
+// copied to ours. Returns its exit code, or -1 when it could not start or died of a signal.
+int RunToEnd(std::vector<std::string> argv, std::vector<std::string> env);
 
 }  // namespace meshrun

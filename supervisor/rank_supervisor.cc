@@ -1,10 +1,11 @@
 // RankSupervisor (see rank_supervisor.h): one thread runs a loop of launch pending ranks →
 // deliver stop signals → poll() the pipes → reap → report exits. Stop() and Start() only record
 // what to do and wake the loop through a self-pipe, so only that thread forks, signals and reads.
-#include "worker/rank_supervisor.h"
+#include "supervisor/rank_supervisor.h"
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -12,13 +13,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 
-#include "worker/rank_protocol.h"
+#include "supervisor/line_splitter.h"
 
 namespace meshrun {
 namespace {
@@ -85,8 +89,12 @@ struct RankSupervisor::Proc {
   bool kill_sent = false;
   int out_fd = -1;
   int err_fd = -1;
+  int report_fd = -1;  // read end of the report channel
+  int in_fd = -1;      // write end of its stdin while spawn.input is being written
+  size_t in_written = 0;
   LineSplitter out;
   LineSplitter err;
+  FrameSplitter frames;
   std::string last_err_line;
   std::string unresponsive;  // UnresponsiveNote, when SIGKILL followed a stop's grace period
   bool reaped = false;
@@ -150,10 +158,9 @@ int RankSupervisor::Stop(const std::string& job_id, int attempt, milliseconds gr
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [key, proc] : procs_) {
       if (key.job_id != job_id || key.attempt != attempt || proc->result) continue;
-      if (!proc->stop_requested) {
-        proc->stop_requested = true;
-        proc->kill_at = Clock::now() + grace;
-      }
+      const Clock::time_point kill_at = Clock::now() + grace;
+      if (!proc->stop_requested || kill_at < proc->kill_at) proc->kill_at = kill_at;
+      proc->stop_requested = true;
       ++n;
     }
   }
@@ -167,10 +174,9 @@ int RankSupervisor::StopAll(milliseconds grace) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [key, proc] : procs_) {
       if (proc->result) continue;
-      if (!proc->stop_requested) {
-        proc->stop_requested = true;
-        proc->kill_at = Clock::now() + grace;
-      }
+      const Clock::time_point kill_at = Clock::now() + grace;
+      if (!proc->stop_requested || kill_at < proc->kill_at) proc->kill_at = kill_at;
+      proc->stop_requested = true;
       ++n;
     }
   }
@@ -216,9 +222,12 @@ void RankSupervisor::Launch(Proc& proc) {
   const char* cwd = s.working_dir.empty() ? nullptr : s.working_dir.c_str();
 
   int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0) {
+  int in[2] = {-1, -1}, report[2] = {-1, -1};
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(status, O_CLOEXEC) != 0 ||
+      (!s.input.empty() && pipe2(in, O_CLOEXEC) != 0) ||
+      (s.report_channel && pipe2(report, O_CLOEXEC) != 0)) {
     const int e = errno;
-    for (int* p : {out, err, status}) {
+    for (int* p : {out, err, status, in, report}) {
       CloseFd(p[0]);
       CloseFd(p[1]);
     }
@@ -229,6 +238,12 @@ void RankSupervisor::Launch(Proc& proc) {
   const pid_t parent = getpid();
   sigset_t empty;
   sigemptyset(&empty);
+  // No handler of the parent may run in the child before exec (a launcher's SIGINT handler
+  // would write into the parent's self-pipe): every signal is blocked across fork, and the
+  // child unblocks them after it has reset their actions.
+  sigset_t all, old_mask;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old_mask);
   const pid_t pid = fork();
   if (pid == 0) {
     setpgid(0, 0);
@@ -239,18 +254,26 @@ void RankSupervisor::Launch(Proc& proc) {
     sigemptyset(&dfl.sa_mask);
     for (int sig : {SIGPIPE, SIGTERM, SIGINT, SIGHUP, SIGCHLD, SIGQUIT})
       sigaction(sig, &dfl, nullptr);
+    struct sigaction ign = dfl;
+    ign.sa_handler = SIG_IGN;
+    for (int sig : s.ignored_signals) sigaction(sig, &ign, nullptr);
     sigprocmask(SIG_SETMASK, &empty, nullptr);
     ExecFailure failure;
-    const int devnull = open("/dev/null", O_RDONLY);
+    const int devnull = in[0] >= 0 ? in[0] : open("/dev/null", O_RDONLY);
     if (devnull < 0) {
       failure = {2, errno};
     } else {
       dup2(devnull, STDIN_FILENO);
       dup2(out[1], STDOUT_FILENO);
       dup2(err[1], STDERR_FILENO);
+      if (report[1] == 3) {
+        fcntl(3, F_SETFD, 0);  // already there: only keep it across exec
+      } else if (report[1] >= 0) {
+        dup2(report[1], 3);
+      }
 #ifdef SYS_close_range
       // Nothing else of the worker (gRPC sockets, other ranks' pipes) leaks into the rank.
-      syscall(SYS_close_range, 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
+      syscall(SYS_close_range, report[1] >= 0 ? 4u : 3u, ~0u, 4u /* CLOSE_RANGE_CLOEXEC */);
 #endif
       if (cwd != nullptr && chdir(cwd) != 0) {
         failure = {1, errno};
@@ -263,13 +286,18 @@ void RankSupervisor::Launch(Proc& proc) {
     _exit(127);
   }
   const int fork_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
   CloseFd(out[1]);
   CloseFd(err[1]);
   CloseFd(status[1]);
+  CloseFd(in[0]);
+  CloseFd(report[1]);
   if (pid < 0) {
     CloseFd(out[0]);
     CloseFd(err[0]);
     CloseFd(status[0]);
+    CloseFd(in[1]);
+    CloseFd(report[0]);
     SetResult(proc,
               RankExit{-1, 0, std::string("cannot fork: ") + std::strerror(fork_errno), false});
     return;
@@ -287,6 +315,8 @@ void RankSupervisor::Launch(Proc& proc) {
     }
     CloseFd(out[0]);
     CloseFd(err[0]);
+    CloseFd(in[1]);
+    CloseFd(report[0]);
     const char* what = failure.step == 1   ? "cannot enter working folder "
                        : failure.step == 2 ? "cannot open /dev/null for "
                                            : "cannot execute ";
@@ -298,6 +328,15 @@ void RankSupervisor::Launch(Proc& proc) {
   fcntl(err[0], F_SETFL, fcntl(err[0], F_GETFL) | O_NONBLOCK);
   proc.out_fd = out[0];
   proc.err_fd = err[0];
+  if (report[0] >= 0) {
+    fcntl(report[0], F_SETFL, fcntl(report[0], F_GETFL) | O_NONBLOCK);
+    proc.report_fd = report[0];
+  }
+  if (in[1] >= 0) {
+    fcntl(in[1], F_SETFL, fcntl(in[1], F_GETFL) | O_NONBLOCK);
+    proc.in_fd = in[1];
+    WriteInput(proc);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     proc.pid = pid;
@@ -306,6 +345,12 @@ void RankSupervisor::Launch(Proc& proc) {
 }
 
 void RankSupervisor::Loop() {
+  // A child that ends before it read its input makes our write fail with EPIPE; the SIGPIPE
+  // that comes with it stays blocked on this thread (and is taken back in WriteInput).
+  sigset_t pipe_signal;
+  sigemptyset(&pipe_signal);
+  sigaddset(&pipe_signal, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
   while (true) {
     std::vector<std::shared_ptr<Proc>> procs;
     bool shutting_down;
@@ -352,17 +397,26 @@ void RankSupervisor::Loop() {
     }
 
     // Read whatever output there is.
+    enum class Pipe { kOut, kErr, kReport, kIn };
     std::vector<pollfd> fds;
-    std::vector<std::pair<Proc*, bool>> owners;  // (proc, is_stderr) of fds[i], i ≥ 1
+    std::vector<std::pair<Proc*, Pipe>> owners;  // of fds[i], i ≥ 1
     fds.push_back({wake_read_, POLLIN, 0});
     for (const std::shared_ptr<Proc>& p : procs) {
       if (p->out_fd >= 0) {
         fds.push_back({p->out_fd, POLLIN, 0});
-        owners.emplace_back(p.get(), false);
+        owners.emplace_back(p.get(), Pipe::kOut);
       }
       if (p->err_fd >= 0) {
         fds.push_back({p->err_fd, POLLIN, 0});
-        owners.emplace_back(p.get(), true);
+        owners.emplace_back(p.get(), Pipe::kErr);
+      }
+      if (p->report_fd >= 0) {
+        fds.push_back({p->report_fd, POLLIN, 0});
+        owners.emplace_back(p.get(), Pipe::kReport);
+      }
+      if (p->in_fd >= 0) {
+        fds.push_back({p->in_fd, POLLOUT, 0});
+        owners.emplace_back(p.get(), Pipe::kIn);
       }
     }
     if (poll(fds.data(), fds.size(), kPollMillis) > 0) {
@@ -373,7 +427,16 @@ void RankSupervisor::Loop() {
       }
       for (size_t i = 1; i < fds.size(); ++i) {
         if (fds[i].revents == 0) continue;
-        auto [p, is_stderr] = owners[i - 1];
+        auto [p, pipe] = owners[i - 1];
+        if (pipe == Pipe::kIn) {
+          WriteInput(*p);
+          continue;
+        }
+        if (pipe == Pipe::kReport) {
+          ReadReports(*p);
+          continue;
+        }
+        const bool is_stderr = pipe == Pipe::kErr;
         int& fd = is_stderr ? p->err_fd : p->out_fd;
         LineSplitter& splitter = is_stderr ? p->err : p->out;
         char buffer[65536];
@@ -407,11 +470,55 @@ void RankSupervisor::Loop() {
       if (!p->result) continue;
       CloseFd(p->out_fd);
       CloseFd(p->err_fd);
+      CloseFd(p->report_fd);
+      CloseFd(p->in_fd);
       {
         std::lock_guard<std::mutex> lock(mu_);
         procs_.erase(p->spawn.key);
       }
       if (callbacks_.on_exited) callbacks_.on_exited(p->spawn.key, *p->result);
+    }
+  }
+}
+
+// Writes what the pipe takes of spawn.input; closes it when all is written or the child went.
+void RankSupervisor::WriteInput(Proc& p) {
+  const std::string& input = p.spawn.input;
+  while (p.in_fd >= 0 && p.in_written < input.size()) {
+    const ssize_t n = write(p.in_fd, input.data() + p.in_written, input.size() - p.in_written);
+    if (n > 0) {
+      p.in_written += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;
+    } else {
+      // EPIPE: the child closed its stdin or ended; take back the SIGPIPE blocked in Loop.
+      sigset_t pipe_signal;
+      sigemptyset(&pipe_signal);
+      sigaddset(&pipe_signal, SIGPIPE);
+      const timespec now{};
+      sigtimedwait(&pipe_signal, nullptr, &now);
+      break;
+    }
+  }
+  CloseFd(p.in_fd);
+}
+
+void RankSupervisor::ReadReports(Proc& p) {
+  char buffer[65536];
+  while (p.report_fd >= 0) {
+    const ssize_t n = read(p.report_fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      p.frames.Feed(std::string_view(buffer, static_cast<size_t>(n)), [&](std::string frame) {
+        if (callbacks_.on_frame) callbacks_.on_frame(p.spawn.key, std::move(frame));
+      });
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;
+    } else {
+      CloseFd(p.report_fd);
     }
   }
 }
@@ -441,7 +548,8 @@ void RankSupervisor::ReapAndReport() {
       }
     }
     if (!p->reaped) continue;
-    const bool drained = p->out_fd < 0 && p->err_fd < 0;
+    CloseFd(p->in_fd);
+    const bool drained = p->out_fd < 0 && p->err_fd < 0 && p->report_fd < 0;
     if (!drained && now < p->reaped_at + kDrainAfterExit) continue;
     auto emit = [&](bool is_stderr) {
       return [&, is_stderr](std::string line) {
@@ -471,6 +579,38 @@ void RankSupervisor::ReapAndReport() {
     }
     SetResult(*p, exit);
   }
+}
+
+int RunToEnd(std::vector<std::string> argv, std::vector<std::string> env) {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<RankExit> result;
+  RankSupervisor::Callbacks callbacks;
+  callbacks.on_line = [](const RankKey&, bool is_stderr, std::string line) {
+    line += '\n';
+    std::string_view rest = line;
+    const int fd = is_stderr ? STDERR_FILENO : STDOUT_FILENO;
+    while (!rest.empty()) {
+      const ssize_t n = write(fd, rest.data(), rest.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      rest.remove_prefix(static_cast<size_t>(n));
+    }
+  };
+  callbacks.on_exited = [&](const RankKey&, const RankExit& exit) {
+    std::lock_guard<std::mutex> lock(mu);
+    result = exit;
+    cv.notify_all();
+  };
+  RankSupervisor supervisor(std::move(callbacks));
+  RankSpawn spawn;
+  spawn.key = RankKey{"run-to-end", 0, 0};
+  spawn.argv = std::move(argv);
+  spawn.env = std::move(env);
+  if (!supervisor.Start(std::move(spawn)).ok()) return -1;
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return result.has_value(); });
+  return result->exit_code;
 }
 
 }  // namespace meshrun

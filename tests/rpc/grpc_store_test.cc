@@ -2,7 +2,7 @@
 // (split into several calls), the coordinator's errors passed through (ABORTED for a stale
 // attempt, FAILED_PRECONDITION for a non-counter), retries while the coordinator is not up yet,
 // and a Gloo mesh bootstrapped through it.
-#include "worker/grpc_store.h"
+#include "rpc/grpc_store.h"
 
 #include <gtest/gtest.h>
 

@@ -24,12 +24,8 @@ struct GrpcStoreOptions {
   // Longest wait asked of the coordinator in one StoreGet; longer waits are split into several
   // calls, so that a restarted coordinator is reached again without waiting for a stale call.
   std::chrono::milliseconds max_wait_per_call{30000};
-  // TLS as the worker that started the rank (MESHRUN_TLS_CERT, MESHRUN_TLS_KEY, MESHRUN_TLS_CA,
-  // MESHRUN_TLS_SERVER_NAME); none: plaintext.
+  // TLS as the worker that started the rank (RankStart.tls); none: plaintext.
   TlsFiles tls;
-
-  // The TLS files the worker passed in the environment.
-  static TlsFiles TlsFromEnvironment();
 };
 
 // Owns one gRPC channel (or a stub given by a test). Thread-safe: gRPC stubs are.
@@ -40,7 +36,7 @@ struct GrpcStoreOptions {
 class GrpcStore : public Store {
  public:
   // INVALID_ARGUMENT for an empty address or job id or an attempt below 1, or TLS files that
-  // cannot be used (the message names the variable).
+  // cannot be used (the message names the RankStart field).
   static StatusOr<std::shared_ptr<GrpcStore>> Create(const GrpcStoreOptions& options);
   // For tests: talk through `stub` instead of a channel of our own.
   GrpcStore(std::shared_ptr<v1::CoordinatorService::StubInterface> stub, GrpcStoreOptions options);

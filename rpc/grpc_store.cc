@@ -1,6 +1,6 @@
 // GrpcStore (see grpc_store.h): each Store operation is one or a few unary calls; waits longer
 // than one call's share are split, and UNAVAILABLE is retried with backoff while time is left.
-#include "worker/grpc_store.h"
+#include "rpc/grpc_store.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -9,8 +9,8 @@
 #include <optional>
 #include <thread>
 
-#include "worker/backoff.h"
-#include "worker/grpc_status.h"
+#include "rpc/backoff.h"
+#include "rpc/grpc_status.h"
 
 namespace meshrun {
 namespace {
@@ -40,21 +40,22 @@ std::string Describe(const GrpcStoreOptions& o, const std::string& key) {
 StatusOr<std::shared_ptr<GrpcStore>> GrpcStore::Create(const GrpcStoreOptions& options) {
   if (options.address.empty()) {
     return InvalidArgumentError(
-        "MESHRUN_STORE_ADDRESS: empty (hint: the worker sets it to the coordinator's address)");
+        "assignment.store.address: empty (hint: the worker sets it to the coordinator's address)");
   }
   if (options.job_id.empty()) {
-    return InvalidArgumentError("MESHRUN_JOB_ID: empty (hint: the worker sets it with the store)");
+    return InvalidArgumentError(
+        "assignment.job_id: empty (hint: the worker sets it with the store)");
   }
   if (options.attempt < 1) {
-    return InvalidArgumentError("MESHRUN_ATTEMPT: " + std::to_string(options.attempt) +
+    return InvalidArgumentError("assignment.attempt: " + std::to_string(options.attempt) +
                                 " is below 1 (hint: attempts are numbered from 1)");
   }
   std::optional<TlsMaterial> tls;
   if (options.tls.any()) {
     TlsFlagNames names;
-    names.cert = kEnvTlsCert;
-    names.key = kEnvTlsKey;
-    names.ca = kEnvTlsCa;
+    names.cert = "tls.cert";
+    names.key = "tls.key";
+    names.ca = "tls.ca";
     MESHRUN_ASSIGN_OR_RETURN(TlsMaterial material, LoadTls(options.tls, true, true, names));
     tls = std::move(material);
   }
@@ -66,19 +67,6 @@ StatusOr<std::shared_ptr<GrpcStore>> GrpcStore::Create(const GrpcStoreOptions& o
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(options.address, ChannelCredentials(tls ? &*tls : nullptr), args);
   return std::make_shared<GrpcStore>(v1::CoordinatorService::NewStub(channel), options);
-}
-
-TlsFiles GrpcStoreOptions::TlsFromEnvironment() {
-  auto env = [](const char* name) {
-    const char* value = std::getenv(name);
-    return std::string(value != nullptr ? value : "");
-  };
-  TlsFiles files;
-  files.cert = env(kEnvTlsCert);
-  files.key = env(kEnvTlsKey);
-  files.ca = env(kEnvTlsCa);
-  files.server_name = env(kEnvTlsServerName);
-  return files;
 }
 
 GrpcStore::GrpcStore(std::shared_ptr<v1::CoordinatorService::StubInterface> stub,

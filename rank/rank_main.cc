@@ -1,0 +1,246 @@
+// The rank's entry point (see rank_main.h): RankStart → spec (converted and validated once) →
+// store and communicators → Trainer::Run, with every step, eval, checkpoint and the summary
+// sent to the supervisor as RankReport messages.
+#include "rank/rank_main.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <iostream>
+#include <memory>
+
+#include "common/confined_file.h"
+#include "common/job_spec.h"
+#include "common/job_spec_yaml.h"
+#include "engine/comm/gloo_backend.h"
+#include "engine/comm/mesh_comms.h"
+#include "engine/comm/store.h"
+#include "proto/spec_convert.h"
+#include "rpc/grpc_store.h"
+
+namespace meshrun::rank {
+namespace {
+
+constexpr int kReportFd = 3;
+constexpr int kExitInterrupted = 130;
+
+int ReportError(const Status& status) {
+  std::string message(status.message());
+  for (char& ch : message) {
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  }
+  while (!message.empty() && message.back() == ' ') message.pop_back();
+  std::cerr << "error: " << message << std::endl;
+  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// Set by SIGINT/SIGTERM; the trainer stops at the next step boundary (all ranks at the same
+// one), checkpoints and returns. One-shot: a second signal kills.
+volatile std::sig_atomic_t g_stop_requested = 0;
+bool g_announce_stop = false;
+
+extern "C" void OnStopSignal(int) {
+  g_stop_requested = 1;
+  if (g_announce_stop) {
+    static const char kMessage[] =
+        "\ninterrupt: stopping at the end of this step (with a checkpoint when checkpoint.dir is "
+        "set); press Ctrl-C again to stop at once\n";
+    ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+    (void)ignored;
+  }
+}
+
+void InstallStopHandlers(bool announce) {
+  g_announce_stop = announce;
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_RESETHAND;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+// The trainer's reports as RankReport messages.
+class ReportingObserver final : public TrainObserver {
+ public:
+  explicit ReportingObserver(ReportSink* sink) : sink_(sink) {}
+  void OnStep(const StepMetrics& m) override {
+    v1::RankReport r;
+    *r.mutable_step() = StepReport(m);
+    sink_->Report(r);
+  }
+  void OnEval(const EvalMetrics& e) override {
+    v1::RankReport r;
+    r.mutable_eval()->set_step(e.step);
+    r.mutable_eval()->set_loss(e.loss);
+    r.mutable_eval()->set_tokens(e.tokens);
+    sink_->Report(r);
+  }
+  void OnLog(const std::string& line) override { sink_->Log(line); }
+  void OnCheckpoint(int64_t step, const std::string& step_dir) override {
+    v1::RankReport r;
+    r.mutable_checkpoint_saved()->set_step(step);
+    r.mutable_checkpoint_saved()->set_path(step_dir);
+    sink_->Report(r);
+  }
+
+ private:
+  ReportSink* sink_;
+};
+
+// The store every rank of the attempt meets in (the coordinator's, or a FileStore folder of a
+// standalone run) and the communicators of every axis.
+StatusOr<RankContext> ConnectRank(const v1::RankStart& start, const ParallelDims& dims,
+                                  std::chrono::seconds timeout) {
+  const v1::RankAssignment& a = start.assignment();
+  RankContext ctx;
+  ctx.rank = a.rank();
+  std::shared_ptr<Store> store;
+  if (!a.store().address().empty()) {
+    GrpcStoreOptions options;
+    options.address = a.store().address();
+    options.job_id = a.job_id();
+    options.attempt = a.attempt();
+    options.tls.cert = start.tls().cert();
+    options.tls.key = start.tls().key();
+    options.tls.ca = start.tls().ca();
+    options.tls.server_name = start.tls().server_name();
+    MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GrpcStore> grpc_store, GrpcStore::Create(options));
+    store = std::move(grpc_store);
+  } else if (!start.store_dir().empty()) {
+    MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<FileStore> file_store,
+                             FileStore::Create(start.store_dir()));
+    store = std::move(file_store);
+  } else {
+    return FailedPreconditionError(
+        "assignment.store: a rank of " + std::to_string(a.world_size()) +
+        " needs a store address or a store folder (hint: start ranks with meshrun train --nproc "
+        "N, or through meshrun submit)");
+  }
+  ctx.store = store;
+  GlooOptions gloo;
+  if (!start.host().empty()) gloo.hostname = start.host();
+  MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GlooBackend> backend, GlooBackend::Create(gloo));
+  MeshCommsOptions comm_options;
+  comm_options.timeout = timeout;  // parallelism.comm_timeout_seconds
+  MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
+                           MeshComms::Create(dims, ctx.rank, store, *backend,
+                                             std::make_shared<CommStats>(), comm_options));
+  ctx.comms = std::move(comms);
+  return ctx;
+}
+
+// What a user needs after a run that trained nothing new or stopped early (stderr: stdout may
+// be JSON). Returns the exit code.
+int ReportRunEnd(const RunSummary& s, const JobSpec& spec, bool notes) {
+  const int64_t steps = spec.train.steps;
+  const std::string dir = spec.checkpoint.dir;
+  char loss[64] = "unknown";
+  if (!std::isnan(s.final_loss)) std::snprintf(loss, sizeof(loss), "%.4f", s.final_loss);
+  if (s.interrupted) {
+    if (!notes) return kExitInterrupted;
+    if (!s.last_checkpoint.empty()) {
+      std::cerr << "interrupted: stopped after step " << s.last_step << " of " << steps << " (loss "
+                << loss << "); checkpoint " << s.last_checkpoint
+                << "; run the same command again to resume from step " << s.last_step << std::endl;
+    } else {
+      std::cerr << "interrupted: stopped after step " << s.last_step << " of " << steps
+                << "; no checkpoint.dir is set, so this run's steps are not kept (hint: set "
+                   "checkpoint.dir to resume after an interrupt)"
+                << std::endl;
+    }
+    return kExitInterrupted;
+  }
+  if (!notes) return 0;
+  if (s.steps == 0 && s.resumed_step >= steps && s.resumed_step > 0) {
+    std::cerr << "note: checkpoint.dir: " << dir << " already holds this run's last step ("
+              << s.resumed_step << " of " << steps << ", final loss " << loss << ", "
+              << s.last_checkpoint << "); nothing to train (hint: to train again, use another "
+              << "folder with --set checkpoint.dir=ANOTHER_DIR or remove " << dir
+              << "; to train further, raise train.steps)" << std::endl;
+  } else if (s.resumed_step > 0) {
+    std::cerr << "note: resumed from step " << s.resumed_step << " of " << steps << " (" << dir
+              << ")" << std::endl;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& options) {
+  const v1::RankAssignment& a = start.assignment();
+  // The spec's one conversion and one validation in the rank.
+  StatusOr<JobSpec> spec = JobSpecFromProto(a.spec());
+  if (!spec.ok()) return ReportError(spec.status());
+  if (Status s = ValidateJobSpec(*spec, a.world_size()); !s.ok()) return ReportError(s);
+  StatusOr<ParallelDims> dims = MeshOf(*spec);
+  if (!dims.ok()) return ReportError(dims.status());
+  if (a.rank() < 0 || a.rank() >= dims->world_size()) {
+    return ReportError(InvalidArgumentError("assignment.rank: " + std::to_string(a.rank()) +
+                                            " is outside the mesh " + dims->ToString() +
+                                            " (hint: ranks are numbered 0 … world size − 1)"));
+  }
+  if (start.has_file_roots()) {
+    FileRoots roots;
+    roots.confined = true;
+    roots.data.assign(start.file_roots().data().begin(), start.file_roots().data().end());
+    roots.checkpoint.assign(start.file_roots().checkpoint().begin(),
+                            start.file_roots().checkpoint().end());
+    InstallFileRoots(std::move(roots));
+  }
+  RankContext ctx;
+  if (dims->world_size() > 1) {
+    StatusOr<RankContext> connected =
+        ConnectRank(start, *dims, std::chrono::seconds(spec->parallelism.comm_timeout_seconds));
+    if (!connected.ok()) return ReportError(connected.status());
+    ctx = std::move(connected).value();
+  }
+  TrainOptions train;
+  train.stop_after_step = start.stop_after_step();
+  train.spec_yaml = JobSpecToYaml(*spec);
+  // The resume checkpoint was chosen once, before any rank started: every rank loads it.
+  train.resume_decided = true;
+  train.resume_checkpoint = a.resume_checkpoint();
+  InstallStopHandlers(options.interactive);
+  train.stop_requested = &g_stop_requested;
+  StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, train, ctx);
+  if (!trainer.ok()) return ReportError(trainer.status());
+  ReportingObserver observer(sink);
+  StatusOr<RunSummary> summary = (*trainer)->Run(&observer);
+  if (!summary.ok()) return ReportError(summary.status());
+  v1::RankReport report;
+  *report.mutable_summary() = SummaryReport(*summary);
+  sink->Report(report);
+  return ReportRunEnd(*summary, *spec, /*notes=*/a.rank() == 0);
+}
+
+namespace {
+
+// The report channel, and with RankStart.echo_reports the eval and summary lines on stdout too.
+class SupervisedSink final : public ReportSink {
+ public:
+  SupervisedSink(int fd, bool echo) : channel_(fd), echo_(echo) {}
+  void Report(const v1::RankReport& report) override {
+    channel_.Report(report);
+    if (!echo_) return;
+    if (report.has_eval()) std::cout << EvalLineJson(report.eval()) << std::endl;
+    if (report.has_summary()) std::cout << SummaryLineJson(report.summary()) << std::endl;
+  }
+
+ private:
+  FdReportSink channel_;
+  bool echo_;
+};
+
+}  // namespace
+
+int RankMain() {
+  StatusOr<v1::RankStart> start = ReadRankStart(STDIN_FILENO);
+  if (!start.ok()) return ReportError(start.status());
+  SupervisedSink sink(kReportFd, start->echo_reports());
+  return RunRank(*start, &sink);
+}
+
+}  // namespace meshrun::rank

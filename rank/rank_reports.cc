@@ -1,0 +1,190 @@
+// The rank's typed reports (see rank_reports.h).
+#include "rank/rank_reports.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
+
+#include "supervisor/line_splitter.h"
+
+namespace meshrun::rank {
+
+v1::RankMemory MemoryReport(const MemoryBreakdown& m) {
+  v1::RankMemory out;
+  out.set_parameters(m.peak[static_cast<int>(MemoryKind::kParameters)]);
+  out.set_gradients(m.peak[static_cast<int>(MemoryKind::kGradients)]);
+  out.set_optimizer(m.peak[static_cast<int>(MemoryKind::kOptimizer)]);
+  out.set_activations(m.peak[static_cast<int>(MemoryKind::kActivations)]);
+  out.set_communication(m.peak[static_cast<int>(MemoryKind::kCommunication)]);
+  out.set_other(m.peak[static_cast<int>(MemoryKind::kOther)]);
+  return out;
+}
+
+v1::RankStep StepReport(const StepMetrics& m) {
+  v1::RankStep r;
+  r.set_step(m.step);
+  r.set_loss(m.loss);
+  r.set_lr(m.lr);
+  r.set_grad_norm(m.grad_norm);
+  r.set_step_seconds(m.step_seconds);
+  r.set_tokens_per_second(m.tokens_per_second);
+  r.set_tflops(m.tflops);
+  r.set_mfu(m.mfu);
+  r.set_allocated_memory_bytes(m.allocated_memory_bytes);
+  r.set_peak_memory_bytes(m.peak_memory_bytes);
+  r.set_reserved_memory_bytes(m.reserved_memory_bytes);
+  *r.mutable_memory() = MemoryReport(m.memory);
+  for (const auto& [key, c] : m.comm) {
+    v1::RankCommCounter* out = r.add_comm();
+    out->set_axis(key.first);
+    out->set_op(key.second);
+    out->set_seconds(c.seconds);
+    out->set_bytes(c.bytes);
+    out->set_calls(c.calls);
+  }
+  return r;
+}
+
+v1::RankSummary SummaryReport(const RunSummary& s) {
+  v1::RankSummary r;
+  r.set_steps(s.steps);
+  if (!std::isnan(s.final_loss)) r.set_final_loss(s.final_loss);
+  for (double loss : s.losses) r.add_losses(loss);
+  r.set_tokens_per_second(s.tokens_per_second);
+  r.set_mfu(s.mfu);
+  r.set_peak_memory_bytes(s.peak_memory_bytes);
+  *r.mutable_memory() = MemoryReport(s.memory);
+  r.set_max_rss_bytes(s.max_rss_bytes);
+  auto bytes = [&](const char* axis) {
+    auto it = s.comm_bytes.find(axis);
+    return it == s.comm_bytes.end() ? 0.0 : it->second;
+  };
+  r.set_comm_bytes_tp(bytes("tp"));
+  r.set_comm_bytes_cp(bytes("cp"));
+  r.set_comm_bytes_dp_shard(bytes("dp_shard"));
+  r.set_comm_bytes_dp_replicate(bytes("dp_replicate"));
+  r.set_checkpoint(s.last_checkpoint);
+  r.set_resumed_from_step(s.resumed_step);
+  r.set_last_step(s.last_step);
+  r.set_interrupted(s.interrupted);
+  return r;
+}
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+// Peak bytes per kind, as the step line and summary carry them.
+json MemoryJson(const v1::RankMemory& m) {
+  return {{"parameters", m.parameters()},       {"gradients", m.gradients()},
+          {"optimizer", m.optimizer()},         {"activations", m.activations()},
+          {"communication", m.communication()}, {"other", m.other()}};
+}
+
+}  // namespace
+
+std::string StepLineJson(const v1::RankStep& m) {
+  json comm = json::array();
+  for (const v1::RankCommCounter& c : m.comm()) {
+    comm.push_back({{"axis", c.axis()},
+                    {"op", c.op()},
+                    {"seconds", c.seconds()},
+                    {"bytes", c.bytes()},
+                    {"calls", c.calls()}});
+  }
+  json line = {{"event", "step"},
+               {"step", m.step()},
+               {"loss", m.loss()},
+               {"lr", m.lr()},
+               {"grad_norm", m.grad_norm()},
+               {"step_seconds", m.step_seconds()},
+               {"tokens_per_second", m.tokens_per_second()},
+               {"tflops", m.tflops()},
+               {"mfu", m.mfu()},
+               {"allocated_memory_bytes", m.allocated_memory_bytes()},
+               {"peak_memory_bytes", m.peak_memory_bytes()},
+               {"reserved_memory_bytes", m.reserved_memory_bytes()},
+               {"memory", MemoryJson(m.memory())},
+               {"comm", std::move(comm)}};
+  return line.dump();
+}
+
+std::string EvalLineJson(const v1::RankEval& e) {
+  const json line = {
+      {"event", "eval"}, {"step", e.step()}, {"loss", e.loss()}, {"tokens", e.tokens()}};
+  return line.dump();
+}
+
+std::string SummaryLineJson(const v1::RankSummary& s) {
+  const json comm = {{"tp", s.comm_bytes_tp()},
+                     {"cp", s.comm_bytes_cp()},
+                     {"dp_shard", s.comm_bytes_dp_shard()},
+                     {"dp_replicate", s.comm_bytes_dp_replicate()}};
+  json losses = json::array();
+  for (double loss : s.losses()) losses.push_back(loss);
+  json line = {{"event", "summary"},
+               {"steps", s.steps()},
+               {"final_loss", s.has_final_loss() ? json(s.final_loss()) : json(nullptr)},
+               {"losses", std::move(losses)},
+               {"tokens_per_second", s.tokens_per_second()},
+               {"mfu", s.mfu()},
+               {"peak_memory_bytes", s.peak_memory_bytes()},
+               {"memory", MemoryJson(s.memory())},
+               {"max_rss_bytes", s.max_rss_bytes()},
+               {"comm_bytes", comm},
+               {"checkpoint", s.checkpoint()},
+               {"resumed_from_step", s.resumed_from_step()},
+               {"last_step", s.last_step()},
+               {"interrupted", s.interrupted()}};
+  return line.dump();
+}
+
+void ReportSink::Log(const std::string& line) {
+  std::cerr << line << std::endl;
+}
+
+void FdReportSink::Report(const v1::RankReport& report) {
+  if (fd_ < 0) return;
+  const std::string frame = Frame(report.SerializeAsString());
+  std::string_view rest = frame;
+  while (!rest.empty()) {
+    const ssize_t n = write(fd_, rest.data(), rest.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      fd_ = -1;  // the supervisor went away; it stops us too
+      return;
+    }
+    rest.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+StatusOr<v1::RankStart> ReadRankStart(int fd) {
+  std::string data;
+  char buffer[65536];
+  while (true) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    data.append(buffer, static_cast<size_t>(n));
+  }
+  std::optional<std::string> payload;
+  FrameSplitter frames;
+  frames.Feed(data, [&](std::string frame) {
+    if (!payload) payload = std::move(frame);
+  });
+  v1::RankStart start;
+  if (!payload || !start.ParseFromString(*payload)) {
+    return InvalidArgumentError(
+        "stdin: no RankStart message (" + std::to_string(data.size()) +
+        " bytes) (hint: `meshrun __rank` is started by meshrun-worker or `meshrun train --nproc "
+        "N`, which write its assignment to its stdin)");
+  }
+  return start;
+}
+
+}  // namespace meshrun::rank
