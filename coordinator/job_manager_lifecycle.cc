@@ -177,7 +177,11 @@ void JobManager::ScheduleLocked() {
     Job& job = *jobs_.at(job_id);
     Candidates& c = by_device[job.device()];
     if (c.live.empty()) {
-      SetWaitMessageLocked(job, "waiting for a " + job.device() + " worker to register");
+      // No live worker offers this device's slots (e.g. a cuda job on a cpu-only cluster).
+      SetWaitMessageLocked(job, "waiting for a " + job.device() +
+                                    " worker to register: no live worker offers " + job.device() +
+                                    " slots (hint: start meshrun-worker --device " + job.device() +
+                                    " on a node that has them)");
       continue;
     }
     if (clock_.Monotonic() < job.not_before) {

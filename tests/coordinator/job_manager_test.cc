@@ -257,6 +257,23 @@ TEST_F(JobManagerTest, QueueIsFifoPerDevice) {
   EXPECT_EQ(Get(j3).state(), v1::JOB_STATE_RUNNING);
 }
 
+// A cuda job on a cluster whose workers offer only cpu slots waits PENDING, saying why and how
+// to give it a place; it starts once a cuda worker registers.
+TEST_F(JobManagerTest, CudaJobWithoutCudaWorkersWaitsPendingWithTheReason) {
+  workers_.Add("a", 4);  // cpu
+  v1::SubmitJobRequest cuda = SubmitRequest(1, 1, 1, 1);
+  cuda.mutable_spec()->mutable_resources()->set_device("cuda");
+  auto id = jobs_->Submit(cuda);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  EXPECT_EQ(Get(*id).state(), v1::JOB_STATE_PENDING);
+  EXPECT_EQ(Get(*id).message(),
+            "waiting for a cuda worker to register: no live worker offers cuda slots (hint: "
+            "start meshrun-worker --device cuda on a node that has them)");
+  workers_.Add("g", 1, "cuda");
+  jobs_->Schedule();
+  EXPECT_EQ(Get(*id).state(), v1::JOB_STATE_RUNNING);
+}
+
 TEST_F(JobManagerTest, RestartsWithNewAttemptNumbersThenFails) {
   workers_.Add("a", 2);
   workers_.Add("b", 2);
