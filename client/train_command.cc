@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "client/launcher.h"
+#include "client/plan_support.h"
 #include "client/preflight.h"
 #include "client/progress.h"
 #include "common/confined_file.h"
@@ -303,9 +304,17 @@ StatusOr<RankContext> ConnectRank(const ParallelDims& dims, std::chrono::seconds
   return ctx;
 }
 
-int RunTrain(const TrainFlags& o) {
+int RunTrain(const TrainFlags& flags) {
+  TrainFlags o = flags;
   StatusOr<JobSpec> spec = LoadSpec(o.file, o.overrides, o.nproc);
   if (!spec.ok()) return ReportError(spec.status());
+  if (spec->parallelism.auto_mesh) {
+    // The planner chooses the mesh for --nproc ranks here; the ranks get it as --set overrides.
+    StatusOr<MeshChoice> choice = ChooseMeshOnHost(*spec, o.nproc, o.output == "json");
+    if (!choice.ok()) return ReportError(choice.status());
+    *spec = choice->spec;
+    for (const std::string& kv : ChosenMeshOverrides(*spec)) o.overrides.push_back(kv);
+  }
   StatusOr<ParallelDims> dims = MeshOf(*spec);
   if (!dims.ok()) return ReportError(dims.status());
   const bool is_rank = std::getenv("MESHRUN_RANK") != nullptr;
