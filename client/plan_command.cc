@@ -62,8 +62,8 @@ StatusOr<ClusterShape> ClusterOfFlags(const PlanOptions& o, const JobSpec& spec)
     cluster.device = *device;
     if (o.device == "cpu") {
       // This host, shared by the ranks of a node: its memory and its measured GEMM rate.
-      cluster.device = CalibratedCpuProfile(MeasureGemmFlops(0), HostMemoryBytes(), o.per_node,
-                                            0, 0);
+      cluster.device =
+          CalibratedCpuProfile(MeasureGemmFlops(0), HostMemoryBytes(), o.per_node, 0, 0);
     }
   }
   if (o.memory_gib > 0) cluster.device.memory_bytes = o.memory_gib * 1024 * 1024 * 1024;
@@ -177,8 +177,8 @@ void RegisterPlanCommand(CLI::App& app, CommandResult& result) {
   cmd->add_option("--inter-latency-us", o->inter_latency_us,
                   "override: µs a collective costs beyond its bytes across nodes");
   cmd->add_flag("--calibrate", o->calibrate,
-                 "measure this host's GEMM rate and loopback all-reduce bandwidth and latency "
-                 "first, and plan with them (cpu)");
+                "measure this host's GEMM rate and loopback all-reduce bandwidth and latency "
+                "first, and plan with them (cpu)");
   cmd->add_option("--coordinator", o->coordinator,
                   "plan for the live cluster: nodes = its workers, ranks per node = their slots, "
                   "their calibrated figures (HOST:PORT)");

@@ -46,9 +46,8 @@ StatusOr<ClusterShape> CalibratedHostCluster(int per_node) {
   ClusterShape cluster;
   cluster.nodes = 1;
   cluster.per_node = per_node;
-  cluster.device =
-      CalibratedCpuProfile(measured.gemm_flops, HostMemoryBytes(), per_node,
-                           measured.loopback_bus_bandwidth, measured.loopback_latency);
+  cluster.device = CalibratedCpuProfile(measured.gemm_flops, HostMemoryBytes(), per_node,
+                                        measured.loopback_bus_bandwidth, measured.loopback_latency);
   return cluster;
 }
 
@@ -87,8 +86,7 @@ StatusOr<ClusterShape> ClusterOfWorkers(const std::vector<v1::WorkerInfo>& worke
         CalibratedCpuProfile(gemm, HostMemoryBytes(), ranks_per_host, bandwidth, latency);
     if (gemm <= 0) {
       // Workers that did not calibrate: this host's rate stands in for theirs.
-      cluster.device.flops =
-          MeasureGemmFlops(0) / static_cast<double>(std::max(1, ranks_per_host));
+      cluster.device.flops = MeasureGemmFlops(0) / static_cast<double>(std::max(1, ranks_per_host));
     }
     if (one_host) {
       cluster.device.inter_node_bw = cluster.device.intra_node_bw;
@@ -135,9 +133,8 @@ Status PlanSubmission(CoordinatorClient& client, v1::JobSpec* proto, std::string
   note->clear();
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromProto(*proto));
   StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers();
-  StatusOr<ClusterShape> cluster =
-      workers.ok() ? ClusterOfWorkers(*workers, spec.resources.device)
-                   : StatusOr<ClusterShape>(workers.status());
+  StatusOr<ClusterShape> cluster = workers.ok() ? ClusterOfWorkers(*workers, spec.resources.device)
+                                                : StatusOr<ClusterShape>(workers.status());
   if (!cluster.ok()) {
     if (!spec.parallelism.auto_mesh) return OkStatus();  // sent unpredicted
     return InvalidArgumentError(

@@ -196,9 +196,9 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
                                "The planner's predicted step time of the job as it runs, made "
                                "at submission on the registered workers' calibrated figures.",
                                MetricType::Gauge);
-  auto predicted_memory = Family("meshrun_job_predicted_peak_memory_bytes",
-                                 "The planner's predicted peak memory of one rank of the job.",
-                                 MetricType::Gauge);
+  auto predicted_memory =
+      Family("meshrun_job_predicted_peak_memory_bytes",
+             "The planner's predicted peak memory of one rank of the job.", MetricType::Gauge);
   for (const JobsSnapshot::JobLine& j : snap.jobs) {
     if (j.predicted_step_seconds > 0) {
       AddGauge(predicted_step, {{"job_id", j.job_id}}, j.predicted_step_seconds);
@@ -214,8 +214,8 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
     AddGauge(restarts, {{"job_id", j.job_id}}, j.restarts);
     AddGauge(skew, {{"job_id", j.job_id}}, j.step_time_skew);
   }
-  for (auto* f : {&state, &step, &tps, &tokens, &mfu, &restarts, &skew, &predicted_step,
-                  &predicted_memory}) {
+  for (auto* f :
+       {&state, &step, &tps, &tokens, &mfu, &restarts, &skew, &predicted_step, &predicted_memory}) {
     out.push_back(std::move(*f));
   }
   if (ranks != nullptr) AppendRankFamilies(*ranks, out);

@@ -188,9 +188,10 @@ int main(int argc, char** argv) {
       "plan_accuracy: predicted (calibrated host) vs measured `meshrun train --nproc W`, "
       "%d steps (the first dropped), micro batch 1, global batch 8, one thread per rank\n\n",
       steps);
-  std::printf("| shape | W | mesh (R,S,C,T) | peak MiB pred | peak MiB meas | err | step s pred "
-              "| step s meas | pred rank | meas rank |\n|---|---|---|---|---|---|---|---|---|---|"
-              "\n");
+  std::printf(
+      "| shape | W | mesh (R,S,C,T) | peak MiB pred | peak MiB meas | err | step s pred "
+      "| step s meas | pred rank | meas rank |\n|---|---|---|---|---|---|---|---|---|---|"
+      "\n");
   std::fflush(stdout);
   json groups = json::array();
   for (const std::string& shape : shapes) {
@@ -243,8 +244,8 @@ int main(int argc, char** argv) {
         row.plan = r;
         group.push_back(row);
       }
-      const bool timed = std::find(timing_worlds.begin(), timing_worlds.end(), world) !=
-                         timing_worlds.end();
+      const bool timed =
+          std::find(timing_worlds.begin(), timing_worlds.end(), world) != timing_worlds.end();
       // Repeats interleave the meshes, so that a burst of load on the shared host does not
       // fall on one mesh's runs only.
       for (int rep = 0; rep < (timed ? repeats : 1); ++rep) {
@@ -288,9 +289,9 @@ int main(int argc, char** argv) {
         const double pp = static_cast<double>(row.plan.memory.peak_bytes);
         const double err = row.measured_peak > 0 ? (pp - row.measured_peak) / row.measured_peak : 0;
         std::printf("| %s | %d | %s | %.2f | %.2f | %+.1f%% | %.4f | %.4f | %.0f | %.0f |\n",
-                    shape.c_str(), world, MeshOf(row.plan.spec.parallelism).c_str(),
-                    pp / (1 << 20), row.measured_peak / (1 << 20), 100 * err,
-                    row.plan.step_seconds, row.measured_step, pred_rank[i], meas_rank[i]);
+                    shape.c_str(), world, MeshOf(row.plan.spec.parallelism).c_str(), pp / (1 << 20),
+                    row.measured_peak / (1 << 20), 100 * err, row.plan.step_seconds,
+                    row.measured_step, pred_rank[i], meas_rank[i]);
       }
       // The planner's first choice is the fitting row with the best predicted tokens/s: group's
       // first (Plan's order), all of them fit on this host.
@@ -298,11 +299,12 @@ int main(int argc, char** argv) {
       for (const Row& row : group) fastest = std::min(fastest, row.measured_step);
       const double first = group.empty() ? 0 : group.front().measured_step;
       const double rho = Spearman(pred, meas);
-      std::printf("|   | %d | %s: Spearman %.2f over %zu meshes; first choice %s measured %.4f s, "
-                  "fastest %.4f s (%+.1f%%)%s | | | | | | | |\n",
-                  world, shape.c_str(), rho, group.size(),
-                  group.empty() ? "-" : MeshOf(group.front().plan.spec.parallelism).c_str(), first,
-                  fastest, 100 * (first / fastest - 1), timed ? "" : " (one run: memory only)");
+      std::printf(
+          "|   | %d | %s: Spearman %.2f over %zu meshes; first choice %s measured %.4f s, "
+          "fastest %.4f s (%+.1f%%)%s | | | | | | | |\n",
+          world, shape.c_str(), rho, group.size(),
+          group.empty() ? "-" : MeshOf(group.front().plan.spec.parallelism).c_str(), first, fastest,
+          100 * (first / fastest - 1), timed ? "" : " (one run: memory only)");
       std::fflush(stdout);
       groups.push_back({{"shape", shape},
                         {"world", world},
@@ -320,8 +322,8 @@ int main(int argc, char** argv) {
   int memory_rows = 0;
   for (const Row& row : rows) {
     const double pp = static_cast<double>(row.plan.memory.peak_bytes);
-    const double err = row.measured_peak > 0 ? std::fabs(pp - row.measured_peak) / row.measured_peak
-                                             : 1.0;
+    const double err =
+        row.measured_peak > 0 ? std::fabs(pp - row.measured_peak) / row.measured_peak : 1.0;
     if (row.world >= 4) {
       worst_memory = std::max(worst_memory, err);
       ++memory_rows;

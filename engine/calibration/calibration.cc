@@ -107,9 +107,9 @@ StatusOr<HostCalibration> CalibrateHost(const CalibrationOptions& options) {
   out.threads = options.threads > 0 ? options.threads : cores;
   out.gemm_flops = MeasureGemmFlops(out.threads);
   out.loopback_ranks = options.ranks;
-  MESHRUN_ASSIGN_OR_RETURN(LoopbackFigures loopback,
-                           MeasureLoopbackAllReduce(options.ranks, options.bytes,
-                                                    options.iterations));
+  MESHRUN_ASSIGN_OR_RETURN(
+      LoopbackFigures loopback,
+      MeasureLoopbackAllReduce(options.ranks, options.bytes, options.iterations));
   out.loopback_bus_bandwidth = loopback.bus_bandwidth;
   out.loopback_latency = loopback.latency;
   return out;

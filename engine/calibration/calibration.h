@@ -12,18 +12,18 @@
 namespace meshrun {
 
 struct HostCalibration {
-  double gemm_flops = 0;             // float32 FLOP/s of one GEMM on all of `threads`
-  int threads = 0;                   // the OpenMP threads it ran on
+  double gemm_flops = 0;              // float32 FLOP/s of one GEMM on all of `threads`
+  int threads = 0;                    // the OpenMP threads it ran on
   double loopback_bus_bandwidth = 0;  // bytes/s, nccl-tests' bus bandwidth of an all-reduce
   double loopback_latency = 0;        // seconds of an all-reduce of one float
   int loopback_ranks = 0;             // the ranks (threads) of those all-reduces
 };
 
 struct CalibrationOptions {
-  int threads = 0;              // GEMM threads; 0: every core
-  int ranks = 2;                // all-reduce ranks, each a thread with its own Gloo context
+  int threads = 0;                 // GEMM threads; 0: every core
+  int ranks = 2;                   // all-reduce ranks, each a thread with its own Gloo context
   size_t bytes = size_t{4} << 20;  // the all-reduce's buffer
-  int iterations = 5;           // timed calls (after one warm-up); the median counts
+  int iterations = 5;              // timed calls (after one warm-up); the median counts
 };
 
 // The GEMM rate (best of 5 at 512³, like MeasureCpuGemmPeakFlops) with `threads` threads.

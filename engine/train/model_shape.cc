@@ -77,7 +77,7 @@ ScalePrediction PredictAtScale(const ModelShape& m, const ScaleConfig& c,
   ScalePrediction out;
   const DeviceProfile& dev = cluster.device;
   const bool bf16 = c.precision == "bf16";
-  const double value = bf16 ? 2 : 4;                      // bytes of a parameter/activation
+  const double value = bf16 ? 2 : 4;                         // bytes of a parameter/activation
   const double state_per_param = bf16 ? 2 + 2 + 4 + 8 : 16;  // fp32: p, g, m, v
   const double n = static_cast<double>(ParameterCount(m));
   const double block = static_cast<double>(BlockParameterCount(m));
@@ -103,13 +103,12 @@ ScalePrediction PredictAtScale(const ModelShape& m, const ScaleConfig& c,
   const double step_tokens = tokens * c.cp * c.dp_replicate * c.dp_shard;  // global
   const double attention_forward = 4.0 * m.n_layer * d * m.seq_len;
   const double forward_blocks = 2.0 * m.n_layer * block;
-  const double recompute = c.activation_checkpointing == "full"
-                               ? forward_blocks + attention_forward
+  const double recompute = c.activation_checkpointing == "full" ? forward_blocks + attention_forward
                            : c.activation_checkpointing == "selective" ? attention_forward
                                                                        : 0;
   const double model_flops = FlopsPerToken(m);
-  out.compute_seconds = step_tokens * (model_flops + recompute) /
-                        (world * dev.flops * dev.step_efficiency);
+  out.compute_seconds =
+      step_tokens * (model_flops + recompute) / (world * dev.flops * dev.step_efficiency);
 
   // Traffic per rank per step (bus bytes), each over the link its group crosses.
   std::map<std::string, double> bytes = {
@@ -128,10 +127,8 @@ ScalePrediction PredictAtScale(const ModelShape& m, const ScaleConfig& c,
   if (c.dp_replicate > 1) {
     bytes["dp_replicate"] = n / tp / shard * value * 2.0 * (c.dp_replicate - 1) / c.dp_replicate;
   }
-  const std::map<std::string, int> span = {{"tp", tp},
-                                           {"cp", tp * c.cp},
-                                           {"dp_shard", tp * c.cp * c.dp_shard},
-                                           {"dp_replicate", world}};
+  const std::map<std::string, int> span = {
+      {"tp", tp}, {"cp", tp * c.cp}, {"dp_shard", tp * c.cp * c.dp_shard}, {"dp_replicate", world}};
   out.step_seconds = out.compute_seconds;
   for (const auto& [axis, b] : bytes) {
     const double link = span.at(axis) <= cluster.per_node ? dev.intra_node_bw : dev.inter_node_bw;

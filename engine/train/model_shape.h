@@ -41,9 +41,9 @@ double FlopsPerToken(const ModelShape& m);
 // One configuration at scale: the mesh, the per-dp-rank batch and the precision.
 struct ScaleConfig {
   int dp_replicate = 1, dp_shard = 1, cp = 1, tp = 1;
-  int64_t local_batch = 1;             // sequences per dp rank per step (one micro-batch)
-  std::string precision = "bf16";      // bf16: 2-byte parameters, activations, gradients and
-                                       // traffic, with fp32 master weights and AdamW moments
+  int64_t local_batch = 1;         // sequences per dp rank per step (one micro-batch)
+  std::string precision = "bf16";  // bf16: 2-byte parameters, activations, gradients and
+                                   // traffic, with fp32 master weights and AdamW moments
   std::string activation_checkpointing = "selective";
   int world() const { return dp_replicate * dp_shard * cp * tp; }
 };

@@ -128,8 +128,7 @@ std::map<std::string, double> ExpectedCommCallsPerStep(const JobSpec& spec) {
   const ParallelismSpec& p = spec.parallelism;
   const int R = p.dp_replicate_size, S = p.dp_shard_size, C = p.cp_size, Tp = p.tp_size;
   const int N = S * C, L = spec.model.n_layer;
-  const double micro_batches =
-      spec.train.global_batch_size / (R * S * spec.train.micro_batch_size);
+  const double micro_batches = spec.train.global_batch_size / (R * S * spec.train.micro_batch_size);
   const std::string& ac = spec.train.activation_checkpointing;
   std::map<std::string, double> calls = {
       {"tp", 0}, {"cp", 0}, {"dp_shard", 0}, {"dp_replicate", 0}};
@@ -171,7 +170,8 @@ DeviceProfile CalibratedCpuProfile(double host_gemm_flops, double host_memory_by
 std::string MeshName(const ParallelismSpec& p) {
   std::string out;
   auto axis = [&](const char* name, int size) {
-    if (size > 1) out += (out.empty() ? "" : " × ") + std::string(name) + " " + std::to_string(size);
+    if (size > 1)
+      out += (out.empty() ? "" : " × ") + std::string(name) + " " + std::to_string(size);
   };
   axis("dp_replicate", p.dp_replicate_size);
   axis("dp_shard", p.dp_shard_size);
@@ -238,8 +238,8 @@ StatusOr<MeshChoice> ChooseMesh(const JobSpec& spec, const ClusterShape& cluster
   std::snprintf(buf, sizeof(buf), "predicted %.3g s per step, %s per rank",
                 choice.best.step_seconds,
                 Gib(static_cast<double>(choice.best.memory.peak_bytes)).c_str());
-  choice.text = "auto: chose " + MeshName(choice.spec.parallelism) + " of " + w + " ranks (" +
-                buf + ")";
+  choice.text =
+      "auto: chose " + MeshName(choice.spec.parallelism) + " of " + w + " ranks (" + buf + ")";
   if (same.size() > 1 && same[1]->fits) {
     choice.has_runner_up = true;
     choice.runner_up = *same[1];
@@ -260,9 +260,12 @@ StatusOr<DeviceProfile> DeviceProfileNamed(const std::string& name) {
   // dense figure) and per-GPU bus bandwidths (NVLink inside a node, 400 Gb/s InfiniBand across).
   // Latencies: a small Gloo all-reduce on loopback (CPU), NCCL inside a node and across.
   if (name == "cpu") return DeviceProfile{"cpu", 0, 0, 5e9, 1.25e9, 0.42, 100e-6, 200e-6};
-  if (name == "a100") return DeviceProfile{"a100", 80 * kGiB, 70e12, 200e9, 40e9, 0.5, 10e-6, 20e-6};
-  if (name == "h100") return DeviceProfile{"h100", 80 * kGiB, 200e12, 350e9, 45e9, 0.5, 10e-6, 20e-6};
-  if (name == "h200") return DeviceProfile{"h200", 141 * kGiB, 220e12, 350e9, 45e9, 0.5, 10e-6, 20e-6};
+  if (name == "a100")
+    return DeviceProfile{"a100", 80 * kGiB, 70e12, 200e9, 40e9, 0.5, 10e-6, 20e-6};
+  if (name == "h100")
+    return DeviceProfile{"h100", 80 * kGiB, 200e12, 350e9, 45e9, 0.5, 10e-6, 20e-6};
+  if (name == "h200")
+    return DeviceProfile{"h200", 141 * kGiB, 220e12, 350e9, 45e9, 0.5, 10e-6, 20e-6};
   if (name == "l40s") return DeviceProfile{"l40s", 48 * kGiB, 80e12, 25e9, 12e9, 0.5, 10e-6, 20e-6};
   std::string known;
   for (const std::string& d : KnownDevices()) known += (known.empty() ? "" : ", ") + d;

@@ -74,9 +74,8 @@ TEST_F(PlanCommandTest, AutoParallelismTrainsThePlannersFirstChoice) {
     GTEST_SKIP() << "examples/tiny.yaml's data is missing (apt-get install fortunes)";
   }
   const std::string spec = (Source() / "examples/tiny.yaml").string();
-  const std::vector<std::string> sets = {"--set", "parallelism.auto=true", "--set",
-                                         "train.steps=2", "--set", "checkpoint.dir=",
-                                         "--set", "data.val="};
+  const std::vector<std::string> sets = {"--set", "parallelism.auto=true", "--set", "train.steps=2",
+                                         "--set", "checkpoint.dir=",       "--set", "data.val="};
   std::vector<std::string> args = {"train", "-f", spec, "--nproc", "2", "-o", "json"};
   args.insert(args.end(), sets.begin(), sets.end());
   testing::CliResult r = testing::RunCli(binary_, args, temp_ / "stderr.txt", 120);
@@ -94,11 +93,21 @@ TEST_F(PlanCommandTest, AutoParallelismTrainsThePlannersFirstChoice) {
   EXPECT_TRUE(summary) << r.out;
   const json& d = line["device"];
   std::vector<std::string> plan = {
-      "plan", "-f", spec, "--per-node", "2", "-o", "json",
-      "--memory-gib", json(d["memory_bytes"].get<double>() / (1024.0 * 1024 * 1024)).dump(),
-      "--tflops", json(d["flops"].get<double>() / 1e12).dump(),
-      "--intra-gbps", json(d["intra_node_bw"].get<double>() / 1e9).dump(),
-      "--intra-latency-us", json(d["intra_node_latency"].get<double>() * 1e6).dump()};
+      "plan",
+      "-f",
+      spec,
+      "--per-node",
+      "2",
+      "-o",
+      "json",
+      "--memory-gib",
+      json(d["memory_bytes"].get<double>() / (1024.0 * 1024 * 1024)).dump(),
+      "--tflops",
+      json(d["flops"].get<double>() / 1e12).dump(),
+      "--intra-gbps",
+      json(d["intra_node_bw"].get<double>() / 1e9).dump(),
+      "--intra-latency-us",
+      json(d["intra_node_latency"].get<double>() * 1e6).dump()};
   plan.insert(plan.end(), sets.begin(), sets.end());
   testing::CliResult p = Run(plan);
   ASSERT_EQ(p.exit_code, 0) << p.err;

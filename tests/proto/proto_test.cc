@@ -121,10 +121,10 @@ std::vector<std::string> FieldNames(const Descriptor* d) {
 TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
   using Names = std::vector<std::string>;
   const Descriptor* job = JobSpec::descriptor();
-  EXPECT_EQ(FieldNames(job), (Names{"name", "model", "parallelism", "train", "data", "checkpoint",
-                                    "resources", "restart", "source_yaml", "set_overrides",
-                                    "auto_choice", "predicted_step_seconds",
-                                    "predicted_peak_memory_bytes"}));
+  EXPECT_EQ(FieldNames(job),
+            (Names{"name", "model", "parallelism", "train", "data", "checkpoint", "resources",
+                   "restart", "source_yaml", "set_overrides", "auto_choice",
+                   "predicted_step_seconds", "predicted_peak_memory_bytes"}));
   const std::map<std::string, Names> sections = {
       {"model", {"arch", "n_layer", "n_head", "d_model", "seq_len", "vocab_size", "init_from"}},
       {"parallelism",

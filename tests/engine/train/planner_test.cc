@@ -186,8 +186,8 @@ TEST(PlannerTest, LatencyAddsPerCallToTheLinkItCrosses) {
   const PlanRow with = PredictConfiguration(s, c);
   EXPECT_NEAR(with.comm_seconds.at("tp") - without.comm_seconds.at("tp"),
               ExpectedCommCallsPerStep(s).at("tp") * 1e-3, 1e-12);
-  EXPECT_NEAR(with.step_seconds - without.step_seconds,
-              ExpectedCommCallsPerStep(s).at("tp") * 1e-3, 1e-12);
+  EXPECT_NEAR(with.step_seconds - without.step_seconds, ExpectedCommCallsPerStep(s).at("tp") * 1e-3,
+              1e-12);
   EXPECT_EQ(with.compute_seconds, without.compute_seconds);
 }
 
@@ -313,8 +313,8 @@ TEST(PlannerTest, AutoLeavesTheSizesOutAndLetsTheWorldBeChosen) {
             0u)
       << given.message();
   EXPECT_NE(given.message().find("(hint: "), std::string::npos);
-  StatusOr<JobSpec> parsed = ParseJobSpecYaml("parallelism: {auto: true, dp_shard_size: 2}\n",
-                                              {"data.train=/dev/null"});
+  StatusOr<JobSpec> parsed =
+      ParseJobSpecYaml("parallelism: {auto: true, dp_shard_size: 2}\n", {"data.train=/dev/null"});
   EXPECT_FALSE(parsed.ok() && ValidateJobSpec(*parsed, 0).ok());
 }
 
@@ -342,8 +342,8 @@ TEST(ModelShapeTest, Llama3CountsArePublishedOnes) {
   EXPECT_EQ(ParameterCount(Llama3_70B()), 70553706496);
   // GQA and SwiGLU: a block is q, o (d×d), k, v (d×kv), gate, up, down (d×d_ff), two norms.
   const ModelShape m = Llama3_8B();
-  EXPECT_EQ(BlockParameterCount(m), 2 * 4096LL * 4096 + 2 * 4096LL * 1024 + 3 * 4096LL * 14336 +
-                                        2 * 4096);
+  EXPECT_EQ(BlockParameterCount(m),
+            2 * 4096LL * 4096 + 2 * 4096LL * 1024 + 3 * 4096LL * 14336 + 2 * 4096);
   ModelShape tied = m;
   tied.tie_embeddings = true;
   EXPECT_EQ(ParameterCount(m) - ParameterCount(tied), 128256LL * 4096);
