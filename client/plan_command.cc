@@ -14,6 +14,7 @@
 #include "client/command.h"
 #include "client/coordinator_client.h"
 #include "client/plan_support.h"
+#include "client/preflight.h"
 #include "common/job_spec_yaml.h"
 #include "engine/calibration/calibration.h"
 #include "engine/train/planner.h"

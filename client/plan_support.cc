@@ -3,10 +3,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <set>
 #include <thread>
 
+#include "client/preflight.h"
 #include "common/job_spec.h"
 #include "engine/calibration/calibration.h"
 #include "proto/spec_convert.h"
@@ -25,17 +25,6 @@ json MeshJson(const ParallelismSpec& p) {
 }
 
 }  // namespace
-
-double HostMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemTotal:") return kib * 1024;
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
-}
 
 StatusOr<ClusterShape> CalibratedHostCluster(int per_node) {
   CalibrationOptions options;

@@ -16,9 +16,6 @@
 
 namespace meshrun::client {
 
-// This host's memory (MemTotal) in bytes; 0 when unknown.
-double HostMemoryBytes();
-
 // One node of `per_node` ranks on this host: its GEMM rate over all cores and its loopback
 // all-reduce (per_node ranks, at least 2, at most 8) measured now, shared by the ranks.
 StatusOr<ClusterShape> CalibratedHostCluster(int per_node);
