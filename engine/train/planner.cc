@@ -235,9 +235,10 @@ StatusOr<MeshChoice> ChooseMesh(const JobSpec& spec, const ClusterShape& cluster
   choice.spec.parallelism.cp_size = choice.best.spec.parallelism.cp_size;
   choice.spec.parallelism.tp_size = choice.best.spec.parallelism.tp_size;
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "predicted %.3g s per step, %s per rank",
-                choice.best.step_seconds,
-                Gib(static_cast<double>(choice.best.memory.peak_bytes)).c_str());
+  const double peak = static_cast<double>(choice.best.memory.peak_bytes);
+  std::snprintf(buf, sizeof(buf), "predicted %.3g s per step, %.3g %s per rank",
+                choice.best.step_seconds, peak >= kGiB ? peak / kGiB : peak / (1 << 20),
+                peak >= kGiB ? "GiB" : "MiB");
   choice.text =
       "auto: chose " + MeshName(choice.spec.parallelism) + " of " + w + " ranks (" + buf + ")";
   if (same.size() > 1 && same[1]->fits) {
