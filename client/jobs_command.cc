@@ -79,14 +79,36 @@ int RunJobs(const JobFlags& f) {
 
 // The job's loss by step, from the job-level samples the coordinator keeps (in StateDb too, so
 // they outlive a restart); a step trained again after a restart keeps its newest loss.
-std::map<int64_t, double> LossHistory(CoordinatorClient& client, const std::string& job_id) {
+// What was measured of the job, for `predicted vs measured`: the median step time of its
+// job-level samples after the first, and the largest peak memory of any rank.
+struct Measured {
+  std::vector<double> step_seconds;
+  double peak_memory_bytes = 0;
+  double median_step_seconds() const {
+    std::vector<double> v = step_seconds;
+    if (v.size() > 1) v.erase(v.begin());  // the first step warms up
+    if (v.empty()) return 0;
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  }
+};
+
+std::map<int64_t, double> LossHistory(CoordinatorClient& client, const std::string& job_id,
+                                      Measured* measured = nullptr) {
   std::map<int64_t, double> losses;
   v1::WatchJobRequest request;
   request.set_job_id(job_id);
   request.set_skip_logs(true);
   request.set_replay_only(true);
   (void)client.WatchJob(request, [&](const v1::JobEvent& e) {
-    if (e.has_metrics() && !e.metrics().has_rank()) losses[e.metrics().step()] = e.metrics().loss();
+    if (e.has_metrics() && !e.metrics().has_rank()) {
+      losses[e.metrics().step()] = e.metrics().loss();
+      if (measured != nullptr) {
+        measured->step_seconds.push_back(e.metrics().step_seconds());
+        measured->peak_memory_bytes = std::max(
+            measured->peak_memory_bytes, static_cast<double>(e.metrics().memory_peak_bytes()));
+      }
+    }
     return true;
   });
   return losses;
@@ -118,9 +140,21 @@ int RunStatus(const JobFlags& f) {
   if (!client.ok()) return ReportError(client.status());
   StatusOr<v1::Job> job = (*client)->GetJob(f.job_id);
   if (!job.ok()) return ReportError(job.status());
-  const std::map<int64_t, double> losses = LossHistory(**client, f.job_id);
+  Measured measured;
+  const std::map<int64_t, double> losses = LossHistory(**client, f.job_id, &measured);
+  const v1::JobSpec& planned = job->spec();
   if (f.output == "json") {
     json out = JobStatusJson(*job);
+    // The planner's side (docs/planning.md "Checked while training").
+    out["mesh"] = {{"dp_replicate", planned.parallelism().dp_replicate_size()},
+                   {"dp_shard", planned.parallelism().dp_shard_size()},
+                   {"cp", planned.parallelism().cp_size()},
+                   {"tp", planned.parallelism().tp_size()}};
+    out["auto_choice"] = planned.auto_choice();
+    out["predicted"] = {{"step_seconds", planned.predicted_step_seconds()},
+                        {"peak_memory_bytes", planned.predicted_peak_memory_bytes()}};
+    out["measured"] = {{"step_seconds", measured.median_step_seconds()},
+                       {"peak_memory_bytes", measured.peak_memory_bytes}};
     json history = json::array();
     for (const auto& [step, loss] : losses) history.push_back({{"step", step}, {"loss", loss}});
     out["loss_history"] = std::move(history);
@@ -151,6 +185,19 @@ int RunStatus(const JobFlags& f) {
       {"MFU (last step)", Fixed(100.0 * job->mfu(), 2) + "%"},
       {"submitted", FormatTime(job->submitted_at())},
   };
+  if (!planned.auto_choice().empty()) info.push_back({"auto", planned.auto_choice().substr(6)});
+  if (planned.predicted_step_seconds() > 0) {
+    const double mib = 1024.0 * 1024.0;
+    info.push_back(
+        {"predicted vs measured",
+         "step " + Fixed(planned.predicted_step_seconds(), 4) + " s vs " +
+             (measured.step_seconds.empty() ? "-" : Fixed(measured.median_step_seconds(), 4)) +
+             " s (median); peak memory per rank " +
+             Fixed(static_cast<double>(planned.predicted_peak_memory_bytes()) / mib, 1) +
+             " MiB vs " +
+             (measured.peak_memory_bytes > 0 ? Fixed(measured.peak_memory_bytes / mib, 1) : "-") +
+             " MiB"});
+  }
   if (job->has_started_at()) info.push_back({"started", FormatTime(job->started_at())});
   if (job->has_finished_at()) info.push_back({"finished", FormatTime(job->finished_at())});
   if (!job->last_checkpoint().empty()) info.push_back({"checkpoint", job->last_checkpoint()});

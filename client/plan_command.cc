@@ -6,16 +6,17 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "client/command.h"
+#include "client/coordinator_client.h"
+#include "client/plan_support.h"
+#include "client/preflight.h"
 #include "common/job_spec_yaml.h"
-#include "engine/kernels/cpu/kernels.h"
+#include "engine/calibration/calibration.h"
 #include "engine/train/planner.h"
 #include "engine/train/trainer.h"
 
@@ -31,19 +32,48 @@ struct PlanOptions {
   int nodes = 1, per_node = 1, top = 20;
   std::string device = "cpu";
   double memory_gib = 0, tflops = 0, intra_gbps = 0, inter_gbps = 0;
+  double intra_latency_us = -1, inter_latency_us = -1;  // < 0: the profile's
   std::string output = "text";
+  bool calibrate = false;
+  std::string coordinator;  // plan for the live cluster's workers
 };
 
-// This host's memory (MemTotal) in bytes; 0 when unknown.
-double HostMemoryBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemTotal:") return kib * 1024;
-    in.ignore(1 << 10, '\n');
+// The cluster the flags describe: the coordinator's workers, this host calibrated, or the
+// device table (cpu: this host's memory and GEMM rate) with the overrides on top.
+StatusOr<ClusterShape> ClusterOfFlags(const PlanOptions& o, const JobSpec& spec) {
+  ClusterShape cluster;
+  if (!o.coordinator.empty()) {
+    MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
+                             CoordinatorClient::Connect(o.coordinator));
+    MESHRUN_ASSIGN_OR_RETURN(std::vector<v1::WorkerInfo> workers, client->ListWorkers());
+    MESHRUN_ASSIGN_OR_RETURN(cluster, ClusterOfWorkers(workers, spec.resources.device));
+  } else if (o.calibrate) {
+    if (o.device != "cpu") {
+      return InvalidArgumentError("--calibrate: measures this host's CPU, not a " + o.device +
+                                  " (hint: drop --device, or drop --calibrate and give "
+                                  "--tflops and the bandwidths)");
+    }
+    MESHRUN_ASSIGN_OR_RETURN(cluster, CalibratedHostCluster(o.per_node));
+    cluster.nodes = o.nodes;
+  } else {
+    StatusOr<DeviceProfile> device = DeviceProfileNamed(o.device);
+    if (!device.ok()) return InvalidArgumentError(device.status().message());
+    cluster.nodes = o.nodes;
+    cluster.per_node = o.per_node;
+    cluster.device = *device;
+    if (o.device == "cpu") {
+      // This host, shared by the ranks of a node: its memory and its measured GEMM rate.
+      cluster.device =
+          CalibratedCpuProfile(MeasureGemmFlops(0), HostMemoryBytes(), o.per_node, 0, 0);
+    }
   }
-  return 0;
+  if (o.memory_gib > 0) cluster.device.memory_bytes = o.memory_gib * 1024 * 1024 * 1024;
+  if (o.tflops > 0) cluster.device.flops = o.tflops * 1e12;
+  if (o.intra_gbps > 0) cluster.device.intra_node_bw = o.intra_gbps * 1e9;
+  if (o.inter_gbps > 0) cluster.device.inter_node_bw = o.inter_gbps * 1e9;
+  if (o.intra_latency_us >= 0) cluster.device.intra_node_latency = o.intra_latency_us * 1e-6;
+  if (o.inter_latency_us >= 0) cluster.device.inter_node_latency = o.inter_latency_us * 1e-6;
+  return cluster;
 }
 
 json MemoryJson(const MemoryPrediction& m) {
@@ -57,24 +87,9 @@ json MemoryJson(const MemoryPrediction& m) {
 int RunPlan(const PlanOptions& o) {
   StatusOr<JobSpec> spec = LoadJobSpecFile(o.file, o.overrides);
   if (!spec.ok()) return ReportError(spec.status());
-  StatusOr<DeviceProfile> device = DeviceProfileNamed(o.device);
-  if (!device.ok()) return ReportError(InvalidArgumentError(device.status().message()));
-  ClusterShape cluster;
-  cluster.nodes = o.nodes;
-  cluster.per_node = o.per_node;
-  cluster.device = *device;
-  if (o.device == "cpu") {
-    // This host, shared by the ranks of a node: its memory and its measured GEMM rate.
-    const int cores = std::max(1u, std::thread::hardware_concurrency());
-    const int threads = std::max(1, cores / o.per_node);
-    cpu::SetNumThreads(threads);
-    cluster.device.memory_bytes = HostMemoryBytes() / o.per_node;
-    cluster.device.flops = MeasureCpuGemmPeakFlops();
-  }
-  if (o.memory_gib > 0) cluster.device.memory_bytes = o.memory_gib * 1024 * 1024 * 1024;
-  if (o.tflops > 0) cluster.device.flops = o.tflops * 1e12;
-  if (o.intra_gbps > 0) cluster.device.intra_node_bw = o.intra_gbps * 1e9;
-  if (o.inter_gbps > 0) cluster.device.inter_node_bw = o.inter_gbps * 1e9;
+  StatusOr<ClusterShape> shape = ClusterOfFlags(o, *spec);
+  if (!shape.ok()) return ReportError(shape.status());
+  const ClusterShape& cluster = *shape;
   StatusOr<std::vector<PlanRow>> rows = Plan(*spec, cluster);
   if (!rows.ok()) return ReportError(rows.status());
   if (rows->empty()) {
@@ -109,10 +124,15 @@ int RunPlan(const PlanOptions& o) {
     return kExitOk;
   }
   std::printf(
-      "%d node(s) × %d rank(s) of %s: %.1f GiB, %.3g TFLOP/s per rank; %zu configurations\n\n",
-      o.nodes, o.per_node, cluster.device.name.c_str(),
+      "%d node(s) × %d rank(s) of %s%s: %.1f GiB, %.3g TFLOP/s per rank, links %.3g GB/s "
+      "(%.0f µs) inside a node, %.3g GB/s across; %zu configurations\n\n",
+      cluster.nodes, cluster.per_node, cluster.device.name.c_str(),
+      !o.coordinator.empty() ? " (the coordinator's workers)"
+      : o.calibrate          ? " (calibrated)"
+                             : "",
       cluster.device.memory_bytes / (1024.0 * 1024 * 1024), cluster.device.flops / 1e12,
-      rows->size());
+      cluster.device.intra_node_bw / 1e9, cluster.device.intra_node_latency * 1e6,
+      cluster.device.inter_node_bw / 1e9, rows->size());
   std::printf("%4s %12s %8s %3s %3s %9s %9s %7s %9s %4s %10s %11s %6s\n", "#", "DP_REPLICATE",
               "DP_SHARD", "CP", "TP", "CP_COMM", "AC", "RESHARD", "PEAK_GIB", "FITS", "STEP_S",
               "TOKENS/S", "MFU");
@@ -153,6 +173,16 @@ void RegisterPlanCommand(CLI::App& app, CommandResult& result) {
   cmd->add_option("--tflops", o->tflops, "override: achievable TFLOP/s per rank");
   cmd->add_option("--intra-gbps", o->intra_gbps, "override: GB/s per rank inside a node");
   cmd->add_option("--inter-gbps", o->inter_gbps, "override: GB/s per rank across nodes");
+  cmd->add_option("--intra-latency-us", o->intra_latency_us,
+                  "override: µs a collective costs beyond its bytes inside a node");
+  cmd->add_option("--inter-latency-us", o->inter_latency_us,
+                  "override: µs a collective costs beyond its bytes across nodes");
+  cmd->add_flag("--calibrate", o->calibrate,
+                "measure this host's GEMM rate and loopback all-reduce bandwidth and latency "
+                "first, and plan with them (cpu)");
+  cmd->add_option("--coordinator", o->coordinator,
+                  "plan for the live cluster: nodes = its workers, ranks per node = their slots, "
+                  "their calibrated figures (HOST:PORT)");
   cmd->add_option("--top", o->top, "rows of the table (text output)")->check(CLI::Range(1, 100000));
   cmd->add_option("-o,--output", o->output, "output format: text or json")
       ->check(CLI::IsMember({"text", "json"}));

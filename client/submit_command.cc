@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "client/coordinator_client.h"
+#include "client/plan_support.h"
 #include "client/preflight.h"
 #include "client/progress.h"
 #include "client/validate_command.h"
@@ -48,6 +49,22 @@ int RunSubmit(const SubmitFlags& f) {
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
   const bool as_json = f.output == "json";
+  // The planner: parallelism.auto's choice for the registered workers, and the prediction the
+  // coordinator exports beside the measurement (plan_support.h).
+  std::string auto_note;
+  if (Status planned = PlanSubmission(**client, &*spec, &auto_note); !planned.ok()) {
+    return ReportError(planned);
+  }
+  if (!auto_note.empty()) {
+    std::cerr << auto_note << std::endl;
+    if (!f.skip_local_checks) {
+      StatusOr<JobSpec> chosen = JobSpecFromProto(*spec);
+      if (!chosen.ok()) return ReportError(chosen.status());
+      StatusOr<ParallelDims> mesh = MeshOf(*chosen);
+      if (!mesh.ok()) return ReportError(mesh.status());
+      if (Status s = CheckBeforeTraining(*chosen, *mesh); !s.ok()) return ReportError(s);
+    }
+  }
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *spec;
   request.set_wait_for_capacity(f.wait_for_capacity);
@@ -133,7 +150,7 @@ StatusOr<v1::JobSpec> PrepareSubmission(const std::string& file,
   MakeAbsolute(spec.data.val);
   MakeAbsolute(spec.checkpoint.dir);
   MakeAbsolute(spec.model.init_from);
-  if (local_checks) {
+  if (local_checks && !spec.parallelism.auto_mesh) {  // auto: checked once the mesh is chosen
     // Data, checkpoint.dir and one rank's memory on this host (preflight.h); the workers check
     // their own memory again when a rank starts.
     MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "client/launcher.h"
+#include "client/plan_support.h"
 #include "client/preflight.h"
 #include "client/report_printer.h"
 #include "common/job_spec_yaml.h"
@@ -125,6 +126,13 @@ int RunTrain(const TrainFlags& o) {
   // The spec's one parse and one validation on this side; the ranks validate it once more.
   StatusOr<JobSpec> spec = LoadSpec(o.file, o.overrides, o.nproc);
   if (!spec.ok()) return ReportError(spec.status());
+  if (spec->parallelism.auto_mesh) {
+    // The planner chooses the mesh for --nproc ranks here; the ranks get the chosen spec in
+    // their RankStart.
+    StatusOr<MeshChoice> choice = ChooseMeshOnHost(*spec, o.nproc, o.output == "json");
+    if (!choice.ok()) return ReportError(choice.status());
+    *spec = choice->spec;
+  }
   StatusOr<ParallelDims> dims = MeshOf(*spec);
   if (!dims.ok()) return ReportError(dims.status());
   // Before any rank starts: the device usable here, data readable, checkpoint.dir writable,

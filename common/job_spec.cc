@@ -320,6 +320,25 @@ Status CheckOthers(const JobSpec& spec) {
   return OkStatus();
 }
 
+// parallelism.auto: the planner chooses the sizes, so none may be given.
+Status CheckAutoMesh(const ParallelismSpec& p) {
+  if (!p.auto_mesh) return OkStatus();
+  std::vector<std::string> given;
+  const std::pair<const char*, int> sizes[] = {{"dp_replicate_size", p.dp_replicate_size},
+                                               {"dp_shard_size", p.dp_shard_size},
+                                               {"cp_size", p.cp_size},
+                                               {"tp_size", p.tp_size}};
+  for (const auto& [key, value] : sizes) {
+    if (value != 1) given.push_back(std::string(key) + "(" + Str(value) + ")");
+  }
+  if (given.empty()) return OkStatus();
+  std::string list;
+  for (const std::string& g : given) list += (list.empty() ? "" : ", ") + g;
+  return Invalid("parallelism." + given.front().substr(0, given.front().find('(')),
+                 list + " given with parallelism.auto: true, which chooses the sizes",
+                 "leave the sizes out with auto: true, or set parallelism.auto: false");
+}
+
 // The divisibility rules of docs/job-spec.md, in the order a user fixes them: tensor parallel
 // splits heads and the MLP, heads split the width, cp splits the sequence, dp the batch.
 Status CheckMeshRules(const JobSpec& spec, const ParallelDims& mesh, int nproc) {
@@ -387,7 +406,8 @@ Status CheckMeshRules(const JobSpec& spec, const ParallelDims& mesh, int nproc) 
                        ")·micro_batch_size(" + Str(t.micro_batch_size) + ") = " + Str(per_step),
                    hint);
   }
-  if (nproc > 0 && mesh.world_size() != nproc) {
+  // With auto the sizes are chosen later for the ranks available (the planner).
+  if (nproc > 0 && !spec.parallelism.auto_mesh && mesh.world_size() != nproc) {
     return Invalid("parallelism",
                    "dp_replicate_size(" + Str(mesh.dp_replicate()) + ")·dp_shard_size(" +
                        Str(mesh.dp_shard()) + ")·cp_size(" + Str(cp) + ")·tp_size(" + Str(tp) +
@@ -488,6 +508,7 @@ Status ValidateJobSpec(const JobSpec& spec, int nproc) {
   }
   MESHRUN_RETURN_IF_ERROR(CheckData(spec));
   MESHRUN_RETURN_IF_ERROR(CheckOthers(spec));
+  MESHRUN_RETURN_IF_ERROR(CheckAutoMesh(spec.parallelism));
   return CheckMeshRules(spec, mesh, nproc);
 }
 

@@ -54,6 +54,9 @@ struct ParallelismSpec {
   bool fsdp_reshard_after_forward = true;
   // Every collective and store wait of a rank is bounded by it: a hung peer fails the attempt.
   int comm_timeout_seconds = 60;
+  // `auto`: the planner chooses the four sizes (left out) for the ranks available
+  // (docs/planning.md); a resolved spec has it false and the sizes set.
+  bool auto_mesh = false;
 
   bool operator==(const ParallelismSpec&) const = default;
 };
@@ -165,6 +168,7 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("parallelism", "cp_comm_strategy", p.cp_comm_strategy);
   f("parallelism", "fsdp_reshard_after_forward", p.fsdp_reshard_after_forward);
   f("parallelism", "comm_timeout_seconds", p.comm_timeout_seconds);
+  f("parallelism", "auto", p.auto_mesh);
   auto& t = spec.train;
   f("train", "steps", t.steps);
   f("train", "global_batch_size", t.global_batch_size);

@@ -86,6 +86,8 @@ struct JobsSnapshot {
     // Tokens of every job-level step since the coordinator started (steps repeated after a
     // restart count again: work done); a counter beside tokens_per_second for rate().
     double tokens_total = 0;
+    // The client's planner's prediction for the job as it runs (JobSpec.predicted_*); 0: none.
+    double predicted_step_seconds = 0, predicted_peak_memory_bytes = 0;
   };
   std::map<v1::JobState, int> jobs_by_state;
   std::vector<JobLine> jobs;  // PENDING and RUNNING jobs, and the 100 newest finished ones

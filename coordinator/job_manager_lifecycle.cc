@@ -667,6 +667,9 @@ JobsSnapshot JobManager::Snapshot() const {
     out.jobs.push_back({job.row.job_id, job.row.name, state, job.row.step,
                         job.row.tokens_per_second, job.row.mfu, job.step_time_skew,
                         job.row.restarts, job.tokens_total});
+    out.jobs.back().predicted_step_seconds = job.spec.predicted_step_seconds();
+    out.jobs.back().predicted_peak_memory_bytes =
+        static_cast<double>(job.spec.predicted_peak_memory_bytes());
   }
   return out;
 }

@@ -192,7 +192,18 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
                      "Slowest rank's recent step time / median of the ranks' recent step times "
                      "(recent: mean of the last 8 steps; 1 with one rank, 0 before a step).",
                      MetricType::Gauge);
+  auto predicted_step = Family("meshrun_job_predicted_step_seconds",
+                               "The planner's predicted step time of the job as it runs, made "
+                               "at submission on the registered workers' calibrated figures.",
+                               MetricType::Gauge);
+  auto predicted_memory =
+      Family("meshrun_job_predicted_peak_memory_bytes",
+             "The planner's predicted peak memory of one rank of the job.", MetricType::Gauge);
   for (const JobsSnapshot::JobLine& j : snap.jobs) {
+    if (j.predicted_step_seconds > 0) {
+      AddGauge(predicted_step, {{"job_id", j.job_id}}, j.predicted_step_seconds);
+      AddGauge(predicted_memory, {{"job_id", j.job_id}}, j.predicted_peak_memory_bytes);
+    }
     for (v1::JobState s : kJobStates) {
       AddGauge(state, {{"job_id", j.job_id}, {"state", JobStateName(s)}}, s == j.state ? 1 : 0);
     }
@@ -203,7 +214,8 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
     AddGauge(restarts, {{"job_id", j.job_id}}, j.restarts);
     AddGauge(skew, {{"job_id", j.job_id}}, j.step_time_skew);
   }
-  for (auto* f : {&state, &step, &tps, &tokens, &mfu, &restarts, &skew}) {
+  for (auto* f :
+       {&state, &step, &tps, &tokens, &mfu, &restarts, &skew, &predicted_step, &predicted_memory}) {
     out.push_back(std::move(*f));
   }
   if (ranks != nullptr) AppendRankFamilies(*ranks, out);

@@ -147,6 +147,7 @@ StatusOr<WorkerManager::Registered> WorkerManager::Register(const v1::RegisterWo
   updated.row.version = r.version();
   updated.row.lost = false;
   updated.row.registered_ms = ToMillis(clock_.Now());
+  updated.calibration = r.calibration();
   RenewLocked(updated);
   // Written before anyone learns of the registration.
   MESHRUN_RETURN_IF_ERROR(PersistLocked(updated, Durability::kDurable));
@@ -159,6 +160,7 @@ StatusOr<WorkerManager::Registered> WorkerManager::Register(const v1::RegisterWo
           AbortedError("a newer registration of worker '" + r.name() + "' replaced this session"));
     }
     w->row = updated.row;
+    w->calibration = updated.calibration;
     w->lease_deadline = updated.lease_deadline;
     w->last_heartbeat = updated.last_heartbeat;
     w->stream.reset();
@@ -280,6 +282,7 @@ std::vector<WorkerSnapshot> WorkerManager::List() const {
     info.set_metrics_address(w.row.metrics_address);
     SetTimestampMillis(w.row.registered_ms, info.mutable_registered_at());
     SetTimestamp(w.last_heartbeat, info.mutable_last_heartbeat_at());
+    *info.mutable_calibration() = w.calibration;
     s.has_session = w.stream != nullptr;
     out.push_back(std::move(s));
   }

@@ -117,6 +117,7 @@ class WorkerManager final : public WorkerView {
     WallTime last_heartbeat;
     std::shared_ptr<WorkerSessionStream> stream;
     std::deque<v1::WorkerSessionResponse> outbox;
+    v1::HostCalibration calibration;  // from the registration; in memory only
   };
 
   void RenewLocked(Worker& w);

@@ -61,6 +61,7 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
                &s.parallelism.fsdp_reshard_after_forward);
   SetIfPresent(par.has_comm_timeout_seconds(), par.comm_timeout_seconds(),
                &s.parallelism.comm_timeout_seconds);
+  SetIfPresent(par.has_auto_(), par.auto_(), &s.parallelism.auto_mesh);
 
   if (!s.model.init_from.empty()) {
     // Sizes left out are read from init_from's config.json by the engine at rank start; until
@@ -136,6 +137,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   par->set_cp_comm_strategy(s.parallelism.cp_comm_strategy);
   par->set_fsdp_reshard_after_forward(s.parallelism.fsdp_reshard_after_forward);
   par->set_comm_timeout_seconds(s.parallelism.comm_timeout_seconds);
+  par->set_auto_(s.parallelism.auto_mesh);
   v1::TrainSpec* t = p.mutable_train();
   t->set_steps(s.train.steps);
   t->set_global_batch_size(s.train.global_batch_size);
@@ -178,6 +180,9 @@ v1::JobSpec ResolvedJobSpecProto(const v1::JobSpec& submitted, const JobSpec& re
   v1::JobSpec p = JobSpecToProto(resolved);
   p.set_source_yaml(submitted.source_yaml());
   *p.mutable_set_overrides() = submitted.set_overrides();
+  p.set_auto_choice(submitted.auto_choice());
+  p.set_predicted_step_seconds(submitted.predicted_step_seconds());
+  p.set_predicted_peak_memory_bytes(submitted.predicted_peak_memory_bytes());
   if (!resolved.model.init_from.empty()) {
     // Sizes the client left to config.json stay unset: the engine reads them at rank start.
     const v1::ModelSpec& in = submitted.model();

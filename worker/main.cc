@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <iostream>
@@ -14,6 +15,7 @@
 
 #include "common/health_server.h"
 #include "common/tls.h"
+#include "engine/calibration/calibration.h"
 #include "worker/worker_daemon.h"
 #include "worker/worker_metrics.h"
 
@@ -213,6 +215,25 @@ int main(int argc, char** argv) {
   std::shared_ptr<meshrun::v1::CoordinatorService::StubInterface> stub =
       meshrun::v1::CoordinatorService::NewStub(channel);
 
+  // The planner's figures for this host, measured once (a few hundred ms) and reported in the
+  // registration: the coordinator keeps them per worker (docs/planning.md "Calibration").
+  if (config.device == "cpu") {
+    meshrun::CalibrationOptions calibration;
+    calibration.ranks = std::max(2, std::min(config.slots, 4));
+    calibration.bytes = size_t{1} << 20;
+    calibration.iterations = 3;
+    meshrun::StatusOr<meshrun::HostCalibration> measured = meshrun::CalibrateHost(calibration);
+    if (measured.ok()) {
+      meshrun::v1::HostCalibration* c = config.session.registration.mutable_calibration();
+      c->set_gemm_flops(measured->gemm_flops);
+      c->set_loopback_bus_bandwidth(measured->loopback_bus_bandwidth);
+      c->set_loopback_latency_seconds(measured->loopback_latency);
+      c->set_loopback_ranks(measured->loopback_ranks);
+    } else {
+      spdlog::warn("calibration failed ({}); the planner uses its table for this worker",
+                   measured.status().ToString());
+    }
+  }
   meshrun::WorkerDaemon daemon(config, stub, metrics.get());
   spdlog::info("worker {} ({} {} slots, ranks at {}, work dir {}) connecting to {}", config.name,
                config.slots, config.device, config.address, config.work_dir, coordinator);

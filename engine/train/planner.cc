@@ -55,6 +55,7 @@ std::vector<JobSpec> Candidates(const JobSpec& spec, int world) {
     for (int cp : Divisors(world / tp)) {
       for (int shard : Divisors(world / tp / cp)) {
         JobSpec s = spec;
+        s.parallelism.auto_mesh = false;
         s.parallelism.dp_replicate_size = world / tp / cp / shard;
         s.parallelism.dp_shard_size = shard;
         s.parallelism.cp_size = cp;
@@ -105,9 +106,12 @@ PlanRow Predict(const JobSpec& s, const ClusterShape& cluster, double model_flop
                                            {"dp_shard", p.tp_size * p.cp_size * p.dp_shard_size},
                                            {"dp_replicate", world}};
   row.step_seconds = row.compute_seconds;
+  const std::map<std::string, double> calls = ExpectedCommCallsPerStep(s);
   for (const auto& [axis, bytes] : ExpectedCommBytesPerStep(s)) {
-    const double link = span.at(axis) <= cluster.per_node ? dev.intra_node_bw : dev.inter_node_bw;
-    row.comm_seconds[axis] = link > 0 ? bytes / link : 0;
+    const bool inside = span.at(axis) <= cluster.per_node;
+    const double link = inside ? dev.intra_node_bw : dev.inter_node_bw;
+    const double latency = inside ? dev.intra_node_latency : dev.inter_node_latency;
+    row.comm_seconds[axis] = (link > 0 ? bytes / link : 0) + calls.at(axis) * latency;
     row.step_seconds += row.comm_seconds[axis];
   }
   if (row.step_seconds > 0) {
@@ -120,6 +124,134 @@ PlanRow Predict(const JobSpec& s, const ClusterShape& cluster, double model_flop
 
 }  // namespace
 
+std::map<std::string, double> ExpectedCommCallsPerStep(const JobSpec& spec) {
+  const ParallelismSpec& p = spec.parallelism;
+  const int R = p.dp_replicate_size, S = p.dp_shard_size, C = p.cp_size, Tp = p.tp_size;
+  const int N = S * C, L = spec.model.n_layer;
+  const double micro_batches = spec.train.global_batch_size / (R * S * spec.train.micro_batch_size);
+  const std::string& ac = spec.train.activation_checkpointing;
+  std::map<std::string, double> calls = {
+      {"tp", 0}, {"cp", 0}, {"dp_shard", 0}, {"dp_replicate", 0}};
+  // The same calls comm_volume.cc counts the bytes of, plus the vocab-parallel embedding and
+  // cross-entropy's reductions (three per micro-batch) and the grad norm's gather.
+  if (Tp > 1) calls["tp"] = micro_batches * (L * (4 + (ac == "full" ? 2 : 0)) + 3) + 1;
+  if (C > 1) {
+    const double again = ac == "none" ? 0 : 1;
+    const double per_layer = p.cp_comm_strategy == "ring"
+                                 ? (C - 1) * (1 + again) + (C - 1) + 1  // one exchange per hop
+                                 : 2 * (1 + again) + 2;  // gather K, V; reduce-scatter dK, dV
+    calls["cp"] = micro_batches * L * per_layer;
+  }
+  if (N > 1) {
+    const double units = L + 2;
+    const double gathers = units + (p.fsdp_reshard_after_forward ? L : 0);
+    calls["dp_shard"] = micro_batches * (gathers + units) + 1;
+  }
+  if (R > 1) calls["dp_replicate"] = 1;
+  return calls;
+}
+
+PlanRow PredictConfiguration(const JobSpec& spec, const ClusterShape& cluster) {
+  return Predict(spec, cluster, GPT2FlopsPerToken(GPT2ConfigOf(spec.model), spec.model.seq_len));
+}
+
+DeviceProfile CalibratedCpuProfile(double host_gemm_flops, double host_memory_bytes,
+                                   int ranks_per_node, double loopback_bus_bandwidth,
+                                   double loopback_latency_seconds) {
+  DeviceProfile d = *DeviceProfileNamed("cpu");
+  const double ranks = std::max(1, ranks_per_node);
+  if (host_gemm_flops > 0) d.flops = host_gemm_flops / ranks;
+  if (host_memory_bytes > 0) d.memory_bytes = host_memory_bytes / ranks;
+  if (loopback_bus_bandwidth > 0) d.intra_node_bw = loopback_bus_bandwidth;
+  if (loopback_latency_seconds > 0) d.intra_node_latency = loopback_latency_seconds;
+  return d;
+}
+
+std::string MeshName(const ParallelismSpec& p) {
+  std::string out;
+  auto axis = [&](const char* name, int size) {
+    if (size > 1)
+      out += (out.empty() ? "" : " × ") + std::string(name) + " " + std::to_string(size);
+  };
+  axis("dp_replicate", p.dp_replicate_size);
+  axis("dp_shard", p.dp_shard_size);
+  axis("cp", p.cp_size);
+  axis("tp", p.tp_size);
+  return out.empty() ? "1 rank" : out;
+}
+
+std::vector<std::string> ChosenMeshOverrides(const JobSpec& chosen) {
+  const ParallelismSpec& p = chosen.parallelism;
+  return {"parallelism.auto=false",
+          "parallelism.dp_replicate_size=" + std::to_string(p.dp_replicate_size),
+          "parallelism.dp_shard_size=" + std::to_string(p.dp_shard_size),
+          "parallelism.cp_size=" + std::to_string(p.cp_size),
+          "parallelism.tp_size=" + std::to_string(p.tp_size)};
+}
+
+StatusOr<MeshChoice> ChooseMesh(const JobSpec& spec, const ClusterShape& cluster) {
+  JobSpec base = spec;
+  base.parallelism.auto_mesh = false;
+  MESHRUN_ASSIGN_OR_RETURN(std::vector<PlanRow> rows, Plan(base, cluster));
+  const int world = cluster.world();
+  // The rows that differ from the spec in the four sizes only (the strategy matters only with
+  // cp > 1, the residency only with FSDP).
+  std::vector<const PlanRow*> same;
+  for (const PlanRow& r : rows) {
+    const ParallelismSpec& p = r.spec.parallelism;
+    if (r.spec.train.activation_checkpointing != spec.train.activation_checkpointing) continue;
+    if (p.cp_size > 1 && p.cp_comm_strategy != spec.parallelism.cp_comm_strategy) continue;
+    if (p.dp_shard_size * p.cp_size > 1 &&
+        p.fsdp_reshard_after_forward != spec.parallelism.fsdp_reshard_after_forward) {
+      continue;
+    }
+    same.push_back(&r);
+  }
+  const std::string w = std::to_string(world);
+  if (same.empty()) {
+    return InvalidArgumentError(
+        "parallelism.auto: no mesh of " + w +
+        " ranks is valid for this job (hint: use a rank count whose factors divide "
+        "train.global_batch_size / train.micro_batch_size, model.n_head and model.seq_len, or "
+        "give the sizes yourself)");
+  }
+  if (!same.front()->fits) {
+    const PlanRow* smallest = same.front();
+    for (const PlanRow* r : same) {
+      if (r->memory.peak_bytes < smallest->memory.peak_bytes) smallest = r;
+    }
+    return InvalidArgumentError("parallelism.auto: no mesh of " + w +
+                                " ranks fits: the smallest, " +
+                                MeshName(smallest->spec.parallelism) + ", " + smallest->reason +
+                                " (hint: add ranks, set train.activation_checkpointing, or use a "
+                                "smaller model or micro_batch_size)");
+  }
+  MeshChoice choice;
+  choice.best = *same.front();
+  choice.spec = spec;
+  choice.spec.parallelism.auto_mesh = false;
+  choice.spec.parallelism.dp_replicate_size = choice.best.spec.parallelism.dp_replicate_size;
+  choice.spec.parallelism.dp_shard_size = choice.best.spec.parallelism.dp_shard_size;
+  choice.spec.parallelism.cp_size = choice.best.spec.parallelism.cp_size;
+  choice.spec.parallelism.tp_size = choice.best.spec.parallelism.tp_size;
+  char buf[160];
+  const double peak = static_cast<double>(choice.best.memory.peak_bytes);
+  std::snprintf(buf, sizeof(buf), "predicted %.3g s per step, %.3g %s per rank",
+                choice.best.step_seconds, peak >= kGiB ? peak / kGiB : peak / (1 << 20),
+                peak >= kGiB ? "GiB" : "MiB");
+  choice.text =
+      "auto: chose " + MeshName(choice.spec.parallelism) + " of " + w + " ranks (" + buf + ")";
+  if (same.size() > 1 && same[1]->fits) {
+    choice.has_runner_up = true;
+    choice.runner_up = *same[1];
+    std::snprintf(buf, sizeof(buf), "%.3g s", choice.runner_up.step_seconds);
+    choice.text += "; runner-up " + MeshName(choice.runner_up.spec.parallelism) + " (" + buf + ")";
+  } else {
+    choice.text += "; no runner-up fits";
+  }
+  return choice;
+}
+
 std::vector<std::string> KnownDevices() {
   return {"cpu", "a100", "h100", "h200", "l40s"};
 }
@@ -127,11 +259,15 @@ std::vector<std::string> KnownDevices() {
 StatusOr<DeviceProfile> DeviceProfileNamed(const std::string& name) {
   // Achievable dense float32 rates (TF32 tensor cores on GPUs, about half the datasheet's
   // dense figure) and per-GPU bus bandwidths (NVLink inside a node, 400 Gb/s InfiniBand across).
-  if (name == "cpu") return DeviceProfile{"cpu", 0, 0, 5e9, 1.25e9, 0.42};
-  if (name == "a100") return DeviceProfile{"a100", 80 * kGiB, 70e12, 200e9, 40e9, 0.5};
-  if (name == "h100") return DeviceProfile{"h100", 80 * kGiB, 200e12, 350e9, 45e9, 0.5};
-  if (name == "h200") return DeviceProfile{"h200", 141 * kGiB, 220e12, 350e9, 45e9, 0.5};
-  if (name == "l40s") return DeviceProfile{"l40s", 48 * kGiB, 80e12, 25e9, 12e9, 0.5};
+  // Latencies: a small Gloo all-reduce on loopback (CPU), NCCL inside a node and across.
+  if (name == "cpu") return DeviceProfile{"cpu", 0, 0, 5e9, 1.25e9, 0.42, 100e-6, 200e-6};
+  if (name == "a100")
+    return DeviceProfile{"a100", 80 * kGiB, 70e12, 200e9, 40e9, 0.5, 10e-6, 20e-6};
+  if (name == "h100")
+    return DeviceProfile{"h100", 80 * kGiB, 200e12, 350e9, 45e9, 0.5, 10e-6, 20e-6};
+  if (name == "h200")
+    return DeviceProfile{"h200", 141 * kGiB, 220e12, 350e9, 45e9, 0.5, 10e-6, 20e-6};
+  if (name == "l40s") return DeviceProfile{"l40s", 48 * kGiB, 80e12, 25e9, 12e9, 0.5, 10e-6, 20e-6};
   std::string known;
   for (const std::string& d : KnownDevices()) known += (known.empty() ? "" : ", ") + d;
   return NotFoundError("--device: '" + name + "' is not a known device (hint: one of " + known +

@@ -24,12 +24,25 @@ struct DeviceProfile {
   // The fraction of `flops` a whole training step attains (GEMMs near it, attention and the
   // elementwise kernels far below): measured 0.42 for the CPU engine (docs/performance.md).
   double step_efficiency = 0.5;
+  // Seconds a collective costs beyond its bytes (launch, synchronisation, the transport's
+  // handshake), per call, inside a node and across nodes. On CPU it is what a small Gloo
+  // all-reduce on loopback takes (calibration); for tiny models it, not bandwidth, dominates.
+  double intra_node_latency = 0;
+  double inter_node_latency = 0;
 };
 
 // The documented profile of `name` (cpu, a100, h100, h200, l40s); NOT_FOUND names the known
 // ones. For cpu, memory and flops are placeholders the caller replaces with this host's.
 StatusOr<DeviceProfile> DeviceProfileNamed(const std::string& name);
 std::vector<std::string> KnownDevices();
+
+// The cpu profile of a host whose `ranks_per_node` ranks share its cores: each rank gets
+// 1/ranks_per_node of the host's GEMM rate (all cores) and of its memory; collectives inside
+// the node run at the measured loopback bandwidth and latency (engine/calibration). Figures
+// ≤ 0 keep the table's.
+DeviceProfile CalibratedCpuProfile(double host_gemm_flops, double host_memory_bytes,
+                                   int ranks_per_node, double loopback_bus_bandwidth,
+                                   double loopback_latency_seconds);
 
 struct ClusterShape {
   int nodes = 1;
@@ -54,6 +67,33 @@ struct PlanRow {
 // checkpointing are ignored), fitting ones first, then by tokens/s (descending), then by peak
 // memory (ascending). INVALID_ARGUMENT when the cluster is empty.
 StatusOr<std::vector<PlanRow>> Plan(const JobSpec& spec, const ClusterShape& cluster);
+
+// The predictions of the one configuration `spec` (its own mesh, cp strategy, activation
+// checkpointing and residency) on `cluster`; the spec must be valid for cluster.world() ranks.
+// The coordinator exports it beside the measurement.
+PlanRow PredictConfiguration(const JobSpec& spec, const ClusterShape& cluster);
+
+// The collectives each axis issues per rank per step (the latency term of the step time).
+std::map<std::string, double> ExpectedCommCallsPerStep(const JobSpec& spec);
+
+// `parallelism.auto: true`: the fastest fitting mesh of cluster.world() ranks for the spec's
+// own cp strategy, activation checkpointing and residency (auto chooses the four sizes only),
+// and the runner-up. INVALID_ARGUMENT (parallelism.auto) when no mesh is valid or none fits.
+struct MeshChoice {
+  JobSpec spec;  // the job as it runs: the chosen sizes, auto false
+  PlanRow best;
+  bool has_runner_up = false;
+  PlanRow runner_up;
+  std::string text;  // "auto: chose dp_shard 2 × tp 2 (runner-up …)"
+};
+StatusOr<MeshChoice> ChooseMesh(const JobSpec& spec, const ClusterShape& cluster);
+
+// "dp_shard 2 × tp 2": the axes of size > 1, outermost first; "1 rank" when there are none.
+std::string MeshName(const ParallelismSpec& p);
+
+// The --set overrides that turn an auto spec into `chosen` (auto false and the four sizes), for
+// the rank processes the launcher starts.
+std::vector<std::string> ChosenMeshOverrides(const JobSpec& chosen);
 
 // A few plain sentences about the first row (why it wins, what the runner-up trades).
 std::string ExplainBest(const std::vector<PlanRow>& rows, const ClusterShape& cluster);

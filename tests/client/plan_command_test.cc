@@ -55,5 +55,83 @@ TEST_F(PlanCommandTest, TheTableExplainsTheBestAndUnknownDevicesExitTwo) {
   EXPECT_NE(bad.err.find("--device: 'tpu' is not a known device"), std::string::npos) << bad.err;
 }
 
+TEST_F(PlanCommandTest, CalibrateMeasuresThisHostAndRefusesOtherDevices) {
+  testing::CliResult r = Run({"plan", "-f", (Source() / "examples/tiny.yaml").string(),
+                              "--per-node", "2", "--calibrate", "--top", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("of cpu (calibrated)"), std::string::npos) << r.out;
+  testing::CliResult gpu = Run({"plan", "-f", (Source() / "examples/tiny.yaml").string(),
+                                "--calibrate", "--device", "h100"});
+  EXPECT_EQ(gpu.exit_code, 2);
+  EXPECT_NE(gpu.err.find("error: --calibrate: measures this host's CPU"), std::string::npos)
+      << gpu.err;
+}
+
+// `train --nproc 2` with parallelism.auto runs the first row of `meshrun plan` on the same
+// (calibrated) figures among the rows with the spec's own settings, and says so first.
+TEST_F(PlanCommandTest, AutoParallelismTrainsThePlannersFirstChoice) {
+  if (!std::filesystem::exists("/usr/share/games/fortunes/cookie")) {
+    GTEST_SKIP() << "examples/tiny.yaml's data is missing (apt-get install fortunes)";
+  }
+  const std::string spec = (Source() / "examples/tiny.yaml").string();
+  const std::vector<std::string> sets = {"--set", "parallelism.auto=true", "--set", "train.steps=2",
+                                         "--set", "checkpoint.dir=",       "--set", "data.val="};
+  std::vector<std::string> args = {"train", "-f", spec, "--nproc", "2", "-o", "json"};
+  args.insert(args.end(), sets.begin(), sets.end());
+  testing::CliResult r = testing::RunCli(binary_, args, temp_ / "stderr.txt", 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("auto: chose "), std::string::npos) << r.err;
+  const json line = json::parse(r.out.substr(0, r.out.find('\n')), nullptr, false);
+  ASSERT_TRUE(line.is_object() && line["event"] == "auto") << r.out;
+  bool summary = false;
+  for (size_t at = 0; at < r.out.size();) {
+    const size_t end = r.out.find('\n', at);
+    const json j = json::parse(r.out.substr(at, end - at), nullptr, false);
+    summary = summary || (j.is_object() && j["event"] == "summary");
+    at = end == std::string::npos ? r.out.size() : end + 1;
+  }
+  EXPECT_TRUE(summary) << r.out;
+  const json& d = line["device"];
+  std::vector<std::string> plan = {
+      "plan",
+      "-f",
+      spec,
+      "--per-node",
+      "2",
+      "-o",
+      "json",
+      "--memory-gib",
+      json(d["memory_bytes"].get<double>() / (1024.0 * 1024 * 1024)).dump(),
+      "--tflops",
+      json(d["flops"].get<double>() / 1e12).dump(),
+      "--intra-gbps",
+      json(d["intra_node_bw"].get<double>() / 1e9).dump(),
+      "--intra-latency-us",
+      json(d["intra_node_latency"].get<double>() * 1e6).dump()};
+  plan.insert(plan.end(), sets.begin(), sets.end());
+  testing::CliResult p = Run(plan);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  for (const json& row : json::parse(p.out)) {
+    const json& m = row["mesh"];
+    if (row["activation_checkpointing"] != "none" ||
+        (m["cp"] != 1 && row["cp_comm_strategy"] != "allgather") ||
+        (m["dp_shard"].get<int>() * m["cp"].get<int>() > 1 &&
+         row["fsdp_reshard_after_forward"] != true)) {
+      continue;
+    }
+    EXPECT_EQ(line["chosen"], m) << line.dump() << "\n" << row.dump();
+    break;
+  }
+  // Sizes beside auto: exit 2 naming them.
+  std::vector<std::string> both = args;
+  both.insert(both.end(), {"--set", "parallelism.dp_shard_size=2"});
+  testing::CliResult bad = Run(both);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("error: parallelism.dp_shard_size: dp_shard_size(2) given with "
+                         "parallelism.auto: true"),
+            std::string::npos)
+      << bad.err;
+}
+
 }  // namespace
 }  // namespace meshrun

@@ -72,7 +72,7 @@ TEST(JobSpecTest, SchemaListsEverySectionAndKey) {
   EXPECT_EQ(JobSpecKeys("parallelism"),
             (std::vector<std::string>{"dp_replicate_size", "dp_shard_size", "cp_size", "tp_size",
                                       "cp_comm_strategy", "fsdp_reshard_after_forward",
-                                      "comm_timeout_seconds"}));
+                                      "comm_timeout_seconds", "auto"}));
   EXPECT_TRUE(JobSpecKeys("nope").empty());
   EXPECT_EQ(AllowedValues("data", "format"),
             (std::vector<std::string>{"auto", "text", "llmc", "nanogpt"}));

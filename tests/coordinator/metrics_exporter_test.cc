@@ -353,6 +353,22 @@ TEST(JobSeriesExport, JobAndClusterSeries) {
                    1.25);
 }
 
+// The planner's prediction is exported beside the measurement for a job that has one.
+TEST(JobSeriesExport, PredictionsOfJobsThatHaveOne) {
+  JobsSnapshot snap;
+  snap.jobs.push_back({"job-1", "demo", v1::JOB_STATE_RUNNING, 12, 5000, 0.3, 1.25, 1, 6144});
+  snap.jobs.back().predicted_step_seconds = 0.25;
+  snap.jobs.back().predicted_peak_memory_bytes = 3e6;
+  snap.jobs.push_back({"job-2", "demo", v1::JOB_STATE_RUNNING, 1, 5000, 0.3, 1.25, 1, 6144});
+  const auto fs = MetricsExporter::Collect(snap, {}, nullptr);
+  EXPECT_DOUBLE_EQ(
+      Find(fs, "meshrun_job_predicted_step_seconds", {{"job_id", "job-1"}})->gauge.value, 0.25);
+  EXPECT_DOUBLE_EQ(
+      Find(fs, "meshrun_job_predicted_peak_memory_bytes", {{"job_id", "job-1"}})->gauge.value, 3e6);
+  EXPECT_EQ(Find(fs, "meshrun_job_predicted_step_seconds", {{"job_id", "job-2"}}), nullptr)
+      << "no prediction, no series";
+}
+
 v1::MetricsSample Timed(int rank, int64_t step, double seconds) {
   v1::MetricsSample s;
   s.set_job_id("j");

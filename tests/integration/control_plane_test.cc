@@ -271,6 +271,55 @@ TEST_F(ControlPlaneTest, SubmittedJobSucceedsWithEveryRankPlaced) {
   EXPECT_NE(logs.out.find("checkpoint "), std::string::npos) << logs.out;
 }
 
+// parallelism.auto: submit plans for the registered workers (2 × 2 slots, their calibration)
+// and the job runs the planner's first choice, which `meshrun plan --coordinator` shows too;
+// status has the choice, the prediction and the measurement.
+TEST_F(ControlPlaneTest, AutoParallelismRunsThePlannersFirstChoiceForTheWorkers) {
+  StartCluster(2);
+  std::string text = Spec(dir_ / "auto-checkpoints", 3, 0, 0);
+  const std::string fixed =
+      "parallelism: {dp_replicate_size: 1, dp_shard_size: 2, cp_size: 1, tp_size: 2}\n";
+  ASSERT_NE(text.find(fixed), std::string::npos);
+  text.replace(text.find(fixed), fixed.size(), "parallelism: {auto: true}\n");
+  const fs::path path = dir_ / "auto.yaml";
+  std::ofstream(path) << text;
+  testing::CliResult plan = Cli({"plan", "-f", path.string(), "-o", "json"});
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  json first;  // the first row with the spec's own settings (auto chooses the sizes only)
+  for (const json& row : json::parse(plan.out)) {
+    const json& m = row["mesh"];
+    if (row["activation_checkpointing"] == "none" &&
+        (m["cp"] == 1 || row["cp_comm_strategy"] == "allgather") &&
+        (m["dp_shard"].get<int>() * m["cp"].get<int>() == 1 ||
+         row["fsdp_reshard_after_forward"] == true)) {
+      first = row;
+      break;
+    }
+  }
+  ASSERT_TRUE(first.is_object()) << plan.out;
+  const std::string job = Submit(path.string());
+  ASSERT_FALSE(job.empty());
+  json s;
+  ASSERT_TRUE(WaitState(job, "SUCCEEDED", 120s, &s)) << s.dump();
+  EXPECT_EQ(s["mesh"], first["mesh"]) << s["auto_choice"];
+  EXPECT_EQ(s["world_size"], 4);
+  EXPECT_EQ(s["auto_choice"].get<std::string>().rfind("auto: chose ", 0), 0u) << s.dump();
+  EXPECT_NEAR(s["predicted"]["step_seconds"].get<double>(), first["step_seconds"].get<double>(),
+              1e-9 * first["step_seconds"].get<double>());
+  EXPECT_EQ(s["predicted"]["peak_memory_bytes"], first["peak_memory_bytes"]);
+  EXPECT_GT(s["measured"]["step_seconds"].get<double>(), 0);
+  EXPECT_GT(s["measured"]["peak_memory_bytes"].get<double>(), 0);
+  testing::CliResult text_status = Cli({"status", job});
+  EXPECT_NE(text_status.out.find("auto:"), std::string::npos) << text_status.out;
+  EXPECT_NE(text_status.out.find("predicted vs measured:"), std::string::npos) << text_status.out;
+  // Sizes given beside auto are an error naming them, before anything is sent.
+  testing::CliResult both = Cli({"submit", "-f", path.string(), "--set", "parallelism.tp_size=2"});
+  EXPECT_EQ(both.exit_code, 2);
+  EXPECT_NE(both.err.find("error: parallelism.tp_size: tp_size(2) given with parallelism.auto"),
+            std::string::npos)
+      << both.err;
+}
+
 TEST_F(ControlPlaneTest, FollowEndsWithTheFinalStateAndInvalidSpecsStayLocal) {
   StartCluster(2);
   testing::CliResult r = Cli({"submit", "-f", WriteSpec("follow", 6, 0, 0), "--follow"}, 180);

@@ -121,13 +121,15 @@ std::vector<std::string> FieldNames(const Descriptor* d) {
 TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
   using Names = std::vector<std::string>;
   const Descriptor* job = JobSpec::descriptor();
-  EXPECT_EQ(FieldNames(job), (Names{"name", "model", "parallelism", "train", "data", "checkpoint",
-                                    "resources", "restart", "source_yaml", "set_overrides"}));
+  EXPECT_EQ(FieldNames(job),
+            (Names{"name", "model", "parallelism", "train", "data", "checkpoint", "resources",
+                   "restart", "source_yaml", "set_overrides", "auto_choice",
+                   "predicted_step_seconds", "predicted_peak_memory_bytes"}));
   const std::map<std::string, Names> sections = {
       {"model", {"arch", "n_layer", "n_head", "d_model", "seq_len", "vocab_size", "init_from"}},
       {"parallelism",
        {"dp_replicate_size", "dp_shard_size", "cp_size", "tp_size", "cp_comm_strategy",
-        "fsdp_reshard_after_forward", "comm_timeout_seconds"}},
+        "fsdp_reshard_after_forward", "comm_timeout_seconds", "auto"}},
       {"train",
        {"steps", "global_batch_size", "micro_batch_size", "lr", "min_lr", "warmup_steps",
         "weight_decay", "grad_clip", "beta1", "beta2", "eps", "seed", "precision",

@@ -4,10 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <set>
 #include <tuple>
 
 #include "common/job_spec.h"
+#include "common/job_spec_yaml.h"
+#include "engine/model/gpt2.h"
+#include "engine/train/model_shape.h"
 
 namespace meshrun {
 namespace {
@@ -145,6 +149,251 @@ TEST(PlannerTest, ExplainsTheBestAndWhenNothingFits) {
   StatusOr<std::vector<PlanRow>> none = Plan(Tiny(), Cluster(1, 2, 1000));
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(ExplainBest(*none, Cluster(1, 2, 1000)).rfind("No configuration fits", 0), 0u);
+}
+
+TEST(PlannerTest, CommCallsPerStepCountTheCollectivesByHand) {
+  JobSpec s = Tiny();  // 2 layers, batch 8, micro batch 2
+  s.parallelism.tp_size = 2;
+  // 8 / (1·1·2) = 4 micro-batches, each 2 layers × 4 all-reduces + 3 of the vocab-parallel
+  // embedding and loss; then the grad norm's gather.
+  EXPECT_EQ(ExpectedCommCallsPerStep(s).at("tp"), 4 * (2 * 4 + 3) + 1);
+  s.train.activation_checkpointing = "full";  // the two forward all-reduces again
+  EXPECT_EQ(ExpectedCommCallsPerStep(s).at("tp"), 4 * (2 * 6 + 3) + 1);
+  JobSpec f = Tiny();
+  f.parallelism.dp_shard_size = 4;  // one micro-batch of 2 per rank
+  // 4 units gathered, the 2 layers again for backward, 4 reduce-scatters, the norm's gather.
+  EXPECT_EQ(ExpectedCommCallsPerStep(f).at("dp_shard"), (4 + 2) + 4 + 1);
+  f.parallelism.fsdp_reshard_after_forward = false;
+  EXPECT_EQ(ExpectedCommCallsPerStep(f).at("dp_shard"), 4 + 4 + 1);
+  JobSpec c = Tiny();
+  c.parallelism.cp_size = 2;
+  EXPECT_EQ(ExpectedCommCallsPerStep(c).at("cp"), 4 * 2 * (2 + 2));
+  c.parallelism.cp_comm_strategy = "ring";
+  EXPECT_EQ(ExpectedCommCallsPerStep(c).at("cp"), 4 * 2 * (1 + 1 + 1));
+  JobSpec r = Tiny();
+  r.parallelism.dp_replicate_size = 2;
+  EXPECT_EQ(ExpectedCommCallsPerStep(r).at("dp_replicate"), 1);
+  EXPECT_EQ(ExpectedCommCallsPerStep(r).at("tp"), 0);
+}
+
+TEST(PlannerTest, LatencyAddsPerCallToTheLinkItCrosses) {
+  JobSpec s = Tiny();
+  s.parallelism.tp_size = 2;
+  ClusterShape c = Cluster(1, 2);
+  const PlanRow without = PredictConfiguration(s, c);
+  c.device.intra_node_latency = 1e-3;
+  c.device.inter_node_latency = 5e-3;  // not crossed: tp 2 fits the node
+  const PlanRow with = PredictConfiguration(s, c);
+  EXPECT_NEAR(with.comm_seconds.at("tp") - without.comm_seconds.at("tp"),
+              ExpectedCommCallsPerStep(s).at("tp") * 1e-3, 1e-12);
+  EXPECT_NEAR(with.step_seconds - without.step_seconds, ExpectedCommCallsPerStep(s).at("tp") * 1e-3,
+              1e-12);
+  EXPECT_EQ(with.compute_seconds, without.compute_seconds);
+}
+
+TEST(PlannerTest, PredictConfigurationIsThePlansRow) {
+  StatusOr<std::vector<PlanRow>> rows = Plan(Tiny(), Cluster(1, 4));
+  ASSERT_TRUE(rows.ok());
+  for (const PlanRow& r : *rows) {
+    const PlanRow one = PredictConfiguration(r.spec, Cluster(1, 4));
+    EXPECT_EQ(one.step_seconds, r.step_seconds);
+    EXPECT_EQ(one.memory.peak_bytes, r.memory.peak_bytes);
+    EXPECT_EQ(one.fits, r.fits);
+  }
+}
+
+TEST(PlannerTest, CalibratedCpuProfileSharesTheHostAmongItsRanks) {
+  const DeviceProfile d = CalibratedCpuProfile(8e10, 64e9, 4, 3e9, 2e-4);
+  EXPECT_EQ(d.name, "cpu");
+  EXPECT_DOUBLE_EQ(d.flops, 2e10);
+  EXPECT_DOUBLE_EQ(d.memory_bytes, 16e9);
+  EXPECT_DOUBLE_EQ(d.intra_node_bw, 3e9);
+  EXPECT_DOUBLE_EQ(d.intra_node_latency, 2e-4);
+  const DeviceProfile table = *DeviceProfileNamed("cpu");
+  EXPECT_DOUBLE_EQ(d.inter_node_bw, table.inter_node_bw);
+  // Unmeasured figures keep the table's.
+  const DeviceProfile none = CalibratedCpuProfile(0, 0, 2, 0, 0);
+  EXPECT_DOUBLE_EQ(none.intra_node_bw, table.intra_node_bw);
+  EXPECT_DOUBLE_EQ(none.intra_node_latency, table.intra_node_latency);
+  EXPECT_EQ(none.flops, 0);
+}
+
+TEST(PlannerTest, MeshNamesListTheAxesAboveOne) {
+  ParallelismSpec p;
+  EXPECT_EQ(MeshName(p), "1 rank");
+  p.dp_shard_size = 2;
+  p.tp_size = 2;
+  EXPECT_EQ(MeshName(p), "dp_shard 2 × tp 2");
+  p.dp_replicate_size = 3;
+  p.cp_size = 4;
+  EXPECT_EQ(MeshName(p), "dp_replicate 3 × dp_shard 2 × cp 4 × tp 2");
+}
+
+TEST(PlannerTest, ChooseMeshTakesTheFastestFittingRowOfTheSpecsOwnSettings) {
+  JobSpec spec = Tiny();
+  spec.parallelism.auto_mesh = true;
+  spec.train.activation_checkpointing = "selective";
+  const ClusterShape cluster = Cluster(1, 4);
+  StatusOr<MeshChoice> choice = ChooseMesh(spec, cluster);
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  EXPECT_FALSE(choice->spec.parallelism.auto_mesh);
+  EXPECT_TRUE(ValidateJobSpec(choice->spec, 4).ok());
+  EXPECT_EQ(choice->spec.train.activation_checkpointing, "selective");
+  // By hand: the fastest row of Plan whose settings are the spec's.
+  StatusOr<std::vector<PlanRow>> rows = Plan(spec, cluster);
+  ASSERT_TRUE(rows.ok());
+  std::vector<const PlanRow*> same;
+  for (const PlanRow& r : *rows) {
+    const ParallelismSpec& p = r.spec.parallelism;
+    if (r.spec.train.activation_checkpointing == "selective" &&
+        (p.cp_size == 1 || p.cp_comm_strategy == "allgather") &&
+        (p.dp_shard_size * p.cp_size == 1 || p.fsdp_reshard_after_forward)) {
+      same.push_back(&r);
+    }
+  }
+  ASSERT_GE(same.size(), 2u);
+  EXPECT_EQ(choice->best.spec.parallelism, same[0]->spec.parallelism);
+  ASSERT_TRUE(choice->has_runner_up);
+  EXPECT_EQ(choice->runner_up.spec.parallelism, same[1]->spec.parallelism);
+  EXPECT_LE(choice->best.step_seconds, choice->runner_up.step_seconds);
+  for (const PlanRow* r : same) EXPECT_GE(r->tokens_per_second, 0);
+  EXPECT_EQ(choice->spec.parallelism.dp_replicate_size,
+            same[0]->spec.parallelism.dp_replicate_size);
+  EXPECT_EQ(choice->text.rfind("auto: chose " + MeshName(choice->spec.parallelism) + " of 4", 0),
+            0u)
+      << choice->text;
+  EXPECT_NE(choice->text.find("runner-up " + MeshName(same[1]->spec.parallelism)),
+            std::string::npos)
+      << choice->text;
+  // The overrides reproduce the choice from the auto spec.
+  std::vector<std::string> sets = ChosenMeshOverrides(choice->spec);
+  sets.push_back("data.train=/dev/null");
+  sets.push_back("train.activation_checkpointing=selective");
+  StatusOr<JobSpec> again = ParseJobSpecYaml("parallelism: {auto: true}\n", sets);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->parallelism, choice->spec.parallelism);
+}
+
+TEST(PlannerTest, ChooseMeshSkipsWhatDoesNotFitAndSaysWhenNothingDoes) {
+  JobSpec spec = Tiny();
+  spec.parallelism.auto_mesh = true;
+  const double full = static_cast<double>(PredictRankMemory(Tiny()).peak_bytes);
+  // Room for sharded meshes only: the choice fits though a faster replicated one may not.
+  StatusOr<MeshChoice> sharded = ChooseMesh(spec, Cluster(1, 4, full * 0.8 / 0.9));
+  ASSERT_TRUE(sharded.ok()) << sharded.status().ToString();
+  EXPECT_TRUE(sharded->best.fits);
+  EXPECT_LE(static_cast<double>(sharded->best.memory.peak_bytes), full * 0.8 + 1);
+  StatusOr<MeshChoice> none = ChooseMesh(spec, Cluster(1, 4, 1000));
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(none.status().message().rfind("parallelism.auto: no mesh of 4 ranks fits", 0), 0u)
+      << none.status().message();
+  EXPECT_NE(none.status().message().find("(hint: "), std::string::npos);
+  // 3 ranks: no mesh of 3 splits batch 8 or 4 heads.
+  StatusOr<MeshChoice> invalid = ChooseMesh(spec, Cluster(1, 3));
+  EXPECT_EQ(invalid.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(invalid.status().message().find("no mesh of 3 ranks is valid"), std::string::npos);
+  // One rank: the only mesh, no runner-up.
+  StatusOr<MeshChoice> one = ChooseMesh(spec, Cluster(1, 1));
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(MeshName(one->spec.parallelism), "1 rank");
+  EXPECT_FALSE(one->has_runner_up);
+}
+
+TEST(PlannerTest, AutoLeavesTheSizesOutAndLetsTheWorldBeChosen) {
+  JobSpec s = Tiny();
+  s.parallelism.auto_mesh = true;
+  EXPECT_TRUE(ValidateJobSpec(s, 4).ok()) << "the world comes from --nproc under auto";
+  s.parallelism.tp_size = 2;
+  s.parallelism.cp_size = 2;
+  const Status given = ValidateJobSpec(s, 4);
+  EXPECT_EQ(given.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(given.message().rfind("parallelism.cp_size: cp_size(2), tp_size(2) given with "
+                                  "parallelism.auto: true",
+                                  0),
+            0u)
+      << given.message();
+  EXPECT_NE(given.message().find("(hint: "), std::string::npos);
+  StatusOr<JobSpec> parsed =
+      ParseJobSpecYaml("parallelism: {auto: true, dp_shard_size: 2}\n", {"data.train=/dev/null"});
+  EXPECT_FALSE(parsed.ok() && ValidateJobSpec(*parsed, 0).ok());
+}
+
+TEST(ModelShapeTest, Gpt2ShapesCountWhatTheEngineCounts) {
+  for (const auto& [layers, heads, d, seq, vocab] :
+       std::vector<std::tuple<int, int, int, int, int>>{
+           {2, 4, 64, 64, 256}, {12, 12, 768, 1024, 50257}, {4, 8, 128, 128, 256}}) {
+    ModelSpec m;
+    m.n_layer = layers;
+    m.n_head = heads;
+    m.d_model = d;
+    m.seq_len = seq;
+    m.vocab_size = vocab;
+    const ModelShape shape = ModelShapeOf(m);
+    EXPECT_EQ(shape.n_kv_head, heads);
+    EXPECT_EQ(shape.d_ff, 4 * d);
+    EXPECT_DOUBLE_EQ(FlopsPerToken(shape), GPT2FlopsPerToken(GPT2ConfigOf(m), seq))
+        << layers << " layers, d_model " << d;
+  }
+}
+
+TEST(ModelShapeTest, Llama3CountsArePublishedOnes) {
+  // Meta's model cards: 8,030,261,248 and 70,553,706,496 parameters (untied head).
+  EXPECT_EQ(ParameterCount(Llama3_8B()), 8030261248);
+  EXPECT_EQ(ParameterCount(Llama3_70B()), 70553706496);
+  // GQA and SwiGLU: a block is q, o (d×d), k, v (d×kv), gate, up, down (d×d_ff), two norms.
+  const ModelShape m = Llama3_8B();
+  EXPECT_EQ(BlockParameterCount(m),
+            2 * 4096LL * 4096 + 2 * 4096LL * 1024 + 3 * 4096LL * 14336 + 2 * 4096);
+  ModelShape tied = m;
+  tied.tie_embeddings = true;
+  EXPECT_EQ(ParameterCount(m) - ParameterCount(tied), 128256LL * 4096);
+  EXPECT_DOUBLE_EQ(FlopsPerToken(m), 6.0 * 8030261248 + 12.0 * 32 * 4096 * 8192);
+}
+
+TEST(ModelShapeTest, Bf16ProfilesUseDenseBf16Rates) {
+  EXPECT_DOUBLE_EQ(*Bf16PeakFlops("h100"), 989e12);
+  EXPECT_DOUBLE_EQ(Bf16DeviceProfile("h100")->flops, 0.6 * 989e12);
+  EXPECT_EQ(Bf16PeakFlops("cpu").status().code(), StatusCode::kNotFound);
+}
+
+// The figures of docs/planning.md "Toward scale" (printed; the bands only catch a broken model).
+TEST(ModelShapeTest, Llama3AtScaleOnH100) {
+  ClusterShape c8;
+  c8.nodes = 1;
+  c8.per_node = 8;
+  c8.device = *Bf16DeviceProfile("h100");
+  ScaleConfig fsdp;
+  fsdp.dp_shard = 8;
+  fsdp.local_batch = 1;
+  const ScalePrediction p8 = PredictAtScale(Llama3_8B(), fsdp, c8, 989e12);
+  ClusterShape c256 = c8;
+  c256.nodes = 32;
+  ScaleConfig two_d;
+  two_d.dp_shard = 32;
+  two_d.tp = 8;
+  two_d.local_batch = 4;
+  two_d.activation_checkpointing = "full";
+  const ScalePrediction p70 = PredictAtScale(Llama3_70B(), two_d, c256, 989e12);
+  for (const auto& [name, p] : {std::pair<const char*, ScalePrediction>{"8B", p8}, {"70B", p70}}) {
+    std::printf(
+        "%s: %.0f tokens/s per GPU, MFU %.1f%%, step %.2f s (compute %.2f, tp %.2f, dp_shard "
+        "%.2f), memory %.1f GiB (state %.1f, gathered %.1f, activations %.1f)\n",
+        name, p.tokens_per_second_per_device, 100 * p.mfu, p.step_seconds, p.compute_seconds,
+        p.comm_seconds.at("tp"), p.comm_seconds.at("dp_shard"), p.peak_bytes / (1 << 30),
+        p.state_bytes / (1 << 30), p.gathered_bytes / (1 << 30), p.activation_bytes / (1 << 30));
+  }
+  EXPECT_GT(p8.tokens_per_second_per_device, 3000);
+  EXPECT_LT(p8.tokens_per_second_per_device, 8000);
+  EXPECT_LT(p8.peak_bytes, 80.0 * (1 << 30));
+  EXPECT_GT(p70.tokens_per_second_per_device, 300);
+  EXPECT_LT(p70.tokens_per_second_per_device, 1000);
+  EXPECT_LT(p70.peak_bytes, 80.0 * (1 << 30));
+  // FSDP over 8 ranks holds an eighth of the state of one rank.
+  ScaleConfig one = fsdp;
+  one.dp_shard = 1;
+  ClusterShape c1 = c8;
+  c1.per_node = 1;
+  EXPECT_NEAR(PredictAtScale(Llama3_8B(), one, c1, 989e12).state_bytes / p8.state_bytes, 8, 1e-9);
 }
 
 }  // namespace

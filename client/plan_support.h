@@ -1,0 +1,46 @@
+// The planner's link to the world outside the pure planner: this host calibrated as a cluster
+// (`meshrun plan --calibrate`, `meshrun train --nproc N` with parallelism.auto), the
+// coordinator's registered workers as a cluster (`meshrun plan --coordinator`, `meshrun
+// submit`), and the submission's choice and prediction. Not thread-safe (calibration sets the
+// kernels' thread count).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "client/coordinator_client.h"
+#include "common/status.h"
+#include "engine/train/planner.h"
+#include "meshrun/v1/types.pb.h"
+
+namespace meshrun::client {
+
+// One node of `per_node` ranks on this host: its GEMM rate over all cores and its loopback
+// all-reduce (per_node ranks, at least 2, at most 8) measured now, shared by the ranks.
+StatusOr<ClusterShape> CalibratedHostCluster(int per_node);
+
+// The live workers of `device` as a cluster: nodes = workers, ranks per node = the fewest
+// slots among them, the figures each reported at registration (the slowest counts). Workers
+// that share one address share one host: its cores are divided among all their ranks, and
+// its loopback is the link across them too. FAILED_PRECONDITION when none is live.
+StatusOr<ClusterShape> ClusterOfWorkers(const std::vector<v1::WorkerInfo>& workers,
+                                        const std::string& device);
+
+// {"chosen":{mesh},"predicted_step_seconds","predicted_peak_memory_bytes","runner_up":{…},
+// "text"} of a choice.
+nlohmann::ordered_json MeshChoiceJson(const MeshChoice& choice);
+
+// For `meshrun train --nproc N` with parallelism.auto: the choice for N ranks on this host
+// (calibrated now), reported on stderr and, with `json`, as the line
+// {"event":"auto",…MeshChoiceJson} on stdout before the ranks start.
+StatusOr<MeshChoice> ChooseMeshOnHost(const JobSpec& spec, int nproc, bool json);
+
+// For `meshrun submit`: with parallelism.auto, chooses the mesh for the registered workers
+// and writes it into `spec` (sizes, auto false, auto_choice); then the prediction of the spec
+// as it will run (predicted_step_seconds, predicted_peak_memory_bytes). Without live workers a
+// spec without auto is sent unpredicted; an auto one is an error (nothing to plan for).
+// `note` receives the line to print (the choice), empty without auto.
+Status PlanSubmission(CoordinatorClient& client, v1::JobSpec* spec, std::string* note);
+
+}  // namespace meshrun::client

@@ -1,0 +1,143 @@
+// The analytic model of model_shape.h. Memory per rank, bf16 with fp32 master weights:
+// parameters 2 + gradients 2 + master 4 + AdamW moments 8 bytes per parameter, sharded over
+// dp_shard·cp (and split over tp); FSDP holds two gathered blocks at once (the one computing and
+// the one prefetched) in bf16. Activations kept per token and layer (bf16 values): the block
+// input, both norms' outputs, q, k, v, the attention output, the MLP's hidden values (two for
+// gelu, four for SwiGLU) and the residual, each split over tp where Megatron splits it;
+// `selective` keeps them and recomputes the attention core, `full` keeps the block input only
+// (plus one block's worth during its recompute).
+#include "engine/train/model_shape.h"
+
+#include <algorithm>
+
+namespace meshrun {
+
+ModelShape ModelShapeOf(const ModelSpec& model) {
+  ModelShape m;
+  m.arch = "gpt2";
+  m.n_layer = model.n_layer;
+  m.d_model = model.d_model;
+  m.n_head = model.n_head;
+  m.n_kv_head = model.n_head;
+  m.d_ff = 4 * int64_t{model.d_model};
+  m.vocab_size = model.vocab_size;
+  m.seq_len = model.seq_len;
+  m.tie_embeddings = true;
+  return m;
+}
+
+ModelShape Llama3_8B(int64_t seq_len) {
+  return {"llama", 32, 4096, 32, 8, 14336, 128256, seq_len, false};
+}
+
+ModelShape Llama3_70B(int64_t seq_len) {
+  return {"llama", 80, 8192, 64, 8, 28672, 128256, seq_len, false};
+}
+
+int64_t BlockParameterCount(const ModelShape& m) {
+  const int64_t d = m.d_model, kv = m.n_kv_head * (m.d_model / m.n_head);
+  if (m.arch == "llama") {
+    // q, o: d×d; k, v: d×kv; gate, up, down: d×d_ff; two RMSNorm weights.
+    return 2 * d * d + 2 * d * kv + 3 * d * m.d_ff + 2 * d;
+  }
+  // gpt2: fused qkv with bias, proj with bias, fc and proj with biases, two LayerNorms.
+  return d * 3 * d + 3 * d + d * d + d + d * m.d_ff + m.d_ff + m.d_ff * d + d + 4 * d;
+}
+
+int64_t ParameterCount(const ModelShape& m) {
+  const int64_t d = m.d_model;
+  const int64_t embeddings = m.vocab_size * d * (m.tie_embeddings ? 1 : 2);
+  const int64_t final_norm = m.arch == "llama" ? d : 2 * d;
+  return m.n_layer * BlockParameterCount(m) + embeddings + final_norm;
+}
+
+double FlopsPerToken(const ModelShape& m) {
+  return 6.0 * static_cast<double>(ParameterCount(m)) +
+         12.0 * static_cast<double>(m.n_layer * m.d_model * m.seq_len);
+}
+
+StatusOr<double> Bf16PeakFlops(const std::string& name) {
+  // Dense bf16 datasheet figures (no sparsity).
+  if (name == "h100" || name == "h200") return 989e12;
+  if (name == "a100") return 312e12;
+  if (name == "l40s") return 362e12;
+  return NotFoundError("device: no bf16 figure for '" + name +
+                       "' (hint: one of a100, h100, h200, l40s)");
+}
+
+StatusOr<DeviceProfile> Bf16DeviceProfile(const std::string& name) {
+  MESHRUN_ASSIGN_OR_RETURN(DeviceProfile d, DeviceProfileNamed(name));
+  MESHRUN_ASSIGN_OR_RETURN(double peak, Bf16PeakFlops(name));
+  d.flops = 0.6 * peak;
+  return d;
+}
+
+ScalePrediction PredictAtScale(const ModelShape& m, const ScaleConfig& c,
+                               const ClusterShape& cluster, double peak_flops) {
+  ScalePrediction out;
+  const DeviceProfile& dev = cluster.device;
+  const bool bf16 = c.precision == "bf16";
+  const double value = bf16 ? 2 : 4;                         // bytes of a parameter/activation
+  const double state_per_param = bf16 ? 2 + 2 + 4 + 8 : 16;  // fp32: p, g, m, v
+  const double n = static_cast<double>(ParameterCount(m));
+  const double block = static_cast<double>(BlockParameterCount(m));
+  const int shard = c.dp_shard * c.cp, tp = c.tp;
+  out.state_bytes = n / tp / shard * state_per_param;
+  // Two blocks gathered (computing, prefetched) in the compute precision, and their gradients.
+  out.gathered_bytes = shard > 1 ? 2 * 2 * block / tp * value : 0;
+
+  const double d = m.d_model, kv = m.n_kv_head * (d / m.n_head), ff = m.d_ff;
+  const double tokens = static_cast<double>(c.local_batch) * m.seq_len / c.cp;  // per rank
+  const double mlp_values = m.arch == "llama" ? 4 * ff : 2 * ff;
+  // Replicated over tp: block input, two norm outputs, residual; split: q, k, v, attention
+  // output, the MLP's hidden values.
+  const double per_layer = (4 * d + (d + 2 * kv + d + mlp_values) / tp) * value;
+  const double kept_layer = c.activation_checkpointing == "full" ? d * value : per_layer;
+  // The head's logits of the micro-batch in fp32 (the loss), split over tp.
+  const double logits = m.vocab_size / static_cast<double>(tp) * 4;
+  out.activation_bytes = tokens * (m.n_layer * kept_layer + per_layer + logits);
+  out.peak_bytes = out.state_bytes + out.gathered_bytes + out.activation_bytes;
+
+  // Compute: the step's model FLOPs plus recomputation, over the world's rate.
+  const int world = c.world();
+  const double step_tokens = tokens * c.cp * c.dp_replicate * c.dp_shard;  // global
+  const double attention_forward = 4.0 * m.n_layer * d * m.seq_len;
+  const double forward_blocks = 2.0 * m.n_layer * block;
+  const double recompute = c.activation_checkpointing == "full" ? forward_blocks + attention_forward
+                           : c.activation_checkpointing == "selective" ? attention_forward
+                                                                       : 0;
+  const double model_flops = FlopsPerToken(m);
+  out.compute_seconds =
+      step_tokens * (model_flops + recompute) / (world * dev.flops * dev.step_efficiency);
+
+  // Traffic per rank per step (bus bytes), each over the link its group crosses.
+  std::map<std::string, double> bytes = {
+      {"tp", 0}, {"cp", 0}, {"dp_shard", 0}, {"dp_replicate", 0}};
+  if (tp > 1) {
+    const double again = c.activation_checkpointing == "full" ? 2 : 0;
+    bytes["tp"] = m.n_layer * (4 + again) * tokens * d * value * 2.0 * (tp - 1) / tp;
+  }
+  if (c.cp > 1) {
+    bytes["cp"] = m.n_layer * 4 * tokens * kv / tp * value * (c.cp - 1);
+  }
+  if (shard > 1) {
+    // Gathered for forward and again for backward, gradients reduce-scattered.
+    bytes["dp_shard"] = 3 * n / tp * value * (shard - 1) / shard;
+  }
+  if (c.dp_replicate > 1) {
+    bytes["dp_replicate"] = n / tp / shard * value * 2.0 * (c.dp_replicate - 1) / c.dp_replicate;
+  }
+  const std::map<std::string, int> span = {
+      {"tp", tp}, {"cp", tp * c.cp}, {"dp_shard", tp * c.cp * c.dp_shard}, {"dp_replicate", world}};
+  out.step_seconds = out.compute_seconds;
+  for (const auto& [axis, b] : bytes) {
+    const double link = span.at(axis) <= cluster.per_node ? dev.intra_node_bw : dev.inter_node_bw;
+    out.comm_seconds[axis] = link > 0 ? b / link : 0;
+    out.step_seconds += out.comm_seconds[axis];
+  }
+  out.tokens_per_second_per_device = step_tokens / out.step_seconds / world;
+  out.mfu = out.tokens_per_second_per_device * model_flops / std::max(peak_flops, 1.0);
+  return out;
+}
+
+}  // namespace meshrun
