@@ -7,7 +7,8 @@
 //  - a tiny GPT-2 in both name layouts (GPT2LMHeadModel's transformer.* and the bare model's
 //    unprefixed names of the published checkpoint) loads under tp 1 and tp 2 with the
 //    reference's first-step loss;
-//  - `meshrun export` of both is read by transformers with the loss `meshrun eval` reports.
+//  - `meshrun export` of both is read by transformers with the loss `meshrun eval` reports, and
+//    `meshrun generate` continues a prompt greedily with transformers' generate's tokens.
 // Skips, saying why, only when the venv cannot be made (no python3-venv, PyPI unreachable).
 #include <gtest/gtest.h>
 
@@ -180,6 +181,7 @@ TEST_F(HfModelsTest, BothGpt2NameLayoutsLoadUnderTp1AndTp2) {
 TEST_F(HfModelsTest, ExportsAreReadByTransformersWithTheLossMeshrunEvalReports) {
   std::vector<std::string> exported;
   std::vector<double> meshrun_loss;
+  std::vector<std::vector<int>> generated;  // meshrun generate's greedy continuations
   for (const std::string model : {"llama", "gpt2-prefixed"}) {
     const fs::path spec = WriteSpec("export-" + model, model, 2);
     ASSERT_EQ(Train(spec, 2, {"parallelism.tp_size=2"}).size(), 2u);
@@ -200,10 +202,19 @@ TEST_F(HfModelsTest, ExportsAreReadByTransformersWithTheLossMeshrunEvalReports) 
     ASSERT_TRUE(e.is_object()) << r.out;
     meshrun_loss.push_back(e["loss"].get<double>());
     exported.push_back(out);
+    r = testing::RunCli(
+        meshrun_,
+        {"generate", "--model", out, "--prompt", "hello", "--max-new-tokens", "8", "-o", "json"},
+        dir_ / "generate.err", 120);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json g = json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(g.is_object() && g.contains("tokens")) << r.out;
+    generated.push_back(g["tokens"].get<std::vector<int>>());
   }
   std::vector<std::string> args = {Reference(), "eval"};
   args.insert(args.end(), exported.begin(), exported.end());
-  args.insert(args.end(), {"--tokens", (dir_ / "data.bin").string(), "--seq", "32"});
+  args.insert(args.end(), {"--tokens", (dir_ / "data.bin").string(), "--seq", "32", "--prompt",
+                           "hello", "--new-tokens", "8"});
   const testing::CliResult r = testing::RunCli(python_, args, dir_ / "ref-eval.err", 600);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json ref = json::parse(r.out, nullptr, false);
@@ -212,6 +223,8 @@ TEST_F(HfModelsTest, ExportsAreReadByTransformersWithTheLossMeshrunEvalReports) 
     const double want = ref[i]["loss"].get<double>();
     EXPECT_LE(std::fabs(meshrun_loss[i] - want), 5e-6 * want)
         << exported[i] << ": meshrun eval " << meshrun_loss[i] << ", transformers " << want;
+    EXPECT_EQ(generated[i], ref[i]["generated"].get<std::vector<int>>())
+        << exported[i] << ": meshrun generate vs transformers' generate (greedy)";
   }
 }
 

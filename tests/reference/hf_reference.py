@@ -15,8 +15,9 @@ meshrun's code. Run with the tests' model venv (tests/python/requirements-models
                                            an llm.c token file of N random ids below V
   hf_reference.py train DIR --tokens FILE --seq T --batch B --steps K [--lr ...]
                                            per-step losses of AdamW training from DIR (JSON)
-  hf_reference.py eval DIR... --tokens FILE --seq T
-                                           mean loss over every window of FILE, per folder
+  hf_reference.py eval DIR... --tokens FILE --seq T [--prompt TEXT --new-tokens N]
+                                           mean loss over every window of FILE, per folder,
+                                           and the greedy continuation of a byte prompt
   hf_reference.py prepare OUT              all of the above that tests/integration/
                                            hf_models_test.cc needs, in one start-up: OUT/llama,
                                            OUT/gpt2-prefixed, OUT/gpt2-unprefixed, OUT/data.bin,
@@ -160,8 +161,24 @@ def eval_loss(dir_, tokens_path, seq):
     return {"loss": total / count, "tokens": count}
 
 
+def greedy(dir_, prompt, n):
+    model = load(dir_)
+    ids = torch.tensor([list(prompt.encode("utf-8"))])
+    # Exactly n tokens, as meshrun generate makes them: no stop at an end-of-text id.
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0].tolist()[ids.shape[1]:]
+
+
 def evaluate(args):
-    json.dump([eval_loss(d, args.tokens, args.seq) for d in args.dirs], sys.stdout)
+    results = []
+    for d in args.dirs:
+        r = eval_loss(d, args.tokens, args.seq)
+        if args.prompt:  # the greedy continuation of a byte-level prompt, as generate() does it
+            r["generated"] = greedy(d, args.prompt, args.new_tokens)
+        results.append(r)
+    json.dump(results, sys.stdout)
     print()
 
 
@@ -204,6 +221,8 @@ def main():
         p = sub.add_parser(name)
         if name == "eval":
             p.add_argument("dirs", nargs="+")
+            p.add_argument("--prompt", default="")
+            p.add_argument("--new-tokens", dest="new_tokens", type=int, default=8)
         elif name == "prepare":
             p.add_argument("out")
         else:
