@@ -22,6 +22,8 @@
 #include "engine/comm/gloo_backend.h"
 #include "engine/comm/mesh_comms.h"
 #include "engine/data/token_stream.h"
+#include "engine/data/tokenizer.h"
+#include "engine/io/atomic_file.h"
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_gpt2.h"
 #include "engine/train/trainer.h"
@@ -314,6 +316,8 @@ int RunTrain(const TrainFlags& o) {
     // (a rank under a worker was checked by whoever submitted it).
     PreflightOptions preflight;
     preflight.ranks_on_host = o.nproc;
+    preflight.fill_token_cache = true;
+    preflight.note = [](const std::string& line) { std::cerr << "note: " << line << std::endl; };
     if (Status s = CheckBeforeTraining(*spec, *dims, preflight); !s.ok()) return ReportError(s);
   }
   if (o.nproc > 1 && !is_rank) return LaunchRanks(o, *dims);
@@ -425,7 +429,7 @@ int RunEval(const std::string& file, const std::vector<std::string>& overrides,
     return ReportError(InvalidArgumentError(
         "--tokens: no stream to evaluate (hint: pass --tokens FILE or set data.val)"));
   }
-  StatusOr<TokenStream> stream = LoadTokens(stream_path, spec->data.format);
+  StatusOr<TokenStream> stream = LoadTokens(stream_path, spec->data.format, LoadOptionsOf(*spec));
   if (!stream.ok()) return ReportError(stream.status());
   meshrun::TrainOptions options;
   options.peak_flops = 1;  // no MFU here: skip the GEMM measurement
@@ -442,6 +446,29 @@ int RunEval(const std::string& file, const std::vector<std::string>& overrides,
                 step_dir->c_str(), stream_path.c_str());
   }
   return kExitOk;
+}
+
+// The job's tokenizer files (data.tokenizer: tokenizer.json and, when present,
+// tokenizer_config.json and special_tokens_map.json) copied beside the exported model; *copied
+// lists them (", tokenizer.json, …").
+Status CopyTokenizerFiles(const std::string& tokenizer_dir, const std::string& out_dir,
+                          std::string* copied) {
+  if (tokenizer_dir.empty()) return OkStatus();
+  for (const char* name : kTokenizerFiles) {
+    const std::string from = tokenizer_dir + "/" + name;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(from, ec)) {
+      if (std::string(name) != "tokenizer.json") continue;
+      return InvalidArgumentError("data.tokenizer: " + from +
+                                  " is missing, so the export would lack its tokenizer (hint: "
+                                  "restore the tokenizer folder the job trained with)");
+    }
+    std::string bytes;
+    MESHRUN_RETURN_IF_ERROR(ReadTextFile(from, &bytes));
+    MESHRUN_RETURN_IF_ERROR(WriteFileAtomic(out_dir + "/" + name, bytes));
+    *copied += std::string(", ") + name;
+  }
+  return OkStatus();
 }
 
 int RunExport(const std::string& checkpoint, const std::string& out_dir) {
@@ -461,8 +488,12 @@ int RunExport(const std::string& checkpoint, const std::string& out_dir) {
     }
   }
   if (Status s = ExportHuggingFaceGPT2(cfg, params.data(), out_dir); !s.ok()) return ReportError(s);
-  std::printf("exported %s to %s (model.safetensors, config.json)\n", step_dir->c_str(),
-              out_dir.c_str());
+  std::string copied;
+  if (Status s = CopyTokenizerFiles(spec->data.tokenizer, out_dir, &copied); !s.ok()) {
+    return ReportError(s);
+  }
+  std::printf("exported %s to %s (model.safetensors, config.json%s)\n", step_dir->c_str(),
+              out_dir.c_str(), copied.c_str());
   return kExitOk;
 }
 

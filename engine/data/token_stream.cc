@@ -285,6 +285,77 @@ Status ReadTextFile(const std::string& path, std::string* bytes) {
   return ReadWholeFile(path, bytes);
 }
 
+StatusOr<std::string> ResolveDataFormat(const std::string& path, const std::string& format) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec)) return std::string("text");
+  if (format != "auto") return format;
+  const uint64_t size = fs::file_size(p, ec);
+  if (ec) return NotFoundError(path + ": cannot read the file size: " + ec.message());
+  unsigned char head[4] = {0, 0, 0, 0};
+  if (size >= 4) {
+    MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(p.string()));
+    std::ifstream in(name.name(), std::ios::binary);
+    in.read(reinterpret_cast<char*>(head), 4);
+  }
+  if (size >= 4 && ReadLeInt32(head) == kLlmcMagic) return std::string("llmc");
+  if (p.extension() == ".bin") return std::string("nanogpt");
+  return std::string("text");
+}
+
+LoadOptions LoadOptionsOf(const JobSpec& spec) {
+  LoadOptions o;
+  o.tokenizer = spec.data.tokenizer;
+  if (!spec.checkpoint.dir.empty()) {
+    o.cache_dir = (fs::path(spec.checkpoint.dir) / kTokenCacheFolder).string();
+  }
+  if (spec.resources.threads > 0) o.threads = spec.resources.threads;
+  return o;
+}
+
+namespace {
+Status TextVocabError(int32_t text_vocab, const JobSpec& spec, const std::string& field) {
+  const std::string model = std::to_string(spec.model.vocab_size);
+  const std::string text = std::to_string(text_vocab);
+  if (spec.data.tokenizer.empty()) {
+    return InvalidArgumentError(
+        "model.vocab_size: " + model + ", but " + field + " is byte-level text (vocabulary " +
+        text +
+        ") (hint: set model.vocab_size: 256, or set data.tokenizer to the tokenizer the "
+        "model was made for)");
+  }
+  return InvalidArgumentError("model.vocab_size: " + model + ", but data.tokenizer (" +
+                              spec.data.tokenizer + ") has a vocabulary of " + text +
+                              " (hint: set "
+                              "model.vocab_size: " +
+                              text + ", or use the model's own tokenizer)");
+}
+}  // namespace
+
+Status CheckTextVocab(const JobSpec& spec, const std::string& field) {
+  int32_t vocab = 256;
+  if (!spec.data.tokenizer.empty()) {
+    MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tok,
+                             Tokenizer::Load(spec.data.tokenizer));
+    vocab = tok->vocab_size();
+  }
+  if (vocab != spec.model.vocab_size) return TextVocabError(vocab, spec, field);
+  return OkStatus();
+}
+
+Status CheckStreamVocab(const TokenStream& stream, const JobSpec& spec, const std::string& field) {
+  if (stream.format == "text" && stream.vocab_size != spec.model.vocab_size) {
+    return TextVocabError(stream.vocab_size, spec, field);
+  }
+  if (stream.max_token_id >= spec.model.vocab_size) {
+    return InvalidArgumentError(
+        "model.vocab_size: token id " + std::to_string(stream.max_token_id) + " in " + stream.path +
+        " (" + field + ") is not below vocab_size(" + std::to_string(spec.model.vocab_size) +
+        ") (hint: raise model.vocab_size or use data tokenized with a smaller vocabulary)");
+  }
+  return OkStatus();
+}
+
 StatusOr<TokenStream> LoadLlmcFile(const std::string& path) {
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);
@@ -375,22 +446,7 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
   const uint64_t size = fs::file_size(p, ec);
   if (ec) return InternalError(path + ": cannot read the file size: " + ec.message());
 
-  std::string resolved = format;
-  if (format == "auto") {
-    unsigned char head[4] = {0, 0, 0, 0};
-    if (size >= 4) {
-      MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(p.string()));
-      std::ifstream in(name.name(), std::ios::binary);
-      in.read(reinterpret_cast<char*>(head), 4);
-    }
-    if (size >= 4 && ReadLeInt32(head) == kLlmcMagic) {
-      resolved = "llmc";
-    } else if (p.extension() == ".bin") {
-      resolved = "nanogpt";
-    } else {
-      resolved = "text";
-    }
-  }
+  MESHRUN_ASSIGN_OR_RETURN(std::string resolved, ResolveDataFormat(path, format));
   s.format = resolved;
   if (resolved == "llmc") {
     MESHRUN_RETURN_IF_ERROR(LoadLlmc(p, size, &s));

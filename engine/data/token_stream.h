@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/job_spec.h"
 #include "common/status.h"
 
 namespace meshrun {
@@ -79,6 +80,23 @@ StatusOr<TokenStream> TokenizeTexts(const std::vector<std::string>& inputs,
 // to 65,535 ids, version 2 (uint32) for larger ones.
 Status WriteLlmcTokens(const std::string& path, const std::vector<int32_t>& tokens,
                        int32_t vocab_size);
+
+// The format `path` loads as under `format` ("auto" resolved as LoadTokens does): "text",
+// "llmc" or "nanogpt". Errors as LoadTokens'.
+StatusOr<std::string> ResolveDataFormat(const std::string& path, const std::string& format);
+
+// How a job reads its streams: data.tokenizer, and the cache under checkpoint.dir/token-cache
+// (none without a checkpoint.dir).
+LoadOptions LoadOptionsOf(const JobSpec& spec);
+inline constexpr const char* kTokenCacheFolder = "token-cache";
+
+// The model's vocabulary against the stream's (INVALID_ARGUMENT naming both sizes): text must
+// have been read with exactly model.vocab_size ids (256 for bytes, the tokenizer's), and every
+// id of a token file must be below it. `field` names the stream ("data.train").
+Status CheckStreamVocab(const TokenStream& stream, const JobSpec& spec, const std::string& field);
+// The same for text before it is read: the vocabulary text read under `spec` has (256 or the
+// tokenizer's, loaded from data.tokenizer).
+Status CheckTextVocab(const JobSpec& spec, const std::string& field);
 
 // Pieces shared with text_tokens.cc: the files ListTextFolder would read (before the UTF-8
 // check), the error for a folder with none, a whole file read confined, an llm.c file loaded.
