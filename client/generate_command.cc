@@ -16,7 +16,7 @@
 #include "engine/data/tokenizer.h"
 #include "engine/io/checkpoint.h"
 #include "engine/model/generate.h"
-#include "engine/model/hf_gpt2.h"
+#include "engine/model/hf_checkpoint.h"
 
 namespace meshrun::client {
 
@@ -33,7 +33,7 @@ StatusOr<std::unique_ptr<GPT2<float>>> LoadModel(const GenerateFlags& o,
   if (!o.model.empty()) {
     MESHRUN_ASSIGN_OR_RETURN(GPT2Config cfg, ReadHuggingFaceConfig(o.model));
     auto model = std::make_unique<GPT2<float>>(cfg);
-    MESHRUN_RETURN_IF_ERROR(LoadHuggingFaceGPT2(o.model, model.get()));
+    MESHRUN_RETURN_IF_ERROR(LoadHuggingFace(o.model, model.get()));
     return model;
   }
   MESHRUN_ASSIGN_OR_RETURN(std::string step_dir, ResolveCheckpoint(o.checkpoint, "--checkpoint"));

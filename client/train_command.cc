@@ -12,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "client/launcher.h"
@@ -25,7 +26,7 @@
 #include "engine/data/tokenizer.h"
 #include "engine/io/atomic_file.h"
 #include "engine/io/checkpoint.h"
-#include "engine/model/hf_gpt2.h"
+#include "engine/model/hf_checkpoint.h"
 #include "engine/train/trainer.h"
 #include "worker/grpc_store.h"
 #include "worker/rank_protocol.h"
@@ -471,7 +472,28 @@ Status CopyTokenizerFiles(const std::string& tokenizer_dir, const std::string& o
   return OkStatus();
 }
 
-int RunExport(const std::string& checkpoint, const std::string& out_dir) {
+// "5GB", "500MB", "2GiB", "1000" (bytes): transformers' max_shard_size; nullopt if not a size.
+std::optional<int64_t> ParseByteSize(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  const std::string unit = text.substr(used);
+  static const std::pair<const char*, double> kUnits[] = {
+      {"", 1},     {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
+      {"GB", 1e9}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  for (const auto& [name, scale] : kUnits) {
+    if (unit == name && value >= 1 && value * scale < 9e18) {
+      return static_cast<int64_t>(value * scale);
+    }
+  }
+  return std::nullopt;
+}
+
+int RunExport(const std::string& checkpoint, const std::string& out_dir, int64_t max_shard_bytes) {
   StatusOr<std::string> step_dir = ResolveCheckpoint(checkpoint, "CKPT");
   if (!step_dir.ok()) return ReportError(step_dir.status());
   StatusOr<CheckpointReader> reader = CheckpointReader::Open(*step_dir);
@@ -487,13 +509,18 @@ int RunExport(const std::string& checkpoint, const std::string& out_dir) {
       return ReportError(s);
     }
   }
-  if (Status s = ExportHuggingFaceGPT2(cfg, params.data(), out_dir); !s.ok()) return ReportError(s);
+  if (Status s = ExportHuggingFace(cfg, params.data(), out_dir, max_shard_bytes); !s.ok()) {
+    return ReportError(s);
+  }
   std::string copied;
   if (Status s = CopyTokenizerFiles(spec->data.tokenizer, out_dir, &copied); !s.ok()) {
     return ReportError(s);
   }
-  std::printf("exported %s to %s (model.safetensors, config.json%s)\n", step_dir->c_str(),
-              out_dir.c_str(), copied.c_str());
+  const bool sharded = fs::exists(fs::path(out_dir) / "model.safetensors.index.json");
+  std::printf(
+      "exported %s to %s (%s, config.json%s)\n", step_dir->c_str(), out_dir.c_str(),
+      sharded ? "safetensors shards with model.safetensors.index.json" : "model.safetensors",
+      copied.c_str());
   return kExitOk;
 }
 
@@ -547,13 +574,19 @@ void RegisterEvalCommand(CLI::App& app, CommandResult& result) {
 void RegisterExportCommand(CLI::App& app, CommandResult& result) {
   struct Options {
     std::string checkpoint, out;
+    std::string max_shard_size = "5GB";
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "export",
-      "Write a checkpoint as a Hugging Face GPT-2 folder (model.safetensors + config.json)");
+      "Write a checkpoint as a Hugging Face folder of its architecture (GPT2LMHeadModel or "
+      "LlamaForCausalLM: config.json + safetensors)");
   cmd->add_option("CKPT", o->checkpoint, "a step-NNNNNNNN folder, or a checkpoint.dir")->required();
   cmd->add_option("-o,--output-dir", o->out, "output folder")->required();
+  cmd->add_option("--max-shard-size", o->max_shard_size,
+                  "largest safetensors file, as transformers writes it: e.g. 5GB (default), "
+                  "500MB, 2GiB; above it the weights go into shards with "
+                  "model.safetensors.index.json");
   cmd->callback([o, &result] {
     result.run = [o] {
       // Everywhere else -o is the output format: `export CKPT -o json` meant that, not a folder.
@@ -565,7 +598,13 @@ void RegisterExportCommand(CLI::App& app, CommandResult& result) {
             "write ./" +
             o->out + ")"));
       }
-      return RunExport(o->checkpoint, o->out);
+      const std::optional<int64_t> limit = ParseByteSize(o->max_shard_size);
+      if (!limit) {
+        return ReportError(InvalidArgumentError(
+            "--max-shard-size: '" + o->max_shard_size +
+            "' is not a size (hint: a number with KB, MB, GB, KiB, MiB or GiB, e.g. 5GB)"));
+      }
+      return RunExport(o->checkpoint, o->out, *limit);
     };
   });
 }

@@ -179,8 +179,64 @@ Status CheckModel(const ModelSpec& m) {
   MESHRUN_RETURN_IF_ERROR(AtLeast("model.d_model", m.d_model, 1, "use a positive width, e.g. 64"));
   MESHRUN_RETURN_IF_ERROR(
       AtLeast("model.seq_len", m.seq_len, 1, "use a positive context length, e.g. 64"));
-  return AtLeast("model.vocab_size", m.vocab_size, 1,
-                 "use 256 for byte-level text, 50257 for GPT-2 tokens");
+  MESHRUN_RETURN_IF_ERROR(AtLeast("model.vocab_size", m.vocab_size, 1,
+                                  "use 256 for byte-level text, 50257 for GPT-2 tokens"));
+  MESHRUN_RETURN_IF_ERROR(
+      AtLeast("model.n_kv_head", m.n_kv_head, 0, "use 0 (= n_head) or a divisor of n_head"));
+  MESHRUN_RETURN_IF_ERROR(AtLeast("model.d_ff", m.d_ff, 0, "use 0 (= 4·d_model) or a width"));
+  MESHRUN_RETURN_IF_ERROR(InRange("model.norm_eps", m.norm_eps, 0, true, 1, false,
+                                  "use a small positive value such as 1e-5"));
+  MESHRUN_RETURN_IF_ERROR(InRange("model.rope_theta", m.rope_theta, 1, false, kInf, false,
+                                  "use 10000 (Llama 2) or 500000 (Llama 3)"));
+  const bool gpt2 = m.arch == "gpt2";
+  if (gpt2) {
+    // Fields of the Llama family only: a gpt2 spec that sets them means another architecture.
+    auto llama_only = [&](const char* field, bool set, const std::string& value) -> Status {
+      if (!set) return OkStatus();
+      return Invalid(std::string("model.") + field,
+                     value + " applies to arch llama only (gpt2 has " +
+                         (std::string(field) == "d_ff" ? "4·d_model" : "no such setting") + ")",
+                     std::string("remove model.") + field + ", or set model.arch: llama");
+    };
+    MESHRUN_RETURN_IF_ERROR(
+        llama_only("n_kv_head", m.n_kv_head != 0 && m.n_kv_head != m.n_head, Str(m.n_kv_head)));
+    MESHRUN_RETURN_IF_ERROR(
+        llama_only("d_ff", m.d_ff != 0 && m.d_ff != 4 * m.d_model, Str(m.d_ff)));
+    MESHRUN_RETURN_IF_ERROR(llama_only("rope_scaling.type", m.rope_scaling_type != "none",
+                                       QuoteForMessage(m.rope_scaling_type)));
+    MESHRUN_RETURN_IF_ERROR(llama_only("attention_bias", m.attention_bias, "true"));
+  }
+  if (m.n_head % m.kv_heads() != 0) {
+    return Invalid("model.n_kv_head",
+                   "model.n_head(" + Str(m.n_head) + ") is not divisible by n_kv_head(" +
+                       Str(m.kv_heads()) + ")",
+                   "use an n_kv_head that divides " + Str(m.n_head) + ", such as " +
+                       JoinOr(Closest(Divisors(m.n_head), m.kv_heads())));
+  }
+  if (!gpt2 && (m.d_model / m.n_head) % 2 != 0) {
+    return Invalid("model.d_model",
+                   "the head width d_model/n_head = " + Str(m.d_model / m.n_head) +
+                       " is odd (rotary embeddings rotate pairs)",
+                   "use an even head width, e.g. d_model " + Str(2 * m.d_model));
+  }
+  if (m.rope_scaling_type == "llama3") {
+    MESHRUN_RETURN_IF_ERROR(InRange("model.rope_scaling.factor", m.rope_scaling_factor, 0, true,
+                                    kInf, false, "use the checkpoint's factor, e.g. 8"));
+    MESHRUN_RETURN_IF_ERROR(InRange("model.rope_scaling.low_freq_factor",
+                                    m.rope_scaling_low_freq_factor, 0, true, kInf, false,
+                                    "use e.g. 1"));
+    if (!(m.rope_scaling_high_freq_factor > m.rope_scaling_low_freq_factor)) {
+      return Invalid("model.rope_scaling.high_freq_factor",
+                     Str(m.rope_scaling_high_freq_factor) +
+                         " must be larger than low_freq_factor(" +
+                         Str(m.rope_scaling_low_freq_factor) + ")",
+                     "use e.g. low 1, high 4");
+    }
+    MESHRUN_RETURN_IF_ERROR(AtLeast("model.rope_scaling.original_max_position_embeddings",
+                                    m.rope_scaling_original_max_position_embeddings, 1,
+                                    "use the checkpoint's value, e.g. 8192"));
+  }
+  return OkStatus();
 }
 
 Status CheckTrain(const TrainSpec& t) {
@@ -269,20 +325,29 @@ Status CheckOthers(const JobSpec& spec) {
 Status CheckMeshRules(const JobSpec& spec, const ParallelDims& mesh, int nproc) {
   const ModelSpec& m = spec.model;
   const int64_t tp = mesh.tp(), cp = mesh.cp();
-  const int64_t mlp = 4 * int64_t{m.d_model};
-  std::vector<int64_t> tp_ok;  // tp sizes that satisfy both tp rules
-  for (int64_t d : Divisors(std::gcd(int64_t{m.n_head}, mlp))) tp_ok.push_back(d);
+  const int64_t mlp = m.ff(), kv = m.kv_heads();
+  std::vector<int64_t> tp_ok;  // tp sizes that satisfy every tp rule
+  for (int64_t d : Divisors(std::gcd(std::gcd(int64_t{m.n_head}, mlp), kv))) tp_ok.push_back(d);
   if (m.n_head % tp != 0) {
     return Invalid(
         "parallelism.tp_size",
         "model.n_head(" + Str(m.n_head) + ") is not divisible by tp_size(" + Str(tp) + ")",
         "use a tp_size that divides " + Str(m.n_head) + ", such as " + JoinOr(Closest(tp_ok, tp)));
   }
-  if (mlp % tp != 0) {
+  if (kv % tp != 0) {
     return Invalid("parallelism.tp_size",
-                   "4·model.d_model(" + Str(mlp) + ") is not divisible by tp_size(" + Str(tp) + ")",
-                   "use a tp_size that divides both n_head(" + Str(m.n_head) + ") and " + Str(mlp) +
-                       ", such as " + JoinOr(Closest(tp_ok, tp)));
+                   "model.n_kv_head(" + Str(kv) + ") is not divisible by tp_size(" + Str(tp) +
+                       ") (each tp rank holds whole key/value heads)",
+                   "use a tp_size that divides both n_head(" + Str(m.n_head) + ") and n_kv_head(" +
+                       Str(kv) + "), such as " + JoinOr(Closest(tp_ok, tp)));
+  }
+  if (mlp % tp != 0) {
+    return Invalid(
+        "parallelism.tp_size",
+        std::string(m.arch == "llama" && m.d_ff > 0 ? "model.d_ff(" : "4·model.d_model(") +
+            Str(mlp) + ") is not divisible by tp_size(" + Str(tp) + ")",
+        "use a tp_size that divides both n_head(" + Str(m.n_head) + ") and " + Str(mlp) +
+            ", such as " + JoinOr(Closest(tp_ok, tp)));
   }
   if (m.d_model % m.n_head != 0) {
     return Invalid("model.d_model",
@@ -390,7 +455,8 @@ std::vector<std::string> JobSpecKeys(std::string_view section) {
 
 std::vector<std::string> AllowedValues(std::string_view section, std::string_view key) {
   const std::string path = std::string(section) + "." + std::string(key);
-  if (path == "model.arch") return {"gpt2"};
+  if (path == "model.arch") return {"gpt2", "llama"};
+  if (path == "model.rope_scaling.type") return {"none", "llama3"};
   if (path == "parallelism.cp_comm_strategy") return {"allgather", "ring"};
   if (path == "train.precision") return {"fp32", "bf16"};
   if (path == "train.activation_checkpointing") return {"none", "selective", "full"};

@@ -15,13 +15,30 @@ namespace meshrun {
 
 // Field names are the YAML keys, so the structs read like the spec.
 struct ModelSpec {
-  std::string arch = "gpt2";  // gpt2
+  std::string arch = "gpt2";  // gpt2 | llama
   int n_layer = 2;
   int n_head = 4;
   int d_model = 64;
   int seq_len = 64;
   int vocab_size = 256;
-  std::string init_from;  // a Hugging Face GPT-2 folder (docs/checkpoints.md); empty: random init
+  // A Hugging Face folder (GPT-2 or Llama family, docs/checkpoints.md); empty: random init.
+  std::string init_from;
+  int n_kv_head = 0;  // llama: key/value heads (grouped-query attention); 0: n_head
+  int d_ff = 0;       // llama: the MLP's width; 0: 4·d_model (gpt2 always 4·d_model)
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;  // llama
+  // llama: rope_scaling (YAML `rope_scaling: {type: llama3, factor: …}`; none: no scaling).
+  std::string rope_scaling_type = "none";  // none | llama3
+  double rope_scaling_factor = 8.0;
+  double rope_scaling_low_freq_factor = 1.0;
+  double rope_scaling_high_freq_factor = 4.0;
+  int rope_scaling_original_max_position_embeddings = 8192;
+  // The head reads the token embedding. Left out: true for gpt2, false for llama.
+  bool tie_embeddings = true;
+  bool attention_bias = false;  // llama: biases on q, k and v (as Qwen2 has)
+
+  int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int ff() const { return arch == "llama" && d_ff > 0 ? d_ff : 4 * d_model; }
 
   bool operator==(const ModelSpec&) const = default;
 };
@@ -131,6 +148,18 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("model", "seq_len", m.seq_len);
   f("model", "vocab_size", m.vocab_size);
   f("model", "init_from", m.init_from);
+  f("model", "n_kv_head", m.n_kv_head);
+  f("model", "d_ff", m.d_ff);
+  f("model", "norm_eps", m.norm_eps);
+  f("model", "rope_theta", m.rope_theta);
+  f("model", "rope_scaling.type", m.rope_scaling_type);
+  f("model", "rope_scaling.factor", m.rope_scaling_factor);
+  f("model", "rope_scaling.low_freq_factor", m.rope_scaling_low_freq_factor);
+  f("model", "rope_scaling.high_freq_factor", m.rope_scaling_high_freq_factor);
+  f("model", "rope_scaling.original_max_position_embeddings",
+    m.rope_scaling_original_max_position_embeddings);
+  f("model", "tie_embeddings", m.tie_embeddings);
+  f("model", "attention_bias", m.attention_bias);
   auto& p = spec.parallelism;
   f("parallelism", "dp_replicate_size", p.dp_replicate_size);
   f("parallelism", "dp_shard_size", p.dp_shard_size);

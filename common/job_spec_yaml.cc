@@ -41,6 +41,22 @@ bool IsKnownPath(std::string_view section, const std::string& key) {
   return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
+// The keys after "group." of the fields "group.*" of a section (empty when it has none).
+std::vector<std::string> GroupKeys(std::string_view section, const std::string& group) {
+  std::vector<std::string> out;
+  for (const std::string& key : JobSpecKeys(section)) {
+    if (key.size() > group.size() && key.compare(0, group.size(), group) == 0 &&
+        key[group.size()] == '.') {
+      out.push_back(key.substr(group.size() + 1));
+    }
+  }
+  return out;
+}
+
+bool IsGroup(std::string_view section, const std::string& key) {
+  return !GroupKeys(section, key).empty();
+}
+
 std::string Lower(std::string_view s) {
   std::string out(s);
   for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -94,7 +110,11 @@ std::vector<std::string> TopLevelKeys() {
 
 // The hint for an unknown `key` in `section` ("" = top level).
 std::string UnknownFieldHint(const std::string& section, const std::string& key) {
-  const std::vector<std::string> here = section.empty() ? TopLevelKeys() : JobSpecKeys(section);
+  std::vector<std::string> here;  // "rope_scaling.factor" and its siblings as "rope_scaling"
+  for (const std::string& k : section.empty() ? TopLevelKeys() : JobSpecKeys(section)) {
+    const std::string name = k.substr(0, k.find('.'));
+    if (std::find(here.begin(), here.end(), name) == here.end()) here.push_back(name);
+  }
   if (std::string best = ClosestName(key, here); !best.empty()) {
     return "did you mean '" + best + "'?";
   }
@@ -266,6 +286,9 @@ class SpecReader {
   Status ReadField(const YAML::Node& value, const std::string& section, const std::string& key,
                    const YAML::Node& key_node, JobSpec& spec) const;
   Status ReadSection(const std::string& section, const YAML::Node& value, JobSpec& spec) const;
+  // A mapping inside a section whose keys are the fields "group.*" (model.rope_scaling).
+  Status ReadGroup(const std::string& section, const std::string& group, const YAML::Node& value,
+                   JobSpec& spec) const;
 
   std::string source_;
   std::set<std::string> overridden_;
@@ -285,6 +308,11 @@ Status SpecReader::ApplyOverride(YAML::Node& root, const std::string& assignment
     parts.push_back(key.substr(start, dot - start));
     if (dot == std::string::npos) break;
     start = dot + 1;
+  }
+  // model.rope_scaling.factor: the field "rope_scaling.factor" of section model.
+  if (parts.size() == 3) {
+    parts[1] += "." + parts[2];
+    parts.pop_back();
   }
   const bool known = (parts.size() == 1 && (parts[0] == "name" || IsSection(parts[0]))) ||
                      (parts.size() == 2 && IsSection(parts[0]) && IsKnownPath(parts[0], parts[1]));
@@ -315,7 +343,15 @@ Status SpecReader::ApplyOverride(YAML::Node& root, const std::string& assignment
     if (!section.IsDefined() || section.IsNull()) {
       root[parts[0]] = YAML::Node(YAML::NodeType::Map);
     }
-    root[parts[0]][parts[1]] = value;
+    const size_t dot = parts[1].find('.');
+    if (dot == std::string::npos) {
+      root[parts[0]][parts[1]] = value;
+    } else {
+      const std::string group = parts[1].substr(0, dot);
+      YAML::Node sub = root[parts[0]][group];
+      if (!sub.IsDefined() || !sub.IsMap()) root[parts[0]][group] = YAML::Node(YAML::NodeType::Map);
+      root[parts[0]][group][parts[1].substr(dot + 1)] = value;
+    }
   }
   overridden_.insert(key);
   return OkStatus();
@@ -367,7 +403,38 @@ Status SpecReader::ReadSection(const std::string& section, const YAML::Node& val
     }
     const std::string path = PathOf(section, key.Scalar());
     MESHRUN_RETURN_IF_ERROR(CheckDuplicate(seen, path, key));
+    if (IsGroup(section, key.Scalar())) {
+      MESHRUN_RETURN_IF_ERROR(ReadGroup(section, key.Scalar(), it->second, spec));
+      continue;
+    }
     MESHRUN_RETURN_IF_ERROR(ReadField(it->second, section, key.Scalar(), key, spec));
+  }
+  return OkStatus();
+}
+
+Status SpecReader::ReadGroup(const std::string& section, const std::string& group,
+                             const YAML::Node& value, JobSpec& spec) const {
+  const std::string path = PathOf(section, group);
+  if (value.IsNull()) return OkStatus();  // `rope_scaling: null`: the defaults
+  if (!value.IsMap()) {
+    return FieldError(
+        path, "expected a mapping of fields or null, got " + Describe(value), Where(path, value),
+        "write e.g. '" + group + ": {" + GroupKeys(section, group).front() + ": ...}'");
+  }
+  std::map<std::string, YAML::Node> seen;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    const YAML::Node key = it->first;
+    if (!key.IsScalar()) {
+      return FieldError(path, "expected a field name, got " + Describe(key), LineOf(key),
+                        "write 'name: value' pairs");
+    }
+    const std::string sub = group + "." + key.Scalar();
+    MESHRUN_RETURN_IF_ERROR(CheckDuplicate(seen, PathOf(section, sub), key));
+    if (!IsKnownPath(section, sub)) {
+      return FieldError(PathOf(section, sub), "unknown field", LineOf(key),
+                        "the fields of " + path + " are " + JoinQuoted(GroupKeys(section, group)));
+    }
+    MESHRUN_RETURN_IF_ERROR(ReadField(it->second, section, sub, key, spec));
   }
   return OkStatus();
 }
@@ -482,14 +549,57 @@ void FillModelFromInitFrom(YAML::Node& root) {
     return;
   }
   if (!config.IsMap()) return;
-  static constexpr std::pair<const char*, const char*> kFromConfig[] = {
-      {"n_layer", "n_layer"},
-      {"n_head", "n_head"},
-      {"d_model", "n_embd"},
-      {"seq_len", "n_positions"},
-      {"vocab_size", "vocab_size"}};
-  for (const auto& [field, key] : kFromConfig) {
-    if (!model[field] && config[key] && config[key].IsScalar()) model[field] = config[key];
+  auto scalar = [](const YAML::Node& n) { return n && n.IsScalar(); };
+  // GPT2LMHeadModel, or the Llama family (LlamaForCausalLM, Mistral, Qwen2: docs/model.md).
+  const std::string type = scalar(config["model_type"]) ? config["model_type"].Scalar() : "gpt2";
+  const bool llama = type == "llama" || type == "mistral" || type == "qwen2";
+  if (!model["arch"]) model["arch"] = llama ? "llama" : "gpt2";
+  auto fill = [&](const char* field, const YAML::Node& value) {
+    if (!model[field] && scalar(value)) model[field] = value;
+  };
+  if (!llama) {
+    static constexpr std::pair<const char*, const char*> kGpt2[] = {
+        {"n_layer", "n_layer"},       {"n_head", "n_head"},
+        {"d_model", "n_embd"},        {"seq_len", "n_positions"},
+        {"vocab_size", "vocab_size"}, {"norm_eps", "layer_norm_epsilon"}};
+    for (const auto& [field, key] : kGpt2) fill(field, config[key]);
+    fill("tie_embeddings", config["tie_word_embeddings"]);
+    return;
+  }
+  static constexpr std::pair<const char*, const char*> kLlama[] = {
+      {"n_layer", "num_hidden_layers"},     {"n_head", "num_attention_heads"},
+      {"d_model", "hidden_size"},           {"vocab_size", "vocab_size"},
+      {"n_kv_head", "num_key_value_heads"}, {"d_ff", "intermediate_size"},
+      {"norm_eps", "rms_norm_eps"},         {"tie_embeddings", "tie_word_embeddings"},
+      {"attention_bias", "attention_bias"}};
+  for (const auto& [field, key] : kLlama) fill(field, config[key]);
+  if (type == "qwen2" && !model["attention_bias"]) model["attention_bias"] = true;
+  // The rotary settings: `rope_theta` + `rope_scaling` (transformers 4), or `rope_parameters`
+  // holding both (transformers 5).
+  const YAML::Node params = config["rope_parameters"];
+  const YAML::Node scaling = params && params.IsMap() ? params : config["rope_scaling"];
+  fill("rope_theta", params && params.IsMap() ? params["rope_theta"] : config["rope_theta"]);
+  if (!model["rope_scaling"] && scaling && scaling.IsMap()) {
+    const YAML::Node kind = scaling["rope_type"] ? scaling["rope_type"] : scaling["type"];
+    const std::string name = scalar(kind) ? kind.Scalar() : "default";
+    if (name != "default") {
+      YAML::Node out(YAML::NodeType::Map);
+      out["type"] = name;  // a type other than llama3 fails validation, naming it
+      for (const char* key :
+           {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+        if (scalar(scaling[key])) out[key] = scaling[key];
+      }
+      model["rope_scaling"] = out;
+    }
+  }
+}
+
+// model.tie_embeddings left out: true for gpt2, false for llama (as their checkpoints are).
+void DefaultTieEmbeddings(YAML::Node& root) {
+  YAML::Node model = root["model"];
+  if (!model || !model.IsMap() || model["tie_embeddings"]) return;
+  if (model["arch"] && model["arch"].IsScalar() && model["arch"].Scalar() == "llama") {
+    model["tie_embeddings"] = false;
   }
 }
 
@@ -518,6 +628,7 @@ StatusOr<JobSpec> ParseUnguarded(const std::string& text, const std::vector<std:
     MESHRUN_RETURN_IF_ERROR(reader.ApplyOverride(root, assignment));
   }
   if (fill_from_init_from) FillModelFromInitFrom(root);
+  DefaultTieEmbeddings(root);
   JobSpec spec;
   MESHRUN_RETURN_IF_ERROR(reader.ReadRoot(root, spec));
   if (Status status = ValidateJobSpec(spec, /*nproc=*/0); !status.ok()) {
@@ -573,15 +684,27 @@ std::string JobSpecToYaml(const JobSpec& spec) {
   try {
     YAML::Emitter out;
     out << YAML::BeginMap;
-    std::string_view open_section;
+    std::string_view open_section, open_group;
     ForEachJobSpecField(
         spec, [&](std::string_view section, std::string_view key, const auto& value) {
+          // A key "group.name" is `name` inside the mapping `group` (model.rope_scaling).
+          const size_t dot = key.find('.');
+          const std::string_view group = dot == std::string_view::npos ? "" : key.substr(0, dot);
+          if (section != open_section || group != open_group) {
+            if (!open_group.empty()) out << YAML::EndMap;
+            open_group = "";
+          }
           if (section != open_section) {
             if (!open_section.empty()) out << YAML::EndMap;
             open_section = section;
             out << YAML::Key << std::string(section) << YAML::Value << YAML::BeginMap;
           }
-          out << YAML::Key << std::string(key) << YAML::Value;
+          if (group != open_group) {
+            open_group = group;
+            out << YAML::Key << std::string(group) << YAML::Value << YAML::BeginMap;
+          }
+          out << YAML::Key << std::string(dot == std::string_view::npos ? key : key.substr(dot + 1))
+              << YAML::Value;
           using T = std::decay_t<decltype(value)>;
           if constexpr (std::is_same_v<T, bool>) {
             out << (value ? "true" : "false");
@@ -591,6 +714,7 @@ std::string JobSpecToYaml(const JobSpec& spec) {
             out << value;
           }
         });
+    if (!open_group.empty()) out << YAML::EndMap;
     if (!open_section.empty()) out << YAML::EndMap;
     out << YAML::EndMap;
     return std::string(out.c_str()) + "\n";

@@ -12,12 +12,40 @@ namespace meshrun {
 
 GPT2Config GPT2ConfigOf(const ModelSpec& model) {
   GPT2Config cfg;
+  cfg.arch = model.arch == "llama" ? Arch::kLlama : Arch::kGpt2;
   cfg.vocab_size = model.vocab_size;
   cfg.n_layer = model.n_layer;
   cfg.n_head = model.n_head;
+  cfg.n_kv_head = model.kv_heads();
   cfg.d_model = model.d_model;
+  cfg.d_ff = model.ff();
   cfg.max_seq_len = model.seq_len;
+  cfg.ln_eps = model.norm_eps;
+  cfg.rope_theta = model.rope_theta;
+  cfg.rope_scaling.llama3 = model.rope_scaling_type == "llama3";
+  cfg.rope_scaling.factor = model.rope_scaling_factor;
+  cfg.rope_scaling.low_freq_factor = model.rope_scaling_low_freq_factor;
+  cfg.rope_scaling.high_freq_factor = model.rope_scaling_high_freq_factor;
+  cfg.rope_scaling.original_max_position_embeddings =
+      model.rope_scaling_original_max_position_embeddings;
+  cfg.tie_embeddings = model.tie_embeddings;
+  cfg.attention_bias = model.attention_bias;
   return cfg;
+}
+
+int64_t GPT2Config::vocab_first() const {
+  const int64_t per = (int64_t{vocab_size} + tp_size - 1) / tp_size;
+  return std::min<int64_t>(vocab_size, per * tp_rank);
+}
+
+int64_t GPT2Config::vocab_rows() const {
+  const int64_t per = (int64_t{vocab_size} + tp_size - 1) / tp_size;
+  return std::min<int64_t>(vocab_size, per * (tp_rank + 1)) - vocab_first();
+}
+
+std::string HeadWeightName(const GPT2Config& cfg) {
+  if (cfg.tie_embeddings) return cfg.llama() ? "embed_tokens" : "wte";
+  return "lm_head";
 }
 
 std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
@@ -53,37 +81,64 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
     ++unit;
   };
   // Megatron splits (docs/model.md): column parallel = a block of output rows per rank,
-  // row parallel = a block of input columns; c_attn's rows are q, k, v, each split by heads.
+  // row parallel = a block of input columns; the fused q/k/v rows are split by (kv) heads, the
+  // fused gate/up rows by MLP units, the vocabulary by rows.
   auto rows = [&](int64_t first, int64_t count, int64_t cols) {
     return Box{{first, 0}, {count, cols}};
   };
-  const int64_t Cl = C / tp, Fl = 4 * C / tp;
+  const int64_t D = cfg.head_dim(), Hl = cfg.n_head / tp, Kl = cfg.kv_heads() / tp;
+  const int64_t Cq = int64_t{cfg.n_head} * D, Ck = int64_t{cfg.kv_heads()} * D;
+  const int64_t F = cfg.ff(), Fl = F / tp, Vf = cfg.vocab_first(), Vl = cfg.vocab_rows();
+  // q rows of this rank's heads, then k and v rows of its kv heads; the same for the bias.
   std::vector<Box> qkv_w, qkv_b;
-  for (int64_t part = 0; part < 3; ++part) {
-    qkv_w.push_back(rows(part * C + t * Cl, Cl, C));
-    qkv_b.push_back(Box{{part * C + t * Cl}, {Cl}});
+  const int64_t part_first[3] = {t * Hl * D, Cq + t * Kl * D, Cq + Ck + t * Kl * D};
+  const int64_t part_rows[3] = {Hl * D, Kl * D, Kl * D};
+  for (int part = 0; part < 3; ++part) {
+    qkv_w.push_back(rows(part_first[part], part_rows[part], C));
+    qkv_b.push_back(Box{{part_first[part]}, {part_rows[part]}});
   }
-  add("wte", {V, C}, {}, w_std, 0);
-  add("wpe", {cfg.max_seq_len, C}, {}, w_std, 0);
-  end_unit();
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string h = "h." + std::to_string(l) + ".";
-    add(h + "ln_1.weight", {C}, {}, 0, 1);
-    add(h + "ln_1.bias", {C}, {}, 0, 0);
-    add(h + "attn.c_attn.weight", {3 * C, C}, qkv_w, w_std, 0);
-    add(h + "attn.c_attn.bias", {3 * C}, qkv_b, 0, 0);
-    add(h + "attn.c_proj.weight", {C, C}, {Box{{0, t * Cl}, {C, Cl}}}, proj_std, 0);
-    add(h + "attn.c_proj.bias", {C}, {}, 0, 0);
-    add(h + "ln_2.weight", {C}, {}, 0, 1);
-    add(h + "ln_2.bias", {C}, {}, 0, 0);
-    add(h + "mlp.c_fc.weight", {4 * C, C}, {rows(t * Fl, Fl, C)}, w_std, 0);
-    add(h + "mlp.c_fc.bias", {4 * C}, {Box{{t * Fl}, {Fl}}}, 0, 0);
-    add(h + "mlp.c_proj.weight", {C, 4 * C}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std, 0);
-    add(h + "mlp.c_proj.bias", {C}, {}, 0, 0);
+  const int64_t Wqkv = Cq + 2 * Ck;
+  const std::vector<Box> vocab_rows = {rows(Vf, Vl, C)};
+  if (!cfg.llama()) {
+    add("wte", {V, C}, vocab_rows, w_std, 0);
+    add("wpe", {cfg.max_seq_len, C}, {}, w_std, 0);
     end_unit();
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string h = "h." + std::to_string(l) + ".";
+      add(h + "ln_1.weight", {C}, {}, 0, 1);
+      add(h + "ln_1.bias", {C}, {}, 0, 0);
+      add(h + "attn.c_attn.weight", {Wqkv, C}, qkv_w, w_std, 0);
+      add(h + "attn.c_attn.bias", {Wqkv}, qkv_b, 0, 0);
+      add(h + "attn.c_proj.weight", {C, Cq}, {Box{{0, t * Hl * D}, {C, Hl * D}}}, proj_std, 0);
+      add(h + "attn.c_proj.bias", {C}, {}, 0, 0);
+      add(h + "ln_2.weight", {C}, {}, 0, 1);
+      add(h + "ln_2.bias", {C}, {}, 0, 0);
+      add(h + "mlp.c_fc.weight", {F, C}, {rows(t * Fl, Fl, C)}, w_std, 0);
+      add(h + "mlp.c_fc.bias", {F}, {Box{{t * Fl}, {Fl}}}, 0, 0);
+      add(h + "mlp.c_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std, 0);
+      add(h + "mlp.c_proj.bias", {C}, {}, 0, 0);
+      end_unit();
+    }
+    add("ln_f.weight", {C}, {}, 0, 1);
+    add("ln_f.bias", {C}, {}, 0, 0);
+  } else {
+    add("embed_tokens", {V, C}, vocab_rows, w_std, 0);
+    end_unit();
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string h = "layers." + std::to_string(l) + ".";
+      add(h + "input_layernorm.weight", {C}, {}, 0, 1);
+      add(h + "self_attn.qkv.weight", {Wqkv, C}, qkv_w, w_std, 0);
+      if (cfg.attention_bias) add(h + "self_attn.qkv.bias", {Wqkv}, qkv_b, 0, 0);
+      add(h + "self_attn.o_proj.weight", {C, Cq}, {Box{{0, t * Hl * D}, {C, Hl * D}}}, proj_std, 0);
+      add(h + "post_attention_layernorm.weight", {C}, {}, 0, 1);
+      add(h + "mlp.gate_up.weight", {2 * F, C}, {rows(t * Fl, Fl, C), rows(F + t * Fl, Fl, C)},
+          w_std, 0);
+      add(h + "mlp.down_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std, 0);
+      end_unit();
+    }
+    add("norm.weight", {C}, {}, 0, 1);
   }
-  add("ln_f.weight", {C}, {}, 0, 1);
-  add("ln_f.bias", {C}, {}, 0, 0);
+  if (!cfg.tie_embeddings) add("lm_head", {V, C}, vocab_rows, w_std, 0);
   end_unit();
   return out;
 }
@@ -135,8 +190,11 @@ double GPT2FlopsPerToken(const GPT2Config& cfg, int seq_len) {
   GPT2Config global = cfg;
   global.tp_size = 1;
   global.tp_rank = 0;
+  // Every parameter but the position table and, with an untied head, the token table (a
+  // lookup, no multiply-adds); a tied table counts once, as the head.
   for (const ParamInfo& p : GPT2ParamLayout(global)) {
-    if (p.name != "wpe") n += static_cast<double>(p.numel);
+    const bool table = p.name == "wte" || p.name == "embed_tokens";
+    if (p.name != "wpe" && !(table && !cfg.tie_embeddings)) n += static_cast<double>(p.numel);
   }
   return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * static_cast<double>(seq_len);
 }
@@ -225,12 +283,14 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   if (N <= capacity_tokens_) return;
   capacity_tokens_ = static_cast<int>(N);
   MemoryKindScope kind(MemoryKind::kActivations);
-  const int64_t C = cfg_.d_model, V = cfg_.vocab_size, Hl = cfg_.n_head / cfg_.tp_size,
-                Cl = C / cfg_.tp_size, Fl = 4 * C / cfg_.tp_size;
+  const int64_t C = cfg_.d_model, V = cfg_.vocab_rows(), Hl = cfg_.n_head / cfg_.tp_size,
+                Cl = C / cfg_.tp_size, Fl = cfg_.ff() / cfg_.tp_size, Wl = QkvWidth(),
+                Gl = cfg_.llama() ? 2 * Fl : Fl;  // fc output: gate|up
+  const bool llama = cfg_.llama();
   const ScalarType dt = ScalarTypeOf<T>();
   encoded_ = Tensor::Empty({N, C}, dt);
   lnf_ = Tensor::Empty({N, C}, dt);
-  lnf_mean_ = Tensor::Empty({N}, dt);
+  lnf_mean_ = Tensor::Empty({llama ? 0 : N}, dt);
   lnf_rstd_ = Tensor::Empty({N}, dt);
   head_rows_ = HeadChunkRows(N, V);
   head_logits_ = Tensor::Empty({head_rows_, V}, dt);
@@ -239,7 +299,7 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   // One layer's full set of activations.
   auto allocate = [&](LayerActs& a) {
     a.ln1 = Tensor::Empty({N, C}, dt);
-    a.ln1_mean = Tensor::Empty({N}, dt);
+    a.ln1_mean = Tensor::Empty({llama ? 0 : N}, dt);  // RMSNorm keeps no mean
     a.ln1_rstd = Tensor::Empty({N}, dt);
     a.q = Tensor::Empty({N, Cl}, dt);
     a.k = Tensor::Empty({N, Cl}, dt);
@@ -249,9 +309,9 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
     a.atty = Tensor::Empty({N, Cl}, dt);
     a.res2 = Tensor::Empty({N, C}, dt);
     a.ln2 = Tensor::Empty({N, C}, dt);
-    a.ln2_mean = Tensor::Empty({N}, dt);
+    a.ln2_mean = Tensor::Empty({llama ? 0 : N}, dt);
     a.ln2_rstd = Tensor::Empty({N}, dt);
-    a.fch = Tensor::Empty({N, Fl}, dt);
+    a.fch = Tensor::Empty({N, Gl}, dt);
     a.fch_gelu = Tensor::Empty({N, Fl}, dt);
     a.res3 = Tensor::Empty({N, C}, dt);
   };
@@ -271,7 +331,7 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
       a.q = Tensor::Empty({N, Cl}, dt);
       a.k = Tensor::Empty({N, Cl}, dt);
       a.v = Tensor::Empty({N, Cl}, dt);
-      a.fch = Tensor::Empty({N, Fl}, dt);
+      a.fch = Tensor::Empty({N, Gl}, dt);
     }
     // Context parallel (allgather): every rank's K and V are gathered again on recompute.
     const Communicator* cp = par_ != nullptr ? par_->cp : nullptr;
@@ -286,16 +346,16 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
     }
   }
   MemoryKindScope scratch(MemoryKind::kActivations);
-  qkv_ = Tensor::Empty({N, 3 * Cl}, dt);
+  qkv_ = Tensor::Empty({N, Wl}, dt);
   dres_ = Tensor::Empty({N, C}, dt);
   dln_ = Tensor::Empty({N, C}, dt);
-  dqkv_ = Tensor::Empty({N, 3 * Cl}, dt);
+  dqkv_ = Tensor::Empty({N, Wl}, dt);
   dq_ = Tensor::Empty({N, Cl}, dt);
   dk_ = Tensor::Empty({N, Cl}, dt);
   dv_ = Tensor::Empty({N, Cl}, dt);
   datt_ = Tensor::Empty({N, Cl}, dt);
   datty_ = Tensor::Empty({N, Cl}, dt);
-  dfch_ = Tensor::Empty({N, Fl}, dt);
+  dfch_ = Tensor::Empty({N, Gl}, dt);
   dfch_gelu_ = Tensor::Empty({N, Fl}, dt);
 }
 
@@ -353,16 +413,56 @@ Status GPT2<T>::TpAllReduce(T* data, int64_t count) {
 
 template <typename T>
 Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* positions) {
+  if (cfg_.tp_size > 1) {
+    return FailedPreconditionError("the whole logits need the whole vocabulary: tp_size 1 only");
+  }
   MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions));
   const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model, V = cfg_.vocab_size;
   if (!logits_.defined() || logits_.numel() < N * V) {
     MemoryKindScope kind(MemoryKind::kActivations);
     logits_ = Tensor::Empty({N, V}, ScalarTypeOf<T>());
   }
-  // LM head tied to the token embedding (replicated over tp).
-  cpu::MatmulForward(logits_.template data<T>(), lnf_.template data<T>(), param(*FindParam("wte")),
-                     static_cast<const T*>(nullptr), N, C, V);
+  cpu::MatmulForward(logits_.template data<T>(), lnf_.template data<T>(),
+                     param(*FindParam(HeadWeightName(cfg_))), static_cast<const T*>(nullptr), N, C,
+                     V);
   return OkStatus();
+}
+
+template <typename T>
+void GPT2<T>::PrepareRope() {
+  // Llama's rotary frequencies, as transformers computes them in float32: inv_freq[i] =
+  // theta^(−2i/D), rescaled by llama3's rule, then angle = position·inv_freq.
+  const int64_t D = cfg_.head_dim(), half = D / 2;
+  std::vector<float> inv(half);
+  for (int64_t i = 0; i < half; ++i) {
+    const float expo = static_cast<float>(2 * i) / static_cast<float>(D);
+    inv[i] = 1.0f / std::pow(static_cast<float>(cfg_.rope_theta), expo);
+  }
+  if (cfg_.rope_scaling.llama3) {
+    const RopeScaling& r = cfg_.rope_scaling;
+    const double orig = r.original_max_position_embeddings;
+    const double low_wavelen = orig / r.low_freq_factor, high_wavelen = orig / r.high_freq_factor;
+    for (int64_t i = 0; i < half; ++i) {
+      const float f = inv[i];
+      const float wavelen = 2.0f * static_cast<float>(M_PI) / f;
+      if (wavelen > low_wavelen) {
+        inv[i] = f / static_cast<float>(r.factor);
+      } else if (wavelen >= high_wavelen) {
+        const float smooth = static_cast<float>((orig / wavelen - r.low_freq_factor) /
+                                                (r.high_freq_factor - r.low_freq_factor));
+        inv[i] = (1.0f - smooth) * f / static_cast<float>(r.factor) + smooth * f;
+      }
+    }
+  }
+  rope_cos_.resize(static_cast<size_t>(T_) * half);
+  rope_sin_.resize(rope_cos_.size());
+  for (int t = 0; t < T_; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = static_cast<float>(seq_positions_[t]) * inv[i];
+      rope_cos_[t * half + i] = static_cast<T>(std::cos(angle));
+      rope_sin_[t * half + i] = static_cast<T>(std::sin(angle));
+    }
+  }
 }
 
 template <typename T>
@@ -375,11 +475,17 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   for (int t = 0; t < Tn; ++t) seq_positions_[t] = positions ? positions[t] : t;
   positions_.resize(N);
   for (int64_t i = 0; i < N; ++i) positions_[i] = seq_positions_[i % Tn];
+  if (cfg_.llama()) PrepareRope();
 
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   T* x = encoded_.template data<T>();
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 0));
-  cpu::EmbeddingForward(x, tokens_.data(), positions_.data(), P("wte"), P("wpe"), N, C);
+  // The token embedding is vocab-parallel: each tp rank adds its rows, the all-reduce sums them.
+  const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
+  cpu::EmbeddingRowsForward(x, tokens_.data(), P(table), cfg_.vocab_first(), cfg_.vocab_rows(), N,
+                            C);
+  MESHRUN_RETURN_IF_ERROR(TpAllReduce(x, N * C));
+  if (!cfg_.llama()) AddPositions(x, P("wpe"), N, C);
   for (int l = 0; l < L; ++l) {
     MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 1 + l));
     MESHRUN_RETURN_IF_ERROR(BlockForward(l, l == 0 ? x : acts_[l - 1].res3.template data<T>()));
@@ -387,44 +493,112 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   }
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, L + 1));
   const T* last = L > 0 ? acts_.back().res3.template data<T>() : x;
-  cpu::LayerNormForward(lnf_.template data<T>(), lnf_mean_.template data<T>(),
-                        lnf_rstd_.template data<T>(), last, P("ln_f.weight"), P("ln_f.bias"), N, C,
-                        cfg_.ln_eps);
+  if (cfg_.llama()) {
+    cpu::RMSNormForward(lnf_.template data<T>(), lnf_rstd_.template data<T>(), last,
+                        P("norm.weight"), N, C, cfg_.ln_eps);
+  } else {
+    cpu::LayerNormForward(lnf_.template data<T>(), lnf_mean_.template data<T>(),
+                          lnf_rstd_.template data<T>(), last, P("ln_f.weight"), P("ln_f.bias"), N,
+                          C, cfg_.ln_eps);
+  }
   return OkStatus();
+}
+
+template <typename T>
+void GPT2<T>::AddPositions(T* x, const T* wpe, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* row = wpe + static_cast<int64_t>(positions_[i]) * C;
+    for (int64_t c = 0; c < C; ++c) x[i * C + c] += row[c];
+  }
+}
+
+template <typename T>
+void GPT2<T>::Norm(int l, int which, LayerActs& a, const T* inp) {
+  // which 1: before attention, 2: before the MLP.
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
+  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  Tensor& out = which == 1 ? a.ln1 : a.ln2;
+  Tensor& mean = which == 1 ? a.ln1_mean : a.ln2_mean;
+  Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
+  if (cfg_.llama()) {
+    const std::string w =
+        "layers." + std::to_string(l) +
+        (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
+    cpu::RMSNormForward(out.template data<T>(), rstd.template data<T>(), inp, P(w), N, C,
+                        cfg_.ln_eps);
+  } else {
+    const std::string h = "h." + std::to_string(l) + (which == 1 ? ".ln_1." : ".ln_2.");
+    cpu::LayerNormForward(out.template data<T>(), mean.template data<T>(), rstd.template data<T>(),
+                          inp, P(h + "weight"), P(h + "bias"), N, C, cfg_.ln_eps);
+  }
+}
+
+template <typename T>
+void GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
+  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
+  const Tensor& mean = which == 1 ? a.ln1_mean : a.ln2_mean;
+  const Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
+  if (cfg_.llama()) {
+    const std::string w =
+        "layers." + std::to_string(l) +
+        (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
+    cpu::RMSNormBackward(dinp, G(w), dout, inp, P(w), rstd.template data<T>(), N, C);
+  } else {
+    const std::string h = "h." + std::to_string(l) + (which == 1 ? ".ln_1." : ".ln_2.");
+    cpu::LayerNormBackward(dinp, G(h + "weight"), G(h + "bias"), dout, inp, P(h + "weight"),
+                           mean.template data<T>(), rstd.template data<T>(), N, C);
+  }
 }
 
 template <typename T>
 Status GPT2<T>::BlockForward(int l, const T* residual) {
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
-                Fl = 4 * C / cfg_.tp_size;
+                Fl = cfg_.ff() / cfg_.tp_size;
+  const bool llama = cfg_.llama();
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  auto Popt = [&](const std::string& name) -> const T* {
+    const ParamInfo* p = FindParam(name);
+    return p != nullptr ? param(*p) : nullptr;
+  };
   LayerActs& a = acts_[l];
-  const std::string h = "h." + std::to_string(l) + ".";
-  // Attention block: qkv is column parallel (this rank's heads), c_proj row parallel.
-  cpu::LayerNormForward(a.ln1.template data<T>(), a.ln1_mean.template data<T>(),
-                        a.ln1_rstd.template data<T>(), residual, P(h + "ln_1.weight"),
-                        P(h + "ln_1.bias"), N, C, cfg_.ln_eps);
-  cpu::MatmulForward(qkv_.template data<T>(), a.ln1.template data<T>(), P(h + "attn.c_attn.weight"),
-                     P(h + "attn.c_attn.bias"), N, C, 3 * Cl);
+  const std::string h = (llama ? "layers." : "h.") + std::to_string(l) + ".";
+  // Attention block: qkv is column parallel (this rank's heads), the output projection row
+  // parallel.
+  Norm(l, 1, a, residual);
+  cpu::MatmulForward(qkv_.template data<T>(), a.ln1.template data<T>(),
+                     P(h + (llama ? "self_attn.qkv.weight" : "attn.c_attn.weight")),
+                     Popt(h + (llama ? "self_attn.qkv.bias" : "attn.c_attn.bias")), N, C,
+                     QkvWidth());
   MESHRUN_RETURN_IF_ERROR(AttentionForward(a));
   T* attproj = dln_.template data<T>();  // scratch: attproj is not needed for backward
-  cpu::MatmulForward(attproj, a.atty.template data<T>(), P(h + "attn.c_proj.weight"),
+  cpu::MatmulForward(attproj, a.atty.template data<T>(),
+                     P(h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight")),
                      static_cast<const T*>(nullptr), N, Cl, C);
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(attproj, N * C));
-  AddBias(attproj, P(h + "attn.c_proj.bias"), N, C);
+  if (!llama) AddBias(attproj, P(h + "attn.c_proj.bias"), N, C);
   cpu::ResidualForward(a.res2.template data<T>(), residual, attproj, N * C);
-  // MLP block: c_fc column parallel, c_proj row parallel.
-  cpu::LayerNormForward(a.ln2.template data<T>(), a.ln2_mean.template data<T>(),
-                        a.ln2_rstd.template data<T>(), a.res2.template data<T>(),
-                        P(h + "ln_2.weight"), P(h + "ln_2.bias"), N, C, cfg_.ln_eps);
-  cpu::MatmulForward(a.fch.template data<T>(), a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"),
-                     P(h + "mlp.c_fc.bias"), N, C, Fl);
-  cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
+  // MLP block: fc (gate|up) column parallel, proj (down) row parallel.
+  Norm(l, 2, a, a.res2.template data<T>());
   T* fcproj = dln_.template data<T>();
-  cpu::MatmulForward(fcproj, a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"),
-                     static_cast<const T*>(nullptr), N, Fl, C);
-  MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
-  AddBias(fcproj, P(h + "mlp.c_proj.bias"), N, C);
+  if (llama) {
+    cpu::MatmulForward(a.fch.template data<T>(), a.ln2.template data<T>(),
+                       P(h + "mlp.gate_up.weight"), static_cast<const T*>(nullptr), N, C, 2 * Fl);
+    cpu::SwiGLUForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl);
+    cpu::MatmulForward(fcproj, a.fch_gelu.template data<T>(), P(h + "mlp.down_proj.weight"),
+                       static_cast<const T*>(nullptr), N, Fl, C);
+    MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
+  } else {
+    cpu::MatmulForward(a.fch.template data<T>(), a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"),
+                       P(h + "mlp.c_fc.bias"), N, C, Fl);
+    cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
+    cpu::MatmulForward(fcproj, a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"),
+                       static_cast<const T*>(nullptr), N, Fl, C);
+    MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
+    AddBias(fcproj, P(h + "mlp.c_proj.bias"), N, C);
+  }
   cpu::ResidualForward(a.res3.template data<T>(), a.res2.template data<T>(), fcproj, N * C);
   return OkStatus();
 }
@@ -440,47 +614,72 @@ Status GPT2<T>::RecomputeBlock(int l, const T* residual) {
     }
     case Recompute::kSelective: break;
   }
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Fl = 4 * C / cfg_.tp_size;
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  const int64_t N = static_cast<int64_t>(B_) * T_, Fl = cfg_.ff() / cfg_.tp_size;
   LayerActs& a = acts_[l];
-  const std::string h = "h." + std::to_string(l) + ".";
-  cpu::LayerNormForward(a.ln1.template data<T>(), a.ln1_mean.template data<T>(),
-                        a.ln1_rstd.template data<T>(), residual, P(h + "ln_1.weight"),
-                        P(h + "ln_1.bias"), N, C, cfg_.ln_eps);
+  Norm(l, 1, a, residual);
   MESHRUN_RETURN_IF_ERROR(AttentionForward(a, /*split_qkv=*/false));
-  cpu::LayerNormForward(a.ln2.template data<T>(), a.ln2_mean.template data<T>(),
-                        a.ln2_rstd.template data<T>(), a.res2.template data<T>(),
-                        P(h + "ln_2.weight"), P(h + "ln_2.bias"), N, C, cfg_.ln_eps);
-  cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
+  Norm(l, 2, a, a.res2.template data<T>());
+  if (cfg_.llama()) {
+    cpu::SwiGLUForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl);
+  } else {
+    cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
+  }
   return OkStatus();
 }
 
 int64_t HeadChunkRows(int64_t tokens, int64_t vocab) {
   // 2^23 floats (32 MiB) of logits at a time, or all rows when they fit.
-  return std::max<int64_t>(1, std::min<int64_t>(tokens, (int64_t{1} << 23) / vocab));
+  return std::max<int64_t>(
+      1, std::min<int64_t>(tokens, (int64_t{1} << 23) / std::max<int64_t>(1, vocab)));
 }
 
 template <typename T>
-double GPT2<T>::HeadLoss(const int32_t* targets, bool with_grad, double grad_scale) {
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_size;
-  const T* wte = param(*FindParam("wte"));
-  T* dwte = with_grad ? grad(*FindParam("wte")) : nullptr;
+StatusOr<double> GPT2<T>::HeadLoss(const int32_t* targets, bool with_grad, double grad_scale) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_rows();
+  const int64_t first = cfg_.vocab_first();
+  const ParamInfo& head = *FindParam(HeadWeightName(cfg_));
+  const T* w = param(head);
+  T* dw = with_grad ? grad(head) : nullptr;
   T* losses = losses_.template data<T>();
   T* logits = head_logits_.template data<T>();
   const T* lnf = lnf_.template data<T>();
   if (with_grad) Zero<T>(dln_);
-  // One chunk of rows at a time: logits, cross-entropy (the fused kernel writes dlogits over
-  // the logits), and with a backward to follow, the head's two gradients right away.
+  Communicator* tp = nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    if (par_ != nullptr && par_->tp != nullptr && par_->tp->size() > 1) tp = par_->tp;
+  }
+  // One chunk of rows at a time: logits, cross-entropy (dlogits written over the logits), and
+  // with a backward to follow, the head's two gradients right away.
   for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
     const int64_t rows = std::min(head_rows_, N - r0);
-    cpu::MatmulForward(logits, lnf + r0 * C, wte, static_cast<const T*>(nullptr), rows, C, V);
-    cpu::SoftmaxCrossEntropy(losses + r0, with_grad ? logits : static_cast<T*>(nullptr), logits,
-                             targets + r0, rows, V, static_cast<T>(grad_scale));
+    cpu::MatmulForward(logits, lnf + r0 * C, w, static_cast<const T*>(nullptr), rows, C, V);
+    if (tp == nullptr) {
+      cpu::SoftmaxCrossEntropy(losses + r0, with_grad ? logits : static_cast<T*>(nullptr), logits,
+                               targets + r0, rows, V, static_cast<T>(grad_scale));
+    } else if constexpr (std::is_same_v<T, float>) {
+      // Vocab-parallel cross-entropy: every rank's {log-sum-exp, target logit} per row, gathered
+      // (one all-gather of 2 floats per row), give the loss over the whole vocabulary.
+      const int n = tp->size();
+      head_stats_.resize(static_cast<size_t>(2 * rows));
+      head_all_stats_.resize(static_cast<size_t>(2 * rows * n));
+      head_lse_.resize(static_cast<size_t>(rows));
+      cpu::VocabShardStats(head_stats_.data(), logits, targets + r0, first, rows, V);
+      MESHRUN_RETURN_IF_ERROR(tp->AllGather(head_stats_.data(), head_all_stats_.data(),
+                                            static_cast<size_t>(2 * rows),
+                                            CallOptions::Axis("tp")));
+      cpu::VocabShardLoss(losses + r0, head_lse_.data(), head_all_stats_.data(), n, rows);
+      if (with_grad) {
+        cpu::VocabShardGrad(logits, logits, head_lse_.data(), targets + r0, first, rows, V,
+                            static_cast<T>(grad_scale));
+      }
+    }
     if (with_grad) {
-      cpu::MatmulBackward(dln_.template data<T>() + r0 * C, dwte, static_cast<T*>(nullptr), logits,
-                          lnf + r0 * C, wte, rows, C, V);
+      cpu::MatmulBackward(dln_.template data<T>() + r0 * C, dw, static_cast<T*>(nullptr), logits,
+                          lnf + r0 * C, w, rows, C, V);
     }
   }
+  // Each rank's head saw only its vocabulary rows: the input gradient is their sum.
+  if (with_grad) MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln_.template data<T>(), N * C));
   double sum = 0;
   for (int64_t i = 0; i < N; ++i) sum += static_cast<double>(losses[i]);
   return sum;
@@ -501,7 +700,7 @@ StatusOr<double> GPT2<T>::ForwardBackward(const int32_t* inputs, const int32_t* 
   // from the forward) get their gradient buffers first.
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 0));
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, cfg_.n_layer + 1));
-  const double loss = HeadLoss(targets, /*with_grad=*/true, grad_scale);
+  MESHRUN_ASSIGN_OR_RETURN(const double loss, HeadLoss(targets, /*with_grad=*/true, grad_scale));
   MESHRUN_RETURN_IF_ERROR(Backward());
   return loss;
 }
@@ -515,11 +714,16 @@ Status GPT2<T>::Backward() {
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
 
-  // The head's backward is done (HeadLoss left the gradient of lnf in dln_); final LayerNorm.
+  // The head's backward is done (HeadLoss left the gradient of lnf in dln_); final norm.
   const T* last = L > 0 ? acts_.back().res3.template data<T>() : encoded_.template data<T>();
   Zero<T>(dres_);
-  cpu::LayerNormBackward(dres, G("ln_f.weight"), G("ln_f.bias"), dln, last, P("ln_f.weight"),
-                         lnf_mean_.template data<T>(), lnf_rstd_.template data<T>(), N, C);
+  if (cfg_.llama()) {
+    cpu::RMSNormBackward(dres, G("norm.weight"), dln, last, P("norm.weight"),
+                         lnf_rstd_.template data<T>(), N, C);
+  } else {
+    cpu::LayerNormBackward(dres, G("ln_f.weight"), G("ln_f.bias"), dln, last, P("ln_f.weight"),
+                           lnf_mean_.template data<T>(), lnf_rstd_.template data<T>(), N, C);
+  }
   MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
 
   for (int l = L - 1; l >= 0; --l) {
@@ -529,52 +733,75 @@ Status GPT2<T>::Backward() {
     MESHRUN_RETURN_IF_ERROR(BlockBackward(l, residual));
     MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, 1 + l));
   }
-  cpu::EmbeddingBackward(G("wte"), G("wpe"), dres, tokens_.data(), positions_.data(), N, C);
+  // dres is the same on every tp rank: each adds it to its own vocabulary rows.
+  const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
+  cpu::EmbeddingRowsBackward(G(table), dres, tokens_.data(), cfg_.vocab_first(), cfg_.vocab_rows(),
+                             N, C);
+  if (!cfg_.llama()) {
+    T* dwpe = G("wpe");
+    for (int64_t i = 0; i < N; ++i) {
+      T* row = dwpe + static_cast<int64_t>(positions_[i]) * C;
+      const T* g = dres + i * C;
+      for (int64_t c = 0; c < C; ++c) row[c] += g[c];
+    }
+  }
   return Hook(kAfterBackward, 0);
 }
 
 template <typename T>
 Status GPT2<T>::BlockBackward(int l, const T* residual) {
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
-                Fl = 4 * C / cfg_.tp_size;
+                Fl = cfg_.ff() / cfg_.tp_size;
+  const bool llama = cfg_.llama();
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
+  auto Gopt = [&](const std::string& name) -> T* {
+    const ParamInfo* p = FindParam(name);
+    return p != nullptr ? grad(*p) : nullptr;
+  };
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
   LayerActs& a = acts_[l];
-  const std::string h = "h." + std::to_string(l) + ".";
-  // MLP block: res3 = res2 + proj(gelu(fc(ln2(res2)))); dres flows to res2 unchanged.
-  BiasBackward(G(h + "mlp.c_proj.bias"), dres, N, C);
+  const std::string h = (llama ? "layers." : "h.") + std::to_string(l) + ".";
+  // MLP block: res3 = res2 + proj(act(fc(norm2(res2)))); dres flows to res2 unchanged.
   Zero<T>(dfch_gelu_);
-  cpu::MatmulBackward(dfch_gelu_.template data<T>(), G(h + "mlp.c_proj.weight"),
-                      static_cast<T*>(nullptr), dres, a.fch_gelu.template data<T>(),
-                      P(h + "mlp.c_proj.weight"), N, Fl, C);
   Zero<T>(dfch_);
-  cpu::GeluBackward(dfch_.template data<T>(), a.fch.template data<T>(),
-                    dfch_gelu_.template data<T>(), N * Fl);
   Zero<T>(dln_);
-  cpu::MatmulBackward(dln, G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"),
-                      dfch_.template data<T>(), a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"),
-                      N, C, Fl);
+  if (llama) {
+    cpu::MatmulBackward(dfch_gelu_.template data<T>(), G(h + "mlp.down_proj.weight"),
+                        static_cast<T*>(nullptr), dres, a.fch_gelu.template data<T>(),
+                        P(h + "mlp.down_proj.weight"), N, Fl, C);
+    cpu::SwiGLUBackward(dfch_.template data<T>(), a.fch.template data<T>(),
+                        dfch_gelu_.template data<T>(), N, Fl);
+    cpu::MatmulBackward(dln, G(h + "mlp.gate_up.weight"), static_cast<T*>(nullptr),
+                        dfch_.template data<T>(), a.ln2.template data<T>(),
+                        P(h + "mlp.gate_up.weight"), N, C, 2 * Fl);
+  } else {
+    BiasBackward(G(h + "mlp.c_proj.bias"), dres, N, C);
+    cpu::MatmulBackward(dfch_gelu_.template data<T>(), G(h + "mlp.c_proj.weight"),
+                        static_cast<T*>(nullptr), dres, a.fch_gelu.template data<T>(),
+                        P(h + "mlp.c_proj.weight"), N, Fl, C);
+    cpu::GeluBackward(dfch_.template data<T>(), a.fch.template data<T>(),
+                      dfch_gelu_.template data<T>(), N * Fl);
+    cpu::MatmulBackward(dln, G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"),
+                        dfch_.template data<T>(), a.ln2.template data<T>(),
+                        P(h + "mlp.c_fc.weight"), N, C, Fl);
+  }
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
-  cpu::LayerNormBackward(dres, G(h + "ln_2.weight"), G(h + "ln_2.bias"), dln,
-                         a.res2.template data<T>(), P(h + "ln_2.weight"),
-                         a.ln2_mean.template data<T>(), a.ln2_rstd.template data<T>(), N, C);
-  // Attention block: res2 = residual + proj(attn(qkv(ln1(residual)))).
-  BiasBackward(G(h + "attn.c_proj.bias"), dres, N, C);
+  NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln);
+  // Attention block: res2 = residual + proj(attn(qkv(norm1(residual)))).
+  if (!llama) BiasBackward(G(h + "attn.c_proj.bias"), dres, N, C);
   Zero<T>(datty_);
-  cpu::MatmulBackward(datty_.template data<T>(), G(h + "attn.c_proj.weight"),
-                      static_cast<T*>(nullptr), dres, a.atty.template data<T>(),
-                      P(h + "attn.c_proj.weight"), N, Cl, C);
+  const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
+  cpu::MatmulBackward(datty_.template data<T>(), G(o), static_cast<T*>(nullptr), dres,
+                      a.atty.template data<T>(), P(o), N, Cl, C);
   MESHRUN_RETURN_IF_ERROR(AttentionBackward(a));
   Zero<T>(dln_);
-  cpu::MatmulBackward(dln, G(h + "attn.c_attn.weight"), G(h + "attn.c_attn.bias"),
-                      dqkv_.template data<T>(), a.ln1.template data<T>(),
-                      P(h + "attn.c_attn.weight"), N, C, 3 * Cl);
+  const std::string qkv = h + (llama ? "self_attn.qkv." : "attn.c_attn.");
+  cpu::MatmulBackward(dln, G(qkv + "weight"), Gopt(qkv + "bias"), dqkv_.template data<T>(),
+                      a.ln1.template data<T>(), P(qkv + "weight"), N, C, QkvWidth());
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
-  cpu::LayerNormBackward(dres, G(h + "ln_1.weight"), G(h + "ln_1.bias"), dln, residual,
-                         P(h + "ln_1.weight"), a.ln1_mean.template data<T>(),
-                         a.ln1_rstd.template data<T>(), N, C);
+  NormBackward(l, 1, a, residual, dres, dln);
   return OkStatus();
 }
 

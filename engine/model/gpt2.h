@@ -19,14 +19,35 @@ namespace meshrun {
 // and recomputes the whole block (its tp and cp collectives included).
 enum class Recompute { kNone, kSelective, kFull };
 
+// The architecture of a model (docs/model.md): GPT-2 (LayerNorm, learned positions, GELU MLP,
+// biases) or the Llama family (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention).
+enum class Arch { kGpt2, kLlama };
+
+// Llama 3's frequency-dependent rescaling of the rotary frequencies (rope_scaling type llama3).
+struct RopeScaling {
+  bool llama3 = false;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct GPT2Config {
+  Arch arch = Arch::kGpt2;
   int vocab_size = 256;
   int n_layer = 2;
   int n_head = 4;
+  int n_kv_head = 4;  // grouped-query attention (llama only: gpt2 uses n_head)
   int d_model = 64;
-  int max_seq_len = 64;  // rows of the position embedding (n_positions)
-  double ln_eps = 1e-5;
-  // Tensor parallel: this rank holds 1/tp_size of the heads and MLP units (docs/model.md).
+  int d_ff = 256;        // the MLP's width (llama only: gpt2 uses 4·d_model)
+  int max_seq_len = 64;  // rows of the position embedding (n_positions; gpt2 only)
+  double ln_eps = 1e-5;  // LayerNorm / RMSNorm epsilon
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  bool tie_embeddings = true;   // the head reads the token embedding (else its own lm_head)
+  bool attention_bias = false;  // llama: biases on q, k and v (Qwen2); gpt2 always has biases
+  // Tensor parallel: this rank holds 1/tp_size of the heads, MLP units and vocabulary rows.
   int tp_size = 1;
   int tp_rank = 0;
   // FSDP: each unit's flat parameters are padded to a multiple of fsdp_size (= S·C) so that
@@ -34,6 +55,15 @@ struct GPT2Config {
   int fsdp_size = 1;
   Recompute recompute = Recompute::kNone;
   bool operator==(const GPT2Config&) const = default;
+
+  bool llama() const { return arch == Arch::kLlama; }
+  int head_dim() const { return d_model / n_head; }
+  int kv_heads() const { return llama() ? n_kv_head : n_head; }
+  int ff() const { return llama() ? d_ff : 4 * d_model; }  // the MLP's hidden units
+  // This tp rank's vocabulary rows [vocab_first(), vocab_first() + vocab_rows()): ⌈V/T⌉ each,
+  // fewer on the last rank.
+  int64_t vocab_first() const;
+  int64_t vocab_rows() const;
 };
 
 // The single-rank model of a job's `model:` section (tp 1, no FSDP padding, no recompute): the
@@ -103,6 +133,10 @@ struct ModelParallel {
   bool cp_ring = false;  // cp_comm_strategy: ring (else allgather)
   UnitHooks* fsdp = nullptr;
 };
+
+// The parameter the head multiplies by: the token table when tied ("wte", "embed_tokens"),
+// else "lm_head".
+std::string HeadWeightName(const GPT2Config& cfg);
 
 // Rows of logits the head computes at once for `tokens` rows of a vocabulary of `vocab`:
 // all of them up to 2^23 floats (32 MiB), fewer beyond (the logits of GPT-2 at 1,024 tokens are
@@ -185,7 +219,7 @@ class GPT2 {
   Status ForwardTrunk(const int32_t* inputs, int B, int seq_len, const int32_t* positions);
   // The head and cross-entropy over HeadChunkRows rows at a time; with_grad also leaves the
   // gradient of the final LayerNorm's output in dln_ and adds the head's to wte's gradient.
-  double HeadLoss(const int32_t* targets, bool with_grad, double grad_scale);
+  StatusOr<double> HeadLoss(const int32_t* targets, bool with_grad, double grad_scale);
   // The backward from the final LayerNorm down (after HeadLoss with_grad).
   Status Backward();
   // One block's forward from its input `residual` into acts_[l]; its backward from dres_
@@ -201,11 +235,25 @@ class GPT2 {
   // Sum over the tp group (after row-parallel layers in forward, column-parallel in backward).
   Status TpAllReduce(T* data, int64_t count);
   Status Hook(int which, int unit);
+  // Columns of the fused q|k|v output on this rank: (heads + 2·kv heads) · head_dim.
+  int64_t QkvWidth() const {
+    return int64_t{cfg_.n_head / cfg_.tp_size + 2 * (cfg_.kv_heads() / cfg_.tp_size)} *
+           cfg_.head_dim();
+  }
+  // The rotary cos/sin tables of this forward's positions (llama).
+  void PrepareRope();
+  // x[i] += wpe[positions_[i]] (gpt2).
+  void AddPositions(T* x, const T* wpe, int64_t N, int64_t C);
+  // Layer l's norm before attention (which 1) or the MLP (2): LayerNorm or RMSNorm by arch.
+  void Norm(int l, int which, LayerActs& a, const T* inp);
+  void NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout);
 
   GPT2Config cfg_;
   std::vector<ParamInfo> layout_;
   std::vector<UnitInfo> units_;
   const ModelParallel* par_ = nullptr;
+  std::vector<T> rope_cos_, rope_sin_;  // (T_, head_dim/2) for this forward's positions
+  std::vector<T> head_stats_, head_all_stats_, head_lse_;  // vocab-parallel cross-entropy
   std::vector<int32_t> k_positions_;           // cp allgather: global positions of gathered keys
   Tensor cp_send_, cp_recv_, cp_kv_, cp_dkv_;  // cp scratch
   int64_t num_params_ = 0;

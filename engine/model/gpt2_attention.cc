@@ -13,38 +13,47 @@
 namespace meshrun {
 namespace {
 
-// qkv (B,T,3,H,D) → q, k, v each (B,H,T,D).
+// qkv rows [q (H·D) | k (K·D) | v (K·D)] → q, k, v each (B,H,T,D): with grouped-query
+// attention (K < H) query head h reads key/value head h/(H/K), so k and v are repeated.
 template <typename T>
-void SplitHeads(T* q, T* k, T* v, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t D) {
-  const int64_t C = H * D;
+void SplitHeads(T* q, T* k, T* v, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t K,
+                int64_t D) {
+  const int64_t W = (H + 2 * K) * D, group = H / K;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < Tn; ++t) {
-      const T* row = qkv + (b * Tn + t) * 3 * C;
+      const T* row = qkv + (b * Tn + t) * W;
       for (int64_t h = 0; h < H; ++h) {
         const int64_t dst = ((b * H + h) * Tn + t) * D;
+        const int64_t kv = h / group;
         std::memcpy(q + dst, row + h * D, sizeof(T) * D);
-        std::memcpy(k + dst, row + C + h * D, sizeof(T) * D);
-        std::memcpy(v + dst, row + 2 * C + h * D, sizeof(T) * D);
+        std::memcpy(k + dst, row + (H + kv) * D, sizeof(T) * D);
+        std::memcpy(v + dst, row + (H + K + kv) * D, sizeof(T) * D);
       }
     }
   }
 }
 
-// The inverse of SplitHeads.
+// The inverse of SplitHeads: the gradients of a repeated k/v head are summed (in head order).
 template <typename T>
 void MergeQkvGrads(T* dqkv, const T* dq, const T* dk, const T* dv, int64_t B, int64_t Tn, int64_t H,
-                   int64_t D) {
-  const int64_t C = H * D;
+                   int64_t K, int64_t D) {
+  const int64_t W = (H + 2 * K) * D, group = H / K;
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < Tn; ++t) {
-      T* row = dqkv + (b * Tn + t) * 3 * C;
+      T* row = dqkv + (b * Tn + t) * W;
+      std::memset(row + H * D, 0, sizeof(T) * 2 * K * D);
       for (int64_t h = 0; h < H; ++h) {
         const int64_t src = ((b * H + h) * Tn + t) * D;
+        const int64_t kv = h / group;
         std::memcpy(row + h * D, dq + src, sizeof(T) * D);
-        std::memcpy(row + C + h * D, dk + src, sizeof(T) * D);
-        std::memcpy(row + 2 * C + h * D, dv + src, sizeof(T) * D);
+        T* rk = row + (H + kv) * D;
+        T* rv = row + (H + K + kv) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          rk[d] += dk[src + d];
+          rv[d] += dv[src + d];
+        }
       }
     }
   }
@@ -117,7 +126,14 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
   T* v = a.v.template data<T>();
   T* att = a.att.template data<T>();
   T* lse = a.lse.template data<T>();
-  if (split_qkv) SplitHeads(q, k, v, qkv_.template data<T>(), B, Tn, Hl, D);
+  if (split_qkv) {
+    const int64_t Kl = cfg_.kv_heads() / cfg_.tp_size;
+    SplitHeads(q, k, v, qkv_.template data<T>(), B, Tn, Hl, Kl, D);
+    if (cfg_.llama()) {  // rotary embeddings at the tokens' global positions
+      cpu::RopeForward(q, rope_cos_.data(), rope_sin_.data(), B * Hl, Tn, D);
+      cpu::RopeForward(k, rope_cos_.data(), rope_sin_.data(), B * Hl, Tn, D);
+    }
+  }
   Communicator* cp = nullptr;
   if constexpr (std::is_same_v<T, float>) {
     if (par_ != nullptr && par_->cp != nullptr && par_->cp->size() > 1) cp = par_->cp;
@@ -243,7 +259,11 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
       std::memcpy(dv, nxt + count, sizeof(T) * count);
     }
   }
-  MergeQkvGrads(dqkv_.template data<T>(), dq, dk, dv, B, Tn, Hl, D);
+  if (cfg_.llama()) {
+    cpu::RopeBackward(dq, rope_cos_.data(), rope_sin_.data(), B * Hl, Tn, D);
+    cpu::RopeBackward(dk, rope_cos_.data(), rope_sin_.data(), B * Hl, Tn, D);
+  }
+  MergeQkvGrads(dqkv_.template data<T>(), dq, dk, dv, B, Tn, Hl, cfg_.kv_heads() / cfg_.tp_size, D);
   return OkStatus();
 }
 

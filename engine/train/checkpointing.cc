@@ -9,6 +9,7 @@
 
 #include "engine/comm/communicator.h"
 #include "engine/io/checkpoint.h"
+#include "engine/model/hf_checkpoint.h"
 #include "engine/train/trainer.h"
 
 namespace meshrun {
@@ -145,6 +146,14 @@ Status Trainer::LoadLatestCheckpoint(TrainObserver* observer) {
                   " dp_shard=" + std::to_string(saved.dp_shard) +
                   " cp=" + std::to_string(saved.cp) + " tp=" + std::to_string(saved.tp) + ")");
   return OkStatus();
+}
+
+Status LoadHuggingFaceShard(const std::string& dir, const GPT2Config& cfg, ShardedState* shards) {
+  MESHRUN_ASSIGN_OR_RETURN(GPT2Config file_cfg, ReadHuggingFaceConfig(dir));
+  MESHRUN_RETURN_IF_ERROR(CheckConfigMatches(cfg, file_cfg, dir));
+  MESHRUN_ASSIGN_OR_RETURN(HuggingFaceWeights weights, HuggingFaceWeights::Open(dir, cfg));
+  return shards->LoadPieces(
+      [&](const ParamInfo& p, const Box& box, float* out) { return weights.ReadBox(p, box, out); });
 }
 
 }  // namespace meshrun

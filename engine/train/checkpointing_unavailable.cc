@@ -1,7 +1,6 @@
 // Stand-ins for builds without meshrun_io (engine-only builds on machines without
 // nlohmann-json, such as the GPU machine): training works, checkpoints and Hugging Face
 // weights are refused with a clear error instead of failing the whole build.
-#include "engine/model/hf_gpt2.h"
 #include "engine/train/trainer.h"
 
 namespace meshrun {
@@ -26,7 +25,7 @@ Status Trainer::LoadCheckpoint(const std::string&) {
 Status Trainer::LoadLatestCheckpoint(TrainObserver*) {
   return NotFoundError("no checkpoints");
 }
-Status LoadHuggingFaceGPT2(const std::string&, GPT2<float>*) {
+Status LoadHuggingFaceShard(const std::string&, const GPT2Config&, ShardedState*) {
   return Unavailable("model.init_from");
 }
 

@@ -23,11 +23,15 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
   const double cp_forward_again = ac == "none" ? 0 : 1;
 
   // tp: four all-reduces of the activations (mb·Tl·d) per layer and micro-batch (two forward
-  // after the row-parallel layers, two backward after the column-parallel ones), plus the
-  // 8-byte all-gather of the squared grad norm.
+  // after the row-parallel layers, two backward after the column-parallel ones); the
+  // vocab-parallel embedding's all-reduce and the head's (its input gradient), each of the
+  // activations too; the head's all-gather of 2 floats per token (log-sum-exp and target logit
+  // of each rank's vocabulary shard); and the 8-byte all-gather of the squared grad norm.
   if (Tp > 1) {
     const double ar = mb * Tl * d * f * 2.0 * (Tp - 1) / Tp;
-    bytes["tp"] = micro_batches * L * (4 + 2 * tp_forward_again) * ar + 8.0 * (Tp - 1);
+    const double head_stats = 2.0 * mb * Tl * f * (Tp - 1);
+    bytes["tp"] =
+        micro_batches * ((L * (4 + 2 * tp_forward_again) + 2) * ar + head_stats) + 8.0 * (Tp - 1);
   }
   // cp: one K or V block is mb·(H/Tp)·Tl·(d/H) floats.
   if (C > 1) {
@@ -44,25 +48,33 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
   // the L layer units again before backward (unless fsdp_reshard_after_forward is false), and
   // every unit's gradient is reduce-scattered;
   // then the 8-byte all-gather of the squared grad norm.
-  GPT2Config cfg = GPT2ConfigOf(spec.model);
-  cfg.tp_size = Tp;
-  cfg.fsdp_size = N;
-  const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));
-  double shard_elems = 0;
-  for (const UnitInfo& u : units) shard_elems += static_cast<double>(u.padded) / N;
-  if (N > 1) {
-    double per_micro = 0;
-    for (size_t u = 0; u < units.size(); ++u) {
-      const bool layer = u > 0 && u + 1 < units.size();
-      const double unit_bytes = static_cast<double>(units[u].padded) * f * (N - 1) / N;
-      const bool again = layer && p.fsdp_reshard_after_forward;
-      per_micro += unit_bytes * (again ? 2 : 1);  // all-gathers
-      per_micro += unit_bytes;                    // reduce-scatter
+  // The tp ranks' units differ when tp splits the vocabulary unevenly: the figures are the
+  // average over ranks, as comm_bytes is.
+  double fsdp = 0, replicate = 0;
+  for (int t = 0; t < Tp; ++t) {
+    GPT2Config cfg = GPT2ConfigOf(spec.model);
+    cfg.tp_size = Tp;
+    cfg.tp_rank = t;
+    cfg.fsdp_size = N;
+    const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));
+    double shard_elems = 0;
+    for (const UnitInfo& u : units) shard_elems += static_cast<double>(u.padded) / N;
+    if (N > 1) {
+      double per_micro = 0;
+      for (size_t u = 0; u < units.size(); ++u) {
+        const bool layer = u > 0 && u + 1 < units.size();
+        const double unit_bytes = static_cast<double>(units[u].padded) * f * (N - 1) / N;
+        const bool again = layer && p.fsdp_reshard_after_forward;
+        per_micro += unit_bytes * (again ? 2 : 1);  // all-gathers
+        per_micro += unit_bytes;                    // reduce-scatter
+      }
+      fsdp += (micro_batches * per_micro + 8.0 * (N - 1)) / Tp;
     }
-    bytes["dp_shard"] = micro_batches * per_micro + 8.0 * (N - 1);
+    // Replicas all-reduce their gradient shards once per step.
+    if (R > 1) replicate += shard_elems * f * 2.0 * (R - 1) / R / Tp;
   }
-  // Replicas all-reduce their gradient shards once per step.
-  if (R > 1) bytes["dp_replicate"] = shard_elems * f * 2.0 * (R - 1) / R;
+  bytes["dp_shard"] = fsdp;
+  bytes["dp_replicate"] = replicate;
   return bytes;
 }
 

@@ -113,18 +113,20 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
 
   // Activations of one micro-batch of this rank's tokens (GPT2::EnsureActivations).
   const int64_t N = static_cast<int64_t>(spec.train.micro_batch_size) * (spec.model.seq_len / cp);
-  const int64_t C = cfg.d_model, V = cfg.vocab_size, Hl = cfg.n_head / tp, Cl = C / tp,
-                Fl = 4 * C / tp;
-  // The head computes its logits HeadChunkRows rows at a time.
-  const int64_t root = N * C * 2 + N * 2 + HeadChunkRows(N, V) * V + N;
-  const int64_t layer = N * C * 4 + N * 4 + N * Cl * 5 + N * Hl + N * Fl * 2;
-  const int64_t scratch = N * Cl * 3 * 2 + N * C * 2 + N * Cl * 5 + N * Fl * 2;
+  const int64_t C = cfg.d_model, V = cfg.vocab_rows(), Hl = cfg.n_head / tp, Cl = C / tp,
+                Fl = cfg.ff() / tp, Wl = (Hl + 2 * (cfg.kv_heads() / tp)) * cfg.head_dim(),
+                Gl = cfg.llama() ? 2 * Fl : Fl;  // the fc output: gate|up under llama
+  const int64_t means = cfg.llama() ? 0 : 1;     // RMSNorm keeps no mean
+  // The head computes its logits HeadChunkRows rows at a time (of this rank's vocabulary).
+  const int64_t root = N * C * 2 + N * (1 + means) + HeadChunkRows(N, V) * V + N;
+  const int64_t layer = N * C * 4 + N * 2 * (1 + means) + N * Cl * 5 + N * Hl + N * (Gl + Fl);
+  const int64_t scratch = N * Wl * 2 + N * C * 2 + N * Cl * 5 + N * (Gl + Fl);
   const std::string& ac = spec.train.activation_checkpointing;
   int64_t acts = root + scratch;
   if (ac == "none") {
     acts += L * layer;
   } else {
-    const int64_t kept = ac == "full" ? N * C : N * C * 2 + N * Cl * 3 + N * Fl;
+    const int64_t kept = ac == "full" ? N * C : N * C * 2 + N * Cl * 3 + N * Gl;
     acts += layer + L * kept;
   }
   // Context parallel: one K or V block is c = N·Cl floats on this rank.

@@ -140,14 +140,17 @@ void ShardedState::InitDeterministic(uint64_t seed) {
   }
 }
 
-void ShardedState::TakeShardOf(GPT2<float>& full) {
+Status ShardedState::LoadPieces(
+    const std::function<Status(const ParamInfo&, const Box&, float*)>& read) {
   float* dst = params();
   for (const ShardSegment& s : segments_) {
-    const ParamInfo& p = full.params()[s.param];
-    const float* src = full.param(p) + s.param_first;
-    if (dst + s.shard_offset != src)
-      std::memcpy(dst + s.shard_offset, src, sizeof(float) * s.count);
+    const ParamInfo& p = model_->params()[s.param];
+    for (const ParamPiece& piece : PiecesOf(p, s.param_first, s.count)) {
+      const int64_t at = s.shard_offset + (piece.local_first - s.param_first);
+      MESHRUN_RETURN_IF_ERROR(read(p, Box{piece.offset, piece.shape}, dst + at));
+    }
   }
+  return OkStatus();
 }
 
 void ShardedState::ZeroGrad() {

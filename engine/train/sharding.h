@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "common/job_spec.h"
@@ -56,9 +57,9 @@ class ShardedState final : public UnitHooks {
   // Element i of every parameter from InitNormal(seed, name, global index of i), computed for
   // this rank's shard only.
   void InitDeterministic(uint64_t seed);
-  // Takes this rank's shard of `full`, a model with its own storage and this model's config
-  // (e.g. one loaded from Hugging Face weights).
-  void TakeShardOf(GPT2<float>& full);
+  // Fills this rank's shard piece by piece: read(p, box, out) writes box (global coordinates
+  // of parameter p) row-major to out (e.g. from Hugging Face weights, reading only this shard).
+  Status LoadPieces(const std::function<Status(const ParamInfo&, const Box&, float*)>& read);
   // Start of a step.
   void ZeroGrad();
   // After the last micro-batch: replica gradients all-reduced (summed) over dp_replicate.

@@ -14,7 +14,6 @@
 
 #include "engine/comm/communicator.h"
 #include "engine/kernels/cpu/kernels.h"
-#include "engine/model/hf_gpt2.h"
 
 namespace meshrun {
 
@@ -116,19 +115,8 @@ Status Trainer::Init() {
   sampler_ = std::make_unique<BatchSampler>(std::move(sampler));
 
   if (!spec_.model.init_from.empty()) {
-    if (dims.tp() > 1) {
-      return InvalidArgumentError(
-          "model.init_from: loading Hugging Face weights under tp_size > 1 is not built yet "
-          "(hint: start with tp_size: 1, checkpoint, and resume under the tp mesh)");
-    }
-    if (!fsdp) {
-      MESHRUN_RETURN_IF_ERROR(LoadHuggingFaceGPT2(spec_.model.init_from, model_.get()));
-    } else {
-      // The whole (tp-local) model once, at start, then this rank's shard of it.
-      GPT2<float> full(cfg);
-      MESHRUN_RETURN_IF_ERROR(LoadHuggingFaceGPT2(spec_.model.init_from, &full));
-      shards_->TakeShardOf(full);
-    }
+    // Each rank reads only the slices it holds: its tp shard, and under FSDP its piece of it.
+    MESHRUN_RETURN_IF_ERROR(LoadHuggingFaceShard(spec_.model.init_from, cfg, shards_.get()));
   } else {
     shards_->InitDeterministic(static_cast<uint64_t>(spec_.train.seed));
   }

@@ -151,4 +151,8 @@ class Trainer {
 // "peak" that MFU is measured against (docs/model.md).
 double MeasureCpuGemmPeakFlops();
 
+// Loads a Hugging Face folder (model.init_from) into this rank's shard after checking its
+// config.json against `cfg`; each rank reads only its own slices (engine/model/hf_checkpoint.h).
+Status LoadHuggingFaceShard(const std::string& dir, const GPT2Config& cfg, ShardedState* shards);
+
 }  // namespace meshrun

@@ -144,9 +144,11 @@ TEST(JobSpecYamlTest, UnknownFieldsSuggestTheClosestName) {
             "model.N_HEAD: unknown field (line 3) (hint: did you mean 'n_head'?)");
   EXPECT_EQ(ErrorOf(Replace(kBlockSpec, "  steps: 20", "  warmup: 2")),
             "train.warmup: unknown field (line 7) (hint: did you mean 'warmup_steps'?)");
-  EXPECT_EQ(ErrorOf(Replace(kBlockSpec, "n_head: 4", "zzzzzz: 4")),
-            "model.zzzzzz: unknown field (line 3) (hint: the fields of model are 'arch', "
-            "'n_layer', 'n_head', 'd_model', 'seq_len', 'vocab_size', 'init_from')");
+  EXPECT_EQ(
+      ErrorOf(Replace(kBlockSpec, "n_head: 4", "zzzzzz: 4")),
+      "model.zzzzzz: unknown field (line 3) (hint: the fields of model are 'arch', "
+      "'n_layer', 'n_head', 'd_model', 'seq_len', 'vocab_size', 'init_from', 'n_kv_head', 'd_ff', "
+      "'norm_eps', 'rope_theta', 'rope_scaling', 'tie_embeddings', 'attention_bias')");
 }
 
 TEST(JobSpecYamlTest, WrongTypesNameFieldValueAndLine) {

@@ -20,6 +20,7 @@
 #include "common/job_spec_yaml.h"
 #include "engine/io/checkpoint.h"
 #include "engine/train/comm_volume.h"
+#include "engine/train/memory_model.h"
 #include "tests/client/cli_runner.h"
 
 namespace meshrun {
@@ -231,6 +232,76 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
+
+// The Llama family through the same plans: grouped-query attention (n_kv_head 2 of 4), rotary
+// embeddings with llama3 scaling, SwiGLU of d_ff 96, an untied head, and a vocabulary of 257
+// that tp splits unevenly (129 + 128 rows). Every mesh: the single rank's losses, the comm
+// formulas' bytes, and the memory model's figure of every kind (max over ranks).
+class LlamaMeshEquivalence : public ParallelTest, public ::testing::WithParamInterface<Mesh> {
+ protected:
+  static std::vector<std::string> LlamaSets() {
+    std::vector<std::string> sets = {"model.arch=llama",
+                                     "model.n_kv_head=2",
+                                     "model.d_ff=96",
+                                     "model.vocab_size=257",
+                                     "model.rope_theta=500000",
+                                     "model.rope_scaling.type=llama3",
+                                     "model.rope_scaling.original_max_position_embeddings=16"};
+    return sets;
+  }
+  static std::vector<std::string> Extra() {
+    std::vector<std::string> extra;
+    for (const std::string& s : LlamaSets()) extra.insert(extra.end(), {"--set", s});
+    return extra;
+  }
+  static const RunResult& LlamaBaseline() {
+    static RunResult* baseline = new RunResult(Train(Mesh{}, "llama-baseline", Extra()));
+    return *baseline;
+  }
+};
+
+TEST_P(LlamaMeshEquivalence, LossesBusBytesAndMemoryMatch) {
+  const Mesh& mesh = GetParam();
+  const RunResult& base = LlamaBaseline();
+  ASSERT_EQ(base.cli.exit_code, 0) << base.cli.err;
+  ASSERT_EQ(base.losses.size(), 6u);
+  const RunResult r = Train(mesh, "llama-" + mesh.Name(), Extra());
+  ASSERT_EQ(r.cli.exit_code, 0) << r.cli.err;
+  ASSERT_EQ(r.losses.size(), 6u) << r.cli.out;
+  for (size_t k = 0; k < 6; ++k) {
+    EXPECT_NEAR(r.losses[k], base.losses[k], 1e-4 * base.losses[k]) << "step " << k + 1;
+  }
+  std::vector<std::string> overrides = {"train.steps=6"};
+  const std::vector<std::string> sets = mesh.Sets();
+  for (size_t i = 1; i < sets.size(); i += 2) overrides.push_back(sets[i]);
+  for (const std::string& s : LlamaSets()) overrides.push_back(s);
+  StatusOr<JobSpec> spec =
+      ParseJobSpecYaml(testing::ReadFile(Source() / "examples/tiny.yaml"), overrides);
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  for (const auto& [axis, bytes] : ExpectedCommBytesPerStep(*spec)) {
+    EXPECT_NEAR(r.summary["comm_bytes"][axis].get<double>(), bytes, 1e-9 * std::max(1.0, bytes))
+        << axis;
+  }
+  const MemoryPrediction want = PredictRankMemory(*spec);
+  const char* kinds[] = {"parameters", "gradients", "optimizer", "activations", "communication"};
+  for (int k = 0; k < 5; ++k) {
+    EXPECT_EQ(r.summary["memory"][kinds[k]].get<double>(), static_cast<double>(want.bytes[k]))
+        << kinds[k];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaPlans, LlamaMeshEquivalence,
+                         ::testing::Values(Mesh{}, Mesh{1, 1, 1, 2},
+                                           Mesh{1, 2, 2, 1, "ring", "selective"},
+                                           Mesh{2, 1, 1, 2, "allgather", "full"},
+                                           Mesh{1, 2, 2, 2, "allgather"}),
+                         [](const ::testing::TestParamInfo<Mesh>& info) {
+                           std::string name = info.param.Name();
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name;
+                         });
 
 TEST_F(ParallelTest, CheckpointFromOneMeshResumesUnderAnother) {
   const RunResult& base = Baseline();

@@ -117,6 +117,54 @@ template <typename T>
 void SoftmaxCrossEntropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
                          int64_t V, T grad_scale);
 
+// ---- RMSNorm over the last dim (Llama): out = weight·x·rstd, rstd = (mean(x²) + eps)^(-1/2),
+// saved (N) for backward. dinp and dweight accumulate.
+template <typename T>
+void RMSNormForward(T* out, T* rstd, const T* inp, const T* weight, int64_t N, int64_t C,
+                    double eps);
+template <typename T>
+void RMSNormBackward(T* dinp, T* dweight, const T* dout, const T* inp, const T* weight,
+                     const T* rstd, int64_t N, int64_t C);
+
+// ---- SwiGLU: gate_up rows hold [gate (F) | up (F)]; out[N,F] = silu(gate)·up.
+template <typename T>
+void SwiGLUForward(T* out, const T* gate_up, int64_t N, int64_t F);
+template <typename T>
+void SwiGLUBackward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int64_t F);
+
+// ---- rotary embeddings in the half-split (rotate_half) convention, in place on x (BH·Tn rows
+// of D): (a, b) = (x[i], x[i + D/2]) → (a·cos − b·sin, b·cos + a·sin), with cos/sin (Tn, D/2)
+// for the row's token t = row mod Tn. Backward applies the transpose to the gradient in place.
+template <typename T>
+void RopeForward(T* x, const T* cos, const T* sin, int64_t BH, int64_t Tn, int64_t D);
+template <typename T>
+void RopeBackward(T* dx, const T* cos, const T* sin, int64_t BH, int64_t Tn, int64_t D);
+
+// ---- vocab-parallel embedding: this rank holds rows [first, first + rows) of the table.
+// out[i,:] = table[tokens[i] − first,:] for its tokens, 0 for the others (the tp all-reduce
+// then sums the shards); dtable[tokens[i] − first,:] += dout[i,:] for its tokens.
+template <typename T>
+void EmbeddingRowsForward(T* out, const int32_t* tokens, const T* table, int64_t first,
+                          int64_t rows, int64_t N, int64_t C);
+template <typename T>
+void EmbeddingRowsBackward(T* dtable, const T* dout, const int32_t* tokens, int64_t first,
+                           int64_t rows, int64_t N, int64_t C);
+
+// ---- vocab-parallel cross-entropy (Megatron): logits (N, V) of the classes [first, first + V)
+// this rank holds. VocabShardStats writes per row {log-sum-exp of its logits, the target's
+// logit if it holds the target else 0} (2·N values); after an all-gather of every shard's
+// stats (shards × 2N), VocabShardLoss gives each row's loss and whole-vocabulary log-sum-exp,
+// and VocabShardGrad dlogits = grad_scale·(softmax − onehot) over this shard (overwritten; may
+// alias logits).
+template <typename T>
+void VocabShardStats(T* stats, const T* logits, const int32_t* targets, int64_t first, int64_t N,
+                     int64_t V);
+template <typename T>
+void VocabShardLoss(T* losses, T* lse, const T* all_stats, int64_t shards, int64_t N);
+template <typename T>
+void VocabShardGrad(T* dlogits, const T* logits, const T* lse, const int32_t* targets,
+                    int64_t first, int64_t N, int64_t V, T grad_scale);
+
 // ---- optimizer and clipping.
 // torch.optim.AdamW for n elements; step is 1-based (bias correction uses it).
 // p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g; v ← β2·v + (1−β2)·g²;

@@ -1,5 +1,6 @@
-// Whole-model gradients of GPT-2 in float64 against central finite differences, and the
-// float32 model against the float64 one.
+// Whole-model gradients in float64 against central finite differences, and the float32 model
+// against the float64 one: GPT-2 (tied and untied head) and Llama (grouped-query attention,
+// rotary embeddings with llama3 scaling, q/k/v biases, SwiGLU, untied head).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +21,39 @@ GPT2Config TinyConfig() {
   return cfg;
 }
 
+GPT2Config TinyLlama(bool bias) {
+  GPT2Config cfg = TinyConfig();
+  cfg.arch = Arch::kLlama;
+  cfg.n_head = 4;
+  cfg.n_kv_head = 2;
+  cfg.d_ff = 12;
+  cfg.tie_embeddings = false;
+  cfg.attention_bias = bias;
+  cfg.rope_theta = 500000.0;
+  cfg.rope_scaling.llama3 = true;
+  cfg.rope_scaling.factor = 8.0;
+  cfg.rope_scaling.original_max_position_embeddings = 4;
+  return cfg;
+}
+
+GPT2Config Untied() {
+  GPT2Config cfg = TinyConfig();
+  cfg.tie_embeddings = false;
+  return cfg;
+}
+
+class ModelGrad : public ::testing::TestWithParam<int> {
+ protected:
+  GPT2Config Config() const {
+    switch (GetParam()) {
+      case 0: return TinyConfig();
+      case 1: return Untied();
+      case 2: return TinyLlama(false);
+      default: return TinyLlama(true);
+    }
+  }
+};
+
 // Random but non-degenerate weights (LayerNorm gains away from 1, non-zero biases) so every
 // gradient path is exercised.
 template <typename T>
@@ -34,8 +68,8 @@ void RandomWeights(GPT2<T>& model, uint32_t seed) {
   }
 }
 
-TEST(GPT2Grad, MatchesFiniteDifferencesInFloat64) {
-  const GPT2Config cfg = TinyConfig();
+TEST_P(ModelGrad, MatchesFiniteDifferencesInFloat64) {
+  const GPT2Config cfg = Config();
   GPT2<double> model(cfg);
   RandomWeights(model, 7);
   const int B = 2, T = 5;
@@ -69,8 +103,8 @@ TEST(GPT2Grad, MatchesFiniteDifferencesInFloat64) {
   EXPECT_GT(checked, 300);
 }
 
-TEST(GPT2Grad, Float32TracksFloat64) {
-  const GPT2Config cfg = TinyConfig();
+TEST_P(ModelGrad, Float32TracksFloat64) {
+  const GPT2Config cfg = Config();
   GPT2<double> m64(cfg);
   GPT2<float> m32(cfg);
   RandomWeights(m64, 3);
@@ -91,6 +125,13 @@ TEST(GPT2Grad, Float32TracksFloat64) {
   }
   EXPECT_LT(max_diff, 1e-4 * max_abs);
 }
+
+std::string ArchName(const ::testing::TestParamInfo<int>& info) {
+  static const char* const kNames[] = {"Gpt2", "Gpt2Untied", "Llama", "LlamaBias"};
+  return kNames[info.param];
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, ModelGrad, ::testing::Values(0, 1, 2, 3), ArchName);
 
 TEST(GPT2Init, DependsOnlyOnSeedNameAndIndex) {
   GPT2Config cfg = TinyConfig();

@@ -1,0 +1,69 @@
+// Hugging Face checkpoints in and out (docs/checkpoints.md, docs/model.md "Name mappings"):
+// `config.json` plus `model.safetensors` or shards listed by `model.safetensors.index.json`,
+// in the layout of GPT2LMHeadModel (prefixed `transformer.*` or unprefixed names, Conv1D
+// (in, out) weights) or LlamaForCausalLM (also Mistral and Qwen2 of the same shape).
+// Reading goes by boxes of the internal tensors, so every rank reads only the byte ranges of
+// the slices it holds (its tp shard, and under FSDP its piece of that).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/io/safetensors.h"
+#include "engine/model/gpt2.h"
+
+namespace meshrun {
+
+// Reads DIR/config.json into a model config: GPT-2 (n_embd, n_layer, n_head, n_positions,
+// vocab_size, layer_norm_epsilon, tie_word_embeddings) or the Llama family (hidden_size,
+// num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size, rms_norm_eps,
+// rope_theta/rope_scaling or rope_parameters, tie_word_embeddings, attention_bias).
+// INVALID_ARGUMENT naming the key when one is missing or not a number, and for what the engine
+// does not build (sliding windows, o_proj/MLP biases, other rope scalings, another head_dim).
+StatusOr<GPT2Config> ReadHuggingFaceConfig(const std::string& dir);
+
+// INVALID_ARGUMENT naming the spec field when `model` (the spec's) contradicts `file`
+// (config.json's), e.g. "model.n_head: the spec says 8 but DIR/config.json has n_head = 12".
+Status CheckConfigMatches(const GPT2Config& model, const GPT2Config& file, const std::string& dir);
+
+// The weights of a Hugging Face folder: one safetensors file or the shards of its index, each
+// opened once; tensors are read by element ranges (pread).
+class HuggingFaceWeights {
+ public:
+  static StatusOr<HuggingFaceWeights> Open(const std::string& dir, const GPT2Config& cfg);
+
+  // Box `box` (global coordinates of the internal tensor) of parameter `p`, row-major into
+  // `out` (product(box.shape) floats), from the tensors it maps to (q|k|v and gate|up are
+  // fused inside, Conv1D weights transposed).
+  Status ReadBox(const ParamInfo& p, const Box& box, float* out) const;
+  // Every box of p (its tp-local tensor) into out (p.numel floats).
+  Status ReadParam(const ParamInfo& p, float* out) const;
+
+ private:
+  struct Source;  // a run of internal rows from one file tensor
+  std::vector<Source> SourcesOf(const ParamInfo& p) const;
+  StatusOr<const SafetensorsFile*> FileOf(const std::string& name) const;
+
+  std::string dir_;
+  GPT2Config cfg_;
+  std::string prefix_;  // gpt2: "transformer." or ""; llama: "model."
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, size_t> file_of_;  // tensor name → files_ index
+};
+
+// Loads DIR into `model` (which owns its storage), after CheckConfigMatches.
+Status LoadHuggingFace(const std::string& dir, GPT2<float>* model);
+
+// Writes DIR/config.json and the weights in the layout of the config's architecture
+// (GPT2LMHeadModel or LlamaForCausalLM), atomically: one model.safetensors, or shards
+// model-0000K-of-0000N.safetensors with model.safetensors.index.json when the weights exceed
+// `max_shard_bytes`. `params` holds the flat parameters of GPT2ParamLayout(cfg) (tp 1); they
+// are rearranged in place (Conv1D transposes, q/k/v and gate/up split), one tensor at a time.
+Status ExportHuggingFace(const GPT2Config& cfg, float* params, const std::string& dir,
+                         int64_t max_shard_bytes = int64_t{5} << 30);
+
+}  // namespace meshrun
