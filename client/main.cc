@@ -10,6 +10,7 @@
 #include "client/jobs_command.h"
 #include "client/plan_command.h"
 #include "client/submit_command.h"
+#include "client/tokenize_command.h"
 #include "client/train_command.h"
 #include "client/up_command.h"
 #include "client/validate_command.h"
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
   meshrun::client::RegisterExportCommand(app, result);
   meshrun::client::RegisterPlanCommand(app, result);
   meshrun::client::RegisterGenerateCommand(app, result);
+  meshrun::client::RegisterTokenizeCommand(app, result);
   meshrun::client::RegisterUpCommand(app, result);
   meshrun::client::RegisterDemoCommand(app, result);
   meshrun::client::RegisterSubmitCommand(app, result);

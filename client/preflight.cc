@@ -33,7 +33,8 @@ uintmax_t BytesUnder(const fs::path& path) {
   return total;
 }
 
-Status CheckStream(const char* field, const std::string& path, const JobSpec& spec) {
+Status CheckStream(const char* field, const std::string& path, const JobSpec& spec,
+                   const PreflightOptions& options) {
   const std::string prefix = std::string(field) + ": ";
   std::error_code ec;
   if (!fs::exists(path, ec)) {
@@ -41,7 +42,14 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
                                 ": no such file or folder (hint: check the path; relative paths "
                                 "are resolved from the working directory)");
   }
-  if (BytesUnder(path) > kFullCheckBytes) {
+  // The vocabulary of text first: it needs no tokenizing.
+  StatusOr<std::string> format = ResolveDataFormat(path, spec.data.format);
+  if (format.ok() && *format == "text") {
+    MESHRUN_RETURN_IF_ERROR(CheckTextVocab(spec, field));
+  }
+  const bool text = format.ok() && *format == "text";
+  const bool fill = text && options.fill_token_cache && !spec.data.tokenizer.empty();
+  if (!fill && BytesUnder(path) > kFullCheckBytes) {
     if (fs::is_regular_file(path, ec)) {
       std::ifstream in(path, std::ios::binary);
       char byte = 0;
@@ -52,15 +60,21 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
     }
     return OkStatus();
   }
-  StatusOr<TokenStream> stream = LoadTokens(path, spec.data.format);
-  if (!stream.ok()) return InvalidArgumentError(prefix + stream.status().message());
-  if (stream->max_token_id >= spec.model.vocab_size) {
-    return InvalidArgumentError(
-        "model.vocab_size: token id " + std::to_string(stream->max_token_id) + " in " + path +
-        " (" + field + ") is not below vocab_size(" + std::to_string(spec.model.vocab_size) +
-        ") (hint: raise model.vocab_size or use data tokenized with a smaller vocabulary)");
+  LoadOptions load = LoadOptionsOf(spec);
+  if (!fill) load.cache_dir.clear();  // validate and submit leave nothing behind
+  StatusOr<TokenStream> stream = LoadTokens(path, spec.data.format, load);
+  if (!stream.ok()) {
+    const std::string& m = stream.status().message();
+    if (m.rfind("data.tokenizer: ", 0) == 0) return stream.status();
+    return InvalidArgumentError(prefix + m);
   }
-  return OkStatus();
+  if (fill && options.note) {
+    options.note(std::string(field) + ": " + std::to_string(stream->size()) + " tokens " +
+                 (stream->cache_path.empty() ? "tokenized (no checkpoint.dir: not cached)"
+                  : stream->from_cache       ? "read from the cache " + stream->cache_path
+                                             : "tokenized into the cache " + stream->cache_path));
+  }
+  return CheckStreamVocab(*stream, spec, field);
 }
 
 // checkpoint.dir must be a folder this process can create entries in, or one it can create:
@@ -120,9 +134,9 @@ Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
                            const PreflightOptions& options) {
   if (options.check_device) MESHRUN_RETURN_IF_ERROR(CheckTrainingDevice(spec.resources.device));
   if (options.check_paths) {
-    MESHRUN_RETURN_IF_ERROR(CheckStream("data.train", spec.data.train, spec));
+    MESHRUN_RETURN_IF_ERROR(CheckStream("data.train", spec.data.train, spec, options));
     if (!spec.data.val.empty()) {
-      MESHRUN_RETURN_IF_ERROR(CheckStream("data.val", spec.data.val, spec));
+      MESHRUN_RETURN_IF_ERROR(CheckStream("data.val", spec.data.val, spec, options));
     }
     if (!spec.checkpoint.dir.empty()) {
       MESHRUN_RETURN_IF_ERROR(CheckCheckpointDir(spec.checkpoint.dir));

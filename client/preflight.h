@@ -3,6 +3,7 @@
 // (docs/cli.md "Checks before training"). Each reads the spec's paths on this host.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "common/job_spec.h"
@@ -23,13 +24,19 @@ struct PreflightOptions {
   // Whether resources.device must be usable in this process (standalone `train`; a cluster's
   // device is the workers').
   bool check_device = false;
+  // Text read with data.tokenizer is tokenized now, whatever its size, into the cache under
+  // checkpoint.dir (`meshrun train`: its ranks then read the cache); `note` hears where from.
+  bool fill_token_cache = false;
+  std::function<void(const std::string&)> note;
 };
 
 // The first problem found, as INVALID_ARGUMENT naming the field (exit 2):
 //  - resources.device (check_device): engine/train/device.h's CheckTrainingDevice.
 //  - data.train / data.val: the stream loads as the ranks will load it (missing file, binary
-//    bytes for format text, a bad llm.c header, an empty folder…) and its token ids are below
-//    model.vocab_size. Files over 64 MiB in all are only checked to exist and be readable.
+//    bytes for format text, a bad llm.c header, an empty folder…) and its vocabulary is the
+//    model's: text has exactly model.vocab_size ids (256 as bytes, or data.tokenizer's), token
+//    ids are below it. Files over 64 MiB in all are only checked to exist and be readable (and
+//    text's vocabulary), unless fill_token_cache tokenizes them.
 //  - checkpoint.dir: a folder, or one that can be created, in which this process can create
 //    entries (probed with a temporary folder that is removed again).
 //  - model.init_from: a folder holding config.json and model.safetensors.

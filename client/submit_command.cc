@@ -148,6 +148,7 @@ StatusOr<v1::JobSpec> PrepareSubmission(const std::string& file,
   MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, 0));
   MakeAbsolute(spec.data.train);
   MakeAbsolute(spec.data.val);
+  MakeAbsolute(spec.data.tokenizer);
   MakeAbsolute(spec.checkpoint.dir);
   MakeAbsolute(spec.model.init_from);
   if (local_checks && !spec.parallelism.auto_mesh) {  // auto: checked once the mesh is chosen

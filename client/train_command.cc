@@ -21,6 +21,8 @@
 #include "client/report_printer.h"
 #include "common/job_spec_yaml.h"
 #include "engine/data/token_stream.h"
+#include "engine/data/tokenizer.h"
+#include "engine/io/atomic_file.h"
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/train/trainer.h"
@@ -140,6 +142,8 @@ int RunTrain(const TrainFlags& o) {
   PreflightOptions preflight;
   preflight.ranks_on_host = o.nproc;
   preflight.check_device = true;
+  preflight.fill_token_cache = true;
+  preflight.note = [](const std::string& line) { std::cerr << "note: " << line << std::endl; };
   if (Status s = CheckBeforeTraining(*spec, *dims, preflight); !s.ok()) return ReportError(s);
   // Ranks on one host share its cores: without a thread count in the spec or OMP_NUM_THREADS,
   // each rank takes an equal share (OpenMP threads that outnumber cores spin against each other).
@@ -205,7 +209,7 @@ int RunEval(const std::string& file, const std::vector<std::string>& overrides,
     return ReportError(InvalidArgumentError(
         "--tokens: no stream to evaluate (hint: pass --tokens FILE or set data.val)"));
   }
-  StatusOr<TokenStream> stream = LoadTokens(stream_path, spec->data.format);
+  StatusOr<TokenStream> stream = LoadTokens(stream_path, spec->data.format, LoadOptionsOf(*spec));
   if (!stream.ok()) return ReportError(stream.status());
   meshrun::TrainOptions options;
   options.peak_flops = 1;  // no MFU here: skip the GEMM measurement
@@ -222,6 +226,29 @@ int RunEval(const std::string& file, const std::vector<std::string>& overrides,
                 step_dir->c_str(), stream_path.c_str());
   }
   return kExitOk;
+}
+
+// The job's tokenizer files (data.tokenizer: tokenizer.json and, when present,
+// tokenizer_config.json and special_tokens_map.json) copied beside the exported model; *copied
+// lists them (", tokenizer.json, …").
+Status CopyTokenizerFiles(const std::string& tokenizer_dir, const std::string& out_dir,
+                          std::string* copied) {
+  if (tokenizer_dir.empty()) return OkStatus();
+  for (const char* name : kTokenizerFiles) {
+    const std::string from = tokenizer_dir + "/" + name;
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(from, ec)) {
+      if (std::string(name) != "tokenizer.json") continue;
+      return InvalidArgumentError("data.tokenizer: " + from +
+                                  " is missing, so the export would lack its tokenizer (hint: "
+                                  "restore the tokenizer folder the job trained with)");
+    }
+    std::string bytes;
+    MESHRUN_RETURN_IF_ERROR(ReadTextFile(from, &bytes));
+    MESHRUN_RETURN_IF_ERROR(WriteFileAtomic(out_dir + "/" + name, bytes));
+    *copied += std::string(", ") + name;
+  }
+  return OkStatus();
 }
 
 // "5GB", "500MB", "2GiB", "1000" (bytes): transformers' max_shard_size; nullopt if not a size.
@@ -264,10 +291,15 @@ int RunExport(const std::string& checkpoint, const std::string& out_dir, int64_t
   if (Status s = ExportHuggingFace(cfg, params.data(), out_dir, max_shard_bytes); !s.ok()) {
     return ReportError(s);
   }
+  std::string copied;
+  if (Status s = CopyTokenizerFiles(spec->data.tokenizer, out_dir, &copied); !s.ok()) {
+    return ReportError(s);
+  }
   const bool sharded = fs::exists(fs::path(out_dir) / "model.safetensors.index.json");
   std::printf(
-      "exported %s to %s (%s, config.json)\n", step_dir->c_str(), out_dir.c_str(),
-      sharded ? "safetensors shards with model.safetensors.index.json" : "model.safetensors");
+      "exported %s to %s (%s, config.json%s)\n", step_dir->c_str(), out_dir.c_str(),
+      sharded ? "safetensors shards with model.safetensors.index.json" : "model.safetensors",
+      copied.c_str());
   return kExitOk;
 }
 

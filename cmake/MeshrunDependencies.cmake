@@ -26,6 +26,16 @@ if(NOT nlohmann_json_FOUND AND NOT MESHRUN_ENGINE_ONLY)
   message(FATAL_ERROR "nlohmann-json not found (hint: run scripts/setup)")
 endif()
 
+# --- PCRE2: the tokenizers' pre-tokenizer regexes (Unicode classes); required outside
+# engine-only, where text is then read as bytes only.
+find_package(PkgConfig QUIET)
+if(PKG_CONFIG_FOUND)
+  pkg_check_modules(PCRE2 QUIET IMPORTED_TARGET libpcre2-8)
+endif()
+if(NOT PCRE2_FOUND AND NOT MESHRUN_ENGINE_ONLY)
+  message(FATAL_ERROR "PCRE2 not found (hint: run scripts/setup, which installs libpcre2-dev)")
+endif()
+
 # --- CUDA and NCCL.
 set(MESHRUN_CUDA_ENABLED OFF)
 if(NOT MESHRUN_WITH_CUDA STREQUAL "OFF")

@@ -88,6 +88,9 @@ struct DataSpec {
   std::string format = "auto";       // auto | text | llmc | nanogpt
   std::string order = "sequential";  // sequential | shuffled
   int eval_every = 0;                // steps between evaluations on val; 0: never
+  // A Hugging Face tokenizer folder (tokenizer.json): text is tokenized with it instead of read
+  // as bytes (docs/data.md "Tokenizers"). Empty: byte-level text.
+  std::string tokenizer;
 
   bool operator==(const DataSpec&) const = default;
 };
@@ -190,6 +193,7 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("data", "format", d.format);
   f("data", "order", d.order);
   f("data", "eval_every", d.eval_every);
+  f("data", "tokenizer", d.tokenizer);
   auto& c = spec.checkpoint;
   f("checkpoint", "dir", c.dir);
   f("checkpoint", "every", c.every);

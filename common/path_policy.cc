@@ -215,6 +215,7 @@ Status PathPolicy::ConfineJobSpec(JobSpec* spec, Rewrite rewrite) const {
   const Field fields[] = {
       {"data.train", &spec->data.train, Access::kRead},
       {"data.val", &spec->data.val, Access::kRead},
+      {"data.tokenizer", &spec->data.tokenizer, Access::kRead},
       {"model.init_from", &spec->model.init_from, Access::kRead},
       {"checkpoint.dir", &spec->checkpoint.dir, Access::kWrite},
   };

@@ -44,7 +44,7 @@ class PathPolicy {
   // (hint: ...)`, or a path that cannot be resolved.
   StatusOr<Resolved> Resolve(std::string_view field, const std::string& path, Access access) const;
 
-  // Checks every path the spec names (data.train, data.val, model.init_from: reads;
+  // Checks every path the spec names (data.train, data.val, data.tokenizer, model.init_from: reads;
   // checkpoint.dir: write) and rewrites them as `rewrite` says. Unconfined: no-op.
   Status ConfineJobSpec(JobSpec* spec, Rewrite rewrite) const;
 

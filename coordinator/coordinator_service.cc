@@ -34,11 +34,14 @@ Status ConfineSpecPaths(const PathPolicy& paths, v1::JobSpec* proto) {
   JobSpec spec;
   spec.data.train = proto->data().train();
   spec.data.val = proto->data().val();
+  spec.data.tokenizer = proto->data().tokenizer();
   spec.model.init_from = proto->model().init_from();
   spec.checkpoint.dir = proto->checkpoint().dir();
   MESHRUN_RETURN_IF_ERROR(paths.ConfineJobSpec(&spec, PathPolicy::Rewrite::kAbsolute));
   if (proto->data().train() != spec.data.train) proto->mutable_data()->set_train(spec.data.train);
   if (proto->data().val() != spec.data.val) proto->mutable_data()->set_val(spec.data.val);
+  if (proto->data().tokenizer() != spec.data.tokenizer)
+    proto->mutable_data()->set_tokenizer(spec.data.tokenizer);
   if (proto->model().init_from() != spec.model.init_from)
     proto->mutable_model()->set_init_from(spec.model.init_from);
   if (proto->checkpoint().dir() != spec.checkpoint.dir)

@@ -101,6 +101,7 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(d.has_val(), d.val(), &s.data.val);
   SetIfPresent(d.has_format(), d.format(), &s.data.format);
   SetIfPresent(d.has_order(), d.order(), &s.data.order);
+  SetIfPresent(d.has_tokenizer(), d.tokenizer(), &s.data.tokenizer);
   MESHRUN_RETURN_IF_ERROR(
       NarrowIfPresent("data.eval_every", d.has_eval_every(), d.eval_every(), &s.data.eval_every));
 
@@ -159,6 +160,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   d->set_format(s.data.format);
   d->set_order(s.data.order);
   d->set_eval_every(s.data.eval_every);
+  d->set_tokenizer(s.data.tokenizer);
   v1::CheckpointSpec* c = p.mutable_checkpoint();
   c->set_dir(s.checkpoint.dir);
   c->set_every(s.checkpoint.every);

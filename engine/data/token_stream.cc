@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "common/confined_file.h"
+#include "engine/data/tokenizer.h"
 
 namespace meshrun {
 namespace {
@@ -35,10 +36,10 @@ Status ReadWholeFile(const fs::path& path, std::string* out) {
   return OkStatus();
 }
 
-// Appends the uint16 tokens of bytes [begin, begin + 2·count) of `path` to `tokens`, reading in
-// chunks so a large file never sits in memory twice.
-Status ReadUint16Tokens(const fs::path& path, uint64_t begin, uint64_t count,
-                        std::vector<int32_t>* tokens, int32_t* max_id) {
+// Appends the `width`-byte (2 or 4) little-endian tokens of bytes [begin, begin + width·count)
+// of `path` to `tokens`, reading in chunks so a large file never sits in memory twice.
+Status ReadTokens(const fs::path& path, uint64_t begin, uint64_t count, int width,
+                  std::vector<int32_t>* tokens, int32_t* max_id) {
   MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(path.string()));
   std::ifstream in(name.name(), std::ios::binary);
   if (!in)
@@ -46,18 +47,25 @@ Status ReadUint16Tokens(const fs::path& path, uint64_t begin, uint64_t count,
   in.seekg(static_cast<std::streamoff>(begin));
   tokens->reserve(tokens->size() + count);
   constexpr uint64_t kChunk = 1 << 20;
-  std::vector<unsigned char> buf(2 * kChunk);
+  std::vector<unsigned char> buf(width * kChunk);
   uint64_t done = 0;
   while (done < count) {
     const uint64_t n = std::min(kChunk, count - done);
-    if (!in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(2 * n))) {
+    if (!in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(width * n))) {
       return DataLossError(path.string() + ": read failed at token " + std::to_string(done) +
                            " of " + std::to_string(count));
     }
     for (uint64_t i = 0; i < n; ++i) {
-      const int32_t t = static_cast<int32_t>(buf[2 * i] | (buf[2 * i + 1] << 8));  // little-endian
-      *max_id = std::max(*max_id, t);
-      tokens->push_back(t);
+      const unsigned char* b = buf.data() + width * i;  // little-endian
+      uint32_t t = b[0] | (b[1] << 8);
+      if (width == 4)
+        t |= (static_cast<uint32_t>(b[2]) << 16) | (static_cast<uint32_t>(b[3]) << 24);
+      if (t > 0x7FFFFFFFu) {
+        return DataLossError(path.string() + ": token " + std::to_string(done + i) + " is " +
+                             std::to_string(t) + ", beyond any vocabulary (hint: re-create it)");
+      }
+      *max_id = std::max(*max_id, static_cast<int32_t>(t));
+      tokens->push_back(static_cast<int32_t>(t));
     }
     done += n;
   }
@@ -101,19 +109,20 @@ Status LoadLlmc(const fs::path& path, uint64_t file_size, TokenStream* s) {
                                 " (hint: for raw uint16 tokens use format nanogpt, for text "
                                 "use format text)");
   }
-  if (version != kLlmcVersion) {
+  if (version != kLlmcVersion && version != kLlmcVersionUint32) {
     return InvalidArgumentError(path.string() + ": llm.c token file version " +
                                 std::to_string(version) + " is not supported, expected " +
-                                std::to_string(kLlmcVersion) +
-                                " (uint16 GPT-2 tokens; hint: re-export the data with llm.c's "
-                                "GPT-2 tokenizer)");
+                                std::to_string(kLlmcVersion) + " (uint16 tokens) or " +
+                                std::to_string(kLlmcVersionUint32) +
+                                " (uint32 tokens) (hint: re-create it with meshrun tokenize)");
   }
+  const int width = version == kLlmcVersionUint32 ? 4 : 2;
   if (count <= 0) {
     return InvalidArgumentError(path.string() + ": the llm.c header says " + std::to_string(count) +
                                 " tokens; the stream is empty " +
                                 "(hint: point data at a non-empty token file)");
   }
-  const uint64_t expected = kHeaderBytes + 2 * static_cast<uint64_t>(count);
+  const uint64_t expected = kHeaderBytes + width * static_cast<uint64_t>(count);
   if (file_size != expected) {
     return DataLossError(path.string() + ": the llm.c header says " + std::to_string(count) +
                          " tokens (" + std::to_string(expected) + " bytes with the header) but " +
@@ -121,8 +130,8 @@ Status LoadLlmc(const fs::path& path, uint64_t file_size, TokenStream* s) {
                          (file_size < expected ? " (truncated; hint: re-create or re-copy it)"
                                                : " (hint: re-create or re-copy it)"));
   }
-  return ReadUint16Tokens(path, kHeaderBytes, static_cast<uint64_t>(count), &s->tokens,
-                          &s->max_token_id);
+  return ReadTokens(path, kHeaderBytes, static_cast<uint64_t>(count), width, &s->tokens,
+                    &s->max_token_id);
 }
 
 Status LoadNanogpt(const fs::path& path, uint64_t file_size, TokenStream* s) {
@@ -136,7 +145,7 @@ Status LoadNanogpt(const fs::path& path, uint64_t file_size, TokenStream* s) {
                                 "(hint: the file is truncated or not a token file; for text use "
                                 "format text)");
   }
-  return ReadUint16Tokens(path, 0, file_size / 2, &s->tokens, &s->max_token_id);
+  return ReadTokens(path, 0, file_size / 2, 2, &s->tokens, &s->max_token_id);
 }
 
 Status LoadTextFile(const fs::path& path, TokenStream* s) {
@@ -157,13 +166,14 @@ Status LoadTextFile(const fs::path& path, TokenStream* s) {
   return OkStatus();
 }
 
-// A folder of text files, concatenated in file-name order (byte-wise order of the names, so the
-// result does not depend on the locale). Only the folder's own entries are read. Skipped, and
-// listed in TokenStream::skipped: hidden files (".*"), sub-folders, special files, dangling
-// symlinks, symlinks whose target is another entry of the folder or an earlier symlink (packages
-// like fortune ship such aliases; reading them would duplicate text), and files that are not UTF-8
+// The files of a text folder, in file-name order (byte-wise order of the names, so the result
+// does not depend on the locale). Only the folder's own entries are read. Skipped, and listed in
+// *skipped: hidden files (".*"), sub-folders, special files, dangling symlinks, and symlinks
+// whose target is another entry of the folder or an earlier symlink (packages like fortune ship
+// such aliases; reading them would duplicate text). The caller skips files that are not UTF-8
 // text (e.g. fortune's binary `.dat` index files).
-Status LoadTextFolder(const fs::path& dir, TokenStream* s) {
+Status ListTextFolder(const fs::path& dir, std::vector<fs::path>* files,
+                      std::vector<std::string>* skipped) {
   std::error_code ec;
   std::vector<fs::directory_entry> entries;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
@@ -184,7 +194,7 @@ Status LoadTextFolder(const fs::path& dir, TokenStream* s) {
   std::set<std::string> read_targets;
   for (const auto& e : entries) {
     const std::string name = e.path().filename().string();
-    auto skip = [&](const std::string& why) { s->skipped.push_back(name + ": " + why); };
+    auto skip = [&](const std::string& why) { skipped->push_back(name + ": " + why); };
     if (!name.empty() && name[0] == '.') {
       skip("hidden file");
       continue;
@@ -208,34 +218,154 @@ Status LoadTextFolder(const fs::path& dir, TokenStream* s) {
       skip("not a regular file");
       continue;
     }
-    std::string bytes;
-    MESHRUN_RETURN_IF_ERROR(ReadWholeFile(e.path(), &bytes));
-    size_t bad = 0;
-    if (!IsUtf8Text(bytes, &bad)) {
-      skip("not UTF-8 text (byte " + std::to_string(bad) + ")");
-      continue;
-    }
     read_targets.insert(fs::weakly_canonical(e.path(), ec).string());
-    s->files.push_back(e.path().string());
-    AppendBytes(bytes, s);
-  }
-  if (s->tokens.empty()) {
-    std::string msg = dir.string() + ": the folder holds no non-empty UTF-8 text files";
-    if (!s->skipped.empty()) {
-      msg += " (skipped: ";
-      for (size_t i = 0; i < s->skipped.size() && i < 5; ++i) {
-        msg += i ? "; " : "";
-        msg += s->skipped[i];
-      }
-      if (s->skipped.size() > 5) msg += "; ...";
-      msg += ")";
-    }
-    return InvalidArgumentError(msg + " (hint: point data at a text file or a folder of them)");
+    files->push_back(e.path());
   }
   return OkStatus();
 }
 
+Status EmptyFolderError(const fs::path& dir, const std::vector<std::string>& skipped) {
+  std::string msg = dir.string() + ": the folder holds no non-empty UTF-8 text files";
+  if (!skipped.empty()) {
+    msg += " (skipped: ";
+    for (size_t i = 0; i < skipped.size() && i < 5; ++i) {
+      msg += i ? "; " : "";
+      msg += skipped[i];
+    }
+    if (skipped.size() > 5) msg += "; ...";
+    msg += ")";
+  }
+  return InvalidArgumentError(msg + " (hint: point data at a text file or a folder of them)");
+}
+
+// A folder of text files, concatenated in file-name order, as bytes (see ListTextFolder).
+Status LoadTextFolder(const fs::path& dir, TokenStream* s) {
+  std::vector<fs::path> files;
+  MESHRUN_RETURN_IF_ERROR(ListTextFolder(dir, &files, &s->skipped));
+  for (const fs::path& f : files) {
+    std::string bytes;
+    MESHRUN_RETURN_IF_ERROR(ReadWholeFile(f, &bytes));
+    size_t bad = 0;
+    if (!IsUtf8Text(bytes, &bad)) {
+      s->skipped.push_back(f.filename().string() + ": not UTF-8 text (byte " + std::to_string(bad) +
+                           ")");
+      continue;
+    }
+    s->files.push_back(f.string());
+    AppendBytes(bytes, s);
+  }
+  if (s->tokens.empty()) return EmptyFolderError(dir, s->skipped);
+  return OkStatus();
+}
+
+// Text read with options.tokenizer (text_tokens.cc).
+StatusOr<TokenStream> LoadTokenizedText(const std::string& path, const LoadOptions& options) {
+  MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tokenizer,
+                           Tokenizer::Load(options.tokenizer));
+  MESHRUN_ASSIGN_OR_RETURN(TokenStream s, TokenizeTexts({path}, tokenizer, options));
+  s.path = path;
+  return s;
+}
+
 }  // namespace
+
+Status ListTextFolderForTokens(const std::string& dir, std::vector<std::string>* files,
+                               std::vector<std::string>* skipped) {
+  std::vector<fs::path> paths;
+  MESHRUN_RETURN_IF_ERROR(ListTextFolder(dir, &paths, skipped));
+  for (const fs::path& p : paths) files->push_back(p.string());
+  return OkStatus();
+}
+
+Status EmptyTextFolderError(const std::string& dir, const std::vector<std::string>& skipped) {
+  return EmptyFolderError(dir, skipped);
+}
+
+Status ReadTextFile(const std::string& path, std::string* bytes) {
+  return ReadWholeFile(path, bytes);
+}
+
+StatusOr<std::string> ResolveDataFormat(const std::string& path, const std::string& format) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (fs::is_directory(p, ec)) return std::string("text");
+  if (format != "auto") return format;
+  const uint64_t size = fs::file_size(p, ec);
+  if (ec) return NotFoundError(path + ": cannot read the file size: " + ec.message());
+  unsigned char head[4] = {0, 0, 0, 0};
+  if (size >= 4) {
+    MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(p.string()));
+    std::ifstream in(name.name(), std::ios::binary);
+    in.read(reinterpret_cast<char*>(head), 4);
+  }
+  if (size >= 4 && ReadLeInt32(head) == kLlmcMagic) return std::string("llmc");
+  if (p.extension() == ".bin") return std::string("nanogpt");
+  return std::string("text");
+}
+
+LoadOptions LoadOptionsOf(const JobSpec& spec) {
+  LoadOptions o;
+  o.tokenizer = spec.data.tokenizer;
+  if (!spec.checkpoint.dir.empty()) {
+    o.cache_dir = (fs::path(spec.checkpoint.dir) / kTokenCacheFolder).string();
+  }
+  if (spec.resources.threads > 0) o.threads = spec.resources.threads;
+  return o;
+}
+
+namespace {
+Status TextVocabError(int32_t text_vocab, const JobSpec& spec, const std::string& field) {
+  const std::string model = std::to_string(spec.model.vocab_size);
+  const std::string text = std::to_string(text_vocab);
+  if (spec.data.tokenizer.empty()) {
+    return InvalidArgumentError(
+        "model.vocab_size: " + model + ", but " + field + " is byte-level text (vocabulary " +
+        text +
+        ") (hint: set model.vocab_size: 256, or set data.tokenizer to the tokenizer the "
+        "model was made for)");
+  }
+  return InvalidArgumentError("model.vocab_size: " + model + ", but data.tokenizer (" +
+                              spec.data.tokenizer + ") has a vocabulary of " + text +
+                              " (hint: set "
+                              "model.vocab_size: " +
+                              text + ", or use the model's own tokenizer)");
+}
+}  // namespace
+
+Status CheckTextVocab(const JobSpec& spec, const std::string& field) {
+  int32_t vocab = 256;
+  if (!spec.data.tokenizer.empty()) {
+    MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tok,
+                             Tokenizer::Load(spec.data.tokenizer));
+    vocab = tok->vocab_size();
+  }
+  if (vocab != spec.model.vocab_size) return TextVocabError(vocab, spec, field);
+  return OkStatus();
+}
+
+Status CheckStreamVocab(const TokenStream& stream, const JobSpec& spec, const std::string& field) {
+  if (stream.format == "text" && stream.vocab_size != spec.model.vocab_size) {
+    return TextVocabError(stream.vocab_size, spec, field);
+  }
+  if (stream.max_token_id >= spec.model.vocab_size) {
+    return InvalidArgumentError(
+        "model.vocab_size: token id " + std::to_string(stream.max_token_id) + " in " + stream.path +
+        " (" + field + ") is not below vocab_size(" + std::to_string(spec.model.vocab_size) +
+        ") (hint: raise model.vocab_size or use data tokenized with a smaller vocabulary)");
+  }
+  return OkStatus();
+}
+
+StatusOr<TokenStream> LoadLlmcFile(const std::string& path) {
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec) return NotFoundError(path + ": cannot read the file size: " + ec.message());
+  TokenStream s;
+  s.path = path;
+  s.format = "llmc";
+  MESHRUN_RETURN_IF_ERROR(LoadLlmc(path, size, &s));
+  return s;
+}
 
 bool IsUtf8Text(const std::string& bytes, size_t* bad_offset) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
@@ -277,7 +407,8 @@ bool IsUtf8Text(const std::string& bytes, size_t* bad_offset) {
   return true;
 }
 
-StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& format) {
+StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& format,
+                                 const LoadOptions& options) {
   if (format != "auto" && format != "text" && format != "llmc" && format != "nanogpt") {
     return InvalidArgumentError("unknown data format '" + format + "' for " + path + " (" +
                                 kFormatHint + ")");
@@ -303,7 +434,9 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
                                   " reads a single .bin file (hint: use format text for a folder "
                                   "of text files, or point data at the .bin file)");
     }
+    if (!options.tokenizer.empty()) return LoadTokenizedText(path, options);
     s.format = "text";
+    s.vocab_size = 256;
     MESHRUN_RETURN_IF_ERROR(LoadTextFolder(p, &s));
     return s;
   }
@@ -313,22 +446,7 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
   const uint64_t size = fs::file_size(p, ec);
   if (ec) return InternalError(path + ": cannot read the file size: " + ec.message());
 
-  std::string resolved = format;
-  if (format == "auto") {
-    unsigned char head[4] = {0, 0, 0, 0};
-    if (size >= 4) {
-      MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(p.string()));
-      std::ifstream in(name.name(), std::ios::binary);
-      in.read(reinterpret_cast<char*>(head), 4);
-    }
-    if (size >= 4 && ReadLeInt32(head) == kLlmcMagic) {
-      resolved = "llmc";
-    } else if (p.extension() == ".bin") {
-      resolved = "nanogpt";
-    } else {
-      resolved = "text";
-    }
-  }
+  MESHRUN_ASSIGN_OR_RETURN(std::string resolved, ResolveDataFormat(path, format));
   s.format = resolved;
   if (resolved == "llmc") {
     MESHRUN_RETURN_IF_ERROR(LoadLlmc(p, size, &s));
@@ -336,7 +454,10 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
   } else if (resolved == "nanogpt") {
     MESHRUN_RETURN_IF_ERROR(LoadNanogpt(p, size, &s));
     s.files.push_back(path);
+  } else if (!options.tokenizer.empty()) {
+    return LoadTokenizedText(path, options);
   } else {
+    s.vocab_size = 256;
     MESHRUN_RETURN_IF_ERROR(LoadTextFile(p, &s));
   }
   return s;

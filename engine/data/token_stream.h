@@ -4,18 +4,25 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/job_spec.h"
 #include "common/status.h"
 
 namespace meshrun {
 
 // The llm.c data file header: 256 little-endian int32, header[0] = magic, header[1] = version,
-// header[2] = number of uint16 tokens that follow.
+// header[2] = number of tokens that follow: uint16 in version 1, uint32 in version 2 (written for
+// vocabularies over 65,535 ids).
 inline constexpr int32_t kLlmcMagic = 20240520;
 inline constexpr int32_t kLlmcVersion = 1;
+inline constexpr int32_t kLlmcVersionUint32 = 2;
 inline constexpr int kLlmcHeaderInts = 256;
+
+class Tokenizer;
 
 // A whole token stream, owned in memory. Immutable after LoadTokens; safe to share between
 // threads for reading. Built by LoadTokens, read by BatchSampler and the evaluator.
@@ -24,11 +31,31 @@ struct TokenStream {
   std::string format;  // resolved format: "text", "llmc" or "nanogpt" (never "auto")
   std::vector<int32_t> tokens;
   int32_t max_token_id = -1;  // largest id in `tokens` (check it against vocab_size)
+  // The vocabulary the stream was made with: 256 for byte-level text, the tokenizer's for text
+  // read with one; 0 for a token file (unknown: only max_token_id says anything).
+  int32_t vocab_size = 0;
+  // Text read with a tokenizer and a cache folder: the cache file, and whether it was read
+  // (true) or written now (false).
+  std::string cache_path;
+  bool from_cache = false;
   // For a text folder: the files that were read, in order, and the ones skipped with why.
   std::vector<std::string> files;
   std::vector<std::string> skipped;
 
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+// How text is read (docs/data.md "Tokenizers").
+struct LoadOptions {
+  // data.tokenizer: a Hugging Face tokenizer folder; text is then tokenized with it (with its
+  // end-of-text token between the files of a folder). Empty: byte-level tokens.
+  std::string tokenizer;
+  // Where tokenized text is cached (a file named by the hash of the texts and tokenizer.json);
+  // empty: no cache.
+  std::string cache_dir;
+  int threads = 0;  // tokenizing threads over files; 0: the hardware's
+  // Called now and then from the tokenizing threads with (bytes done, bytes in all).
+  std::function<void(int64_t, int64_t)> progress;
 };
 
 // Loads `path` as `format` ("auto", "text", "llmc" or "nanogpt").
@@ -39,7 +66,45 @@ struct TokenStream {
 //  - auto: the llm.c magic → llmc; else a `.bin` extension → nanogpt; else text.
 // Errors (INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS) name the path, what is wrong and a fix.
 // An empty stream is an error.
-StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& format);
+StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& format,
+                                 const LoadOptions& options = {});
+
+// Tokenizes text inputs (files, or folders read as above) with `tokenizer`, in parallel over the
+// files, the end-of-text token between consecutive files (INVALID_ARGUMENT naming the fix when
+// there are several files and the tokenizer has none). `options.tokenizer` is ignored.
+StatusOr<TokenStream> TokenizeTexts(const std::vector<std::string>& inputs,
+                                    std::shared_ptr<const Tokenizer> tokenizer,
+                                    const LoadOptions& options);
+
+// Writes `tokens` as an llm.c token file, atomically: version 1 (uint16) for vocabularies of up
+// to 65,535 ids, version 2 (uint32) for larger ones.
+Status WriteLlmcTokens(const std::string& path, const std::vector<int32_t>& tokens,
+                       int32_t vocab_size);
+
+// The format `path` loads as under `format` ("auto" resolved as LoadTokens does): "text",
+// "llmc" or "nanogpt". Errors as LoadTokens'.
+StatusOr<std::string> ResolveDataFormat(const std::string& path, const std::string& format);
+
+// How a job reads its streams: data.tokenizer, and the cache under checkpoint.dir/token-cache
+// (none without a checkpoint.dir).
+LoadOptions LoadOptionsOf(const JobSpec& spec);
+inline constexpr const char* kTokenCacheFolder = "token-cache";
+
+// The model's vocabulary against the stream's (INVALID_ARGUMENT naming both sizes): text must
+// have been read with exactly model.vocab_size ids (256 for bytes, the tokenizer's), and every
+// id of a token file must be below it. `field` names the stream ("data.train").
+Status CheckStreamVocab(const TokenStream& stream, const JobSpec& spec, const std::string& field);
+// The same for text before it is read: the vocabulary text read under `spec` has (256 or the
+// tokenizer's, loaded from data.tokenizer).
+Status CheckTextVocab(const JobSpec& spec, const std::string& field);
+
+// Pieces shared with text_tokens.cc: the files ListTextFolder would read (before the UTF-8
+// check), the error for a folder with none, a whole file read confined, an llm.c file loaded.
+Status ListTextFolderForTokens(const std::string& dir, std::vector<std::string>* files,
+                               std::vector<std::string>* skipped);
+Status EmptyTextFolderError(const std::string& dir, const std::vector<std::string>& skipped);
+Status ReadTextFile(const std::string& path, std::string* bytes);
+StatusOr<TokenStream> LoadLlmcFile(const std::string& path);
 
 // True when `bytes` is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF) with no NUL
 // byte. On false, *bad_offset (when given) is the offset of the first offending byte.

@@ -93,19 +93,17 @@ Status Trainer::Init() {
   model_par_.fsdp = shards_->sharded() ? shards_.get() : nullptr;
   model_->SetParallel(&model_par_);
 
-  MESHRUN_ASSIGN_OR_RETURN(TokenStream train, LoadTokens(spec_.data.train, spec_.data.format));
+  // Text read with data.tokenizer comes from the cache under checkpoint.dir when its key
+  // matches (`meshrun train` fills it before the ranks start).
+  const LoadOptions load = LoadOptionsOf(spec_);
+  MESHRUN_ASSIGN_OR_RETURN(TokenStream train,
+                           LoadTokens(spec_.data.train, spec_.data.format, load));
   train_data_ = std::make_unique<TokenStream>(std::move(train));
+  MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*train_data_, spec_, "data.train"));
   if (!spec_.data.val.empty()) {
-    MESHRUN_ASSIGN_OR_RETURN(TokenStream val, LoadTokens(spec_.data.val, spec_.data.format));
+    MESHRUN_ASSIGN_OR_RETURN(TokenStream val, LoadTokens(spec_.data.val, spec_.data.format, load));
     val_data_ = std::make_unique<TokenStream>(std::move(val));
-  }
-  for (const TokenStream* s : {train_data_.get(), val_data_.get()}) {
-    if (s != nullptr && s->max_token_id >= spec_.model.vocab_size) {
-      return InvalidArgumentError(
-          "model.vocab_size: token id " + std::to_string(s->max_token_id) + " in " + s->path +
-          " is not below vocab_size(" + std::to_string(spec_.model.vocab_size) +
-          ") (hint: raise model.vocab_size or use data tokenized with a smaller vocabulary)");
-    }
+    MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*val_data_, spec_, "data.val"));
   }
   MESHRUN_ASSIGN_OR_RETURN(Order order, ParseOrder(spec_.data.order));
   MESHRUN_ASSIGN_OR_RETURN(

@@ -1,10 +1,12 @@
 // What `validate`, `train` and `submit` check before any training starts (client/preflight.h),
-// run as the real binary: missing or binary data, token ids over vocab_size, an unwritable
+// run as the real binary: missing or binary data, token ids over vocab_size, a vocabulary that
+// is not the data's (bytes or data.tokenizer), an unwritable
 // checkpoint.dir and a model no host can hold are each exit 2 with one `error: <field>:` line,
 // and `train` stops before its first step.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -88,6 +90,40 @@ TEST_F(PreflightTest, TokenIdsAboveTheVocabularyAreRefused) {
   out.close();
   ExpectRefusedEverywhere({"data.train=" + bin.string()}, "model.vocab_size: token id 300",
                           "vocab_size(256)");
+}
+
+TEST_F(PreflightTest, TheDataVocabularyMustBeTheModels) {
+  // Byte-level text (vocabulary 256) into a GPT-2-sized model.
+  ExpectRefusedEverywhere({"model.vocab_size=50257"}, "model.vocab_size: 50257",
+                          "byte-level text (vocabulary 256)");
+  // A tokenizer (a minimal byte-level one: 256 byte tokens, no merges, one special token, so
+  // 257 ids) against a model of 256.
+  const fs::path tok = temp_ / "tok";
+  fs::create_directories(tok);
+  std::string vocab;
+  for (int b = 0; b < 256; ++b) {
+    const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    if (!direct) continue;  // a tokenizer without these bytes still loads
+    char key[16];
+    if (b == '"' || b == '\\') {
+      std::snprintf(key, sizeof(key), "\"\\%c\"", b);
+    } else if (b < 0x80) {
+      std::snprintf(key, sizeof(key), "\"%c\"", b);
+    } else {
+      std::snprintf(key, sizeof(key), "\"%c%c\"", 0xC0 | (b >> 6), 0x80 | (b & 0x3F));
+    }
+    vocab += (vocab.empty() ? "" : ",") + std::string(key) + ":" + std::to_string(b);
+  }
+  std::ofstream(tok / "tokenizer.json")
+      << R"({"normalizer":null,"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,)"
+      << R"("use_regex":true},"added_tokens":[{"id":256,"content":"<|endoftext|>"}],)"
+      << R"("model":{"type":"BPE","vocab":{)" << vocab << R"(},"merges":[]}})";
+  ExpectRefusedEverywhere({"data.tokenizer=" + tok.string()}, "model.vocab_size: 256",
+                          "has a vocabulary of 257");
+  // The same tokenizer with a model of 257 passes the checks.
+  const CliResult ok = Run({"validate", "-f", spec_, "--set", "data.tokenizer=" + tok.string(),
+                            "--set", "model.vocab_size=257"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
 
 TEST_F(PreflightTest, UnwritableCheckpointDirFailsBeforeTraining) {
