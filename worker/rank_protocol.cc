@@ -7,6 +7,8 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "proto/duration.h"
+
 namespace meshrun {
 namespace {
 
@@ -58,13 +60,6 @@ void ParseComm(const json& object, v1::MetricsSample* s) {
     c->set_bytes(static_cast<uint64_t>(std::max(0.0, NumberOr(entry, "bytes", 0))));
     c->set_calls(static_cast<uint64_t>(std::max(0.0, NumberOr(entry, "calls", 0))));
   }
-}
-
-void SetNow(google::protobuf::Timestamp* t) {
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
-  t->set_seconds(ns / 1000000000);
-  t->set_nanos(static_cast<int32_t>(ns % 1000000000));
 }
 
 }  // namespace
@@ -147,7 +142,7 @@ std::optional<v1::MetricsSample> ParseStepLine(std::string_view line, const std:
   s.set_attempt(attempt);
   s.set_rank(rank);
   s.set_step(step->get<int64_t>());
-  SetNow(s.mutable_time());
+  SetTimestamp(std::chrono::system_clock::now(), s.mutable_time());
   s.set_loss(NumberOr(object, "loss", 0));
   s.set_lr(NumberOr(object, "lr", 0));
   s.set_grad_norm(NumberOr(object, "grad_norm", 0));

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/atomic_file.h"
 #include "common/confined_file.h"
-#include "engine/io/atomic_file.h"
 #include "engine/io/safetensors.h"
 
 namespace meshrun {
