@@ -177,7 +177,7 @@ TEST_F(ServerTest, RendezvousStoreOverGrpc) {
   get.mutable_timeout()->set_nanos(200'000'000);
   grpc::Status timed_out = Call(&v1::CoordinatorService::Stub::StoreGet, get, &got);
   EXPECT_EQ(timed_out.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_NE(timed_out.error_message().find("never"), std::string::npos)
+  EXPECT_NE(timed_out.error_message().find("not set before the wait ran out"), std::string::npos)
       << timed_out.error_message();
 
   v1::StoreAddRequest add;
