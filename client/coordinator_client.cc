@@ -21,12 +21,6 @@ namespace {
 using json = nlohmann::ordered_json;
 using std::chrono::milliseconds;
 
-// "JOB_STATE_RUNNING" -> "RUNNING".
-std::string WithoutPrefix(const std::string& name, const std::string& prefix) {
-  if (name.rfind(prefix, 0) == 0) return name.substr(prefix.size());
-  return name;
-}
-
 }  // namespace
 
 namespace {
@@ -316,18 +310,6 @@ Status CoordinatorClient::WatchJob(const v1::WatchJobRequest& request,
 }
 
 // ---- Presentation -------------------------------------------------------------------------
-
-std::string JobStateName(v1::JobState state) {
-  return WithoutPrefix(v1::JobState_Name(state), "JOB_STATE_");
-}
-
-std::string WorkerStateName(v1::WorkerState state) {
-  return WithoutPrefix(v1::WorkerState_Name(state), "WORKER_STATE_");
-}
-
-std::string RankStateName(v1::RankState state) {
-  return WithoutPrefix(v1::RankState_Name(state), "RANK_STATE_");
-}
 
 bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||

@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "proto/state_names.h"
 
 namespace CLI {
 class App;
@@ -105,10 +106,10 @@ class CoordinatorClient {
 
 // ---- Presentation -------------------------------------------------------------------------
 
-// "RUNNING", "READY", "SUCCEEDED" (enum names without their prefix).
-std::string JobStateName(v1::JobState state);
-std::string WorkerStateName(v1::WorkerState state);
-std::string RankStateName(v1::RankState state);
+// "RUNNING", "READY", "SUCCEEDED" (enum names without their prefix): proto/state_names.h.
+using meshrun::JobStateName;
+using meshrun::RankStateName;
+using meshrun::WorkerStateName;
 bool IsTerminal(v1::JobState state);
 // RFC 3339 ("2026-01-02T03:04:05Z"), "" for an unset timestamp.
 std::string FormatTime(const google::protobuf::Timestamp& t);

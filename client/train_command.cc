@@ -22,7 +22,7 @@
 #include "common/job_spec_yaml.h"
 #include "engine/data/token_stream.h"
 #include "engine/data/tokenizer.h"
-#include "engine/io/atomic_file.h"
+#include "common/atomic_file.h"
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/train/trainer.h"

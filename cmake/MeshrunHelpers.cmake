@@ -89,3 +89,49 @@ function(meshrun_add_proto_library name)
   target_include_directories(${name} PUBLIC ${out_dir})
   target_link_libraries(${name} PUBLIC PkgConfig::GRPCPP PkgConfig::PROTOBUF)
 endfunction()
+
+# ---- Build speed (docs/decisions/0018-build-speed.md) ----------------------------------------
+#
+# -O3 pays where the math runs (kernels, the model, the training step); the rest (the control
+# plane, JSON and protobuf code, file formats, the planner) runs no hot loop but took most of
+# the build at -O3: nlohmann::json and generated protobuf code are template-heavy, and the
+# optimizer's time on them is most of their cost. These targets and files build at -O2.
+#   meshrun_moderate_optimization(TARGETS t1 t2 SOURCES a.cc b.cc)
+# (SOURCES: files of targets defined in the calling directory.)
+function(meshrun_moderate_optimization)
+  cmake_parse_arguments(ARG "" "" "TARGETS;SOURCES" ${ARGN})
+  foreach(t ${ARG_TARGETS})
+    target_compile_options(${t} PRIVATE $<$<AND:$<CONFIG:Release>,$<COMPILE_LANGUAGE:CXX>>:-O2>)
+  endforeach()
+  if(ARG_SOURCES)
+    set_property(SOURCE ${ARG_SOURCES} APPEND PROPERTY COMPILE_OPTIONS $<$<CONFIG:Release>:-O2>)
+  endif()
+endfunction()
+
+# Precompiled headers for the targets whose every file includes gRPC, the generated API,
+# nlohmann::json and spdlog (the client commands, the coordinator, the worker): parsing those
+# headers was most of each such file's time. MESHRUN_PCH=OFF turns them off (e.g. to check that
+# every file includes what it uses). ccache caches these files only with
+# sloppiness=pch_defines,time_macros and, for gcc, -fpch-preprocess; both are set here when
+# the compiler launcher is ccache, so CI and scripts/test keep their cache hits.
+option(MESHRUN_PCH "Precompiled headers for the gRPC/protobuf-heavy targets" ON)
+set(MESHRUN_PCH_HEADERS
+  <grpcpp/grpcpp.h> <nlohmann/json.hpp> <spdlog/spdlog.h> <chrono> <filesystem> <map>
+  <memory> <mutex> <string> <vector>)
+if(MESHRUN_PCH AND CMAKE_CXX_COMPILER_LAUNCHER MATCHES "ccache"
+   AND NOT CMAKE_CXX_COMPILER_LAUNCHER MATCHES "CCACHE_SLOPPINESS")
+  set(CMAKE_CXX_COMPILER_LAUNCHER
+      ${CMAKE_COMMAND} -E env CCACHE_SLOPPINESS=pch_defines,time_macros
+      ${CMAKE_CXX_COMPILER_LAUNCHER})
+endif()
+#   meshrun_precompile_headers(TARGET [EXTRA <h> "h"…]): MESHRUN_PCH_HEADERS plus EXTRA.
+function(meshrun_precompile_headers target)
+  if(NOT MESHRUN_PCH)
+    return()
+  endif()
+  cmake_parse_arguments(ARG "" "" "EXTRA" ${ARGN})
+  target_precompile_headers(${target} PRIVATE ${MESHRUN_PCH_HEADERS} ${ARG_EXTRA})
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_LAUNCHER MATCHES "ccache")
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fpch-preprocess>)
+  endif()
+endfunction()

@@ -88,4 +88,12 @@ class ParallelDims {
   std::array<int, 4> sizes_;  // R, S, C, T
 };
 
+// The context-parallel layout of a sequence (docs/data.md), the one copy of its index math:
+// the sequence is cut into 2·cp_size equal chunks and cp rank c holds chunk c, then chunk
+// 2·cp_size − 1 − c (load balancing for causal attention). `half` is 0 or 1: the chunk index of
+// the rank's first or second half. With cp_size 1 the one rank holds chunks 0 and 1 of 2.
+constexpr int CpChunkIndex(int cp_size, int cp_rank, int half) {
+  return half == 0 ? cp_rank : 2 * cp_size - 1 - cp_rank;
+}
+
 }  // namespace meshrun

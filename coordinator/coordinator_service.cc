@@ -325,7 +325,7 @@ void CoordinatorServiceImpl::HandleStoreGet(const v1::StoreGetRequest& request,
   if (!status.ok()) return done(status);
   std::chrono::milliseconds timeout{0};
   if (request.has_timeout()) {
-    timeout = FromDuration(request.timeout());
+    timeout = DurationToMillis(request.timeout());
     if (timeout.count() < 0) {
       return done(
           InvalidArgumentError("timeout: is negative (hint: leave it unset for the default)"));

@@ -17,17 +17,6 @@
 
 namespace meshrun::coordinator {
 
-const char* JobStateName(v1::JobState state) {
-  switch (state) {
-    case v1::JOB_STATE_PENDING: return "PENDING";
-    case v1::JOB_STATE_RUNNING: return "RUNNING";
-    case v1::JOB_STATE_SUCCEEDED: return "SUCCEEDED";
-    case v1::JOB_STATE_FAILED: return "FAILED";
-    case v1::JOB_STATE_CANCELLED: return "CANCELLED";
-    default: return "UNSPECIFIED";
-  }
-}
-
 namespace {
 
 constexpr int64_t kSequenceBlock = 4096;
@@ -497,7 +486,7 @@ StatusOr<v1::Job> JobManager::Cancel(const v1::CancelJobRequest& request) {
   const std::string reason = request.reason().empty() ? "cancelled by the user" : request.reason();
   std::chrono::milliseconds grace = config_.default_grace;
   if (request.has_grace_period())
-    grace = std::max(std::chrono::milliseconds(0), FromDuration(request.grace_period()));
+    grace = std::max(std::chrono::milliseconds(0), DurationToMillis(request.grace_period()));
   Txn txn(*job);
   Attempt* attempt = job->last();
   if (job->row.state == v1::JOB_STATE_RUNNING && attempt != nullptr &&

@@ -34,11 +34,12 @@
 #include "coordinator/streams.h"
 #include "coordinator/worker_manager.h"
 #include "meshrun/v1/coordinator.pb.h"
+#include "proto/state_names.h"
 
 namespace meshrun::coordinator {
 
 // "PENDING", "RUNNING", … (the JSON and Prometheus spelling of docs/cli.md).
-const char* JobStateName(v1::JobState state);
+using meshrun::JobStateName;
 
 // State of one attempt, as stored in StateDb's attempts table.
 enum class AttemptState { kRunning = 1, kSucceeded = 2, kFailed = 3, kCancelled = 4 };

@@ -15,6 +15,8 @@
 #include <map>
 #include <thread>
 
+#include "proto/state_names.h"
+
 namespace meshrun::coordinator {
 namespace {
 
@@ -37,15 +39,6 @@ void AddGauge(prometheus::MetricFamily& f, std::vector<prometheus::ClientMetric:
     m.gauge.value = value;
   }
   f.metric.push_back(std::move(m));
-}
-
-const char* WorkerStateName(v1::WorkerState s) {
-  switch (s) {
-    case v1::WORKER_STATE_READY: return "READY";
-    case v1::WORKER_STATE_BUSY: return "BUSY";
-    case v1::WORKER_STATE_LOST: return "LOST";
-    default: return "UNSPECIFIED";
-  }
 }
 
 constexpr v1::JobState kJobStates[] = {v1::JOB_STATE_PENDING, v1::JOB_STATE_RUNNING,

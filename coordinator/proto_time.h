@@ -1,5 +1,5 @@
-// Conversions between the coordinator's clocks and protobuf's Timestamp/Duration, and the
-// milliseconds StateDb stores. Header-only, pure.
+// The milliseconds StateDb stores <-> the coordinator's clock and protobuf's Timestamp.
+// Header-only, pure. Duration and Timestamp of a clock value: proto/duration.h.
 #pragma once
 
 #include <google/protobuf/duration.pb.h>
@@ -28,21 +28,7 @@ inline void SetTimestampMillis(int64_t ms, google::protobuf::Timestamp* out) {
   out->set_nanos(static_cast<int32_t>((ms % 1000) * 1'000'000));
 }
 
-inline void SetTimestamp(WallTime t, google::protobuf::Timestamp* out) {
-  const auto ns =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-  out->set_seconds(ns / 1'000'000'000);
-  out->set_nanos(static_cast<int32_t>(ns % 1'000'000'000));
-}
-
-inline void SetDuration(std::chrono::milliseconds d, google::protobuf::Duration* out) {
-  out->set_seconds(d.count() / 1000);
-  out->set_nanos(static_cast<int32_t>((d.count() % 1000) * 1'000'000));
-}
-
-// Saturating (proto/duration.h): a peer's Duration of any size is safe.
-inline std::chrono::milliseconds FromDuration(const google::protobuf::Duration& d) {
-  return DurationToMillis(d);
-}
+using meshrun::SetDuration;
+using meshrun::SetTimestamp;
 
 }  // namespace meshrun::coordinator

@@ -9,6 +9,7 @@
 #include <optional>
 #include <thread>
 
+#include "proto/duration.h"
 #include "rpc/backoff.h"
 #include "rpc/grpc_status.h"
 
@@ -105,8 +106,7 @@ StatusOr<std::pair<bool, std::string>> GrpcStore::GetOnce(const std::string& key
   if (wait) {
     // A zero timeout means "the coordinator's default"; ask for at least 1 ms.
     const int64_t ms = std::max<int64_t>(1, timeout.count());
-    request.mutable_timeout()->set_seconds(ms / 1000);
-    request.mutable_timeout()->set_nanos(static_cast<int32_t>((ms % 1000) * 1000000));
+    SetDuration(milliseconds(ms), request.mutable_timeout());
   }
   grpc::ClientContext ctx;
   SetDeadline(&ctx, wait ? timeout + kWaitMargin : options_.call_timeout);

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <chrono>
 
+#include "proto/duration.h"
 #include "supervisor/line_splitter.h"
 
 namespace meshrun {
@@ -24,13 +25,6 @@ bool ParseEnumName(const std::string& name, const std::string& prefix, Parse par
     full.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
   }
   return parse(full, out) && static_cast<int>(*out) != 0;
-}
-
-void SetNow(google::protobuf::Timestamp* t) {
-  const auto now = std::chrono::system_clock::now().time_since_epoch();
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now).count();
-  t->set_seconds(ns / 1000000000);
-  t->set_nanos(static_cast<int32_t>(ns % 1000000000));
 }
 
 }  // namespace
@@ -105,7 +99,7 @@ v1::MetricsSample SampleOfStep(const v1::RankStep& step, const std::string& job_
   s.set_attempt(attempt);
   s.set_rank(rank);
   s.set_step(step.step());
-  SetNow(s.mutable_time());
+  SetTimestamp(std::chrono::system_clock::now(), s.mutable_time());
   s.set_loss(step.loss());
   s.set_lr(step.lr());
   s.set_grad_norm(step.grad_norm());

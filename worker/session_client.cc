@@ -18,10 +18,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-milliseconds FromDuration(const google::protobuf::Duration& d) {
-  return DurationToMillis(d);
-}
-
 // Messages that must reach the coordinator even across a reconnect.
 bool IsCritical(const v1::WorkerSessionRequest& m) {
   return m.has_rank_started() || m.has_rank_exited() || m.has_checkpoint_saved();
@@ -111,8 +107,8 @@ Status SessionClient::Register() {
   std::lock_guard<std::mutex> lock(mu_);
   worker_id_ = response.worker_id();
   session_token_ = response.session_token();
-  lease_ = FromDuration(response.lease_ttl());
-  heartbeat_ = FromDuration(response.heartbeat_interval());
+  lease_ = DurationToMillis(response.lease_ttl());
+  heartbeat_ = DurationToMillis(response.heartbeat_interval());
   ++registrations_;
   spdlog::info("registered as {} (worker id {}, lease {} ms)", options_.registration.name(),
                worker_id_, lease_.count());
@@ -196,8 +192,8 @@ Status SessionClient::RunSession() {
     active_ctx_ = nullptr;
     return FailedPreconditionError("the coordinator's first session message was not `accepted`");
   }
-  const milliseconds accepted_interval = FromDuration(first.accepted().heartbeat_interval());
-  const milliseconds accepted_lease = FromDuration(first.accepted().lease_ttl());
+  const milliseconds accepted_interval = DurationToMillis(first.accepted().heartbeat_interval());
+  const milliseconds accepted_lease = DurationToMillis(first.accepted().lease_ttl());
   if (accepted_interval.count() > 0) interval = accepted_interval;
   if (interval.count() <= 0) interval = options_.heartbeat;
   if (accepted_lease.count() > 0) interval = std::min(interval, accepted_lease / 3);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/atomic_file.h"
 #include "common/confined_file.h"
 #include "common/job_spec_yaml.h"
 #include "common/memory_estimate.h"
@@ -27,14 +28,6 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-void SetNow(google::protobuf::Timestamp* t) {
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count();
-  t->set_seconds(ns / 1000000000);
-  t->set_nanos(static_cast<int32_t>(ns % 1000000000));
-}
-
 // Saturating, and a StopOrder's grace is at most an hour: a huge one must not keep a rank
 // alive for ever, nor overflow the supervisor's deadline arithmetic.
 milliseconds FromDuration(const google::protobuf::Duration& d) {
@@ -45,22 +38,6 @@ std::vector<std::string> OwnEnvironment() {
   std::vector<std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
   return env;
-}
-
-// Writes `text` to `path` through a temporary file and a rename, so that a rank never reads a
-// half-written spec.
-Status WriteFileAtomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) return InternalError("cannot write " + tmp.string());
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return InternalError("cannot rename " + tmp.string() + ": " + ec.message());
-  return OkStatus();
 }
 
 }  // namespace
@@ -168,7 +145,7 @@ StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssi
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create " + dir.string() + ": " + ec.message());
   const fs::path spec_path = dir / "spec.yaml";
-  MESHRUN_RETURN_IF_ERROR(WriteFileAtomically(spec_path, JobSpecToYaml(spec)));
+  MESHRUN_RETURN_IF_ERROR(WriteFileAtomic(spec_path.string(), JobSpecToYaml(spec)));
   return Prepared{dir.string(), a.resume_checkpoint().empty() ? "" : resume.real, std::move(spec)};
 }
 
@@ -312,7 +289,7 @@ void WorkerDaemon::OnRankLine(const RankKey& key, bool is_stderr, std::string li
   l->set_attempt(key.attempt);
   l->set_rank(key.rank);
   l->set_stream(is_stderr ? v1::LOG_STREAM_STDERR : v1::LOG_STREAM_STDOUT);
-  SetNow(l->mutable_time());
+  SetTimestamp(std::chrono::system_clock::now(), l->mutable_time());
   l->set_text(std::move(line));
   session_->Send(std::move(m));
 }

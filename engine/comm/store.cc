@@ -16,6 +16,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/atomic_file.h"
+
 namespace meshrun {
 namespace {
 
@@ -191,33 +193,11 @@ std::string FileStore::PathOf(const std::string& key) const {
   return dir_ + "/" + EncodeKey(key);
 }
 
+// The one atomic write (common/atomic_file.h); an I/O error of the store's folder is UNAVAILABLE
+// like every other failure of this store.
 Status FileStore::WriteAtomically(const std::string& path, const std::string& value) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp =
-      dir_ + "/.tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    return UnavailableError("file store '" + dir_ + "': cannot create " + tmp + ": " +
-                            ErrnoText(errno));
-  }
-  size_t done = 0;
-  while (done < value.size()) {
-    const ssize_t n = ::write(fd, value.data() + done, value.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return UnavailableError("file store '" + dir_ + "': write " + tmp + ": " + ErrnoText(err));
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return UnavailableError("file store '" + dir_ + "': rename to " + path + ": " + ErrnoText(err));
-  }
+  Status s = WriteFileAtomic(path, value);
+  if (!s.ok()) return UnavailableError("file store '" + dir_ + "': " + s.message());
   return OkStatus();
 }
 

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <utility>
 
+#include "common/parallel_dims.h"
+
 namespace meshrun {
 namespace {
 
@@ -172,7 +174,8 @@ void CpChunk(const int32_t* seq_tokens, int seq_len, int cp_size, int cp_rank, i
     return;
   }
   const int chunk = seq_len / (2 * cp_size);
-  const int starts[2] = {cp_rank * chunk, (2 * cp_size - 1 - cp_rank) * chunk};
+  const int starts[2] = {CpChunkIndex(cp_size, cp_rank, 0) * chunk,
+                         CpChunkIndex(cp_size, cp_rank, 1) * chunk};
   for (int half = 0; half < 2; ++half) {
     std::memcpy(out_tokens + half * chunk, seq_tokens + starts[half],
                 static_cast<size_t>(chunk) * sizeof(int32_t));

@@ -11,7 +11,7 @@
 #include "common/confined_file.h"
 #include "engine/data/token_stream.h"
 #include "engine/data/tokenizer.h"
-#include "engine/io/atomic_file.h"
+#include "common/atomic_file.h"
 
 namespace meshrun {
 namespace {

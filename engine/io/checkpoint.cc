@@ -13,9 +13,9 @@
 #include <system_error>
 #include <utility>
 
+#include "common/atomic_file.h"
 #include "common/confined_file.h"
-#include "engine/io/atomic_file.h"
-#include "engine/io/crc32.h"
+#include "common/crc32.h"
 #include "engine/io/safetensors.h"
 
 namespace meshrun {

@@ -13,8 +13,8 @@
 #include <set>
 #include <utility>
 
+#include "common/atomic_file.h"
 #include "common/confined_file.h"
-#include "engine/io/atomic_file.h"
 
 namespace meshrun {
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "common/parallel_dims.h"
 #include "engine/comm/communicator.h"
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/model/gpt2.h"
@@ -102,8 +103,8 @@ std::vector<int32_t> CpPositions(int j, int cp_size, int local_len) {
   std::vector<int32_t> pos(local_len);
   const int chunk = local_len / 2;
   for (int t = 0; t < chunk; ++t) {
-    pos[t] = j * chunk + t;
-    pos[chunk + t] = (2 * cp_size - 1 - j) * chunk + t;
+    pos[t] = CpChunkIndex(cp_size, j, 0) * chunk + t;
+    pos[chunk + t] = CpChunkIndex(cp_size, j, 1) * chunk + t;
   }
   return pos;
 }

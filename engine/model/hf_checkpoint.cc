@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "common/confined_file.h"
-#include "engine/io/atomic_file.h"
+#include "common/atomic_file.h"
 
 namespace meshrun {
 

@@ -11,13 +11,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 
 #include "coordinator/rank_series.h"
 #include "coordinator/step_aggregator.h"
+#include "tests/deploy/observability.h"
 
 namespace meshrun::coordinator {
 namespace {
@@ -454,6 +458,56 @@ TEST(MetricsEndpoint, ServesRankSeriesOverHttp) {
            "meshrun_rank_steps_total{" + rank + "} 1",
        }) {
     EXPECT_NE(body.find(line + "\n"), std::string::npos) << line << "\n--- body:\n" << body;
+  }
+}
+
+// docs/metrics.md lists every family the coordinator serves, with its kind and every label.
+TEST(MetricsDocTest, EveryCoordinatorSeriesIsARowOfDocsMetrics) {
+  std::string error;
+  const char* source = std::getenv("MESHRUN_SOURCE_DIR");
+  const std::vector<meshrun::testing::SeriesRow> rows = meshrun::testing::ReadSeriesTable(
+      std::filesystem::path(source != nullptr ? source : ".") / "docs" / "metrics.md", &error);
+  ASSERT_TRUE(error.empty()) << error;
+  ASSERT_FALSE(rows.empty()) << "docs/metrics.md has no series table";
+  std::map<std::string, const meshrun::testing::SeriesRow*> by_name;
+  for (const meshrun::testing::SeriesRow& r : rows) by_name[r.series] = &r;
+
+  // Every family present: a running job with rank samples, and workers.
+  auto ranks = std::make_shared<RankSeries>();
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks->Add(Placement(rank), Sample("job-1", 1, rank, 1, 0.02 + rank, 1000));
+  }
+  JobsSnapshot snap;
+  snap.jobs_by_state[v1::JOB_STATE_RUNNING] = 1;
+  snap.jobs.push_back({"job-1", "demo", v1::JOB_STATE_RUNNING, 12, 5000, 0.3, 1.25, 1, 6144});
+  std::vector<v1::WorkerInfo> workers(1);
+  workers[0].set_state(v1::WORKER_STATE_BUSY);
+  const auto families = MetricsExporter::Collect(snap, workers, ranks.get());
+  ASSERT_GE(families.size(), 15u);
+
+  const std::map<prometheus::MetricType, std::string> kinds = {
+      {prometheus::MetricType::Gauge, "gauge"},
+      {prometheus::MetricType::Counter, "counter"},
+      {prometheus::MetricType::Histogram, "histogram"}};
+  for (const prometheus::MetricFamily& f : families) {
+    auto row = by_name.find(f.name);
+    if (row == by_name.end()) {
+      ADD_FAILURE() << "the coordinator serves " << f.name
+                    << ", which docs/metrics.md does not list";
+      continue;
+    }
+    EXPECT_EQ(row->second->endpoint, "coordinator") << f.name;
+    ASSERT_TRUE(kinds.count(f.type)) << f.name;
+    EXPECT_EQ(row->second->kind, kinds.at(f.type))
+        << f.name << " (docs/metrics.md:" << row->second->line << ")";
+    const std::set<std::string> documented(row->second->labels.begin(), row->second->labels.end());
+    for (const prometheus::ClientMetric& m : f.metric) {
+      for (const auto& label : m.label) {
+        EXPECT_TRUE(documented.count(label.name))
+            << f.name << " carries the label " << label.name
+            << ", which its row (docs/metrics.md:" << row->second->line << ") does not list";
+      }
+    }
   }
 }
 

@@ -71,7 +71,6 @@ GPU_TEST(MissingPeerTimesOutAndAborts) {
               comm.ok() ? "OK" : comm.status().ToString().c_str());
   EXPECT_TRUE(!comm.ok());
   EXPECT_TRUE(!comm.ok() && comm.status().code() == StatusCode::kDeadlineExceeded);
-  EXPECT_TRUE(s < 30.0);
 
   // Rank 1 of a group whose rank 0 never publishes the id: the store wait is bounded too.
   auto other = backend->Connect(Config("comm/tp/8", 1, 2, milliseconds(500)),

@@ -400,9 +400,6 @@ TEST_F(ParallelTest, SigkilledRankEndsTheRunWithAnErrorNamingIt) {
     waitpid(launcher, &status, 0);
     FAIL() << "the run did not end within 20 s of the kill";
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
-  EXPECT_LT(seconds, 10.0);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 1);
   const std::string stderr_text = testing::ReadFile(err);

@@ -14,12 +14,12 @@
 #include <sstream>
 #include <thread>
 
+#include "common/atomic_file.h"
 #include "common/confined_file.h"
+#include "common/crc32.h"
 #include "common/path_policy.h"
 #include "engine/data/token_stream.h"
-#include "engine/io/atomic_file.h"
 #include "engine/io/checkpoint.h"
-#include "engine/io/crc32.h"
 #include "engine/io/safetensors.h"
 
 namespace meshrun {

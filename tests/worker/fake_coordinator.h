@@ -204,6 +204,11 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return store_gets_;
   }
+  // Store calls answered ABORTED (a stale attempt).
+  int aborted_calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return aborted_calls_;
+  }
 
  private:
   static void SetDuration(google::protobuf::Duration* d, std::chrono::milliseconds ms) {
@@ -219,6 +224,7 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     }
     auto it = current_attempt_.find(job);
     if (it != current_attempt_.end() && it->second != attempt) {
+      ++aborted_calls_;
       return grpc::Status(grpc::StatusCode::ABORTED, "attempt is not current");
     }
     return grpc::Status::OK;
@@ -236,6 +242,7 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
   std::map<std::string, std::map<std::string, std::string>> store_;
   std::map<std::string, int> current_attempt_;
   int store_gets_ = 0;
+  int aborted_calls_ = 0;
 };
 
 // A gRPC server for a FakeCoordinator on 127.0.0.1 (port 0: any free one).

@@ -1,6 +1,6 @@
 // CRC-32, slicing-by-8 (eight 256-entry tables; several GB/s, so checking a checkpoint costs
 // little next to reading it).
-#include "engine/io/crc32.h"
+#include "common/crc32.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,10 +1,12 @@
-// AtomicFileWriter and WriteFileAtomic over POSIX open/write/fsync/rename.
-#include "engine/io/atomic_file.h"
+// AtomicFileWriter and WriteFileAtomic over POSIX open/write/fsync/rename: the one atomic file
+// write of meshrun (checkpoints, exports, the FileStore's keys, the worker's rank specs).
+#include "common/atomic_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -12,7 +14,7 @@
 #include <utility>
 
 #include "common/confined_file.h"
-#include "engine/io/crc32.h"
+#include "common/crc32.h"
 
 namespace meshrun {
 namespace {
@@ -37,7 +39,11 @@ std::string ParentDir(const std::string& path) {
 }  // namespace
 
 StatusOr<AtomicFileWriter> AtomicFileWriter::Open(const std::string& path) {
-  std::string temp = path + ".tmp." + std::to_string(::getpid());
+  // The counter keeps two threads of one process that write the same path (two ranks of a
+  // FileStore in one test process, say) off each other's temporary.
+  static std::atomic<uint64_t> counter{0};
+  std::string temp = path + ".tmp." + std::to_string(::getpid()) + "." +
+                     std::to_string(counter.fetch_add(1, std::memory_order_relaxed));
   MESHRUN_ASSIGN_OR_RETURN(const int fd,
                            OpenConfined(temp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd < 0) return IoError("cannot create a temporary file", temp, errno);

@@ -1,4 +1,4 @@
-// Atomic file writes (docs/checkpoints.md): write to `PATH.tmp.<pid>`, fsync, rename over
+// Atomic file writes (docs/checkpoints.md): write to `PATH.tmp.<pid>.<n>`, fsync, rename over
 // PATH, fsync the folder. Readers see either the old file or the whole new one, never a torn write,
 // even after a crash or a power loss.
 #pragma once
@@ -15,10 +15,10 @@ namespace meshrun {
 // Streams a large file to a temporary and renames it into place on Commit. Owns the temporary's
 // file descriptor; dropping an uncommitted writer removes the temporary. Move-only, not
 // thread-safe (one writer per file). Used by WriteFileAtomic, the safetensors writer and the
-// checkpoint code.
+// checkpoint code; WriteFileAtomic by FileStore and meshrun-worker too.
 class AtomicFileWriter {
  public:
-  // Creates (truncating) `path.tmp.<pid>`. The folder must exist.
+  // Creates `path.tmp.<pid>.<n>` (n counts this process's writers). The folder must exist.
   static StatusOr<AtomicFileWriter> Open(const std::string& path);
 
   AtomicFileWriter(AtomicFileWriter&& other) noexcept;

@@ -1,5 +1,5 @@
 // Tests for atomic writes and CRC-32.
-#include "engine/io/atomic_file.h"
+#include "common/atomic_file.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "engine/io/crc32.h"
+#include "common/crc32.h"
 
 namespace meshrun {
 namespace {
