@@ -49,6 +49,22 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(m.has_d_model(), m.d_model(), &s.model.d_model);
   SetIfPresent(m.has_seq_len(), m.seq_len(), &s.model.seq_len);
   SetIfPresent(m.has_vocab_size(), m.vocab_size(), &s.model.vocab_size);
+  SetIfPresent(m.has_n_kv_head(), m.n_kv_head(), &s.model.n_kv_head);
+  SetIfPresent(m.has_d_ff(), m.d_ff(), &s.model.d_ff);
+  SetIfPresent(m.has_norm_eps(), m.norm_eps(), &s.model.norm_eps);
+  SetIfPresent(m.has_rope_theta(), m.rope_theta(), &s.model.rope_theta);
+  SetIfPresent(m.has_rope_scaling_type(), m.rope_scaling_type(), &s.model.rope_scaling_type);
+  SetIfPresent(m.has_rope_scaling_factor(), m.rope_scaling_factor(), &s.model.rope_scaling_factor);
+  SetIfPresent(m.has_rope_scaling_low_freq_factor(), m.rope_scaling_low_freq_factor(),
+               &s.model.rope_scaling_low_freq_factor);
+  SetIfPresent(m.has_rope_scaling_high_freq_factor(), m.rope_scaling_high_freq_factor(),
+               &s.model.rope_scaling_high_freq_factor);
+  SetIfPresent(m.has_rope_scaling_original_max_position_embeddings(),
+               m.rope_scaling_original_max_position_embeddings(),
+               &s.model.rope_scaling_original_max_position_embeddings);
+  // Left out: true for gpt2, false for llama (as in YAML).
+  s.model.tie_embeddings = m.has_tie_embeddings() ? m.tie_embeddings() : s.model.arch != "llama";
+  SetIfPresent(m.has_attention_bias(), m.attention_bias(), &s.model.attention_bias);
 
   const v1::ParallelismSpec& par = p.parallelism();
   SetIfPresent(par.has_dp_replicate_size(), par.dp_replicate_size(),
@@ -130,6 +146,18 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   m->set_seq_len(s.model.seq_len);
   m->set_vocab_size(s.model.vocab_size);
   m->set_init_from(s.model.init_from);
+  m->set_n_kv_head(s.model.n_kv_head);
+  m->set_d_ff(s.model.d_ff);
+  m->set_norm_eps(s.model.norm_eps);
+  m->set_rope_theta(s.model.rope_theta);
+  m->set_rope_scaling_type(s.model.rope_scaling_type);
+  m->set_rope_scaling_factor(s.model.rope_scaling_factor);
+  m->set_rope_scaling_low_freq_factor(s.model.rope_scaling_low_freq_factor);
+  m->set_rope_scaling_high_freq_factor(s.model.rope_scaling_high_freq_factor);
+  m->set_rope_scaling_original_max_position_embeddings(
+      s.model.rope_scaling_original_max_position_embeddings);
+  m->set_tie_embeddings(s.model.tie_embeddings);
+  m->set_attention_bias(s.model.attention_bias);
   v1::ParallelismSpec* par = p.mutable_parallelism();
   par->set_dp_replicate_size(s.parallelism.dp_replicate_size);
   par->set_dp_shard_size(s.parallelism.dp_shard_size);

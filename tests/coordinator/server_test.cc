@@ -341,14 +341,18 @@ TEST_F(ServerTest, HealthReflectionAndMetrics) {
   const std::string rank1 =
       "meshrun_rank_loss{job_id=\"job-000001\",rank=\"1\",worker=\"a\",dp_replicate=\"0\","
       "dp_shard=\"1\",cp=\"0\",tp=\"0\"} 2.5";
+  const std::string job_step = "meshrun_job_step{job_id=\"job-000001\"} 1";
   std::string body = scrape();
+  // Both series: the job's step is aggregated from the ranks' samples, which may land after
+  // rank 1's own series does.
   for (auto deadline = std::chrono::steady_clock::now() + seconds(10);
-       body.find(rank1) == std::string::npos && std::chrono::steady_clock::now() < deadline;) {
+       (body.find(rank1) == std::string::npos || body.find(job_step) == std::string::npos) &&
+       std::chrono::steady_clock::now() < deadline;) {
     std::this_thread::sleep_for(milliseconds(20));
     body = scrape();
   }
   EXPECT_NE(body.find(rank1), std::string::npos) << body;
-  EXPECT_NE(body.find("meshrun_job_step{job_id=\"job-000001\"} 1"), std::string::npos) << body;
+  EXPECT_NE(body.find(job_step), std::string::npos) << body;
   EXPECT_NE(body.find("meshrun_jobs{state=\"RUNNING\"} 1"), std::string::npos) << body;
   EXPECT_NE(body.find("meshrun_workers{state=\"BUSY\"} 1"), std::string::npos);
   EXPECT_NE(body.find("meshrun_job_state{job_id=\"job-000001\",state=\"RUNNING\"} 1"),

@@ -177,7 +177,10 @@ TEST(SpecConvertTest, EveryFieldHasPresenceAndSetsOnlyItself) {
           ASSERT_NE(sf, nullptr) << "no section " << section << " in meshrun.v1.JobSpec";
           msg = p.GetReflection()->MutableMessage(&p, sf);
         }
-        const FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(std::string(key));
+        // model.rope_scaling.factor (a YAML group) is the proto's rope_scaling_factor.
+        std::string name(key);
+        for (char& ch : name) ch = ch == '.' ? '_' : ch;
+        const FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
         ASSERT_NE(f, nullptr) << path << " is not in the proto";
         EXPECT_TRUE(f->has_presence()) << path << " must be `optional` so that unset is not 0";
         const auto* r = msg->GetReflection();

@@ -126,7 +126,11 @@ TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
                    "restart", "source_yaml", "set_overrides", "auto_choice",
                    "predicted_step_seconds", "predicted_peak_memory_bytes"}));
   const std::map<std::string, Names> sections = {
-      {"model", {"arch", "n_layer", "n_head", "d_model", "seq_len", "vocab_size", "init_from"}},
+      {"model",
+       {"arch", "n_layer", "n_head", "d_model", "seq_len", "vocab_size", "init_from", "n_kv_head",
+        "d_ff", "norm_eps", "rope_theta", "rope_scaling_type", "rope_scaling_factor",
+        "rope_scaling_low_freq_factor", "rope_scaling_high_freq_factor",
+        "rope_scaling_original_max_position_embeddings", "tie_embeddings", "attention_bias"}},
       {"parallelism",
        {"dp_replicate_size", "dp_shard_size", "cp_size", "tp_size", "cp_comm_strategy",
         "fsdp_reshard_after_forward", "comm_timeout_seconds", "auto"}},
