@@ -8,10 +8,10 @@
 #include <mutex>
 #include <thread>
 
+#include "common/atomic_file.h"
 #include "common/confined_file.h"
 #include "engine/data/token_stream.h"
 #include "engine/data/tokenizer.h"
-#include "common/atomic_file.h"
 
 namespace meshrun {
 namespace {

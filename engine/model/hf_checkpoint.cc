@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "common/confined_file.h"
 #include "common/atomic_file.h"
+#include "common/confined_file.h"
 
 namespace meshrun {
 
