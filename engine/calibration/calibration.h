@@ -26,7 +26,7 @@ struct CalibrationOptions {
   int iterations = 5;              // timed calls (after one warm-up); the median counts
 };
 
-// The GEMM rate (best of 5 at 512³, like MeasureCpuGemmPeakFlops) with `threads` threads.
+// The GEMM rate (cpu::MeasureMatmulFlops, the measurement behind MFU) with `threads` threads.
 double MeasureGemmFlops(int threads);
 
 struct LoopbackFigures {

@@ -29,21 +29,7 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 }  // namespace
 
 double MeasureCpuGemmPeakFlops() {
-  // 512³ (0.27 GFLOP): near the GEMM's steady rate and short enough for every rank start
-  // (at 1024³ the measurement dominated a 4-rank start-up); best of 5 to shed noise.
-  const int64_t n = 512;
-  std::vector<float> a(n * n), b(n * n), c(n * n);
-  for (int64_t i = 0; i < n * n; ++i) {
-    a[i] = static_cast<float>((i % 17) - 8) * 0.01f;
-    b[i] = static_cast<float>((i % 13) - 6) * 0.01f;
-  }
-  double best = 1e30;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = Clock::now();
-    cpu::MatmulForward(c.data(), a.data(), b.data(), static_cast<const float*>(nullptr), n, n, n);
-    best = std::min(best, Seconds(t0, Clock::now()));
-  }
-  return 2.0 * n * n * n / best;
+  return cpu::MeasureMatmulFlops();
 }
 
 Trainer::Trainer(JobSpec spec, TrainOptions options, RankContext context)

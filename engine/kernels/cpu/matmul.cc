@@ -2,8 +2,10 @@
 // (the transposes are BLAS flags, never copies). Gemm dispatches to OpenBLAS when the build has
 // it and OpenBLAS runs kernels fit for this CPU, and to the built-in GemmFallback otherwise.
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "engine/kernels/cpu/kernel_internal.h"
 #include "engine/kernels/cpu/kernels.h"
@@ -206,5 +208,22 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
 MESHRUN_INSTANTIATE(float)
 MESHRUN_INSTANTIATE(double)
 #undef MESHRUN_INSTANTIATE
+
+double MeasureMatmulFlops() {
+  const int64_t n = 512;
+  std::vector<float> a(n * n), b(n * n), c(n * n);
+  for (int64_t i = 0; i < n * n; ++i) {
+    a[i] = static_cast<float>((i % 17) - 8) * 0.01f;
+    b[i] = static_cast<float>((i % 13) - 6) * 0.01f;
+  }
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    MatmulForward(c.data(), a.data(), b.data(), static_cast<const float*>(nullptr), n, n, n);
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * n * n * n / best;
+}
 
 }  // namespace meshrun::cpu
