@@ -180,15 +180,6 @@ std::string MeshName(const ParallelismSpec& p) {
   return out.empty() ? "1 rank" : out;
 }
 
-std::vector<std::string> ChosenMeshOverrides(const JobSpec& chosen) {
-  const ParallelismSpec& p = chosen.parallelism;
-  return {"parallelism.auto=false",
-          "parallelism.dp_replicate_size=" + std::to_string(p.dp_replicate_size),
-          "parallelism.dp_shard_size=" + std::to_string(p.dp_shard_size),
-          "parallelism.cp_size=" + std::to_string(p.cp_size),
-          "parallelism.tp_size=" + std::to_string(p.tp_size)};
-}
-
 StatusOr<MeshChoice> ChooseMesh(const JobSpec& spec, const ClusterShape& cluster) {
   JobSpec base = spec;
   base.parallelism.auto_mesh = false;

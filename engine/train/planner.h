@@ -91,10 +91,6 @@ StatusOr<MeshChoice> ChooseMesh(const JobSpec& spec, const ClusterShape& cluster
 // "dp_shard 2 × tp 2": the axes of size > 1, outermost first; "1 rank" when there are none.
 std::string MeshName(const ParallelismSpec& p);
 
-// The --set overrides that turn an auto spec into `chosen` (auto false and the four sizes), for
-// the rank processes the launcher starts.
-std::vector<std::string> ChosenMeshOverrides(const JobSpec& chosen);
-
 // A few plain sentences about the first row (why it wins, what the runner-up trades).
 std::string ExplainBest(const std::vector<PlanRow>& rows, const ClusterShape& cluster);
 
