@@ -296,10 +296,7 @@ int RunLogs(const JobFlags& f) {
       }
       if (e.has_metrics() && !e.metrics().has_rank() && !as_json) {
         const v1::MetricsSample& m = e.metrics();
-        progress.step = m.step();
-        progress.loss = m.loss();
-        progress.tokens_per_second = m.tokens_per_second();
-        progress.mfu = m.mfu();
+        progress.Observe(m);
         progress.attempt = m.attempt();
         std::cout << "[job] " << RenderProgressLine(progress, 0) << std::endl;
       }

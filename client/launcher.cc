@@ -307,6 +307,7 @@ void RankGroup::OnLine(int rank, bool is_stderr, std::string line) {
     std::lock_guard<std::mutex> lock(mu_);
     ranks_[rank].last_err_line = line;
   }
+  if (options_.before_line) options_.before_line();
   if (!is_stderr && rank == 0) {
     line += '\n';
     WriteAll(STDOUT_FILENO, line);

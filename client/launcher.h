@@ -36,6 +36,9 @@ struct LaunchOptions {
   // Set: every rank gets a report channel on fd 3, and each frame it writes arrives here (on
   // the supervisor's thread, in order with the rank's output lines).
   std::function<void(int rank, std::string frame)> on_report;
+  // Set: called on the supervisor's thread before each line of the ranks' output is written
+  // (e.g. to clear a progress bar drawn from the reports).
+  std::function<void()> before_line;
 };
 
 // Starts options.nproc processes running options.argv, each with the environment of this

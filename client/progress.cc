@@ -84,8 +84,14 @@ std::string RenderProgressLine(const ProgressState& s, int bar_width) {
     line += "step ";
   }
   char text[256];
-  std::snprintf(text, sizeof(text), "%lld/%lld  loss %.4f  %s tok/s  MFU %.2f%%",
-                static_cast<long long>(s.step), static_cast<long long>(s.steps), s.loss,
+  std::snprintf(text, sizeof(text), "%lld/%lld  loss %.4f", static_cast<long long>(s.step),
+                static_cast<long long>(s.steps), s.loss);
+  line += text;
+  if (bar_width == 0) {
+    std::snprintf(text, sizeof(text), "  lr %.2e  norm %.3f", s.lr, s.grad_norm);
+    line += text;
+  }
+  std::snprintf(text, sizeof(text), "  %s tok/s  MFU %.2f%%",
                 WithThousands(s.tokens_per_second).c_str(), 100.0 * s.mfu);
   line += text;
   if (s.steps > 0 && s.step_seconds > 0 && s.step < s.steps) {
@@ -93,6 +99,14 @@ std::string RenderProgressLine(const ProgressState& s, int bar_width) {
   }
   if (s.attempt > 1) line += "  (attempt " + std::to_string(s.attempt) + ")";
   return line;
+}
+
+std::string RenderRunTotals(const RunTotals& t) {
+  char text[256];
+  std::snprintf(text, sizeof(text), "%lld/%lld steps, final loss %.4f, %s tok/s, MFU %.2f%%",
+                static_cast<long long>(t.last_step), static_cast<long long>(t.steps), t.final_loss,
+                WithThousands(t.tokens_per_second).c_str(), 100.0 * t.mfu);
+  return text;
 }
 
 bool StdoutIsTerminal() {
@@ -158,16 +172,7 @@ StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& j
         } else {
           job_level_seen = true;
         }
-        state.step = m.step();
-        state.loss = m.loss();
-        state.lr = m.lr();
-        state.tokens_per_second = m.tokens_per_second();
-        state.mfu = m.mfu();
-        if (m.step_seconds() > 0) {
-          state.step_seconds = state.step_seconds > 0
-                                   ? 0.8 * state.step_seconds + 0.2 * m.step_seconds()
-                                   : m.step_seconds();
-        }
+        state.Observe(m);
         if (m.attempt() > state.attempt) state.attempt = m.attempt();
         result.loss[m.step()] = m.loss();
         if (m.step_seconds() > 0) {

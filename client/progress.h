@@ -23,14 +23,45 @@ struct ProgressState {
   int64_t steps = 0;
   double loss = 0;
   double lr = 0;
+  double grad_norm = 0;
   double tokens_per_second = 0;
   double mfu = 0;
   double step_seconds = 0;  // smoothed (exponential moving average), for the ETA
+
+  // Takes one step's sample: a job-level v1::MetricsSample (`submit --follow`, `logs --follow`)
+  // or a rank's v1::RankStep (`train`); both carry these fields.
+  template <typename Sample>
+  void Observe(const Sample& m) {
+    step = m.step();
+    loss = m.loss();
+    lr = m.lr();
+    grad_norm = m.grad_norm();
+    tokens_per_second = m.tokens_per_second();
+    mfu = m.mfu();
+    if (m.step_seconds() > 0) {
+      step_seconds =
+          step_seconds > 0 ? 0.8 * step_seconds + 0.2 * m.step_seconds() : m.step_seconds();
+    }
+  }
 };
 
-// "[##########··········]  40/100  loss 2.8134  4,102 tok/s  MFU 1.2%  ETA 12s" (bar_width 0:
-// no bar, the plain-line form). Pure.
+// One step as `train` and `submit --follow` both show it. On a terminal (bar_width > 0), a bar
+// that fits 80 columns: "[##########··········] 40/100  loss 2.8134  4,102 tok/s  MFU 1.20%  ETA
+// 12s". Plain (bar_width 0), one line per step with the learning rate and gradient norm too:
+// "step 40/100  loss 2.8134  lr 1.00e-03  norm 0.912  4,102 tok/s  MFU 1.20%  ETA 12s". Pure.
 std::string RenderProgressLine(const ProgressState& state, int bar_width);
+
+// A run's totals, as both `train` and `submit --follow` end with them (docs/metrics.md defines
+// the rate and MFU of a run).
+struct RunTotals {
+  int64_t last_step = 0;  // the newest step trained
+  int64_t steps = 0;      // train.steps
+  double final_loss = 0;
+  double tokens_per_second = 0;
+  double mfu = 0;  // 0 … 1
+};
+// "40/40 steps, final loss 3.6748, 63,258 tok/s, MFU 39.70%". Pure.
+std::string RenderRunTotals(const RunTotals& totals);
 
 struct FollowOptions {
   std::ostream* out = nullptr;  // default std::cout

@@ -29,23 +29,15 @@ void ReportPrinter::Report(const v1::RankReport& report) {
 void ReportPrinter::OnStep(const v1::RankStep& m) {
   if (json_) {
     std::cout << rank::StepLineJson(m) << std::endl;
-  } else if (terminal_) {
-    bar_.step = m.step();
-    bar_.loss = m.loss();
-    bar_.tokens_per_second = m.tokens_per_second();
-    bar_.mfu = m.mfu();
-    bar_.step_seconds =
-        bar_.step_seconds > 0 ? 0.8 * bar_.step_seconds + 0.2 * m.step_seconds() : m.step_seconds();
+    return;
+  }
+  // The state `submit --follow` keeps of a job, so both draw the same bar and lines.
+  bar_.Observe(m);
+  if (terminal_) {
     std::cout << "\r\x1b[K" << RenderProgressLine(bar_, 24) << std::flush;
     bar_shown_ = true;
   } else {
-    std::printf(
-        "step %5lld/%-5lld loss %.4f  lr %.3e  norm %.3f  %7.1f ms  %9.0f tok/s  "
-        "%.4f TFLOP/s  MFU %5.1f%%  peak %.1f MiB\n",
-        static_cast<long long>(m.step()), static_cast<long long>(steps_), m.loss(), m.lr(),
-        m.grad_norm(), m.step_seconds() * 1e3, m.tokens_per_second(), m.tflops(), 100.0 * m.mfu(),
-        static_cast<double>(m.peak_memory_bytes()) / (1 << 20));
-    std::fflush(stdout);
+    std::cout << RenderProgressLine(bar_, 0) << std::endl;
   }
 }
 
@@ -65,19 +57,29 @@ void ReportPrinter::OnSummary(const v1::RankSummary& s) {
   if (json_) {
     std::cout << rank::SummaryLineJson(s) << std::endl;
   } else if (s.steps() > 0) {
-    std::printf("%s: %lld steps, final loss %.4f (first %.4f), %.0f tok/s, MFU %.1f%%%s%s\n",
-                s.interrupted() ? "stopped" : "done", static_cast<long long>(s.steps()),
-                s.has_final_loss() ? s.final_loss() : std::nan(""),
-                s.losses().empty() ? std::nan("") : s.losses(0), s.tokens_per_second(),
-                100.0 * s.mfu(), s.checkpoint().empty() ? "" : ", checkpoint ",
-                s.checkpoint().c_str());
-    std::fflush(stdout);
+    // The totals `submit --follow` ends with, after "done:" (or "stopped:" on an interrupt).
+    RunTotals totals;
+    totals.last_step = s.last_step();
+    totals.steps = steps_;
+    totals.final_loss = s.has_final_loss() ? s.final_loss() : std::nan("");
+    totals.tokens_per_second = s.tokens_per_second();
+    totals.mfu = s.mfu();
+    std::string line = (s.interrupted() ? "stopped: " : "done: ") + RenderRunTotals(totals);
+    if (s.resumed_from_step() > 0) {
+      line += " (resumed from step " + std::to_string(s.resumed_from_step()) + ")";
+    }
+    if (!s.checkpoint().empty()) line += ", checkpoint " + s.checkpoint();
+    std::cout << line << std::endl;
   }
 }
 
 void ReportPrinter::Log(const std::string& line) {
   ClearBar();
   std::cerr << line << std::endl;
+}
+
+void ReportPrinter::BeforeLine() {
+  ClearBar();
 }
 
 void ReportPrinter::EndBar() {

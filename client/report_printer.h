@@ -1,6 +1,7 @@
 // What `meshrun train` prints of a rank's RankReport messages (proto/meshrun/v1/rank.proto):
 // JSON objects, one a line, on stdout with -o json (and nothing else there; docs/cli.md
-// shapes), a readable line per step otherwise. The same printer serves the in-process rank of
+// shapes), otherwise the progress bar (a terminal) or lines (not one) and the summary line that
+// `submit --follow` shows (client/progress.h). The same printer serves the in-process rank of
 // `train` and rank 0 of `train --nproc N` (its reports arrive through the launcher).
 #pragma once
 
@@ -23,6 +24,9 @@ class ReportPrinter final : public rank::ReportSink {
 
   void Report(const v1::RankReport& report) override;
   void Log(const std::string& line) override;
+  // Clears the bar before someone else writes a line (the launcher, for the ranks' output);
+  // the next step draws it again.
+  void BeforeLine();
 
  private:
   void OnStep(const v1::RankStep& m);

@@ -128,13 +128,17 @@ int RunSubmit(const SubmitFlags& f) {
   if (as_json) {
     std::cout << JobStatusJson(job).dump() << std::endl;
   } else {
-    std::printf(
-        "job %s %s after %lld/%lld steps, final loss %.4f, %.0f tok/s, MFU %.2f%%, restarts "
-        "%d%s%s\n",
-        job.job_id().c_str(), JobStateName(job.state()).c_str(), static_cast<long long>(job.step()),
-        static_cast<long long>(job.steps()), job.loss(), followed->tokens_per_second,
-        100.0 * followed->mfu, job.restarts(), job.message().empty() ? "" : ": ",
-        job.message().c_str());
+    // The totals `train` ends with (client/progress.h).
+    RunTotals totals;
+    totals.last_step = job.step();
+    totals.steps = job.steps();
+    totals.final_loss = job.loss();
+    totals.tokens_per_second = followed->tokens_per_second;
+    totals.mfu = followed->mfu;
+    std::string line = "job " + job.job_id() + " " + JobStateName(job.state()) + " after " +
+                       RenderRunTotals(totals) + ", restarts " + std::to_string(job.restarts());
+    if (!job.message().empty()) line += ": " + job.message();
+    std::cout << line << std::endl;
   }
   return job.state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitFailure;
 }

@@ -114,8 +114,10 @@ int LaunchRanks(const TrainFlags& o, const JobSpec& spec, const ParallelDims& di
     start.set_store_dir(store_dir);
     return Frame(start.SerializeAsString());
   };
-  // Rank 0's stdout was never a terminal: text mode prints a line per step, as before.
-  ReportPrinter printer(o.output == "json", spec.train.steps, /*terminal=*/false);
+  // Rank 0's reports drive the same bar (or lines) as one rank's; the ranks' own output lines
+  // clear the bar first.
+  ReportPrinter printer(o.output == "json", spec.train.steps, StdoutIsTerminal());
+  launch.before_line = [&printer] { printer.BeforeLine(); };
   launch.on_report = [&](int rank, std::string frame) {
     if (rank != 0) return;
     v1::RankReport report;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -112,6 +113,34 @@ TEST_F(FirstDayTest, CapacityDryRunLossHistoryAndLogsAcrossARestart) {
   const std::string job = testing::Lines(r.out).front();
   EXPECT_NE(r.out.find("SUCCEEDED after 4/4 steps, final loss "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" tok/s, MFU "), std::string::npos) << r.out;
+  {
+    // Standalone `train` of the same spec (piped, as here) prints the step lines and the totals
+    // of `submit --follow` in the same words: the same losses, learning rates and norms; only the
+    // measured rates differ.
+    const testing::CliResult standalone = testing::RunCli(
+        testing::BinDir() / "meshrun", {"train", "-f", spec_}, dir_ / "train.err", 180);
+    ASSERT_EQ(standalone.exit_code, 0) << standalone.out << standalone.err;
+    const std::regex step_line(
+        R"(^(step (\d)/4  loss [0-9.]+  lr [0-9.e+-]+  norm [0-9.]+)  [0-9,]+ tok/s  MFU [0-9.]+%)");
+    const std::regex totals(R"((4/4 steps, final loss [0-9.]+), [0-9,]+ tok/s, MFU [0-9.]+%)");
+    std::map<std::string, std::string> train_steps, submit_steps;
+    for (const std::string& line : testing::Lines(standalone.out)) {
+      std::smatch m;
+      if (std::regex_search(line, m, step_line)) train_steps[m[2]] = m[1];
+    }
+    for (const std::string& line : testing::Lines(r.out)) {
+      std::smatch m;
+      if (std::regex_search(line, m, step_line)) submit_steps[m[2]] = m[1];
+    }
+    EXPECT_EQ(train_steps.size(), 4u) << standalone.out;
+    ASSERT_FALSE(submit_steps.empty()) << r.out;
+    for (const auto& [step, text] : submit_steps) EXPECT_EQ(train_steps[step], text) << step;
+    std::smatch a, b;
+    ASSERT_TRUE(std::regex_search(standalone.out, a, totals)) << standalone.out;
+    ASSERT_TRUE(std::regex_search(r.out, b, totals)) << r.out;
+    EXPECT_NE(standalone.out.find("\ndone: " + a[1].str()), std::string::npos) << standalone.out;
+    EXPECT_EQ(a[1].str(), b[1].str());
+  }
   json status = json::parse(Cli({"status", job, "-o", "json"}).out);
   ASSERT_EQ(status["loss_history"].size(), 4u) << status.dump();
   for (int i = 0; i < 4; ++i) EXPECT_EQ(status["loss_history"][i]["step"], i + 1);
@@ -145,7 +174,8 @@ TEST_F(FirstDayTest, DemoTableInMeshOrderAndOneDefinitionOfTokensPerSecond) {
       r.out, std::regex(R"(RANK +WORKER +DP_REPLICATE +DP_SHARD +CP +TP +STATE\n)")))
       << r.out;
   // Each step's tokens are the same, so the run's rate is the harmonic mean of the step rates.
-  const std::regex step_line(R"(step \d+/3 +loss [0-9.]+ +([0-9,]+) tok/s)");
+  const std::regex step_line(
+      R"(step \d+/3 +loss [0-9.]+ +lr [0-9.e+-]+ +norm [0-9.]+ +([0-9,]+) tok/s)");
   double inverse_sum = 0;
   int steps = 0;
   for (const std::string& line : testing::Lines(r.out)) {

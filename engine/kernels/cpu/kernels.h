@@ -44,9 +44,10 @@ const char* GemmBackend();
 // environment of the rank processes they start.
 const char* OpenBlasCoreTypeHint();
 
-// The rate of MatmulForward at 512³ (0.27 GFLOP; best of 5) with the current threads, in
-// FLOP/s: near the GEMM's steady rate and short enough for every rank start. The one
-// measurement behind MFU on CPU and the planner's calibration.
+// The rate of MatmulForward at 512³ (0.27 GFLOP; the fastest of ≥ 10 calls over ≥ 60 ms, after
+// one untimed call) with the current threads, in FLOP/s: near the GEMM's steady rate and short
+// enough for every rank start. The one measurement behind MFU on CPU and the planner's
+// calibration.
 double MeasureMatmulFlops();
 
 // ---- embedding: out[i,:] = wte[tokens[i],:] + wpe[positions[i],:]
