@@ -1,6 +1,9 @@
 // meshrun: the client command line. main() only wires commands together; each command lives in
 // client/<name>_command.{h,cc} and adds itself with Register<Name>Command (see command.h).
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <cstring>
 
 #include "client/command.h"
@@ -17,11 +20,21 @@
 #include "client/workers_command.h"
 #include "gen/client/version.h"
 #include "rank/rank_main.h"
+#include "supervisor/openmp_environment.h"
 
 int main(int argc, char** argv) {
   // A rank process (started by meshrun-worker or `train --nproc N`, never by people): its
   // input is the RankStart on stdin, not flags.
   if (argc == 2 && std::strcmp(argv[1], "__rank") == 0) return meshrun::rank::RankMain();
+  // `train` runs a rank in this process (and --nproc N ranks inherit this environment): it
+  // waits as every rank does (supervisor/openmp_environment.h). libgomp has read the variables
+  // already, so set them and start again, once.
+  if (argc >= 2 && std::strcmp(argv[1], "train") == 0 && meshrun::OpenMpWaitUnset()) {
+    for (const auto& [name, value] : meshrun::RankOpenMpEnvironment()) {
+      setenv(name.c_str(), value.c_str(), 1);
+    }
+    execv("/proc/self/exe", argv);  // on failure, train as things are
+  }
 
   CLI::App app{"meshrun: N-D parallel GPT training (dp_replicate x dp_shard x cp x tp)", "meshrun"};
   app.require_subcommand(1);

@@ -7,6 +7,7 @@
 
 #include "proto/duration.h"
 #include "supervisor/line_splitter.h"
+#include "supervisor/openmp_environment.h"
 
 namespace meshrun {
 namespace {
@@ -35,6 +36,7 @@ RankCommand BuildRankCommand(const v1::RankAssignment& a, const RankLaunchConfig
   const int local = std::max(1, a.local_world_size());
   const int threads = std::max(1, config.cores / local);
   cmd.env = {{"OMP_NUM_THREADS", std::to_string(threads)}};
+  for (auto& var : RankOpenMpEnvironment()) cmd.env.push_back(std::move(var));
   v1::RankStart start;
   *start.mutable_assignment() = a;
   start.set_host(config.host);
@@ -76,7 +78,10 @@ std::vector<std::string> MergeEnvironment(
   std::vector<std::string> env;
   for (const std::string& entry : base) {
     const std::string_view name = std::string_view(entry).substr(0, entry.find('='));
-    if (StartsWith(name, "MESHRUN_") || name == "OMP_NUM_THREADS") continue;
+    if (StartsWith(name, "MESHRUN_") || name == "OMP_NUM_THREADS" || name == "OMP_WAIT_POLICY" ||
+        name == "GOMP_SPINCOUNT") {
+      continue;  // set by BuildRankCommand
+    }
     if (!IsInheritedByRanks(name) && std::find(pass.begin(), pass.end(), name) == pass.end()) {
       continue;
     }

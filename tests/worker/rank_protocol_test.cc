@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "rpc/backoff.h"
+#include "supervisor/openmp_environment.h"
 
 namespace meshrun {
 namespace {
@@ -53,9 +55,11 @@ TEST(RankProtocol, CommandLineAndRankStart) {
   config.data_roots = {"/data"};
   const RankCommand cmd = BuildRankCommand(Assignment(), config);
   EXPECT_EQ(cmd.argv, (std::vector<std::string>{"/opt/meshrun/bin/meshrun", "__rank"}));
-  // Only what OpenMP itself reads travels in the environment.
-  ASSERT_EQ(cmd.env.size(), 1u);
+  // Only what OpenMP itself reads travels in the environment: the threads, and the wait policy
+  // (passive unless the worker's environment chose one: decision 0025).
+  ASSERT_EQ(cmd.env.size(), 2u);
   EXPECT_EQ(EnvOf(cmd.env, "OMP_NUM_THREADS"), "4");  // 8 cores / 2 ranks on this worker
+  if (OpenMpWaitUnset()) EXPECT_EQ(EnvOf(cmd.env, "OMP_WAIT_POLICY"), "passive");
   const v1::RankStart start = StartOf(cmd);
   EXPECT_EQ(start.assignment().rank(), 3);
   EXPECT_EQ(start.assignment().world_size(), 4);
@@ -68,6 +72,33 @@ TEST(RankProtocol, CommandLineAndRankStart) {
   ASSERT_TRUE(start.has_file_roots());
   EXPECT_EQ(start.file_roots().data_size(), 1);
   EXPECT_EQ(start.file_roots().checkpoint_size(), 0);
+}
+
+TEST(RankProtocol, RanksWaitPassivelyUnlessTheWorkerWasToldOtherwise) {
+  RankLaunchConfig config;
+  config.cores = 2;
+  const char* saved_policy = std::getenv("OMP_WAIT_POLICY");
+  const char* saved_spin = std::getenv("GOMP_SPINCOUNT");
+  const std::string policy = saved_policy ? saved_policy : "", spin = saved_spin ? saved_spin : "";
+  unsetenv("OMP_WAIT_POLICY");
+  unsetenv("GOMP_SPINCOUNT");
+  RankCommand cmd = BuildRankCommand(Assignment(), config);
+  EXPECT_EQ(EnvOf(cmd.env, "OMP_WAIT_POLICY"), "passive");
+  EXPECT_EQ(EnvOf(cmd.env, "GOMP_SPINCOUNT"), "<unset>");
+  setenv("GOMP_SPINCOUNT", "10000", 1);
+  cmd = BuildRankCommand(Assignment(), config);
+  EXPECT_EQ(EnvOf(cmd.env, "GOMP_SPINCOUNT"), "10000");
+  EXPECT_EQ(EnvOf(cmd.env, "OMP_WAIT_POLICY"), "<unset>");
+  // The worker's own copies are not inherited a second time.
+  EXPECT_EQ(MergeEnvironment({"GOMP_SPINCOUNT=5", "OMP_WAIT_POLICY=active", "PATH=/bin"}, cmd.env,
+                             {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}),
+            (std::vector<std::string>{"PATH=/bin", "OMP_NUM_THREADS=1", "GOMP_SPINCOUNT=10000"}));
+  if (saved_policy) setenv("OMP_WAIT_POLICY", policy.c_str(), 1);
+  if (saved_spin) {
+    setenv("GOMP_SPINCOUNT", spin.c_str(), 1);
+  } else {
+    unsetenv("GOMP_SPINCOUNT");
+  }
 }
 
 TEST(RankProtocol, ThreadsNeverBelowOne) {
