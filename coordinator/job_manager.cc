@@ -188,7 +188,7 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
   // Stored and sent to the ranks with the defaults applied: a client may leave fields unset.
   v1::JobSpec resolved = ResolvedJobSpecProto(request.spec(), spec);
   // Checkpoints already under checkpoint.dir (an earlier run): found now, before the lock; the
-  // job's own CheckpointSaved reports move it on from here (ResumeCheckpointLocked).
+  // job's own CheckpointSaved reports move it on from here (ResumeCheckpoint, restart_policy.h).
   std::string existing_checkpoint;
   if (spec.checkpoint.resume == "auto" && !spec.checkpoint.dir.empty() && !request.dry_run()) {
     existing_checkpoint = config_.find_checkpoint ? config_.find_checkpoint(spec.checkpoint.dir)

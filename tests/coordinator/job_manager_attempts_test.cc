@@ -171,12 +171,7 @@ TEST_F(JobManagerTest, CheckpointIsPassedToTheNextAttempt) {
   const std::string id = *jobs_->Submit(req);
   auto first = StartAll("a");
   EXPECT_EQ(first[0].resume_checkpoint(), "");
-  v1::CheckpointSaved saved;
-  saved.set_job_id(id);
-  saved.set_attempt(1);
-  saved.set_step(2);
-  saved.set_path("/ckpt/step-00000002");
-  jobs_->OnCheckpointSaved("a", saved);
+  CheckpointSaved("a", id, 1, 2, "/ckpt/step-00000002");
   EXPECT_EQ(Get(id).last_checkpoint(), "/ckpt/step-00000002");
   Exited("a", id, 1, 0, 1);
   auto second = workers_.TakeAssignments("a");

@@ -16,13 +16,7 @@ TEST_F(JobManagerTest, WatchReplaysResumesAndEndsWithTheJob) {
   workers_.Add("a", 1);
   const std::string id = Submit(1, 1, 1, 1);
   auto as = StartAll("a");
-  v1::LogBatch logs;
-  v1::LogLine* line = logs.add_lines();
-  line->set_job_id(id);
-  line->set_attempt(1);
-  line->set_rank(0);
-  line->set_text("hello");
-  jobs_->OnLogs("a", logs);
+  jobs_->OnLogs("a", Lines(id, 1, 0, 1, "hello"));
 
   auto all = std::make_shared<FakeWatchStream>();
   v1::WatchJobRequest req;
@@ -114,15 +108,7 @@ TEST_F(JobManagerTest, JobLevelMetricsFromEveryRank) {
 TEST_F(JobManagerTest, LogsTailAndFilter) {
   workers_.Add("a", 2);
   const std::string id = Submit(1, 2, 1, 1);
-  v1::LogBatch logs;
-  for (int i = 0; i < 10; ++i) {
-    v1::LogLine* line = logs.add_lines();
-    line->set_job_id(id);
-    line->set_attempt(1);
-    line->set_rank(i % 2);
-    line->set_text("line " + std::to_string(i));
-  }
-  jobs_->OnLogs("a", logs);
+  jobs_->OnLogs("a", Lines(id, 1, 0, 10, "", /*ranks=*/2));
   v1::GetJobLogsRequest req;
   req.set_job_id(id);
   req.set_rank(1);
@@ -146,13 +132,7 @@ TEST_F(JobManagerTest, OnlyTheNewestFinishedJobsKeepTheirEventsInMemory) {
   for (size_t i = 0; i < n; ++i) {
     ids.push_back(Submit(1, 1, 1, 1));
     StartAll("a");
-    v1::LogBatch logs;
-    v1::LogLine* line = logs.add_lines();
-    line->set_job_id(ids.back());
-    line->set_attempt(1);
-    line->set_rank(0);
-    line->set_text("line of " + ids.back());
-    jobs_->OnLogs("a", logs);
+    jobs_->OnLogs("a", Lines(ids.back(), 1, 0, 1, "line of " + ids.back()));
     Exited("a", ids.back(), 1, 0, 0);
   }
   auto logs_of = [&](const std::string& id) {
@@ -200,15 +180,7 @@ TEST_F(JobManagerTest, LogLinesCountOnlyFromTheWorkerTheRankRunsOn) {
   const std::string other = owner == "a" ? "b" : "a";
   StartAll(owner);
   auto batch = [&](int attempt, int rank, const std::string& text, int n) {
-    v1::LogBatch logs;
-    for (int i = 0; i < n; ++i) {
-      v1::LogLine* line = logs.add_lines();
-      line->set_job_id(id);
-      line->set_attempt(attempt);
-      line->set_rank(rank);
-      line->set_text(text);
-    }
-    return logs;
+    return Lines(id, attempt, rank, n, text);
   };
   jobs_->OnLogs(owner, batch(1, 0, "real", 1));
   // Another worker, an attempt never run, a rank the attempt does not have: all dropped, even
@@ -225,12 +197,7 @@ TEST_F(JobManagerTest, LogLinesCountOnlyFromTheWorkerTheRankRunsOn) {
   EXPECT_EQ(out->lines(0).text(), "real");
   EXPECT_FALSE(out->truncated());
   // Nor may another worker record a checkpoint for the attempt.
-  v1::CheckpointSaved saved;
-  saved.set_job_id(id);
-  saved.set_attempt(1);
-  saved.set_step(9);
-  saved.set_path("/elsewhere/step-00000009");
-  jobs_->OnCheckpointSaved(other, saved);
+  CheckpointSaved(other, id, 1, 9, "/elsewhere/step-00000009");
   EXPECT_EQ(Get(id).last_checkpoint(), "");
 }
 

@@ -81,6 +81,29 @@ class JobManagerTest : public ::testing::Test {
     for (const auto& a : as) Started(worker, a);
     return as;
   }
+  // `n` log lines of (job, attempt, rank) with `text`, or "line 0", "line 1", … when `text` is
+  // empty, their ranks cycling through `ranks` ranks from `rank`.
+  static v1::LogBatch Lines(const std::string& job, int attempt, int rank, int n,
+                            const std::string& text = "", int ranks = 1) {
+    v1::LogBatch logs;
+    for (int i = 0; i < n; ++i) {
+      v1::LogLine* line = logs.add_lines();
+      line->set_job_id(job);
+      line->set_attempt(attempt);
+      line->set_rank(rank + i % ranks);
+      line->set_text(text.empty() ? "line " + std::to_string(i) : text);
+    }
+    return logs;
+  }
+  void CheckpointSaved(const std::string& worker, const std::string& job, int attempt, int step,
+                       const std::string& path) {
+    v1::CheckpointSaved saved;
+    saved.set_job_id(job);
+    saved.set_attempt(attempt);
+    saved.set_step(step);
+    saved.set_path(path);
+    jobs_->OnCheckpointSaved(worker, saved);
+  }
   void Heartbeat(const std::string& worker, const std::vector<v1::RankAssignment>& running) {
     google::protobuf::RepeatedPtrField<v1::RunningRank> list;
     for (const auto& a : running) {

@@ -107,15 +107,7 @@ TEST_F(JobManagerTest, RestoredRanksOnAVanishedWorkerAreLost) {
 TEST_F(JobManagerTest, LogsSurviveACoordinatorRestart) {
   workers_.Add("a", 2);
   const std::string id = Submit(1, 2, 1, 1);
-  v1::LogBatch logs;
-  for (int i = 0; i < 6; ++i) {
-    v1::LogLine* line = logs.add_lines();
-    line->set_job_id(id);
-    line->set_attempt(1);
-    line->set_rank(i % 2);
-    line->set_text("line " + std::to_string(i));
-  }
-  jobs_->OnLogs("a", logs);
+  jobs_->OnLogs("a", Lines(id, 1, 0, 6, "", /*ranks=*/2));
   Open();  // a new JobManager on the same StateDb file: nothing of the old one in memory
   v1::GetJobLogsRequest req;
   req.set_job_id(id);
