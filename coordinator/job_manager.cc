@@ -1,6 +1,6 @@
-// JobManager, part 1: the client RPCs (submit, get, list, cancel, watch, logs), transactions
-// against StateDb, and restoring state after a restart. Placement, attempts and worker
-// messages are in job_manager_lifecycle.cc.
+// JobManager, part 1: the client RPCs (submit, get, list, cancel, watch, logs), job and rank
+// state changes, and restoring state after a restart. Placement, attempts and worker messages
+// are in job_manager_lifecycle.cc.
 #include "coordinator/job_manager.h"
 
 #include <spdlog/spdlog.h>
@@ -10,18 +10,12 @@
 #include <cstdio>
 
 #include "common/job_spec_yaml.h"
-#include "coordinator/job_manager_internal.h"
-#include "coordinator/placement.h"
 #include "coordinator/proto_time.h"
 #include "proto/spec_convert.h"
 
 namespace meshrun::coordinator {
 
 namespace {
-
-constexpr int64_t kSequenceBlock = 4096;
-// Stored events GetJobLogs reads back at most (log lines and the durable events between them).
-constexpr int kStoredEventsRead = 200'000;
 
 Status JobNotFound(const std::string& job_id) {
   return NotFoundError("job_id: " + job_id +
@@ -38,7 +32,14 @@ bool PrintableId(const std::string& s, size_t max) {
 
 JobManager::JobManager(StateDb* db, WorkerView& workers, StoreManager& store, const Clock& clock,
                        JobManagerConfig config)
-    : db_(db), workers_(workers), store_(store), clock_(clock), config_(std::move(config)) {}
+    : workers_(workers),
+      store_(store),
+      clock_(clock),
+      config_(std::move(config)),
+      journal_(db, clock, config_.events),
+      restarts_(config_.restart_backoff, config_.restart_backoff_max),
+      stops_(config_.stop_resend, config_.max_stops_per_worker),
+      metrics_(config_.rank_series) {}
 
 JobManager::~JobManager() = default;
 
@@ -77,22 +78,6 @@ std::optional<bool> JobManager::RunsOnWorker(const std::string& worker_name,
   return false;
 }
 
-void JobManager::FillRankInfo(const Rank& r, v1::RankInfo* info) const {
-  info->set_rank(r.rank);
-  info->mutable_coords()->set_dp_replicate(r.coords.dp_replicate);
-  info->mutable_coords()->set_dp_shard(r.coords.dp_shard);
-  info->mutable_coords()->set_cp(r.coords.cp);
-  info->mutable_coords()->set_tp(r.coords.tp);
-  info->set_worker_id(r.worker_id);
-  info->set_worker_name(r.worker_name);
-  info->set_local_rank(r.local_rank);
-  info->set_state(r.state);
-  info->set_pid(r.pid);
-  info->set_exit_code(r.exit_code);
-  info->set_signal(r.signal);
-  info->set_error(r.error);
-}
-
 v1::Job JobManager::ToProtoLocked(Job& job, bool detail) {
   const JobRow& row = job.row;
   v1::Job j;
@@ -117,15 +102,13 @@ v1::Job JobManager::ToProtoLocked(Job& job, bool detail) {
   j.set_last_event_sequence(job.events.last_sequence());
   if (!detail) return j;
   *j.mutable_spec() = job.spec;
-  if (!job.ranks_loaded && db_ != nullptr && row.attempt > 0) {
+  if (!job.ranks_loaded && journal_.db() != nullptr && row.attempt > 0) {
     // A finished job restored after a restart: read its last attempt's ranks once.
-    auto ranks = db_->LoadRanks(row.job_id, row.attempt);
+    auto ranks = journal_.LoadRanks(row.job_id, row.attempt);
     if (ranks.ok()) {
       auto attempt = std::make_unique<Attempt>();
       attempt->number = row.attempt;
-      for (const RankRow& rr : *ranks) {
-        attempt->ranks.push_back(RankFromRow(rr));
-      }
+      attempt->ranks = std::move(*ranks);
       job.attempts[row.attempt] = std::move(attempt);
       job.ranks_loaded = true;
     }
@@ -136,98 +119,7 @@ v1::Job JobManager::ToProtoLocked(Job& job, bool detail) {
   return j;
 }
 
-// ---- Transactions -------------------------------------------------------------------------------
-
-v1::JobEvent* JobManager::AddEvent(Txn& txn) {
-  txn.events.emplace_back();
-  v1::JobEvent* e = &txn.events.back();
-  txn.job.events.Stamp(e, clock_.Now());
-  if (static_cast<int64_t>(e->sequence()) > txn.job.row.seq_reserved) {
-    txn.job.row.seq_reserved = e->sequence() + kSequenceBlock;
-    txn.job_dirty = true;
-  }
-  return e;
-}
-
-Status JobManager::CommitLocked(Txn& txn, Durability durability) {
-  Job& job = txn.job;
-  if (txn.job_dirty) txn.batch.jobs.push_back(job.row);
-  bool finished = false;
-  for (const v1::JobEvent& e : txn.events) {
-    // Log lines too (kFast like the rest of their batch, bounded per job): GetJobLogs reads
-    // them back once the memory tier is gone (a restart, or a job's events released).
-    const bool log_kept = e.has_log() && job.persisted_logs < config_.events.logs;
-    if (log_kept) ++job.persisted_logs;
-    if (JobEventLog::IsDurable(e) || log_kept) {
-      txn.batch.events.push_back(
-          {job.row.job_id, static_cast<int64_t>(e.sequence()), e.SerializeAsString()});
-    }
-    if (e.has_state_changed()) {
-      const v1::JobState s = e.state_changed().state();
-      finished =
-          s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
-    }
-  }
-  // Every job state change is on disk before anyone sees it.
-  for (const v1::JobEvent& e : txn.events) {
-    if (e.has_state_changed()) durability = Durability::kDurable;
-  }
-  if (db_ != nullptr) {
-    Status status = db_->Commit(txn.batch, durability);
-    if (!status.ok()) {
-      spdlog::error("job {}: cannot persist a change: {}", job.row.job_id, status.ToString());
-      return status;
-    }
-  }
-  for (const v1::JobEvent& e : txn.events) job.events.Publish(e);
-  // The stream of a finished job ends right after the event that finished it.
-  if (finished) job.events.FinishWatchers(OkStatus());
-  txn.batch = WriteBatch{};
-  txn.events.clear();
-  txn.job_dirty = false;
-  return OkStatus();
-}
-
-JobManager::Rank JobManager::RankFromRow(const RankRow& rr) {
-  Rank r;
-  r.rank = rr.rank;
-  r.coords = {rr.dp_replicate, rr.dp_shard, rr.cp, rr.tp};
-  r.worker_id = rr.worker_id;
-  r.worker_name = rr.worker_name;
-  r.local_rank = rr.local_rank;
-  r.local_world_size = rr.local_world_size;
-  r.state = static_cast<v1::RankState>(rr.state);
-  r.pid = rr.pid;
-  r.exit_code = rr.exit_code;
-  r.signal = rr.signal;
-  r.error = rr.error;
-  return r;
-}
-
-RankRow JobManager::ToRow(const Job& job, const Attempt& attempt, const Rank& r) const {
-  RankRow row;
-  row.job_id = job.row.job_id;
-  row.attempt = attempt.number;
-  row.rank = r.rank;
-  row.worker_id = r.worker_id;
-  row.worker_name = r.worker_name;
-  row.local_rank = r.local_rank;
-  row.local_world_size = r.local_world_size;
-  row.dp_replicate = r.coords.dp_replicate;
-  row.dp_shard = r.coords.dp_shard;
-  row.cp = r.coords.cp;
-  row.tp = r.coords.tp;
-  row.state = r.state;
-  row.pid = r.pid;
-  row.exit_code = r.exit_code;
-  row.signal = r.signal;
-  row.error = r.error;
-  return row;
-}
-
-AttemptRow JobManager::ToRow(const Job& job, const Attempt& a) const {
-  return {job.row.job_id, a.number, static_cast<int>(a.state), a.started_ms, a.ended_ms, a.reason};
-}
+// ---- State changes ------------------------------------------------------------------------------
 
 void JobManager::SetJobStateLocked(Txn& txn, v1::JobState state, const std::string& reason) {
   JobRow& row = txn.job.row;
@@ -237,7 +129,7 @@ void JobManager::SetJobStateLocked(Txn& txn, v1::JobState state, const std::stri
   const int64_t now = ToMillis(clock_.Now());
   if (state == v1::JOB_STATE_RUNNING && row.started_ms == 0) row.started_ms = now;
   if (txn.job.terminal()) row.finished_ms = now;
-  if (txn.job.terminal() && config_.rank_series) config_.rank_series->JobFinished(row.job_id);
+  if (txn.job.terminal()) metrics_.JobFinished(row.job_id);
   if (txn.job.terminal() && previous != v1::JOB_STATE_SUCCEEDED &&
       previous != v1::JOB_STATE_FAILED && previous != v1::JOB_STATE_CANCELLED) {
     NoteFinishedLocked(row.job_id);
@@ -245,11 +137,11 @@ void JobManager::SetJobStateLocked(Txn& txn, v1::JobState state, const std::stri
   txn.job_dirty = true;
   if (state == v1::JOB_STATE_PENDING) {
     txn.job.pending_reason = reason;
-    queue_.insert({row.seq, row.job_id});
+    queue_.Add(row.seq, row.job_id, txn.job.device());
   } else {
-    queue_.erase({row.seq, row.job_id});
+    queue_.Remove(row.seq);
   }
-  v1::JobStateChanged* e = AddEvent(txn)->mutable_state_changed();
+  v1::JobStateChanged* e = journal_.AddEvent(txn)->mutable_state_changed();
   e->set_state(state);
   e->set_previous_state(previous);
   e->set_attempt(row.attempt);
@@ -269,8 +161,8 @@ void JobManager::NoteFinishedLocked(const std::string& job_id) {
 
 void JobManager::SetRankStateLocked(Txn& txn, Attempt& attempt, Rank& rank, v1::RankState state) {
   rank.state = state;
-  txn.batch.ranks.push_back(ToRow(txn.job, attempt, rank));
-  v1::RankStateChanged* e = AddEvent(txn)->mutable_rank_state_changed();
+  txn.batch.ranks.push_back(ToRankRow(txn.job, attempt, rank));
+  v1::RankStateChanged* e = journal_.AddEvent(txn)->mutable_rank_state_changed();
   e->set_attempt(attempt.number);
   FillRankInfo(rank, e->mutable_rank());
 }
@@ -296,7 +188,7 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
   // Stored and sent to the ranks with the defaults applied: a client may leave fields unset.
   v1::JobSpec resolved = ResolvedJobSpecProto(request.spec(), spec);
   // Checkpoints already under checkpoint.dir (an earlier run): found now, before the lock; the
-  // job's own CheckpointSaved reports move it on from here (ResumeCheckpointLocked).
+  // job's own CheckpointSaved reports move it on from here (ResumeCheckpoint, restart_policy.h).
   std::string existing_checkpoint;
   if (spec.checkpoint.resume == "auto" && !spec.checkpoint.dir.empty() && !request.dry_run()) {
     existing_checkpoint = config_.find_checkpoint ? config_.find_checkpoint(spec.checkpoint.dir)
@@ -315,38 +207,14 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
                                   "wait for some to start, cancel some, or ask the operator to "
                                   "raise --max-pending-jobs)");
   }
-  std::vector<int> slots;
-  for (const LiveWorker& w : workers_.LiveWorkers()) {
-    if (w.device == spec.resources.device) slots.push_back(w.slots);
-  }
-  if (!slots.empty()) {
-    PlaceabilityVerdict verdict = CheckPlaceable(mesh, slots);
-    if (verdict.verdict == Placeability::kTpGroupTooLarge) {
-      return FailedPreconditionError(verdict.message);
-    }
-    // More ranks than every registered worker together holds: it would wait PENDING until
-    // workers register, which the submitter must ask for (docs/decisions/0009).
-    if (verdict.verdict == Placeability::kTooFewSlots && !request.wait_for_capacity()) {
-      long long total = 0;
-      for (int n : slots) total += n;
-      const std::string world = std::to_string(mesh.world_size());
-      std::string held = std::to_string(total) + " slots";
-      if (verdict.usable_slots != total) {
-        held += " (" + std::to_string(verdict.usable_slots) + " of them in whole tp groups of " +
-                std::to_string(mesh.tp()) + ")";
-      }
-      return FailedPreconditionError(
-          "parallelism: " + mesh.ToString() + " needs " + world + " slots but the " +
-          std::to_string(slots.size()) + " registered " + spec.resources.device +
-          (slots.size() == 1 ? " worker holds " : " workers hold ") + held +
-          " in all, so it could never start (hint: choose sizes whose product is at most " +
-          std::to_string(verdict.usable_slots) +
-          ", start more workers, or submit with --wait-for-capacity to queue it until they "
-          "register)");
-    }
-  }
+  const std::vector<LiveWorker> live = workers_.LiveWorkers();
+  MESHRUN_RETURN_IF_ERROR(
+      CheckAdmission(live, spec.resources.device, mesh, request.wait_for_capacity()));
 
-  if (request.dry_run()) return DryRunPlacementLocked(spec.resources.device, mesh);
+  if (request.dry_run()) {
+    return DescribeDryRun(live, slots_, spec.resources.device, mesh,
+                          queue_.CountFor(spec.resources.device));
+  }
 
   JobRow row;
   row.seq = next_seq_;
@@ -364,9 +232,9 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
   auto job = std::make_unique<Job>(std::move(row), std::move(resolved), mesh, config_.events);
   Txn txn(*job);
   SetJobStateLocked(txn, v1::JOB_STATE_PENDING, "submitted");
-  Status status = CommitLocked(txn, Durability::kDurable);
+  Status status = journal_.Commit(txn, Durability::kDurable);
   if (!status.ok()) {
-    queue_.erase({job->row.seq, job->row.job_id});
+    queue_.Remove(job->row.seq);
     return status;
   }
   ++next_seq_;
@@ -378,50 +246,6 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
                mesh.ToString());
   ScheduleLocked();
   return job_id;
-}
-
-std::string JobManager::DryRunPlacementLocked(const std::string& device,
-                                              const ParallelDims& mesh) const {
-  std::vector<LiveWorker> live;
-  std::vector<PlacementWorker> candidates;
-  std::vector<int> slots;
-  for (LiveWorker& w : workers_.LiveWorkers()) {
-    if (w.device != device) continue;
-    int used = 0;
-    if (auto it = by_worker_.find(w.worker_id); it != by_worker_.end()) {
-      used += static_cast<int>(it->second.size());
-    }
-    if (auto it = foreign_.find(w.worker_id); it != foreign_.end()) used += it->second;
-    candidates.push_back({w.worker_id, w.slots, std::max(0, w.slots - used)});
-    slots.push_back(w.slots);
-    live.push_back(std::move(w));
-  }
-  if (live.empty()) return "would wait PENDING for a " + device + " worker to register";
-  const PlaceabilityVerdict verdict = CheckPlaceable(mesh, slots);
-  if (verdict.verdict != Placeability::kPlaceable) return "would wait PENDING: " + verdict.message;
-  int ahead = 0;
-  for (const auto& [seq, id] : queue_) ahead += jobs_.at(id)->device() == device ? 1 : 0;
-  if (ahead > 0) {
-    return "would wait PENDING behind " + std::to_string(ahead) + " queued " + device + " job" +
-           (ahead == 1 ? "" : "s");
-  }
-  StatusOr<Placement> placement = PlaceJob(mesh, candidates);
-  if (!placement.ok()) {
-    return "would wait PENDING: " + placement.status().message() + "; waiting for slots to free up";
-  }
-  // "ranks 0-1 on worker-1, ranks 2-3 on worker-2" (rank runs in global-rank order).
-  std::string where;
-  for (int g = 0; g < mesh.world_size();) {
-    const int w = placement->ranks[g].worker;
-    int end = g;
-    while (end + 1 < mesh.world_size() && placement->ranks[end + 1].worker == w) ++end;
-    where += where.empty() ? "" : ", ";
-    where += (g == end ? "rank " + std::to_string(g)
-                       : "ranks " + std::to_string(g) + "-" + std::to_string(end)) +
-             " on " + live[w].name;
-    g = end + 1;
-  }
-  return "would start now: " + where;
 }
 
 StatusOr<v1::Job> JobManager::Get(const std::string& job_id) {
@@ -495,7 +319,7 @@ StatusOr<v1::Job> JobManager::Cancel(const v1::CancelJobRequest& request) {
                      grace);
   }
   SetJobStateLocked(txn, v1::JOB_STATE_CANCELLED, reason);
-  MESHRUN_RETURN_IF_ERROR(CommitLocked(txn, Durability::kDurable));
+  MESHRUN_RETURN_IF_ERROR(journal_.Commit(txn, Durability::kDurable));
   spdlog::info("job {} cancelled: {}", job->row.job_id, reason);
   PruneAttemptsLocked(*job);
   ScheduleLocked();
@@ -521,20 +345,8 @@ Status JobManager::Watch(const v1::WatchJobRequest& request,
   const uint64_t from = std::max<uint64_t>(1, request.from_sequence());
   const WatchFilter filter = WatchFilter::FromRequest(request);
   // Durable events older than the ones in memory come back from StateDb.
-  std::vector<v1::JobEvent> older;
-  const uint64_t first = job->events.first_retained_durable();
-  if (db_ != nullptr && from < first) {
-    auto rows =
-        db_->LoadEvents(job->row.job_id, static_cast<int64_t>(from), static_cast<int64_t>(first),
-                        static_cast<int>(config_.events.durable));
-    if (rows.ok()) {
-      for (const EventRow& row : *rows) {
-        v1::JobEvent e;
-        // Stored log lines are GetJobLogs' (the memory tier may hold the same ones).
-        if (e.ParseFromString(row.event) && !e.has_log()) older.push_back(std::move(e));
-      }
-    }
-  }
+  const std::vector<v1::JobEvent> older =
+      journal_.StoredEvents(job->row.job_id, from, job->events.first_retained_durable());
   if (!job->events.Replay(from, filter, older, *stream)) return OkStatus();
   if (keep) {
     job->events.AddWatcher(std::move(stream), filter);
@@ -558,35 +370,19 @@ StatusOr<v1::GetJobLogsResponse> JobManager::Logs(const v1::GetJobLogsRequest& r
   std::optional<int> rank;
   if (request.has_rank()) rank = request.rank();
   v1::GetJobLogsResponse memory = job->events.Logs(rank, request.attempt(), request.tail_lines());
-  if (memory.lines_size() > 0 || db_ == nullptr) return memory;
+  if (memory.lines_size() > 0) return memory;
   // Nothing in memory: the coordinator restarted, or the job's events were released. The lines
   // StateDb kept answer instead.
-  auto rows = db_->LoadEvents(job->row.job_id, 1, INT64_MAX, kStoredEventsRead);
-  if (!rows.ok()) return memory;
-  std::vector<v1::LogLine> lines;
-  for (const EventRow& row : *rows) {
-    v1::JobEvent e;
-    if (!e.ParseFromString(row.event) || !e.has_log()) continue;
-    if (rank && e.log().rank() != *rank) continue;
-    if (request.attempt() > 0 && e.log().attempt() != request.attempt()) continue;
-    lines.push_back(std::move(*e.mutable_log()));
-  }
-  if (lines.empty()) return memory;
-  v1::GetJobLogsResponse stored;
-  size_t begin = 0;
-  if (request.tail_lines() > 0 && lines.size() > static_cast<size_t>(request.tail_lines())) {
-    begin = lines.size() - request.tail_lines();
-  }
-  for (size_t i = begin; i < lines.size(); ++i) *stored.add_lines() = std::move(lines[i]);
-  stored.set_truncated(job->persisted_logs >= config_.events.logs);
-  return stored;
+  std::optional<v1::GetJobLogsResponse> stored = journal_.StoredLogs(*job, request);
+  return stored ? *std::move(stored) : memory;
 }
 
 // ---- Restore ------------------------------------------------------------------------------------
 
 Status JobManager::Load() {
-  if (db_ == nullptr) return OkStatus();
-  MESHRUN_ASSIGN_OR_RETURN(std::vector<JobRow> rows, db_->LoadJobs());
+  StateDb* const db = journal_.db();
+  if (db == nullptr) return OkStatus();
+  MESHRUN_ASSIGN_OR_RETURN(std::vector<JobRow> rows, db->LoadJobs());
   std::lock_guard<std::mutex> lock(mu_);
   for (JobRow& row : rows) {
     v1::JobSpec spec;
@@ -607,23 +403,22 @@ Status JobManager::Load() {
     by_seq_[j.row.seq] = job_id;
     if (!j.row.request_id.empty()) request_ids_[j.row.request_id] = job_id;
     // The sequences up to seq_reserved may have been handed out before the restart.
-    j.row.seq_reserved += kSequenceBlock;
-    if (j.row.state == v1::JOB_STATE_PENDING) queue_.insert({j.row.seq, job_id});
+    j.row.seq_reserved += JobJournal::kSequenceBlock;
+    if (j.row.state == v1::JOB_STATE_PENDING) queue_.Add(j.row.seq, job_id, j.device());
     j.ranks_loaded = j.row.attempt == 0;
     if (j.row.state != v1::JOB_STATE_RUNNING) continue;
 
     // A running attempt: its ranks keep their slots and wait for their workers' reports.
-    MESHRUN_ASSIGN_OR_RETURN(std::vector<RankRow> ranks, db_->LoadRanks(job_id, j.row.attempt));
-    MESHRUN_ASSIGN_OR_RETURN(std::vector<AttemptRow> attempts, db_->LoadAttempts(job_id));
+    MESHRUN_ASSIGN_OR_RETURN(std::vector<RankRecord> ranks,
+                             journal_.LoadRanks(job_id, j.row.attempt));
+    MESHRUN_ASSIGN_OR_RETURN(std::vector<AttemptRow> attempts, db->LoadAttempts(job_id));
     auto attempt = std::make_unique<Attempt>();
     attempt->number = j.row.attempt;
     for (const AttemptRow& a : attempts) {
       if (a.attempt == j.row.attempt) attempt->started_ms = a.started_ms;
     }
-    attempt->aggregator = std::make_unique<StepAggregator>(
-        j.mesh.world_size(), j.spec.train().global_batch_size() * j.spec.model().seq_len());
-    for (const RankRow& rr : ranks) {
-      Rank r = RankFromRow(rr);
+    attempt->aggregator = MetricsIngest::NewAggregator(j.spec, j.mesh.world_size());
+    for (Rank& r : ranks) {
       r.confirmed = false;
       if (r.state == v1::RANK_STATE_SUCCEEDED) ++attempt->succeeded;
       attempt->ranks.push_back(std::move(r));
@@ -645,7 +440,7 @@ Status JobManager::Load() {
   // Persist the advanced sequence reservations before any new event uses them.
   WriteBatch batch;
   for (const auto& [id, job] : jobs_) batch.jobs.push_back(job->row);
-  return db_->Commit(batch, Durability::kDurable);
+  return db->Commit(batch, Durability::kDurable);
 }
 
 void JobManager::Shutdown() {

@@ -1,9 +1,17 @@
-// JobManager: jobs, their attempts and ranks, the FIFO placement queue, the restart policy and
-// every job's event log (docs/parallelism.md placement, architecture.md "A job, from submit to its
-// last step"). It owns the job state in memory and writes it through StateDb before a change
-// becomes visible; it places attempts with placement.h over the workers WorkerView shows,
-// opens and closes their store key spaces, and sends RankAssignments and StopOrders down the
-// workers' sessions.
+// JobManager: the coordinator's jobs, from Submit to their last rank's exit (architecture.md
+// "A job, from submit to its last step"). It owns the job records in memory and the mutex
+// over them, answers the client RPCs and the workers' session messages, and drives the parts
+// that each own one responsibility:
+//
+//   JobJournal     (job_journal.h)    rows and events written through StateDb, then published;
+//   SlotBook, JobQueue, SchedulingRound (scheduler.h): slots held per worker, the PENDING
+//                  queue, one FIFO placement pass;
+//   RestartPolicy  (restart_policy.h) restart backoff and outcome, resume checkpoint, the
+//                                     StopOrders outstanding per worker (StopLedger);
+//   MetricsIngest  (metrics_ingest.h) rank samples into rank series and job-level samples.
+//
+// It opens and closes the attempts' store key spaces (StoreManager) and sends RankAssignments
+// and StopOrders down the workers' sessions (WorkerView).
 //
 // Thread-safe: one mutex guards everything; lock order JobManager → WorkerView/StoreManager →
 // streams (it never calls back into CoordinatorService). Called by CoordinatorService (client
@@ -26,8 +34,13 @@
 #include "common/status.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_events.h"
+#include "coordinator/job_journal.h"
+#include "coordinator/job_records.h"
+#include "coordinator/metrics_ingest.h"
 #include "coordinator/placement.h"
 #include "coordinator/rank_series.h"
+#include "coordinator/restart_policy.h"
+#include "coordinator/scheduler.h"
 #include "coordinator/state_db.h"
 #include "coordinator/step_aggregator.h"
 #include "coordinator/store_manager.h"
@@ -40,9 +53,6 @@ namespace meshrun::coordinator {
 
 // "PENDING", "RUNNING", … (the JSON and Prometheus spelling of docs/cli.md).
 using meshrun::JobStateName;
-
-// State of one attempt, as stored in StateDb's attempts table.
-enum class AttemptState { kRunning = 1, kSucceeded = 2, kFailed = 3, kCancelled = 4 };
 
 struct JobManagerConfig {
   // HOST:PORT the ranks dial for StoreSet/Get/Add (the coordinator's advertised address).
@@ -158,33 +168,17 @@ class JobManager {
   JobsSnapshot Snapshot() const;
 
  private:
-  struct Rank;
-  struct Attempt;
-  struct Job;
-  struct Txn;
-  struct RankRef {
-    std::string job_id;
-    int attempt = 0;
-    int rank = 0;
-    auto operator<=>(const RankRef&) const = default;
-  };
-
-  // Where a job of `mesh` on `device` would run now, in one line (Submit with dry_run).
-  std::string DryRunPlacementLocked(const std::string& device, const ParallelDims& mesh) const;
+  using Job = JobRecord;
+  using Attempt = AttemptRecord;
+  using Rank = RankRecord;
+  using Txn = JobTxn;
 
   // Job access and proto building (job_manager.cc).
   Job* FindLocked(const std::string& job_id) const;
   Attempt* FindAttemptLocked(Job& job, int attempt) const;
   v1::Job ToProtoLocked(Job& job, bool detail);
-  void FillRankInfo(const Rank& rank, v1::RankInfo* info) const;
 
-  // Transactions: rows and events of one job, committed then published.
-  v1::JobEvent* AddEvent(Txn& txn);
-  Status CommitLocked(Txn& txn, Durability durability);
-  RankRow ToRow(const Job& job, const Attempt& attempt, const Rank& rank) const;
-  // A rank as StateDb stored it (restore after a restart, or a finished job read back).
-  static Rank RankFromRow(const RankRow& row);
-  AttemptRow ToRow(const Job& job, const Attempt& attempt) const;
+  // State changes within a transaction (job_manager.cc).
   void SetJobStateLocked(Txn& txn, v1::JobState state, const std::string& reason);
   // Records that `job_id` finished; releases the event log of the oldest finished job once
   // more than kFinishedJobsWithEvents finished after it.
@@ -214,28 +208,27 @@ class JobManager {
   // The rank (job, attempt, rank) if it is known and placed on `worker_id`.
   Rank* FindRankLocked(const std::string& worker_id, const std::string& job_id, int attempt,
                        int rank, Job** job_out, Attempt** attempt_out);
-  std::string ResumeCheckpointLocked(const Job& job) const;
-  // How long restart `restart` (1-based) waits (JobManagerConfig::restart_backoff).
-  std::chrono::milliseconds RestartBackoff(int restart) const;
 
-  StateDb* const db_;
   WorkerView& workers_;
   StoreManager& store_;
   const Clock& clock_;
   JobManagerConfig config_;  // store_address set once before Load, then read-only
 
   mutable std::mutex mu_;
+  // The parts, guarded by mu_.
+  JobJournal journal_;
+  SlotBook slots_;
+  JobQueue queue_;
+  RestartPolicy restarts_;
+  StopLedger stops_;
+  MetricsIngest metrics_;
+
   std::map<std::string, std::unique_ptr<Job>> jobs_;  // guarded by mu_
   // Jobs that finished since start, oldest first; beyond the newest kFinishedJobsWithEvents
   // their in-memory event logs are released (JobEventLog::ReleaseRetained).
   std::deque<std::string> finished_with_events_;
-  std::map<int64_t, std::string> by_seq_;                         // seq -> job_id
-  std::set<std::pair<int64_t, std::string>> queue_;               // PENDING, by seq
-  std::unordered_map<std::string, std::string> request_ids_;      // request_id -> job_id
-  std::unordered_map<std::string, std::set<RankRef>> by_worker_;  // slot holders
-  std::unordered_map<std::string, int> foreign_;                  // unknown running ranks
-  std::map<std::tuple<std::string, std::string, int>, MonoTime> stops_sent_;
-  std::unordered_map<std::string, size_t> stops_per_worker_;  // entries of stops_sent_
+  std::map<int64_t, std::string> by_seq_;                     // seq -> job_id
+  std::unordered_map<std::string, std::string> request_ids_;  // request_id -> job_id
   std::set<std::string> active_;  // jobs with a RUNNING attempt or ranks holding slots
   int64_t next_seq_ = 1;
   bool shut_down_ = false;

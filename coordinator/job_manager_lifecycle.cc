@@ -1,79 +1,29 @@
-// JobManager, part 2: the queue and placement, attempts and the restart policy, and what the
-// workers report on their sessions (rank starts and exits, running lists, metrics, logs,
-// checkpoints, lost workers).
+// JobManager, part 2: scheduling rounds and attempt starts, attempt ends with the restart
+// policy, and what the workers report on their sessions (rank starts and exits, running lists,
+// metrics, logs, checkpoints, lost workers). The rules live in scheduler.h, restart_policy.h
+// and metrics_ingest.h; this file applies them to the records under the lock.
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <filesystem>
-#include <system_error>
 
 #include "coordinator/job_manager.h"
-#include "coordinator/job_manager_internal.h"
 #include "coordinator/proto_time.h"
-#include "engine/io/checkpoint.h"
 
 namespace meshrun::coordinator {
-namespace {
-
-// "rank 3 on worker a exited with code 1: <error>", and the other ways a rank ends.
-std::string DescribeExit(const v1::RankExited& e, const std::string& worker_name) {
-  std::string out = "rank " + std::to_string(e.rank()) + " on worker " + worker_name;
-  if (e.signal() != 0) {
-    out += " was killed by signal " + std::to_string(e.signal());
-  } else if (e.exit_code() == -1) {
-    out += " could not be started";
-  } else if (e.stopped()) {
-    out += " was stopped";
-  } else {
-    out += " exited with code " + std::to_string(e.exit_code());
-  }
-  if (!e.error().empty()) out += ": " + e.error().substr(0, 512);
-  return out;
-}
-
-// "1.5 s", for messages.
-std::string Seconds(std::chrono::milliseconds d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g s", static_cast<double>(d.count()) / 1000.0);
-  return buf;
-}
-
-}  // namespace
-
-std::chrono::milliseconds JobManager::RestartBackoff(int restart) const {
-  using std::chrono::milliseconds;
-  if (config_.restart_backoff.count() <= 0) return milliseconds(0);
-  // Doubling in int64 milliseconds stops well before it could overflow.
-  milliseconds wait = config_.restart_backoff;
-  for (int k = 1; k < restart && wait < config_.restart_backoff_max; ++k) wait *= 2;
-  return std::min(wait, std::max(config_.restart_backoff, config_.restart_backoff_max));
-}
-
-std::string NewestCompleteCheckpoint(const std::string& dir) {
-  // The engine's rule (engine/io/checkpoint.h), the one `meshrun train` decides with too.
-  std::vector<std::string> warnings;
-  StatusOr<LatestCheckpoint> latest = FindLatestComplete(dir, &warnings);
-  for (const std::string& w : warnings) spdlog::warn("checkpoint.dir {}: {}", dir, w);
-  return latest.ok() ? latest->step_dir : std::string();
-}
 
 // ---- Slots --------------------------------------------------------------------------------------
 
 void JobManager::OccupyLocked(const Job& job, const Attempt& attempt, Rank& rank) {
   if (rank.occupying) return;
   rank.occupying = true;
-  by_worker_[rank.worker_id].insert({job.row.job_id, attempt.number, rank.rank});
+  slots_.Occupy(rank.worker_id, {job.row.job_id, attempt.number, rank.rank});
   active_.insert(job.row.job_id);
 }
 
 void JobManager::ReleaseLocked(const Job& job, const Attempt& attempt, Rank& rank) {
   if (!rank.occupying) return;
   rank.occupying = false;
-  auto it = by_worker_.find(rank.worker_id);
-  if (it == by_worker_.end()) return;
-  it->second.erase({job.row.job_id, attempt.number, rank.rank});
-  if (it->second.empty()) by_worker_.erase(it);
+  slots_.Release(rank.worker_id, {job.row.job_id, attempt.number, rank.rank});
 }
 
 void JobManager::PruneAttemptsLocked(Job& job) {
@@ -94,10 +44,7 @@ void JobManager::PruneAttemptsLocked(Job& job) {
 
 std::unordered_map<std::string, int> JobManager::SlotsInUse() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::unordered_map<std::string, int> out;
-  for (const auto& [worker, refs] : by_worker_) out[worker] += static_cast<int>(refs.size());
-  for (const auto& [worker, n] : foreign_) out[worker] += n;
-  return out;
+  return slots_.InUse();
 }
 
 JobManager::Rank* JobManager::FindRankLocked(const std::string& worker_id,
@@ -117,12 +64,7 @@ JobManager::Rank* JobManager::FindRankLocked(const std::string& worker_id,
 void JobManager::SendStopLocked(const std::string& worker_id, const std::string& job_id,
                                 int attempt, v1::StopReason reason, const std::string& message,
                                 std::chrono::milliseconds grace, bool force) {
-  const auto key = std::make_tuple(worker_id, job_id, attempt);
-  const MonoTime now = clock_.Monotonic();
-  auto it = stops_sent_.find(key);
-  if (!force && it != stops_sent_.end() && now - it->second < config_.stop_resend) return;
-  if (it == stops_sent_.end()) ++stops_per_worker_[worker_id];
-  stops_sent_[key] = now;
+  if (!stops_.ShouldSend(worker_id, job_id, attempt, clock_.Monotonic(), force)) return;
   v1::WorkerSessionResponse msg;
   v1::StopOrder* stop = msg.mutable_stop();
   stop->set_job_id(job_id);
@@ -145,87 +87,29 @@ void JobManager::SetWaitMessageLocked(Job& job, const std::string& wait) {
       job.pending_reason == "submitted" ? wait : job.pending_reason + "; " + wait;
   if (job.row.message == message) return;
   job.row.message = message;
-  if (db_ != nullptr) {
-    WriteBatch batch;
-    batch.jobs.push_back(job.row);
-    (void)db_->Commit(batch, Durability::kFast);
-  }
+  journal_.WriteJobRow(job.row);
 }
 
 void JobManager::ScheduleLocked() {
   if (queue_.empty() || shut_down_) return;
-  struct Candidates {
-    std::vector<LiveWorker> live;
-    std::vector<PlacementWorker> placement;
-    std::vector<int> slots;
-    std::string blocked_by;  // FIFO: the first job of this device that did not fit
-  };
-  std::map<std::string, Candidates> by_device;
-  for (LiveWorker& w : workers_.LiveWorkers()) {
-    Candidates& c = by_device[w.device];
-    int used = 0;
-    if (auto it = by_worker_.find(w.worker_id); it != by_worker_.end()) {
-      used += static_cast<int>(it->second.size());
-    }
-    if (auto it = foreign_.find(w.worker_id); it != foreign_.end()) used += it->second;
-    c.placement.push_back({w.worker_id, w.slots, std::max(0, w.slots - used)});
-    c.slots.push_back(w.slots);
-    c.live.push_back(std::move(w));
-  }
-  const auto queued = std::vector<std::pair<int64_t, std::string>>(queue_.begin(), queue_.end());
-  for (const auto& [seq, job_id] : queued) {
+  SchedulingRound round(workers_.LiveWorkers(), slots_);
+  for (const std::string& job_id : queue_.InOrder()) {
     Job& job = *jobs_.at(job_id);
-    Candidates& c = by_device[job.device()];
-    if (c.live.empty()) {
-      // No live worker offers this device's slots (e.g. a cuda job on a cpu-only cluster).
-      SetWaitMessageLocked(job, "waiting for a " + job.device() +
-                                    " worker to register: no live worker offers " + job.device() +
-                                    " slots (hint: start meshrun-worker --device " + job.device() +
-                                    " on a node that has them)");
-      continue;
-    }
-    if (clock_.Monotonic() < job.not_before) {
-      // Backing off after a failure; it does not hold up the jobs behind it.
-      SetWaitMessageLocked(job, "waiting out the restart backoff (" + Seconds(job.backoff) + ")");
-      continue;
-    }
-    const PlaceabilityVerdict verdict = CheckPlaceable(job.mesh, c.slots);
-    if (verdict.verdict == Placeability::kTpGroupTooLarge) {
-      Txn txn(job);
-      SetJobStateLocked(txn, v1::JOB_STATE_FAILED, verdict.message);
-      (void)CommitLocked(txn, Durability::kDurable);
-      spdlog::warn("job {} FAILED: {}", job_id, verdict.message);
-      continue;
-    }
-    if (verdict.verdict == Placeability::kTooFewSlots) {
-      // It cannot run until more workers register; it does not hold up the jobs behind it.
-      SetWaitMessageLocked(job, verdict.message);
-      continue;
-    }
-    if (!c.blocked_by.empty()) {
-      SetWaitMessageLocked(job, "queued behind job " + c.blocked_by);
-      continue;
-    }
-    StatusOr<Placement> placement = PlaceJob(job.mesh, c.placement);
-    if (!placement.ok()) {
-      SetWaitMessageLocked(job, placement.status().message() + "; waiting for slots to free up");
-      c.blocked_by = job_id;
-      continue;
-    }
-    StartAttemptLocked(job, *placement, c.live);
-    for (size_t w = 0; w < c.placement.size(); ++w) {
-      c.placement[w].free_slots -= placement->local_world_size[w];
+    const bool backing_off = clock_.Monotonic() < job.not_before;
+    ScheduleDecision d = round.Consider(job_id, job.device(), job.mesh,
+                                        backing_off ? job.backoff : std::chrono::milliseconds(0));
+    switch (d.kind) {
+      case ScheduleDecision::kWait: SetWaitMessageLocked(job, d.message); break;
+      case ScheduleDecision::kFail: {
+        Txn txn(job);
+        SetJobStateLocked(txn, v1::JOB_STATE_FAILED, d.message);
+        (void)journal_.Commit(txn, Durability::kDurable);
+        spdlog::warn("job {} FAILED: {}", job_id, d.message);
+        break;
+      }
+      case ScheduleDecision::kPlace: StartAttemptLocked(job, d.placement, d.workers); break;
     }
   }
-}
-
-// The one decision of an attempt's resume checkpoint, with no filesystem access under the lock:
-// the newest complete checkpoint found when the job was submitted, moved on by every
-// CheckpointSaved its rank 0 reports (complete by the engine's rule when reported).
-std::string JobManager::ResumeCheckpointLocked(const Job& job) const {
-  const v1::CheckpointSpec& ckpt = job.spec.checkpoint();
-  if (ckpt.resume() != "auto" || ckpt.dir().empty()) return "";
-  return job.row.last_checkpoint;
 }
 
 void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
@@ -235,8 +119,7 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   Attempt& a = *attempt;
   a.number = job.row.attempt + 1;
   a.started_ms = ToMillis(clock_.Now());
-  a.aggregator = std::make_unique<StepAggregator>(
-      job.mesh.world_size(), job.spec.train().global_batch_size() * job.spec.model().seq_len());
+  a.aggregator = MetricsIngest::NewAggregator(job.spec, job.mesh.world_size());
   a.ranks.resize(job.mesh.world_size());
   for (int g = 0; g < job.mesh.world_size(); ++g) {
     Rank& r = a.ranks[g];
@@ -251,15 +134,15 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   job.row.attempt = a.number;
   job.row.restarts = a.number - 1;
   Txn txn(job);
-  txn.batch.attempts.push_back(ToRow(job, a));
+  txn.batch.attempts.push_back(ToAttemptRow(job, a));
   for (Rank& r : a.ranks) SetRankStateLocked(txn, a, r, v1::RANK_STATE_ASSIGNED);
   const std::string reason = "attempt " + std::to_string(a.number) + " placed on " +
                              std::to_string(placement.workers_used) + " worker" +
                              (placement.workers_used == 1 ? "" : "s");
   SetJobStateLocked(txn, v1::JOB_STATE_RUNNING, reason);
-  if (!CommitLocked(txn, Durability::kDurable).ok()) {
+  if (!journal_.Commit(txn, Durability::kDurable).ok()) {
     job.row = saved;
-    queue_.insert({job.row.seq, job.row.job_id});
+    queue_.Add(job.row.seq, job.row.job_id, job.device());
     return;
   }
   const std::string job_id = job.row.job_id;
@@ -282,7 +165,8 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   *as->mutable_spec() = job.spec;
   as->mutable_store()->set_address(config_.store_address);
   as->mutable_store()->set_prefix(job_id + "/" + std::to_string(a.number) + "/");
-  as->set_resume_checkpoint(ResumeCheckpointLocked(job));
+  // One decision of the resume checkpoint, made here without filesystem access.
+  as->set_resume_checkpoint(ResumeCheckpoint(job.spec, job.row.last_checkpoint));
   for (const Rank& r : a.ranks) {
     as->set_rank(r.rank);
     as->mutable_coords()->set_dp_replicate(r.coords.dp_replicate);
@@ -303,7 +187,7 @@ void JobManager::EndAttemptLocked(Txn& txn, Attempt& attempt, AttemptState state
   attempt.state = state;
   attempt.reason = reason;
   attempt.ended_ms = ToMillis(clock_.Now());
-  txn.batch.attempts.push_back(ToRow(txn.job, attempt));
+  txn.batch.attempts.push_back(ToAttemptRow(txn.job, attempt));
   std::set<std::string> holders;
   for (const Rank& r : attempt.ranks) {
     if (r.occupying) holders.insert(r.worker_id);
@@ -319,22 +203,14 @@ void JobManager::FailAttemptLocked(Txn& txn, Attempt& attempt, const std::string
   if (attempt.state != AttemptState::kRunning) return;
   EndAttemptLocked(txn, attempt, AttemptState::kFailed, reason, v1::STOP_REASON_PEER_FAILED,
                    config_.default_grace);
-  const int max_restarts = txn.job.spec.restart().max_restarts();
-  const int used = attempt.number - 1;
-  if (used < max_restarts) {
-    const std::chrono::milliseconds wait = RestartBackoff(used + 1);
-    txn.job.not_before = clock_.Monotonic() + wait;
-    txn.job.backoff = wait;
-    SetJobStateLocked(txn, v1::JOB_STATE_PENDING,
-                      "attempt " + std::to_string(attempt.number) + " failed: " + reason +
-                          "; restart " + std::to_string(used + 1) + " of " +
-                          std::to_string(max_restarts) + " queued" +
-                          (wait.count() > 0 ? " after a backoff of " + Seconds(wait) : ""));
+  const RestartPolicy::Outcome next =
+      restarts_.AfterFailure(attempt.number, txn.job.spec.restart().max_restarts(), reason);
+  if (next.restart) {
+    txn.job.not_before = clock_.Monotonic() + next.wait;
+    txn.job.backoff = next.wait;
+    SetJobStateLocked(txn, v1::JOB_STATE_PENDING, next.message);
   } else {
-    SetJobStateLocked(txn, v1::JOB_STATE_FAILED,
-                      max_restarts > 0
-                          ? reason + " (all " + std::to_string(max_restarts) + " restarts used)"
-                          : reason);
+    SetJobStateLocked(txn, v1::JOB_STATE_FAILED, next.message);
   }
   spdlog::warn("job {} attempt {} failed: {}", txn.job.row.job_id, attempt.number, reason);
 }
@@ -343,7 +219,7 @@ void JobManager::SucceedAttemptLocked(Txn& txn, Attempt& attempt) {
   attempt.state = AttemptState::kSucceeded;
   attempt.reason = "every rank exited 0";
   attempt.ended_ms = ToMillis(clock_.Now());
-  txn.batch.attempts.push_back(ToRow(txn.job, attempt));
+  txn.batch.attempts.push_back(ToAttemptRow(txn.job, attempt));
   store_.CloseAttempt(txn.job.row.job_id, attempt.number);
   SetJobStateLocked(txn, v1::JOB_STATE_SUCCEEDED,
                     "all " + std::to_string(attempt.ranks.size()) + " ranks of attempt " +
@@ -357,7 +233,7 @@ Status JobManager::OnRunning(const std::string& worker_id,
                              const google::protobuf::RepeatedPtrField<v1::RunningRank>& running) {
   std::lock_guard<std::mutex> lock(mu_);
   // Every (job, attempt) of the list this coordinator does not count gets a StopOrder and an
-  // entry in stops_sent_; a worker naming made-up attempts must not grow them without bound.
+  // entry in the StopLedger; a worker naming made-up attempts must not grow it without bound.
   {
     std::set<std::pair<std::string, int>> new_stops;
     for (const v1::RunningRank& rr : running) {
@@ -365,12 +241,11 @@ Status JobManager::OnRunning(const std::string& worker_id,
       Attempt* a = nullptr;
       Rank* r = FindRankLocked(worker_id, rr.job_id(), rr.attempt(), rr.rank(), &job, &a);
       if (r != nullptr && r->occupying && a->state == AttemptState::kRunning) continue;
-      if (stops_sent_.count(std::make_tuple(worker_id, rr.job_id(), rr.attempt()))) continue;
+      if (stops_.Outstanding(worker_id, rr.job_id(), rr.attempt())) continue;
       new_stops.insert({rr.job_id(), rr.attempt()});
     }
-    const size_t outstanding =
-        stops_per_worker_.count(worker_id) ? stops_per_worker_.at(worker_id) : 0;
-    if (!new_stops.empty() && outstanding + new_stops.size() > config_.max_stops_per_worker) {
+    const size_t outstanding = stops_.OutstandingFor(worker_id);
+    if (stops_.WouldExceed(worker_id, new_stops.size())) {
       spdlog::warn(
           "worker {} reports {} unknown attempts running ({} stop orders outstanding); "
           "refused",
@@ -379,7 +254,7 @@ Status JobManager::OnRunning(const std::string& worker_id,
           "--max-stops-per-worker: the running list names " + std::to_string(new_stops.size()) +
           " attempts this coordinator does not run, and " + std::to_string(outstanding) +
           " stop orders are outstanding for this worker, over the limit of " +
-          std::to_string(config_.max_stops_per_worker) +
+          std::to_string(stops_.max_per_worker()) +
           " (hint: a worker lists only the ranks it runs; raise --max-stops-per-worker on the "
           "coordinator only if a worker really runs that many stale attempts)");
     }
@@ -398,7 +273,7 @@ Status JobManager::OnRunning(const std::string& worker_id,
         Txn txn(*job);
         r->pid = rr.pid();
         SetRankStateLocked(txn, *a, *r, v1::RANK_STATE_RUNNING);
-        (void)CommitLocked(txn, Durability::kFast);
+        (void)journal_.Commit(txn, Durability::kFast);
       } else if (a->state != AttemptState::kRunning) {
         SendStopLocked(
             worker_id, rr.job_id(), rr.attempt(), v1::STOP_REASON_SUPERSEDED,
@@ -414,16 +289,11 @@ Status JobManager::OnRunning(const std::string& worker_id,
                        " is not a current attempt",
                    config_.default_grace, /*force=*/false);
   }
-  if (foreign > 0) {
-    foreign_[worker_id] = foreign;
-  } else {
-    foreign_.erase(worker_id);
-  }
+  slots_.SetForeign(worker_id, foreign);
 
   // Ranks the worker should run but did not report.
-  auto holders_it = by_worker_.find(worker_id);
-  if (holders_it == by_worker_.end()) return OkStatus();
-  const std::set<RankRef> holders = holders_it->second;
+  const std::set<RankRef> holders = slots_.Holders(worker_id);
+  if (holders.empty()) return OkStatus();
   bool released = false;
   for (const RankRef& ref : holders) {
     if (reported.count(ref)) continue;
@@ -448,7 +318,7 @@ Status JobManager::OnRunning(const std::string& worker_id,
     } else if (r->state == v1::RANK_STATE_ASSIGNED || r->state == v1::RANK_STATE_RUNNING) {
       SetRankStateLocked(txn, *a, *r, v1::RANK_STATE_STOPPED);
     }
-    (void)CommitLocked(txn, Durability::kFast);
+    (void)journal_.Commit(txn, Durability::kFast);
     PruneAttemptsLocked(*job);
   }
   if (released) ScheduleLocked();
@@ -474,7 +344,7 @@ void JobManager::OnRankStarted(const std::string& worker_id, const v1::RankStart
   if (r->state != v1::RANK_STATE_ASSIGNED) return;
   Txn txn(*job);
   SetRankStateLocked(txn, *a, *r, v1::RANK_STATE_RUNNING);
-  (void)CommitLocked(txn, Durability::kFast);
+  (void)journal_.Commit(txn, Durability::kFast);
 }
 
 void JobManager::OnRankExited(const std::string& worker_id, const v1::RankExited& m) {
@@ -502,7 +372,7 @@ void JobManager::OnRankExited(const std::string& worker_id, const v1::RankExited
                        m.stopped() ? v1::RANK_STATE_STOPPED
                                    : (clean ? v1::RANK_STATE_SUCCEEDED : v1::RANK_STATE_FAILED));
   }
-  (void)CommitLocked(txn, Durability::kFast);
+  (void)journal_.Commit(txn, Durability::kFast);
   PruneAttemptsLocked(*job);
   ScheduleLocked();
 }
@@ -515,24 +385,15 @@ void JobManager::OnRankMetrics(const std::string& worker_id, const v1::RankMetri
   Rank* r = FindRankLocked(worker_id, s.job_id(), s.attempt(), s.rank(), &job, &a);
   if (r == nullptr || a->state != AttemptState::kRunning) return;
   r->latest = std::make_unique<v1::MetricsSample>(s);
-  if (config_.rank_series) {
-    config_.rank_series->Add({r->worker_name, r->coords, job->device(), r->local_rank}, s);
-  }
   Txn txn(*job);
-  *AddEvent(txn)->mutable_metrics() = s;
-  if (std::optional<v1::MetricsSample> step = a->aggregator->Add(s)) {
-    JobRow& row = job->row;
-    row.step = step->step();
-    row.loss = step->loss();
-    row.tokens_per_second = step->tokens_per_second();
-    row.mfu = step->mfu();
-    job->step_time_skew = a->aggregator->last_skew();
-    job->tokens_total += static_cast<double>(job->spec.train().global_batch_size()) *
-                         static_cast<double>(job->spec.model().seq_len());
+  *journal_.AddEvent(txn)->mutable_metrics() = s;
+  if (std::optional<v1::MetricsSample> step =
+          metrics_.Ingest({r->worker_name, r->coords, job->device(), r->local_rank}, s, job->spec,
+                          *a->aggregator, job->row, job->totals)) {
     txn.job_dirty = true;
-    *AddEvent(txn)->mutable_metrics() = std::move(*step);
+    *journal_.AddEvent(txn)->mutable_metrics() = std::move(*step);
   }
-  (void)CommitLocked(txn, Durability::kFast);
+  (void)journal_.Commit(txn, Durability::kFast);
 }
 
 void JobManager::OnLogs(const std::string& worker_id, const v1::LogBatch& logs) {
@@ -553,13 +414,13 @@ void JobManager::OnLogs(const std::string& worker_id, const v1::LogBatch& logs) 
       continue;
     }
     if (job != line_job) {
-      if (txn) (void)CommitLocked(*txn, Durability::kFast);
+      if (txn) (void)journal_.Commit(*txn, Durability::kFast);
       job = line_job;
       txn = std::make_unique<Txn>(*job);
     }
-    *AddEvent(*txn)->mutable_log() = line;
+    *journal_.AddEvent(*txn)->mutable_log() = line;
   }
-  if (txn) (void)CommitLocked(*txn, Durability::kFast);
+  if (txn) (void)journal_.Commit(*txn, Durability::kFast);
   if (dropped > 0) {
     spdlog::warn(
         "worker {}: dropped {} log lines of ranks not placed on it (or of attempts "
@@ -581,8 +442,8 @@ void JobManager::OnCheckpointSaved(const std::string& worker_id, const v1::Check
   Txn txn(*job);
   job->row.last_checkpoint = saved.path();
   txn.job_dirty = true;
-  *AddEvent(txn)->mutable_checkpoint_saved() = saved;
-  (void)CommitLocked(txn, Durability::kDurable);
+  *journal_.AddEvent(txn)->mutable_checkpoint_saved() = saved;
+  (void)journal_.Commit(txn, Durability::kDurable);
 }
 
 void JobManager::OnWorkerLost(const std::string& worker_id) {
@@ -591,10 +452,9 @@ void JobManager::OnWorkerLost(const std::string& worker_id) {
 }
 
 void JobManager::WorkerLostLocked(const std::string& worker_id, const std::string& why) {
-  foreign_.erase(worker_id);
-  auto holders_it = by_worker_.find(worker_id);
-  if (holders_it == by_worker_.end()) return;
-  const std::set<RankRef> holders = holders_it->second;
+  slots_.SetForeign(worker_id, 0);
+  const std::set<RankRef> holders = slots_.Holders(worker_id);
+  if (holders.empty()) return;
   for (const RankRef& ref : holders) {
     Job* job = nullptr;
     Attempt* a = nullptr;
@@ -607,19 +467,17 @@ void JobManager::WorkerLostLocked(const std::string& worker_id, const std::strin
       SetRankStateLocked(txn, *a, *r, v1::RANK_STATE_LOST);
     }
     FailAttemptLocked(txn, *a, "worker " + r->worker_name + " was lost (" + why + ")");
-    (void)CommitLocked(txn, Durability::kFast);
+    (void)journal_.Commit(txn, Durability::kFast);
     PruneAttemptsLocked(*job);
   }
-  by_worker_.erase(worker_id);
+  slots_.ForgetHolders(worker_id);
   ScheduleLocked();
 }
 
 void JobManager::OnWorkerReregistered(const std::string& worker_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  foreign_.erase(worker_id);
-  auto it = by_worker_.find(worker_id);
-  if (it == by_worker_.end()) return;
-  for (const RankRef& ref : it->second) {
+  slots_.SetForeign(worker_id, 0);
+  for (const RankRef& ref : slots_.Holders(worker_id)) {
     Job* job = nullptr;
     Attempt* a = nullptr;
     if (Rank* r = FindRankLocked(worker_id, ref.job_id, ref.attempt, ref.rank, &job, &a)) {
@@ -635,23 +493,10 @@ void JobManager::Tick() {
   // coordinator restart and was not in the database) are lost too.
   std::set<std::string> live;
   for (const LiveWorker& w : workers_.LiveWorkers()) live.insert(w.worker_id);
-  std::vector<std::string> gone;
-  for (const auto& [worker, refs] : by_worker_) {
-    if (!live.count(worker)) gone.push_back(worker);
+  for (const std::string& w : slots_.WorkersWithHolders()) {
+    if (!live.count(w)) WorkerLostLocked(w, "it is not registered");
   }
-  for (const std::string& w : gone) WorkerLostLocked(w, "it is not registered");
-  const MonoTime now = clock_.Monotonic();
-  for (auto it = stops_sent_.begin(); it != stops_sent_.end();) {
-    if (now - it->second <= 10 * config_.stop_resend) {
-      ++it;
-      continue;
-    }
-    const std::string& worker = std::get<0>(it->first);
-    if (auto n = stops_per_worker_.find(worker); n != stops_per_worker_.end() && --n->second == 0) {
-      stops_per_worker_.erase(n);
-    }
-    it = stops_sent_.erase(it);
-  }
+  stops_.Expire(clock_.Monotonic());
   ScheduleLocked();
 }
 
@@ -665,8 +510,8 @@ JobsSnapshot JobManager::Snapshot() const {
     ++out.jobs_by_state[state];
     if (job.terminal() && ++finished_listed > 100) continue;
     out.jobs.push_back({job.row.job_id, job.row.name, state, job.row.step,
-                        job.row.tokens_per_second, job.row.mfu, job.step_time_skew,
-                        job.row.restarts, job.tokens_total});
+                        job.row.tokens_per_second, job.row.mfu, job.totals.step_time_skew,
+                        job.row.restarts, job.totals.tokens_total});
     out.jobs.back().predicted_step_seconds = job.spec.predicted_step_seconds();
     out.jobs.back().predicted_peak_memory_bytes =
         static_cast<double>(job.spec.predicted_peak_memory_bytes());

@@ -126,7 +126,8 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
       AddGauge(memory, with({{"kind", "peak"}}), static_cast<double>(r.memory_peak));
       AddGauge(memory, with({{"kind", "reserved"}}), static_cast<double>(r.memory_reserved));
       for (const auto& [key, totals] : r.comm) {
-        const Labels labels = with({{"axis", AxisLabel(key.first)}, {"op", OpLabel(key.second)}});
+        const Labels labels =
+            with({{"axis", MeshAxisName(key.first)}, {"op", OpLabel(key.second)}});
         AddGauge(comm_seconds, labels, totals.seconds);
         AddGauge(comm_bytes, labels, totals.bytes);
       }

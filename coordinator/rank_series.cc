@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <optional>
+
+#include "proto/mesh_axis.h"
 
 namespace meshrun::coordinator {
 namespace {
 
-// The enum value's name without its type prefix, lower case: MESH_AXIS_DP_SHARD -> dp_shard.
+// The enum value's name without its type prefix, lower case: COMM_OP_ALL_REDUCE -> all_reduce.
 std::string Unprefixed(const std::string& name, const std::string& prefix) {
   std::string out = name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
   for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -16,10 +19,6 @@ std::string Unprefixed(const std::string& name, const std::string& prefix) {
 }
 
 }  // namespace
-
-std::string AxisLabel(v1::MeshAxis axis) {
-  return Unprefixed(v1::MeshAxis_Name(axis), "MESH_AXIS_");
-}
 
 std::string OpLabel(v1::CommOp op) {
   return Unprefixed(v1::CommOp_Name(op), "COMM_OP_");
@@ -78,7 +77,9 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
 
   // Cumulative within the attempt: a sample never lowers a counter (samples may overtake).
   for (const v1::CommStats& c : s.comm()) {
-    Comm& cur = state.current[{c.axis(), c.op()}];
+    const std::optional<MeshAxis> axis = MeshAxisFromProto(c.axis());
+    if (!axis) continue;  // not an axis of this build's API
+    Comm& cur = state.current[{*axis, c.op()}];
     cur.seconds = std::max(cur.seconds, c.seconds());
     cur.bytes = std::max(cur.bytes, static_cast<double>(c.bytes()));
   }

@@ -66,7 +66,7 @@ class RankSeries {
     std::vector<uint64_t> step_buckets;
     uint64_t step_count = 0;
     double step_sum = 0;
-    std::map<std::pair<v1::MeshAxis, v1::CommOp>, Comm> comm;
+    std::map<std::pair<MeshAxis, v1::CommOp>, Comm> comm;
   };
   struct Job {
     std::string job_id;
@@ -89,7 +89,7 @@ class RankSeries {
   struct RankState {
     Rank served;
     // The newest cumulative counters of the current attempt, and what earlier attempts left.
-    std::map<std::pair<v1::MeshAxis, v1::CommOp>, Comm> current, base;
+    std::map<std::pair<MeshAxis, v1::CommOp>, Comm> current, base;
   };
   struct JobState {
     bool finished = false;
@@ -102,9 +102,8 @@ class RankSeries {
   std::deque<std::string> finished_;      // oldest first
 };
 
-// "dp_replicate", "tp", …: the `axis` label value of a MeshAxis; "all_reduce", "send_recv", …
-// the `op` label of a CommOp (the engine's names, CommOpName).
-std::string AxisLabel(v1::MeshAxis axis);
+// "all_reduce", "send_recv", …: the `op` label of a CommOp (the engine's names, CommOpName).
+// The `axis` label is MeshAxisName of the axis (common/parallel_dims.h).
 std::string OpLabel(v1::CommOp op);
 
 }  // namespace meshrun::coordinator

@@ -53,7 +53,7 @@ struct JobRow {
 struct AttemptRow {
   std::string job_id;
   int attempt = 0;
-  int state = 0;  // AttemptState of job_manager.h
+  int state = 0;  // AttemptState of job_records.h
   int64_t started_ms = 0, ended_ms = 0;
   std::string reason;
 };

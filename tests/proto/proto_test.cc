@@ -5,6 +5,7 @@
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <limits>
 #include <map>
 #include <set>
@@ -18,6 +19,7 @@
 #include "meshrun/v1/types.pb.h"
 #include "meshrun/v1/worker.pb.h"
 #include "proto/duration.h"
+#include "proto/mesh_axis.h"
 
 namespace meshrun::v1 {
 namespace {
@@ -306,6 +308,34 @@ TEST(TypesTest, StateNamesMatchTheConventions) {
 
 // A peer's Duration of any size converts without overflow (StopOrder grace, StoreGet timeout,
 // heartbeat interval).
+TEST(TypesTest, MeshAxisCrossesTheWireAtOneBoundary) {
+  // Each of the mesh's own axes round-trips, and its proto name lower-cased without the prefix
+  // is MeshAxisName (the one spelling of labels and logs).
+  for (meshrun::MeshAxis axis : {meshrun::MeshAxis::kDpReplicate, meshrun::MeshAxis::kDpShard,
+                                 meshrun::MeshAxis::kCp, meshrun::MeshAxis::kTp}) {
+    const v1::MeshAxis wire = MeshAxisToProto(axis);
+    ASSERT_NE(wire, v1::MESH_AXIS_UNSPECIFIED) << MeshAxisName(axis);
+    EXPECT_EQ(MeshAxisFromProto(wire), axis);
+    std::string name = v1::MeshAxis_Name(wire).substr(std::string("MESH_AXIS_").size());
+    for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    EXPECT_EQ(name, MeshAxisName(axis));
+  }
+  for (meshrun::MeshAxis flat :
+       {meshrun::MeshAxis::kDp, meshrun::MeshAxis::kDpShardCp, meshrun::MeshAxis::kDpCp}) {
+    EXPECT_EQ(MeshAxisToProto(flat), v1::MESH_AXIS_UNSPECIFIED) << MeshAxisName(flat);
+  }
+  EXPECT_FALSE(MeshAxisFromProto(v1::MESH_AXIS_UNSPECIFIED));
+  EXPECT_FALSE(MeshAxisFromProto(static_cast<v1::MeshAxis>(99)));
+  // Every value of the proto enum is one of them.
+  const google::protobuf::EnumDescriptor* e = v1::MeshAxis_descriptor();
+  for (int i = 0; i < e->value_count(); ++i) {
+    const auto wire = static_cast<v1::MeshAxis>(e->value(i)->number());
+    if (wire != v1::MESH_AXIS_UNSPECIFIED) {
+      EXPECT_TRUE(MeshAxisFromProto(wire)) << e->value(i)->name();
+    }
+  }
+}
+
 TEST(DurationTest, HugeDurationsSaturateInsteadOfOverflowing) {
   google::protobuf::Duration d;
   d.set_seconds(1);

@@ -1,18 +1,36 @@
-// The records JobManager keeps per job, attempt and rank, shared by job_manager.cc (client
-// RPCs, persistence, restore) and job_manager_lifecycle.cc (placement, attempts, sessions).
-// Private to JobManager: nothing outside those two files includes it.
+// The records JobManager keeps per job, attempt and rank in memory, and the transaction that
+// changes one job's rows and events together (committed by JobJournal). Plain data: every
+// field is guarded by JobManager's mutex; its parts (JobJournal, the scheduling parts,
+// RestartPolicy, MetricsIngest) see them only as JobManager hands them over under that lock.
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "coordinator/job_manager.h"
+#include "common/parallel_dims.h"
+#include "coordinator/clock.h"
+#include "coordinator/job_events.h"
+#include "coordinator/state_db.h"
+#include "coordinator/step_aggregator.h"
+#include "meshrun/v1/coordinator.pb.h"
 
 namespace meshrun::coordinator {
 
-struct JobManager::Rank {
+// State of one attempt, as stored in StateDb's attempts table.
+enum class AttemptState { kRunning = 1, kSucceeded = 2, kFailed = 3, kCancelled = 4 };
+
+// One rank of one attempt of one job: what holds a slot on a worker.
+struct RankRef {
+  std::string job_id;
+  int attempt = 0;
+  int rank = 0;
+  auto operator<=>(const RankRef&) const = default;
+};
+
+struct RankRecord {
   int rank = 0;
   MeshCoords coords;
   std::string worker_id, worker_name;
@@ -29,18 +47,24 @@ struct JobManager::Rank {
   std::unique_ptr<v1::MetricsSample> latest;  // newest sample the rank sent
 };
 
-struct JobManager::Attempt {
+struct AttemptRecord {
   int number = 0;
   AttemptState state = AttemptState::kRunning;
   int64_t started_ms = 0, ended_ms = 0;
   std::string reason;
-  std::vector<Rank> ranks;
-  std::unique_ptr<StepAggregator> aggregator;
+  std::vector<RankRecord> ranks;
+  std::unique_ptr<StepAggregator> aggregator;  // fed by MetricsIngest
   int succeeded = 0;
 };
 
-struct JobManager::Job {
-  Job(JobRow r, v1::JobSpec s, ParallelDims m, EventLimits limits)
+// What MetricsIngest keeps per job beside the JobRow's progress columns; in memory only.
+struct JobTotals {
+  double step_time_skew = 0;
+  double tokens_total = 0;  // JobsSnapshot::JobLine::tokens_total
+};
+
+struct JobRecord {
+  JobRecord(JobRow r, v1::JobSpec s, ParallelDims m, EventLimits limits)
       : row(std::move(r)),
         spec(std::move(s)),
         mesh(m),
@@ -50,11 +74,10 @@ struct JobManager::Job {
   v1::JobSpec spec;
   ParallelDims mesh;
   // The newest attempt, and older ones whose ranks still hold slots.
-  std::map<int, std::unique_ptr<Attempt>> attempts;
+  std::map<int, std::unique_ptr<AttemptRecord>> attempts;
   // False for a finished job restored from StateDb until GetJob reads its ranks.
   bool ranks_loaded = true;
-  double step_time_skew = 0;
-  double tokens_total = 0;  // JobsSnapshot::JobLine::tokens_total; in memory only
+  JobTotals totals;
   // Why the job is PENDING ("submitted", or the failure that asked for a restart); the
   // message adds what it waits for.
   std::string pending_reason = "submitted";
@@ -68,7 +91,9 @@ struct JobManager::Job {
   JobEventLog events;
 
   const std::string& device() const { return spec.resources().device(); }
-  Attempt* last() const { return attempts.empty() ? nullptr : attempts.rbegin()->second.get(); }
+  AttemptRecord* last() const {
+    return attempts.empty() ? nullptr : attempts.rbegin()->second.get();
+  }
   bool terminal() const {
     return row.state == v1::JOB_STATE_SUCCEEDED || row.state == v1::JOB_STATE_FAILED ||
            row.state == v1::JOB_STATE_CANCELLED;
@@ -76,16 +101,12 @@ struct JobManager::Job {
 };
 
 // Rows and events of one job changed together: committed to StateDb, then applied.
-struct JobManager::Txn {
-  explicit Txn(Job& j) : job(j) {}
-  Job& job;
+struct JobTxn {
+  explicit JobTxn(JobRecord& j) : job(j) {}
+  JobRecord& job;
   WriteBatch batch;
   std::vector<v1::JobEvent> events;
   bool job_dirty = false;
 };
-
-// The newest complete checkpoint folder under `dir` by the engine's rule (FindLatestComplete),
-// or "" (none, or not visible from the coordinator). Reads the filesystem: never under mu_.
-std::string NewestCompleteCheckpoint(const std::string& dir);
 
 }  // namespace meshrun::coordinator

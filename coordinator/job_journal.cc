@@ -1,0 +1,168 @@
+#include "coordinator/job_journal.h"
+
+#include <spdlog/spdlog.h>
+
+namespace meshrun::coordinator {
+
+v1::JobEvent* JobJournal::AddEvent(JobTxn& txn) {
+  txn.events.emplace_back();
+  v1::JobEvent* e = &txn.events.back();
+  txn.job.events.Stamp(e, clock_.Now());
+  if (static_cast<int64_t>(e->sequence()) > txn.job.row.seq_reserved) {
+    txn.job.row.seq_reserved = e->sequence() + kSequenceBlock;
+    txn.job_dirty = true;
+  }
+  return e;
+}
+
+Status JobJournal::Commit(JobTxn& txn, Durability durability) {
+  JobRecord& job = txn.job;
+  if (txn.job_dirty) txn.batch.jobs.push_back(job.row);
+  bool finished = false;
+  for (const v1::JobEvent& e : txn.events) {
+    // Log lines too (kFast like the rest of their batch, bounded per job): GetJobLogs reads
+    // them back once the memory tier is gone (a restart, or a job's events released).
+    const bool log_kept = e.has_log() && job.persisted_logs < limits_.logs;
+    if (log_kept) ++job.persisted_logs;
+    if (JobEventLog::IsDurable(e) || log_kept) {
+      txn.batch.events.push_back(
+          {job.row.job_id, static_cast<int64_t>(e.sequence()), e.SerializeAsString()});
+    }
+    if (e.has_state_changed()) {
+      const v1::JobState s = e.state_changed().state();
+      finished =
+          s == v1::JOB_STATE_SUCCEEDED || s == v1::JOB_STATE_FAILED || s == v1::JOB_STATE_CANCELLED;
+      // Every job state change is on disk before anyone sees it.
+      durability = Durability::kDurable;
+    }
+  }
+  if (db_ != nullptr) {
+    Status status = db_->Commit(txn.batch, durability);
+    if (!status.ok()) {
+      spdlog::error("job {}: cannot persist a change: {}", job.row.job_id, status.ToString());
+      return status;
+    }
+  }
+  for (const v1::JobEvent& e : txn.events) job.events.Publish(e);
+  // The stream of a finished job ends right after the event that finished it.
+  if (finished) job.events.FinishWatchers(OkStatus());
+  txn.batch = WriteBatch{};
+  txn.events.clear();
+  txn.job_dirty = false;
+  return OkStatus();
+}
+
+void JobJournal::WriteJobRow(const JobRow& row) {
+  if (db_ == nullptr) return;
+  WriteBatch batch;
+  batch.jobs.push_back(row);
+  (void)db_->Commit(batch, Durability::kFast);
+}
+
+std::vector<v1::JobEvent> JobJournal::StoredEvents(const std::string& job_id, uint64_t from,
+                                                   uint64_t to) const {
+  std::vector<v1::JobEvent> out;
+  if (db_ == nullptr || from >= to) return out;
+  auto rows = db_->LoadEvents(job_id, static_cast<int64_t>(from), static_cast<int64_t>(to),
+                              static_cast<int>(limits_.durable));
+  if (!rows.ok()) return out;
+  for (const EventRow& row : *rows) {
+    v1::JobEvent e;
+    // Stored log lines are GetJobLogs' (the memory tier may hold the same ones).
+    if (e.ParseFromString(row.event) && !e.has_log()) out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::optional<v1::GetJobLogsResponse> JobJournal::StoredLogs(
+    const JobRecord& job, const v1::GetJobLogsRequest& request) const {
+  if (db_ == nullptr) return std::nullopt;
+  auto rows = db_->LoadEvents(job.row.job_id, 1, INT64_MAX, kStoredEventsRead);
+  if (!rows.ok()) return std::nullopt;
+  std::vector<v1::LogLine> lines;
+  for (const EventRow& row : *rows) {
+    v1::JobEvent e;
+    if (!e.ParseFromString(row.event) || !e.has_log()) continue;
+    if (request.has_rank() && e.log().rank() != request.rank()) continue;
+    if (request.attempt() > 0 && e.log().attempt() != request.attempt()) continue;
+    lines.push_back(std::move(*e.mutable_log()));
+  }
+  if (lines.empty()) return std::nullopt;
+  v1::GetJobLogsResponse stored;
+  size_t begin = 0;
+  if (request.tail_lines() > 0 && lines.size() > static_cast<size_t>(request.tail_lines())) {
+    begin = lines.size() - request.tail_lines();
+  }
+  for (size_t i = begin; i < lines.size(); ++i) *stored.add_lines() = std::move(lines[i]);
+  stored.set_truncated(job.persisted_logs >= limits_.logs);
+  return stored;
+}
+
+StatusOr<std::vector<RankRecord>> JobJournal::LoadRanks(const std::string& job_id,
+                                                        int attempt) const {
+  if (db_ == nullptr) return std::vector<RankRecord>{};
+  MESHRUN_ASSIGN_OR_RETURN(std::vector<RankRow> rows, db_->LoadRanks(job_id, attempt));
+  std::vector<RankRecord> out;
+  out.reserve(rows.size());
+  for (const RankRow& row : rows) out.push_back(RankFromRow(row));
+  return out;
+}
+
+RankRecord RankFromRow(const RankRow& rr) {
+  RankRecord r;
+  r.rank = rr.rank;
+  r.coords = {rr.dp_replicate, rr.dp_shard, rr.cp, rr.tp};
+  r.worker_id = rr.worker_id;
+  r.worker_name = rr.worker_name;
+  r.local_rank = rr.local_rank;
+  r.local_world_size = rr.local_world_size;
+  r.state = static_cast<v1::RankState>(rr.state);
+  r.pid = rr.pid;
+  r.exit_code = rr.exit_code;
+  r.signal = rr.signal;
+  r.error = rr.error;
+  return r;
+}
+
+RankRow ToRankRow(const JobRecord& job, const AttemptRecord& attempt, const RankRecord& r) {
+  RankRow row;
+  row.job_id = job.row.job_id;
+  row.attempt = attempt.number;
+  row.rank = r.rank;
+  row.worker_id = r.worker_id;
+  row.worker_name = r.worker_name;
+  row.local_rank = r.local_rank;
+  row.local_world_size = r.local_world_size;
+  row.dp_replicate = r.coords.dp_replicate;
+  row.dp_shard = r.coords.dp_shard;
+  row.cp = r.coords.cp;
+  row.tp = r.coords.tp;
+  row.state = r.state;
+  row.pid = r.pid;
+  row.exit_code = r.exit_code;
+  row.signal = r.signal;
+  row.error = r.error;
+  return row;
+}
+
+AttemptRow ToAttemptRow(const JobRecord& job, const AttemptRecord& a) {
+  return {job.row.job_id, a.number, static_cast<int>(a.state), a.started_ms, a.ended_ms, a.reason};
+}
+
+void FillRankInfo(const RankRecord& r, v1::RankInfo* info) {
+  info->set_rank(r.rank);
+  info->mutable_coords()->set_dp_replicate(r.coords.dp_replicate);
+  info->mutable_coords()->set_dp_shard(r.coords.dp_shard);
+  info->mutable_coords()->set_cp(r.coords.cp);
+  info->mutable_coords()->set_tp(r.coords.tp);
+  info->set_worker_id(r.worker_id);
+  info->set_worker_name(r.worker_name);
+  info->set_local_rank(r.local_rank);
+  info->set_state(r.state);
+  info->set_pid(r.pid);
+  info->set_exit_code(r.exit_code);
+  info->set_signal(r.signal);
+  info->set_error(r.error);
+}
+
+}  // namespace meshrun::coordinator
