@@ -138,9 +138,9 @@ TEST(StateDbTest, AnOlderDatabaseGainsTheCalibrationColumn) {
   // The workers table as the first coordinators wrote it, without the column.
   sqlite3* raw = nullptr;
   ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &raw), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(raw, "ALTER TABLE workers DROP COLUMN calibration", nullptr, nullptr,
-                         nullptr),
-            SQLITE_OK)
+  ASSERT_EQ(
+      sqlite3_exec(raw, "ALTER TABLE workers DROP COLUMN calibration", nullptr, nullptr, nullptr),
+      SQLITE_OK)
       << sqlite3_errmsg(raw);
   sqlite3_close(raw);
   auto db = StateDb::Open(dir.path());

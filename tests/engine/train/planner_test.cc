@@ -311,7 +311,7 @@ TEST(PlannerTest, AutoLeavesTheSizesOutAndLetsTheWorldBeChosen) {
   EXPECT_FALSE(parsed.ok() && ValidateJobSpec(*parsed, 0).ok());
 }
 
-TEST(ModelShapeTest, Gpt2ShapesCountWhatTheEngineCounts) {
+TEST(ModelShapeTest, Gpt2SpecsCountWhatTheEngineCounts) {
   for (const auto& [layers, heads, d, seq, vocab] :
        std::vector<std::tuple<int, int, int, int, int>>{
            {2, 4, 64, 64, 256}, {12, 12, 768, 1024, 50257}, {4, 8, 128, 128, 256}}) {
@@ -321,26 +321,34 @@ TEST(ModelShapeTest, Gpt2ShapesCountWhatTheEngineCounts) {
     m.d_model = d;
     m.seq_len = seq;
     m.vocab_size = vocab;
-    const ModelShape shape = ModelShapeOf(m);
-    EXPECT_EQ(shape.n_kv_head, heads);
-    EXPECT_EQ(shape.d_ff, 4 * d);
-    EXPECT_DOUBLE_EQ(FlopsPerToken(shape), GPT2FlopsPerToken(GPT2ConfigOf(m), seq))
+    // gpt2: fused qkv with bias, proj with bias, fc and proj with biases, two LayerNorms.
+    const int64_t block = 3LL * d * d + 3 * d + d * d + d + 8LL * d * d + 4 * d + d + 4 * d;
+    EXPECT_EQ(BlockParameterCount(m), block);
+    EXPECT_EQ(ParameterCount(m), layers * block + int64_t{vocab} * d + 2 * d);
+    EXPECT_DOUBLE_EQ(FlopsPerToken(m), GPT2FlopsPerToken(GPT2ConfigOf(m), seq))
         << layers << " layers, d_model " << d;
   }
 }
 
-TEST(ModelShapeTest, Llama3CountsArePublishedOnes) {
+TEST(ModelShapeTest, Llama3PresetsArePublishedOnes) {
   // Meta's model cards: 8,030,261,248 and 70,553,706,496 parameters (untied head).
   EXPECT_EQ(ParameterCount(Llama3_8B()), 8030261248);
   EXPECT_EQ(ParameterCount(Llama3_70B()), 70553706496);
+  // The presets are job-spec model sections the spec's own rules accept.
+  const ModelSpec m = Llama3_8B();
+  EXPECT_EQ(m.arch, "llama");
+  EXPECT_EQ(m.kv_heads(), 8);
+  EXPECT_EQ(m.ff(), 14336);
+  EXPECT_FALSE(m.tie_embeddings);
   // GQA and SwiGLU: a block is q, o (d×d), k, v (d×kv), gate, up, down (d×d_ff), two norms.
-  const ModelShape m = Llama3_8B();
   EXPECT_EQ(BlockParameterCount(m),
             2 * 4096LL * 4096 + 2 * 4096LL * 1024 + 3 * 4096LL * 14336 + 2 * 4096);
-  ModelShape tied = m;
+  ModelSpec tied = m;
   tied.tie_embeddings = true;
   EXPECT_EQ(ParameterCount(m) - ParameterCount(tied), 128256LL * 4096);
-  EXPECT_DOUBLE_EQ(FlopsPerToken(m), 6.0 * 8030261248 + 12.0 * 32 * 4096 * 8192);
+  // The untied token table is a lookup: the engine's FLOP count leaves it out.
+  EXPECT_DOUBLE_EQ(FlopsPerToken(m),
+                   6.0 * (8030261248 - 128256LL * 4096) + 12.0 * 32 * 4096 * 8192);
 }
 
 TEST(ModelShapeTest, Bf16ProfilesUseDenseBf16Rates) {
