@@ -34,7 +34,8 @@ StatusOr<ClusterShape> CalibratedHostCluster(int per_node) {
   cluster.nodes = 1;
   cluster.per_node = per_node;
   cluster.device = CalibratedCpuProfile(measured.gemm_flops, HostMemoryBytes(), per_node,
-                                        measured.loopback_bus_bandwidth, measured.loopback_latency);
+                                        measured.loopback_bus_bandwidth, measured.loopback_latency,
+                                        options.ranks);
   return cluster;
 }
 

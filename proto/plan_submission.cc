@@ -68,6 +68,7 @@ StatusOr<ClusterShape> ClusterOfWorkers(const std::vector<v1::WorkerInfo>& worke
   cluster.nodes = static_cast<int>(live.size());
   cluster.per_node = live.front()->slots();
   double gemm = 0, bandwidth = 0, latency = 0;
+  int latency_ranks = 0;  // of the slowest latency
   for (const v1::WorkerInfo* w : live) {
     cluster.per_node = std::min(cluster.per_node, w->slots());
     const v1::HostCalibration& c = w->calibration();
@@ -76,13 +77,16 @@ StatusOr<ClusterShape> ClusterOfWorkers(const std::vector<v1::WorkerInfo>& worke
       bandwidth = bandwidth > 0 ? std::min(bandwidth, c.loopback_bus_bandwidth())
                                 : c.loopback_bus_bandwidth();
     }
-    latency = std::max(latency, c.loopback_latency_seconds());
+    if (c.loopback_latency_seconds() > latency) {
+      latency = c.loopback_latency_seconds();
+      latency_ranks = c.loopback_ranks();
+    }
   }
   const bool one_host = addresses.size() == 1;
   const int ranks_per_host = one_host ? cluster.world() : cluster.per_node;
   if (device == "cpu") {
-    cluster.device =
-        CalibratedCpuProfile(gemm, host.memory_bytes, ranks_per_host, bandwidth, latency);
+    cluster.device = CalibratedCpuProfile(gemm, host.memory_bytes, ranks_per_host, bandwidth,
+                                          latency, latency_ranks);
     if (gemm <= 0 && host.gemm_flops) {
       // Workers that did not calibrate: this host's rate stands in for theirs.
       cluster.device.flops = host.gemm_flops() / static_cast<double>(std::max(1, ranks_per_host));

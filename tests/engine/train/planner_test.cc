@@ -191,6 +191,47 @@ TEST(PlannerTest, LatencyAddsPerCallToTheLinkItCrosses) {
   EXPECT_EQ(with.compute_seconds, without.compute_seconds);
 }
 
+TEST(PlannerTest, CommHopsCountTheRingStepsOfEachCall) {
+  JobSpec s = Tiny();
+  s.parallelism.tp_size = 4;  // all-reduces: 2·3 hops each
+  EXPECT_EQ(ExpectedCommHopsPerStep(s).at("tp"), ExpectedCommCallsPerStep(s).at("tp") * 6);
+  JobSpec c = Tiny();
+  c.parallelism.cp_size = 4;  // all-gathers and reduce-scatters: 3 hops each
+  EXPECT_EQ(ExpectedCommHopsPerStep(c).at("cp"), ExpectedCommCallsPerStep(c).at("cp") * 3);
+  c.parallelism.cp_comm_strategy = "ring";  // each exchange is one hop
+  EXPECT_EQ(ExpectedCommHopsPerStep(c).at("cp"), ExpectedCommCallsPerStep(c).at("cp"));
+  JobSpec f = Tiny();
+  f.parallelism.dp_shard_size = 2;
+  f.parallelism.cp_size = 2;  // FSDP over dp_shard·cp = 4: gathers 3 hops, the norm's 6
+  EXPECT_EQ(ExpectedCommHopsPerStep(f).at("dp_shard"),
+            (ExpectedCommCallsPerStep(f).at("dp_shard") - 1) * 3 + 6);
+  JobSpec r = Tiny();
+  r.parallelism.dp_replicate_size = 4;
+  EXPECT_EQ(ExpectedCommHopsPerStep(r).at("dp_replicate"), 6);
+  EXPECT_EQ(ExpectedCommHopsPerStep(r).at("tp"), 0);
+}
+
+TEST(PlannerTest, CalibratedLatencyIsPerHopOfTheMeasuredAllReduce) {
+  // Measured: a 4-rank all-reduce (6 hops) takes 1.2 ms, so a hop 0.2 ms; a tp 2 group's
+  // all-reduce (2 hops) is then 0.4 ms, a third of what the table's per-call reading gives.
+  JobSpec s = Tiny();
+  s.parallelism.dp_replicate_size = 2;
+  s.parallelism.tp_size = 2;
+  ClusterShape c = Cluster(1, 4);
+  c.device.intra_node_bw = 0;
+  c.device.intra_node_latency = 1.2e-3;
+  c.device.latency_ranks = 4;
+  const PlanRow hop = PredictConfiguration(s, c);
+  EXPECT_NEAR(hop.comm_seconds.at("tp"), ExpectedCommCallsPerStep(s).at("tp") * 2 * 0.2e-3, 1e-12);
+  EXPECT_NEAR(hop.comm_seconds.at("dp_replicate"), 2 * 0.2e-3, 1e-12);
+  c.device.latency_ranks = 0;
+  EXPECT_NEAR(PredictConfiguration(s, c).comm_seconds.at("tp"),
+              ExpectedCommCallsPerStep(s).at("tp") * 1.2e-3, 1e-12);
+  EXPECT_EQ(CalibratedCpuProfile(8e10, 64e9, 4, 3e9, 2e-4, 4).latency_ranks, 4);
+  EXPECT_EQ(CalibratedCpuProfile(8e10, 64e9, 4, 3e9, 0, 4).latency_ranks, 0)
+      << "the table's latency stays per call";
+}
+
 TEST(PlannerTest, PredictConfigurationIsThePlansRow) {
   StatusOr<std::vector<PlanRow>> rows = Plan(Tiny(), Cluster(1, 4));
   ASSERT_TRUE(rows.ok());
