@@ -68,7 +68,8 @@ StatusOr<MeshChoice> ChooseMeshOnHost(const JobSpec& spec, int nproc, bool json_
     line["device"] = {{"memory_bytes", cluster.device.memory_bytes},
                       {"flops", cluster.device.flops},
                       {"intra_node_bw", cluster.device.intra_node_bw},
-                      {"intra_node_latency", cluster.device.intra_node_latency}};
+                      {"intra_node_latency", cluster.device.intra_node_latency},
+                      {"latency_ranks", cluster.device.latency_ranks}};
     std::printf("%s\n", line.dump().c_str());
     std::fflush(stdout);
   }
