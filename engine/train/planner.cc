@@ -13,6 +13,7 @@
 
 #include "engine/model/gpt2.h"
 #include "engine/train/comm_volume.h"
+#include "engine/train/model_shape.h"
 
 namespace meshrun {
 
@@ -38,10 +39,11 @@ std::string Gib(double bytes) {
 }
 
 // FLOPs per token beyond the model's that activation checkpointing recomputes: `full` the
-// blocks' forward (a third of 6·N_blocks) and the attention core, `selective` the core.
+// blocks' forward (2 FLOPs per block parameter) and the attention core, `selective` the core.
 double RecomputeFlopsPerToken(const JobSpec& spec) {
-  const double d = spec.model.d_model, L = spec.model.n_layer, T = spec.model.seq_len;
-  const double block_forward = 2.0 * 12.0 * d * d * L, attention_forward = 4.0 * L * d * T;
+  const double L = spec.model.n_layer, T = spec.model.seq_len, d = spec.model.d_model;
+  const double block_forward = 2.0 * static_cast<double>(BlockParameterCount(spec.model)) * L;
+  const double attention_forward = 4.0 * L * d * T;
   const std::string& ac = spec.train.activation_checkpointing;
   if (ac == "full") return block_forward + attention_forward;
   if (ac == "selective") return attention_forward;
