@@ -8,12 +8,15 @@
 // first choice is from the fastest measured; then one JSON line.
 //
 //   plan_accuracy [--worlds 2,4,8] [--steps 6] [--warmup 2] [--repeats 3]
-//                 [--timing-worlds 2,4] [--shapes tiny,small]
+//                 [--timed-seconds 1.5] [--timing-worlds 2,4] [--shapes tiny,small]
 //
 // A run's step time is the median of its steps after the first --warmup (Gloo's connections,
-// the allocator and the caches settle there). Timing runs are repeated (--repeats, interleaved
-// over the meshes; the median of the runs counts) only for --timing-worlds; other worlds run
-// once, for memory. Ranks run one OpenMP thread each (OMP_NUM_THREADS=1).
+// the allocator and the caches settle there). A mesh's later repeats run enough steps for
+// about --timed-seconds of timed steps at its first run's pace (at most 40): a 20 ms step
+// measured over three steps is at the mercy of one scheduler hiccup on a shared host. Timing runs
+// are repeated (--repeats, interleaved over the meshes; the median of the runs counts) only for
+// --timing-worlds; other worlds run once, for memory. Ranks run one OpenMP thread each
+// (OMP_NUM_THREADS=1).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -126,6 +129,7 @@ int main(int argc, char** argv) {
   std::vector<int> worlds = {2, 4, 8}, timing_worlds = {2, 4};
   std::vector<std::string> shapes = {"tiny", "small"};
   int steps = 6, warmup = 2, repeats = 3;
+  double timed_seconds = 1.5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -139,6 +143,8 @@ int main(int argc, char** argv) {
       ints(&timing_worlds);
     } else if (a == "--steps") {
       steps = std::stoi(next());
+    } else if (a == "--timed-seconds") {
+      timed_seconds = std::stod(next());
     } else if (a == "--warmup") {
       warmup = std::stoi(next());
     } else if (a == "--repeats") {
@@ -148,7 +154,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: plan_accuracy [--worlds 2,4,8] [--timing-worlds 2,4] [--steps N] "
-                   "[--warmup N] [--repeats N] [--shapes tiny,small]\n");
+                   "[--warmup N] [--repeats N] [--timed-seconds S] [--shapes tiny,small]\n");
       return 2;
     }
   }
@@ -262,6 +268,12 @@ int main(int argc, char** argv) {
           std::vector<std::string> args = {
               "train", "-f", spec_file.string(), "--nproc", std::to_string(world), "-o", "json"};
           std::vector<std::string> run_sets = sets;
+          if (rep > 0 && !row.runs.empty() && row.runs.front() > 0) {
+            const int timed_steps =
+                std::clamp(static_cast<int>(std::ceil(timed_seconds / row.runs.front())),
+                           steps - warmup, 40 - warmup);
+            run_sets.push_back("train.steps=" + std::to_string(warmup + timed_steps));
+          }
           run_sets.push_back("parallelism.dp_replicate_size=" +
                              std::to_string(p.dp_replicate_size));
           run_sets.push_back("parallelism.dp_shard_size=" + std::to_string(p.dp_shard_size));
@@ -357,6 +369,7 @@ int main(int argc, char** argv) {
   json line = {{"bench", "plan_accuracy"},
                {"steps", steps},
                {"warmup", warmup},
+               {"timed_seconds", timed_seconds},
                {"repeats", repeats},
                {"worst_memory_error_world_ge_4", worst_memory},
                {"memory_rows_world_ge_4", memory_rows},
