@@ -33,6 +33,7 @@ struct PlanOptions {
   std::string device = "cpu";
   double memory_gib = 0, tflops = 0, intra_gbps = 0, inter_gbps = 0;
   double intra_latency_us = -1, inter_latency_us = -1;  // < 0: the profile's
+  int latency_ranks = -1;                               // < 0: the profile's
   std::string output = "text";
   bool calibrate = false;
   std::string coordinator;  // plan for the live cluster's workers
@@ -73,6 +74,7 @@ StatusOr<ClusterShape> ClusterOfFlags(const PlanOptions& o, const JobSpec& spec)
   if (o.inter_gbps > 0) cluster.device.inter_node_bw = o.inter_gbps * 1e9;
   if (o.intra_latency_us >= 0) cluster.device.intra_node_latency = o.intra_latency_us * 1e-6;
   if (o.inter_latency_us >= 0) cluster.device.inter_node_latency = o.inter_latency_us * 1e-6;
+  if (o.latency_ranks >= 0) cluster.device.latency_ranks = o.latency_ranks;
   return cluster;
 }
 
@@ -177,6 +179,10 @@ void RegisterPlanCommand(CLI::App& app, CommandResult& result) {
                   "override: µs a collective costs beyond its bytes inside a node");
   cmd->add_option("--inter-latency-us", o->inter_latency_us,
                   "override: µs a collective costs beyond its bytes across nodes");
+  cmd->add_option("--latency-ranks", o->latency_ranks,
+                  "override: the latencies are those of an all-reduce of this many ranks, read "
+                  "per ring hop (0: per collective)")
+      ->check(CLI::Range(0, 1024));
   cmd->add_flag("--calibrate", o->calibrate,
                 "measure this host's GEMM rate and loopback all-reduce bandwidth and latency "
                 "first, and plan with them (cpu)");

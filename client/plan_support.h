@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "engine/train/planner.h"
 #include "meshrun/v1/types.pb.h"
+#include "proto/plan_submission.h"
 
 namespace meshrun::client {
 
@@ -20,10 +21,7 @@ namespace meshrun::client {
 // all-reduce (per_node ranks, at least 2, at most 8) measured now, shared by the ranks.
 StatusOr<ClusterShape> CalibratedHostCluster(int per_node);
 
-// The live workers of `device` as a cluster: nodes = workers, ranks per node = the fewest
-// slots among them, the figures each reported at registration (the slowest counts). Workers
-// that share one address share one host: its cores are divided among all their ranks, and
-// its loopback is the link across them too. FAILED_PRECONDITION when none is live.
+// meshrun::ClusterOfWorkers (proto/plan_submission.h) planned from this host.
 StatusOr<ClusterShape> ClusterOfWorkers(const std::vector<v1::WorkerInfo>& workers,
                                         const std::string& device);
 
@@ -36,11 +34,10 @@ nlohmann::ordered_json MeshChoiceJson(const MeshChoice& choice);
 // {"event":"auto",…MeshChoiceJson} on stdout before the ranks start.
 StatusOr<MeshChoice> ChooseMeshOnHost(const JobSpec& spec, int nproc, bool json);
 
-// For `meshrun submit`: with parallelism.auto, chooses the mesh for the registered workers
-// and writes it into `spec` (sizes, auto false, auto_choice); then the prediction of the spec
-// as it will run (predicted_step_seconds, predicted_peak_memory_bytes). Without live workers a
-// spec without auto is sent unpredicted; an auto one is an error (nothing to plan for).
-// `note` receives the line to print (the choice), empty without auto.
+// For `meshrun submit`: meshrun::PlanSubmission (proto/plan_submission.h, the function the
+// coordinator's SubmitJob also calls) for the workers the coordinator lists now: with
+// parallelism.auto the chosen mesh is written into `spec`, and the prediction of the spec as it
+// will run. `note` receives the line to print (the choice), empty without auto.
 Status PlanSubmission(CoordinatorClient& client, v1::JobSpec* spec, std::string* note);
 
 }  // namespace meshrun::client

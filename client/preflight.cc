@@ -12,6 +12,7 @@
 #include "engine/data/token_stream.h"
 #include "engine/train/device.h"
 #include "engine/train/memory_model.h"
+#include "proto/plan_submission.h"
 
 namespace meshrun::client {
 namespace {
@@ -105,29 +106,10 @@ Status CheckCheckpointDir(const std::string& dir) {
   return OkStatus();
 }
 
-double CgroupLimitBytes() {
-  for (const char* file :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream in(file);
-    std::string text;
-    if (in >> text && !text.empty() && text != "max") {
-      try {
-        return std::stod(text);
-      } catch (const std::exception&) {
-      }
-    }
-  }
-  return 0;
-}
-
 }  // namespace
 
 double HostMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  double bytes = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
-  const double limit = CgroupLimitBytes();
-  if (limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;
-  return bytes;
+  return meshrun::HostMemoryBytes();
 }
 
 Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,

@@ -49,6 +49,15 @@ Status ConfineSpecPaths(const PathPolicy& paths, v1::JobSpec* proto) {
   return OkStatus();
 }
 
+// Unset planning figures are this host's.
+ServiceOptions WithPlanningHost(ServiceOptions options) {
+  const PlanningHost here = ThisPlanningHost();
+  if (options.planning_host.memory_bytes <= 0)
+    options.planning_host.memory_bytes = here.memory_bytes;
+  if (!options.planning_host.gemm_flops) options.planning_host.gemm_flops = here.gemm_flops;
+  return options;
+}
+
 }  // namespace
 
 CoordinatorServiceImpl::CoordinatorServiceImpl(JobManager& jobs, WorkerManager& workers,
@@ -58,7 +67,7 @@ CoordinatorServiceImpl::CoordinatorServiceImpl(JobManager& jobs, WorkerManager& 
       workers_(workers),
       store_(store),
       clock_(clock),
-      options_(std::move(options)),
+      options_(WithPlanningHost(std::move(options))),
       submit_limiter_(clock, options_.submit_rate) {}
 
 // ---- Client-facing ------------------------------------------------------------------------------
@@ -76,15 +85,27 @@ void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request
         " (hint: retry in " + Decimal(static_cast<double>(wait->count()) / 1000) +
         " s, or ask the operator to raise the coordinator's --submit-rate/--submit-burst)"));
   }
-  if (options_.paths.confined()) {
-    v1::SubmitJobRequest confined = request;
-    Status paths = ConfineSpecPaths(options_.paths, confined.mutable_spec());
-    if (!paths.ok()) return done(paths);
-    StatusOr<std::string> id = jobs_.Submit(confined);
+  // A spec that says parallelism.auto reached us unresolved (a plain gRPC client; `meshrun
+  // submit` resolves before sending): the same function chooses for the same workers.
+  const bool unresolved = request.spec().parallelism().auto_();
+  if (!options_.paths.confined() && !unresolved) {
+    StatusOr<std::string> id = jobs_.Submit(request);
     if (id.ok()) request.dry_run() ? response->set_placement(*id) : response->set_job_id(*id);
     return done(id.status());
   }
-  StatusOr<std::string> id = jobs_.Submit(request);
+  v1::SubmitJobRequest submitted = request;
+  if (options_.paths.confined()) {
+    Status paths = ConfineSpecPaths(options_.paths, submitted.mutable_spec());
+    if (!paths.ok()) return done(paths);
+  }
+  if (unresolved) {
+    std::string choice;
+    Status planned =
+        PlanSubmission(Workers(), options_.planning_host, submitted.mutable_spec(), &choice);
+    if (!planned.ok()) return done(planned);
+    spdlog::info("SubmitJob: {}", choice);
+  }
+  StatusOr<std::string> id = jobs_.Submit(submitted);
   if (id.ok()) request.dry_run() ? response->set_placement(*id) : response->set_job_id(*id);
   done(id.status());
 }

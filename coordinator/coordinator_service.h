@@ -24,6 +24,7 @@
 #include "coordinator/streams.h"
 #include "coordinator/worker_manager.h"
 #include "meshrun/v1/coordinator.pb.h"
+#include "proto/plan_submission.h"
 
 namespace meshrun::coordinator {
 
@@ -78,6 +79,9 @@ struct ServiceOptions {
   // --max-ranks-per-report: ranks one `open` or heartbeat may list (a worker runs at most its
   // slots); a longer list ends the session with RESOURCE_EXHAUSTED.
   size_t max_ranks_per_report = 4'096;
+  // What SubmitJob plans `parallelism.auto` with for figures the workers did not report (this
+  // host's memory, and its GEMM rate when no worker calibrated); memory 0: this host's.
+  PlanningHost planning_host;
 };
 
 // The handlers over JobManager, WorkerManager and StoreManager: validation of session

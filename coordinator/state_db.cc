@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS workers(
   worker_id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, session_token TEXT NOT NULL,
   slots INTEGER NOT NULL, device TEXT NOT NULL, address TEXT NOT NULL,
   metrics_address TEXT NOT NULL, device_name TEXT NOT NULL, version TEXT NOT NULL,
-  lost INTEGER NOT NULL, registered_ms INTEGER NOT NULL, last_heartbeat_ms INTEGER NOT NULL);
+  lost INTEGER NOT NULL, registered_ms INTEGER NOT NULL, last_heartbeat_ms INTEGER NOT NULL,
+  calibration BLOB NOT NULL DEFAULT x'');
 CREATE TABLE IF NOT EXISTS events(
   job_id TEXT NOT NULL, sequence INTEGER NOT NULL, event BLOB NOT NULL,
   PRIMARY KEY(job_id, sequence));
@@ -109,8 +110,8 @@ constexpr const char* kUpsertRank =
     "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)";
 constexpr const char* kUpsertWorker =
     "INSERT OR REPLACE INTO workers(worker_id, name, session_token, slots, device, address, "
-    "metrics_address, device_name, version, lost, registered_ms, last_heartbeat_ms) "
-    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)";
+    "metrics_address, device_name, version, lost, registered_ms, last_heartbeat_ms, "
+    "calibration) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)";
 constexpr const char* kInsertEvent =
     "INSERT OR REPLACE INTO events(job_id, sequence, event) VALUES(?1,?2,?3)";
 
@@ -133,7 +134,8 @@ constexpr const char* kSelectRanks =
     "WHERE job_id = ?1 AND attempt = ?2 ORDER BY rank";
 constexpr const char* kSelectWorkers =
     "SELECT worker_id, name, session_token, slots, device, address, metrics_address, "
-    "device_name, version, lost, registered_ms, last_heartbeat_ms FROM workers ORDER BY name";
+    "device_name, version, lost, registered_ms, last_heartbeat_ms, calibration FROM workers "
+    "ORDER BY name";
 constexpr const char* kSelectEvents =
     "SELECT job_id, sequence, event FROM events WHERE job_id = ?1 AND sequence >= ?2 AND "
     "sequence < ?3 ORDER BY sequence LIMIT ?4";
@@ -187,6 +189,7 @@ StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
     }
   }
   MESHRUN_RETURN_IF_ERROR(state->Exec(kSchema));
+  MESHRUN_RETURN_IF_ERROR(state->AddMissingColumns());
   // Schema version: written on creation, checked on every open.
   {
     static constexpr const char* kVersion = "SELECT value FROM meta WHERE key = 'schema_version'";
@@ -209,6 +212,39 @@ StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
     }
   }
   return state;
+}
+
+// Columns added after schema version 1 was first written (additive, so the version stays: an
+// older coordinator's statements name their columns and leave these at their defaults).
+Status StateDb::AddMissingColumns() {
+  struct Added {
+    const char* table;
+    const char* column;
+    const char* definition;
+  };
+  static constexpr Added kAdded[] = {
+      {"workers", "calibration", "BLOB NOT NULL DEFAULT x''"},  // the worker's HostCalibration
+  };
+  for (const Added& a : kAdded) {
+    sqlite3_stmt* info = nullptr;
+    const std::string sql = std::string("PRAGMA table_info(") + a.table + ")";
+    if (sqlite3_prepare_v2(db_, sql.c_str(), -1, &info, nullptr) != SQLITE_OK) {
+      return SqlError(db_, sql);
+    }
+    bool present = false;
+    while (sqlite3_step(info) == SQLITE_ROW) {
+      const unsigned char* name = sqlite3_column_text(info, 1);
+      if (name != nullptr && std::string(reinterpret_cast<const char*>(name)) == a.column) {
+        present = true;
+      }
+    }
+    sqlite3_finalize(info);
+    if (!present) {
+      MESHRUN_RETURN_IF_ERROR(Exec(std::string("ALTER TABLE ") + a.table + " ADD COLUMN " +
+                                   a.column + " " + a.definition));
+    }
+  }
+  return OkStatus();
 }
 
 StatusOr<sqlite3_stmt*> StateDb::Prepare(const char* sql) {
@@ -288,7 +324,7 @@ Status StateDb::CommitLocked(const WriteBatch& b) {
     q.Bind(1, w.worker_id).Bind(2, w.name).Bind(3, w.session_token).Bind(4, w.slots);
     q.Bind(5, w.device).Bind(6, w.address).Bind(7, w.metrics_address).Bind(8, w.device_name);
     q.Bind(9, w.version).Bind(10, w.lost ? 1 : 0).Bind(11, w.registered_ms);
-    q.Bind(12, w.last_heartbeat_ms);
+    q.Bind(12, w.last_heartbeat_ms).BindBlob(13, w.calibration);
     if (q.Step() != SQLITE_DONE) return SqlError(db_, "write worker " + w.name);
   }
   for (const EventRow& e : b.events) {
@@ -406,6 +442,7 @@ StatusOr<std::vector<WorkerRow>> StateDb::LoadWorkers() {
     w.lost = q.Int(9) != 0;
     w.registered_ms = q.Int(10);
     w.last_heartbeat_ms = q.Int(11);
+    w.calibration = q.Text(12);
     out.push_back(std::move(w));
   }
   if (rc != SQLITE_DONE) return SqlError(db_, "read workers");

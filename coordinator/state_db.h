@@ -76,6 +76,7 @@ struct WorkerRow {
   std::string device, address, metrics_address, device_name, version;
   bool lost = false;
   int64_t registered_ms = 0, last_heartbeat_ms = 0;
+  std::string calibration;  // serialized v1::HostCalibration of the registration ("": none)
 };
 
 struct EventRow {
@@ -133,6 +134,7 @@ class StateDb {
  private:
   StateDb(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   Status Exec(const std::string& sql);
+  Status AddMissingColumns();
   Status CommitLocked(const WriteBatch& batch);
   // The cached prepared statement for `sql` (a string constant of state_db.cc).
   StatusOr<sqlite3_stmt*> Prepare(const char* sql);

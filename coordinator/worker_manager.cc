@@ -83,6 +83,11 @@ Status WorkerManager::Load() {
   for (WorkerRow& row : rows) {
     Worker w;
     w.row = std::move(row);
+    // The figures the worker measured at registration: `plan --coordinator` and auto
+    // submissions plan with them before (and whether or not) the worker registers again.
+    if (!w.row.calibration.empty() && !w.calibration.ParseFromString(w.row.calibration)) {
+      w.calibration.Clear();
+    }
     w.lease_deadline = clock_.Monotonic() + config_.lease_ttl + config_.restart_grace;
     w.last_heartbeat = FromMillis(w.row.last_heartbeat_ms);
     const std::string id = w.row.worker_id;
@@ -148,6 +153,7 @@ StatusOr<WorkerManager::Registered> WorkerManager::Register(const v1::RegisterWo
   updated.row.lost = false;
   updated.row.registered_ms = ToMillis(clock_.Now());
   updated.calibration = r.calibration();
+  updated.row.calibration = r.calibration().SerializeAsString();
   RenewLocked(updated);
   // Written before anyone learns of the registration.
   MESHRUN_RETURN_IF_ERROR(PersistLocked(updated, Durability::kDurable));

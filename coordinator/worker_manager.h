@@ -117,7 +117,7 @@ class WorkerManager final : public WorkerView {
     WallTime last_heartbeat;
     std::shared_ptr<WorkerSessionStream> stream;
     std::deque<v1::WorkerSessionResponse> outbox;
-    v1::HostCalibration calibration;  // from the registration; in memory only
+    v1::HostCalibration calibration;  // from the registration; persisted in row.calibration
   };
 
   void RenewLocked(Worker& w);

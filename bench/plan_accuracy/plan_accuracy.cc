@@ -7,11 +7,16 @@
 // Spearman rank correlation of predicted and measured step time and how far the planner's
 // first choice is from the fastest measured; then one JSON line.
 //
-//   plan_accuracy [--worlds 2,4,8] [--steps 5] [--repeats 3] [--timing-worlds 2,4]
-//                 [--shapes tiny,small]
+//   plan_accuracy [--worlds 2,4,8] [--steps 6] [--warmup 2] [--repeats 3]
+//                 [--timed-seconds 1.5] [--timing-worlds 2,4] [--shapes tiny,small]
 //
-// Timing runs are repeated (--repeats, the median counts) only for --timing-worlds; other
-// worlds run once, for memory. Ranks run one OpenMP thread each (OMP_NUM_THREADS=1).
+// A run's step time is the median of its steps after the first --warmup (Gloo's connections,
+// the allocator and the caches settle there). A mesh's later repeats run enough steps for
+// about --timed-seconds of timed steps at its first run's pace (at most 40): a 20 ms step
+// measured over three steps is at the mercy of one scheduler hiccup on a shared host. Timing runs
+// are repeated (--repeats, interleaved over the meshes; the median of the runs counts) only for
+// --timing-worlds; other worlds run once, for memory. Ranks run one OpenMP thread each
+// (OMP_NUM_THREADS=1).
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -123,7 +128,8 @@ std::string MeshOf(const meshrun::ParallelismSpec& p) {
 int main(int argc, char** argv) {
   std::vector<int> worlds = {2, 4, 8}, timing_worlds = {2, 4};
   std::vector<std::string> shapes = {"tiny", "small"};
-  int steps = 5, repeats = 3;
+  int steps = 6, warmup = 2, repeats = 3;
+  double timed_seconds = 1.5;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -137,6 +143,10 @@ int main(int argc, char** argv) {
       ints(&timing_worlds);
     } else if (a == "--steps") {
       steps = std::stoi(next());
+    } else if (a == "--timed-seconds") {
+      timed_seconds = std::stod(next());
+    } else if (a == "--warmup") {
+      warmup = std::stoi(next());
     } else if (a == "--repeats") {
       repeats = std::stoi(next());
     } else if (a == "--shapes") {
@@ -144,7 +154,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: plan_accuracy [--worlds 2,4,8] [--timing-worlds 2,4] [--steps N] "
-                   "[--repeats N] [--shapes tiny,small]\n");
+                   "[--warmup N] [--repeats N] [--timed-seconds S] [--shapes tiny,small]\n");
       return 2;
     }
   }
@@ -182,12 +192,16 @@ int main(int argc, char** argv) {
                                            "data.format=text",
                                            "data.train=" + data.string()};
 
+  if (warmup < 0 || steps <= warmup) {
+    std::fprintf(stderr, "--steps (%d) must be more than --warmup (%d)\n", steps, warmup);
+    return 2;
+  }
   std::vector<Row> rows;
   json calibrations = json::array();
   std::printf(
       "plan_accuracy: predicted (calibrated host) vs measured `meshrun train --nproc W`, "
-      "%d steps (the first dropped), micro batch 1, global batch 8, one thread per rank\n\n",
-      steps);
+      "%d steps (the first %d dropped), micro batch 1, global batch 8, one thread per rank\n\n",
+      steps, warmup);
   std::printf(
       "| shape | W | mesh (R,S,C,T) | peak MiB pred | peak MiB meas | err | step s pred "
       "| step s meas | pred rank | meas rank |\n|---|---|---|---|---|---|---|---|---|---|"
@@ -203,9 +217,9 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
         return 1;
       }
-      // Calibrate as ranks of this world would see the host: three times, the medians.
+      // Calibrate as ranks of this world would see the host: five times, the medians.
       std::vector<double> gemm, bw, lat;
-      for (int k = 0; k < 3; ++k) {
+      for (int k = 0; k < 5; ++k) {
         meshrun::CalibrationOptions options;
         options.ranks = std::clamp(world, 2, 8);
         options.bytes = size_t{1} << 20;
@@ -221,8 +235,8 @@ int main(int argc, char** argv) {
       meshrun::ClusterShape cluster;
       cluster.nodes = 1;
       cluster.per_node = world;
-      cluster.device =
-          meshrun::CalibratedCpuProfile(Median(gemm), 0, world, Median(bw), Median(lat));
+      cluster.device = meshrun::CalibratedCpuProfile(Median(gemm), 0, world, Median(bw),
+                                                     Median(lat), std::clamp(world, 2, 8));
       calibrations.push_back({{"shape", shape},
                               {"world", world},
                               {"host_gemm_flops", Median(gemm)},
@@ -254,6 +268,12 @@ int main(int argc, char** argv) {
           std::vector<std::string> args = {
               "train", "-f", spec_file.string(), "--nproc", std::to_string(world), "-o", "json"};
           std::vector<std::string> run_sets = sets;
+          if (rep > 0 && !row.runs.empty() && row.runs.front() > 0) {
+            const int timed_steps =
+                std::clamp(static_cast<int>(std::ceil(timed_seconds / row.runs.front())),
+                           steps - warmup, 40 - warmup);
+            run_sets.push_back("train.steps=" + std::to_string(warmup + timed_steps));
+          }
           run_sets.push_back("parallelism.dp_replicate_size=" +
                              std::to_string(p.dp_replicate_size));
           run_sets.push_back("parallelism.dp_shard_size=" + std::to_string(p.dp_shard_size));
@@ -273,7 +293,9 @@ int main(int argc, char** argv) {
             if (j.value("event", "") == "summary") row.measured_peak = j["peak_memory_bytes"];
             if (j.value("event", "") == "step") step_seconds.push_back(j["step_seconds"]);
           }
-          if (step_seconds.size() > 1) step_seconds.erase(step_seconds.begin());
+          if (step_seconds.size() > static_cast<size_t>(warmup)) {
+            step_seconds.erase(step_seconds.begin(), step_seconds.begin() + warmup);
+          }
           row.runs.push_back(Median(step_seconds));
         }
       }
@@ -346,6 +368,8 @@ int main(int argc, char** argv) {
               100 * worst_memory);
   json line = {{"bench", "plan_accuracy"},
                {"steps", steps},
+               {"warmup", warmup},
+               {"timed_seconds", timed_seconds},
                {"repeats", repeats},
                {"worst_memory_error_world_ge_4", worst_memory},
                {"memory_rows_world_ge_4", memory_rows},

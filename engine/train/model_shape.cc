@@ -10,50 +10,53 @@
 
 #include <algorithm>
 
+#include "engine/model/gpt2.h"
+
 namespace meshrun {
 
-ModelShape ModelShapeOf(const ModelSpec& model) {
-  ModelShape m;
-  m.arch = "gpt2";
-  m.n_layer = model.n_layer;
-  m.d_model = model.d_model;
-  m.n_head = model.n_head;
-  m.n_kv_head = model.n_head;
-  m.d_ff = 4 * int64_t{model.d_model};
-  m.vocab_size = model.vocab_size;
-  m.seq_len = model.seq_len;
-  m.tie_embeddings = true;
+ModelSpec Llama3_8B(int seq_len) {
+  ModelSpec m;
+  m.arch = "llama";
+  m.n_layer = 32;
+  m.d_model = 4096;
+  m.n_head = 32;
+  m.n_kv_head = 8;
+  m.d_ff = 14336;
+  m.vocab_size = 128256;
+  m.seq_len = seq_len;
+  m.tie_embeddings = false;
+  m.norm_eps = 1e-5;
+  m.rope_theta = 500000;
   return m;
 }
 
-ModelShape Llama3_8B(int64_t seq_len) {
-  return {"llama", 32, 4096, 32, 8, 14336, 128256, seq_len, false};
+ModelSpec Llama3_70B(int seq_len) {
+  ModelSpec m = Llama3_8B(seq_len);
+  m.n_layer = 80;
+  m.d_model = 8192;
+  m.n_head = 64;
+  m.d_ff = 28672;
+  return m;
 }
 
-ModelShape Llama3_70B(int64_t seq_len) {
-  return {"llama", 80, 8192, 64, 8, 28672, 128256, seq_len, false};
-}
-
-int64_t BlockParameterCount(const ModelShape& m) {
-  const int64_t d = m.d_model, kv = m.n_kv_head * (m.d_model / m.n_head);
-  if (m.arch == "llama") {
-    // q, o: d×d; k, v: d×kv; gate, up, down: d×d_ff; two RMSNorm weights.
-    return 2 * d * d + 2 * d * kv + 3 * d * m.d_ff + 2 * d;
+int64_t ParameterCount(const ModelSpec& model) {
+  int64_t n = 0;
+  for (const ParamInfo& p : GPT2ParamLayout(GPT2ConfigOf(model))) {
+    if (p.name != "wpe") n += p.numel;
   }
-  // gpt2: fused qkv with bias, proj with bias, fc and proj with biases, two LayerNorms.
-  return d * 3 * d + 3 * d + d * d + d + d * m.d_ff + m.d_ff + m.d_ff * d + d + 4 * d;
+  return n;
 }
 
-int64_t ParameterCount(const ModelShape& m) {
-  const int64_t d = m.d_model;
-  const int64_t embeddings = m.vocab_size * d * (m.tie_embeddings ? 1 : 2);
-  const int64_t final_norm = m.arch == "llama" ? d : 2 * d;
-  return m.n_layer * BlockParameterCount(m) + embeddings + final_norm;
+int64_t BlockParameterCount(const ModelSpec& model) {
+  int64_t n = 0;
+  for (const ParamInfo& p : GPT2ParamLayout(GPT2ConfigOf(model))) {
+    if (p.name.rfind("h.0.", 0) == 0 || p.name.rfind("layers.0.", 0) == 0) n += p.numel;
+  }
+  return n;
 }
 
-double FlopsPerToken(const ModelShape& m) {
-  return 6.0 * static_cast<double>(ParameterCount(m)) +
-         12.0 * static_cast<double>(m.n_layer * m.d_model * m.seq_len);
+double FlopsPerToken(const ModelSpec& model) {
+  return GPT2FlopsPerToken(GPT2ConfigOf(model), model.seq_len);
 }
 
 StatusOr<double> Bf16PeakFlops(const std::string& name) {
@@ -72,23 +75,25 @@ StatusOr<DeviceProfile> Bf16DeviceProfile(const std::string& name) {
   return d;
 }
 
-ScalePrediction PredictAtScale(const ModelShape& m, const ScaleConfig& c,
+ScalePrediction PredictAtScale(const ModelSpec& model, const ScaleConfig& c,
                                const ClusterShape& cluster, double peak_flops) {
   ScalePrediction out;
+  const GPT2Config m = GPT2ConfigOf(model);
+  const double seq_len = model.seq_len;
   const DeviceProfile& dev = cluster.device;
   const bool bf16 = c.precision == "bf16";
   const double value = bf16 ? 2 : 4;                         // bytes of a parameter/activation
   const double state_per_param = bf16 ? 2 + 2 + 4 + 8 : 16;  // fp32: p, g, m, v
-  const double n = static_cast<double>(ParameterCount(m));
-  const double block = static_cast<double>(BlockParameterCount(m));
+  const double n = static_cast<double>(ParameterCount(model));
+  const double block = static_cast<double>(BlockParameterCount(model));
   const int shard = c.dp_shard * c.cp, tp = c.tp;
   out.state_bytes = n / tp / shard * state_per_param;
   // Two blocks gathered (computing, prefetched) in the compute precision, and their gradients.
   out.gathered_bytes = shard > 1 ? 2 * 2 * block / tp * value : 0;
 
-  const double d = m.d_model, kv = m.n_kv_head * (d / m.n_head), ff = m.d_ff;
-  const double tokens = static_cast<double>(c.local_batch) * m.seq_len / c.cp;  // per rank
-  const double mlp_values = m.arch == "llama" ? 4 * ff : 2 * ff;
+  const double d = m.d_model, kv = static_cast<double>(m.kv_heads()) * m.head_dim(), ff = m.ff();
+  const double tokens = static_cast<double>(c.local_batch) * seq_len / c.cp;  // per rank
+  const double mlp_values = m.llama() ? 4 * ff : 2 * ff;
   // Replicated over tp: block input, two norm outputs, residual; split: q, k, v, attention
   // output, the MLP's hidden values.
   const double per_layer = (4 * d + (d + 2 * kv + d + mlp_values) / tp) * value;
@@ -101,12 +106,12 @@ ScalePrediction PredictAtScale(const ModelShape& m, const ScaleConfig& c,
   // Compute: the step's model FLOPs plus recomputation, over the world's rate.
   const int world = c.world();
   const double step_tokens = tokens * c.cp * c.dp_replicate * c.dp_shard;  // global
-  const double attention_forward = 4.0 * m.n_layer * d * m.seq_len;
+  const double attention_forward = 4.0 * m.n_layer * d * seq_len;
   const double forward_blocks = 2.0 * m.n_layer * block;
   const double recompute = c.activation_checkpointing == "full" ? forward_blocks + attention_forward
                            : c.activation_checkpointing == "selective" ? attention_forward
                                                                        : 0;
-  const double model_flops = FlopsPerToken(m);
+  const double model_flops = FlopsPerToken(model);
   out.compute_seconds =
       step_tokens * (model_flops + recompute) / (world * dev.flops * dev.step_efficiency);
 

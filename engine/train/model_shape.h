@@ -1,8 +1,8 @@
-// The planner's view of a model at scale: the few numbers its FLOP, memory and traffic model
-// needs (ModelShape), for architectures and precisions the CPU engine does not build (Llama,
-// bf16 on GPUs), and an analytic prediction of one configuration on a cluster (PredictAtScale).
-// The engine's own models go through the exact memory model (memory_model.h) instead; this is
-// for planning on paper (docs/planning.md "Toward scale"). Pure functions.
+// The planner at scale: an analytic prediction of one configuration of a model on a cluster
+// (PredictAtScale), for sizes and precisions the CPU engine does not run (Llama 3 8B/70B, bf16
+// on GPUs). The model is the job spec's ModelSpec, read through the engine's config; the
+// engine's own runs go through the exact memory model (memory_model.h) instead; this is for
+// planning on paper (docs/planning.md "Toward scale"). Pure functions.
 #pragma once
 
 #include <cstdint>
@@ -14,29 +14,21 @@
 
 namespace meshrun {
 
-// The shapes of a decoder-only transformer. Until the job spec carries model.n_kv_head,
-// model.d_ff and model.tie_embeddings (arch llama), they are given here directly.
-struct ModelShape {
-  std::string arch = "gpt2";  // gpt2 | llama
-  int64_t n_layer = 0, d_model = 0, n_head = 0;
-  int64_t n_kv_head = 0;  // k/v heads (grouped-query attention); n_head for gpt2
-  int64_t d_ff = 0;       // MLP width: 4·d_model for gpt2
-  int64_t vocab_size = 0, seq_len = 0;
-  bool tie_embeddings = true;  // gpt2: the head is the token embedding
-};
+// Llama 3 8B (32 layers, d_model 4096, 32 heads, 8 kv heads, d_ff 14336, vocab 128256, untied
+// head, rope_theta 500000) and 70B (80, 8192, 64, 8, 28672) as the job spec's `model:` section
+// (arch llama) at `seq_len`: the presets the planning on paper starts from. The planner reads a
+// model's shape from its ModelSpec through the engine's own config (GPT2ConfigOf) and layout,
+// so there is one description of it.
+ModelSpec Llama3_8B(int seq_len = 8192);
+ModelSpec Llama3_70B(int seq_len = 8192);
 
-// gpt2's shape from the spec (n_kv_head = n_head, d_ff = 4·d_model, tied, learned positions).
-ModelShape ModelShapeOf(const ModelSpec& model);
-// Llama 3 8B (32 layers, d_model 4096, 32 heads, 8 kv heads, d_ff 14336, vocab 128256) and
-// 70B (80, 8192, 64, 8, 28672), at `seq_len`.
-ModelShape Llama3_8B(int64_t seq_len = 8192);
-ModelShape Llama3_70B(int64_t seq_len = 8192);
-
-// Parameters without gpt2's position embedding (§7's N), and of one transformer block.
-int64_t ParameterCount(const ModelShape& m);
-int64_t BlockParameterCount(const ModelShape& m);
-// Model FLOPs per token, forward and backward: 6·N + 12·n_layer·d_model·seq_len (§7).
-double FlopsPerToken(const ModelShape& m);
+// Parameters of the engine's layout of `model` (GPT2ParamLayout) without gpt2's position
+// embedding, and of one transformer block.
+int64_t ParameterCount(const ModelSpec& model);
+int64_t BlockParameterCount(const ModelSpec& model);
+// Model FLOPs per token, forward and backward: the engine's count (GPT2FlopsPerToken: 6·N +
+// 12·n_layer·d_model·seq_len, where N leaves out an untied token table, a lookup).
+double FlopsPerToken(const ModelSpec& model);
 
 // One configuration at scale: the mesh, the per-dp-rank batch and the precision.
 struct ScaleConfig {
@@ -63,7 +55,7 @@ struct ScalePrediction {
 // world × the profile's rate × its step efficiency; each axis's bus bytes over the link its
 // group crosses (as Plan); memory as ScalePrediction says. `peak_flops` is the datasheet
 // figure MFU is measured against.
-ScalePrediction PredictAtScale(const ModelShape& m, const ScaleConfig& c,
+ScalePrediction PredictAtScale(const ModelSpec& model, const ScaleConfig& c,
                                const ClusterShape& cluster, double peak_flops);
 
 // The GPU profiles for bf16: achievable dense bf16 GEMM rates, 60% of the datasheet's (H100

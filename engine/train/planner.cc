@@ -13,6 +13,7 @@
 
 #include "engine/model/gpt2.h"
 #include "engine/train/comm_volume.h"
+#include "engine/train/model_shape.h"
 
 namespace meshrun {
 
@@ -38,10 +39,11 @@ std::string Gib(double bytes) {
 }
 
 // FLOPs per token beyond the model's that activation checkpointing recomputes: `full` the
-// blocks' forward (a third of 6·N_blocks) and the attention core, `selective` the core.
+// blocks' forward (2 FLOPs per block parameter) and the attention core, `selective` the core.
 double RecomputeFlopsPerToken(const JobSpec& spec) {
-  const double d = spec.model.d_model, L = spec.model.n_layer, T = spec.model.seq_len;
-  const double block_forward = 2.0 * 12.0 * d * d * L, attention_forward = 4.0 * L * d * T;
+  const double L = spec.model.n_layer, T = spec.model.seq_len, d = spec.model.d_model;
+  const double block_forward = 2.0 * static_cast<double>(BlockParameterCount(spec.model)) * L;
+  const double attention_forward = 4.0 * L * d * T;
   const std::string& ac = spec.train.activation_checkpointing;
   if (ac == "full") return block_forward + attention_forward;
   if (ac == "selective") return attention_forward;
@@ -106,11 +108,16 @@ PlanRow Predict(const JobSpec& s, const ClusterShape& cluster, double model_flop
                                            {"dp_shard", p.tp_size * p.cp_size * p.dp_shard_size},
                                            {"dp_replicate", world}};
   row.step_seconds = row.compute_seconds;
-  const std::map<std::string, double> calls = ExpectedCommCallsPerStep(s);
+  // Calibrated latencies are per ring hop (a 2-rank group's all-reduce is a third of a
+  // 4-rank one's); the table's are per call.
+  const bool per_hop = dev.latency_ranks >= 2;
+  const std::map<std::string, double> calls =
+      per_hop ? ExpectedCommHopsPerStep(s) : ExpectedCommCallsPerStep(s);
+  const double unit = per_hop ? 1.0 / (2.0 * (dev.latency_ranks - 1)) : 1.0;
   for (const auto& [axis, bytes] : ExpectedCommBytesPerStep(s)) {
     const bool inside = span.at(axis) <= cluster.per_node;
     const double link = inside ? dev.intra_node_bw : dev.inter_node_bw;
-    const double latency = inside ? dev.intra_node_latency : dev.inter_node_latency;
+    const double latency = (inside ? dev.intra_node_latency : dev.inter_node_latency) * unit;
     row.comm_seconds[axis] = (link > 0 ? bytes / link : 0) + calls.at(axis) * latency;
     row.step_seconds += row.comm_seconds[axis];
   }
@@ -151,19 +158,37 @@ std::map<std::string, double> ExpectedCommCallsPerStep(const JobSpec& spec) {
   return calls;
 }
 
+std::map<std::string, double> ExpectedCommHopsPerStep(const JobSpec& spec) {
+  const ParallelismSpec& p = spec.parallelism;
+  const int R = p.dp_replicate_size, C = p.cp_size, Tp = p.tp_size, N = p.dp_shard_size * C;
+  std::map<std::string, double> calls = ExpectedCommCallsPerStep(spec);
+  std::map<std::string, double> hops = calls;
+  hops["tp"] = calls["tp"] * 2 * (Tp - 1);  // all-reduces
+  if (C > 1 && p.cp_comm_strategy != "ring") hops["cp"] = calls["cp"] * (C - 1);
+  if (N > 1) {
+    // Every call but the grad norm's all-reduce is a gather or a reduce-scatter.
+    hops["dp_shard"] = (calls["dp_shard"] - 1) * (N - 1) + 2 * (N - 1);
+  }
+  hops["dp_replicate"] = calls["dp_replicate"] * 2 * (R - 1);
+  return hops;
+}
+
 PlanRow PredictConfiguration(const JobSpec& spec, const ClusterShape& cluster) {
   return Predict(spec, cluster, GPT2FlopsPerToken(GPT2ConfigOf(spec.model), spec.model.seq_len));
 }
 
 DeviceProfile CalibratedCpuProfile(double host_gemm_flops, double host_memory_bytes,
                                    int ranks_per_node, double loopback_bus_bandwidth,
-                                   double loopback_latency_seconds) {
+                                   double loopback_latency_seconds, int latency_ranks) {
   DeviceProfile d = *DeviceProfileNamed("cpu");
   const double ranks = std::max(1, ranks_per_node);
   if (host_gemm_flops > 0) d.flops = host_gemm_flops / ranks;
   if (host_memory_bytes > 0) d.memory_bytes = host_memory_bytes / ranks;
   if (loopback_bus_bandwidth > 0) d.intra_node_bw = loopback_bus_bandwidth;
-  if (loopback_latency_seconds > 0) d.intra_node_latency = loopback_latency_seconds;
+  if (loopback_latency_seconds > 0) {
+    d.intra_node_latency = loopback_latency_seconds;
+    d.latency_ranks = latency_ranks >= 2 ? latency_ranks : 0;
+  }
   return d;
 }
 

@@ -29,6 +29,11 @@ struct DeviceProfile {
   // all-reduce on loopback takes (calibration); for tiny models it, not bandwidth, dominates.
   double intra_node_latency = 0;
   double inter_node_latency = 0;
+  // The ranks of the all-reduce the latencies were measured with (calibration), ≥ 2; then a
+  // collective's latency is that of its ring hops: an all-reduce over n ranks makes 2(n−1)
+  // sequential hops, an all-gather or reduce-scatter n−1, a send one, each costing
+  // latency / (2·(latency_ranks − 1)). 0 (the table's figures): every call costs the latency.
+  int latency_ranks = 0;
 };
 
 // The documented profile of `name` (cpu, a100, h100, h200, l40s); NOT_FOUND names the known
@@ -40,9 +45,10 @@ std::vector<std::string> KnownDevices();
 // 1/ranks_per_node of the host's GEMM rate (all cores) and of its memory; collectives inside
 // the node run at the measured loopback bandwidth and latency (engine/calibration). Figures
 // ≤ 0 keep the table's.
+// `latency_ranks`: the ranks of the all-reduce that measured the latency (0: unknown, per call).
 DeviceProfile CalibratedCpuProfile(double host_gemm_flops, double host_memory_bytes,
                                    int ranks_per_node, double loopback_bus_bandwidth,
-                                   double loopback_latency_seconds);
+                                   double loopback_latency_seconds, int latency_ranks = 0);
 
 struct ClusterShape {
   int nodes = 1;
@@ -73,8 +79,14 @@ StatusOr<std::vector<PlanRow>> Plan(const JobSpec& spec, const ClusterShape& clu
 // The coordinator exports it beside the measurement.
 PlanRow PredictConfiguration(const JobSpec& spec, const ClusterShape& cluster);
 
-// The collectives each axis issues per rank per step (the latency term of the step time).
+// The collectives each axis issues per rank per step (the latency term of the step time with
+// the table's per-call latencies).
 std::map<std::string, double> ExpectedCommCallsPerStep(const JobSpec& spec);
+// The same calls as sequential ring hops (the latency term with calibrated latencies): tp's
+// all-reduces 2(T−1) each, cp's all-gathers and reduce-scatters C−1 (ring: one per exchange),
+// FSDP's gathers and reduce-scatters over S·C ranks S·C−1, the grad norm's all-reduces and
+// dp_replicate's 2(n−1).
+std::map<std::string, double> ExpectedCommHopsPerStep(const JobSpec& spec);
 
 // `parallelism.auto: true`: the fastest fitting mesh of cluster.world() ranks for the spec's
 // own cp strategy, activation checkpointing and residency (auto chooses the four sizes only),

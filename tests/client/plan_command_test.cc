@@ -107,7 +107,9 @@ TEST_F(PlanCommandTest, AutoParallelismTrainsThePlannersFirstChoice) {
       "--intra-gbps",
       json(d["intra_node_bw"].get<double>() / 1e9).dump(),
       "--intra-latency-us",
-      json(d["intra_node_latency"].get<double>() * 1e6).dump()};
+      json(d["intra_node_latency"].get<double>() * 1e6).dump(),
+      "--latency-ranks",
+      json(d["latency_ranks"].get<int>()).dump()};
   plan.insert(plan.end(), sets.begin(), sets.end());
   testing::CliResult p = Run(plan);
   ASSERT_EQ(p.exit_code, 0) << p.err;

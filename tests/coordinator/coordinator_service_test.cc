@@ -252,5 +252,123 @@ TEST_F(CoordinatorServiceTest, ShutdownRefusesCallsAndEndsStreams) {
             StatusCode::kUnavailable);
 }
 
+// The figures a worker measured at registration, as meshrun-worker reports them.
+v1::RegisterWorkerRequest Calibrated(const std::string& name, int slots, double gemm_flops) {
+  v1::RegisterWorkerRequest req;
+  req.set_name(name);
+  req.set_slots(slots);
+  req.set_device("cpu");
+  req.set_address("127.0.0.1");
+  req.mutable_calibration()->set_gemm_flops(gemm_flops);
+  req.mutable_calibration()->set_loopback_bus_bandwidth(2e9);
+  req.mutable_calibration()->set_loopback_latency_seconds(1.2e-4);
+  req.mutable_calibration()->set_loopback_ranks(slots);
+  return req;
+}
+
+// A spec that says parallelism.auto, as a plain gRPC client sends it: no sizes, nothing chosen.
+v1::SubmitJobRequest AutoRequest() {
+  v1::SubmitJobRequest req = testing::SubmitRequest(1, 1, 1, 1);
+  v1::ParallelismSpec* p = req.mutable_spec()->mutable_parallelism();
+  p->set_auto_(true);
+  p->clear_dp_replicate_size();
+  p->clear_dp_shard_size();
+  p->clear_cp_size();
+  p->clear_tp_size();
+  req.mutable_spec()->mutable_train()->set_global_batch_size(8);
+  return req;
+}
+
+TEST(CoordinatorServiceAutoTest, ResolvesAutoForTheLiveWorkersAfterARestartWithTheirFigures) {
+  testing::TempDir dir;
+  testing::FakeClock clock;
+  StoreManager store{clock, StoreLimits{}};
+  WorkerManagerConfig wcfg;
+  wcfg.lease_ttl = milliseconds(10'000);
+  JobManagerConfig jcfg;
+  jcfg.store_address = "coord:1";
+  // Two workers of one host register with their measured figures, then the coordinator stops.
+  {
+    auto db = StateDb::Open(dir.path());
+    ASSERT_TRUE(db.ok());
+    WorkerManager workers(db->get(), clock, wcfg);
+    ASSERT_TRUE(workers.Load().ok());
+    JobManager jobs(nullptr, workers, store, clock, jcfg);
+    CoordinatorServiceImpl service(jobs, workers, store, clock);
+    for (const char* name : {"a", "b"}) {
+      v1::RegisterWorkerResponse resp;
+      ASSERT_TRUE(Call([&](ReplyCallback d) {
+                    service.HandleRegisterWorker(Calibrated(name, 2, 4e10), &resp, d);
+                  }).ok());
+    }
+  }
+  // The restarted coordinator knows their figures before they register again (their sessions
+  // reopen with the same token), and plans with them.
+  auto db = StateDb::Open(dir.path());
+  ASSERT_TRUE(db.ok());
+  WorkerManager workers(db->get(), clock, wcfg);
+  ASSERT_TRUE(workers.Load().ok());
+  JobManager jobs(nullptr, workers, store, clock, jcfg);
+  ServiceOptions options;
+  options.planning_host.memory_bytes = 64e9;
+  options.planning_host.gemm_flops = [] {
+    ADD_FAILURE() << "every worker calibrated: the planning host's rate is not needed";
+    return 1e9;
+  };
+  CoordinatorServiceImpl service(jobs, workers, store, clock, options);
+  v1::ListWorkersResponse listed;
+  ASSERT_TRUE(Call([&](ReplyCallback d) {
+                service.HandleListWorkers(v1::ListWorkersRequest(), &listed, d);
+              }).ok());
+  const std::vector<v1::WorkerInfo> live(listed.workers().begin(), listed.workers().end());
+  ASSERT_EQ(live.size(), 2u);
+  for (const v1::WorkerInfo& w : live) EXPECT_DOUBLE_EQ(w.calibration().gemm_flops(), 4e10);
+  StatusOr<ClusterShape> cluster = ClusterOfWorkers(live, "cpu", options.planning_host);
+  ASSERT_TRUE(cluster.ok()) << cluster.status().message();
+  EXPECT_EQ(cluster->world(), 4);
+  EXPECT_DOUBLE_EQ(cluster->device.flops, 1e10) << "one host's rate over its 4 ranks";
+  EXPECT_DOUBLE_EQ(cluster->device.intra_node_latency, 1.2e-4);
+
+  // What `meshrun submit` (and `plan --coordinator`) choose for these workers ...
+  const v1::SubmitJobRequest request = AutoRequest();
+  StatusOr<JobSpec> spec = JobSpecFromProto(request.spec());
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  StatusOr<MeshChoice> expected = ChooseMesh(*spec, *cluster);
+  ASSERT_TRUE(expected.ok()) << expected.status().message();
+  ASSERT_TRUE(expected->has_runner_up);
+  // ... is what the coordinator chooses for a client that sent auto unresolved.
+  v1::SubmitJobResponse resp;
+  ASSERT_TRUE(Call([&](ReplyCallback d) { service.HandleSubmitJob(request, &resp, d); }).ok());
+  v1::GetJobRequest get;
+  get.set_job_id(resp.job_id());
+  v1::GetJobResponse got;
+  ASSERT_TRUE(Call([&](ReplyCallback d) { service.HandleGetJob(get, &got, d); }).ok());
+  const v1::JobSpec& stored = got.job().spec();
+  EXPECT_FALSE(stored.parallelism().auto_());
+  EXPECT_EQ(stored.parallelism().dp_replicate_size(), expected->spec.parallelism.dp_replicate_size);
+  EXPECT_EQ(stored.parallelism().dp_shard_size(), expected->spec.parallelism.dp_shard_size);
+  EXPECT_EQ(stored.parallelism().cp_size(), expected->spec.parallelism.cp_size);
+  EXPECT_EQ(stored.parallelism().tp_size(), expected->spec.parallelism.tp_size);
+  EXPECT_EQ(stored.auto_choice(), expected->text) << "the choice and its runner-up, recorded";
+  EXPECT_NE(stored.auto_choice().find("runner-up "), std::string::npos);
+  EXPECT_DOUBLE_EQ(stored.predicted_step_seconds(), expected->best.step_seconds);
+  EXPECT_EQ(got.job().world_size(), 4);
+}
+
+TEST(CoordinatorServiceAutoTest, AutoWithoutLiveWorkersIsInvalidArgument) {
+  testing::FakeClock clock;
+  StoreManager store{clock, StoreLimits{}};
+  WorkerManager workers(nullptr, clock, WorkerManagerConfig{});
+  JobManagerConfig jcfg;
+  jcfg.store_address = "coord:1";
+  JobManager jobs(nullptr, workers, store, clock, jcfg);
+  CoordinatorServiceImpl service(jobs, workers, store, clock);
+  v1::SubmitJobResponse resp;
+  Status s = Call([&](ReplyCallback d) { service.HandleSubmitJob(AutoRequest(), &resp, d); });
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message().rfind("parallelism.auto: there is nothing to plan for", 0), 0u)
+      << s.message();
+}
+
 }  // namespace
 }  // namespace meshrun::coordinator

@@ -123,6 +123,43 @@ TEST(StateDbTest, AWorkerNameHasOneRow) {
   EXPECT_EQ((*workers)[0].worker_id, "wkr-2");
 }
 
+TEST(StateDbTest, AnOlderDatabaseGainsTheCalibrationColumn) {
+  testing::TempDir dir;
+  {
+    auto db = StateDb::Open(dir.path());
+    ASSERT_TRUE(db.ok());
+    WorkerRow w;
+    w.worker_id = "wkr-1";
+    w.name = "old";
+    WriteBatch b;
+    b.workers = {w};
+    ASSERT_TRUE((*db)->Commit(b, Durability::kDurable).ok());
+  }
+  // The workers table as the first coordinators wrote it, without the column.
+  sqlite3* raw = nullptr;
+  ASSERT_EQ(sqlite3_open((dir.path() + "/coordinator.db").c_str(), &raw), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(raw, "ALTER TABLE workers DROP COLUMN calibration", nullptr, nullptr, nullptr),
+      SQLITE_OK)
+      << sqlite3_errmsg(raw);
+  sqlite3_close(raw);
+  auto db = StateDb::Open(dir.path());
+  ASSERT_TRUE(db.ok()) << db.status().message();
+  WorkerRow w;
+  w.worker_id = "wkr-2";
+  w.name = "new";
+  w.calibration = std::string("\x09\0\0\0\0\0\0\xf0\x3f", 9);  // bytes, zeros included
+  WriteBatch b;
+  b.workers = {w};
+  ASSERT_TRUE((*db)->Commit(b, Durability::kFast).ok());
+  auto workers = (*db)->LoadWorkers();
+  ASSERT_TRUE(workers.ok());
+  ASSERT_EQ(workers->size(), 2u);
+  EXPECT_EQ((*workers)[0].name, "new");
+  EXPECT_EQ((*workers)[0].calibration, w.calibration);
+  EXPECT_EQ((*workers)[1].calibration, "") << "an old row reads as not measured";
+}
+
 TEST(StateDbTest, RefusesAnotherSchemaVersion) {
   testing::TempDir dir;
   { ASSERT_TRUE(StateDb::Open(dir.path()).ok()); }

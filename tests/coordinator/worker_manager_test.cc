@@ -216,5 +216,37 @@ TEST_F(WorkerManagerTest, RegistrationsSurviveARestart) {
   EXPECT_EQ(lost, (std::vector<std::string>{"wkr-2"}));
 }
 
+TEST_F(WorkerManagerTest, CalibrationSurvivesARestart) {
+  // A worker whose session reopens after a coordinator restart does not register again, so its
+  // measured figures come from the database (plan --coordinator and auto submissions use them).
+  testing::TempDir dir;
+  {
+    auto db = StateDb::Open(dir.path());
+    ASSERT_TRUE(db.ok());
+    WorkerManager m(db->get(), clock_, config_);
+    ASSERT_TRUE(m.Load().ok());
+    v1::RegisterWorkerRequest a = Reg("a");
+    a.mutable_calibration()->set_gemm_flops(3.5e10);
+    a.mutable_calibration()->set_loopback_bus_bandwidth(2.5e9);
+    a.mutable_calibration()->set_loopback_latency_seconds(1.5e-4);
+    a.mutable_calibration()->set_loopback_ranks(4);
+    ASSERT_TRUE(m.Register(a).ok());
+    ASSERT_TRUE(m.Register(Reg("b")).ok());  // measured nothing
+  }
+  auto db = StateDb::Open(dir.path());
+  ASSERT_TRUE(db.ok());
+  WorkerManager m(db->get(), clock_, config_);
+  ASSERT_TRUE(m.Load().ok());
+  const std::vector<WorkerSnapshot> list = m.List();
+  ASSERT_EQ(list.size(), 2u);
+  const v1::HostCalibration& a = list[0].info.calibration();
+  EXPECT_EQ(list[0].info.name(), "a");
+  EXPECT_DOUBLE_EQ(a.gemm_flops(), 3.5e10);
+  EXPECT_DOUBLE_EQ(a.loopback_bus_bandwidth(), 2.5e9);
+  EXPECT_DOUBLE_EQ(a.loopback_latency_seconds(), 1.5e-4);
+  EXPECT_EQ(a.loopback_ranks(), 4);
+  EXPECT_EQ(list[1].info.calibration().gemm_flops(), 0) << "none measured, none restored";
+}
+
 }  // namespace
 }  // namespace meshrun::coordinator

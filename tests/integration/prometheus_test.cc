@@ -516,6 +516,26 @@ TEST_F(PrometheusTest, RequiredSeriesAndEveryDashboardQueryHaveData) {
     std::this_thread::sleep_for(1s);
   } while (Clock::now() < scraped_by);
   for (const std::string& p : problems) ADD_FAILURE() << p;
+  // The prediction beside the measurement: the scraped gauges hold what `meshrun submit`
+  // predicted (status' "predicted"), and the job dashboard's panels read each of them.
+  for (const auto& [series, field] :
+       {std::pair<std::string, std::string>{"meshrun_job_predicted_step_seconds", "step_seconds"},
+        {"meshrun_job_predicted_peak_memory_bytes", "peak_memory_bytes"}}) {
+    const double submitted = status["predicted"][field].get<double>();
+    EXPECT_GT(submitted, 0) << "submit made no prediction: " << status.dump();
+    const json data = Query(series + "{job_id=\"" + job + "\"}", series);
+    ASSERT_TRUE(data.is_object() && data["result"].size() == 1) << series << ": " << data.dump();
+    const double scraped = std::stod(data["result"][0]["value"][1].get<std::string>());
+    EXPECT_NEAR(scraped, submitted, 1e-6 * submitted) << series;
+    int panels = 0;
+    for (const fs::path& path : testing::DashboardFiles()) {
+      const json dashboard = testing::LoadDashboard(path);
+      for (const testing::PanelTarget& t : testing::Targets(path, dashboard)) {
+        panels += t.expr.find(series) != std::string::npos ? 1 : 0;
+      }
+    }
+    EXPECT_GE(panels, 1) << "no dashboard panel reads " << series;
+  }
   // Ten scrapes more, so that every rate over the dashboards' 10 s window has samples.
   std::this_thread::sleep_for(std::chrono::seconds(std::atoi(kInterval)));
   ASSERT_TRUE(Cli({"status", job, "-o", "json"}, 10).out.find("\"RUNNING\"") != std::string::npos)

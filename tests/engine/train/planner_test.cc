@@ -191,6 +191,47 @@ TEST(PlannerTest, LatencyAddsPerCallToTheLinkItCrosses) {
   EXPECT_EQ(with.compute_seconds, without.compute_seconds);
 }
 
+TEST(PlannerTest, CommHopsCountTheRingStepsOfEachCall) {
+  JobSpec s = Tiny();
+  s.parallelism.tp_size = 4;  // all-reduces: 2·3 hops each
+  EXPECT_EQ(ExpectedCommHopsPerStep(s).at("tp"), ExpectedCommCallsPerStep(s).at("tp") * 6);
+  JobSpec c = Tiny();
+  c.parallelism.cp_size = 4;  // all-gathers and reduce-scatters: 3 hops each
+  EXPECT_EQ(ExpectedCommHopsPerStep(c).at("cp"), ExpectedCommCallsPerStep(c).at("cp") * 3);
+  c.parallelism.cp_comm_strategy = "ring";  // each exchange is one hop
+  EXPECT_EQ(ExpectedCommHopsPerStep(c).at("cp"), ExpectedCommCallsPerStep(c).at("cp"));
+  JobSpec f = Tiny();
+  f.parallelism.dp_shard_size = 2;
+  f.parallelism.cp_size = 2;  // FSDP over dp_shard·cp = 4: gathers 3 hops, the norm's 6
+  EXPECT_EQ(ExpectedCommHopsPerStep(f).at("dp_shard"),
+            (ExpectedCommCallsPerStep(f).at("dp_shard") - 1) * 3 + 6);
+  JobSpec r = Tiny();
+  r.parallelism.dp_replicate_size = 4;
+  EXPECT_EQ(ExpectedCommHopsPerStep(r).at("dp_replicate"), 6);
+  EXPECT_EQ(ExpectedCommHopsPerStep(r).at("tp"), 0);
+}
+
+TEST(PlannerTest, CalibratedLatencyIsPerHopOfTheMeasuredAllReduce) {
+  // Measured: a 4-rank all-reduce (6 hops) takes 1.2 ms, so a hop 0.2 ms; a tp 2 group's
+  // all-reduce (2 hops) is then 0.4 ms, a third of what the table's per-call reading gives.
+  JobSpec s = Tiny();
+  s.parallelism.dp_replicate_size = 2;
+  s.parallelism.tp_size = 2;
+  ClusterShape c = Cluster(1, 4);
+  c.device.intra_node_bw = 0;
+  c.device.intra_node_latency = 1.2e-3;
+  c.device.latency_ranks = 4;
+  const PlanRow hop = PredictConfiguration(s, c);
+  EXPECT_NEAR(hop.comm_seconds.at("tp"), ExpectedCommCallsPerStep(s).at("tp") * 2 * 0.2e-3, 1e-12);
+  EXPECT_NEAR(hop.comm_seconds.at("dp_replicate"), 2 * 0.2e-3, 1e-12);
+  c.device.latency_ranks = 0;
+  EXPECT_NEAR(PredictConfiguration(s, c).comm_seconds.at("tp"),
+              ExpectedCommCallsPerStep(s).at("tp") * 1.2e-3, 1e-12);
+  EXPECT_EQ(CalibratedCpuProfile(8e10, 64e9, 4, 3e9, 2e-4, 4).latency_ranks, 4);
+  EXPECT_EQ(CalibratedCpuProfile(8e10, 64e9, 4, 3e9, 0, 4).latency_ranks, 0)
+      << "the table's latency stays per call";
+}
+
 TEST(PlannerTest, PredictConfigurationIsThePlansRow) {
   StatusOr<std::vector<PlanRow>> rows = Plan(Tiny(), Cluster(1, 4));
   ASSERT_TRUE(rows.ok());
@@ -311,7 +352,7 @@ TEST(PlannerTest, AutoLeavesTheSizesOutAndLetsTheWorldBeChosen) {
   EXPECT_FALSE(parsed.ok() && ValidateJobSpec(*parsed, 0).ok());
 }
 
-TEST(ModelShapeTest, Gpt2ShapesCountWhatTheEngineCounts) {
+TEST(ModelShapeTest, Gpt2SpecsCountWhatTheEngineCounts) {
   for (const auto& [layers, heads, d, seq, vocab] :
        std::vector<std::tuple<int, int, int, int, int>>{
            {2, 4, 64, 64, 256}, {12, 12, 768, 1024, 50257}, {4, 8, 128, 128, 256}}) {
@@ -321,26 +362,34 @@ TEST(ModelShapeTest, Gpt2ShapesCountWhatTheEngineCounts) {
     m.d_model = d;
     m.seq_len = seq;
     m.vocab_size = vocab;
-    const ModelShape shape = ModelShapeOf(m);
-    EXPECT_EQ(shape.n_kv_head, heads);
-    EXPECT_EQ(shape.d_ff, 4 * d);
-    EXPECT_DOUBLE_EQ(FlopsPerToken(shape), GPT2FlopsPerToken(GPT2ConfigOf(m), seq))
+    // gpt2: fused qkv with bias, proj with bias, fc and proj with biases, two LayerNorms.
+    const int64_t block = 3LL * d * d + 3 * d + d * d + d + 8LL * d * d + 4 * d + d + 4 * d;
+    EXPECT_EQ(BlockParameterCount(m), block);
+    EXPECT_EQ(ParameterCount(m), layers * block + int64_t{vocab} * d + 2 * d);
+    EXPECT_DOUBLE_EQ(FlopsPerToken(m), GPT2FlopsPerToken(GPT2ConfigOf(m), seq))
         << layers << " layers, d_model " << d;
   }
 }
 
-TEST(ModelShapeTest, Llama3CountsArePublishedOnes) {
+TEST(ModelShapeTest, Llama3PresetsArePublishedOnes) {
   // Meta's model cards: 8,030,261,248 and 70,553,706,496 parameters (untied head).
   EXPECT_EQ(ParameterCount(Llama3_8B()), 8030261248);
   EXPECT_EQ(ParameterCount(Llama3_70B()), 70553706496);
+  // The presets are job-spec model sections the spec's own rules accept.
+  const ModelSpec m = Llama3_8B();
+  EXPECT_EQ(m.arch, "llama");
+  EXPECT_EQ(m.kv_heads(), 8);
+  EXPECT_EQ(m.ff(), 14336);
+  EXPECT_FALSE(m.tie_embeddings);
   // GQA and SwiGLU: a block is q, o (d×d), k, v (d×kv), gate, up, down (d×d_ff), two norms.
-  const ModelShape m = Llama3_8B();
   EXPECT_EQ(BlockParameterCount(m),
             2 * 4096LL * 4096 + 2 * 4096LL * 1024 + 3 * 4096LL * 14336 + 2 * 4096);
-  ModelShape tied = m;
+  ModelSpec tied = m;
   tied.tie_embeddings = true;
   EXPECT_EQ(ParameterCount(m) - ParameterCount(tied), 128256LL * 4096);
-  EXPECT_DOUBLE_EQ(FlopsPerToken(m), 6.0 * 8030261248 + 12.0 * 32 * 4096 * 8192);
+  // The untied token table is a lookup: the engine's FLOP count leaves it out.
+  EXPECT_DOUBLE_EQ(FlopsPerToken(m),
+                   6.0 * (8030261248 - 128256LL * 4096) + 12.0 * 32 * 4096 * 8192);
 }
 
 TEST(ModelShapeTest, Bf16ProfilesUseDenseBf16Rates) {
