@@ -1,5 +1,6 @@
-// bench/gpu_train_step: training steps of GPT-2 124M (seq_len 1024, bf16 mixed precision) on one
-// GPU: tokens/s, model TFLOP/s and MFU (docs/model.md: 6·N + 12·n_layer·d_model·seq_len FLOPs per
+// bench/gpu_train_step: training steps of GPT-2 124M (seq_len 1024) of the one model
+// (engine/model/gpt2.h on device cuda, the trainer's ops) on one GPU: tokens/s, model TFLOP/s
+// and MFU (docs/model.md: 6·N + 12·n_layer·d_model·seq_len FLOPs per
 // token; peak from a table by GPU name, or --peak-tflops). Prints a table, then one JSON line.
 // bench/gpu_torch_baseline.py runs the same model and batch in PyTorch for the ratio.
 #include <cuda_runtime_api.h>
@@ -14,9 +15,11 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "engine/core/tensor.h"
 #include "engine/cuda/check.h"
-#include "engine/cuda/gpt2_cuda.h"
 #include "engine/model/gpt2.h"
+#include "engine/ops/ops.h"
+#include "engine/train/schedule.h"
 
 namespace meshrun {
 namespace {
@@ -27,7 +30,7 @@ struct Flags {
   int steps = 10;
   int warmup = 3;
   int n_layer = 12, n_head = 12, d_model = 768, vocab = 50257;
-  std::string precision = "bf16";
+  std::string precision = "fp32";  // the one model trains in float32 on cuda so far
   std::string attention = "auto";  // auto | generic
   double peak_tflops = 0;          // 0: from the table
 };
@@ -35,7 +38,7 @@ struct Flags {
 void Usage() {
   std::fprintf(stderr,
                "usage: gpu_train_step [--batch B] [--seq-len T] [--steps N] [--warmup W]\n"
-               "                      [--precision bf16|fp32] [--attention auto|generic]\n"
+               "                      [--precision fp32] [--attention auto|generic]\n"
                "                      [--peak-tflops X] [--n-layer L] [--n-head H] [--d-model C]\n"
                "                      [--vocab V]\n");
 }
@@ -85,6 +88,13 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     std::fprintf(stderr, "error: --batch, --seq-len and --steps must be ≥ 1, --warmup ≥ 0\n");
     return false;
   }
+  if (f->precision != "fp32") {
+    std::fprintf(stderr,
+                 "error: --precision: \"%s\": the one model trains in float32 on cuda so far "
+                 "(hint: --precision fp32)\n",
+                 f->precision.c_str());
+    return false;
+  }
   if (f->attention != "auto" && f->attention != "generic") {
     std::fprintf(stderr, "error: --attention: \"%s\" (hint: auto or generic)\n",
                  f->attention.c_str());
@@ -112,10 +122,34 @@ std::string JsonString(const std::string& s) {
   return out + "\"";
 }
 
+// ‖g‖, torch's clip_grad_norm_ and AdamW over the flat buffers (one rank: what
+// ShardedState::ClipAndStep does without shards).
+Status ClipAndStep(GPT2<float>& model, float* m, float* v, const TrainSpec& tr, int64_t step) {
+  const Device dev = model.config().device;
+  MESHRUN_ASSIGN_OR_RETURN(const double sq,
+                           ops::SumOfSquares(dev, model.grads_data(), model.num_params()));
+  const double norm = std::sqrt(sq);
+  if (tr.grad_clip > 0 && norm > tr.grad_clip) {
+    MESHRUN_RETURN_IF_ERROR(
+        ops::Scale(dev, model.grads_data(), model.num_params(), tr.grad_clip / (norm + 1e-6)));
+  }
+  const double lr = LearningRate(tr.lr, tr.min_lr, tr.warmup_steps, tr.steps, step);
+  for (const ParamInfo& p : model.params()) {
+    MESHRUN_RETURN_IF_ERROR(ops::AdamW(dev, model.param(p), model.grad(p), m + p.offset,
+                                       v + p.offset, p.numel, lr, tr.beta1, tr.beta2, tr.eps,
+                                       p.decay ? tr.weight_decay : 0.0, step + 1));
+  }
+  return OkStatus();
+}
+
 int Run(const Flags& f) {
-  if (gpu::DeviceCount() == 0) {
-    std::printf("skipped: no CUDA device\n");
-    std::printf("{\"bench\":\"gpu_train_step\",\"skipped\":\"no CUDA device\"}\n");
+  int devices = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
+    const std::string why =
+        e != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorName(e) : "0 devices";
+    std::printf("skipped: no CUDA device (%s)\n", why.c_str());
+    std::printf("{\"bench\":\"gpu_train_step\",\"skipped\":%s}\n",
+                JsonString("no CUDA device (" + why + ")").c_str());
     return 0;
   }
   cudaDeviceProp prop{};
@@ -129,24 +163,11 @@ int Run(const Flags& f) {
   cfg.n_head = f.n_head;
   cfg.d_model = f.d_model;
   cfg.max_seq_len = f.seq_len;
-  StatusOr<gpu::Precision> precision = gpu::ParsePrecision(f.precision);
-  if (!precision.ok()) {
-    std::fprintf(stderr, "error: --precision: %s\n", precision.status().message().c_str());
-    return 2;
-  }
-  gpu::GPT2CudaOptions options;
-  options.precision = *precision;
-  options.tensor_core_attention = f.attention == "auto";
-  auto created = gpu::GPT2Cuda::Create(cfg, options);
-  if (!created.ok()) {
-    std::fprintf(stderr, "error: %s\n", created.status().ToString().c_str());
-    return 1;
-  }
-  gpu::GPT2Cuda& model = **created;
-  if (Status s = model.InitDeterministic(1337); !s.ok()) {
-    std::fprintf(stderr, "error: init: %s\n", s.ToString().c_str());
-    return 1;
-  }
+  cfg.device = Device{DeviceType::kCuda, 0};
+  GPT2<float> model(cfg);
+  model.InitDeterministic(1337);
+  Tensor m = Tensor::Zeros({model.num_params()}, ScalarType::kFloat32, cfg.device);
+  Tensor v = Tensor::Zeros({model.num_params()}, ScalarType::kFloat32, cfg.device);
   const int B = f.batch, T = f.seq_len;
   const int64_t tokens_per_step = static_cast<int64_t>(B) * T;
   std::mt19937 rng(1234);
@@ -166,20 +187,17 @@ int Run(const Flags& f) {
       targets[i] = tok(rng);
     }
     const auto start = std::chrono::steady_clock::now();
-    Status s = model.ZeroGrad();
-    StatusOr<double> loss = s.ok()
-                                ? model.ForwardBackward(inputs.data(), targets.data(), B, T,
-                                                        1.0 / static_cast<double>(tokens_per_step))
-                                : StatusOr<double>(s);
+    model.ZeroGrad();
+    StatusOr<double> loss = model.ForwardBackward(inputs.data(), targets.data(), B, T,
+                                                  1.0 / static_cast<double>(tokens_per_step));
     if (!loss.ok()) {
       std::fprintf(stderr, "error: step %d: %s\n", step, loss.status().ToString().c_str());
       return 1;
     }
-    StatusOr<UpdateResult> update = model.ClipAndAdamW(train, step);
-    if (update.ok()) s = model.Synchronize();
-    if (!update.ok() || !s.ok()) {
-      std::fprintf(stderr, "error: update %d: %s\n", step,
-                   (update.ok() ? s : update.status()).ToString().c_str());
+    Status s = ClipAndStep(model, m.data<float>(), v.data<float>(), train, step);
+    if (s.ok()) s = ops::Synchronize(cfg.device);
+    if (!s.ok()) {
+      std::fprintf(stderr, "error: update %d: %s\n", step, s.ToString().c_str());
       return 1;
     }
     const double seconds =
@@ -194,12 +212,11 @@ int Run(const Flags& f) {
   const double flops_per_token = GPT2FlopsPerToken(cfg, T);
   const double tflops = tokens_per_second * flops_per_token / 1e12;
   const double mfu = peak > 0 ? tflops / peak : -1;
-  const MemoryStats mem = model.memory_stats();
+  const MemoryStats mem = AllocatorFor(cfg.device).Stats();
 
   std::printf("%-28s %s\n", "gpu", gpu_name.c_str());
   std::printf("%-28s gpt2 L=%d H=%d C=%d V=%d, %s, attention %s\n", "model", cfg.n_layer,
-              cfg.n_head, cfg.d_model, cfg.vocab_size, f.precision.c_str(),
-              f.attention == "auto" ? "tensor-core (auto)" : "generic");
+              cfg.n_head, cfg.d_model, cfg.vocab_size, f.precision.c_str(), "generic (float32)");
   std::printf("%-28s %d x %d = %lld tokens\n", "batch", B, T,
               static_cast<long long>(tokens_per_step));
   std::printf("%-28s %.2f ms (mean of %d after %d warmup)\n", "step time", 1e3 * step_seconds,

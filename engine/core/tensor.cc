@@ -9,6 +9,12 @@
 #include <new>
 #include <stdexcept>
 
+#if MESHRUN_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "engine/cuda/allocator.h"
+#endif
+
 namespace meshrun {
 
 size_t ScalarTypeSize(ScalarType dtype) {
@@ -142,10 +148,12 @@ Allocator& CpuAllocator() {
 }
 
 Allocator& AllocatorFor(Device device) {
-  if (device.type != DeviceType::kCpu) {
-    throw std::runtime_error("only the cpu allocator is built into this engine");
-  }
-  return CpuAllocator();
+  if (device.type == DeviceType::kCpu) return CpuAllocator();
+#if MESHRUN_WITH_CUDA
+  return gpu::CudaAllocator(device.index);
+#else
+  throw std::runtime_error("only the cpu allocator is built into this engine");
+#endif
 }
 
 Tensor::Storage::~Storage() {
@@ -177,7 +185,19 @@ Tensor Tensor::Empty(std::vector<int64_t> shape, ScalarType dtype, Device device
 
 Tensor Tensor::Zeros(std::vector<int64_t> shape, ScalarType dtype, Device device) {
   Tensor t = Empty(std::move(shape), dtype, device);
-  std::memset(t.raw(), 0, t.nbytes());
+  if (device.type == DeviceType::kCpu) {
+    std::memset(t.raw(), 0, t.nbytes());
+  } else {
+#if MESHRUN_WITH_CUDA
+    // cudaMemset may return before it is done, on the legacy stream that the engine's
+    // non-blocking compute stream does not wait for: wait here, so the tensor is zero for every
+    // stream once this returns.
+    if (t.nbytes() > 0 && (cudaMemset(t.raw(), 0, t.nbytes()) != cudaSuccess ||
+                           cudaDeviceSynchronize() != cudaSuccess)) {
+      throw std::runtime_error("Tensor::Zeros: cudaMemset failed");
+    }
+#endif
+  }
   return t;
 }
 
@@ -190,6 +210,9 @@ Tensor Tensor::View(int64_t element_offset, std::vector<int64_t> shape) const {
 }
 
 void Tensor::Fill(double value) {
+  if (device_.type != DeviceType::kCpu) {
+    throw std::runtime_error("Tensor::Fill: cpu tensors only (ops::Fill fills device buffers)");
+  }
   const int64_t n = numel();
   switch (dtype_) {
     case ScalarType::kFloat32: {

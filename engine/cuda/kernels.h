@@ -148,4 +148,69 @@ StatusOr<double> SumOfSquares(CudaContext& ctx, const float* x, int64_t n);
 StatusOr<double> Sum(CudaContext& ctx, const float* x, int64_t n);
 Status Scale(CudaContext& ctx, float* x, int64_t n, double s);  // x *= s
 
+// ---- the rest of the one model's ops (engine/cuda/model_ops.cu; float32 only), with the
+// semantics of the CPU kernels of the same names: backward kernels accumulate.
+// RMSNorm: rstd (N) saved; dweight by a fixed-order column sum.
+template <typename T>
+Status RMSNormForward(CudaContext& ctx, T* out, float* rstd, const T* inp, const T* weight,
+                      int64_t N, int64_t C, double eps);
+template <typename T>
+Status RMSNormBackward(CudaContext& ctx, T* dinp, float* dweight, const T* dout, const T* inp,
+                       const T* weight, const float* rstd, int64_t N, int64_t C);
+// SwiGLU over rows [gate (F) | up (F)].
+template <typename T>
+Status SwiGLUForward(CudaContext& ctx, T* out, const T* gate_up, int64_t N, int64_t F);
+template <typename T>
+Status SwiGLUBackward(CudaContext& ctx, T* dgate_up, const T* gate_up, const T* dout, int64_t N,
+                      int64_t F);
+// Rotary embeddings (half-split) in place; cos/sin (Tn, D/2).
+template <typename T>
+Status RopeForward(CudaContext& ctx, T* x, const T* cos, const T* sin, int64_t BH, int64_t Tn,
+                   int64_t D);
+template <typename T>
+Status RopeBackward(CudaContext& ctx, T* dx, const T* cos, const T* sin, int64_t BH, int64_t Tn,
+                    int64_t D);
+// Vocab-parallel embedding rows [first, first + rows); the backward adds with float atomics.
+template <typename T>
+Status EmbeddingRowsForward(CudaContext& ctx, T* out, const int32_t* idx, const T* table,
+                            int64_t first, int64_t rows, int64_t N, int64_t C);
+template <typename T>
+Status EmbeddingRowsBackward(CudaContext& ctx, float* dtable, const T* dout, const int32_t* idx,
+                             int64_t first, int64_t rows, int64_t N, int64_t C);
+// x[i,:] += table[idx[i],:] (positions); out[i,:] += bias.
+template <typename T>
+Status AddRows(CudaContext& ctx, T* x, const T* table, const int32_t* idx, int64_t N, int64_t C);
+template <typename T>
+Status AddBias(CudaContext& ctx, T* out, const T* bias, int64_t N, int64_t C);
+// Vocab-parallel cross-entropy (see cpu::VocabShardStats).
+template <typename T>
+Status VocabShardStats(CudaContext& ctx, float* stats, const T* logits, const int32_t* targets,
+                       int64_t first, int64_t N, int64_t V);
+template <typename T>
+Status VocabShardLoss(CudaContext& ctx, T* losses, T* lse, const T* all_stats, int64_t shards,
+                      int64_t N);
+template <typename T>
+Status VocabShardGrad(CudaContext& ctx, T* dlogits, const T* logits, const T* lse,
+                      const int32_t* targets, int64_t first, int64_t N, int64_t V,
+                      float grad_scale);
+// Attention layouts (see cpu::SplitHeads and the functions after it).
+template <typename T>
+Status SplitHeads(CudaContext& ctx, T* q, T* k, T* v, const T* qkv, int64_t B, int64_t Tn,
+                  int64_t H, int64_t K, int64_t D);
+template <typename T>
+Status MergeQkvGrads(CudaContext& ctx, T* dqkv, const T* dq, const T* dk, const T* dv, int64_t B,
+                     int64_t Tn, int64_t H, int64_t K, int64_t D);
+template <typename T>
+Status HeadsToRows(CudaContext& ctx, T* rows, const T* heads, int64_t B, int64_t Tn, int64_t H,
+                   int64_t D);
+template <typename T>
+Status RowsToHeads(CudaContext& ctx, T* heads, const T* rows, int64_t B, int64_t Tn, int64_t H,
+                   int64_t D);
+template <typename T>
+Status BlocksToSequence(CudaContext& ctx, T* seq, const T* blocks, int64_t n, int64_t BH,
+                        int64_t Tl, int64_t D);
+template <typename T>
+Status SequenceToBlocks(CudaContext& ctx, T* blocks, const T* seq, int64_t n, int64_t BH,
+                        int64_t Tl, int64_t D);
+
 }  // namespace meshrun::gpu

@@ -126,9 +126,15 @@ Status RunLt(CudaContext& ctx, const LtGemm& g) {
         s.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof(al[2])));
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    MESHRUN_GPU_TRY(cublasLtMatmulAlgoGetHeuristic(ctx.lt(), s.op, s.a, s.b, s.d, s.d, s.pref, 1,
-                                                   &result, &found));
-    if (found == 0) {
+    // "No algorithm" comes back either as found == 0 or as CUBLAS_STATUS_NOT_SUPPORTED: both
+    // are UNIMPLEMENTED here (not a recorded GPU error), so the caller can take its unfused
+    // fallback (the bias added by a separate kernel).
+    const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
+        ctx.lt(), s.op, s.a, s.b, s.d, s.d, s.pref, 1, &result, &found);
+    if (heuristic != CUBLAS_STATUS_NOT_SUPPORTED) {
+      MESHRUN_GPU_TRY(heuristic);
+    }
+    if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) {
       Status st = UnimplementedError(
           "cuBLASLt has no algorithm for m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) +
           " k=" + std::to_string(g.k) + " lda=" + std::to_string(g.lda) +

@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "engine/comm/communicator.h"
-#include "engine/kernels/cpu/kernels.h"
+#include "engine/ops/ops.h"
 
 namespace meshrun {
 
@@ -235,11 +235,11 @@ GPT2<T>::GPT2(GPT2Config cfg, bool own_storage)
   if (!own_storage) return;
   {
     MemoryKindScope kind(MemoryKind::kParameters);
-    params_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>());
+    params_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>(), cfg_.device);
   }
   {
     MemoryKindScope kind(MemoryKind::kGradients);
-    grads_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>());
+    grads_ = Tensor::Zeros({num_params_}, ScalarTypeOf<T>(), cfg_.device);
   }
   for (size_t u = 0; u < units_.size(); ++u) {
     unit_params_[u] = params_.template data<T>() + units_[u].offset;
@@ -257,22 +257,39 @@ const ParamInfo* GPT2<T>::FindParam(const std::string& name) const {
 
 template <typename T>
 void GPT2<T>::InitDeterministic(uint64_t seed) {
+  const bool on_host = cfg_.device.type == DeviceType::kCpu;
+  std::vector<T> host;
   for (const ParamInfo& p : layout_) {
-    T* dst = param(p);
+    // Computed on the host; a device copy follows (a device failure is sticky and surfaces at
+    // the next op).
+    if (!on_host) host.resize(static_cast<size_t>(p.numel));
+    T* dst = on_host ? param(p) : host.data();
     if (p.init_std == 0.0) {
       for (int64_t i = 0; i < p.numel; ++i) dst[i] = static_cast<T>(p.init_value);
-      continue;
-    }
+    } else {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < p.numel; ++i) {
-      dst[i] = static_cast<T>(p.init_std * InitNormal(seed, p.name, GlobalIndex(p, i)));
+      for (int64_t i = 0; i < p.numel; ++i) {
+        dst[i] = static_cast<T>(p.init_std * InitNormal(seed, p.name, GlobalIndex(p, i)));
+      }
     }
+    if (!on_host) (void)ops::CopyFromHost(cfg_.device, param(p), dst, sizeof(T) * p.numel);
   }
 }
 
 template <typename T>
 void GPT2<T>::ZeroGrad() {
-  if (owns_storage()) std::memset(grads_data(), 0, sizeof(T) * num_params_);
+  if (owns_storage()) (void)ops::Zero(cfg_.device, grads_data(), sizeof(T) * num_params_);
+}
+
+template <typename T>
+Status GPT2<T>::Upload(Tensor& dst, const int32_t* host, int64_t n) {
+  if (!dst.defined() || dst.numel() < n) {
+    // Host-side values mirrored on the device (ids, positions): "other", outside the memory
+    // model's kinds, as they were when they lived on the host.
+    MemoryKindScope kind(MemoryKind::kOther);
+    dst = Tensor::Empty({std::max<int64_t>(n, 1)}, ScalarType::kInt32, cfg_.device);
+  }
+  return ops::CopyFromHost(cfg_.device, dst.raw(), host, sizeof(int32_t) * n);
 }
 
 template <typename T>
@@ -288,32 +305,34 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
                 Gl = cfg_.llama() ? 2 * Fl : Fl;  // fc output: gate|up
   const bool llama = cfg_.llama();
   const ScalarType dt = ScalarTypeOf<T>();
-  encoded_ = Tensor::Empty({N, C}, dt);
-  lnf_ = Tensor::Empty({N, C}, dt);
-  lnf_mean_ = Tensor::Empty({llama ? 0 : N}, dt);
-  lnf_rstd_ = Tensor::Empty({N}, dt);
+  const Device dev = cfg_.device;
+  auto empty = [&](std::vector<int64_t> shape) { return Tensor::Empty(std::move(shape), dt, dev); };
+  encoded_ = empty({N, C});
+  lnf_ = empty({N, C});
+  lnf_mean_ = empty({llama ? 0 : N});
+  lnf_rstd_ = empty({N});
   head_rows_ = HeadChunkRows(N, V);
-  head_logits_ = Tensor::Empty({head_rows_, V}, dt);
+  head_logits_ = empty({head_rows_, V});
   logits_ = Tensor();  // the whole logits only for Forward() (allocated there)
-  losses_ = Tensor::Empty({N}, dt);
+  losses_ = empty({N});
   // One layer's full set of activations.
   auto allocate = [&](LayerActs& a) {
-    a.ln1 = Tensor::Empty({N, C}, dt);
-    a.ln1_mean = Tensor::Empty({llama ? 0 : N}, dt);  // RMSNorm keeps no mean
-    a.ln1_rstd = Tensor::Empty({N}, dt);
-    a.q = Tensor::Empty({N, Cl}, dt);
-    a.k = Tensor::Empty({N, Cl}, dt);
-    a.v = Tensor::Empty({N, Cl}, dt);
-    a.att = Tensor::Empty({N, Cl}, dt);
-    a.lse = Tensor::Empty({N * Hl}, dt);
-    a.atty = Tensor::Empty({N, Cl}, dt);
-    a.res2 = Tensor::Empty({N, C}, dt);
-    a.ln2 = Tensor::Empty({N, C}, dt);
-    a.ln2_mean = Tensor::Empty({llama ? 0 : N}, dt);
-    a.ln2_rstd = Tensor::Empty({N}, dt);
-    a.fch = Tensor::Empty({N, Gl}, dt);
-    a.fch_gelu = Tensor::Empty({N, Fl}, dt);
-    a.res3 = Tensor::Empty({N, C}, dt);
+    a.ln1 = empty({N, C});
+    a.ln1_mean = empty({llama ? 0 : N});  // RMSNorm keeps no mean
+    a.ln1_rstd = empty({N});
+    a.q = empty({N, Cl});
+    a.k = empty({N, Cl});
+    a.v = empty({N, Cl});
+    a.att = empty({N, Cl});
+    a.lse = empty({N * Hl});
+    a.atty = empty({N, Cl});
+    a.res2 = empty({N, C});
+    a.ln2 = empty({N, C});
+    a.ln2_mean = empty({llama ? 0 : N});
+    a.ln2_rstd = empty({N});
+    a.fch = empty({N, Gl});
+    a.fch_gelu = empty({N, Fl});
+    a.res3 = empty({N, C});
   };
   acts_.clear();
   acts_.resize(cfg_.n_layer);
@@ -325,20 +344,20 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
     const bool full = cfg_.recompute == Recompute::kFull;
     for (LayerActs& a : acts_) {
       a = work_;  // every tensor a view of the shared set, then the kept ones of its own
-      a.res3 = Tensor::Empty({N, C}, dt);
+      a.res3 = empty({N, C});
       if (full) continue;
-      a.res2 = Tensor::Empty({N, C}, dt);
-      a.q = Tensor::Empty({N, Cl}, dt);
-      a.k = Tensor::Empty({N, Cl}, dt);
-      a.v = Tensor::Empty({N, Cl}, dt);
-      a.fch = Tensor::Empty({N, Gl}, dt);
+      a.res2 = empty({N, C});
+      a.q = empty({N, Cl});
+      a.k = empty({N, Cl});
+      a.v = empty({N, Cl});
+      a.fch = empty({N, Gl});
     }
     // Context parallel (allgather): every rank's K and V are gathered again on recompute.
     const Communicator* cp = par_ != nullptr ? par_->cp : nullptr;
     if (cp != nullptr && cp->size() > 1 && !par_->cp_ring) {
       const int64_t all = static_cast<int64_t>(cp->size()) * N * Cl;
-      work_.k_all = Tensor::Empty({all}, dt);
-      work_.v_all = Tensor::Empty({all}, dt);
+      work_.k_all = empty({all});
+      work_.v_all = empty({all});
       for (LayerActs& a : acts_) {
         a.k_all = work_.k_all;
         a.v_all = work_.v_all;
@@ -346,45 +365,20 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
     }
   }
   MemoryKindScope scratch(MemoryKind::kActivations);
-  qkv_ = Tensor::Empty({N, Wl}, dt);
-  dres_ = Tensor::Empty({N, C}, dt);
-  dln_ = Tensor::Empty({N, C}, dt);
-  dqkv_ = Tensor::Empty({N, Wl}, dt);
-  dq_ = Tensor::Empty({N, Cl}, dt);
-  dk_ = Tensor::Empty({N, Cl}, dt);
-  dv_ = Tensor::Empty({N, Cl}, dt);
-  datt_ = Tensor::Empty({N, Cl}, dt);
-  datty_ = Tensor::Empty({N, Cl}, dt);
-  dfch_ = Tensor::Empty({N, Gl}, dt);
-  dfch_gelu_ = Tensor::Empty({N, Fl}, dt);
+  qkv_ = empty({N, Wl});
+  dres_ = empty({N, C});
+  dln_ = empty({N, C});
+  dqkv_ = empty({N, Wl});
+  dq_ = empty({N, Cl});
+  dk_ = empty({N, Cl});
+  dv_ = empty({N, Cl});
+  datt_ = empty({N, Cl});
+  datty_ = empty({N, Cl});
+  dfch_ = empty({N, Gl});
+  dfch_gelu_ = empty({N, Fl});
 }
 
 namespace {
-
-template <typename T>
-void Zero(const Tensor& t) {
-  std::memset(t.raw(), 0, t.nbytes());
-}
-
-// Adds a bias to every row (row-parallel layers add theirs once, after the tp reduce).
-template <typename T>
-void AddBias(T* out, const T* bias, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    for (int64_t j = 0; j < C; ++j) out[i * C + j] += bias[j];
-  }
-}
-
-// dbias += Σ_rows dout, in a fixed order (deterministic).
-template <typename T>
-void BiasBackward(T* dbias, const T* dout, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < C; ++j) {
-    T sum = 0;
-    for (int64_t i = 0; i < N; ++i) sum += dout[i * C + j];
-    dbias[j] += sum;
-  }
-}
 
 enum HookKind { kBeforeForward, kAfterForward, kBeforeBackward, kAfterBackward };
 
@@ -420,16 +414,15 @@ Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* pos
   const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model, V = cfg_.vocab_size;
   if (!logits_.defined() || logits_.numel() < N * V) {
     MemoryKindScope kind(MemoryKind::kActivations);
-    logits_ = Tensor::Empty({N, V}, ScalarTypeOf<T>());
+    logits_ = Tensor::Empty({N, V}, ScalarTypeOf<T>(), cfg_.device);
   }
-  cpu::MatmulForward(logits_.template data<T>(), lnf_.template data<T>(),
-                     param(*FindParam(HeadWeightName(cfg_))), static_cast<const T*>(nullptr), N, C,
-                     V);
-  return OkStatus();
+  return ops::MatmulForward(cfg_.device, logits_.template data<T>(), lnf_.template data<T>(),
+                            param(*FindParam(HeadWeightName(cfg_))), static_cast<const T*>(nullptr),
+                            N, C, V);
 }
 
 template <typename T>
-void GPT2<T>::PrepareRope() {
+Status GPT2<T>::PrepareRope() {
   // Llama's rotary frequencies, as transformers computes them in float32: inv_freq[i] =
   // theta^(−2i/D), rescaled by llama3's rule, then angle = position·inv_freq.
   const int64_t D = cfg_.head_dim(), half = D / 2;
@@ -454,38 +447,51 @@ void GPT2<T>::PrepareRope() {
       }
     }
   }
-  rope_cos_.resize(static_cast<size_t>(T_) * half);
-  rope_sin_.resize(rope_cos_.size());
+  // [cos (T, D/2) | sin (T, D/2)], computed on the host, then on the model's device.
+  const int64_t n = static_cast<int64_t>(T_) * half;
+  rope_host_.resize(static_cast<size_t>(2 * n));
   for (int t = 0; t < T_; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(seq_positions_[t]) * inv[i];
-      rope_cos_[t * half + i] = static_cast<T>(std::cos(angle));
-      rope_sin_[t * half + i] = static_cast<T>(std::sin(angle));
+      rope_host_[t * half + i] = static_cast<T>(std::cos(angle));
+      rope_host_[n + t * half + i] = static_cast<T>(std::sin(angle));
     }
   }
+  if (!rope_.defined() || rope_.numel() < 2 * n) {
+    MemoryKindScope kind(MemoryKind::kOther);  // a host table mirrored (see Upload)
+    rope_ = Tensor::Empty({std::max<int64_t>(2 * n, 1)}, ScalarTypeOf<T>(), cfg_.device);
+  }
+  return ops::CopyFromHost(cfg_.device, rope_.raw(), rope_host_.data(), sizeof(T) * 2 * n);
 }
 
 template <typename T>
 Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t* positions) {
   EnsureActivations(B, Tn);
+  const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model;
   const int L = cfg_.n_layer;
-  tokens_.assign(inputs, inputs + N);
+  // The batch's token ids and positions on the model's device (every call: the shape may
+  // shrink and grow again, and every row is refilled).
+  MESHRUN_RETURN_IF_ERROR(Upload(tokens_, inputs, N));
   seq_positions_.resize(Tn);
   for (int t = 0; t < Tn; ++t) seq_positions_[t] = positions ? positions[t] : t;
-  positions_.resize(N);
-  for (int64_t i = 0; i < N; ++i) positions_[i] = seq_positions_[i % Tn];
-  if (cfg_.llama()) PrepareRope();
+  std::vector<int32_t> row_positions(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) row_positions[i] = seq_positions_[i % Tn];
+  MESHRUN_RETURN_IF_ERROR(Upload(seq_positions_dev_, seq_positions_.data(), Tn));
+  MESHRUN_RETURN_IF_ERROR(Upload(positions_, row_positions.data(), N));
+  if (cfg_.llama()) MESHRUN_RETURN_IF_ERROR(PrepareRope());
+  MESHRUN_RETURN_IF_ERROR(PrepareCpPositions());
 
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   T* x = encoded_.template data<T>();
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 0));
   // The token embedding is vocab-parallel: each tp rank adds its rows, the all-reduce sums them.
   const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
-  cpu::EmbeddingRowsForward(x, tokens_.data(), P(table), cfg_.vocab_first(), cfg_.vocab_rows(), N,
-                            C);
+  MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsForward(dev, x, tokens_data(), P(table),
+                                                    cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(x, N * C));
-  if (!cfg_.llama()) AddPositions(x, P("wpe"), N, C);
+  if (!cfg_.llama())
+    MESHRUN_RETURN_IF_ERROR(ops::AddRows(dev, x, P("wpe"), positions_data(), N, C));
   for (int l = 0; l < L; ++l) {
     MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 1 + l));
     MESHRUN_RETURN_IF_ERROR(BlockForward(l, l == 0 ? x : acts_[l - 1].res3.template data<T>()));
@@ -494,27 +500,16 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, L + 1));
   const T* last = L > 0 ? acts_.back().res3.template data<T>() : x;
   if (cfg_.llama()) {
-    cpu::RMSNormForward(lnf_.template data<T>(), lnf_rstd_.template data<T>(), last,
-                        P("norm.weight"), N, C, cfg_.ln_eps);
-  } else {
-    cpu::LayerNormForward(lnf_.template data<T>(), lnf_mean_.template data<T>(),
-                          lnf_rstd_.template data<T>(), last, P("ln_f.weight"), P("ln_f.bias"), N,
-                          C, cfg_.ln_eps);
+    return ops::RMSNormForward(dev, lnf_.template data<T>(), lnf_rstd_.template data<T>(), last,
+                               P("norm.weight"), N, C, cfg_.ln_eps);
   }
-  return OkStatus();
+  return ops::LayerNormForward(dev, lnf_.template data<T>(), lnf_mean_.template data<T>(),
+                               lnf_rstd_.template data<T>(), last, P("ln_f.weight"), P("ln_f.bias"),
+                               N, C, cfg_.ln_eps);
 }
 
 template <typename T>
-void GPT2<T>::AddPositions(T* x, const T* wpe, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    const T* row = wpe + static_cast<int64_t>(positions_[i]) * C;
-    for (int64_t c = 0; c < C; ++c) x[i * C + c] += row[c];
-  }
-}
-
-template <typename T>
-void GPT2<T>::Norm(int l, int which, LayerActs& a, const T* inp) {
+Status GPT2<T>::Norm(int l, int which, LayerActs& a, const T* inp) {
   // which 1: before attention, 2: before the MLP.
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
@@ -525,17 +520,17 @@ void GPT2<T>::Norm(int l, int which, LayerActs& a, const T* inp) {
     const std::string w =
         "layers." + std::to_string(l) +
         (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
-    cpu::RMSNormForward(out.template data<T>(), rstd.template data<T>(), inp, P(w), N, C,
-                        cfg_.ln_eps);
-  } else {
-    const std::string h = "h." + std::to_string(l) + (which == 1 ? ".ln_1." : ".ln_2.");
-    cpu::LayerNormForward(out.template data<T>(), mean.template data<T>(), rstd.template data<T>(),
-                          inp, P(h + "weight"), P(h + "bias"), N, C, cfg_.ln_eps);
+    return ops::RMSNormForward(cfg_.device, out.template data<T>(), rstd.template data<T>(), inp,
+                               P(w), N, C, cfg_.ln_eps);
   }
+  const std::string h = "h." + std::to_string(l) + (which == 1 ? ".ln_1." : ".ln_2.");
+  return ops::LayerNormForward(cfg_.device, out.template data<T>(), mean.template data<T>(),
+                               rstd.template data<T>(), inp, P(h + "weight"), P(h + "bias"), N, C,
+                               cfg_.ln_eps);
 }
 
 template <typename T>
-void GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout) {
+Status GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout) {
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
@@ -545,19 +540,22 @@ void GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp
     const std::string w =
         "layers." + std::to_string(l) +
         (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
-    cpu::RMSNormBackward(dinp, G(w), dout, inp, P(w), rstd.template data<T>(), N, C);
-  } else {
-    const std::string h = "h." + std::to_string(l) + (which == 1 ? ".ln_1." : ".ln_2.");
-    cpu::LayerNormBackward(dinp, G(h + "weight"), G(h + "bias"), dout, inp, P(h + "weight"),
-                           mean.template data<T>(), rstd.template data<T>(), N, C);
+    return ops::RMSNormBackward(cfg_.device, dinp, G(w), dout, inp, P(w), rstd.template data<T>(),
+                                N, C);
   }
+  const std::string h = "h." + std::to_string(l) + (which == 1 ? ".ln_1." : ".ln_2.");
+  return ops::LayerNormBackward(cfg_.device, dinp, G(h + "weight"), G(h + "bias"), dout, inp,
+                                P(h + "weight"), mean.template data<T>(), rstd.template data<T>(),
+                                N, C);
 }
 
 template <typename T>
 Status GPT2<T>::BlockForward(int l, const T* residual) {
+  const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
                 Fl = cfg_.ff() / cfg_.tp_size;
   const bool llama = cfg_.llama();
+  const T* none = nullptr;
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto Popt = [&](const std::string& name) -> const T* {
     const ParamInfo* p = FindParam(name);
@@ -567,40 +565,45 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
   const std::string h = (llama ? "layers." : "h.") + std::to_string(l) + ".";
   // Attention block: qkv is column parallel (this rank's heads), the output projection row
   // parallel.
-  Norm(l, 1, a, residual);
-  cpu::MatmulForward(qkv_.template data<T>(), a.ln1.template data<T>(),
-                     P(h + (llama ? "self_attn.qkv.weight" : "attn.c_attn.weight")),
-                     Popt(h + (llama ? "self_attn.qkv.bias" : "attn.c_attn.bias")), N, C,
-                     QkvWidth());
+  MESHRUN_RETURN_IF_ERROR(Norm(l, 1, a, residual));
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(
+      dev, qkv_.template data<T>(), a.ln1.template data<T>(),
+      P(h + (llama ? "self_attn.qkv.weight" : "attn.c_attn.weight")),
+      Popt(h + (llama ? "self_attn.qkv.bias" : "attn.c_attn.bias")), N, C, QkvWidth()));
   MESHRUN_RETURN_IF_ERROR(AttentionForward(a));
   T* attproj = dln_.template data<T>();  // scratch: attproj is not needed for backward
-  cpu::MatmulForward(attproj, a.atty.template data<T>(),
-                     P(h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight")),
-                     static_cast<const T*>(nullptr), N, Cl, C);
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(
+      dev, attproj, a.atty.template data<T>(),
+      P(h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight")), none, N, Cl, C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(attproj, N * C));
-  if (!llama) AddBias(attproj, P(h + "attn.c_proj.bias"), N, C);
-  cpu::ResidualForward(a.res2.template data<T>(), residual, attproj, N * C);
+  if (!llama) MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, attproj, P(h + "attn.c_proj.bias"), N, C));
+  MESHRUN_RETURN_IF_ERROR(
+      ops::ResidualForward(dev, a.res2.template data<T>(), residual, attproj, N * C));
   // MLP block: fc (gate|up) column parallel, proj (down) row parallel.
-  Norm(l, 2, a, a.res2.template data<T>());
+  MESHRUN_RETURN_IF_ERROR(Norm(l, 2, a, a.res2.template data<T>()));
   T* fcproj = dln_.template data<T>();
   if (llama) {
-    cpu::MatmulForward(a.fch.template data<T>(), a.ln2.template data<T>(),
-                       P(h + "mlp.gate_up.weight"), static_cast<const T*>(nullptr), N, C, 2 * Fl);
-    cpu::SwiGLUForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl);
-    cpu::MatmulForward(fcproj, a.fch_gelu.template data<T>(), P(h + "mlp.down_proj.weight"),
-                       static_cast<const T*>(nullptr), N, Fl, C);
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, a.fch.template data<T>(),
+                                               a.ln2.template data<T>(),
+                                               P(h + "mlp.gate_up.weight"), none, N, C, 2 * Fl));
+    MESHRUN_RETURN_IF_ERROR(
+        ops::SwiGLUForward(dev, a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl));
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
+                                               P(h + "mlp.down_proj.weight"), none, N, Fl, C));
     MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
   } else {
-    cpu::MatmulForward(a.fch.template data<T>(), a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"),
-                       P(h + "mlp.c_fc.bias"), N, C, Fl);
-    cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
-    cpu::MatmulForward(fcproj, a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"),
-                       static_cast<const T*>(nullptr), N, Fl, C);
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, a.fch.template data<T>(),
+                                               a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"),
+                                               P(h + "mlp.c_fc.bias"), N, C, Fl));
+    MESHRUN_RETURN_IF_ERROR(
+        ops::GeluForward(dev, a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl));
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
+                                               P(h + "mlp.c_proj.weight"), none, N, Fl, C));
     MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
-    AddBias(fcproj, P(h + "mlp.c_proj.bias"), N, C);
+    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, fcproj, P(h + "mlp.c_proj.bias"), N, C));
   }
-  cpu::ResidualForward(a.res3.template data<T>(), a.res2.template data<T>(), fcproj, N * C);
-  return OkStatus();
+  return ops::ResidualForward(dev, a.res3.template data<T>(), a.res2.template data<T>(), fcproj,
+                              N * C);
 }
 
 template <typename T>
@@ -616,15 +619,15 @@ Status GPT2<T>::RecomputeBlock(int l, const T* residual) {
   }
   const int64_t N = static_cast<int64_t>(B_) * T_, Fl = cfg_.ff() / cfg_.tp_size;
   LayerActs& a = acts_[l];
-  Norm(l, 1, a, residual);
+  MESHRUN_RETURN_IF_ERROR(Norm(l, 1, a, residual));
   MESHRUN_RETURN_IF_ERROR(AttentionForward(a, /*split_qkv=*/false));
-  Norm(l, 2, a, a.res2.template data<T>());
+  MESHRUN_RETURN_IF_ERROR(Norm(l, 2, a, a.res2.template data<T>()));
   if (cfg_.llama()) {
-    cpu::SwiGLUForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl);
-  } else {
-    cpu::GeluForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl);
+    return ops::SwiGLUForward(cfg_.device, a.fch_gelu.template data<T>(), a.fch.template data<T>(),
+                              N, Fl);
   }
-  return OkStatus();
+  return ops::GeluForward(cfg_.device, a.fch_gelu.template data<T>(), a.fch.template data<T>(),
+                          N * Fl);
 }
 
 int64_t HeadChunkRows(int64_t tokens, int64_t vocab) {
@@ -634,7 +637,8 @@ int64_t HeadChunkRows(int64_t tokens, int64_t vocab) {
 }
 
 template <typename T>
-StatusOr<double> GPT2<T>::HeadLoss(const int32_t* targets, bool with_grad, double grad_scale) {
+StatusOr<double> GPT2<T>::HeadLoss(const int32_t* host_targets, bool with_grad, double grad_scale) {
+  const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_rows();
   const int64_t first = cfg_.vocab_first();
   const ParamInfo& head = *FindParam(HeadWeightName(cfg_));
@@ -643,7 +647,9 @@ StatusOr<double> GPT2<T>::HeadLoss(const int32_t* targets, bool with_grad, doubl
   T* losses = losses_.template data<T>();
   T* logits = head_logits_.template data<T>();
   const T* lnf = lnf_.template data<T>();
-  if (with_grad) Zero<T>(dln_);
+  MESHRUN_RETURN_IF_ERROR(Upload(targets_, host_targets, N));
+  const int32_t* targets = targets_.template data<int32_t>();
+  if (with_grad) MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dln_.raw(), dln_.nbytes()));
   Communicator* tp = nullptr;
   if constexpr (std::is_same_v<T, float>) {
     if (par_ != nullptr && par_->tp != nullptr && par_->tp->size() > 1) tp = par_->tp;
@@ -652,37 +658,46 @@ StatusOr<double> GPT2<T>::HeadLoss(const int32_t* targets, bool with_grad, doubl
   // with a backward to follow, the head's two gradients right away.
   for (int64_t r0 = 0; r0 < N; r0 += head_rows_) {
     const int64_t rows = std::min(head_rows_, N - r0);
-    cpu::MatmulForward(logits, lnf + r0 * C, w, static_cast<const T*>(nullptr), rows, C, V);
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, logits, lnf + r0 * C, w,
+                                               static_cast<const T*>(nullptr), rows, C, V));
     if (tp == nullptr) {
-      cpu::SoftmaxCrossEntropy(losses + r0, with_grad ? logits : static_cast<T*>(nullptr), logits,
-                               targets + r0, rows, V, static_cast<T>(grad_scale));
+      MESHRUN_RETURN_IF_ERROR(
+          ops::SoftmaxCrossEntropy(dev, losses + r0, with_grad ? logits : static_cast<T*>(nullptr),
+                                   logits, targets + r0, rows, V, grad_scale));
     } else if constexpr (std::is_same_v<T, float>) {
       // Vocab-parallel cross-entropy: every rank's {log-sum-exp, target logit} per row, gathered
       // (one all-gather of 2 floats per row), give the loss over the whole vocabulary.
       const int n = tp->size();
-      head_stats_.resize(static_cast<size_t>(2 * rows));
-      head_all_stats_.resize(static_cast<size_t>(2 * rows * n));
-      head_lse_.resize(static_cast<size_t>(rows));
-      cpu::VocabShardStats(head_stats_.data(), logits, targets + r0, first, rows, V);
-      MESHRUN_RETURN_IF_ERROR(tp->AllGather(head_stats_.data(), head_all_stats_.data(),
-                                            static_cast<size_t>(2 * rows),
-                                            CallOptions::Axis("tp")));
-      cpu::VocabShardLoss(losses + r0, head_lse_.data(), head_all_stats_.data(), n, rows);
+      {
+        MemoryKindScope kind(MemoryKind::kOther);  // 2 floats a row (see Upload)
+        if (!head_stats_.defined() || head_stats_.numel() < 2 * rows) {
+          head_stats_ = Tensor::Empty({2 * rows}, ScalarTypeOf<T>(), dev);
+          head_all_stats_ = Tensor::Empty({2 * rows * n}, ScalarTypeOf<T>(), dev);
+          head_lse_ = Tensor::Empty({rows}, ScalarTypeOf<T>(), dev);
+        }
+      }
+      T* stats = head_stats_.template data<T>();
+      T* all_stats = head_all_stats_.template data<T>();
+      T* lse = head_lse_.template data<T>();
+      MESHRUN_RETURN_IF_ERROR(
+          ops::VocabShardStats(dev, stats, logits, targets + r0, first, rows, V));
+      MESHRUN_RETURN_IF_ERROR(
+          tp->AllGather(stats, all_stats, static_cast<size_t>(2 * rows), CallOptions::Axis("tp")));
+      MESHRUN_RETURN_IF_ERROR(ops::VocabShardLoss(dev, losses + r0, lse, all_stats, n, rows));
       if (with_grad) {
-        cpu::VocabShardGrad(logits, logits, head_lse_.data(), targets + r0, first, rows, V,
-                            static_cast<T>(grad_scale));
+        MESHRUN_RETURN_IF_ERROR(ops::VocabShardGrad(dev, logits, logits, lse, targets + r0, first,
+                                                    rows, V, grad_scale));
       }
     }
     if (with_grad) {
-      cpu::MatmulBackward(dln_.template data<T>() + r0 * C, dw, static_cast<T*>(nullptr), logits,
-                          lnf + r0 * C, w, rows, C, V);
+      MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln_.template data<T>() + r0 * C, dw,
+                                                  static_cast<T*>(nullptr), logits, lnf + r0 * C, w,
+                                                  rows, C, V));
     }
   }
   // Each rank's head saw only its vocabulary rows: the input gradient is their sum.
   if (with_grad) MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln_.template data<T>(), N * C));
-  double sum = 0;
-  for (int64_t i = 0; i < N; ++i) sum += static_cast<double>(losses[i]);
-  return sum;
+  return ops::Sum(dev, losses, N);
 }
 
 template <typename T>
@@ -707,6 +722,7 @@ StatusOr<double> GPT2<T>::ForwardBackward(const int32_t* inputs, const int32_t* 
 
 template <typename T>
 Status GPT2<T>::Backward() {
+  const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
   const int L = cfg_.n_layer;
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
@@ -716,13 +732,15 @@ Status GPT2<T>::Backward() {
 
   // The head's backward is done (HeadLoss left the gradient of lnf in dln_); final norm.
   const T* last = L > 0 ? acts_.back().res3.template data<T>() : encoded_.template data<T>();
-  Zero<T>(dres_);
+  MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dres_.raw(), dres_.nbytes()));
   if (cfg_.llama()) {
-    cpu::RMSNormBackward(dres, G("norm.weight"), dln, last, P("norm.weight"),
-                         lnf_rstd_.template data<T>(), N, C);
+    MESHRUN_RETURN_IF_ERROR(ops::RMSNormBackward(dev, dres, G("norm.weight"), dln, last,
+                                                 P("norm.weight"), lnf_rstd_.template data<T>(), N,
+                                                 C));
   } else {
-    cpu::LayerNormBackward(dres, G("ln_f.weight"), G("ln_f.bias"), dln, last, P("ln_f.weight"),
-                           lnf_mean_.template data<T>(), lnf_rstd_.template data<T>(), N, C);
+    MESHRUN_RETURN_IF_ERROR(ops::LayerNormBackward(
+        dev, dres, G("ln_f.weight"), G("ln_f.bias"), dln, last, P("ln_f.weight"),
+        lnf_mean_.template data<T>(), lnf_rstd_.template data<T>(), N, C));
   }
   MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
 
@@ -735,74 +753,76 @@ Status GPT2<T>::Backward() {
   }
   // dres is the same on every tp rank: each adds it to its own vocabulary rows.
   const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
-  cpu::EmbeddingRowsBackward(G(table), dres, tokens_.data(), cfg_.vocab_first(), cfg_.vocab_rows(),
-                             N, C);
+  MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(dev, G(table), dres, tokens_data(),
+                                                     cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
   if (!cfg_.llama()) {
-    T* dwpe = G("wpe");
-    for (int64_t i = 0; i < N; ++i) {
-      T* row = dwpe + static_cast<int64_t>(positions_[i]) * C;
-      const T* g = dres + i * C;
-      for (int64_t c = 0; c < C; ++c) row[c] += g[c];
-    }
+    MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(dev, G("wpe"), dres, positions_data(), 0,
+                                                       cfg_.max_seq_len, N, C));
   }
   return Hook(kAfterBackward, 0);
 }
 
 template <typename T>
 Status GPT2<T>::BlockBackward(int l, const T* residual) {
+  const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
                 Fl = cfg_.ff() / cfg_.tp_size;
   const bool llama = cfg_.llama();
+  T* const no_grad = nullptr;
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
   auto Gopt = [&](const std::string& name) -> T* {
     const ParamInfo* p = FindParam(name);
     return p != nullptr ? grad(*p) : nullptr;
   };
+  auto zero = [&](const Tensor& t) { return ops::Zero(dev, t.raw(), t.nbytes()); };
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
   LayerActs& a = acts_[l];
   const std::string h = (llama ? "layers." : "h.") + std::to_string(l) + ".";
   // MLP block: res3 = res2 + proj(act(fc(norm2(res2)))); dres flows to res2 unchanged.
-  Zero<T>(dfch_gelu_);
-  Zero<T>(dfch_);
-  Zero<T>(dln_);
+  MESHRUN_RETURN_IF_ERROR(zero(dfch_gelu_));
+  MESHRUN_RETURN_IF_ERROR(zero(dfch_));
+  MESHRUN_RETURN_IF_ERROR(zero(dln_));
   if (llama) {
-    cpu::MatmulBackward(dfch_gelu_.template data<T>(), G(h + "mlp.down_proj.weight"),
-                        static_cast<T*>(nullptr), dres, a.fch_gelu.template data<T>(),
-                        P(h + "mlp.down_proj.weight"), N, Fl, C);
-    cpu::SwiGLUBackward(dfch_.template data<T>(), a.fch.template data<T>(),
-                        dfch_gelu_.template data<T>(), N, Fl);
-    cpu::MatmulBackward(dln, G(h + "mlp.gate_up.weight"), static_cast<T*>(nullptr),
-                        dfch_.template data<T>(), a.ln2.template data<T>(),
-                        P(h + "mlp.gate_up.weight"), N, C, 2 * Fl);
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
+        dev, dfch_gelu_.template data<T>(), G(h + "mlp.down_proj.weight"), no_grad, dres,
+        a.fch_gelu.template data<T>(), P(h + "mlp.down_proj.weight"), N, Fl, C));
+    MESHRUN_RETURN_IF_ERROR(ops::SwiGLUBackward(dev, dfch_.template data<T>(),
+                                                a.fch.template data<T>(),
+                                                dfch_gelu_.template data<T>(), N, Fl));
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, G(h + "mlp.gate_up.weight"), no_grad,
+                                                dfch_.template data<T>(), a.ln2.template data<T>(),
+                                                P(h + "mlp.gate_up.weight"), N, C, 2 * Fl));
   } else {
-    BiasBackward(G(h + "mlp.c_proj.bias"), dres, N, C);
-    cpu::MatmulBackward(dfch_gelu_.template data<T>(), G(h + "mlp.c_proj.weight"),
-                        static_cast<T*>(nullptr), dres, a.fch_gelu.template data<T>(),
-                        P(h + "mlp.c_proj.weight"), N, Fl, C);
-    cpu::GeluBackward(dfch_.template data<T>(), a.fch.template data<T>(),
-                      dfch_gelu_.template data<T>(), N * Fl);
-    cpu::MatmulBackward(dln, G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"),
-                        dfch_.template data<T>(), a.ln2.template data<T>(),
-                        P(h + "mlp.c_fc.weight"), N, C, Fl);
+    MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "mlp.c_proj.bias"), dres, N, C));
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
+        dev, dfch_gelu_.template data<T>(), G(h + "mlp.c_proj.weight"), no_grad, dres,
+        a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"), N, Fl, C));
+    MESHRUN_RETURN_IF_ERROR(ops::GeluBackward(dev, dfch_.template data<T>(),
+                                              a.fch.template data<T>(),
+                                              dfch_gelu_.template data<T>(), N * Fl));
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
+        dev, dln, G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"), dfch_.template data<T>(),
+        a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"), N, C, Fl));
   }
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
-  NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln);
+  MESHRUN_RETURN_IF_ERROR(NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln));
   // Attention block: res2 = residual + proj(attn(qkv(norm1(residual)))).
-  if (!llama) BiasBackward(G(h + "attn.c_proj.bias"), dres, N, C);
-  Zero<T>(datty_);
+  if (!llama)
+    MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "attn.c_proj.bias"), dres, N, C));
+  MESHRUN_RETURN_IF_ERROR(zero(datty_));
   const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
-  cpu::MatmulBackward(datty_.template data<T>(), G(o), static_cast<T*>(nullptr), dres,
-                      a.atty.template data<T>(), P(o), N, Cl, C);
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, datty_.template data<T>(), G(o), no_grad, dres,
+                                              a.atty.template data<T>(), P(o), N, Cl, C));
   MESHRUN_RETURN_IF_ERROR(AttentionBackward(a));
-  Zero<T>(dln_);
+  MESHRUN_RETURN_IF_ERROR(zero(dln_));
   const std::string qkv = h + (llama ? "self_attn.qkv." : "attn.c_attn.");
-  cpu::MatmulBackward(dln, G(qkv + "weight"), Gopt(qkv + "bias"), dqkv_.template data<T>(),
-                      a.ln1.template data<T>(), P(qkv + "weight"), N, C, QkvWidth());
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, G(qkv + "weight"), Gopt(qkv + "bias"),
+                                              dqkv_.template data<T>(), a.ln1.template data<T>(),
+                                              P(qkv + "weight"), N, C, QkvWidth()));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
-  NormBackward(l, 1, a, residual, dres, dln);
-  return OkStatus();
+  return NormBackward(l, 1, a, residual, dres, dln);
 }
 
 template class GPT2<float>;

@@ -1,6 +1,7 @@
 // The GPT-2 model of docs/model.md on one rank: parameter layout, deterministic
 // initialisation, forward with saved activations, and backward into flat gradients.
-// The step reads in execution order (llm.c style); kernels live in engine/kernels/cpu.
+// The step reads in execution order (llm.c style) and calls the device-generic ops of
+// engine/ops/ops.h, so the same model runs on cpu and cuda (GPT2Config::device).
 #pragma once
 
 #include <cstdint>
@@ -54,6 +55,8 @@ struct GPT2Config {
   // every rank of the dp_shard_cp group holds an equal slice.
   int fsdp_size = 1;
   Recompute recompute = Recompute::kNone;
+  // Where the parameters, gradients and activations live; every op runs there (engine/ops).
+  Device device;
   bool operator==(const GPT2Config&) const = default;
 
   bool llama() const { return arch == Arch::kLlama; }
@@ -195,6 +198,7 @@ class GPT2 {
   // its two chunks); null: 0..L-1. Keeps the activations and the whole logits (B·L·V), which
   // training and ForwardLoss never hold at once (they compute the head in chunks of rows).
   Status Forward(const int32_t* inputs, int B, int seq_len, const int32_t* positions = nullptr);
+  // On the model's device.
   const T* logits() const { return logits_.template data<T>(); }
 
   // Forward, loss and backward of one micro-batch. Returns the SUM of per-token losses; the
@@ -240,29 +244,37 @@ class GPT2 {
     return int64_t{cfg_.n_head / cfg_.tp_size + 2 * (cfg_.kv_heads() / cfg_.tp_size)} *
            cfg_.head_dim();
   }
-  // The rotary cos/sin tables of this forward's positions (llama).
-  void PrepareRope();
-  // x[i] += wpe[positions_[i]] (gpt2).
-  void AddPositions(T* x, const T* wpe, int64_t N, int64_t C);
+  // The rotary cos/sin tables of this forward's positions (llama), on the device.
+  Status PrepareRope();
+  // Context parallel: the global positions of every cp rank's tokens (cp_positions_, n·T_) and
+  // of the gathered keys, on the device.
+  Status PrepareCpPositions();
+  // Copies n host ids into dst on the model's device (grown as needed).
+  Status Upload(Tensor& dst, const int32_t* host, int64_t n);
+  const int32_t* tokens_data() const { return tokens_.template data<int32_t>(); }
+  const int32_t* positions_data() const { return positions_.template data<int32_t>(); }
   // Layer l's norm before attention (which 1) or the MLP (2): LayerNorm or RMSNorm by arch.
-  void Norm(int l, int which, LayerActs& a, const T* inp);
-  void NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout);
+  Status Norm(int l, int which, LayerActs& a, const T* inp);
+  Status NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout);
 
   GPT2Config cfg_;
   std::vector<ParamInfo> layout_;
   std::vector<UnitInfo> units_;
   const ModelParallel* par_ = nullptr;
-  std::vector<T> rope_cos_, rope_sin_;  // (T_, head_dim/2) for this forward's positions
-  std::vector<T> head_stats_, head_all_stats_, head_lse_;  // vocab-parallel cross-entropy
-  std::vector<int32_t> k_positions_;           // cp allgather: global positions of gathered keys
+  std::vector<T> rope_host_;  // [cos | sin], (T_, head_dim/2) each, this forward's positions
+  Tensor rope_;               // the same on the device
+  Tensor head_stats_, head_all_stats_, head_lse_;  // vocab-parallel cross-entropy
+  Tensor cp_positions_;  // cp: rank j's global positions at j·T_ (the gathered keys' order)
   Tensor cp_send_, cp_recv_, cp_kv_, cp_dkv_;  // cp scratch
   int64_t num_params_ = 0;
   Tensor params_, grads_;                     // own_storage only
   std::vector<T*> unit_params_, unit_grads_;  // per unit: its current buffers
 
   int B_ = 0, T_ = 0, capacity_tokens_ = 0;
-  std::vector<int32_t> seq_positions_;  // positions of one sequence's local tokens
-  std::vector<int32_t> tokens_, positions_;
+  std::vector<int32_t> seq_positions_;  // positions of one sequence's local tokens (host)
+  // On the device: this batch's token ids, every row's position, one sequence's positions, and
+  // the targets of the loss.
+  Tensor tokens_, positions_, seq_positions_dev_, targets_;
   Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
   Tensor head_logits_;           // one chunk of the head's logits (then its dlogits)
   int64_t head_rows_ = 0;        // rows per chunk

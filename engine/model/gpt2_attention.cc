@@ -2,101 +2,17 @@
 // (under context parallel) every rank's keys, merge heads. Context parallel has two strategies
 // (docs/job-spec.md cp_comm_strategy): `allgather` gathers K and V once per layer;
 // `ring` passes K/V blocks around the cp ring and merges partial results by log-sum-exp.
-// docs/parallelism.md gives the bytes each moves.
+// docs/parallelism.md gives the bytes each moves. Every op runs on the model's device.
 #include <cmath>
 #include <cstring>
 
 #include "common/parallel_dims.h"
 #include "engine/comm/communicator.h"
-#include "engine/kernels/cpu/kernels.h"
 #include "engine/model/gpt2.h"
+#include "engine/ops/ops.h"
 
 namespace meshrun {
 namespace {
-
-// qkv rows [q (H·D) | k (K·D) | v (K·D)] → q, k, v each (B,H,T,D): with grouped-query
-// attention (K < H) query head h reads key/value head h/(H/K), so k and v are repeated.
-template <typename T>
-void SplitHeads(T* q, T* k, T* v, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t K,
-                int64_t D) {
-  const int64_t W = (H + 2 * K) * D, group = H / K;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < Tn; ++t) {
-      const T* row = qkv + (b * Tn + t) * W;
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t dst = ((b * H + h) * Tn + t) * D;
-        const int64_t kv = h / group;
-        std::memcpy(q + dst, row + h * D, sizeof(T) * D);
-        std::memcpy(k + dst, row + (H + kv) * D, sizeof(T) * D);
-        std::memcpy(v + dst, row + (H + K + kv) * D, sizeof(T) * D);
-      }
-    }
-  }
-}
-
-// The inverse of SplitHeads: the gradients of a repeated k/v head are summed (in head order).
-template <typename T>
-void MergeQkvGrads(T* dqkv, const T* dq, const T* dk, const T* dv, int64_t B, int64_t Tn, int64_t H,
-                   int64_t K, int64_t D) {
-  const int64_t W = (H + 2 * K) * D, group = H / K;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < Tn; ++t) {
-      T* row = dqkv + (b * Tn + t) * W;
-      std::memset(row + H * D, 0, sizeof(T) * 2 * K * D);
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t src = ((b * H + h) * Tn + t) * D;
-        const int64_t kv = h / group;
-        std::memcpy(row + h * D, dq + src, sizeof(T) * D);
-        T* rk = row + (H + kv) * D;
-        T* rv = row + (H + K + kv) * D;
-        for (int64_t d = 0; d < D; ++d) {
-          rk[d] += dk[src + d];
-          rv[d] += dv[src + d];
-        }
-      }
-    }
-  }
-}
-
-// (B,H,T,D) ↔ (B,T,H·D). to_rows picks the direction.
-template <typename T>
-void Transpose(T* rows, T* heads, int64_t B, int64_t Tn, int64_t H, int64_t D, bool to_rows) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < Tn; ++t) {
-      for (int64_t h = 0; h < H; ++h) {
-        T* r = rows + (b * Tn + t) * H * D + h * D;
-        T* x = heads + ((b * H + h) * Tn + t) * D;
-        if (to_rows) {
-          std::memcpy(r, x, sizeof(T) * D);
-        } else {
-          std::memcpy(x, r, sizeof(T) * D);
-        }
-      }
-    }
-  }
-}
-
-// Gathered blocks [j][B][H][Tl][D] ↔ one sequence (B,H,n·Tl,D) whose key j·Tl + t is token t of
-// cp rank j. to_seq picks the direction.
-template <typename T>
-void BlocksToSequence(T* blocks, T* seq, int64_t n, int64_t BH, int64_t Tl, int64_t D,
-                      bool to_seq) {
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t bh = 0; bh < BH; ++bh) {
-      T* blk = blocks + ((j * BH + bh) * Tl) * D;
-      T* dst = seq + (bh * n * Tl + j * Tl) * D;
-      if (to_seq) {
-        std::memcpy(dst, blk, sizeof(T) * Tl * D);
-      } else {
-        std::memcpy(blk, dst, sizeof(T) * Tl * D);
-      }
-    }
-  }
-}
 
 // Global positions of cp rank j's tokens (docs/data.md: chunks j and 2C−1−j of 2C).
 std::vector<int32_t> CpPositions(int j, int cp_size, int local_len) {
@@ -110,18 +26,35 @@ std::vector<int32_t> CpPositions(int j, int cp_size, int local_len) {
 }
 
 // cp's exchange buffers count as communication memory; the gathered K and V as activations.
-void EnsureSize(Tensor& t, int64_t n, ScalarType dt, MemoryKind kind = MemoryKind::kCommunication) {
+void EnsureSize(Tensor& t, int64_t n, ScalarType dt, Device dev,
+                MemoryKind kind = MemoryKind::kCommunication) {
   MemoryKindScope scope(kind);
-  if (!t.defined() || t.numel() < n) t = Tensor::Empty({n}, dt);
+  if (!t.defined() || t.numel() < n) t = Tensor::Empty({n}, dt, dev);
 }
 
 }  // namespace
 
 template <typename T>
+Status GPT2<T>::PrepareCpPositions() {
+  const Communicator* cp = nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    if (par_ != nullptr && par_->cp != nullptr && par_->cp->size() > 1) cp = par_->cp;
+  }
+  if (cp == nullptr) return OkStatus();
+  std::vector<int32_t> all;
+  for (int j = 0; j < cp->size(); ++j) {
+    const std::vector<int32_t> pj = CpPositions(j, cp->size(), T_);
+    all.insert(all.end(), pj.begin(), pj.end());
+  }
+  return Upload(cp_positions_, all.data(), static_cast<int64_t>(all.size()));
+}
+
+template <typename T>
 Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
+  const Device dev = cfg_.device;
   const int64_t B = B_, Tn = T_, Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.d_model / cfg_.n_head;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  const int32_t* pos = seq_positions_.data();
+  const int32_t* pos = seq_positions_dev_.template data<int32_t>();
   T* q = a.q.template data<T>();
   T* k = a.k.template data<T>();
   T* v = a.v.template data<T>();
@@ -129,10 +62,13 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
   T* lse = a.lse.template data<T>();
   if (split_qkv) {
     const int64_t Kl = cfg_.kv_heads() / cfg_.tp_size;
-    SplitHeads(q, k, v, qkv_.template data<T>(), B, Tn, Hl, Kl, D);
+    MESHRUN_RETURN_IF_ERROR(
+        ops::SplitHeads(dev, q, k, v, qkv_.template data<T>(), B, Tn, Hl, Kl, D));
     if (cfg_.llama()) {  // rotary embeddings at the tokens' global positions
-      cpu::RopeForward(q, rope_cos_.data(), rope_sin_.data(), B * Hl, Tn, D);
-      cpu::RopeForward(k, rope_cos_.data(), rope_sin_.data(), B * Hl, Tn, D);
+      const T* cos = rope_.template data<T>();
+      const T* sin = cos + static_cast<int64_t>(T_) * (D / 2);
+      MESHRUN_RETURN_IF_ERROR(ops::RopeForward(dev, q, cos, sin, B * Hl, Tn, D));
+      MESHRUN_RETURN_IF_ERROR(ops::RopeForward(dev, k, cos, sin, B * Hl, Tn, D));
     }
   }
   Communicator* cp = nullptr;
@@ -140,62 +76,62 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
     if (par_ != nullptr && par_->cp != nullptr && par_->cp->size() > 1) cp = par_->cp;
   }
   if (cp == nullptr) {
-    cpu::AttentionForward(att, lse, q, k, v, pos, pos, B, Hl, Tn, Tn, D, scale);
+    MESHRUN_RETURN_IF_ERROR(
+        ops::AttentionForward(dev, att, lse, q, k, v, pos, pos, B, Hl, Tn, Tn, D, scale));
   } else if constexpr (std::is_same_v<T, float>) {
     const int n = cp->size(), c = cp->rank();
     const int64_t count = B * Hl * Tn * D;
     const ScalarType dt = ScalarTypeOf<T>();
     const CallOptions on_cp = CallOptions::Axis("cp");
+    const int32_t* cp_pos = cp_positions_.template data<int32_t>();
     if (!par_->cp_ring) {
       // Gather every rank's K and V once; keep them for the backward.
-      k_positions_.clear();
-      for (int j = 0; j < n; ++j) {
-        const std::vector<int32_t> pj = CpPositions(j, n, static_cast<int>(Tn));
-        k_positions_.insert(k_positions_.end(), pj.begin(), pj.end());
-      }
-      EnsureSize(cp_kv_, n * count, dt);
-      EnsureSize(a.k_all, n * count, dt, MemoryKind::kActivations);
-      EnsureSize(a.v_all, n * count, dt, MemoryKind::kActivations);
+      EnsureSize(cp_kv_, n * count, dt, dev);
+      EnsureSize(a.k_all, n * count, dt, dev, MemoryKind::kActivations);
+      EnsureSize(a.v_all, n * count, dt, dev, MemoryKind::kActivations);
       for (auto [local, all] : {std::pair{k, &a.k_all}, std::pair{v, &a.v_all}}) {
         MESHRUN_RETURN_IF_ERROR(
             cp->AllGather(local, cp_kv_.template data<T>(), static_cast<size_t>(count), on_cp));
-        BlocksToSequence(cp_kv_.template data<T>(), all->template data<T>(), n, B * Hl, Tn, D,
-                         /*to_seq=*/true);
+        MESHRUN_RETURN_IF_ERROR(ops::BlocksToSequence(dev, all->template data<T>(),
+                                                      cp_kv_.template data<T>(), n, B * Hl, Tn, D));
       }
-      cpu::AttentionForward(att, lse, q, a.k_all.template data<T>(), a.v_all.template data<T>(),
-                            pos, k_positions_.data(), B, Hl, Tn, n * Tn, D, scale);
+      MESHRUN_RETURN_IF_ERROR(ops::AttentionForward(dev, att, lse, q, a.k_all.template data<T>(),
+                                                    a.v_all.template data<T>(), pos, cp_pos, B, Hl,
+                                                    Tn, n * Tn, D, scale));
     } else {
       // Ring: step s holds the K/V block of rank c − s; merge each partial by log-sum-exp.
-      EnsureSize(cp_send_, 2 * count, dt);
-      EnsureSize(cp_recv_, 2 * count, dt);
-      EnsureSize(cp_kv_, count + B * Hl * Tn, dt);
+      EnsureSize(cp_send_, 2 * count, dt, dev);
+      EnsureSize(cp_recv_, 2 * count, dt, dev);
+      EnsureSize(cp_kv_, count + B * Hl * Tn, dt, dev);
       T* cur = cp_send_.template data<T>();
       T* nxt = cp_recv_.template data<T>();
-      std::memcpy(cur, k, sizeof(T) * count);
-      std::memcpy(cur + count, v, sizeof(T) * count);
-      cpu::AttentionForward(att, lse, q, k, v, pos, pos, B, Hl, Tn, Tn, D, scale);
+      MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, cur, k, sizeof(T) * count));
+      MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, cur + count, v, sizeof(T) * count));
+      MESHRUN_RETURN_IF_ERROR(
+          ops::AttentionForward(dev, att, lse, q, k, v, pos, pos, B, Hl, Tn, Tn, D, scale));
       T* part_out = cp_kv_.template data<T>();
       T* part_lse = part_out + count;
       for (int s = 1; s < n; ++s) {
         MESHRUN_RETURN_IF_ERROR(
             cp->SendRecv(cur, 2 * count, (c + 1) % n, nxt, 2 * count, (c - 1 + n) % n, on_cp));
         std::swap(cur, nxt);
-        const std::vector<int32_t> kpos = CpPositions((c - s + n) % n, n, static_cast<int>(Tn));
-        cpu::AttentionForward(part_out, part_lse, q, cur, cur + count, pos, kpos.data(), B, Hl, Tn,
-                              Tn, D, scale);
-        cpu::AttentionMerge(att, lse, part_out, part_lse, B * Hl * Tn, D);
+        const int32_t* kpos = cp_pos + static_cast<int64_t>((c - s + n) % n) * Tn;
+        MESHRUN_RETURN_IF_ERROR(ops::AttentionForward(dev, part_out, part_lse, q, cur, cur + count,
+                                                      pos, kpos, B, Hl, Tn, Tn, D, scale));
+        MESHRUN_RETURN_IF_ERROR(
+            ops::AttentionMerge(dev, att, lse, part_out, part_lse, B * Hl * Tn, D));
       }
     }
   }
-  Transpose(a.atty.template data<T>(), att, B, Tn, Hl, D, /*to_rows=*/true);
-  return OkStatus();
+  return ops::HeadsToRows(dev, a.atty.template data<T>(), att, B, Tn, Hl, D);
 }
 
 template <typename T>
 Status GPT2<T>::AttentionBackward(LayerActs& a) {
+  const Device dev = cfg_.device;
   const int64_t B = B_, Tn = T_, Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.d_model / cfg_.n_head;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  const int32_t* pos = seq_positions_.data();
+  const int32_t* pos = seq_positions_dev_.template data<int32_t>();
   const int64_t count = B * Hl * Tn * D;
   T* datt = datt_.template data<T>();
   T* dq = dq_.template data<T>();
@@ -204,50 +140,55 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
   const T* q = a.q.template data<T>();
   const T* att = a.att.template data<T>();
   const T* lse = a.lse.template data<T>();
-  Transpose(datty_.template data<T>(), datt, B, Tn, Hl, D, /*to_rows=*/false);
-  std::memset(dq, 0, sizeof(T) * count);
-  std::memset(dk, 0, sizeof(T) * count);
-  std::memset(dv, 0, sizeof(T) * count);
+  MESHRUN_RETURN_IF_ERROR(ops::RowsToHeads(dev, datt, datty_.template data<T>(), B, Tn, Hl, D));
+  MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dq, sizeof(T) * count));
+  MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dk, sizeof(T) * count));
+  MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dv, sizeof(T) * count));
   Communicator* cp = nullptr;
   if constexpr (std::is_same_v<T, float>) {
     if (par_ != nullptr && par_->cp != nullptr && par_->cp->size() > 1) cp = par_->cp;
   }
   if (cp == nullptr) {
-    cpu::AttentionBackward(dq, dk, dv, datt, q, a.k.template data<T>(), a.v.template data<T>(), att,
-                           lse, pos, pos, B, Hl, Tn, Tn, D, scale);
+    MESHRUN_RETURN_IF_ERROR(ops::AttentionBackward(dev, dq, dk, dv, datt, q, a.k.template data<T>(),
+                                                   a.v.template data<T>(), att, lse, pos, pos, B,
+                                                   Hl, Tn, Tn, D, scale));
   } else if constexpr (std::is_same_v<T, float>) {
     const int n = cp->size(), c = cp->rank();
     const ScalarType dt = ScalarTypeOf<T>();
     const CallOptions on_cp = CallOptions::Axis("cp");
+    const int32_t* cp_pos = cp_positions_.template data<int32_t>();
     if (!par_->cp_ring) {
       // Gradients for every rank's keys, then reduce-scattered back to their owners.
-      EnsureSize(cp_dkv_, 2 * n * count, dt);
+      EnsureSize(cp_dkv_, 2 * n * count, dt, dev);
       T* dk_all = cp_dkv_.template data<T>();
       T* dv_all = dk_all + n * count;
-      std::memset(dk_all, 0, sizeof(T) * 2 * n * count);
-      cpu::AttentionBackward(dq, dk_all, dv_all, datt, q, a.k_all.template data<T>(),
-                             a.v_all.template data<T>(), att, lse, pos, k_positions_.data(), B, Hl,
-                             Tn, n * Tn, D, scale);
-      EnsureSize(cp_kv_, n * count, dt);
+      MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dk_all, sizeof(T) * 2 * n * count));
+      MESHRUN_RETURN_IF_ERROR(ops::AttentionBackward(
+          dev, dq, dk_all, dv_all, datt, q, a.k_all.template data<T>(), a.v_all.template data<T>(),
+          att, lse, pos, cp_pos, B, Hl, Tn, n * Tn, D, scale));
+      EnsureSize(cp_kv_, n * count, dt, dev);
       for (auto [all, local] : {std::pair{dk_all, dk}, std::pair{dv_all, dv}}) {
-        BlocksToSequence(cp_kv_.template data<T>(), all, n, B * Hl, Tn, D, /*to_seq=*/false);
+        MESHRUN_RETURN_IF_ERROR(
+            ops::SequenceToBlocks(dev, cp_kv_.template data<T>(), all, n, B * Hl, Tn, D));
         MESHRUN_RETURN_IF_ERROR(
             cp->ReduceScatter(cp_kv_.template data<T>(), local, static_cast<size_t>(count), on_cp));
       }
     } else {
       // Ring: blocks travel with their K, V and the dK, dV accumulated so far; after the last
       // step each accumulator is one hop from its owner.
-      EnsureSize(cp_send_, 4 * count, dt);
-      EnsureSize(cp_recv_, 4 * count, dt);
+      EnsureSize(cp_send_, 4 * count, dt, dev);
+      EnsureSize(cp_recv_, 4 * count, dt, dev);
       T* cur = cp_send_.template data<T>();
       T* nxt = cp_recv_.template data<T>();
-      std::memcpy(cur, a.k.template data<T>(), sizeof(T) * count);
-      std::memcpy(cur + count, a.v.template data<T>(), sizeof(T) * count);
-      std::memset(cur + 2 * count, 0, sizeof(T) * 2 * count);
+      MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, cur, a.k.template data<T>(), sizeof(T) * count));
+      MESHRUN_RETURN_IF_ERROR(
+          ops::Copy(dev, cur + count, a.v.template data<T>(), sizeof(T) * count));
+      MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, cur + 2 * count, sizeof(T) * 2 * count));
       for (int s = 0; s < n; ++s) {
-        const std::vector<int32_t> kpos = CpPositions((c - s + n) % n, n, static_cast<int>(Tn));
-        cpu::AttentionBackward(dq, cur + 2 * count, cur + 3 * count, datt, q, cur, cur + count, att,
-                               lse, pos, kpos.data(), B, Hl, Tn, Tn, D, scale);
+        const int32_t* kpos = cp_pos + static_cast<int64_t>((c - s + n) % n) * Tn;
+        MESHRUN_RETURN_IF_ERROR(ops::AttentionBackward(dev, dq, cur + 2 * count, cur + 3 * count,
+                                                       datt, q, cur, cur + count, att, lse, pos,
+                                                       kpos, B, Hl, Tn, Tn, D, scale));
         if (s + 1 < n) {
           MESHRUN_RETURN_IF_ERROR(
               cp->SendRecv(cur, 4 * count, (c + 1) % n, nxt, 4 * count, (c - 1 + n) % n, on_cp));
@@ -256,18 +197,22 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
       }
       MESHRUN_RETURN_IF_ERROR(cp->SendRecv(cur + 2 * count, 2 * count, (c + 1) % n, nxt, 2 * count,
                                            (c - 1 + n) % n, on_cp));
-      std::memcpy(dk, nxt, sizeof(T) * count);
-      std::memcpy(dv, nxt + count, sizeof(T) * count);
+      MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, dk, nxt, sizeof(T) * count));
+      MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, dv, nxt + count, sizeof(T) * count));
     }
   }
   if (cfg_.llama()) {
-    cpu::RopeBackward(dq, rope_cos_.data(), rope_sin_.data(), B * Hl, Tn, D);
-    cpu::RopeBackward(dk, rope_cos_.data(), rope_sin_.data(), B * Hl, Tn, D);
+    const T* cos = rope_.template data<T>();
+    const T* sin = cos + static_cast<int64_t>(T_) * (D / 2);
+    MESHRUN_RETURN_IF_ERROR(ops::RopeBackward(dev, dq, cos, sin, B * Hl, Tn, D));
+    MESHRUN_RETURN_IF_ERROR(ops::RopeBackward(dev, dk, cos, sin, B * Hl, Tn, D));
   }
-  MergeQkvGrads(dqkv_.template data<T>(), dq, dk, dv, B, Tn, Hl, cfg_.kv_heads() / cfg_.tp_size, D);
-  return OkStatus();
+  return ops::MergeQkvGrads(dev, dqkv_.template data<T>(), dq, dk, dv, B, Tn, Hl,
+                            cfg_.kv_heads() / cfg_.tp_size, D);
 }
 
+template Status GPT2<float>::PrepareCpPositions();
+template Status GPT2<double>::PrepareCpPositions();
 template Status GPT2<float>::AttentionForward(GPT2<float>::LayerActs&, bool);
 template Status GPT2<double>::AttentionForward(GPT2<double>::LayerActs&, bool);
 template Status GPT2<float>::AttentionBackward(GPT2<float>::LayerActs&);

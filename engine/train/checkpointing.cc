@@ -39,10 +39,12 @@ Status Trainer::SaveCheckpoint() {
   // holds a copy of replica 0's and writes an empty file; tp-replicated tensors come from tp
   // rank 0 only.
   std::vector<SliceRef> slices;
+  ShardedState::HostState host;  // a host copy when the shard lives on a device
   if (coords_.dp_replicate == 0) {
-    const float* params = shards_->params();
-    const float* m = shards_->exp_avg();
-    const float* v = shards_->exp_avg_sq();
+    MESHRUN_RETURN_IF_ERROR(shards_->ToHost(&host));
+    const float* params = host.params;
+    const float* m = host.exp_avg;
+    const float* v = host.exp_avg_sq;
     for (const ShardSegment& s : shards_->segments()) {
       const ParamInfo& p = model_->params()[s.param];
       if (!p.tp_sharded && coords_.tp != 0) continue;
@@ -91,9 +93,11 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
     }
   }
   // Only the byte ranges of this rank's shard are read, whatever mesh wrote them.
-  float* params = shards_->params();
-  float* m = shards_->exp_avg();
-  float* v = shards_->exp_avg_sq();
+  ShardedState::HostState host;  // read on the host, then copied to the shard's device
+  MESHRUN_RETURN_IF_ERROR(shards_->ToHost(&host));
+  float* params = host.params;
+  float* m = host.exp_avg;
+  float* v = host.exp_avg_sq;
   for (const ShardSegment& s : shards_->segments()) {
     const ParamInfo& p = model_->params()[s.param];
     // A checkpoint without optimizer state (e.g. converted weights) starts fresh moments.
@@ -115,6 +119,7 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
       }
     }
   }
+  MESHRUN_RETURN_IF_ERROR(shards_->FromHost(host));
   nlohmann::json trainer =
       nlohmann::json::parse(reader.metadata().trainer_json, nullptr, /*allow_exceptions=*/false);
   if (trainer.is_discarded() || !trainer.contains("step") || !trainer["step"].is_number_integer()) {

@@ -1,7 +1,7 @@
 // What the update that ends every step reports: global grad-norm clipping (torch
 // clip_grad_norm_) and AdamW (torch.optim.AdamW) with the learning-rate schedule of
-// docs/model.md. The CPU update is ShardedState::ClipAndStep (engine/train/sharding.h); the GPU one
-// GPT2Cuda::ClipAndAdamW.
+// docs/model.md. The update is ShardedState::ClipAndStep (engine/train/sharding.h), on cpu or
+// cuda buffers alike (engine/ops).
 #pragma once
 
 #include <cstdint>

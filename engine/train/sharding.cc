@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "engine/comm/communicator.h"
-#include "engine/kernels/cpu/kernels.h"
+#include "engine/ops/ops.h"
 #include "engine/train/schedule.h"
 
 namespace meshrun {
@@ -103,20 +103,20 @@ ShardedState::ShardedState(GPT2<float>* model, Communicator* fsdp, Communicator*
   if (sharded()) {
     {
       MemoryKindScope kind(MemoryKind::kParameters);
-      params_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
+      params_ = Tensor::Zeros({size_}, ScalarType::kFloat32, device());
     }
     {
       MemoryKindScope kind(MemoryKind::kGradients);
-      grads_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
+      grads_ = Tensor::Zeros({size_}, ScalarType::kFloat32, device());
     }
     MemoryKindScope kind(MemoryKind::kCommunication);
-    scratch_ = Tensor::Zeros({largest}, ScalarType::kFloat32);
+    scratch_ = Tensor::Zeros({largest}, ScalarType::kFloat32, device());
     gathered_.resize(units.size());
     unit_grads_.resize(units.size());
   }
   MemoryKindScope kind(MemoryKind::kOptimizer);
-  m_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
-  v_ = Tensor::Zeros({size_}, ScalarType::kFloat32);
+  m_ = Tensor::Zeros({size_}, ScalarType::kFloat32, device());
+  v_ = Tensor::Zeros({size_}, ScalarType::kFloat32, device());
 }
 
 void ShardedState::InitDeterministic(uint64_t seed) {
@@ -124,7 +124,11 @@ void ShardedState::InitDeterministic(uint64_t seed) {
     model_->InitDeterministic(seed);
     return;
   }
-  float* dst = params();
+  // Computed on the host, then copied to the shard's device (a failure there is sticky and
+  // surfaces at the next op).
+  const bool on_host = device().type == DeviceType::kCpu;
+  std::vector<float> host(on_host ? 0 : static_cast<size_t>(size_));
+  float* dst = on_host ? params() : host.data();
   for (const ShardSegment& s : segments_) {
     const ParamInfo& p = model_->params()[s.param];
     if (p.init_std == 0.0) {
@@ -138,11 +142,18 @@ void ShardedState::InitDeterministic(uint64_t seed) {
           p.init_std * InitNormal(seed, p.name, GlobalIndex(p, s.param_first + i)));
     }
   }
+  if (!on_host) (void)ops::CopyFromHost(device(), params(), dst, sizeof(float) * size_);
 }
 
 Status ShardedState::LoadPieces(
     const std::function<Status(const ParamInfo&, const Box&, float*)>& read) {
-  float* dst = params();
+  // Read on the host; a shard on a device receives one copy at the end.
+  const bool on_host = device().type == DeviceType::kCpu;
+  std::vector<float> host(on_host ? 0 : static_cast<size_t>(size_));
+  if (!on_host)
+    MESHRUN_RETURN_IF_ERROR(
+        ops::CopyToHost(device(), host.data(), params(), sizeof(float) * size_));
+  float* dst = on_host ? params() : host.data();
   for (const ShardSegment& s : segments_) {
     const ParamInfo& p = model_->params()[s.param];
     for (const ParamPiece& piece : PiecesOf(p, s.param_first, s.count)) {
@@ -150,12 +161,38 @@ Status ShardedState::LoadPieces(
       MESHRUN_RETURN_IF_ERROR(read(p, Box{piece.offset, piece.shape}, dst + at));
     }
   }
-  return OkStatus();
+  if (on_host) return OkStatus();
+  return ops::CopyFromHost(device(), params(), host.data(), sizeof(float) * size_);
+}
+
+Status ShardedState::ToHost(HostState* host) {
+  if (device().type == DeviceType::kCpu) {
+    host->params = params();
+    host->exp_avg = exp_avg();
+    host->exp_avg_sq = exp_avg_sq();
+    return OkStatus();
+  }
+  const size_t n = static_cast<size_t>(size_);
+  host->copy.resize(3 * n);
+  host->params = host->copy.data();
+  host->exp_avg = host->params + n;
+  host->exp_avg_sq = host->exp_avg + n;
+  MESHRUN_RETURN_IF_ERROR(ops::CopyToHost(device(), host->params, params(), sizeof(float) * n));
+  MESHRUN_RETURN_IF_ERROR(ops::CopyToHost(device(), host->exp_avg, exp_avg(), sizeof(float) * n));
+  return ops::CopyToHost(device(), host->exp_avg_sq, exp_avg_sq(), sizeof(float) * n);
+}
+
+Status ShardedState::FromHost(const HostState& host) {
+  if (device().type == DeviceType::kCpu) return OkStatus();
+  const size_t bytes = sizeof(float) * static_cast<size_t>(size_);
+  MESHRUN_RETURN_IF_ERROR(ops::CopyFromHost(device(), params(), host.params, bytes));
+  MESHRUN_RETURN_IF_ERROR(ops::CopyFromHost(device(), exp_avg(), host.exp_avg, bytes));
+  return ops::CopyFromHost(device(), exp_avg_sq(), host.exp_avg_sq, bytes);
 }
 
 void ShardedState::ZeroGrad() {
   model_->ZeroGrad();
-  if (sharded()) std::memset(grads(), 0, sizeof(float) * size_);
+  if (sharded()) (void)ops::Zero(device(), grads(), sizeof(float) * size_);
 }
 
 Tensor ShardedState::Acquire(std::vector<Tensor>& pool, int64_t numel, MemoryKind kind) {
@@ -168,7 +205,7 @@ Tensor ShardedState::Acquire(std::vector<Tensor>& pool, int64_t numel, MemoryKin
   }
   if (best == pool.size()) {
     MemoryKindScope scope(kind);
-    return Tensor::Empty({numel}, ScalarType::kFloat32);
+    return Tensor::Empty({numel}, ScalarType::kFloat32, device());
   }
   Tensor t = pool[best];
   pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(best));
@@ -232,7 +269,8 @@ Status ShardedState::BeforeBackward(int unit) {
   const UnitInfo& u = model_->units()[unit];
   if (!unit_grads_[unit].defined()) {
     unit_grads_[unit] = Acquire(free_grads_, u.padded, MemoryKind::kGradients);
-    std::memset(unit_grads_[unit].raw(), 0, sizeof(float) * static_cast<size_t>(u.padded));
+    MESHRUN_RETURN_IF_ERROR(ops::Zero(device(), unit_grads_[unit].raw(),
+                                      sizeof(float) * static_cast<size_t>(u.padded)));
   }
   model_->BindUnit(unit, gathered_[unit].data<float>(), unit_grads_[unit].data<float>());
   return OkStatus();
@@ -245,7 +283,7 @@ Status ShardedState::AfterBackward(int unit) {
   MESHRUN_RETURN_IF_ERROR(fsdp_->ReduceScatter(unit_grads_[unit].data<float>(), tmp,
                                                static_cast<size_t>(count),
                                                CallOptions::Axis("dp_shard")));
-  cpu::Accumulate(grads() + ShardOffset(unit), tmp, count);
+  MESHRUN_RETURN_IF_ERROR(ops::Accumulate(device(), grads() + ShardOffset(unit), tmp, count));
   Release(free_grads_, unit_grads_[unit]);
   Release(free_params_, gathered_[unit]);
   model_->BindUnit(unit, nullptr, nullptr);
@@ -262,7 +300,10 @@ StatusOr<double> ShardedState::GlobalGradNormSquared() {
   double local = 0;
   const float* g = grads();
   for (const ShardSegment& s : segments_) {
-    if (s.counts_in_norm) local += cpu::SumOfSquares(g + s.shard_offset, s.count);
+    if (!s.counts_in_norm) continue;
+    MESHRUN_ASSIGN_OR_RETURN(const double sq,
+                             ops::SumOfSquares(device(), g + s.shard_offset, s.count));
+    local += sq;
   }
   MESHRUN_ASSIGN_OR_RETURN(double over_tp, SumOverGroup(tp_, local, "tp"));
   return SumOverGroup(sharded() ? fsdp_ : nullptr, over_tp, "dp_shard");
@@ -276,14 +317,15 @@ StatusOr<UpdateResult> ShardedState::ClipAndStep(const TrainSpec& tr, int64_t st
   float* g = grads();
   // torch clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds it.
   if (tr.grad_clip > 0 && r.grad_norm > tr.grad_clip) {
-    cpu::Scale(g, size_, tr.grad_clip / (r.grad_norm + 1e-6));
+    MESHRUN_RETURN_IF_ERROR(ops::Scale(device(), g, size_, tr.grad_clip / (r.grad_norm + 1e-6)));
   }
   r.lr = LearningRate(tr.lr, tr.min_lr, tr.warmup_steps, tr.steps, step);
   float* p = params();
   for (const ShardSegment& s : segments_) {
-    cpu::AdamW(p + s.shard_offset, g + s.shard_offset, exp_avg() + s.shard_offset,
-               exp_avg_sq() + s.shard_offset, s.count, r.lr, tr.beta1, tr.beta2, tr.eps,
-               s.decay ? tr.weight_decay : 0.0, step + 1);
+    MESHRUN_RETURN_IF_ERROR(ops::AdamW(device(), p + s.shard_offset, g + s.shard_offset,
+                                       exp_avg() + s.shard_offset, exp_avg_sq() + s.shard_offset,
+                                       s.count, r.lr, tr.beta1, tr.beta2, tr.eps,
+                                       s.decay ? tr.weight_decay : 0.0, step + 1));
   }
   return r;
 }

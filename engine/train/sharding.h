@@ -47,12 +47,27 @@ class ShardedState final : public UnitHooks {
                bool reshard_after_forward = true);
 
   bool sharded() const { return n_ > 1; }
+  // The device of the model and of every buffer here (parameters, gradients, AdamW state).
+  Device device() const { return model_->config().device; }
   int64_t size() const { return size_; }
+  // On device(); checkpoints copy them to the host (ops::CopyToHost).
   float* params() { return sharded() ? params_.data<float>() : model_->params_data(); }
   float* grads() { return sharded() ? grads_.data<float>() : model_->grads_data(); }
   float* exp_avg() { return m_.data<float>(); }
   float* exp_avg_sq() { return v_.data<float>(); }
   const std::vector<ShardSegment>& segments() const { return segments_; }
+
+  // The shard's parameters and AdamW moments where the host can read and write them
+  // (checkpoints): on cpu the buffers themselves, on a device a copy (size() floats each).
+  struct HostState {
+    float* params = nullptr;
+    float* exp_avg = nullptr;
+    float* exp_avg_sq = nullptr;
+    std::vector<float> copy;  // device only: [params | exp_avg | exp_avg_sq]
+  };
+  Status ToHost(HostState* host);
+  // After writing into a HostState: copies it back to the device (no-op on cpu).
+  Status FromHost(const HostState& host);
 
   // Element i of every parameter from InitNormal(seed, name, global index of i), computed for
   // this rank's shard only.

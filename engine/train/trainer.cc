@@ -67,6 +67,17 @@ Status Trainer::Init() {
   cfg.recompute = ac == "full"        ? Recompute::kFull
                   : ac == "selective" ? Recompute::kSelective
                                       : Recompute::kNone;
+  // The rank's device: every parameter, gradient, activation and AdamW moment lives there; the
+  // host keeps the tokens, the scalars and the checkpoint files. On cuda a rank uses device 0 of
+  // the GPUs it sees (the worker gives each rank its own), in float32.
+  if (spec_.resources.device == "cuda") {
+    if (spec_.train.precision == "bf16") {
+      return InvalidArgumentError(
+          "train.precision: bf16 on cuda is not built into the trainer yet (it trains in "
+          "float32 on the GPU) (hint: use precision: fp32)");
+    }
+    cfg.device = Device{DeviceType::kCuda, 0};
+  }
   // Under FSDP the model owns no full buffers: its units are gathered when used (sharding.h).
   const bool fsdp = cfg.fsdp_size > 1;
   model_ = std::make_unique<GPT2<float>>(cfg, /*own_storage=*/!fsdp);
@@ -255,8 +266,10 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   const double flops_per_token = GPT2FlopsPerToken(global_cfg, spec_.model.seq_len);
   const double world_peak = peak_flops_ * dims_->world_size();
   double total_seconds = 0;
-  CpuAllocator().ResetPeak();
-  ResetMemoryBreakdownPeak(DeviceType::kCpu);
+  // Memory is reported for the model's device (cpu, or the rank's GPU).
+  const Device device = model_->config().device;
+  AllocatorFor(device).ResetPeak();
+  ResetMemoryBreakdownPeak(device.type);
   std::shared_ptr<CommStats> stats = ctx_.comms ? ctx_.comms->stats() : nullptr;
   if (stats) stats->Reset();
 
@@ -268,11 +281,11 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     m.tokens_per_second = tokens_per_step / m.step_seconds;
     m.tflops = m.tokens_per_second * flops_per_token / 1e12;
     m.mfu = m.tflops * 1e12 / world_peak;
-    const MemoryStats mem = CpuAllocator().Stats();
+    const MemoryStats mem = AllocatorFor(device).Stats();
     m.allocated_memory_bytes = mem.allocated_bytes;
     m.peak_memory_bytes = mem.peak_bytes;
     m.reserved_memory_bytes = mem.reserved_bytes;
-    m.memory = MemoryBreakdownOf(DeviceType::kCpu);
+    m.memory = MemoryBreakdownOf(device.type);
     if (stats) m.comm = stats->Snapshot();
     observer->OnStep(m);
     summary.losses.push_back(loss);
@@ -315,7 +328,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   }
   // Memory: the largest rank's figures (every rank runs this, in the same order).
   // One gather of [peak, each kind's peak, max RSS].
-  const MemoryBreakdown mem = MemoryBreakdownOf(DeviceType::kCpu);
+  const MemoryBreakdown mem = MemoryBreakdownOf(device.type);
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
   std::vector<double> mine = {static_cast<double>(summary.peak_memory_bytes)};

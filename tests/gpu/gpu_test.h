@@ -1,6 +1,7 @@
 // A tiny self-contained test harness for tests/gpu (the GPU machine has no GoogleTest): GPU_TEST
 // registers a test, EXPECT_* / ASSERT_OK record failures with file:line, and RunAllGpuTests skips
-// everything with "skipped: no CUDA device" when cudaGetDeviceCount reports none, exiting
+// everything with "skipped: no CUDA device (cudaGetDeviceCount: <cudaGetErrorName>)" when
+// cudaGetDeviceCount reports none, exiting
 // MESHRUN_TEST_SKIP_CODE so that ctest (SKIP_RETURN_CODE) reports the test as skipped.
 // Also: device array helpers and a normalised array comparison with tolerances per precision.
 #pragma once
@@ -57,9 +58,14 @@ inline void Fail(const char* file, int line, const std::string& what) {
 
 // Runs the registered tests whose name contains argv[1] (all without an argument).
 inline int RunAllGpuTests(int argc, char** argv) {
-  const int devices = gpu::DeviceCount();
-  if (devices == 0) {
-    std::printf("skipped: no CUDA device (%zu tests not run)\n", Registry().size());
+  // Why there is no device, by the runtime's own name for it (cudaErrorNoDevice,
+  // cudaErrorInsufficientDriver, ...), so a skip on a GPU machine is told apart from CI's.
+  int devices = 0;
+  const cudaError_t e = cudaGetDeviceCount(&devices);
+  if (e != cudaSuccess || devices == 0) {
+    (void)cudaGetLastError();
+    std::printf("skipped: no CUDA device (cudaGetDeviceCount: %s; %zu tests not run)\n",
+                e != cudaSuccess ? cudaGetErrorName(e) : "0 devices", Registry().size());
     return MESHRUN_TEST_SKIP_CODE;
   }
   cudaDeviceProp prop{};

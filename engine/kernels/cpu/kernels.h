@@ -184,4 +184,32 @@ double SumOfSquares(const T* x, int64_t n);
 template <typename T>
 void Scale(T* x, int64_t n, double s);  // x *= s
 
+// ---- data movement of the model (engine/kernels/cpu/layout.cc).
+// qkv rows [q (H·D) | k (K·D) | v (K·D)] → q, k, v (B,H,T,D); query head h reads kv head
+// h/(H/K). MergeQkvGrads is the transpose: dqkv overwritten, repeated kv heads summed in order.
+template <typename T>
+void SplitHeads(T* q, T* k, T* v, const T* qkv, int64_t B, int64_t Tn, int64_t H, int64_t K,
+                int64_t D);
+template <typename T>
+void MergeQkvGrads(T* dqkv, const T* dq, const T* dk, const T* dv, int64_t B, int64_t Tn, int64_t H,
+                   int64_t K, int64_t D);
+// (B,H,T,D) → (B,T,H·D) and back.
+template <typename T>
+void HeadsToRows(T* rows, const T* heads, int64_t B, int64_t Tn, int64_t H, int64_t D);
+template <typename T>
+void RowsToHeads(T* heads, const T* rows, int64_t B, int64_t Tn, int64_t H, int64_t D);
+// Gathered blocks [j][BH][Tl][D] → one sequence (BH, n·Tl, D) whose key j·Tl + t is token t of
+// block j, and back.
+template <typename T>
+void BlocksToSequence(T* seq, const T* blocks, int64_t n, int64_t BH, int64_t Tl, int64_t D);
+template <typename T>
+void SequenceToBlocks(T* blocks, const T* seq, int64_t n, int64_t BH, int64_t Tl, int64_t D);
+// out[i,:] += bias; dbias += Σ_rows dout (fixed order); x[i,:] += table[idx[i],:].
+template <typename T>
+void AddBias(T* out, const T* bias, int64_t N, int64_t C);
+template <typename T>
+void BiasBackward(T* dbias, const T* dout, int64_t N, int64_t C);
+template <typename T>
+void AddRows(T* x, const T* table, const int32_t* idx, int64_t N, int64_t C);
+
 }  // namespace meshrun::cpu
