@@ -1,6 +1,7 @@
 // The rank's typed reports (see rank_reports.h).
 #include "rank/rank_reports.h"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cerrno>
@@ -46,6 +47,7 @@ v1::RankStep StepReport(const StepMetrics& m) {
     out->set_seconds(c.seconds);
     out->set_bytes(c.bytes);
     out->set_calls(c.calls);
+    out->set_exposed_seconds(c.exposed_seconds);
   }
   return r;
 }
@@ -94,6 +96,8 @@ std::string StepLineJson(const v1::RankStep& m) {
     comm.push_back({{"axis", c.axis()},
                     {"op", c.op()},
                     {"seconds", c.seconds()},
+                    {"exposed_seconds", c.exposed_seconds()},
+                    {"overlapped_seconds", std::max(0.0, c.seconds() - c.exposed_seconds())},
                     {"bytes", c.bytes()},
                     {"calls", c.calls()}});
   }
