@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
       listed = (*nvml)->Devices();
     } else {
       why = std::string(nvml.status().message());
+      why = why.substr(0, why.find(" (hint: "));  // this message brings its own hint
     }
     auto gpus = meshrun::CudaInventory(listed, std::getenv("CUDA_VISIBLE_DEVICES"), why);
     if (!gpus.ok()) return Fail(gpus.status().message(), 2);

@@ -38,7 +38,7 @@ StatusOr<double> RankPeakFlops(const std::string& device, int cuda_device, std::
   if (device != "cuda") return 0.0;
   const std::string name = CudaDeviceName(cuda_device);
   if (std::optional<double> tflops = DenseBf16PeakTflops(name)) return *tflops * 1e12;
-  if (note != nullptr) {
+  if (note != nullptr && !name.empty()) {
     *note = "note: MFU reads 0: the GPU '" + name +
             "' is not in meshrun's peak table (hint: set MESHRUN_PEAK_TFLOPS to its dense bf16 "
             "TFLOP/s, or meshrun-worker --peak-tflops)";
