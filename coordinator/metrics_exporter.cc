@@ -2,7 +2,6 @@
 // families at scrape time.
 #include "coordinator/metrics_exporter.h"
 
-#include <algorithm>
 #include <netdb.h>
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
@@ -10,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <limits>

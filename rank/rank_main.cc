@@ -122,7 +122,8 @@ StatusOr<RankContext> ConnectRank(const v1::RankStart& start, const ParallelDims
         "N, or through meshrun submit)");
   }
   ctx.store = store;
-  // The backend follows resources.device (Gloo on cpu, NCCL on cuda; engine/comm/backend_factory.h).
+  // The backend follows resources.device (Gloo on cpu, NCCL on cuda;
+  // engine/comm/backend_factory.h).
   CommBackendOptions backend;
   backend.hostname = start.host();
   backend.cuda_device = RankCudaDevice(a.local_rank());

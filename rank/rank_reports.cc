@@ -1,9 +1,9 @@
 // The rank's typed reports (see rank_reports.h).
 #include "rank/rank_reports.h"
 
-#include <algorithm>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <iostream>

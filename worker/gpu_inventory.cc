@@ -111,8 +111,8 @@ std::optional<int> PickGpu(int local_rank, const std::vector<bool>& in_use) {
 std::vector<std::pair<std::string, std::string>> GpuRankEnv(const GpuDevice& gpu,
                                                             const std::string& ifname,
                                                             double peak_tflops) {
-  std::vector<std::pair<std::string, std::string>> env = {
-      {"CUDA_VISIBLE_DEVICES", gpu.id}, {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"}};
+  std::vector<std::pair<std::string, std::string>> env = {{"CUDA_VISIBLE_DEVICES", gpu.id},
+                                                          {"CUDA_DEVICE_ORDER", "PCI_BUS_ID"}};
   if (!ifname.empty()) env.emplace_back("NCCL_SOCKET_IFNAME", ifname);
   if (peak_tflops > 0) {
     char buf[64];

@@ -17,9 +17,9 @@
 namespace meshrun {
 
 struct GpuDevice {
-  int index = 0;        // NVML's index (PCI bus order)
-  std::string id;       // what CUDA_VISIBLE_DEVICES names it by: the index, or the worker's entry
-  std::string name;     // "NVIDIA H200"
+  int index = 0;     // NVML's index (PCI bus order)
+  std::string id;    // what CUDA_VISIBLE_DEVICES names it by: the index, or the worker's entry
+  std::string name;  // "NVIDIA H200"
   uint64_t memory_bytes = 0;
 };
 

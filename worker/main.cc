@@ -7,8 +7,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cstdlib>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -143,15 +143,17 @@ int main(int argc, char** argv) {
     config.peak_tflops = peak_tflops;
   } else {
     if (slots < 1) {
-      return Fail("--slots: required with --device cpu (hint: e.g. --slots 4, the rank "
-                  "processes this worker runs at once)",
-                  2);
+      return Fail(
+          "--slots: required with --device cpu (hint: e.g. --slots 4, the rank "
+          "processes this worker runs at once)",
+          2);
     }
     config.slots = slots;
     if (peak_tflops > 0) {
-      return Fail("--peak-tflops: applies to --device cuda only (hint: cpu ranks measure their "
-                  "float32 GEMM rate; leave the flag out)",
-                  2);
+      return Fail(
+          "--peak-tflops: applies to --device cuda only (hint: cpu ranks measure their "
+          "float32 GEMM rate; leave the flag out)",
+          2);
     }
   }
 
@@ -171,9 +173,10 @@ int main(int argc, char** argv) {
   if (config.device == "cuda" && std::getenv("NCCL_SOCKET_IFNAME") == nullptr) {
     config.nccl_ifname = meshrun::InterfaceOf(address);
     if (config.nccl_ifname.empty()) {
-      spdlog::warn("--address {}: no local interface holds it; ranks get no NCCL_SOCKET_IFNAME "
-                   "(hint: set NCCL_SOCKET_IFNAME for the worker)",
-                   address);
+      spdlog::warn(
+          "--address {}: no local interface holds it; ranks get no NCCL_SOCKET_IFNAME "
+          "(hint: set NCCL_SOCKET_IFNAME for the worker)",
+          address);
     }
   }
   config.metrics_address = metrics_listen;

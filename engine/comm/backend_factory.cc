@@ -76,8 +76,7 @@ StatusOr<std::unique_ptr<MeshComms>> ConnectMesh(const std::string& device,
     // One world communicator for the attempt; every axis group is split from it.
     auto* nccl = static_cast<gpu::NcclBackend*>(backend.get());
     auto world_store = std::make_shared<PrefixStore>(options.store_prefix, store);
-    MESHRUN_RETURN_IF_ERROR(
-        nccl->InitWorld(world_store, rank, dims.world_size(), options.timeout));
+    MESHRUN_RETURN_IF_ERROR(nccl->InitWorld(world_store, rank, dims.world_size(), options.timeout));
   }
 #endif
   return MeshComms::Create(dims, rank, std::move(store), std::move(backend), std::move(stats),

@@ -49,7 +49,9 @@ struct CommCounter {
   // backends); the rest overlapped with the caller's compute (communicator.h, Start/Wait).
   double exposed_seconds = 0;
 
-  double overlapped_seconds() const { return seconds > exposed_seconds ? seconds - exposed_seconds : 0; }
+  double overlapped_seconds() const {
+    return seconds > exposed_seconds ? seconds - exposed_seconds : 0;
+  }
 
   CommCounter& operator+=(const CommCounter& o) {
     seconds += o.seconds;

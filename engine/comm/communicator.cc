@@ -186,9 +186,8 @@ Status Communicator::DoWait(int64_t, Duration, double*) {
   return UnimplementedError("this backend has no asynchronous collectives");
 }
 
-StatusOr<CommWork> Communicator::Start(CommOp op, AsyncOp async_op, const void* input,
-                                       void* output, size_t count, size_t bytes,
-                                       const CallOptions& opts) {
+StatusOr<CommWork> Communicator::Start(CommOp op, AsyncOp async_op, const void* input, void* output,
+                                       size_t count, size_t bytes, const CallOptions& opts) {
   CommWork work;
   work.op_ = op;
   work.bytes_ = bytes;
@@ -200,9 +199,7 @@ StatusOr<CommWork> Communicator::Start(CommOp op, AsyncOp async_op, const void* 
     Status s;
     const CallOptions call(work.timeout_, opts.axis);
     switch (async_op) {
-      case AsyncOp::kAllReduce:
-        s = AllReduce(static_cast<float*>(output), count, call);
-        break;
+      case AsyncOp::kAllReduce: s = AllReduce(static_cast<float*>(output), count, call); break;
       case AsyncOp::kReduceScatter:
         s = ReduceScatter(static_cast<const float*>(input), static_cast<float*>(output), count,
                           call);
@@ -238,8 +235,8 @@ StatusOr<CommWork> Communicator::StartAllReduce(float* data, size_t count,
                opts);
 }
 
-StatusOr<CommWork> Communicator::StartReduceScatter(const float* input, float* output,
-                                                    size_t count, const CallOptions& opts) {
+StatusOr<CommWork> Communicator::StartReduceScatter(const float* input, float* output, size_t count,
+                                                    const CallOptions& opts) {
   if (count > 0 && (input == nullptr || output == nullptr)) {
     return InvalidArgumentError(Describe(CommOp::kReduceScatter) + ": null buffer");
   }

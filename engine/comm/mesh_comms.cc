@@ -75,9 +75,9 @@ StatusOr<std::unique_ptr<MeshComms>> MeshComms::Create(const ParallelDims& dims,
                                                        std::shared_ptr<CommStats> stats,
                                                        const MeshCommsOptions& options) {
   if (!backend) return InvalidArgumentError("mesh comms: no backend");
-  MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> mesh,
-                           Create(dims, rank, std::move(store), *backend, std::move(stats),
-                                  options));
+  MESHRUN_ASSIGN_OR_RETURN(
+      std::unique_ptr<MeshComms> mesh,
+      Create(dims, rank, std::move(store), *backend, std::move(stats), options));
   mesh->backend_ = std::move(backend);
   return mesh;
 }

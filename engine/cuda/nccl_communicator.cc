@@ -8,8 +8,8 @@
 #include <cstring>
 #include <functional>
 #include <map>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "engine/cuda/allocator.h"
 #include "engine/cuda/check.h"

@@ -36,9 +36,12 @@ bool ParseValue(const std::string& text, T* out) {
     *out = text;
     return true;
   } else if constexpr (std::is_same_v<T, bool>) {
-    if (text == "true") *out = true;
-    else if (text == "false") *out = false;
-    else return false;
+    if (text == "true")
+      *out = true;
+    else if (text == "false")
+      *out = false;
+    else
+      return false;
     return true;
   } else {
     std::istringstream in(text);
@@ -90,8 +93,9 @@ class JsonLines final : public TrainObserver {
     for (const auto& [key, c] : m.comm) {
       if (!comm.empty()) comm += ",";
       comm += "{\"axis\":\"" + key.first + "\",\"op\":\"" + key.second +
-              "\",\"seconds\":" + Num(c.seconds) + ",\"exposed_seconds\":" +
-              Num(c.exposed_seconds) + ",\"overlapped_seconds\":" + Num(c.overlapped_seconds()) +
+              "\",\"seconds\":" + Num(c.seconds) +
+              ",\"exposed_seconds\":" + Num(c.exposed_seconds) +
+              ",\"overlapped_seconds\":" + Num(c.overlapped_seconds()) +
               ",\"bytes\":" + Num(c.bytes) + ",\"calls\":" + std::to_string(c.calls) + "}";
     }
     std::cout << "{\"event\":\"step\",\"step\":" << m.step << ",\"loss\":" << Num(m.loss)
@@ -117,15 +121,17 @@ int Main(int argc, char** argv) {
     const std::string arg = argv[i];
     auto next = [&](const char* flag) -> StatusOr<std::string> {
       if (i + 1 >= argc) {
-        return InvalidArgumentError(std::string(flag) + ": needs a value (hint: meshrun-train --help)");
+        return InvalidArgumentError(std::string(flag) +
+                                    ": needs a value (hint: meshrun-train --help)");
       }
       return std::string(argv[++i]);
     };
     if (arg == "--help" || arg == "-h") {
-      std::cout << "usage: meshrun-train [--set KEY=VALUE]... [--rank R --world W --store-dir DIR]\n"
-                   "  Trains the job spec of docs/job-spec.md (its defaults, changed by --set) "
-                   "through the engine's Trainer\n  and prints the `meshrun train -o json` step "
-                   "lines and summary. MESHRUN_PEAK_TFLOPS overrides MFU's peak.\n";
+      std::cout
+          << "usage: meshrun-train [--set KEY=VALUE]... [--rank R --world W --store-dir DIR]\n"
+             "  Trains the job spec of docs/job-spec.md (its defaults, changed by --set) "
+             "through the engine's Trainer\n  and prints the `meshrun train -o json` step "
+             "lines and summary. MESHRUN_PEAK_TFLOPS overrides MFU's peak.\n";
       return 0;
     }
     StatusOr<std::string> v = InvalidArgumentError("");

@@ -94,10 +94,9 @@ TEST(GpuInventoryTest, TheEnvironmentOfACudaRank) {
   std::vector<std::string> merged = MergeEnvironment(
       {"PATH=/bin", "CUDA_VISIBLE_DEVICES=0,1,2,3", "NCCL_DEBUG=WARN", "MESHRUN_PEAK_TFLOPS=1"},
       env);
-  EXPECT_EQ(merged, (std::vector<std::string>{"PATH=/bin", "NCCL_DEBUG=WARN",
-                                              "CUDA_VISIBLE_DEVICES=3",
-                                              "CUDA_DEVICE_ORDER=PCI_BUS_ID",
-                                              "NCCL_SOCKET_IFNAME=eth0"}));
+  EXPECT_EQ(merged,
+            (std::vector<std::string>{"PATH=/bin", "NCCL_DEBUG=WARN", "CUDA_VISIBLE_DEVICES=3",
+                                      "CUDA_DEVICE_ORDER=PCI_BUS_ID", "NCCL_SOCKET_IFNAME=eth0"}));
 }
 
 TEST(GpuInventoryTest, InterfaceOfAnAddress) {

@@ -16,7 +16,8 @@ TEST(BackendFactoryTest, UnknownDeviceIsAnInputError) {
   auto b = CreateCommBackend("tpu");
   ASSERT_FALSE(b.ok());
   EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(b.status().message(), "resources.device: 'tpu' is not a device (hint: use cpu or cuda)");
+  EXPECT_EQ(b.status().message(),
+            "resources.device: 'tpu' is not a device (hint: use cpu or cuda)");
 }
 
 TEST(BackendFactoryTest, CpuIsGlooWhenBuiltIn) {
