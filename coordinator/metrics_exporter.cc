@@ -139,9 +139,9 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
       for (const auto& [key, totals] : r.comm) {
         const Labels labels = with({{"axis", AxisLabel(key.first)}, {"op", OpLabel(key.second)}});
         AddGauge(comm_seconds, labels, totals.seconds);
-        const double exposed = std::clamp(totals.exposed_seconds, 0.0, totals.seconds);
-        AddGauge(comm_exposed, labels, exposed);
-        AddGauge(comm_overlapped, labels, totals.seconds - exposed);
+        const double overlapped = std::clamp(totals.overlapped_seconds, 0.0, totals.seconds);
+        AddGauge(comm_exposed, labels, totals.seconds - overlapped);
+        AddGauge(comm_overlapped, labels, overlapped);
         AddGauge(comm_bytes, labels, totals.bytes);
       }
       const bool gpu = r.placement.device == "cuda";

@@ -47,7 +47,7 @@ class RankSeries {
   struct Comm {
     double seconds = 0;
     double bytes = 0;
-    double exposed_seconds = 0;  // of `seconds`, the part the rank was blocked for
+    double overlapped_seconds = 0;  // of `seconds`, the part that overlapped with compute
   };
   // What is served for one rank.
   struct Rank {

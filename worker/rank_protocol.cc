@@ -129,7 +129,8 @@ v1::MetricsSample SampleOfStep(const v1::RankStep& step, const std::string& job_
     out->set_axis(axis);
     out->set_op(op);
     out->set_seconds(std::max(0.0, c.seconds()));
-    out->set_exposed_seconds(std::clamp(c.exposed_seconds(), 0.0, std::max(0.0, c.seconds())));
+    out->set_overlapped_seconds(
+        std::clamp(c.overlapped_seconds(), 0.0, std::max(0.0, c.seconds())));
     out->set_bytes(static_cast<uint64_t>(std::max(0.0, c.bytes())));
     out->set_calls(c.calls());
   }
