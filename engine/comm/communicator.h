@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "common/status.h"
 #include "engine/comm/comm_stats.h"
@@ -53,8 +54,19 @@ class Communicator;
 class CommWork {
  public:
   CommWork() = default;
-  CommWork(CommWork&&) noexcept = default;
-  CommWork& operator=(CommWork&&) noexcept = default;
+  // A moved-from CommWork is no longer pending (only one copy may be waited for).
+  CommWork(CommWork&& o) noexcept { *this = std::move(o); }
+  CommWork& operator=(CommWork&& o) noexcept {
+    pending_ = std::exchange(o.pending_, false);
+    op_ = o.op_;
+    bytes_ = o.bytes_;
+    axis_ = std::move(o.axis_);
+    timeout_ = o.timeout_;
+    start_ = o.start_;
+    exposed_seconds_ = o.exposed_seconds_;
+    ticket_ = std::exchange(o.ticket_, -1);
+    return *this;
+  }
   // True from a successful Start until Wait.
   bool pending() const { return pending_; }
 
