@@ -126,7 +126,7 @@ StatusOr<RankContext> ConnectRank(const v1::RankStart& start, const ParallelDims
   // engine/comm/backend_factory.h).
   CommBackendOptions backend;
   backend.hostname = start.host();
-  backend.cuda_device = RankCudaDevice(a.local_rank());
+  if (device == "cuda") backend.cuda_device = RankCudaDevice(a.local_rank());
   MeshCommsOptions comm_options;
   comm_options.timeout = timeout;  // parallelism.comm_timeout_seconds
   MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
@@ -206,8 +206,9 @@ int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& 
   // MFU's peak: MESHRUN_PEAK_TFLOPS, else the GPU's dense bf16 peak by name on cuda (0 on cpu:
   // the trainer measures a float32 GEMM). engine/train/gpu_peak.h.
   std::string peak_note;
-  StatusOr<double> peak =
-      RankPeakFlops(spec->resources.device, RankCudaDevice(a.local_rank()), &peak_note);
+  StatusOr<double> peak = RankPeakFlops(
+      spec->resources.device, spec->resources.device == "cuda" ? RankCudaDevice(a.local_rank()) : 0,
+      &peak_note);
   if (!peak.ok()) return ReportError(peak.status());
   if (!peak_note.empty() && a.rank() == 0) std::cerr << peak_note << std::endl;
   train.peak_flops = *peak;

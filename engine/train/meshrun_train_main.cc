@@ -163,7 +163,7 @@ int Main(int argc, char** argv) {
   }
   RankContext ctx;
   ctx.rank = rank;
-  const int cuda_device = RankCudaDevice(rank);
+  const int cuda_device = spec.resources.device == "cuda" ? RankCudaDevice(rank) : 0;
   if (world > 1) {
     if (store_dir.empty()) {
       return Fail(InvalidArgumentError(
