@@ -18,18 +18,27 @@ import sys
 import time
 
 
+# Dense bf16 TFLOP/s by device name: the table of common/gpu_peak.cc (docs/gpu.md "MFU"), most
+# specific first, matched as whole words.
+PEAK_TABLE = [("GH200", 989.4), ("H200 NVL", 835.5), ("H200", 989.4), ("H100 NVL", 835.5),
+              ("H100 PCIe", 756.5), ("H100", 989.4), ("H800", 989.4), ("B200", 2250.0),
+              ("A100", 312.0), ("A800", 312.0), ("L40S", 362.05), ("L40", 181.05), ("L4", 121.0),
+              ("A10G", 70.0), ("A10", 125.0)]
+
+
 def peak_tflops(name):
-    """Dense bf16 peak by device name; the same table as bench/gpu_train_step."""
-    if "H100" in name and "PCIe" in name:
-        return 756.0
-    for key in ("H100", "H200", "H800", "GH200"):
-        if key in name:
-            return 989.4
-    for key in ("A100", "A800"):
-        if key in name:
-            return 312.0
-    if "L40S" in name:
-        return 362.0
+    """Dense bf16 peak by device name (0: unknown); MESHRUN_PEAK_TFLOPS overrides it."""
+    import os
+    import re
+    env = os.environ.get("MESHRUN_PEAK_TFLOPS", "")
+    try:
+        if env and float(env) > 0:
+            return float(env)
+    except ValueError:
+        pass
+    for key, tflops in PEAK_TABLE:
+        if re.search(r"(?<![A-Za-z0-9])" + re.escape(key) + r"(?![A-Za-z0-9])", name, re.I):
+            return tflops
     return 0.0
 
 

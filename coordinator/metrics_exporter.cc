@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <limits>
@@ -80,6 +81,16 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
                              "Seconds the rank spent in communication, by axis and op (earlier "
                              "attempts included).",
                              MetricType::Counter);
+  auto comm_exposed = Family("meshrun_rank_comm_exposed_seconds_total",
+                             "Of meshrun_rank_comm_seconds_total, the seconds the rank was blocked "
+                             "waiting for communication, by axis and op (earlier attempts "
+                             "included).",
+                             MetricType::Counter);
+  auto comm_overlapped = Family("meshrun_rank_comm_overlapped_seconds_total",
+                                "Of meshrun_rank_comm_seconds_total, the seconds communication "
+                                "overlapped with the rank's compute, by axis and op (earlier "
+                                "attempts included).",
+                                MetricType::Counter);
   auto comm_bytes = Family("meshrun_rank_comm_bytes_total",
                            "Bus bytes (nccl-tests' measure) the rank moved, by axis and op "
                            "(earlier attempts included).",
@@ -129,6 +140,9 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
         const Labels labels =
             with({{"axis", MeshAxisName(key.first)}, {"op", OpLabel(key.second)}});
         AddGauge(comm_seconds, labels, totals.seconds);
+        const double overlapped = std::clamp(totals.overlapped_seconds, 0.0, totals.seconds);
+        AddGauge(comm_exposed, labels, totals.seconds - overlapped);
+        AddGauge(comm_overlapped, labels, overlapped);
         AddGauge(comm_bytes, labels, totals.bytes);
       }
       const bool gpu = r.placement.device == "cuda";
@@ -140,7 +154,7 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
     }
   }
   for (auto* f : {&step, &tps, &flops, &mfu, &tokens_total, &steps_total, &flops_total, &loss,
-                  &memory, &comm_seconds, &comm_bytes, &info}) {
+                  &memory, &comm_seconds, &comm_exposed, &comm_overlapped, &comm_bytes, &info}) {
     out.push_back(std::move(*f));
   }
 }

@@ -41,6 +41,7 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
       for (const auto& [key, c] : state.current) {
         state.base[key].seconds += c.seconds;
         state.base[key].bytes += c.bytes;
+        state.base[key].overlapped_seconds += c.overlapped_seconds;
       }
       state.current.clear();
       state.served.step = 0;
@@ -82,11 +83,13 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
     Comm& cur = state.current[{*axis, c.op()}];
     cur.seconds = std::max(cur.seconds, c.seconds());
     cur.bytes = std::max(cur.bytes, static_cast<double>(c.bytes()));
+    cur.overlapped_seconds = std::max(cur.overlapped_seconds, c.overlapped_seconds());
   }
   r.comm = state.base;
   for (const auto& [key, c] : state.current) {
     r.comm[key].seconds += c.seconds;
     r.comm[key].bytes += c.bytes;
+    r.comm[key].overlapped_seconds += c.overlapped_seconds;
   }
 }
 

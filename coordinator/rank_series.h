@@ -47,6 +47,7 @@ class RankSeries {
   struct Comm {
     double seconds = 0;
     double bytes = 0;
+    double overlapped_seconds = 0;  // of `seconds`, the part that overlapped with compute
   };
   // What is served for one rank.
   struct Rank {

@@ -14,9 +14,11 @@
 #include "common/confined_file.h"
 #include "common/job_spec.h"
 #include "common/job_spec_yaml.h"
-#include "engine/comm/gloo_backend.h"
+#include "engine/comm/backend_factory.h"
 #include "engine/comm/mesh_comms.h"
 #include "engine/comm/store.h"
+#include "engine/train/device.h"
+#include "engine/train/rank_device.h"
 #include "proto/spec_convert.h"
 #include "rpc/grpc_store.h"
 
@@ -93,7 +95,7 @@ class ReportingObserver final : public TrainObserver {
 // The store every rank of the attempt meets in (the coordinator's, or a FileStore folder of a
 // standalone run) and the communicators of every axis.
 StatusOr<RankContext> ConnectRank(const v1::RankStart& start, const ParallelDims& dims,
-                                  std::chrono::seconds timeout) {
+                                  const std::string& device, std::chrono::seconds timeout) {
   const v1::RankAssignment& a = start.assignment();
   RankContext ctx;
   ctx.rank = a.rank();
@@ -120,14 +122,16 @@ StatusOr<RankContext> ConnectRank(const v1::RankStart& start, const ParallelDims
         "N, or through meshrun submit)");
   }
   ctx.store = store;
-  GlooOptions gloo;
-  if (!start.host().empty()) gloo.hostname = start.host();
-  MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GlooBackend> backend, GlooBackend::Create(gloo));
+  // The backend follows resources.device (Gloo on cpu, NCCL on cuda;
+  // engine/comm/backend_factory.h).
+  CommBackendOptions backend;
+  backend.hostname = start.host();
+  if (device == "cuda") backend.cuda_device = RankCudaDevice(a.local_rank());
   MeshCommsOptions comm_options;
   comm_options.timeout = timeout;  // parallelism.comm_timeout_seconds
   MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
-                           MeshComms::Create(dims, ctx.rank, store, *backend,
-                                             std::make_shared<CommStats>(), comm_options));
+                           ConnectMesh(device, dims, ctx.rank, store, std::make_shared<CommStats>(),
+                                       comm_options, backend));
   ctx.comms = std::move(comms);
   return ctx;
 }
@@ -193,11 +197,21 @@ int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& 
   RankContext ctx;
   if (dims->world_size() > 1) {
     StatusOr<RankContext> connected =
-        ConnectRank(start, *dims, std::chrono::seconds(spec->parallelism.comm_timeout_seconds));
+        ConnectRank(start, *dims, spec->resources.device,
+                    std::chrono::seconds(spec->parallelism.comm_timeout_seconds));
     if (!connected.ok()) return ReportError(connected.status());
     ctx = std::move(connected).value();
   }
   TrainOptions train;
+  // MFU's peak: MESHRUN_PEAK_TFLOPS, else the GPU's dense bf16 peak by name on cuda (0 on cpu:
+  // the trainer measures a float32 GEMM). engine/train/gpu_peak.h.
+  std::string peak_note;
+  StatusOr<double> peak = RankPeakFlops(
+      spec->resources.device, spec->resources.device == "cuda" ? RankCudaDevice(a.local_rank()) : 0,
+      &peak_note);
+  if (!peak.ok()) return ReportError(peak.status());
+  if (!peak_note.empty() && a.rank() == 0) std::cerr << peak_note << std::endl;
+  train.peak_flops = *peak;
   train.stop_after_step = start.stop_after_step();
   train.spec_yaml = JobSpecToYaml(*spec);
   // The resume checkpoint was chosen once, before any rank started: every rank loads it.

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <iostream>
@@ -46,6 +47,7 @@ v1::RankStep StepReport(const StepMetrics& m) {
     out->set_seconds(c.seconds);
     out->set_bytes(c.bytes);
     out->set_calls(c.calls);
+    out->set_overlapped_seconds(c.overlapped_seconds());
   }
   return r;
 }
@@ -94,6 +96,8 @@ std::string StepLineJson(const v1::RankStep& m) {
     comm.push_back({{"axis", c.axis()},
                     {"op", c.op()},
                     {"seconds", c.seconds()},
+                    {"exposed_seconds", std::max(0.0, c.seconds() - c.overlapped_seconds())},
+                    {"overlapped_seconds", c.overlapped_seconds()},
                     {"bytes", c.bytes()},
                     {"calls", c.calls()}});
   }

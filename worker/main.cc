@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -16,6 +17,8 @@
 #include "common/health_server.h"
 #include "common/tls.h"
 #include "engine/calibration/calibration.h"
+#include "worker/gpu_inventory.h"
+#include "worker/nvml.h"
 #include "worker/worker_daemon.h"
 #include "worker/worker_metrics.h"
 
@@ -58,9 +61,15 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", MESHRUN_VERSION);
   app.add_option("--coordinator", coordinator, "HOST:PORT of meshrun-coordinator")->required();
   app.add_option("--name", config.name, "worker name, unique in the cluster")->required();
-  app.add_option("--slots", config.slots, "rank processes it runs at once")
-      ->required()
+  int slots = 0;
+  app.add_option("--slots", slots,
+                 "rank processes it runs at once (required on cpu; on cuda default one per GPU)")
       ->check(CLI::Range(1, 4096));
+  double peak_tflops = 0;
+  app.add_option("--peak-tflops", peak_tflops,
+                 "dense bf16 TFLOP/s of one GPU for MFU, overriding meshrun's table by GPU name "
+                 "(its ranks get MESHRUN_PEAK_TFLOPS)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--device", config.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--metrics-listen", metrics_listen,
                  "HOST:PORT of the Prometheus endpoint (empty: none)");
@@ -114,6 +123,40 @@ int main(int argc, char** argv) {
     return Fail(std::string(e.what()) + " (hint: run 'meshrun-worker --help')", 2);
   }
 
+  // Slots: given on cpu; on cuda one per GPU this node offers unless fewer are asked for.
+  if (config.device == "cuda") {
+    std::vector<meshrun::GpuDevice> listed;
+    std::string why;
+    auto nvml = meshrun::Nvml::Load();
+    if (nvml.ok()) {
+      listed = (*nvml)->Devices();
+    } else {
+      why = std::string(nvml.status().message());
+      why = why.substr(0, why.find(" (hint: "));  // this message brings its own hint
+    }
+    auto gpus = meshrun::CudaInventory(listed, std::getenv("CUDA_VISIBLE_DEVICES"), why);
+    if (!gpus.ok()) return Fail(gpus.status().message(), 2);
+    auto n = meshrun::CudaSlots(static_cast<int>(gpus->size()), slots);
+    if (!n.ok()) return Fail(n.status().message(), 2);
+    config.slots = *n;
+    config.gpus = std::move(gpus).value();
+    config.peak_tflops = peak_tflops;
+  } else {
+    if (slots < 1) {
+      return Fail(
+          "--slots: required with --device cpu (hint: e.g. --slots 4, the rank "
+          "processes this worker runs at once)",
+          2);
+    }
+    config.slots = slots;
+    if (peak_tflops > 0) {
+      return Fail(
+          "--peak-tflops: applies to --device cuda only (hint: cpu ranks measure their "
+          "float32 GEMM rate; leave the flag out)",
+          2);
+    }
+  }
+
   if (config.meshrun_binary.empty()) config.meshrun_binary = DirOfThisBinary() + "/meshrun";
   if (access(config.meshrun_binary.c_str(), X_OK) != 0) {
     return Fail("--meshrun: " + config.meshrun_binary +
@@ -125,6 +168,17 @@ int main(int argc, char** argv) {
     address = (host.empty() || host == "0.0.0.0" || host == "::") ? "127.0.0.1" : host;
   }
   config.address = address;
+  // NCCL's bootstrap and socket transport use the interface peers reach this node at, unless
+  // the operator chose one (NCCL_SOCKET_IFNAME in the worker's environment reaches its ranks).
+  if (config.device == "cuda" && std::getenv("NCCL_SOCKET_IFNAME") == nullptr) {
+    config.nccl_ifname = meshrun::InterfaceOf(address);
+    if (config.nccl_ifname.empty()) {
+      spdlog::warn(
+          "--address {}: no local interface holds it; ranks get no NCCL_SOCKET_IFNAME "
+          "(hint: set NCCL_SOCKET_IFNAME for the worker)",
+          address);
+    }
+  }
   config.metrics_address = metrics_listen;
   if (config.cores < 1 || !app.count("--cores")) {
     config.cores = std::max(1u, std::thread::hardware_concurrency());
@@ -237,6 +291,10 @@ int main(int argc, char** argv) {
   meshrun::WorkerDaemon daemon(config, stub, metrics.get());
   spdlog::info("worker {} ({} {} slots, ranks at {}, work dir {}) connecting to {}", config.name,
                config.slots, config.device, config.address, config.work_dir, coordinator);
+  if (!config.gpus.empty()) {
+    spdlog::info("GPUs: {}; NCCL_SOCKET_IFNAME for ranks: {}", meshrun::DescribeGpus(config.gpus),
+                 config.nccl_ifname.empty() ? std::string("(not set)") : config.nccl_ifname);
+  }
   daemon.Start();
 
   int exit_code = 0;

@@ -37,6 +37,8 @@ StatusOr<std::unique_ptr<Nvml>> Nvml::Load(const std::string& library) {
     return NotFoundError("NVML: " + library + " has no " + missing +
                          " (hint: update the NVIDIA driver)");
   }
+  std::string optional;
+  (void)Resolve(handle, "nvmlDeviceGetName", &api.device_name, &optional);
   return FromApi(api, handle);
 }
 
@@ -80,6 +82,28 @@ std::vector<GpuReading> Nvml::Read() const {
       r.utilization_ratio = static_cast<double>(utilization.gpu) / 100.0;
     }
     out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<GpuDevice> Nvml::Devices() const {
+  std::vector<GpuDevice> out;
+  unsigned int count = 0;
+  if (api_.device_count(&count) != kNvmlSuccess) return out;
+  for (unsigned int i = 0; i < count; ++i) {
+    NvmlApi::Device device = nullptr;
+    if (api_.device_by_index(i, &device) != kNvmlSuccess) continue;
+    GpuDevice d;
+    d.index = static_cast<int>(i);
+    d.id = std::to_string(i);
+    char name[96] = {0};
+    if (api_.device_name != nullptr &&
+        api_.device_name(device, name, sizeof(name) - 1) == kNvmlSuccess) {
+      d.name = name;
+    }
+    NvmlApi::Memory memory;
+    if (api_.memory_info(device, &memory) == kNvmlSuccess) d.memory_bytes = memory.total;
+    out.push_back(std::move(d));
   }
   return out;
 }

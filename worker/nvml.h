@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "worker/gpu_inventory.h"
 
 namespace meshrun {
 
@@ -32,6 +33,8 @@ struct NvmlApi {
   int (*memory_info)(Device, Memory*) = nullptr;            // nvmlDeviceGetMemoryInfo
   int (*utilization)(Device, Utilization*) = nullptr;       // nvmlDeviceGetUtilizationRates
   int (*shutdown)() = nullptr;                              // nvmlShutdown
+  // Optional (names are informational): nvmlDeviceGetName.
+  int (*device_name)(Device, char*, unsigned int) = nullptr;
 };
 
 // One device as read at one moment; a value NVML refused to give is absent (its flag false).
@@ -60,6 +63,8 @@ class Nvml {
 
   // Every device NVML reports now; empty when it reports none.
   std::vector<GpuReading> Read() const;
+  // Every device with its name and total memory (what a cuda worker offers, gpu_inventory.h).
+  std::vector<GpuDevice> Devices() const;
 
  private:
   Nvml(const NvmlApi& api, void* handle) : api_(api), handle_(handle) {}

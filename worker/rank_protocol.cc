@@ -82,6 +82,10 @@ std::vector<std::string> MergeEnvironment(
         name == "GOMP_SPINCOUNT") {
       continue;  // set by BuildRankCommand
     }
+    // What the worker sets for this rank wins over its own value (CUDA_VISIBLE_DEVICES).
+    if (std::any_of(vars.begin(), vars.end(), [&](const auto& v) { return v.first == name; })) {
+      continue;
+    }
     if (!IsInheritedByRanks(name) && std::find(pass.begin(), pass.end(), name) == pass.end()) {
       continue;
     }
@@ -130,6 +134,8 @@ v1::MetricsSample SampleOfStep(const v1::RankStep& step, const std::string& job_
     out->set_axis(axis);
     out->set_op(op);
     out->set_seconds(std::max(0.0, c.seconds()));
+    out->set_overlapped_seconds(
+        std::clamp(c.overlapped_seconds(), 0.0, std::max(0.0, c.seconds())));
     out->set_bytes(static_cast<uint64_t>(std::max(0.0, c.bytes())));
     out->set_calls(c.calls());
   }

@@ -52,7 +52,8 @@ bool IsInheritedByRanks(std::string_view name);
 
 // The rank's environment: the entries of `base` ("NAME=value", e.g. from environ) that
 // IsInheritedByRanks allows or `pass` names (never MESHRUN_* or OMP_NUM_THREADS, which the
-// worker sets), followed by `vars`.
+// worker sets, nor a name that `vars` sets: a cuda rank's CUDA_VISIBLE_DEVICES replaces the
+// worker's), followed by `vars`.
 std::vector<std::string> MergeEnvironment(
     const std::vector<std::string>& base,
     const std::vector<std::pair<std::string, std::string>>& vars,

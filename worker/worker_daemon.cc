@@ -53,6 +53,7 @@ WorkerDaemon::WorkerDaemon(WorkerConfig config,
   r.set_device(config_.device);
   r.set_address(config_.address);
   r.set_metrics_address(config_.metrics_address);
+  if (!config_.gpus.empty() && r.device_name().empty()) r.set_device_name(config_.gpus[0].name);
   if (r.version().empty()) r.set_version(MESHRUN_VERSION);
   session_ = std::make_unique<SessionClient>(std::move(stub), std::move(session), this);
   RankSupervisor::Callbacks callbacks;
@@ -205,6 +206,31 @@ void WorkerDaemon::OnAssign(const v1::RankAssignment& a) {
   *resolved.mutable_spec() = JobSpecToProto(prepared->spec);
   resolved.set_resume_checkpoint(prepared->resume_checkpoint);
   RankCommand command = BuildRankCommand(resolved, launch);
+  int gpu = -1;
+  if (config_.device == "cuda" && !config_.gpus.empty()) {
+    std::optional<int> picked;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::vector<bool> in_use(config_.gpus.size(), false);
+      for (const auto& [k, act] : active_) {
+        if (act.gpu >= 0 && act.gpu < static_cast<int>(in_use.size())) in_use[act.gpu] = true;
+      }
+      picked = PickGpu(a.local_rank(), in_use);
+    }
+    if (!picked) {
+      ReportNotStarted(a, "no free GPU on worker " + config_.name + ": all " +
+                              std::to_string(config_.gpus.size()) + " run ranks");
+      return;
+    }
+    gpu = *picked;
+    if (gpu != a.local_rank()) {
+      spdlog::warn("{}: GPU {} of local rank {} is busy; the rank gets GPU {}", key.ToString(),
+                   a.local_rank(), a.local_rank(), gpu);
+    }
+    for (auto& kv : GpuRankEnv(config_.gpus[gpu], config_.nccl_ifname, config_.peak_tflops)) {
+      command.env.push_back(std::move(kv));
+    }
+  }
   RankSpawn spawn;
   spawn.key = key;
   spawn.argv = std::move(command.argv);
@@ -214,7 +240,7 @@ void WorkerDaemon::OnAssign(const v1::RankAssignment& a) {
   spawn.working_dir = prepared->dir;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    active_[key] = Active{a.coords(), 0};
+    active_[key] = Active{a.coords(), 0, gpu};
     UpdateSlotMetrics();
   }
   spdlog::info("starting {} (coords dp_replicate={} dp_shard={} cp={} tp={})", key.ToString(),

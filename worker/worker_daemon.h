@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "supervisor/rank_supervisor.h"
+#include "worker/gpu_inventory.h"
 #include "worker/rank_protocol.h"
 #include "worker/session_client.h"
 
@@ -48,6 +49,13 @@ struct WorkerConfig {
   // machine's physical memory): a cpu rank whose estimated peak (common/memory_estimate.h)
   // times its local ranks does not fit is refused before it starts. 0: no check.
   int64_t memory_bytes = 0;
+  // --device cuda: the GPUs it offers (gpu_inventory.h; one slot each by default). Each rank
+  // gets one of them (its local rank's when free) through CUDA_VISIBLE_DEVICES, with
+  // NCCL_SOCKET_IFNAME = nccl_ifname (the interface of --address; empty: not set) and
+  // MESHRUN_PEAK_TFLOPS = peak_tflops (--peak-tflops; 0: not set).
+  std::vector<GpuDevice> gpus;
+  std::string nccl_ifname;
+  double peak_tflops = 0;
 };
 
 // Owns the supervisor and the session. Thread-safe: the session calls it from its threads, the
@@ -80,6 +88,7 @@ class WorkerDaemon : public SessionHandler {
   struct Active {
     v1::MeshCoords coords;
     int pid = 0;
+    int gpu = -1;  // index into config_.gpus of a cuda rank
   };
   struct Prepared {
     std::string dir;                // <work_dir>/<job>/<attempt>

@@ -34,10 +34,13 @@ double BusBytes(CommOp op, size_t bytes, int n) {
   return 0;
 }
 
-void CommStats::Record(std::string_view axis, std::string_view op, double seconds, double bytes) {
+void CommStats::Record(std::string_view axis, std::string_view op, double seconds, double bytes,
+                       double exposed_seconds) {
+  if (exposed_seconds < 0 || exposed_seconds > seconds) exposed_seconds = seconds;
   std::lock_guard<std::mutex> lock(mu_);
   CommCounter& c = counters_[Key(std::string(axis), std::string(op))];
   c.seconds += seconds;
+  c.exposed_seconds += exposed_seconds;
   c.bytes += bytes;
   c.calls += 1;
 }

@@ -42,14 +42,22 @@ double BusBytes(CommOp op, size_t bytes, int n);
 
 // Totals of one (axis, op) series.
 struct CommCounter {
-  double seconds = 0;
-  double bytes = 0;  // bus bytes; fractional because S·(n−1)/n need not be an integer
+  double seconds = 0;  // from the call's start to its completion
+  double bytes = 0;    // bus bytes; fractional because S·(n−1)/n need not be an integer
   uint64_t calls = 0;
+  // The part of `seconds` the caller was blocked for (all of it for blocking calls and on CPU
+  // backends); the rest overlapped with the caller's compute (communicator.h, Start/Wait).
+  double exposed_seconds = 0;
+
+  double overlapped_seconds() const {
+    return seconds > exposed_seconds ? seconds - exposed_seconds : 0;
+  }
 
   CommCounter& operator+=(const CommCounter& o) {
     seconds += o.seconds;
     bytes += o.bytes;
     calls += o.calls;
+    exposed_seconds += o.exposed_seconds;
     return *this;
   }
 };
@@ -60,9 +68,12 @@ class CommStats {
  public:
   using Key = std::pair<std::string, std::string>;  // (axis, op)
 
-  void Record(std::string_view axis, std::string_view op, double seconds, double bytes);
-  void Record(std::string_view axis, CommOp op, double seconds, double bytes) {
-    Record(axis, CommOpName(op), seconds, bytes);
+  // One call of `seconds`, of which `exposed_seconds` (< 0: all of them) blocked the caller.
+  void Record(std::string_view axis, std::string_view op, double seconds, double bytes,
+              double exposed_seconds = -1);
+  void Record(std::string_view axis, CommOp op, double seconds, double bytes,
+              double exposed_seconds = -1) {
+    Record(axis, CommOpName(op), seconds, bytes, exposed_seconds);
   }
 
   // A consistent copy of every series recorded so far.

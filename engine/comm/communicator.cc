@@ -2,6 +2,7 @@
 // zero-size shortcuts, the sticky first error, timing and bus-byte counting.
 #include "engine/comm/communicator.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace meshrun {
@@ -25,6 +26,16 @@ Status Communicator::CheckPeer(CommOp op, int peer, const char* what) const {
   return OkStatus();
 }
 
+void Communicator::CopyLocal(void* dst, const void* src, size_t bytes) {
+  std::memmove(dst, src, bytes);
+}
+
+Status Communicator::Fail(CommOp op, Duration timeout, const Status& s) {
+  first_error_ = Status(s.code(), Describe(op) + ", timeout " + std::to_string(timeout.count()) +
+                                      " ms: " + s.message());
+  return first_error_;
+}
+
 template <typename Body>
 Status Communicator::Run(CommOp op, size_t bytes, const CallOptions& opts, Body body) {
   if (!first_error_.ok()) {
@@ -35,11 +46,7 @@ Status Communicator::Run(CommOp op, size_t bytes, const CallOptions& opts, Body 
   const Duration timeout = opts.timeout.count() > 0 ? opts.timeout : config_.timeout;
   const auto start = Clock::now();
   Status s = body(timeout);
-  if (!s.ok()) {
-    first_error_ = Status(s.code(), Describe(op) + ", timeout " + std::to_string(timeout.count()) +
-                                        " ms: " + s.message());
-    return first_error_;
-  }
+  if (!s.ok()) return Fail(op, timeout, s);
   if (config_.stats) {
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const std::string_view axis = opts.axis.empty() ? std::string_view(config_.name) : opts.axis;
@@ -62,7 +69,7 @@ Status Communicator::ReduceScatter(const float* input, float* output, size_t cou
     return InvalidArgumentError(Describe(CommOp::kReduceScatter) + ": null buffer");
   }
   if (size() == 1) {
-    if (input != output) std::memmove(output, input, count * sizeof(float));
+    if (input != output) CopyLocal(output, input, count * sizeof(float));
     return OkStatus();
   }
   return Run(CommOp::kReduceScatter, count * size() * sizeof(float), opts,
@@ -81,7 +88,7 @@ Status Communicator::AllGatherBytes(const void* input, void* output, size_t byte
     return InvalidArgumentError(Describe(CommOp::kAllGather) + ": null buffer");
   }
   if (size() == 1) {
-    if (input != output) std::memmove(output, input, bytes);
+    if (input != output) CopyLocal(output, input, bytes);
     return OkStatus();
   }
   return Run(CommOp::kAllGather, bytes * size(), opts,
@@ -155,7 +162,7 @@ Status Communicator::SendRecvBytes(const void* send_data, size_t send_bytes, int
           std::to_string(dst) + " src " + std::to_string(src) + ", " + std::to_string(send_bytes) +
           " vs " + std::to_string(recv_bytes) + " bytes");
     }
-    if (send_bytes > 0 && send_data != recv_data) std::memmove(recv_data, send_data, send_bytes);
+    if (send_bytes > 0 && send_data != recv_data) CopyLocal(recv_data, send_data, send_bytes);
     return OkStatus();
   }
   if (send_bytes == 0 && recv_bytes == 0) return OkStatus();
@@ -169,6 +176,105 @@ Status Communicator::SendRecvBytes(const void* send_data, size_t send_bytes, int
 Status Communicator::Barrier(const CallOptions& opts) {
   if (size() == 1) return OkStatus();
   return Run(CommOp::kBarrier, 0, opts, [&](Duration t) { return DoBarrier(t); });
+}
+
+StatusOr<int64_t> Communicator::DoStart(AsyncOp, const void*, void*, size_t, Duration) {
+  return UnimplementedError("this backend has no asynchronous collectives");
+}
+
+Status Communicator::DoWait(int64_t, Duration, double*) {
+  return UnimplementedError("this backend has no asynchronous collectives");
+}
+
+StatusOr<CommWork> Communicator::Start(CommOp op, AsyncOp async_op, const void* input, void* output,
+                                       size_t count, size_t bytes, const CallOptions& opts) {
+  CommWork work;
+  work.op_ = op;
+  work.bytes_ = bytes;
+  work.axis_ = std::string(opts.axis.empty() ? std::string_view(config_.name) : opts.axis);
+  work.timeout_ = opts.timeout.count() > 0 ? opts.timeout : config_.timeout;
+  work.start_ = Clock::now();
+  if (size() == 1 || count == 0 || !overlaps()) {
+    // Complete now (the blocking call counts itself; size-1 and empty calls count nothing).
+    Status s;
+    const CallOptions call(work.timeout_, opts.axis);
+    switch (async_op) {
+      case AsyncOp::kAllReduce: s = AllReduce(static_cast<float*>(output), count, call); break;
+      case AsyncOp::kReduceScatter:
+        s = ReduceScatter(static_cast<const float*>(input), static_cast<float*>(output), count,
+                          call);
+        break;
+      case AsyncOp::kAllGather:
+        s = AllGather(static_cast<const float*>(input), static_cast<float*>(output), count, call);
+        break;
+    }
+    if (!s.ok()) return s;
+    work.pending_ = true;
+    work.ticket_ = -1;
+    return work;
+  }
+  if (!first_error_.ok()) {
+    return FailedPreconditionError(
+        Describe(op) + ": the communicator is unusable after an earlier error: " +
+        first_error_.ToString() + " (hint: rebuild the communicators, e.g. restart the job)");
+  }
+  StatusOr<int64_t> ticket = DoStart(async_op, input, output, count, work.timeout_);
+  if (!ticket.ok()) return Fail(op, work.timeout_, ticket.status());
+  work.ticket_ = *ticket;
+  work.exposed_seconds_ = std::chrono::duration<double>(Clock::now() - work.start_).count();
+  work.pending_ = true;
+  return work;
+}
+
+StatusOr<CommWork> Communicator::StartAllReduce(float* data, size_t count,
+                                                const CallOptions& opts) {
+  if (count > 0 && data == nullptr) {
+    return InvalidArgumentError(Describe(CommOp::kAllReduce) + ": null data");
+  }
+  return Start(CommOp::kAllReduce, AsyncOp::kAllReduce, data, data, count, count * sizeof(float),
+               opts);
+}
+
+StatusOr<CommWork> Communicator::StartReduceScatter(const float* input, float* output, size_t count,
+                                                    const CallOptions& opts) {
+  if (count > 0 && (input == nullptr || output == nullptr)) {
+    return InvalidArgumentError(Describe(CommOp::kReduceScatter) + ": null buffer");
+  }
+  return Start(CommOp::kReduceScatter, AsyncOp::kReduceScatter, input, output, count,
+               count * size() * sizeof(float), opts);
+}
+
+StatusOr<CommWork> Communicator::StartAllGather(const float* input, float* output, size_t count,
+                                                const CallOptions& opts) {
+  if (count > 0 && (input == nullptr || output == nullptr)) {
+    return InvalidArgumentError(Describe(CommOp::kAllGather) + ": null buffer");
+  }
+  return Start(CommOp::kAllGather, AsyncOp::kAllGather, input, output, count,
+               count * size() * sizeof(float), opts);
+}
+
+Status Communicator::Wait(CommWork& work) {
+  if (!work.pending_) {
+    return InvalidArgumentError(Describe(work.op_) +
+                                ": Wait on a call that was not started or was already waited for");
+  }
+  work.pending_ = false;
+  if (work.ticket_ < 0) return OkStatus();  // completed (and counted) inside Start
+  const auto wait_start = Clock::now();
+  double busy = -1;
+  Status s = DoWait(work.ticket_, work.timeout_, &busy);
+  if (!s.ok()) return Fail(work.op_, work.timeout_, s);
+  const auto end = Clock::now();
+  if (config_.stats) {
+    const double wall = std::chrono::duration<double>(end - work.start_).count();
+    const double exposed =
+        work.exposed_seconds_ + std::chrono::duration<double>(end - wait_start).count();
+    // The call's own duration when the backend measured it (device time), else Start to Wait.
+    const double seconds = busy >= 0 ? std::max(busy, exposed) : wall;
+    config_.stats->Record(work.axis_, work.op_, seconds, BusBytes(work.op_, work.bytes_, size()),
+                          exposed);
+  }
+  return OkStatus();
 }
 
 namespace {
@@ -220,6 +326,17 @@ class AliasCommunicator final : public Communicator {
     return target_->DoSendRecv(send_data, send_bytes, dst, recv_data, recv_bytes, src, timeout);
   }
   Status DoBarrier(Duration timeout) override { return target_->DoBarrier(timeout); }
+  bool overlaps() const override { return target_->overlaps(); }
+  StatusOr<int64_t> DoStart(AsyncOp op, const void* input, void* output, size_t count,
+                            Duration timeout) override {
+    return target_->DoStart(op, input, output, count, timeout);
+  }
+  Status DoWait(int64_t ticket, Duration timeout, double* busy_seconds) override {
+    return target_->DoWait(ticket, timeout, busy_seconds);
+  }
+  void CopyLocal(void* dst, const void* src, size_t bytes) override {
+    target_->CopyLocal(dst, src, bytes);
+  }
 
  private:
   std::shared_ptr<Communicator> target_;

@@ -6,9 +6,11 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "common/status.h"
 #include "engine/comm/comm_stats.h"
@@ -46,6 +48,40 @@ struct CallOptions {
   std::string_view axis;
 };
 
+class Communicator;
+
+// A started call (Communicator::Start*). Move-only; finish it with Communicator::Wait.
+class CommWork {
+ public:
+  CommWork() = default;
+  // A moved-from CommWork is no longer pending (only one copy may be waited for).
+  CommWork(CommWork&& o) noexcept { *this = std::move(o); }
+  CommWork& operator=(CommWork&& o) noexcept {
+    pending_ = std::exchange(o.pending_, false);
+    op_ = o.op_;
+    bytes_ = o.bytes_;
+    axis_ = std::move(o.axis_);
+    timeout_ = o.timeout_;
+    start_ = o.start_;
+    exposed_seconds_ = o.exposed_seconds_;
+    ticket_ = std::exchange(o.ticket_, -1);
+    return *this;
+  }
+  // True from a successful Start until Wait.
+  bool pending() const { return pending_; }
+
+ private:
+  friend class Communicator;
+  bool pending_ = false;
+  CommOp op_ = CommOp::kAllReduce;
+  size_t bytes_ = 0;  // the S of BusBytes
+  std::string axis_;
+  std::chrono::milliseconds timeout_{0};
+  std::chrono::steady_clock::time_point start_;
+  double exposed_seconds_ = 0;  // blocked in Start so far
+  int64_t ticket_ = -1;         // the backend's handle; -1: completed inside Start
+};
+
 // One rank's handle on one process group. Peers and roots are group ranks in [0, size()).
 //
 // Semantics: every collective is blocking and must be called by all members in the same order
@@ -65,9 +101,18 @@ struct CallOptions {
 // (comm_stats.h) to CommStats under (axis label, op). size() == 1 calls return at once (copying
 // input to output where they differ) and count nothing. Zero-sized calls also return at once.
 //
+// Asynchronous calls (StartAllReduce, StartReduceScatter, StartAllGather, then Wait): the same
+// collectives, started now and finished by Wait, so that the caller can compute meanwhile. On a
+// backend that overlaps (NCCL: the collective runs on the communicator's stream after an event
+// recorded on the compute stream, and Wait makes the compute stream wait for its done-event)
+// the buffers must stay untouched until Wait; CPU backends (Gloo, fake) complete the call inside
+// Start and Wait only returns its result. Every started call must be waited for, in any order;
+// the timeout runs from Start. Accounting: a call's seconds run from Start to its completion;
+// its exposed seconds are those the caller spent blocked in Start or Wait (all of them on CPU
+// backends), the rest is overlapped (CommCounter::overlapped_seconds).
+//
 // Not thread-safe: one thread issues a communicator's calls (different communicators of a
-// rank may be used from different threads). Future: an async Work handle and CUDA streams
-// (NCCL) slot in as new methods next to these.
+// rank may be used from different threads).
 class Communicator {
  public:
   friend class AliasCommunicator;  // forwards its hooks to another communicator's
@@ -112,6 +157,25 @@ class Communicator {
   Status SendRecvBytes(const void* send_data, size_t send_bytes, int dst, void* recv_data,
                        size_t recv_bytes, int src, const CallOptions& opts = {});
 
+  // Asynchronous forms of AllReduce, ReduceScatter and AllGather (see the class comment). A
+  // size-1 or zero-sized call completes at once; its CommWork is still waited for.
+  StatusOr<CommWork> StartAllReduce(float* data, size_t count, const CallOptions& opts = {});
+  StatusOr<CommWork> StartReduceScatter(const float* input, float* output, size_t count,
+                                        const CallOptions& opts = {});
+  StatusOr<CommWork> StartAllGather(const float* input, float* output, size_t count,
+                                    const CallOptions& opts = {});
+  // Finishes a started call: returns its error, if any (then the communicator is unusable, as
+  // after a blocking call's), and counts it. Waiting for a CommWork that is not pending is
+  // INVALID_ARGUMENT.
+  Status Wait(CommWork& work);
+
+  // Whether Start* overlaps with the caller (false: they complete inside Start).
+  virtual bool overlaps() const { return false; }
+  // Device backends: the stream (a cudaStream_t) that produces and consumes the buffers given to
+  // this communicator's calls, i.e. the model's compute stream; calls are ordered after the work
+  // enqueued on it and Wait orders it after the call. Host backends ignore it.
+  virtual void SetComputeStream(void* /*stream*/) {}
+
  protected:
   explicit Communicator(CommConfig config) : config_(std::move(config)) {}
 
@@ -128,11 +192,27 @@ class Communicator {
                             size_t recv_bytes, int src, Duration timeout) = 0;
   virtual Status DoBarrier(Duration timeout) = 0;
 
+  // Asynchronous hooks, used only when overlaps() is true: issue the call and return a ticket
+  // that DoWait completes (with the same deadline, `deadline`). DoWait returns the call's own
+  // duration in *busy_seconds (device time from issue to completion) when it can measure it,
+  // else leaves it negative. Defaults: UNIMPLEMENTED.
+  enum class AsyncOp { kAllReduce, kReduceScatter, kAllGather };
+  virtual StatusOr<int64_t> DoStart(AsyncOp op, const void* input, void* output, size_t count,
+                                    Duration timeout);
+  virtual Status DoWait(int64_t ticket, Duration timeout, double* busy_seconds);
+
+  // The local copy of the size-1 and self-exchange shortcuts (memmove; a device backend copies
+  // on its device).
+  virtual void CopyLocal(void* dst, const void* src, size_t bytes);
+
  private:
   // Runs `body` (a backend hook) with the health check, timing, error wrapping and counting
   // shared by every op. `bytes` is the S of BusBytes.
   template <typename Body>
   Status Run(CommOp op, size_t bytes, const CallOptions& opts, Body body);
+  StatusOr<CommWork> Start(CommOp op, AsyncOp async_op, const void* input, void* output,
+                           size_t count, size_t bytes, const CallOptions& opts);
+  Status Fail(CommOp op, Duration timeout, const Status& s);
   Status CheckPeer(CommOp op, int peer, const char* what) const;
   std::string Describe(CommOp op) const;
 
@@ -150,7 +230,8 @@ std::unique_ptr<Communicator> MakeSoloCommunicator(CommConfig config);
 std::unique_ptr<Communicator> MakeAliasCommunicator(CommConfig config,
                                                     std::shared_ptr<Communicator> target);
 
-// Builds communicators: a pluggable bootstrap per backend (Gloo, fake; NCCL later).
+// Builds communicators: a pluggable bootstrap per backend (Gloo, fake, NCCL). The trainer never
+// names one: engine/comm/backend_factory.h picks it by resources.device.
 class CommBackend {
  public:
   virtual ~CommBackend() = default;
@@ -165,6 +246,12 @@ class CommBackend {
   // connect groups in one fixed order on every rank (MeshComms does).
   virtual StatusOr<std::unique_ptr<Communicator>> Connect(const CommConfig& config,
                                                           std::shared_ptr<Store> store) = 0;
+
+  // The size-1 communicator of an axis of size 1 (MeshComms). Default: MakeSoloCommunicator,
+  // whose shortcuts copy host memory; a device backend returns one that copies on its device.
+  virtual std::unique_ptr<Communicator> MakeSolo(CommConfig config) {
+    return MakeSoloCommunicator(std::move(config));
+  }
 };
 
 }  // namespace meshrun

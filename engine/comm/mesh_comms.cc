@@ -44,7 +44,7 @@ StatusOr<std::unique_ptr<MeshComms>> MeshComms::Create(const ParallelDims& dims,
       if (mesh->members_[Index(earlier)] == members) same = mesh->comms_[Index(earlier)];
     }
     if (config.size == 1) {
-      comm = MakeSoloCommunicator(config);
+      comm = backend.MakeSolo(config);
     } else if (same) {
       comm = MakeAliasCommunicator(config, same);
       mesh->shared_[Index(axis)] = true;
@@ -63,6 +63,29 @@ StatusOr<std::unique_ptr<MeshComms>> MeshComms::Create(const ParallelDims& dims,
     mesh->members_[Index(axis)] = std::move(members);
   }
   return mesh;
+}
+
+}  // namespace meshrun
+
+namespace meshrun {
+
+StatusOr<std::unique_ptr<MeshComms>> MeshComms::Create(const ParallelDims& dims, int rank,
+                                                       std::shared_ptr<Store> store,
+                                                       std::shared_ptr<CommBackend> backend,
+                                                       std::shared_ptr<CommStats> stats,
+                                                       const MeshCommsOptions& options) {
+  if (!backend) return InvalidArgumentError("mesh comms: no backend");
+  MESHRUN_ASSIGN_OR_RETURN(
+      std::unique_ptr<MeshComms> mesh,
+      Create(dims, rank, std::move(store), *backend, std::move(stats), options));
+  mesh->backend_ = std::move(backend);
+  return mesh;
+}
+
+void MeshComms::SetComputeStream(void* stream) {
+  for (const std::shared_ptr<Communicator>& c : comms_) {
+    if (c) c->SetComputeStream(stream);
+  }
 }
 
 }  // namespace meshrun

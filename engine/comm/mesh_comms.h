@@ -39,6 +39,12 @@ class MeshComms {
                                                      CommBackend& backend,
                                                      std::shared_ptr<CommStats> stats,
                                                      const MeshCommsOptions& options = {});
+  // The same, keeping `backend` alive as long as the MeshComms (backend_factory.h's ConnectMesh).
+  static StatusOr<std::unique_ptr<MeshComms>> Create(const ParallelDims& dims, int rank,
+                                                     std::shared_ptr<Store> store,
+                                                     std::shared_ptr<CommBackend> backend,
+                                                     std::shared_ptr<CommStats> stats,
+                                                     const MeshCommsOptions& options = {});
 
   // This rank's communicator of `axis`; its rank() is ParallelDims::IndexInGroup.
   Communicator& Get(MeshAxis axis) const { return *comms_[Index(axis)]; }
@@ -48,6 +54,10 @@ class MeshComms {
   const std::string& GroupId(MeshAxis axis) const { return comms_[Index(axis)]->group_id(); }
   // Whether `axis` reuses the connections of an earlier axis with the same members.
   bool SharesConnection(MeshAxis axis) const { return shared_[Index(axis)]; }
+
+  // Device backends: the model's compute stream (a cudaStream_t) for every communicator
+  // (Communicator::SetComputeStream). Called once by the trainer after it made its stream.
+  void SetComputeStream(void* stream);
 
   int rank() const { return rank_; }
   const ParallelDims& dims() const { return dims_; }
@@ -63,6 +73,7 @@ class MeshComms {
   ParallelDims dims_;
   int rank_;
   std::shared_ptr<CommStats> stats_;
+  std::shared_ptr<CommBackend> backend_;  // kept alive for its communicators (may be null)
   std::array<std::shared_ptr<Communicator>, kNumAxes> comms_;
   std::array<bool, kNumAxes> shared_{};  // true: an alias of an earlier axis with equal members
   std::array<std::vector<int>, kNumAxes> members_;

@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <thread>
+#include <vector>
 
 #include "engine/cuda/allocator.h"
 #include "engine/cuda/check.h"
@@ -126,7 +128,14 @@ class NcclCommunicator final : public Communicator {
     return OkStatus();
   }
 
+  bool overlaps() const override { return true; }
+  void SetComputeStream(void* stream) override {
+    options_.compute_stream = static_cast<cudaStream_t>(stream);
+  }
+
   ~NcclCommunicator() override {
+    for (auto& [ticket, p] : pending_) ReleaseEvents(p);
+    for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
     if (comm_ != nullptr) {
       if (aborted_) {
         // ncclCommAbort already released it.
@@ -200,6 +209,84 @@ class NcclCommunicator final : public Communicator {
                   [&] { return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm_, stream_); });
   }
 
+  // Asynchronous calls: issued on stream_ after the compute stream's work (an event), bracketed
+  // by two timing events; DoWait polls the done event (and the communicator's asynchronous
+  // error) against the deadline taken at start, then makes the compute stream wait for it.
+  StatusOr<int64_t> DoStart(AsyncOp op, const void* input, void* output, size_t count,
+                            Duration timeout) override {
+    if (aborted_) return FailedPreconditionError("the NCCL communicator was aborted");
+    Pending p;
+    p.deadline = DeadlineAfter(timeout);
+    p.what = op == AsyncOp::kAllReduce       ? "ncclAllReduce"
+             : op == AsyncOp::kReduceScatter ? "ncclReduceScatter"
+                                             : "ncclAllGather";
+    MESHRUN_GPU_TRY(cudaSetDevice(options_.device));
+    MESHRUN_ASSIGN_OR_RETURN(p.start, TakeEvent());
+    StatusOr<cudaEvent_t> done = TakeEvent();
+    if (!done.ok()) {
+      free_events_.push_back(p.start);
+      return done.status();
+    }
+    p.done = *done;
+    Status s = [&]() -> Status {
+      MESHRUN_GPU_TRY(cudaEventRecord(ready_, options_.compute_stream));
+      MESHRUN_GPU_TRY(cudaStreamWaitEvent(stream_, ready_, 0));
+      MESHRUN_GPU_TRY(cudaEventRecord(p.start, stream_));
+      ncclResult_t r = ncclSuccess;
+      switch (op) {
+        case AsyncOp::kAllReduce:
+          r = ncclAllReduce(output, output, count, ncclFloat32, ncclSum, comm_, stream_);
+          break;
+        case AsyncOp::kReduceScatter:
+          r = ncclReduceScatter(input, output, count, ncclFloat32, ncclSum, comm_, stream_);
+          break;
+        case AsyncOp::kAllGather:
+          r = ncclAllGather(input, output, count, ncclFloat32, comm_, stream_);
+          break;
+      }
+      Status issued = ToStatus(r, p.what.c_str(), __FILE__, __LINE__);
+      if (!issued.ok()) {
+        (void)ncclCommAbort(comm_);
+        aborted_ = true;
+        return issued;
+      }
+      MESHRUN_RETURN_IF_ERROR(
+          WaitReady(comm_, p.deadline, options_.poll_interval, p.what, &aborted_));
+      MESHRUN_GPU_TRY(cudaEventRecord(p.done, stream_));
+      return OkStatus();
+    }();
+    if (!s.ok()) {
+      ReleaseEvents(p);
+      return s;
+    }
+    const int64_t ticket = next_ticket_++;
+    pending_.emplace(ticket, std::move(p));
+    return ticket;
+  }
+
+  Status DoWait(int64_t ticket, Duration, double* busy_seconds) override {
+    auto it = pending_.find(ticket);
+    if (it == pending_.end()) return InternalError("NCCL: unknown ticket");
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    Status s = WaitEvent(p.done, p.deadline, p.what.c_str());
+    if (s.ok()) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, p.start, p.done) == cudaSuccess) *busy_seconds = ms / 1e3;
+      s = ToStatus(cudaStreamWaitEvent(options_.compute_stream, p.done, 0),
+                   "cudaStreamWaitEvent(compute, collective done)", __FILE__, __LINE__);
+    }
+    ReleaseEvents(p);
+    return s;
+  }
+
+  // Size-1 shortcuts of a device group never reach here (the backend's MakeSolo), but a
+  // self-exchange of SendRecv does: copy on the device, in the compute stream's order.
+  void CopyLocal(void* dst, const void* src, size_t bytes) override {
+    (void)ToStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, options_.compute_stream),
+                   "cudaMemcpyAsync(self-exchange)", __FILE__, __LINE__);
+  }
+
  private:
   // Orders the collective after the compute stream's work, issues it on stream_, and waits for
   // it with the deadline: issue (ncclInProgress until enqueued), then the done event, checking
@@ -218,8 +305,14 @@ class NcclCommunicator final : public Communicator {
     }
     MESHRUN_RETURN_IF_ERROR(WaitReady(comm_, deadline, options_.poll_interval, what, &aborted_));
     MESHRUN_GPU_TRY(cudaEventRecord(done_, stream_));
+    return WaitEvent(done_, deadline, what);
+  }
+
+  // Polls `done` until it fired, checking the communicator's asynchronous error meanwhile;
+  // aborts on error or at the deadline.
+  Status WaitEvent(cudaEvent_t done, Clock::time_point deadline, const char* what) {
     while (true) {
-      const cudaError_t q = cudaEventQuery(done_);
+      const cudaError_t q = cudaEventQuery(done);
       if (q == cudaSuccess) return OkStatus();
       if (q != cudaErrorNotReady) {
         (void)ncclCommAbort(comm_);
@@ -247,15 +340,75 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  struct Pending {
+    cudaEvent_t start = nullptr, done = nullptr;
+    Clock::time_point deadline;
+    std::string what;
+  };
+
+  StatusOr<cudaEvent_t> TakeEvent() {
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    MESHRUN_GPU_TRY(cudaEventCreate(&e));  // timing enabled: DoWait measures the call
+    return e;
+  }
+  void ReleaseEvents(Pending& p) {
+    if (p.start != nullptr) free_events_.push_back(p.start);
+    if (p.done != nullptr) free_events_.push_back(p.done);
+    p.start = p.done = nullptr;
+  }
+
   ncclComm_t comm_ = nullptr;
   NcclOptions options_;
   bool aborted_ = false;
+  std::map<int64_t, Pending> pending_;
+  std::vector<cudaEvent_t> free_events_;
+  int64_t next_ticket_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   DeviceBuffer barrier_;
 };
 
+// The size-1 communicator of a device group: the base class answers every call; its copies run
+// on the device.
+class DeviceSoloCommunicator final : public Communicator {
+ public:
+  DeviceSoloCommunicator(CommConfig config, const NcclOptions& options)
+      : Communicator(std::move(config)), options_(options) {}
+  void SetComputeStream(void* stream) override {
+    options_.compute_stream = static_cast<cudaStream_t>(stream);
+  }
+
+ protected:
+  Status DoAllReduce(float*, size_t, Duration) override { return Unreachable(); }
+  Status DoReduceScatter(const float*, float*, size_t, Duration) override { return Unreachable(); }
+  Status DoAllGather(const void*, void*, size_t, Duration) override { return Unreachable(); }
+  Status DoBroadcast(void*, size_t, int, Duration) override { return Unreachable(); }
+  Status DoSendRecv(const void*, size_t, int, void*, size_t, int, Duration) override {
+    return Unreachable();
+  }
+  Status DoBarrier(Duration) override { return Unreachable(); }
+  void CopyLocal(void* dst, const void* src, size_t bytes) override {
+    (void)ToStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, options_.compute_stream),
+                   "cudaMemcpyAsync(size-1 group)", __FILE__, __LINE__);
+  }
+
+ private:
+  static Status Unreachable() { return InternalError("size-1 communicator reached its backend"); }
+  NcclOptions options_;
+};
+
 }  // namespace
+
+std::unique_ptr<Communicator> NcclBackend::MakeSolo(CommConfig config) {
+  config.size = 1;
+  config.rank = 0;
+  return std::make_unique<DeviceSoloCommunicator>(std::move(config), options_);
+}
 
 struct NcclBackend::State {
   ncclComm_t world = nullptr;

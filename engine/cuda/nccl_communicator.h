@@ -25,6 +25,7 @@ struct NcclOptions {
   // so far (an event); calls return when the collective finished, so later work is ordered after.
   // nullptr: the legacy default stream.
   cudaStream_t compute_stream = nullptr;
+  // Set later by MeshComms::SetComputeStream (the trainer's CudaContext stream).
   // Polling period of every wait (init, split, collectives, finalize).
   std::chrono::microseconds poll_interval{20};
 };
@@ -53,6 +54,9 @@ class NcclBackend : public CommBackend {
   // config.size ≥ 1; a size-1 group is created too (its calls never reach NCCL).
   StatusOr<std::unique_ptr<Communicator>> Connect(const CommConfig& config,
                                                   std::shared_ptr<Store> store) override;
+  // A size-1 communicator whose shortcuts (ReduceScatter, AllGather, self-SendRecv) copy device
+  // memory with cudaMemcpyAsync on the compute stream (MeshComms' axes of size 1).
+  std::unique_ptr<Communicator> MakeSolo(CommConfig config) override;
 
   struct State;  // NCCL handles (nccl_communicator.cc)
 

@@ -56,6 +56,7 @@ v1::MetricsSample Sample(const std::string& job, int attempt, int rank, int64_t 
   c->set_axis(v1::MESH_AXIS_DP_SHARD);
   c->set_op(v1::COMM_OP_ALL_GATHER);
   c->set_seconds(0.01);
+  c->set_overlapped_seconds(0.004);  // an asynchronous gather that ran beside compute
   c->set_bytes(64);
   c->set_calls(1);
   return s;
@@ -131,6 +132,14 @@ TEST(RankSeriesExport, EverySeriesWithItsLabels) {
       {"meshrun_rank_loss", prometheus::MetricType::Gauge, 1, {}},
       {"meshrun_rank_memory_bytes", prometheus::MetricType::Gauge, 3, {"kind"}},
       {"meshrun_rank_comm_seconds_total", prometheus::MetricType::Counter, 2, {"axis", "op"}},
+      {"meshrun_rank_comm_exposed_seconds_total",
+       prometheus::MetricType::Counter,
+       2,
+       {"axis", "op"}},
+      {"meshrun_rank_comm_overlapped_seconds_total",
+       prometheus::MetricType::Counter,
+       2,
+       {"axis", "op"}},
       {"meshrun_rank_comm_bytes_total", prometheus::MetricType::Counter, 2, {"axis", "op"}},
       {"meshrun_rank_info", prometheus::MetricType::Gauge, 1, {"attempt", "device", "gpu"}},
   };
@@ -185,6 +194,16 @@ TEST(RankSeriesExport, EverySeriesWithItsLabels) {
   EXPECT_NE(Find(fs, "meshrun_rank_comm_bytes_total",
                  {{"rank", "1"}, {"axis", "dp_shard"}, {"op", "all_gather"}}),
             nullptr);
+  // Exposed + overlapped = the total; a sample without overlap is all exposed.
+  const Labels gather = {{"rank", "1"}, {"axis", "dp_shard"}, {"op", "all_gather"}};
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_comm_overlapped_seconds_total", gather)->counter.value,
+                   0.004);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_comm_exposed_seconds_total", gather)->counter.value,
+                   0.01 - 0.004);
+  const Labels reduce = {{"rank", "0"}, {"axis", "tp"}, {"op", "all_reduce"}};
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_comm_exposed_seconds_total", reduce)->counter.value, 3.0);
+  EXPECT_DOUBLE_EQ(Find(fs, "meshrun_rank_comm_overlapped_seconds_total", reduce)->counter.value,
+                   0);
 
   // Histogram: three steps of rank 0 (20, 40, 60 ms) and of rank 1 (1.02, 1.04, 1.06 s).
   const auto* h0 = Find(fs, "meshrun_rank_step_seconds", {{"rank", "0"}});

@@ -1,13 +1,16 @@
 // The NCCL backend on one GPU: world bootstrap through the Store, a group split from the world,
-// a group bootstrapped on its own id, and the abort path (a peer that never joins ends in
-// DEADLINE_EXCEEDED within the timeout instead of a hang). Collectives between two ranks need two
-// GPUs (NCCL refuses two ranks on one device) and are not exercised here.
+// a group bootstrapped on its own id, size-1 device groups, ConnectMesh by device, and the abort
+// path (a peer that never joins ends in DEADLINE_EXCEEDED within the timeout instead of a hang).
+// Collectives between two ranks need two GPUs (NCCL refuses two ranks on one device) and are not
+// exercised here.
 #include "engine/cuda/nccl_communicator.h"
 
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "engine/comm/backend_factory.h"
 #include "engine/comm/store.h"
 #include "tests/gpu/gpu_test.h"
 
@@ -77,6 +80,53 @@ GPU_TEST(MissingPeerTimesOutAndAborts) {
                                 std::make_shared<InMemoryStore>());
   EXPECT_TRUE(!other.ok() && other.status().code() == StatusCode::kDeadlineExceeded);
   gpu::ClearFirstGpuError();  // expected errors: keep the harness's report clean
+}
+
+// Size-1 groups of a device mesh copy device memory on the compute stream (not memmove), for
+// the blocking and the asynchronous calls alike.
+GPU_TEST(DeviceSoloCopiesOnTheDevice) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<NcclBackend> backend, NcclBackend::Create());
+  std::unique_ptr<Communicator> solo =
+      backend->MakeSolo(Config("comm/tp/0", 0, 1, milliseconds(5000)));
+  cudaStream_t stream = nullptr;
+  ASSERT_OK(gpu::ToStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                          "cudaStreamCreateWithFlags", __FILE__, __LINE__));
+  solo->SetComputeStream(stream);
+  std::vector<float> host(64);
+  for (int i = 0; i < 64; ++i) host[i] = static_cast<float>(i) * 0.5f;
+  float *in = nullptr, *out = nullptr;
+  ASSERT_OK(gpu::ToStatus(cudaMalloc(reinterpret_cast<void**>(&in), 64 * sizeof(float)),
+                          "cudaMalloc", __FILE__, __LINE__));
+  ASSERT_OK(gpu::ToStatus(cudaMalloc(reinterpret_cast<void**>(&out), 64 * sizeof(float)),
+                          "cudaMalloc", __FILE__, __LINE__));
+  ASSERT_OK(gpu::ToStatus(cudaMemcpy(in, host.data(), 64 * sizeof(float), cudaMemcpyHostToDevice),
+                          "cudaMemcpy", __FILE__, __LINE__));
+  ASSERT_OK(solo->AllGather(in, out, 32));
+  ASSERT_OK_AND_ASSIGN(CommWork work, solo->StartReduceScatter(in + 32, out + 32, 32));
+  ASSERT_OK(solo->Wait(work));
+  ASSERT_OK(
+      gpu::ToStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize", __FILE__, __LINE__));
+  std::vector<float> back(64, -1.f);
+  ASSERT_OK(gpu::ToStatus(cudaMemcpy(back.data(), out, 64 * sizeof(float), cudaMemcpyDeviceToHost),
+                          "cudaMemcpy", __FILE__, __LINE__));
+  EXPECT_TRUE(back == host);
+  EXPECT_TRUE(gpu::FirstGpuError().ok());
+  cudaFree(in);
+  cudaFree(out);
+  cudaStreamDestroy(stream);
+}
+
+// The product's path: ConnectMesh by device, the world through the store, every axis of a
+// one-rank mesh.
+GPU_TEST(ConnectMeshOnCuda) {
+  ASSERT_OK_AND_ASSIGN(ParallelDims dims, ParallelDims::Create(1, 1, 1, 1));
+  auto store = std::make_shared<InMemoryStore>();
+  MeshCommsOptions options;
+  options.timeout = milliseconds(20000);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<MeshComms> mesh,
+                       ConnectMesh("cuda", dims, 0, store, std::make_shared<CommStats>(), options));
+  EXPECT_TRUE(mesh->Get(MeshAxis::kTp).size() == 1);
+  EXPECT_TRUE(mesh->Get(MeshAxis::kDpShardCp).health().ok());
 }
 
 }  // namespace
