@@ -153,6 +153,16 @@ Status Synchronize(Device dev) {
 #endif
 }
 
+StatusOr<void*> ComputeStreamOf(Device dev) {
+  if (dev.type == DeviceType::kCpu) return static_cast<void*>(nullptr);
+#if MESHRUN_WITH_CUDA
+  MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  return static_cast<void*>(ctx->stream());
+#else
+  return NotBuilt("ComputeStreamOf");
+#endif
+}
+
 template <typename T>
 Status Fill(Device dev, T* dst, double value, int64_t n) {
   MESHRUN_OP("Fill", for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(value),

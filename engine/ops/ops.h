@@ -9,7 +9,7 @@
 // (Sum, SumOfSquares).
 //
 // On cuda: float32 only (T = double answers INVALID_ARGUMENT); work is enqueued on the device's
-// compute stream (ops::CudaStreamOf) and the functions that return a host value synchronize.
+// compute stream (ops::ComputeStreamOf) and the functions that return a host value synchronize.
 // In an engine built without CUDA every op on a cuda device answers UNAVAILABLE saying so.
 #pragma once
 
@@ -33,6 +33,9 @@ template <typename T>
 Status Fill(Device dev, T* dst, double value, int64_t n);
 // Waits for everything enqueued on dev (no-op on cpu).
 Status Synchronize(Device dev);
+// The stream the ops enqueue on for `dev` (a cudaStream_t; null on cpu), for the communicator
+// that must order its collectives after them (MeshComms::SetComputeStream).
+StatusOr<void*> ComputeStreamOf(Device dev);
 
 // ---- linear layers: out[N,OC] = inp[N,C]·weight[OC,C]ᵀ + bias (bias may be null);
 // dinp += dout·weight; dweight += doutᵀ·inp; dbias += Σ_rows dout (dinp, dbias may be null).

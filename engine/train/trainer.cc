@@ -14,6 +14,7 @@
 
 #include "engine/comm/communicator.h"
 #include "engine/kernels/cpu/kernels.h"
+#include "engine/ops/ops.h"
 #include "engine/train/device.h"
 
 namespace meshrun {
@@ -89,6 +90,12 @@ Status Trainer::Init() {
   model_par_.cp_ring = spec_.parallelism.cp_comm_strategy == "ring";
   model_par_.fsdp = shards_->sharded() ? shards_.get() : nullptr;
   model_->SetParallel(&model_par_);
+  if (cfg.device.type == DeviceType::kCuda && ctx_.comms) {
+    // NCCL orders its collectives after the model's work on this stream (and the model waits
+    // for theirs): without it they would run on the legacy stream, unordered with the model.
+    MESHRUN_ASSIGN_OR_RETURN(void* stream, ops::ComputeStreamOf(cfg.device));
+    ctx_.comms->SetComputeStream(stream);
+  }
 
   // Text read with data.tokenizer comes from the cache under checkpoint.dir when its key
   // matches (`meshrun train` fills it before the ranks start).
