@@ -1,0 +1,227 @@
+// The parameters of a model config: their names, shapes and order (GPT2ParamLayout), the
+// FSDP units they form, their global indices under tp, the FLOPs per token, and their
+// deterministic initial values. The compute is in gpt2.cc.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/model/gpt2.h"
+
+namespace meshrun {
+GPT2Config GPT2ConfigOf(const ModelSpec& model) {
+  GPT2Config cfg;
+  cfg.arch = model.arch == "llama" ? Arch::kLlama : Arch::kGpt2;
+  cfg.vocab_size = model.vocab_size;
+  cfg.n_layer = model.n_layer;
+  cfg.n_head = model.n_head;
+  cfg.n_kv_head = model.kv_heads();
+  cfg.d_model = model.d_model;
+  cfg.d_ff = model.ff();
+  cfg.max_seq_len = model.seq_len;
+  cfg.ln_eps = model.norm_eps;
+  cfg.rope_theta = model.rope_theta;
+  cfg.rope_scaling.llama3 = model.rope_scaling_type == "llama3";
+  cfg.rope_scaling.factor = model.rope_scaling_factor;
+  cfg.rope_scaling.low_freq_factor = model.rope_scaling_low_freq_factor;
+  cfg.rope_scaling.high_freq_factor = model.rope_scaling_high_freq_factor;
+  cfg.rope_scaling.original_max_position_embeddings =
+      model.rope_scaling_original_max_position_embeddings;
+  cfg.tie_embeddings = model.tie_embeddings;
+  cfg.attention_bias = model.attention_bias;
+  return cfg;
+}
+
+int64_t GPT2Config::vocab_first() const {
+  const int64_t per = (int64_t{vocab_size} + tp_size - 1) / tp_size;
+  return std::min<int64_t>(vocab_size, per * tp_rank);
+}
+
+int64_t GPT2Config::vocab_rows() const {
+  const int64_t per = (int64_t{vocab_size} + tp_size - 1) / tp_size;
+  return std::min<int64_t>(vocab_size, per * (tp_rank + 1)) - vocab_first();
+}
+
+std::string HeadWeightName(const GPT2Config& cfg) {
+  if (cfg.tie_embeddings) return cfg.llama() ? "embed_tokens" : "wte";
+  return "lm_head";
+}
+
+std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
+  const int64_t C = cfg.d_model, V = cfg.vocab_size, L = cfg.n_layer;
+  const int64_t tp = cfg.tp_size, t = cfg.tp_rank, pad = std::max(1, cfg.fsdp_size);
+  const double w_std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * L);
+  std::vector<ParamInfo> out;
+  int64_t offset = 0;
+  int unit = 0;
+  // A parameter holding `boxes` of a tensor of `global` shape, concatenated along dim 0.
+  auto add = [&](std::string name, std::vector<int64_t> global, std::vector<Box> boxes, double std,
+                 double value) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.global_shape = global;
+    if (boxes.empty()) boxes.push_back({std::vector<int64_t>(global.size(), 0), global});
+    p.shape = boxes[0].shape;
+    for (size_t b = 1; b < boxes.size(); ++b) p.shape[0] += boxes[b].shape[0];
+    p.tp_sharded = p.shape != p.global_shape;
+    p.boxes = std::move(boxes);
+    p.numel = 1;
+    for (int64_t d : p.shape) p.numel *= d;
+    p.offset = offset;
+    p.decay = p.global_shape.size() >= 2;
+    p.unit = unit;
+    p.init_std = std;
+    p.init_value = value;
+    offset += p.numel;
+    out.push_back(std::move(p));
+  };
+  auto end_unit = [&]() {
+    offset = (offset + pad - 1) / pad * pad;
+    ++unit;
+  };
+  // Megatron splits (docs/model.md): column parallel = a block of output rows per rank,
+  // row parallel = a block of input columns; the fused q/k/v rows are split by (kv) heads, the
+  // fused gate/up rows by MLP units, the vocabulary by rows.
+  auto rows = [&](int64_t first, int64_t count, int64_t cols) {
+    return Box{{first, 0}, {count, cols}};
+  };
+  const int64_t D = cfg.head_dim(), Hl = cfg.n_head / tp, Kl = cfg.kv_heads() / tp;
+  const int64_t Cq = int64_t{cfg.n_head} * D, Ck = int64_t{cfg.kv_heads()} * D;
+  const int64_t F = cfg.ff(), Fl = F / tp, Vf = cfg.vocab_first(), Vl = cfg.vocab_rows();
+  // q rows of this rank's heads, then k and v rows of its kv heads; the same for the bias.
+  std::vector<Box> qkv_w, qkv_b;
+  const int64_t part_first[3] = {t * Hl * D, Cq + t * Kl * D, Cq + Ck + t * Kl * D};
+  const int64_t part_rows[3] = {Hl * D, Kl * D, Kl * D};
+  for (int part = 0; part < 3; ++part) {
+    qkv_w.push_back(rows(part_first[part], part_rows[part], C));
+    qkv_b.push_back(Box{{part_first[part]}, {part_rows[part]}});
+  }
+  const int64_t Wqkv = Cq + 2 * Ck;
+  const std::vector<Box> vocab_rows = {rows(Vf, Vl, C)};
+  if (!cfg.llama()) {
+    add("wte", {V, C}, vocab_rows, w_std, 0);
+    add("wpe", {cfg.max_seq_len, C}, {}, w_std, 0);
+    end_unit();
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string h = "h." + std::to_string(l) + ".";
+      add(h + "ln_1.weight", {C}, {}, 0, 1);
+      add(h + "ln_1.bias", {C}, {}, 0, 0);
+      add(h + "attn.c_attn.weight", {Wqkv, C}, qkv_w, w_std, 0);
+      add(h + "attn.c_attn.bias", {Wqkv}, qkv_b, 0, 0);
+      add(h + "attn.c_proj.weight", {C, Cq}, {Box{{0, t * Hl * D}, {C, Hl * D}}}, proj_std, 0);
+      add(h + "attn.c_proj.bias", {C}, {}, 0, 0);
+      add(h + "ln_2.weight", {C}, {}, 0, 1);
+      add(h + "ln_2.bias", {C}, {}, 0, 0);
+      add(h + "mlp.c_fc.weight", {F, C}, {rows(t * Fl, Fl, C)}, w_std, 0);
+      add(h + "mlp.c_fc.bias", {F}, {Box{{t * Fl}, {Fl}}}, 0, 0);
+      add(h + "mlp.c_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std, 0);
+      add(h + "mlp.c_proj.bias", {C}, {}, 0, 0);
+      end_unit();
+    }
+    add("ln_f.weight", {C}, {}, 0, 1);
+    add("ln_f.bias", {C}, {}, 0, 0);
+  } else {
+    add("embed_tokens", {V, C}, vocab_rows, w_std, 0);
+    end_unit();
+    for (int64_t l = 0; l < L; ++l) {
+      const std::string h = "layers." + std::to_string(l) + ".";
+      add(h + "input_layernorm.weight", {C}, {}, 0, 1);
+      add(h + "self_attn.qkv.weight", {Wqkv, C}, qkv_w, w_std, 0);
+      if (cfg.attention_bias) add(h + "self_attn.qkv.bias", {Wqkv}, qkv_b, 0, 0);
+      add(h + "self_attn.o_proj.weight", {C, Cq}, {Box{{0, t * Hl * D}, {C, Hl * D}}}, proj_std, 0);
+      add(h + "post_attention_layernorm.weight", {C}, {}, 0, 1);
+      add(h + "mlp.gate_up.weight", {2 * F, C}, {rows(t * Fl, Fl, C), rows(F + t * Fl, Fl, C)},
+          w_std, 0);
+      add(h + "mlp.down_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std, 0);
+      end_unit();
+    }
+    add("norm.weight", {C}, {}, 0, 1);
+  }
+  if (!cfg.tie_embeddings) add("lm_head", {V, C}, vocab_rows, w_std, 0);
+  end_unit();
+  return out;
+}
+
+std::vector<UnitInfo> GPT2Units(const GPT2Config& cfg, const std::vector<ParamInfo>& layout) {
+  const int64_t pad = std::max(1, cfg.fsdp_size);
+  std::vector<UnitInfo> units(static_cast<size_t>(layout.back().unit) + 1);
+  std::vector<int64_t> end(units.size(), 0);
+  for (size_t u = 0; u < units.size(); ++u) units[u].offset = -1;
+  for (const ParamInfo& p : layout) {
+    UnitInfo& u = units[p.unit];
+    if (u.offset < 0) u.offset = p.offset;
+    end[p.unit] = p.offset + p.numel;
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    units[u].padded = (end[u] - units[u].offset + pad - 1) / pad * pad;
+  }
+  return units;
+}
+
+// Global row-major index of local element i of p (its boxes concatenated along dim 0).
+int64_t GlobalIndex(const ParamInfo& p, int64_t i) {
+  int64_t local_row_size = 1;
+  for (size_t d = 1; d < p.shape.size(); ++d) local_row_size *= p.shape[d];
+  int64_t row = p.shape.empty() ? 0 : i / local_row_size;
+  const int64_t within = p.shape.empty() ? 0 : i % local_row_size;
+  for (const Box& b : p.boxes) {
+    if (!p.shape.empty() && row >= b.shape[0]) {
+      row -= b.shape[0];
+      continue;
+    }
+    // Coordinates inside the box, then in the global tensor.
+    std::vector<int64_t> coord(p.shape.size());
+    int64_t rem = within;
+    for (size_t d = p.shape.size(); d-- > 1;) {
+      coord[d] = rem % b.shape[d];
+      rem /= b.shape[d];
+    }
+    if (!coord.empty()) coord[0] = row;
+    int64_t g = 0;
+    for (size_t d = 0; d < coord.size(); ++d) g = g * p.global_shape[d] + b.offset[d] + coord[d];
+    return g;
+  }
+  return -1;
+}
+
+double GPT2FlopsPerToken(const GPT2Config& cfg, int seq_len) {
+  double n = 0;
+  GPT2Config global = cfg;
+  global.tp_size = 1;
+  global.tp_rank = 0;
+  // Every parameter but the position table and, with an untied head, the token table (a
+  // lookup, no multiply-adds); a tied table counts once, as the head.
+  for (const ParamInfo& p : GPT2ParamLayout(global)) {
+    const bool table = p.name == "wte" || p.name == "embed_tokens";
+    if (p.name != "wpe" && !(table && !cfg.tie_embeddings)) n += static_cast<double>(p.numel);
+  }
+  return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * static_cast<double>(seq_len);
+}
+
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+double InitNormal(uint64_t seed, const std::string& name, int64_t index) {
+  // Counter-based: two uniforms from a hash of (seed, name, index), then Box–Muller.
+  const uint64_t base = SplitMix64(seed ^ SplitMix64(Fnv1a(name)));
+  const uint64_t a = SplitMix64(base + 2 * static_cast<uint64_t>(index));
+  const uint64_t b = SplitMix64(base + 2 * static_cast<uint64_t>(index) + 1);
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;          // [0, 1)
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+}  // namespace meshrun
