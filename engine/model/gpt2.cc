@@ -415,12 +415,6 @@ Status GPT2<T>::RecomputeBlock(int l, const T* residual) {
                           N * Fl);
 }
 
-int64_t HeadChunkRows(int64_t tokens, int64_t vocab) {
-  // 2^23 floats (32 MiB) of logits at a time, or all rows when they fit.
-  return std::max<int64_t>(
-      1, std::min<int64_t>(tokens, (int64_t{1} << 23) / std::max<int64_t>(1, vocab)));
-}
-
 template <typename T>
 StatusOr<double> GPT2<T>::HeadLoss(const int32_t* host_targets, bool with_grad, double grad_scale) {
   const Device dev = cfg_.device;

@@ -1,6 +1,7 @@
 // The parameters of a model config: their names, shapes and order (GPT2ParamLayout), the
 // FSDP units they form, their global indices under tp, the FLOPs per token, and their
 // deterministic initial values. The compute is in gpt2.cc.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -222,6 +223,12 @@ double InitNormal(uint64_t seed, const std::string& name, int64_t index) {
   const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
   const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;          // [0, 1)
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+int64_t HeadChunkRows(int64_t tokens, int64_t vocab) {
+  // 2^23 floats (32 MiB) of logits at a time, or all rows when they fit.
+  return std::max<int64_t>(
+      1, std::min<int64_t>(tokens, (int64_t{1} << 23) / std::max<int64_t>(1, vocab)));
 }
 
 }  // namespace meshrun
