@@ -69,15 +69,15 @@ Status Trainer::Init() {
                   : ac == "selective" ? Recompute::kSelective
                                       : Recompute::kNone;
   // The rank's device: every parameter, gradient, activation and AdamW moment lives there; the
-  // host keeps the tokens, the scalars and the checkpoint files. On cuda a rank uses device 0 of
-  // the GPUs it sees (the worker gives each rank its own), in float32.
+  // host keeps the tokens, the scalars and the checkpoint files. On cuda a rank uses the GPU its
+  // communicators use (RankContext::cuda_device; the worker gives each rank its own), in float32.
   if (spec_.resources.device == "cuda") {
     if (spec_.train.precision == "bf16") {
       return InvalidArgumentError(
           "train.precision: bf16 on cuda is not built into the trainer yet (it trains in "
           "float32 on the GPU) (hint: use precision: fp32)");
     }
-    cfg.device = Device{DeviceType::kCuda, 0};
+    cfg.device = Device{DeviceType::kCuda, ctx_.cuda_device};
   }
   // Under FSDP the model owns no full buffers: its units are gathered when used (sharding.h).
   const bool fsdp = cfg.fsdp_size > 1;
