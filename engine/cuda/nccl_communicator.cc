@@ -566,11 +566,15 @@ StatusOr<std::unique_ptr<Communicator>> NcclBackend::Connect(const CommConfig& c
       s = WaitReady(state_->world, deadline, options_.poll_interval, where + " split (world)",
                     &state_->world_aborted);
     }
+    bool child_aborted = false;  // WaitReady aborts the communicator it gives up on
     if (s.ok() && comm != nullptr) {
-      bool aborted = false;
-      s = WaitReady(comm, deadline, options_.poll_interval, where + " split", &aborted);
+      s = WaitReady(comm, deadline, options_.poll_interval, where + " split", &child_aborted);
     }
-    if (!s.ok()) return Status(s.code(), where + ": " + s.message());
+    if (!s.ok()) {
+      // A child the split produced dies with the failure, once.
+      if (comm != nullptr && !child_aborted) (void)ncclCommAbort(comm);
+      return Status(s.code(), where + ": " + s.message());
+    }
     if (comm == nullptr) return InternalError(where + ": ncclCommSplit returned no communicator");
   } else {
     Status s = InitFromStore(*store, "nccl/unique_id", config.rank, config.size, config.timeout,
