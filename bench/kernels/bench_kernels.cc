@@ -3,7 +3,7 @@
 // backward beside its roofline bound on this machine, then one JSON line with the same numbers.
 //
 //   bench_kernels [--config gpt2|mini] [-B batch] [-T seq_len] [-t threads] [-n iters]
-//                 [-w warmup] [--fallback] [--torch] [--venv DIR]
+//                 [-w warmup] [--fallback] [--torch] [--venv DIR] [--only NAME]
 //
 // Times are the best of -n runs (the machine is shared; the best run is the one least
 // disturbed). The roofline bound of a kernel is max(FLOPs / GEMM peak, bytes / bandwidth), with
@@ -42,6 +42,7 @@ struct Options {
   int threads = 0, iters = 7, warmup = 2;
   bool fallback = false;
   bool torch = false;
+  std::string only;  // --only: run the kernel groups whose name contains this (all when empty)
   std::string venv = MESHRUN_BENCH_TORCH_VENV;
 };
 
@@ -326,6 +327,12 @@ int main(int argc, char** argv) {
       o.fallback = true;
     } else if (a == "--torch") {
       o.torch = true;
+    } else if (a == "--only") {
+      if (++i >= argc) {
+        std::fprintf(stderr, "error: --only: missing value (hint: e.g. --only attention)\n");
+        return 2;
+      }
+      o.only = argv[i];
     } else if (a == "--venv") {
       if (++i >= argc) {
         std::fprintf(stderr, "error: --venv: missing value\n");
@@ -333,10 +340,12 @@ int main(int argc, char** argv) {
       }
       o.venv = argv[i];
     } else {
-      std::fprintf(stderr,
-                   "error: %s: unknown flag (hint: bench_kernels [--config gpt2|mini] [-B batch] "
-                   "[-T seq_len] [-t threads] [-n iters] [-w warmup] [--fallback])\n",
-                   a.c_str());
+      std::fprintf(
+          stderr,
+          "error: %s: unknown flag (hint: bench_kernels [--config gpt2|mini] [-B batch] "
+          "[-T seq_len] [-t threads] [-n iters] [-w warmup] [--fallback] [--torch] [--venv DIR] "
+          "[--only NAME])\n",
+          a.c_str());
       return 2;
     }
   }
@@ -346,15 +355,18 @@ int main(int argc, char** argv) {
   const int64_t N = o.B * o.T, C = o.C;
   auto run_all = [&] {
     std::vector<Result> r;
-    BenchLinear(o, r, "matmul_qkv", N, C, 3 * C);
-    BenchLinear(o, r, "matmul_attn_proj", N, C, C);
-    BenchLinear(o, r, "matmul_fc", N, C, 4 * C);
-    BenchLinear(o, r, "matmul_mlp_proj", N, 4 * C, C);
-    BenchLinear(o, r, "matmul_lm_head", N, C, o.V);
-    BenchAttention(o, r);
-    BenchPointwise(o, r);
-    BenchLoss(o, r);
-    BenchOptimizer(o, r);
+    auto want = [&](const char* group) {
+      return std::string(group).find(o.only) != std::string::npos;
+    };
+    if (want("matmul_qkv")) BenchLinear(o, r, "matmul_qkv", N, C, 3 * C);
+    if (want("matmul_attn_proj")) BenchLinear(o, r, "matmul_attn_proj", N, C, C);
+    if (want("matmul_fc")) BenchLinear(o, r, "matmul_fc", N, C, 4 * C);
+    if (want("matmul_mlp_proj")) BenchLinear(o, r, "matmul_mlp_proj", N, 4 * C, C);
+    if (want("matmul_lm_head")) BenchLinear(o, r, "matmul_lm_head", N, C, o.V);
+    if (want("attention")) BenchAttention(o, r);
+    if (want("layernorm gelu")) BenchPointwise(o, r);
+    if (want("cross_entropy")) BenchLoss(o, r);
+    if (want("adamw")) BenchOptimizer(o, r);
     return r;
   };
   std::vector<Result> results = run_all();
