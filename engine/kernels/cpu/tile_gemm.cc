@@ -1,5 +1,6 @@
 // TileGemm (tile_gemm.h) for three instruction sets, each a copy of tile_gemm_impl.h compiled
-// under its own `#pragma GCC target`, and the run-time choice among them.
+// under its own target pragma (GCC's `#pragma GCC target`, clang's `#pragma clang attribute`),
+// and the run-time choice among them.
 #include "engine/kernels/cpu/tile_gemm.h"
 
 #include <cstdlib>
@@ -36,8 +37,14 @@ inline D2 Splat(double x) {
 }  // namespace base
 
 #if MESHRUN_SIMD_X86
+#if defined(__clang__)  // clang ignores GCC's target pragma
+// Vectors pass between the inlined helpers of one region only, never across an ABI boundary.
+#pragma clang diagnostic ignored "-Wpsabi"
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 namespace avx2 {
 constexpr int kVecBytes = 32;
 constexpr int kMR = 6;  // 12 accumulators + 2 B vectors + 1 broadcast of the 16 ymm registers
@@ -57,10 +64,14 @@ inline D4 Splat(double x) {
 }
 #include "engine/kernels/cpu/tile_gemm_impl.h"
 }  // namespace avx2
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#else
 #pragma GCC pop_options
-
 #pragma GCC push_options
 #pragma GCC target("avx512f")
+#endif
 namespace avx512 {
 constexpr int kVecBytes = 64;
 constexpr int kMR = 8;  // 16 accumulators of the 32 zmm registers
@@ -80,7 +91,11 @@ inline D8 Splat(double x) {
 }
 #include "engine/kernels/cpu/tile_gemm_impl.h"
 }  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #endif
 
 enum class Isa { kBase, kAvx2, kAvx512 };
