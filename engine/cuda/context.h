@@ -38,6 +38,9 @@ class CudaContext {
   // A device buffer of at least `bytes`, valid until the next Scratch call. Kernels use it for
   // partial sums within one call; stream order keeps consecutive users apart.
   StatusOr<void*> Scratch(size_t bytes);
+  // A second grow-only buffer, for the bf16 copies of a mixed-precision GEMM's operands
+  // (engine/ops): valid until the next MixedScratch call; kernels' Scratch does not touch it.
+  StatusOr<void*> MixedScratch(size_t bytes);
 
   // Waits for everything enqueued on stream().
   Status Synchronize();
@@ -56,6 +59,7 @@ class CudaContext {
   cudaDeviceProp props_{};
   DeviceBuffer lt_workspace_;
   DeviceBuffer scratch_;
+  DeviceBuffer mixed_scratch_;
   std::map<GemmKey, cublasLtMatmulAlgo_t> gemm_plans_;
 };
 

@@ -1,6 +1,8 @@
 // The dispatch of engine/ops/ops.h: one branch per call on the device type.
 #include "engine/ops/ops.h"
 
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -169,9 +171,132 @@ Status Fill(Device dev, T* dst, double value, int64_t n) {
              gpu::Fill(ctx, dst, static_cast<float>(value), n))
 }
 
+namespace {
+
+// The devices whose GEMMs run in bf16 (SetMatmulPrecision), by cuda device index.
+std::array<std::atomic<bool>, 64>& MixedDevices() {
+  static std::array<std::atomic<bool>, 64> mixed{};
+  return mixed;
+}
+
+bool Mixed(Device dev) {
+  return dev.type == DeviceType::kCuda && dev.index >= 0 && dev.index < 64 &&
+         MixedDevices()[static_cast<size_t>(dev.index)].load(std::memory_order_relaxed);
+}
+
+uint16_t FloatToBf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float Bf16BitsToFloat(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+#if MESHRUN_WITH_CUDA
+// Elements of a bf16 operand, rounded up so the next operand stays 256-byte aligned.
+int64_t Aligned(int64_t n) {
+  return (n + 127) / 128 * 128;
+}
+
+Status MixedForward(gpu::CudaContext& ctx, float* out, const float* inp, const float* weight,
+                    const float* bias, int64_t N, int64_t C, int64_t OC) {
+  if (N <= 0 || OC <= 0) return OkStatus();
+  const int64_t a = Aligned(N * C), w = Aligned(OC * C);
+  MESHRUN_ASSIGN_OR_RETURN(void* buf, ctx.MixedScratch(sizeof(gpu::bf16) * (a + w)));
+  gpu::bf16* inp16 = static_cast<gpu::bf16*>(buf);
+  gpu::bf16* w16 = inp16 + a;
+  MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, inp16, inp, N * C));
+  MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, w16, weight, OC * C));
+  return gpu::MatmulForwardMixed(ctx, out, inp16, w16, bias, N, C, OC);
+}
+
+Status MixedBackward(gpu::CudaContext& ctx, float* dinp, float* dweight, float* dbias,
+                     const float* dout, const float* inp, const float* weight, int64_t N, int64_t C,
+                     int64_t OC) {
+  if (N <= 0 || OC <= 0 || C <= 0) return OkStatus();
+  const int64_t d = Aligned(N * OC), a = Aligned(N * C), w = Aligned(OC * C);
+  MESHRUN_ASSIGN_OR_RETURN(void* buf, ctx.MixedScratch(sizeof(gpu::bf16) * (d + a + w)));
+  gpu::bf16* dout16 = static_cast<gpu::bf16*>(buf);
+  gpu::bf16* inp16 = dout16 + d;
+  gpu::bf16* w16 = inp16 + a;
+  MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, dout16, dout, N * OC));
+  if (dweight != nullptr) MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, inp16, inp, N * C));
+  if (dinp != nullptr) MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, w16, weight, OC * C));
+  MESHRUN_RETURN_IF_ERROR(
+      gpu::MatmulBackwardMixed(ctx, dinp, dweight, dout16, inp16, w16, N, C, OC));
+  if (dbias != nullptr) return gpu::ColumnSum(ctx, dbias, dout, N, OC, OC);
+  return OkStatus();
+}
+#endif
+
+}  // namespace
+
+Status SetMatmulPrecision(Device dev, MatmulPrecision precision) {
+  const bool bf16 = precision == MatmulPrecision::kBf16;
+  if (dev.type == DeviceType::kCpu) {
+    if (!bf16) return OkStatus();
+    return InvalidArgumentError(
+        "ops::SetMatmulPrecision: bf16 GEMMs run on cuda only; the CPU kernels compute in "
+        "float32 (hint: use precision fp32 on cpu)");
+  }
+  if (dev.index < 0 || dev.index >= 64) {
+    return InvalidArgumentError("ops::SetMatmulPrecision: cuda device index " +
+                                std::to_string(dev.index) + " is out of range [0, 64)");
+  }
+  MixedDevices()[static_cast<size_t>(dev.index)].store(bf16, std::memory_order_relaxed);
+  return OkStatus();
+}
+
+MatmulPrecision MatmulPrecisionOf(Device dev) {
+  return Mixed(dev) ? MatmulPrecision::kBf16 : MatmulPrecision::kFloat32;
+}
+
+Status CastToBf16(Device dev, uint16_t* dst, const float* src, int64_t n) {
+  if (n <= 0) return OkStatus();
+  if (dev.type == DeviceType::kCpu) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16Bits(src[i]);
+    return OkStatus();
+  }
+#if MESHRUN_WITH_CUDA
+  MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  return gpu::Convert(*ctx, reinterpret_cast<gpu::bf16*>(dst), src, n);
+#else
+  return NotBuilt("CastToBf16");
+#endif
+}
+
+Status CastFromBf16(Device dev, float* dst, const uint16_t* src, int64_t n) {
+  if (n <= 0) return OkStatus();
+  if (dev.type == DeviceType::kCpu) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = Bf16BitsToFloat(src[i]);
+    return OkStatus();
+  }
+#if MESHRUN_WITH_CUDA
+  MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  return gpu::Convert(*ctx, dst, reinterpret_cast<const gpu::bf16*>(src), n);
+#else
+  return NotBuilt("CastFromBf16");
+#endif
+}
+
 template <typename T>
 Status MatmulForward(Device dev, T* out, const T* inp, const T* weight, const T* bias, int64_t N,
                      int64_t C, int64_t OC) {
+#if MESHRUN_WITH_CUDA
+  if constexpr (std::is_same_v<T, float>) {
+    if (Mixed(dev)) {
+      MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+      return MixedForward(*ctx, out, inp, weight, bias, N, C, OC);
+    }
+  }
+#endif
   MESHRUN_OP("MatmulForward", cpu::MatmulForward(out, inp, weight, bias, N, C, OC),
              gpu::MatmulForward(ctx, out, inp, weight, bias, N, C, OC))
 }
@@ -179,6 +304,14 @@ Status MatmulForward(Device dev, T* out, const T* inp, const T* weight, const T*
 template <typename T>
 Status MatmulBackward(Device dev, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                       const T* weight, int64_t N, int64_t C, int64_t OC) {
+#if MESHRUN_WITH_CUDA
+  if constexpr (std::is_same_v<T, float>) {
+    if (Mixed(dev)) {
+      MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+      return MixedBackward(*ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+    }
+  }
+#endif
   MESHRUN_OP("MatmulBackward",
              cpu::MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC),
              gpu::MatmulBackward(ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC))
