@@ -91,8 +91,12 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
       if (p_buf[u] != 0) return;
       p_buf[u] = params.Acquire(numel(u));
       if (bf16_gather) {
-        int64_t st = staging.Acquire((numel(u) + 1) / 2);  // bf16 in float elements
-        staging.Release(st);  // widened when waited for, before the next gather starts
+        // bf16 in float elements, always of the largest unit; widened when waited for, before
+        // the next gather starts.
+        int64_t largest = 0;
+        for (size_t v = 0; v < units.size(); ++v) largest = std::max(largest, numel(v));
+        int64_t st = staging.Acquire((largest + 1) / 2);
+        staging.Release(st);
       }
     };
     auto drain = [&] {

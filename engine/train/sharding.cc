@@ -309,8 +309,13 @@ Status ShardedState::StartGather(int unit) {
       MESHRUN_RETURN_IF_ERROR(ops::CastToBf16(device(), shard16, params(), size_));
       bf16_stale_ = false;
     }
-    // bf16 staging of the whole unit, in a float buffer of half as many elements.
-    const int64_t staging_numel = (BufferNumel(unit) + 1) / 2;
+    // bf16 staging of the whole unit, in a float buffer of half as many elements; always of
+    // the largest unit, so one buffer serves every gather.
+    int64_t largest = 0;
+    for (size_t u = 0; u < model_->units().size(); ++u) {
+      largest = std::max(largest, BufferNumel(static_cast<int>(u)));
+    }
+    const int64_t staging_numel = (largest + 1) / 2;
     staging_[unit] = Acquire(free_staging_, staging_numel, MemoryKind::kCommunication);
     return fsdp_->StartAllGatherBytes(shard16 + ShardOffset(unit), staging_[unit].raw(),
                                       sizeof(uint16_t) * static_cast<size_t>(count),
