@@ -214,7 +214,13 @@ Status MixedForward(gpu::CudaContext& ctx, float* out, const float* inp, const f
   gpu::bf16* w16 = inp16 + a;
   MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, inp16, inp, N * C));
   MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, w16, weight, OC * C));
-  return gpu::MatmulForwardMixed(ctx, out, inp16, w16, bias, N, C, OC);
+  const Status s = gpu::MatmulForwardMixed(ctx, out, inp16, w16, bias, N, C, OC);
+  // cuBLASLt may have no bf16 algorithm for a layout (e.g. a leading dimension that is not a
+  // multiple of 8 elements): that GEMM runs in float32 instead of failing the step.
+  if (s.code() == StatusCode::kUnimplemented) {
+    return gpu::MatmulForward(ctx, out, inp, weight, bias, N, C, OC);
+  }
+  return s;
 }
 
 Status MixedBackward(gpu::CudaContext& ctx, float* dinp, float* dweight, float* dbias,
@@ -229,8 +235,26 @@ Status MixedBackward(gpu::CudaContext& ctx, float* dinp, float* dweight, float* 
   MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, dout16, dout, N * OC));
   if (dweight != nullptr) MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, inp16, inp, N * C));
   if (dinp != nullptr) MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, w16, weight, OC * C));
-  MESHRUN_RETURN_IF_ERROR(
-      gpu::MatmulBackwardMixed(ctx, dinp, dweight, dout16, inp16, w16, N, C, OC));
+  // Each GEMM on its own, with the float32 GEMM as the fallback where cuBLASLt has no bf16
+  // algorithm for the layout (see MixedForward).
+  if (dinp != nullptr) {
+    const Status s = gpu::MatmulBackwardMixed(ctx, dinp, nullptr, dout16, inp16, w16, N, C, OC);
+    if (s.code() == StatusCode::kUnimplemented) {
+      MESHRUN_RETURN_IF_ERROR(
+          gpu::MatmulBackward<float>(ctx, dinp, nullptr, nullptr, dout, inp, weight, N, C, OC));
+    } else {
+      MESHRUN_RETURN_IF_ERROR(s);
+    }
+  }
+  if (dweight != nullptr) {
+    const Status s = gpu::MatmulBackwardMixed(ctx, nullptr, dweight, dout16, inp16, w16, N, C, OC);
+    if (s.code() == StatusCode::kUnimplemented) {
+      MESHRUN_RETURN_IF_ERROR(
+          gpu::MatmulBackward<float>(ctx, nullptr, dweight, nullptr, dout, inp, weight, N, C, OC));
+    } else {
+      MESHRUN_RETURN_IF_ERROR(s);
+    }
+  }
   if (dbias != nullptr) return gpu::ColumnSum(ctx, dbias, dout, N, OC, OC);
   return OkStatus();
 }

@@ -42,8 +42,9 @@ StatusOr<void*> ComputeStreamOf(Device dev);
 // MatmulForward / MatmulBackward<float> on it cast their operands (input, weight, output
 // gradient) to bf16 and run the GEMMs in bf16 on cuBLASLt with float32 accumulation and float32
 // results (outputs, input gradients, weight gradients, bias gradients from the float32 dout);
-// every other op stays float32. Per device and process-wide (the rank's trainer sets it at
-// start). A cpu device takes only kFloat32 (INVALID_ARGUMENT otherwise).
+// every other op stays float32. A GEMM cuBLASLt has no bf16 algorithm for runs in float32. Per
+// device and process-wide (the rank's trainer sets it at start). A cpu device takes only kFloat32
+// (INVALID_ARGUMENT otherwise).
 enum class MatmulPrecision { kFloat32, kBf16 };
 Status SetMatmulPrecision(Device dev, MatmulPrecision precision);
 MatmulPrecision MatmulPrecisionOf(Device dev);
