@@ -118,30 +118,36 @@ ShardedState::ShardedState(GPT2<float>* model, Communicator* fsdp, Communicator*
     staging_.resize(units.size());
     gather_work_.resize(units.size());
   }
-  if (Active(replicate_)) {
-    // Buckets of consecutive units in backward order (L+1, L, …, 0), each of at least
-    // kReplicateBucketBytes of shard gradients (the last one whatever remains).
-    bucket_of_unit_.assign(units.size(), 0);
-    int last = static_cast<int>(units.size()) - 1;
-    int64_t bytes = 0;
-    for (int u = last; u >= 0; --u) {
-      bytes += ShardCount(u) * static_cast<int64_t>(sizeof(float));
-      if (bytes >= kReplicateBucketBytes || u == 0) {
-        Bucket b;
-        b.first = u;
-        b.last = last;
-        b.offset = ShardOffset(u);
-        b.count = ShardOffset(last) + ShardCount(last) - b.offset;
-        for (int v = u; v <= last; ++v) bucket_of_unit_[v] = static_cast<int>(buckets_.size());
-        buckets_.push_back(std::move(b));
-        last = u - 1;
-        bytes = 0;
-      }
-    }
-  }
+  set_replicate_bucket_bytes(kReplicateBucketBytes);
   MemoryKindScope kind(MemoryKind::kOptimizer);
   m_ = Tensor::Zeros({size_}, ScalarType::kFloat32, device());
   v_ = Tensor::Zeros({size_}, ScalarType::kFloat32, device());
+}
+
+void ShardedState::set_replicate_bucket_bytes(int64_t bucket_bytes) {
+  buckets_.clear();
+  bucket_of_unit_.clear();
+  if (!Active(replicate_)) return;
+  // Buckets of consecutive units in backward order (L+1, L, …, 0), each of at least
+  // bucket_bytes of shard gradients (the last one whatever remains).
+  const int units = static_cast<int>(model_->units().size());
+  bucket_of_unit_.assign(static_cast<size_t>(units), 0);
+  int last = units - 1;
+  int64_t bytes = 0;
+  for (int u = last; u >= 0; --u) {
+    bytes += ShardCount(u) * static_cast<int64_t>(sizeof(float));
+    if (bytes >= bucket_bytes || u == 0) {
+      Bucket b;
+      b.first = u;
+      b.last = last;
+      b.offset = ShardOffset(u);
+      b.count = ShardOffset(last) + ShardCount(last) - b.offset;
+      for (int v = u; v <= last; ++v) bucket_of_unit_[v] = static_cast<int>(buckets_.size());
+      buckets_.push_back(std::move(b));
+      last = u - 1;
+      bytes = 0;
+    }
+  }
 }
 
 bool ShardedState::wants_hooks() const {

@@ -125,6 +125,8 @@ class ShardedState final : public UnitHooks {
   // gradients: what the free lists grew to, i.e. the most units materialised at once.
   size_t parameter_buffers() const;
   size_t gradient_buffers() const;
+  // Regroups the dp_replicate buckets (default kReplicateBucketBytes); between steps only.
+  void set_replicate_bucket_bytes(int64_t bytes);
   // The dp_replicate buckets as [first unit, last unit] (empty without replication).
   std::vector<std::pair<int, int>> replicate_buckets() const;
 

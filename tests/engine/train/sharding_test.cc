@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -271,6 +272,153 @@ TEST(ShardedOverlapTest, Bf16GathersSendHalfTheBytesAndStayWithinBf16Rounding) {
     }
     EXPECT_LT(std::sqrt(diff / norm), 3e-2) << "rank " << r;
     EXPECT_FALSE(bf16[r].units_left_gathered);
+  }
+}
+
+// A communicator that overlaps as NCCL does, on the host: a started call does nothing until
+// Wait, which runs it (on an inner fake communicator). A caller that reads a started call's
+// output, or writes its input, before Wait computes something else; the CPU backends, which
+// complete in Start, would hide that.
+class DeferredCommunicator final : public Communicator {
+ public:
+  DeferredCommunicator(CommConfig config, std::unique_ptr<Communicator> inner)
+      : Communicator(std::move(config)), inner_(std::move(inner)) {}
+  bool overlaps() const override { return true; }
+  int started = 0;
+
+ protected:
+  Status DoAllReduce(float* data, size_t count, Duration t) override {
+    return inner_->AllReduce(data, count, t);
+  }
+  Status DoReduceScatter(const float* in, float* out, size_t count, Duration t) override {
+    return inner_->ReduceScatter(in, out, count, t);
+  }
+  Status DoAllGather(const void* in, void* out, size_t bytes, Duration t) override {
+    return inner_->AllGatherBytes(in, out, bytes, t);
+  }
+  Status DoBroadcast(void* data, size_t bytes, int root, Duration t) override {
+    return inner_->BroadcastBytes(data, bytes, root, t);
+  }
+  Status DoSendRecv(const void* send, size_t send_bytes, int dst, void* recv, size_t recv_bytes,
+                    int src, Duration t) override {
+    return inner_->SendRecvBytes(send, send_bytes, dst, recv, recv_bytes, src, t);
+  }
+  Status DoBarrier(Duration t) override { return inner_->Barrier(t); }
+  StatusOr<int64_t> DoStart(AsyncOp op, const void* input, void* output, size_t count,
+                            Duration) override {
+    pending_[next_] = {op, input, output, count};
+    ++started;
+    return next_++;
+  }
+  Status DoWait(int64_t ticket, Duration t, double*) override {
+    const Call c = pending_.at(ticket);
+    pending_.erase(ticket);
+    switch (c.op) {
+      case AsyncOp::kAllReduce: return inner_->AllReduce(static_cast<float*>(c.output), c.count, t);
+      case AsyncOp::kReduceScatter:
+        return inner_->ReduceScatter(static_cast<const float*>(c.input),
+                                     static_cast<float*>(c.output), c.count, t);
+      case AsyncOp::kAllGather:
+        return inner_->AllGather(static_cast<const float*>(c.input), static_cast<float*>(c.output),
+                                 c.count, t);
+      case AsyncOp::kAllGatherBytes: return inner_->AllGatherBytes(c.input, c.output, c.count, t);
+    }
+    return InternalError("unknown op");
+  }
+
+ private:
+  struct Call {
+    AsyncOp op;
+    const void* input;
+    void* output;
+    size_t count;
+  };
+  std::unique_ptr<Communicator> inner_;
+  std::map<int64_t, Call> pending_;
+  int64_t next_ = 0;
+};
+
+// HSDP (dp_replicate 2 × dp_shard 2) on communicators that really defer their started calls,
+// with a bucket per unit and three micro-batches: the prefetched gathers, the reduce-scatters
+// waited for a unit later (one across micro-batches) and the buckets started during the last
+// backward still give every rank the one-rank gradients of the batch.
+TEST(ShardedOverlapTest, DeferredCallsAndBucketsGiveTheOneRankGradients) {
+  cpu::SetNumThreads(1);
+  const int B = 2, T = 16, micro = 3, R = 2, S = 2;
+  const GPT2Config cfg = SmallConfig();
+  const Batch batch = MakeBatch(B, T, cfg.vocab_size);
+  GPT2<float> reference(cfg);
+  reference.InitDeterministic(42);
+  reference.ZeroGrad();
+  for (int m = 0; m < micro; ++m) {
+    ASSERT_TRUE(reference
+                    .ForwardBackward(batch.inputs.data(), batch.targets.data(), B, T,
+                                     1.0 / (static_cast<double>(B) * T))
+                    .ok());
+  }
+  // Rank g = r·S + s: fsdp group r (ranks s), replicate group s (ranks r).
+  std::vector<std::unique_ptr<DeferredCommunicator>> fsdp(R * S), replicate(R * S);
+  for (int r = 0; r < R; ++r) {
+    auto world = FakeWorld::Create(S, "fsdp/" + std::to_string(r));
+    for (int s = 0; s < S; ++s) {
+      CommConfig c{"dp_shard_cp", "fsdp/" + std::to_string(r), s, S, std::chrono::seconds(10)};
+      fsdp[r * S + s] = std::make_unique<DeferredCommunicator>(c, world->Connect(c).value());
+    }
+  }
+  for (int s = 0; s < S; ++s) {
+    auto world = FakeWorld::Create(R, "replicate/" + std::to_string(s));
+    for (int r = 0; r < R; ++r) {
+      CommConfig c{"dp_replicate", "replicate/" + std::to_string(s), r, R,
+                   std::chrono::seconds(10)};
+      replicate[r * S + s] = std::make_unique<DeferredCommunicator>(c, world->Connect(c).value());
+    }
+  }
+  std::vector<RankResult> results(R * S);
+  std::vector<size_t> buckets(R * S);
+  std::vector<std::thread> threads;
+  for (int g = 0; g < R * S; ++g) {
+    threads.emplace_back([&, g] {
+      RankResult& out = results[g];
+      GPT2<float> model(SmallConfig(1, 0, S), /*own_storage=*/false);
+      ShardedState state(&model, fsdp[g].get(), replicate[g].get(), nullptr, true);
+      state.set_replicate_bucket_bytes(1);  // one bucket per unit
+      buckets[g] = state.replicate_buckets().size();
+      state.InitDeterministic(42);
+      ModelParallel par;
+      par.fsdp = &state;
+      model.SetParallel(&par);
+      state.ZeroGrad();
+      StatusOr<double> loss = 0.0;
+      for (int m = 0; m < micro && loss.ok(); ++m) {
+        state.set_last_micro_batch(m + 1 == micro);
+        loss = model.ForwardBackward(batch.inputs.data(), batch.targets.data(), B, T,
+                                     1.0 / (static_cast<double>(R * S) * B * T));
+      }
+      out.status = loss.ok() ? state.FinishGradients() : loss.status();
+      if (!out.status.ok()) return;
+      out.shard_grads.assign(state.grads(), state.grads() + state.size());
+      out.segments = state.segments();
+      out.parameter_buffers = state.parameter_buffers();
+      out.gradient_buffers = state.gradient_buffers();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int g = 0; g < R * S; ++g) {
+    const RankResult& got = results[g];
+    ASSERT_TRUE(got.status.ok()) << "rank " << g << ": " << got.status.ToString();
+    EXPECT_EQ(buckets[g], reference.units().size());
+    EXPECT_GT(fsdp[g]->started, 0);
+    EXPECT_EQ(replicate[g]->started, static_cast<int>(reference.units().size()));
+    EXPECT_LE(got.parameter_buffers, 3u);
+    EXPECT_LE(got.gradient_buffers, 3u);
+    for (const ShardSegment& s : got.segments) {
+      const ParamInfo& p = reference.params()[s.param];
+      const float* want = reference.grad(p) + s.param_first;
+      for (int64_t i = 0; i < s.count; ++i) {
+        ASSERT_NEAR(got.shard_grads[s.shard_offset + i], want[i], 1e-6 + 1e-4 * std::fabs(want[i]))
+            << p.name << "[" << s.param_first + i << "] on rank " << g;
+      }
+    }
   }
 }
 
