@@ -38,6 +38,7 @@ CudaContext::~CudaContext() {
   lt_workspace_.Reset();
   scratch_.Reset();
   mixed_scratch_.Reset();
+  mixed_weight_cache_.bf16.Reset();
   if (lt_ != nullptr) (void)cublasLtDestroy(lt_);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }

@@ -91,6 +91,7 @@ Status CopyFromHost(Device dev, void* dst, const void* host_src, size_t bytes) {
 #if MESHRUN_WITH_CUDA
   if (bytes == 0) return OkStatus();
   MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  ctx->InvalidateWeights();
   // On the compute stream, then wait: the host buffer may change once this returns, and no
   // kernel may read dst before the copy lands (no legacy-stream copy racing the stream).
   MESHRUN_GPU_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, ctx->stream()));
@@ -123,6 +124,7 @@ Status Copy(Device dev, void* dst, const void* src, size_t bytes) {
 #if MESHRUN_WITH_CUDA
   if (bytes == 0) return OkStatus();
   MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  ctx->InvalidateWeights();
   MESHRUN_GPU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream()));
   return OkStatus();
 #else
@@ -138,6 +140,7 @@ Status Zero(Device dev, void* dst, size_t bytes) {
 #if MESHRUN_WITH_CUDA
   if (bytes == 0) return OkStatus();
   MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  ctx->InvalidateWeights();
   MESHRUN_GPU_TRY(cudaMemsetAsync(dst, 0, bytes, ctx->stream()));
   return OkStatus();
 #else
@@ -168,7 +171,7 @@ StatusOr<void*> ComputeStreamOf(Device dev) {
 template <typename T>
 Status Fill(Device dev, T* dst, double value, int64_t n) {
   MESHRUN_OP("Fill", for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(value),
-             gpu::Fill(ctx, dst, static_cast<float>(value), n))
+             (ctx.InvalidateWeights(), gpu::Fill(ctx, dst, static_cast<float>(value), n)))
 }
 
 namespace {
@@ -205,15 +208,33 @@ int64_t Aligned(int64_t n) {
   return (n + 127) / 128 * 128;
 }
 
+// The bf16 copy of a weight: the context's cached one while it is still that weight's (the LM
+// head's chunks read the same weight again and again), else a fresh cast into the cache.
+StatusOr<const gpu::bf16*> Weight16(gpu::CudaContext& ctx, const float* weight, int64_t n) {
+  gpu::CudaContext::MixedWeightCache& c = ctx.mixed_weight_cache();
+  if (c.source == weight && c.numel == n && c.generation == ctx.weights_generation()) {
+    return static_cast<const gpu::bf16*>(c.bf16.get());
+  }
+  const size_t bytes = sizeof(gpu::bf16) * static_cast<size_t>(n);
+  if (c.bf16.bytes() < bytes) {
+    c.bf16.Reset();  // stream-ordered reuse: see CachingDeviceAllocator
+    MESHRUN_ASSIGN_OR_RETURN(c.bf16, gpu::DeviceBuffer::Allocate(ctx.allocator(), bytes));
+  }
+  c.source = nullptr;
+  MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, static_cast<gpu::bf16*>(c.bf16.get()), weight, n));
+  c.source = weight;
+  c.numel = n;
+  c.generation = ctx.weights_generation();
+  return static_cast<const gpu::bf16*>(c.bf16.get());
+}
+
 Status MixedForward(gpu::CudaContext& ctx, float* out, const float* inp, const float* weight,
                     const float* bias, int64_t N, int64_t C, int64_t OC) {
   if (N <= 0 || OC <= 0) return OkStatus();
-  const int64_t a = Aligned(N * C), w = Aligned(OC * C);
-  MESHRUN_ASSIGN_OR_RETURN(void* buf, ctx.MixedScratch(sizeof(gpu::bf16) * (a + w)));
+  MESHRUN_ASSIGN_OR_RETURN(void* buf, ctx.MixedScratch(sizeof(gpu::bf16) * Aligned(N * C)));
   gpu::bf16* inp16 = static_cast<gpu::bf16*>(buf);
-  gpu::bf16* w16 = inp16 + a;
   MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, inp16, inp, N * C));
-  MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, w16, weight, OC * C));
+  MESHRUN_ASSIGN_OR_RETURN(const gpu::bf16* w16, Weight16(ctx, weight, OC * C));
   const Status s = gpu::MatmulForwardMixed(ctx, out, inp16, w16, bias, N, C, OC);
   // cuBLASLt may have no bf16 algorithm for a layout (e.g. a leading dimension that is not a
   // multiple of 8 elements): that GEMM runs in float32 instead of failing the step.
@@ -227,14 +248,16 @@ Status MixedBackward(gpu::CudaContext& ctx, float* dinp, float* dweight, float* 
                      const float* dout, const float* inp, const float* weight, int64_t N, int64_t C,
                      int64_t OC) {
   if (N <= 0 || OC <= 0 || C <= 0) return OkStatus();
-  const int64_t d = Aligned(N * OC), a = Aligned(N * C), w = Aligned(OC * C);
-  MESHRUN_ASSIGN_OR_RETURN(void* buf, ctx.MixedScratch(sizeof(gpu::bf16) * (d + a + w)));
+  const int64_t d = Aligned(N * OC), a = Aligned(N * C);
+  MESHRUN_ASSIGN_OR_RETURN(void* buf, ctx.MixedScratch(sizeof(gpu::bf16) * (d + a)));
   gpu::bf16* dout16 = static_cast<gpu::bf16*>(buf);
   gpu::bf16* inp16 = dout16 + d;
-  gpu::bf16* w16 = inp16 + a;
+  const gpu::bf16* w16 = nullptr;
   MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, dout16, dout, N * OC));
   if (dweight != nullptr) MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, inp16, inp, N * C));
-  if (dinp != nullptr) MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, w16, weight, OC * C));
+  if (dinp != nullptr) {
+    MESHRUN_ASSIGN_OR_RETURN(w16, Weight16(ctx, weight, OC * C));
+  }
   // Each GEMM on its own, with the float32 GEMM as the fallback where cuBLASLt has no bf16
   // algorithm for the layout (see MixedForward).
   if (dinp != nullptr) {
@@ -278,6 +301,16 @@ Status SetMatmulPrecision(Device dev, MatmulPrecision precision) {
   return OkStatus();
 }
 
+void ParametersChanged(Device dev) {
+#if MESHRUN_WITH_CUDA
+  if (dev.type != DeviceType::kCuda) return;
+  StatusOr<gpu::CudaContext*> ctx = ContextOf(dev);
+  if (ctx.ok()) (*ctx)->InvalidateWeights();
+#else
+  (void)dev;
+#endif
+}
+
 MatmulPrecision MatmulPrecisionOf(Device dev) {
   return Mixed(dev) ? MatmulPrecision::kBf16 : MatmulPrecision::kFloat32;
 }
@@ -304,6 +337,7 @@ Status CastFromBf16(Device dev, float* dst, const uint16_t* src, int64_t n) {
   }
 #if MESHRUN_WITH_CUDA
   MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  ctx->InvalidateWeights();
   return gpu::Convert(*ctx, dst, reinterpret_cast<const gpu::bf16*>(src), n);
 #else
   return NotBuilt("CastFromBf16");
@@ -573,15 +607,16 @@ StatusOr<double> SumOfSquares(Device dev, const T* x, int64_t n) {
 
 template <typename T>
 Status Scale(Device dev, T* x, int64_t n, double s) {
-  MESHRUN_OP("Scale", cpu::Scale(x, n, s), gpu::Scale(ctx, x, n, s))
+  MESHRUN_OP("Scale", cpu::Scale(x, n, s), (ctx.InvalidateWeights(), gpu::Scale(ctx, x, n, s)))
 }
 
 template <typename T>
 Status AdamW(Device dev, T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1,
              double beta2, double eps, double weight_decay, int64_t step){
     MESHRUN_OP("AdamW", cpu::AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step),
-               gpu::AdamW<float>(ctx, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
-                                 step, 1.0f, nullptr))}
+               (ctx.InvalidateWeights(),
+                gpu::AdamW<float>(ctx, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                                  step, 1.0f, nullptr)))}
 
 #define MESHRUN_OPS_INSTANTIATE(T)                                                                 \
   template Status Fill<T>(Device, T*, double, int64_t);                                            \

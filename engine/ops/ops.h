@@ -47,6 +47,11 @@ StatusOr<void*> ComputeStreamOf(Device dev);
 // (INVALID_ARGUMENT otherwise).
 enum class MatmulPrecision { kFloat32, kBf16 };
 Status SetMatmulPrecision(Device dev, MatmulPrecision precision);
+// The bf16 GEMMs keep the bf16 copy of the last weight they read while nothing may have written
+// it: every op here that may write parameters (copies, fills, Zero, Scale, AdamW, CastFromBf16)
+// says so itself; a caller that writes parameters another way (a collective into a gathered
+// unit) calls this. No-op on cpu.
+void ParametersChanged(Device dev);
 MatmulPrecision MatmulPrecisionOf(Device dev);
 // bf16 (stored as its 16 bits) ↔ float32, round to nearest even; on any device.
 Status CastToBf16(Device dev, uint16_t* dst, const float* src, int64_t n);

@@ -340,6 +340,7 @@ Status ShardedState::StartGather(int unit) {
 Status ShardedState::WaitGather(int unit) {
   if (!gather_work_[unit].pending()) return OkStatus();
   MESHRUN_RETURN_IF_ERROR(fsdp_->Wait(gather_work_[unit]));
+  ops::ParametersChanged(device());  // the collective wrote the unit's parameters
   if (staging_[unit].defined()) {
     MESHRUN_RETURN_IF_ERROR(ops::CastFromBf16(device(), gathered_[unit].data<float>(),
                                               static_cast<const uint16_t*>(staging_[unit].raw()),

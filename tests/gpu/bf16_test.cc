@@ -127,6 +127,50 @@ GPU_TEST(MixedMatmulIsTheGemmOfTheRoundedOperands) {
   EXPECT_CLOSE("mixed dbias (accumulated)", Host(d_db.data<float>(), OC), db, 2e-5);
 }
 
+// The bf16 copy of the last weight is reused only while that weight cannot have changed: after
+// an upload into the same buffer, and after a write no op announces (a GEMM's output landing in
+// the weight's buffer, as a collective's would) followed by ops::ParametersChanged, the next GEMM
+// reads the new weight.
+GPU_TEST(MixedMatmulRereadsAChangedWeight) {
+  std::mt19937 rng(4);
+  const int64_t N = 16, C = 32, OC = 24;
+  const std::vector<float> inp = Random(rng, N * C), w1 = Random(rng, OC * C, 0.1f),
+                           w2 = Random(rng, OC * C, 0.1f);
+  auto cpu_forward = [&](const std::vector<float>& w) {
+    std::vector<float> a = inp, b = w, out(N * OC);
+    for (float& x : a) x = RoundBf16(x);
+    for (float& x : b) x = RoundBf16(x);
+    cpu::MatmulForward(out.data(), a.data(), b.data(), static_cast<const float*>(nullptr), N, C,
+                       OC);
+    return out;
+  };
+  PrecisionScope bf16(ops::MatmulPrecision::kBf16);
+  Tensor d_inp = Upload(inp), d_w = Upload(w1), d_out = Upload(std::vector<float>(N * OC));
+  auto forward = [&]() -> std::vector<float> {
+    const Status s =
+        ops::MatmulForward(kCuda, d_out.data<float>(), d_inp.data<float>(), d_w.data<float>(),
+                           static_cast<const float*>(nullptr), N, C, OC);
+    if (!s.ok()) std::printf("  forward: %s\n", s.ToString().c_str());
+    return Host(d_out.data<float>(), N * OC);
+  };
+  // For the write below: w3[OC, C] = src[OC, K]·mixᵀ with mix [C, K] (uploaded first: an
+  // upload is a write the ops announce).
+  const int64_t K = 8;
+  Tensor d_src = Upload(Random(rng, OC * K)), d_mix = Upload(Random(rng, C * K, 0.1f));
+  EXPECT_CLOSE("first weight", forward(), cpu_forward(w1), 2e-5);
+  EXPECT_CLOSE("first weight again", forward(), cpu_forward(w1), 2e-5);
+  ASSERT_OK(ops::CopyFromHost(kCuda, d_w.raw(), w2.data(), sizeof(float) * w2.size()));
+  EXPECT_CLOSE("uploaded weight", forward(), cpu_forward(w2), 2e-5);
+  // A float32 GEMM (which neither uses nor announces anything to the cache) writes the weight.
+  ASSERT_OK(ops::SetMatmulPrecision(kCuda, ops::MatmulPrecision::kFloat32));
+  ASSERT_OK(ops::MatmulForward(kCuda, d_w.data<float>(), d_src.data<float>(), d_mix.data<float>(),
+                               static_cast<const float*>(nullptr), OC, K, C));
+  ASSERT_OK(ops::SetMatmulPrecision(kCuda, ops::MatmulPrecision::kBf16));
+  ops::ParametersChanged(kCuda);
+  const std::vector<float> w3 = Host(d_w.data<float>(), OC * C);
+  EXPECT_CLOSE("weight written by a GEMM", forward(), cpu_forward(w3), 2e-5);
+}
+
 GPT2Config Tiny() {
   GPT2Config cfg;
   cfg.vocab_size = 97;
