@@ -43,6 +43,8 @@ CudaContext::~CudaContext() {
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
   lt_workspace_.Reset();
   scratch_.Reset();
+  mixed_scratch_.Reset();
+  mixed_weight_cache_.bf16.Reset();
   if (lt_ != nullptr) (void)cublasLtDestroy(lt_);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
@@ -53,6 +55,14 @@ StatusOr<void*> CudaContext::Scratch(size_t bytes) {
     MESHRUN_ASSIGN_OR_RETURN(scratch_, DeviceBuffer::Allocate(*allocator_, bytes));
   }
   return scratch_.get();
+}
+
+StatusOr<void*> CudaContext::MixedScratch(size_t bytes) {
+  if (mixed_scratch_.bytes() < bytes) {
+    mixed_scratch_.Reset();
+    MESHRUN_ASSIGN_OR_RETURN(mixed_scratch_, DeviceBuffer::Allocate(*allocator_, bytes));
+  }
+  return mixed_scratch_.get();
 }
 
 Status CudaContext::Synchronize() {

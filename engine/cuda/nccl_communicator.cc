@@ -262,6 +262,9 @@ class NcclCommunicator final : public Communicator {
         case AsyncOp::kAllGather:
           r = ncclAllGather(input, output, count, ncclFloat32, comm_, stream_);
           break;
+        case AsyncOp::kAllGatherBytes:
+          r = ncclAllGather(input, output, count, ncclInt8, comm_, stream_);
+          break;
       }
       Status issued = ToStatus(r, p.what.c_str(), __FILE__, __LINE__);
       if (!issued.ok()) {
