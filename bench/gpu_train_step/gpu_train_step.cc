@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/gpu_peak.h"
 #include "common/job_spec.h"
 #include "engine/core/tensor.h"
 #include "engine/cuda/check.h"
@@ -103,16 +104,6 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
   return true;
 }
 
-// Dense bf16 peak TFLOP/s by device name (the vendor's datasheet numbers without sparsity).
-double PeakTflops(const std::string& name) {
-  auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-  if (has("H100") && has("PCIe")) return 756.0;
-  if (has("H100") || has("H200") || has("H800") || has("GH200")) return 989.4;
-  if (has("A100") || has("A800")) return 312.0;
-  if (has("L40S")) return 362.0;
-  return 0.0;
-}
-
 std::string JsonString(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -155,7 +146,8 @@ int Run(const Flags& f) {
   cudaDeviceProp prop{};
   (void)cudaGetDeviceProperties(&prop, 0);
   const std::string gpu_name = prop.name;
-  const double peak = f.peak_tflops > 0 ? f.peak_tflops : PeakTflops(gpu_name);
+  const double peak =
+      f.peak_tflops > 0 ? f.peak_tflops : DenseBf16PeakTflops(gpu_name).value_or(0.0);
 
   GPT2Config cfg;
   cfg.vocab_size = f.vocab;
