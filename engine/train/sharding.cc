@@ -54,11 +54,11 @@ std::vector<ParamPiece> PiecesOf(const ParamInfo& p, int64_t first, int64_t coun
   return out;
 }
 
-StatusOr<double> SumOverGroup(Communicator* comm, double value, const char* axis) {
+StatusOr<double> SumOverGroup(Communicator* comm, double value, CommCharge charge) {
   if (!Active(comm)) return value;
   std::vector<double> all(comm->size());
   MESHRUN_RETURN_IF_ERROR(
-      comm->AllGatherBytes(&value, all.data(), sizeof(double), CallOptions::Axis(axis)));
+      comm->AllGatherBytes(&value, all.data(), sizeof(double), CallOptions::Charged(charge)));
   double sum = 0;
   for (double x : all) sum += x;
   return sum;
@@ -251,7 +251,7 @@ Status ShardedState::Gather(int unit) {
   Tensor buffer = Acquire(free_params_, u.padded, MemoryKind::kParameters);
   MESHRUN_RETURN_IF_ERROR(fsdp_->AllGather(params() + ShardOffset(unit), buffer.data<float>(),
                                            static_cast<size_t>(ShardCount(unit)),
-                                           CallOptions::Axis("dp_shard")));
+                                           CallOptions::Axis(MeshAxis::kDpShard)));
   gathered_[unit] = buffer;
   model_->BindUnit(unit, buffer.data<float>(),
                    unit_grads_[unit].defined() ? unit_grads_[unit].data<float>() : nullptr);
@@ -282,7 +282,7 @@ Status ShardedState::AfterBackward(int unit) {
   float* tmp = scratch_.data<float>();
   MESHRUN_RETURN_IF_ERROR(fsdp_->ReduceScatter(unit_grads_[unit].data<float>(), tmp,
                                                static_cast<size_t>(count),
-                                               CallOptions::Axis("dp_shard")));
+                                               CallOptions::Axis(MeshAxis::kDpShard)));
   MESHRUN_RETURN_IF_ERROR(ops::Accumulate(device(), grads() + ShardOffset(unit), tmp, count));
   Release(free_grads_, unit_grads_[unit]);
   Release(free_params_, gathered_[unit]);
@@ -293,7 +293,7 @@ Status ShardedState::AfterBackward(int unit) {
 Status ShardedState::FinishGradients() {
   if (!Active(replicate_)) return OkStatus();
   return replicate_->AllReduce(grads(), static_cast<size_t>(size_),
-                               CallOptions::Axis("dp_replicate"));
+                               CallOptions::Axis(MeshAxis::kDpReplicate));
 }
 
 StatusOr<double> ShardedState::GlobalGradNormSquared() {
@@ -305,8 +305,9 @@ StatusOr<double> ShardedState::GlobalGradNormSquared() {
                              ops::SumOfSquares(device(), g + s.shard_offset, s.count));
     local += sq;
   }
-  MESHRUN_ASSIGN_OR_RETURN(double over_tp, SumOverGroup(tp_, local, "tp"));
-  return SumOverGroup(sharded() ? fsdp_ : nullptr, over_tp, "dp_shard");
+  MESHRUN_ASSIGN_OR_RETURN(double over_tp,
+                           SumOverGroup(tp_, local, CommCharge::Axis(MeshAxis::kTp)));
+  return SumOverGroup(sharded() ? fsdp_ : nullptr, over_tp, CommCharge::Axis(MeshAxis::kDpShard));
 }
 
 StatusOr<UpdateResult> ShardedState::ClipAndStep(const TrainSpec& tr, int64_t step) {

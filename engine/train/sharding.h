@@ -134,7 +134,8 @@ struct ParamPiece {
 // p's local elements [first, first + count). Parameters have one or two dimensions.
 std::vector<ParamPiece> PiecesOf(const ParamInfo& p, int64_t first, int64_t count);
 
-// Σ of one double over a group, identical and in the same order on every member.
-StatusOr<double> SumOverGroup(Communicator* comm, double value, const char* axis);
+// Σ of one double over a group, identical and in the same order on every member, charged to
+// `charge` (comm_stats.h).
+StatusOr<double> SumOverGroup(Communicator* comm, double value, CommCharge charge);
 
 }  // namespace meshrun

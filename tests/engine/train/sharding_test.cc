@@ -105,7 +105,8 @@ struct RankResult {
 
 std::vector<RankResult> RunSharded(int n, bool reshard, const Batch& batch, int B, int T) {
   std::shared_ptr<FakeWorld> world = FakeWorld::Create(n);
-  std::vector<std::unique_ptr<Communicator>> comms = world->ConnectAll("dp_shard_cp", nullptr);
+  std::vector<std::unique_ptr<Communicator>> comms =
+      world->ConnectAll(MeshAxis::kDpShardCp, nullptr);
   std::vector<RankResult> results(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
