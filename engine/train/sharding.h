@@ -11,6 +11,7 @@
 
 #include "common/job_spec.h"
 #include "common/status.h"
+#include "engine/comm/comm_stats.h"
 #include "engine/core/tensor.h"
 #include "engine/model/gpt2.h"
 #include "engine/train/optimizer.h"
