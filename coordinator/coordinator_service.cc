@@ -371,8 +371,8 @@ void CoordinatorServiceImpl::HandleStoreAdd(const v1::StoreAddRequest& request,
                                             v1::StoreAddResponse* response, ReplyCallback done) {
   Status status = CheckStoreCall(request.job_id(), request.attempt(), request.key());
   if (!status.ok()) return done(status);
-  StatusOr<int64_t> value =
-      store_.Add(request.job_id(), request.attempt(), request.key(), request.delta());
+  StatusOr<int64_t> value = store_.Add(request.job_id(), request.attempt(), request.key(),
+                                       request.delta(), request.request_id());
   if (value.ok()) response->set_value(*value);
   done(value.status());
 }

@@ -51,6 +51,9 @@ CREATE TABLE IF NOT EXISTS events(
 CREATE TABLE IF NOT EXISTS store(
   job_id TEXT NOT NULL, attempt INTEGER NOT NULL, key BLOB NOT NULL, value BLOB NOT NULL,
   PRIMARY KEY(job_id, attempt, key));
+CREATE TABLE IF NOT EXISTS store_adds(
+  job_id TEXT NOT NULL, attempt INTEGER NOT NULL, request_id BLOB NOT NULL,
+  value INTEGER NOT NULL, PRIMARY KEY(job_id, attempt, request_id));
 )sql";
 
 Status SqlError(sqlite3* db, const std::string& what) {
@@ -120,6 +123,12 @@ constexpr const char* kUpsertStoreValue =
 constexpr const char* kDeleteStoreAttempt = "DELETE FROM store WHERE job_id = ?1 AND attempt = ?2";
 constexpr const char* kSelectStore =
     "SELECT key, value FROM store WHERE job_id = ?1 AND attempt = ?2";
+constexpr const char* kInsertStoreAdd =
+    "INSERT OR REPLACE INTO store_adds(job_id, attempt, request_id, value) VALUES(?1,?2,?3,?4)";
+constexpr const char* kDeleteStoreAdds =
+    "DELETE FROM store_adds WHERE job_id = ?1 AND attempt = ?2";
+constexpr const char* kSelectStoreAdds =
+    "SELECT request_id, value FROM store_adds WHERE job_id = ?1 AND attempt = ?2";
 
 constexpr const char* kSelectJobs =
     "SELECT job_id, seq, name, state, spec, resolved_yaml, request_id, attempt, restarts, "
@@ -474,13 +483,50 @@ Status StateDb::PutStoreValue(const std::string& job_id, int attempt, const std:
   return OkStatus();
 }
 
+Status StateDb::PutStoreAdd(const std::string& job_id, int attempt, const std::string& key,
+                            int64_t value, const std::string& request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MESHRUN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+  Status status = [&]() -> Status {
+    {
+      MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kUpsertStoreValue));
+      Stmt q(s);
+      q.Bind(1, job_id).Bind(2, attempt).BindBlob(3, key).BindBlob(4, std::to_string(value));
+      if (q.Step() != SQLITE_DONE) return SqlError(db_, "write a store counter of " + job_id);
+    }
+    MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kInsertStoreAdd));
+    Stmt q(s);
+    q.Bind(1, job_id).Bind(2, attempt).BindBlob(3, request_id).Bind(4, value);
+    if (q.Step() != SQLITE_DONE) return SqlError(db_, "record a store addition of " + job_id);
+    return OkStatus();
+  }();
+  if (status.ok()) status = Exec("COMMIT");
+  if (!status.ok()) (void)Exec("ROLLBACK");
+  return status;
+}
+
 Status StateDb::DeleteStoreAttempt(const std::string& job_id, int attempt) {
   std::lock_guard<std::mutex> lock(mu_);
-  MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kDeleteStoreAttempt));
+  for (const char* sql : {kDeleteStoreAttempt, kDeleteStoreAdds}) {
+    MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(sql));
+    Stmt q(s);
+    q.Bind(1, job_id).Bind(2, attempt);
+    if (q.Step() != SQLITE_DONE) return SqlError(db_, "drop the store keys of " + job_id);
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<std::pair<std::string, int64_t>>> StateDb::LoadStoreAdds(
+    const std::string& job_id, int attempt) {
+  std::lock_guard<std::mutex> lock(mu_);
+  MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kSelectStoreAdds));
   Stmt q(s);
   q.Bind(1, job_id).Bind(2, attempt);
-  if (q.Step() != SQLITE_DONE) return SqlError(db_, "drop the store keys of " + job_id);
-  return OkStatus();
+  std::vector<std::pair<std::string, int64_t>> out;
+  int rc;
+  while ((rc = q.Step()) == SQLITE_ROW) out.emplace_back(q.Text(0), q.Int(1));
+  if (rc != SQLITE_DONE) return SqlError(db_, "read the store additions of " + job_id);
+  return out;
 }
 
 StatusOr<std::vector<std::pair<std::string, std::string>>> StateDb::LoadStore(

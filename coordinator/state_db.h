@@ -125,8 +125,14 @@ class StateDb {
   // (synchronous=NORMAL in WAL mode: it survives the coordinator being killed, not a power cut).
   Status PutStoreValue(const std::string& job_id, int attempt, const std::string& key,
                        const std::string& value);
+  // A counter's new value and the request id of the addition that made it, in one transaction.
+  Status PutStoreAdd(const std::string& job_id, int attempt, const std::string& key, int64_t value,
+                     const std::string& request_id);
   Status DeleteStoreAttempt(const std::string& job_id, int attempt);
   StatusOr<std::vector<std::pair<std::string, std::string>>> LoadStore(const std::string& job_id,
+                                                                       int attempt);
+  // The applied additions' request ids of one attempt and the counter value each answered.
+  StatusOr<std::vector<std::pair<std::string, int64_t>>> LoadStoreAdds(const std::string& job_id,
                                                                        int attempt);
 
   const std::string& path() const { return path_; }

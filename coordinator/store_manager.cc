@@ -30,6 +30,21 @@ Status Persist(StateDb* db, const std::string& job_id, int attempt, const std::s
   return OkStatus();
 }
 
+// A counter and the addition's request id, written together (see Persist).
+Status PersistAdd(StateDb* db, const std::string& job_id, int attempt, const std::string& key,
+                  int64_t value, const std::string& request_id) {
+  if (db == nullptr) return OkStatus();
+  Status s = db->PutStoreAdd(job_id, attempt, key, value, request_id);
+  if (!s.ok()) {
+    spdlog::error("store {}/{}: counter not persisted: {}", job_id, attempt, s.message());
+    return InternalError(
+        "store: the counter is added but not persisted, so it would not survive a "
+        "coordinator restart: " +
+        s.message() + " (hint: check the coordinator's --state-dir)");
+  }
+  return OkStatus();
+}
+
 void DropPersisted(StateDb* db, const std::string& job_id, int attempt) {
   if (db == nullptr) return;
   if (Status s = db->DeleteStoreAttempt(job_id, attempt); !s.ok()) {
@@ -41,14 +56,20 @@ void DropPersisted(StateDb* db, const std::string& job_id, int attempt) {
 
 Status StoreManager::RestoreAttempt(const std::string& job_id, int attempt) {
   std::vector<std::pair<std::string, std::string>> rows;
+  std::vector<std::pair<std::string, int64_t>> adds;
   if (db_ != nullptr) {
     MESHRUN_ASSIGN_OR_RETURN(rows, db_->LoadStore(job_id, attempt));
+    MESHRUN_ASSIGN_OR_RETURN(adds, db_->LoadStoreAdds(job_id, attempt));
   }
   std::lock_guard<std::mutex> lock(mu_);
   KeySpace space;
   for (auto& [key, value] : rows) {
     space.bytes += key.size() + value.size();
     space.values[std::move(key)] = std::move(value);
+  }
+  for (auto& [id, value] : adds) {
+    space.bytes += id.size() + sizeof(int64_t);
+    space.applied_adds[std::move(id)] = value;
   }
   auto it = spaces_.find({job_id, attempt});
   if (it != spaces_.end()) total_bytes_ -= it->second.bytes;  // no waiters yet at start-up
@@ -195,7 +216,7 @@ void StoreManager::Get(const std::string& job_id, int attempt, const std::string
 }
 
 StatusOr<int64_t> StoreManager::Add(const std::string& job_id, int attempt, const std::string& key,
-                                    int64_t delta) {
+                                    int64_t delta, const std::string& request_id) {
   std::vector<std::pair<GetCallback, std::string>> wake;
   Status persisted;
   int64_t value = 0;
@@ -203,6 +224,16 @@ StatusOr<int64_t> StoreManager::Add(const std::string& job_id, int attempt, cons
     std::lock_guard<std::mutex> lock(mu_);
     auto it = spaces_.find({job_id, attempt});
     if (it == spaces_.end()) return NoKeySpace(job_id, attempt);
+    if (!request_id.empty()) {
+      auto applied = it->second.applied_adds.find(request_id);
+      if (applied != it->second.applied_adds.end()) return applied->second;  // a retry
+      if (request_id.size() > limits_.max_key_bytes) {
+        return InvalidArgumentError("request_id: " + std::to_string(request_id.size()) +
+                                    " bytes, over the store's limit of " +
+                                    std::to_string(limits_.max_key_bytes) +
+                                    " (hint: a short random id per addition is enough)");
+      }
+    }
     auto v = it->second.values.find(key);
     if (v != it->second.values.end()) {
       const std::string& text = v->second;
@@ -221,7 +252,14 @@ StatusOr<int64_t> StoreManager::Add(const std::string& job_id, int attempt, cons
     value += delta;
     if (delta != 0 || v == it->second.values.end()) {
       MESHRUN_RETURN_IF_ERROR(SetLocked(it->second, key, std::to_string(value), &wake));
-      persisted = Persist(db_, job_id, attempt, key, std::to_string(value));
+      if (request_id.empty()) {
+        persisted = Persist(db_, job_id, attempt, key, std::to_string(value));
+      } else {
+        it->second.applied_adds[request_id] = value;
+        it->second.bytes += request_id.size() + sizeof(int64_t);
+        total_bytes_ += request_id.size() + sizeof(int64_t);
+        persisted = PersistAdd(db_, job_id, attempt, key, value, request_id);
+      }
     }
   }
   for (auto& [done, v] : wake) done(std::optional<std::string>(std::move(v)));

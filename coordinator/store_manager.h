@@ -67,9 +67,10 @@ class StoreManager {
            std::chrono::milliseconds timeout, std::optional<MonoTime> call_deadline,
            GetCallback done);
   // FAILED_PRECONDITION when the key holds something other than a decimal int64, OUT_OF_RANGE
-  // on overflow.
+  // on overflow. A non-empty `request_id` that this attempt has already applied answers that
+  // addition's result and adds nothing: a client's retry after a lost reply cannot add twice.
   StatusOr<int64_t> Add(const std::string& job_id, int attempt, const std::string& key,
-                        int64_t delta);
+                        int64_t delta, const std::string& request_id = "");
 
   // Fails the waits whose deadline is at or before the clock's now. Called by the server's
   // ticker (and by tests).
@@ -89,7 +90,8 @@ class StoreManager {
   };
   struct KeySpace {
     std::unordered_map<std::string, std::string> values;
-    size_t bytes = 0;
+    std::unordered_map<std::string, int64_t> applied_adds;  // request id -> the result answered
+    size_t bytes = 0;  // keys, values and applied request ids (each counted as its id + 8)
     std::vector<Waiter> waiters;
   };
   using Key = std::pair<std::string, int>;

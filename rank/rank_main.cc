@@ -126,7 +126,7 @@ StatusOr<RankContext> ConnectRank(const v1::RankStart& start, const ParallelDims
   // engine/comm/backend_factory.h).
   CommBackendOptions backend;
   backend.hostname = start.host();
-  if (device == "cuda") backend.cuda_device = RankCudaDevice(a.local_rank());
+  if (device == "cuda") backend.cuda_device = ctx.cuda_device = RankCudaDevice(a.local_rank());
   MeshCommsOptions comm_options;
   comm_options.timeout = timeout;  // parallelism.comm_timeout_seconds
   MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
@@ -202,6 +202,7 @@ int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& 
     if (!connected.ok()) return ReportError(connected.status());
     ctx = std::move(connected).value();
   }
+  if (spec->resources.device == "cuda") ctx.cuda_device = RankCudaDevice(a.local_rank());
   TrainOptions train;
   // MFU's peak: MESHRUN_PEAK_TFLOPS, else the GPU's dense bf16 peak by name on cuda (0 on cpu:
   // the trainer measures a float32 GEMM). engine/train/gpu_peak.h.

@@ -5,8 +5,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "proto/duration.h"
@@ -72,7 +74,12 @@ StatusOr<std::shared_ptr<GrpcStore>> GrpcStore::Create(const GrpcStoreOptions& o
 
 GrpcStore::GrpcStore(std::shared_ptr<v1::CoordinatorService::StubInterface> stub,
                      GrpcStoreOptions options)
-    : stub_(std::move(stub)), options_(std::move(options)) {}
+    : stub_(std::move(stub)), options_(std::move(options)) {
+  std::random_device device;
+  char text[32];
+  std::snprintf(text, sizeof(text), "%08x%08x%08x-", device(), device(), device());
+  add_id_prefix_ = text;
+}
 
 Status GrpcStore::Set(const std::string& key, const std::string& value) {
   v1::StoreSetRequest request;
@@ -149,6 +156,10 @@ StatusOr<int64_t> GrpcStore::Add(const std::string& key, int64_t delta) {
   request.set_attempt(options_.attempt);
   request.set_key(key);
   request.set_delta(delta);
+  // One id for every retry of this addition: a retry whose first try was applied (the reply
+  // lost to a coordinator kill or a broken connection, which also reads UNAVAILABLE) is answered
+  // the first result instead of adding again.
+  request.set_request_id(add_id_prefix_ + std::to_string(add_sequence_.fetch_add(1)));
   const Clock::time_point give_up = Clock::now() + options_.unavailable_budget;
   Backoff backoff(milliseconds(50), milliseconds(1000));
   while (true) {
@@ -156,7 +167,6 @@ StatusOr<int64_t> GrpcStore::Add(const std::string& key, int64_t delta) {
     SetDeadline(&ctx, options_.call_timeout);
     v1::StoreAddResponse response;
     const grpc::Status s = stub_->StoreAdd(&ctx, request, &response);
-    // UNAVAILABLE means the call did not reach a coordinator, so retrying cannot add twice.
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= give_up) {
       if (s.ok()) return response.value();
       return Status(FromGrpcStatus(s).code(),

@@ -2,7 +2,9 @@
 // StoreSet/StoreGet/StoreAdd RPCs (store.proto) in the key space of one (job_id, attempt).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +56,9 @@ class GrpcStore : public Store {
 
   std::shared_ptr<v1::CoordinatorService::StubInterface> stub_;
   GrpcStoreOptions options_;
+  // Add's request ids: a random prefix per client and a sequence number (see StoreAddRequest).
+  std::string add_id_prefix_;
+  std::atomic<uint64_t> add_sequence_{0};
 };
 
 }  // namespace meshrun

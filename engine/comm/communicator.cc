@@ -207,6 +207,7 @@ StatusOr<CommWork> Communicator::Start(CommOp op, AsyncOp async_op, const void* 
       case AsyncOp::kAllGather:
         s = AllGather(static_cast<const float*>(input), static_cast<float*>(output), count, call);
         break;
+      case AsyncOp::kAllGatherBytes: s = AllGatherBytes(input, output, count, call); break;
     }
     if (!s.ok()) return s;
     work.pending_ = true;
@@ -251,6 +252,15 @@ StatusOr<CommWork> Communicator::StartAllGather(const float* input, float* outpu
   }
   return Start(CommOp::kAllGather, AsyncOp::kAllGather, input, output, count,
                count * size() * sizeof(float), opts);
+}
+
+StatusOr<CommWork> Communicator::StartAllGatherBytes(const void* input, void* output, size_t bytes,
+                                                     const CallOptions& opts) {
+  if (bytes > 0 && (input == nullptr || output == nullptr)) {
+    return InvalidArgumentError(Describe(CommOp::kAllGather) + ": null buffer");
+  }
+  return Start(CommOp::kAllGather, AsyncOp::kAllGatherBytes, input, output, bytes, bytes * size(),
+               opts);
 }
 
 Status Communicator::Wait(CommWork& work) {

@@ -171,6 +171,9 @@ class Communicator {
                                         const CallOptions& opts = {});
   StatusOr<CommWork> StartAllGather(const float* input, float* output, size_t count,
                                     const CallOptions& opts = {});
+  // Raw bytes (e.g. FSDP's bf16 gathers): input holds `bytes`, output size()·bytes.
+  StatusOr<CommWork> StartAllGatherBytes(const void* input, void* output, size_t bytes,
+                                         const CallOptions& opts = {});
   // Finishes a started call: returns its error, if any (then the communicator is unusable, as
   // after a blocking call's), and counts it. Waiting for a CommWork that is not pending is
   // INVALID_ARGUMENT.
@@ -203,7 +206,8 @@ class Communicator {
   // that DoWait completes (with the same deadline, `deadline`). DoWait returns the call's own
   // duration in *busy_seconds (device time from issue to completion) when it can measure it,
   // else leaves it negative. Defaults: UNIMPLEMENTED.
-  enum class AsyncOp { kAllReduce, kReduceScatter, kAllGather };
+  // kAllGather counts float32 elements, kAllGatherBytes bytes.
+  enum class AsyncOp { kAllReduce, kReduceScatter, kAllGather, kAllGatherBytes };
   virtual StatusOr<int64_t> DoStart(AsyncOp op, const void* input, void* output, size_t count,
                                     Duration timeout);
   virtual Status DoWait(int64_t ticket, Duration timeout, double* busy_seconds);

@@ -189,10 +189,12 @@ Tensor Tensor::Zeros(std::vector<int64_t> shape, ScalarType dtype, Device device
     std::memset(t.raw(), 0, t.nbytes());
   } else {
 #if MESHRUN_WITH_CUDA
-    // cudaMemset may return before it is done, on the legacy stream that the engine's
-    // non-blocking compute stream does not wait for: wait here, so the tensor is zero for every
-    // stream once this returns.
-    if (t.nbytes() > 0 && (cudaMemset(t.raw(), 0, t.nbytes()) != cudaSuccess ||
+    // cudaMemset runs on the legacy stream, which the engine's non-blocking compute stream does
+    // not wait for, nor it for that stream: wait first for the block's previous users (the
+    // caching allocator may just have recycled it from compute-stream work), then for the
+    // memset, so the tensor is zero for every stream once this returns.
+    if (t.nbytes() > 0 && (cudaDeviceSynchronize() != cudaSuccess ||
+                           cudaMemset(t.raw(), 0, t.nbytes()) != cudaSuccess ||
                            cudaDeviceSynchronize() != cudaSuccess)) {
       throw std::runtime_error("Tensor::Zeros: cudaMemset failed");
     }

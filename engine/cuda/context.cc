@@ -4,6 +4,7 @@
 #include <string>
 
 #include "engine/cuda/check.h"
+#include "engine/cuda/cublaslt_loader.h"
 
 namespace meshrun::gpu {
 namespace {
@@ -26,7 +27,12 @@ StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(int device) {
   MESHRUN_GPU_TRY(cudaSetDevice(device));
   MESHRUN_GPU_TRY(cudaGetDeviceProperties(&ctx->props_, device));
   MESHRUN_GPU_TRY(cudaStreamCreateWithFlags(&ctx->stream_, cudaStreamNonBlocking));
-  MESHRUN_GPU_TRY(cublasLtCreate(&ctx->lt_));
+  if (cublasLtCreate(&ctx->lt_) != CUBLAS_STATUS_SUCCESS && !CublasLtLoadError().empty()) {
+    return UnavailableError("cuBLASLt could not be loaded: " + CublasLtLoadError() +
+                            " (hint: install the CUDA toolkit's cuBLAS, or put its lib folder on "
+                            "LD_LIBRARY_PATH)");
+  }
+  if (ctx->lt_ == nullptr) MESHRUN_GPU_TRY(cublasLtCreate(&ctx->lt_));
   ctx->allocator_ = &CudaAllocator(device);
   MESHRUN_ASSIGN_OR_RETURN(ctx->lt_workspace_,
                            DeviceBuffer::Allocate(*ctx->allocator_, kLtWorkspaceBytes));
@@ -37,6 +43,8 @@ CudaContext::~CudaContext() {
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
   lt_workspace_.Reset();
   scratch_.Reset();
+  mixed_scratch_.Reset();
+  mixed_weight_cache_.bf16.Reset();
   if (lt_ != nullptr) (void)cublasLtDestroy(lt_);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
@@ -47,6 +55,14 @@ StatusOr<void*> CudaContext::Scratch(size_t bytes) {
     MESHRUN_ASSIGN_OR_RETURN(scratch_, DeviceBuffer::Allocate(*allocator_, bytes));
   }
   return scratch_.get();
+}
+
+StatusOr<void*> CudaContext::MixedScratch(size_t bytes) {
+  if (mixed_scratch_.bytes() < bytes) {
+    mixed_scratch_.Reset();
+    MESHRUN_ASSIGN_OR_RETURN(mixed_scratch_, DeviceBuffer::Allocate(*allocator_, bytes));
+  }
+  return mixed_scratch_.get();
 }
 
 Status CudaContext::Synchronize() {

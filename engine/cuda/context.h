@@ -38,6 +38,23 @@ class CudaContext {
   // A device buffer of at least `bytes`, valid until the next Scratch call. Kernels use it for
   // partial sums within one call; stream order keeps consecutive users apart.
   StatusOr<void*> Scratch(size_t bytes);
+  // A second grow-only buffer, for the bf16 copies of a mixed-precision GEMM's operands
+  // (engine/ops): valid until the next MixedScratch call; kernels' Scratch does not touch it.
+  StatusOr<void*> MixedScratch(size_t bytes);
+
+  // The bf16 copy of the weight the last mixed-precision GEMM read (engine/ops): reused while
+  // the same float32 weight (pointer and size) comes back and weights_generation() has not
+  // moved; ops that may write parameters (copies, fills, AdamW, the gathers' widening) and
+  // ShardedState's gathers call InvalidateWeights().
+  struct MixedWeightCache {
+    const void* source = nullptr;
+    int64_t numel = 0;
+    uint64_t generation = 0;
+    DeviceBuffer bf16;
+  };
+  MixedWeightCache& mixed_weight_cache() { return mixed_weight_cache_; }
+  uint64_t weights_generation() const { return weights_generation_; }
+  void InvalidateWeights() { ++weights_generation_; }
 
   // Waits for everything enqueued on stream().
   Status Synchronize();
@@ -56,6 +73,9 @@ class CudaContext {
   cudaDeviceProp props_{};
   DeviceBuffer lt_workspace_;
   DeviceBuffer scratch_;
+  DeviceBuffer mixed_scratch_;
+  MixedWeightCache mixed_weight_cache_;
+  uint64_t weights_generation_ = 1;  // the cache's 0 never matches
   std::map<GemmKey, cublasLtMatmulAlgo_t> gemm_plans_;
 };
 

@@ -68,6 +68,15 @@ Status MatmulBackward(CudaContext& ctx, T* dinp, float* dweight, float* dbias, c
                       const T* inp, const T* weight, int64_t N, int64_t C, int64_t OC,
                       const MatmulBackwardOptions& options = {});
 
+// Mixed precision (train.precision: bf16): bf16 operands, float32 output and accumulation.
+// out[N,OC] = inp·weightᵀ + bias (float32 bias, may be null), overwritten.
+Status MatmulForwardMixed(CudaContext& ctx, float* out, const bf16* inp, const bf16* weight,
+                          const float* bias, int64_t N, int64_t C, int64_t OC);
+// dinp[N,C] += dout·weight and dweight[OC,C] += doutᵀ·inp, both float32 (either may be null);
+// the bias gradient is the caller's (ColumnSum of the float32 dout).
+Status MatmulBackwardMixed(CudaContext& ctx, float* dinp, float* dweight, const bf16* dout,
+                           const bf16* inp, const bf16* weight, int64_t N, int64_t C, int64_t OC);
+
 // Column sums: out[c] += Σ_i x[i·ld + c] for c < C (deterministic; the bias gradient).
 template <typename T>
 Status ColumnSum(CudaContext& ctx, float* out, const T* x, int64_t N, int64_t C, int64_t ld);

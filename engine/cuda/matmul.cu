@@ -248,6 +248,79 @@ Status MatmulBackward(CudaContext& ctx, T* dinp, float* dweight, float* dbias, c
   return OkStatus();
 }
 
+Status MatmulForwardMixed(CudaContext& ctx, float* out, const bf16* inp, const bf16* weight,
+                          const float* bias, int64_t N, int64_t C, int64_t OC) {
+  if (N <= 0 || OC <= 0) return OkStatus();
+  bool fused_bias = bias != nullptr && Alignment(bias) >= 16;
+  LtGemm g;  // as MatmulForward: bf16 A/B, float32 D (and bias)
+  g.d = out;
+  g.d_type = CUDA_R_32F;
+  g.ldd = OC;
+  g.a = weight;
+  g.lda = C;
+  g.trans_a = true;
+  g.b = inp;
+  g.ldb = C;
+  g.ab_type = CUDA_R_16BF;
+  g.m = OC;
+  g.n = N;
+  g.k = C;
+  g.beta = 0.0f;
+  g.bias = fused_bias ? bias : nullptr;
+  const Status s = RunLt(ctx, g);
+  if (s.code() == StatusCode::kUnimplemented && fused_bias) {
+    fused_bias = false;
+    g.bias = nullptr;
+    MESHRUN_RETURN_IF_ERROR(RunLt(ctx, g));
+  } else {
+    MESHRUN_RETURN_IF_ERROR(s);
+  }
+  if (bias != nullptr && !fused_bias) {
+    AddBiasKernel<<<GridFor(N * OC, 256), 256, 0, ctx.stream()>>>(out, bias, N, OC, OC);
+    MESHRUN_GPU_TRY_LAUNCH();
+  }
+  return OkStatus();
+}
+
+Status MatmulBackwardMixed(CudaContext& ctx, float* dinp, float* dweight, const bf16* dout,
+                           const bf16* inp, const bf16* weight, int64_t N, int64_t C, int64_t OC) {
+  if (N <= 0 || OC <= 0 || C <= 0) return OkStatus();
+  if (dinp != nullptr) {
+    LtGemm g;  // dinpᵀ[C,N] += weightᵀ[C,OC]·doutᵀ[OC,N]
+    g.d = dinp;
+    g.d_type = CUDA_R_32F;
+    g.ldd = C;
+    g.a = weight;
+    g.lda = C;
+    g.b = dout;
+    g.ldb = OC;
+    g.ab_type = CUDA_R_16BF;
+    g.m = C;
+    g.n = N;
+    g.k = OC;
+    g.beta = 1.0f;
+    MESHRUN_RETURN_IF_ERROR(RunLt(ctx, g));
+  }
+  if (dweight != nullptr) {
+    LtGemm g;  // dweightᵀ[C,OC] += inpᵀ[C,N]·dout[N,OC]
+    g.d = dweight;
+    g.d_type = CUDA_R_32F;
+    g.ldd = C;
+    g.a = inp;
+    g.lda = C;
+    g.b = dout;
+    g.ldb = OC;
+    g.trans_b = true;
+    g.ab_type = CUDA_R_16BF;
+    g.m = C;
+    g.n = OC;
+    g.k = N;
+    g.beta = 1.0f;
+    MESHRUN_RETURN_IF_ERROR(RunLt(ctx, g));
+  }
+  return OkStatus();
+}
+
 #define MESHRUN_INSTANTIATE(T)                                                              \
   template Status MatmulForward<T>(CudaContext&, T*, const T*, const T*, const T*, int64_t, \
                                    int64_t, int64_t, int64_t);                              \

@@ -151,6 +151,7 @@ class NcclCommunicator final : public Communicator {
       }
     }
     barrier_.Reset();
+    staging_.Reset();
     if (done_ != nullptr) (void)cudaEventDestroy(done_);
     if (ready_ != nullptr) (void)cudaEventDestroy(ready_);
     if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
@@ -158,9 +159,13 @@ class NcclCommunicator final : public Communicator {
 
  protected:
   Status DoAllReduce(float* data, size_t count, Duration timeout) override {
-    return Launch(timeout, "ncclAllReduce", [&] {
-      return ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_);
-    });
+    const size_t bytes = count * sizeof(float);
+    MESHRUN_ASSIGN_OR_RETURN(char* staged, StageIn(data, bytes, bytes));
+    float* on_device = staged != nullptr ? reinterpret_cast<float*>(staged) : data;
+    MESHRUN_RETURN_IF_ERROR(Launch(timeout, "ncclAllReduce", [&] {
+      return ncclAllReduce(on_device, on_device, count, ncclFloat32, ncclSum, comm_, stream_);
+    }));
+    return StageOut(staged, data, bytes);
   }
 
   Status DoReduceScatter(const float* input, float* output, size_t count,
@@ -171,13 +176,27 @@ class NcclCommunicator final : public Communicator {
   }
 
   Status DoAllGather(const void* input, void* output, size_t bytes, Duration timeout) override {
-    return Launch(timeout, "ncclAllGather",
-                  [&] { return ncclAllGather(input, output, bytes, ncclInt8, comm_, stream_); });
+    const size_t out_bytes = bytes * static_cast<size_t>(size());
+    if (OnDevice(input) && OnDevice(output)) {
+      return Launch(timeout, "ncclAllGather",
+                    [&] { return ncclAllGather(input, output, bytes, ncclInt8, comm_, stream_); });
+    }
+    // Host buffers (the trainer's scalars: loss sums, norms, stop votes, run totals).
+    MESHRUN_ASSIGN_OR_RETURN(char* staged, Staging(bytes + out_bytes));
+    MESHRUN_GPU_TRY(cudaMemcpyAsync(staged, input, bytes, cudaMemcpyDefault, stream_));
+    MESHRUN_RETURN_IF_ERROR(Launch(timeout, "ncclAllGather", [&] {
+      return ncclAllGather(staged, staged + bytes, bytes, ncclInt8, comm_, stream_);
+    }));
+    return StageOut(staged + bytes, output, out_bytes);
   }
 
   Status DoBroadcast(void* data, size_t bytes, int root, Duration timeout) override {
-    return Launch(timeout, "ncclBroadcast",
-                  [&] { return ncclBroadcast(data, data, bytes, ncclInt8, root, comm_, stream_); });
+    MESHRUN_ASSIGN_OR_RETURN(char* staged, StageIn(data, bytes, bytes));
+    void* on_device = staged != nullptr ? staged : data;
+    MESHRUN_RETURN_IF_ERROR(Launch(timeout, "ncclBroadcast", [&] {
+      return ncclBroadcast(on_device, on_device, bytes, ncclInt8, root, comm_, stream_);
+    }));
+    return StageOut(staged, data, bytes);
   }
 
   Status DoSendRecv(const void* send_data, size_t send_bytes, int dst, void* recv_data,
@@ -243,6 +262,9 @@ class NcclCommunicator final : public Communicator {
         case AsyncOp::kAllGather:
           r = ncclAllGather(input, output, count, ncclFloat32, comm_, stream_);
           break;
+        case AsyncOp::kAllGatherBytes:
+          r = ncclAllGather(input, output, count, ncclInt8, comm_, stream_);
+          break;
       }
       Status issued = ToStatus(r, p.what.c_str(), __FILE__, __LINE__);
       if (!issued.ok()) {
@@ -288,6 +310,43 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // NCCL reads and writes device memory only; the engine's tensors are there, but the trainer's
+  // few scalars (loss sums, norms, stop votes, run totals) are host variables. Those go through
+  // a staging buffer on the device: in before the collective, out once it has completed (never
+  // a blocking copy behind a collective that may hang: the deadline would not hold).
+  static bool OnDevice(const void* p) {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();  // an unknown pointer is host memory
+      return false;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+  }
+  // A device buffer of at least `bytes`, kept for the next call.
+  StatusOr<char*> Staging(size_t bytes) {
+    MESHRUN_GPU_TRY(cudaSetDevice(options_.device));
+    if (staging_.bytes() < bytes) {
+      staging_.Reset();
+      MESHRUN_ASSIGN_OR_RETURN(staging_,
+                               DeviceBuffer::Allocate(CudaAllocator(options_.device), bytes));
+    }
+    return staging_.as<char>();
+  }
+  // nullptr when `data` is on the device; else the staging buffer holding its first `in_bytes`.
+  StatusOr<char*> StageIn(const void* data, size_t in_bytes, size_t buffer_bytes) {
+    if (OnDevice(data)) return static_cast<char*>(nullptr);
+    MESHRUN_ASSIGN_OR_RETURN(char* staged, Staging(buffer_bytes));
+    MESHRUN_GPU_TRY(cudaMemcpyAsync(staged, data, in_bytes, cudaMemcpyDefault, stream_));
+    return staged;
+  }
+  // After a completed collective: copies the staged result to the host (nothing when unstaged).
+  Status StageOut(const char* staged, void* host, size_t bytes) {
+    if (staged == nullptr) return OkStatus();
+    MESHRUN_GPU_TRY(cudaMemcpyAsync(host, staged, bytes, cudaMemcpyDefault, stream_));
+    MESHRUN_GPU_TRY(cudaStreamSynchronize(stream_));
+    return OkStatus();
+  }
+
   // Orders the collective after the compute stream's work, issues it on stream_, and waits for
   // it with the deadline: issue (ncclInProgress until enqueued), then the done event, checking
   // the communicator's asynchronous error while it runs. Aborts on error or timeout.
@@ -371,6 +430,7 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   DeviceBuffer barrier_;
+  DeviceBuffer staging_;  // host buffers' way through NCCL (see OnDevice)
 };
 
 // The size-1 communicator of a device group: the base class answers every call; its copies run
@@ -509,11 +569,15 @@ StatusOr<std::unique_ptr<Communicator>> NcclBackend::Connect(const CommConfig& c
       s = WaitReady(state_->world, deadline, options_.poll_interval, where + " split (world)",
                     &state_->world_aborted);
     }
+    bool child_aborted = false;  // WaitReady aborts the communicator it gives up on
     if (s.ok() && comm != nullptr) {
-      bool aborted = false;
-      s = WaitReady(comm, deadline, options_.poll_interval, where + " split", &aborted);
+      s = WaitReady(comm, deadline, options_.poll_interval, where + " split", &child_aborted);
     }
-    if (!s.ok()) return Status(s.code(), where + ": " + s.message());
+    if (!s.ok()) {
+      // A child the split produced dies with the failure, once.
+      if (comm != nullptr && !child_aborted) (void)ncclCommAbort(comm);
+      return Status(s.code(), where + ": " + s.message());
+    }
     if (comm == nullptr) return InternalError(where + ": ncclCommSplit returned no communicator");
   } else {
     Status s = InitFromStore(*store, "nccl/unique_id", config.rank, config.size, config.timeout,

@@ -1,6 +1,8 @@
 // The dispatch of engine/ops/ops.h: one branch per call on the device type.
 #include "engine/ops/ops.h"
 
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -89,6 +91,7 @@ Status CopyFromHost(Device dev, void* dst, const void* host_src, size_t bytes) {
 #if MESHRUN_WITH_CUDA
   if (bytes == 0) return OkStatus();
   MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  ctx->InvalidateWeights();
   // On the compute stream, then wait: the host buffer may change once this returns, and no
   // kernel may read dst before the copy lands (no legacy-stream copy racing the stream).
   MESHRUN_GPU_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, ctx->stream()));
@@ -121,6 +124,7 @@ Status Copy(Device dev, void* dst, const void* src, size_t bytes) {
 #if MESHRUN_WITH_CUDA
   if (bytes == 0) return OkStatus();
   MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  ctx->InvalidateWeights();
   MESHRUN_GPU_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream()));
   return OkStatus();
 #else
@@ -136,6 +140,7 @@ Status Zero(Device dev, void* dst, size_t bytes) {
 #if MESHRUN_WITH_CUDA
   if (bytes == 0) return OkStatus();
   MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  ctx->InvalidateWeights();
   MESHRUN_GPU_TRY(cudaMemsetAsync(dst, 0, bytes, ctx->stream()));
   return OkStatus();
 #else
@@ -166,12 +171,190 @@ StatusOr<void*> ComputeStreamOf(Device dev) {
 template <typename T>
 Status Fill(Device dev, T* dst, double value, int64_t n) {
   MESHRUN_OP("Fill", for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(value),
-             gpu::Fill(ctx, dst, static_cast<float>(value), n))
+             (ctx.InvalidateWeights(), gpu::Fill(ctx, dst, static_cast<float>(value), n)))
+}
+
+namespace {
+
+// The devices whose GEMMs run in bf16 (SetMatmulPrecision), by cuda device index.
+std::array<std::atomic<bool>, 64>& MixedDevices() {
+  static std::array<std::atomic<bool>, 64> mixed{};
+  return mixed;
+}
+
+bool Mixed(Device dev) {
+  return dev.type == DeviceType::kCuda && dev.index >= 0 && dev.index < 64 &&
+         MixedDevices()[static_cast<size_t>(dev.index)].load(std::memory_order_relaxed);
+}
+
+uint16_t FloatToBf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float Bf16BitsToFloat(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+#if MESHRUN_WITH_CUDA
+// Elements of a bf16 operand, rounded up so the next operand stays 256-byte aligned.
+int64_t Aligned(int64_t n) {
+  return (n + 127) / 128 * 128;
+}
+
+// The bf16 copy of a weight: the context's cached one while it is still that weight's (the LM
+// head's chunks read the same weight again and again), else a fresh cast into the cache.
+StatusOr<const gpu::bf16*> Weight16(gpu::CudaContext& ctx, const float* weight, int64_t n) {
+  gpu::CudaContext::MixedWeightCache& c = ctx.mixed_weight_cache();
+  if (c.source == weight && c.numel == n && c.generation == ctx.weights_generation()) {
+    return static_cast<const gpu::bf16*>(c.bf16.get());
+  }
+  const size_t bytes = sizeof(gpu::bf16) * static_cast<size_t>(n);
+  if (c.bf16.bytes() < bytes) {
+    c.bf16.Reset();  // stream-ordered reuse: see CachingDeviceAllocator
+    MESHRUN_ASSIGN_OR_RETURN(c.bf16, gpu::DeviceBuffer::Allocate(ctx.allocator(), bytes));
+  }
+  c.source = nullptr;
+  MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, static_cast<gpu::bf16*>(c.bf16.get()), weight, n));
+  c.source = weight;
+  c.numel = n;
+  c.generation = ctx.weights_generation();
+  return static_cast<const gpu::bf16*>(c.bf16.get());
+}
+
+Status MixedForward(gpu::CudaContext& ctx, float* out, const float* inp, const float* weight,
+                    const float* bias, int64_t N, int64_t C, int64_t OC) {
+  if (N <= 0 || OC <= 0) return OkStatus();
+  MESHRUN_ASSIGN_OR_RETURN(void* buf, ctx.MixedScratch(sizeof(gpu::bf16) * Aligned(N * C)));
+  gpu::bf16* inp16 = static_cast<gpu::bf16*>(buf);
+  MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, inp16, inp, N * C));
+  MESHRUN_ASSIGN_OR_RETURN(const gpu::bf16* w16, Weight16(ctx, weight, OC * C));
+  const Status s = gpu::MatmulForwardMixed(ctx, out, inp16, w16, bias, N, C, OC);
+  // cuBLASLt may have no bf16 algorithm for a layout (e.g. a leading dimension that is not a
+  // multiple of 8 elements): that GEMM runs in float32 instead of failing the step.
+  if (s.code() == StatusCode::kUnimplemented) {
+    return gpu::MatmulForward(ctx, out, inp, weight, bias, N, C, OC);
+  }
+  return s;
+}
+
+Status MixedBackward(gpu::CudaContext& ctx, float* dinp, float* dweight, float* dbias,
+                     const float* dout, const float* inp, const float* weight, int64_t N, int64_t C,
+                     int64_t OC) {
+  if (N <= 0 || OC <= 0 || C <= 0) return OkStatus();
+  const int64_t d = Aligned(N * OC), a = Aligned(N * C);
+  MESHRUN_ASSIGN_OR_RETURN(void* buf, ctx.MixedScratch(sizeof(gpu::bf16) * (d + a)));
+  gpu::bf16* dout16 = static_cast<gpu::bf16*>(buf);
+  gpu::bf16* inp16 = dout16 + d;
+  const gpu::bf16* w16 = nullptr;
+  MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, dout16, dout, N * OC));
+  if (dweight != nullptr) MESHRUN_RETURN_IF_ERROR(gpu::Convert(ctx, inp16, inp, N * C));
+  if (dinp != nullptr) {
+    MESHRUN_ASSIGN_OR_RETURN(w16, Weight16(ctx, weight, OC * C));
+  }
+  // Each GEMM on its own, with the float32 GEMM as the fallback where cuBLASLt has no bf16
+  // algorithm for the layout (see MixedForward).
+  if (dinp != nullptr) {
+    const Status s = gpu::MatmulBackwardMixed(ctx, dinp, nullptr, dout16, inp16, w16, N, C, OC);
+    if (s.code() == StatusCode::kUnimplemented) {
+      MESHRUN_RETURN_IF_ERROR(
+          gpu::MatmulBackward<float>(ctx, dinp, nullptr, nullptr, dout, inp, weight, N, C, OC));
+    } else {
+      MESHRUN_RETURN_IF_ERROR(s);
+    }
+  }
+  if (dweight != nullptr) {
+    const Status s = gpu::MatmulBackwardMixed(ctx, nullptr, dweight, dout16, inp16, w16, N, C, OC);
+    if (s.code() == StatusCode::kUnimplemented) {
+      MESHRUN_RETURN_IF_ERROR(
+          gpu::MatmulBackward<float>(ctx, nullptr, dweight, nullptr, dout, inp, weight, N, C, OC));
+    } else {
+      MESHRUN_RETURN_IF_ERROR(s);
+    }
+  }
+  if (dbias != nullptr) return gpu::ColumnSum(ctx, dbias, dout, N, OC, OC);
+  return OkStatus();
+}
+#endif
+
+}  // namespace
+
+Status SetMatmulPrecision(Device dev, MatmulPrecision precision) {
+  const bool bf16 = precision == MatmulPrecision::kBf16;
+  if (dev.type == DeviceType::kCpu) {
+    if (!bf16) return OkStatus();
+    return InvalidArgumentError(
+        "ops::SetMatmulPrecision: bf16 GEMMs run on cuda only; the CPU kernels compute in "
+        "float32 (hint: use precision fp32 on cpu)");
+  }
+  if (dev.index < 0 || dev.index >= 64) {
+    return InvalidArgumentError("ops::SetMatmulPrecision: cuda device index " +
+                                std::to_string(dev.index) + " is out of range [0, 64)");
+  }
+  MixedDevices()[static_cast<size_t>(dev.index)].store(bf16, std::memory_order_relaxed);
+  return OkStatus();
+}
+
+void ParametersChanged(Device dev) {
+#if MESHRUN_WITH_CUDA
+  if (dev.type != DeviceType::kCuda) return;
+  StatusOr<gpu::CudaContext*> ctx = ContextOf(dev);
+  if (ctx.ok()) (*ctx)->InvalidateWeights();
+#else
+  (void)dev;
+#endif
+}
+
+MatmulPrecision MatmulPrecisionOf(Device dev) {
+  return Mixed(dev) ? MatmulPrecision::kBf16 : MatmulPrecision::kFloat32;
+}
+
+Status CastToBf16(Device dev, uint16_t* dst, const float* src, int64_t n) {
+  if (n <= 0) return OkStatus();
+  if (dev.type == DeviceType::kCpu) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16Bits(src[i]);
+    return OkStatus();
+  }
+#if MESHRUN_WITH_CUDA
+  MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  return gpu::Convert(*ctx, reinterpret_cast<gpu::bf16*>(dst), src, n);
+#else
+  return NotBuilt("CastToBf16");
+#endif
+}
+
+Status CastFromBf16(Device dev, float* dst, const uint16_t* src, int64_t n) {
+  if (n <= 0) return OkStatus();
+  if (dev.type == DeviceType::kCpu) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = Bf16BitsToFloat(src[i]);
+    return OkStatus();
+  }
+#if MESHRUN_WITH_CUDA
+  MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+  ctx->InvalidateWeights();
+  return gpu::Convert(*ctx, dst, reinterpret_cast<const gpu::bf16*>(src), n);
+#else
+  return NotBuilt("CastFromBf16");
+#endif
 }
 
 template <typename T>
 Status MatmulForward(Device dev, T* out, const T* inp, const T* weight, const T* bias, int64_t N,
                      int64_t C, int64_t OC) {
+#if MESHRUN_WITH_CUDA
+  if constexpr (std::is_same_v<T, float>) {
+    if (Mixed(dev)) {
+      MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+      return MixedForward(*ctx, out, inp, weight, bias, N, C, OC);
+    }
+  }
+#endif
   MESHRUN_OP("MatmulForward", cpu::MatmulForward(out, inp, weight, bias, N, C, OC),
              gpu::MatmulForward(ctx, out, inp, weight, bias, N, C, OC))
 }
@@ -179,6 +362,14 @@ Status MatmulForward(Device dev, T* out, const T* inp, const T* weight, const T*
 template <typename T>
 Status MatmulBackward(Device dev, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
                       const T* weight, int64_t N, int64_t C, int64_t OC) {
+#if MESHRUN_WITH_CUDA
+  if constexpr (std::is_same_v<T, float>) {
+    if (Mixed(dev)) {
+      MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+      return MixedBackward(*ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
+    }
+  }
+#endif
   MESHRUN_OP("MatmulBackward",
              cpu::MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC),
              gpu::MatmulBackward(ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC))
@@ -416,15 +607,16 @@ StatusOr<double> SumOfSquares(Device dev, const T* x, int64_t n) {
 
 template <typename T>
 Status Scale(Device dev, T* x, int64_t n, double s) {
-  MESHRUN_OP("Scale", cpu::Scale(x, n, s), gpu::Scale(ctx, x, n, s))
+  MESHRUN_OP("Scale", cpu::Scale(x, n, s), (ctx.InvalidateWeights(), gpu::Scale(ctx, x, n, s)))
 }
 
 template <typename T>
 Status AdamW(Device dev, T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1,
              double beta2, double eps, double weight_decay, int64_t step){
     MESHRUN_OP("AdamW", cpu::AdamW(param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step),
-               gpu::AdamW<float>(ctx, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
-                                 step, 1.0f, nullptr))}
+               (ctx.InvalidateWeights(),
+                gpu::AdamW<float>(ctx, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                                  step, 1.0f, nullptr)))}
 
 #define MESHRUN_OPS_INSTANTIATE(T)                                                                 \
   template Status Fill<T>(Device, T*, double, int64_t);                                            \

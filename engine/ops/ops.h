@@ -8,9 +8,10 @@
 // included); host↔device traffic goes through CopyFromHost / CopyToHost and the scalar results
 // (Sum, SumOfSquares).
 //
-// On cuda: float32 only (T = double answers INVALID_ARGUMENT); work is enqueued on the device's
-// compute stream (ops::ComputeStreamOf) and the functions that return a host value synchronize.
-// In an engine built without CUDA every op on a cuda device answers UNAVAILABLE saying so.
+// On cuda: float32 only (T = double answers INVALID_ARGUMENT; bf16 GEMMs: SetMatmulPrecision); work
+// is enqueued on the device's compute stream (ops::ComputeStreamOf) and the functions that return a
+// host value synchronize. In an engine built without CUDA every op on a cuda device answers
+// UNAVAILABLE saying so.
 #pragma once
 
 #include <cstddef>
@@ -36,6 +37,25 @@ Status Synchronize(Device dev);
 // The stream the ops enqueue on for `dev` (a cudaStream_t; null on cpu), for the communicator
 // that must order its collectives after them (MeshComms::SetComputeStream).
 StatusOr<void*> ComputeStreamOf(Device dev);
+
+// ---- mixed precision (train.precision: bf16, cuda only). With kBf16 set for a cuda device,
+// MatmulForward / MatmulBackward<float> on it cast their operands (input, weight, output
+// gradient) to bf16 and run the GEMMs in bf16 on cuBLASLt with float32 accumulation and float32
+// results (outputs, input gradients, weight gradients, bias gradients from the float32 dout);
+// every other op stays float32. A GEMM cuBLASLt has no bf16 algorithm for runs in float32. Per
+// device and process-wide (the rank's trainer sets it at start). A cpu device takes only kFloat32
+// (INVALID_ARGUMENT otherwise).
+enum class MatmulPrecision { kFloat32, kBf16 };
+Status SetMatmulPrecision(Device dev, MatmulPrecision precision);
+// The bf16 GEMMs keep the bf16 copy of the last weight they read while nothing may have written
+// it: every op here that may write parameters (copies, fills, Zero, Scale, AdamW, CastFromBf16)
+// says so itself; a caller that writes parameters another way (a collective into a gathered
+// unit) calls this. No-op on cpu.
+void ParametersChanged(Device dev);
+MatmulPrecision MatmulPrecisionOf(Device dev);
+// bf16 (stored as its 16 bits) ↔ float32, round to nearest even; on any device.
+Status CastToBf16(Device dev, uint16_t* dst, const float* src, int64_t n);
+Status CastFromBf16(Device dev, float* dst, const uint16_t* src, int64_t n);
 
 // ---- linear layers: out[N,OC] = inp[N,C]·weight[OC,C]ᵀ + bias (bias may be null);
 // dinp += dout·weight; dweight += doutᵀ·inp; dbias += Σ_rows dout (dinp, dbias may be null).

@@ -51,6 +51,8 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
   // The tp ranks' units differ when tp splits the vocabulary unevenly: the figures are the
   // average over ranks, as comm_bytes is.
   double fsdp = 0, replicate = 0;
+  const double gather_factor =
+      spec.train.precision == "bf16" && spec.resources.device == "cuda" ? 0.5 : 1.0;
   for (int t = 0; t < Tp; ++t) {
     GPT2Config cfg = GPT2ConfigOf(spec.model);
     cfg.tp_size = Tp;
@@ -65,8 +67,9 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
         const bool layer = u > 0 && u + 1 < units.size();
         const double unit_bytes = static_cast<double>(units[u].padded) * f * (N - 1) / N;
         const bool again = layer && p.fsdp_reshard_after_forward;
-        per_micro += unit_bytes * (again ? 2 : 1);  // all-gathers
-        per_micro += unit_bytes;                    // reduce-scatter
+        // all-gathers; bf16 on cuda gathers half the bytes (decision 0027)
+        per_micro += unit_bytes * (again ? 2 : 1) * gather_factor;
+        per_micro += unit_bytes;  // reduce-scatter
       }
       fsdp += (micro_batches * per_micro + 8.0 * (N - 1)) / Tp;
     }

@@ -73,41 +73,77 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
     add(MemoryKind::kParameters, shard);
     add(MemoryKind::kGradients, shard);
     add(MemoryKind::kCommunication, largest_shard);  // the reduce-scatter's output
-    // The gathered units of each micro-batch, in the order the model's hooks ask for them.
-    PoolSimulation params, grads;
+    // The gathered units of each micro-batch, in the order the model's hooks ask for them,
+    // with ShardedState's overlap: the next unit's gather starts when the current one is
+    // needed, and a unit's reduce-scatter (holding its full gradients) is waited for at the
+    // next unit's AfterBackward. Buffers other than unit 0's are at least the largest block.
+    const bool bf16_gather = spec.train.precision == "bf16" && spec.resources.device == "cuda";
+    int64_t block = 0;
+    for (int l = 1; l <= L; ++l) block = std::max(block, units[l].padded);
+    auto numel = [&](size_t u) {
+      return u == 0 ? units[u].padded : std::max(units[u].padded, block);
+    };
+    PoolSimulation params, grads, staging;
     std::vector<int64_t> p_buf(units.size(), 0), g_buf(units.size(), 0);
-    auto gather = [&](size_t u) {
-      if (p_buf[u] == 0) p_buf[u] = params.Acquire(units[u].padded);
+    int64_t rs_buf = 0;
+    int rs_unit = -1;
+    auto start_gather = [&](size_t u) {
+      if (p_buf[u] != 0) return;
+      p_buf[u] = params.Acquire(numel(u));
+      if (bf16_gather) {
+        // bf16 in float elements, always of the largest unit; widened when waited for, before
+        // the next gather starts.
+        int64_t largest = 0;
+        for (size_t v = 0; v < units.size(); ++v) largest = std::max(largest, numel(v));
+        int64_t st = staging.Acquire((largest + 1) / 2);
+        staging.Release(st);
+      }
+    };
+    auto drain = [&] {
+      if (rs_unit >= 0) grads.Release(rs_buf);
+      rs_unit = -1;
     };
     auto before_backward = [&](size_t u) {
-      gather(u);
-      if (g_buf[u] == 0) g_buf[u] = grads.Acquire(units[u].padded);
+      if (rs_unit == static_cast<int>(u)) drain();
+      start_gather(u);
+      if (g_buf[u] == 0) g_buf[u] = grads.Acquire(numel(u));
     };
     auto after_backward = [&](size_t u) {
-      grads.Release(g_buf[u]);
+      drain();
       params.Release(p_buf[u]);
+      rs_buf = g_buf[u];
+      g_buf[u] = 0;
+      rs_unit = static_cast<int>(u);
     };
     const int micro_batches =
         spec.train.global_batch_size /
         (par.dp_replicate_size * par.dp_shard_size * spec.train.micro_batch_size);
     for (int m = 0; m < micro_batches; ++m) {
-      gather(0);
+      start_gather(0);
+      start_gather(1);  // prefetch (unit L+1 when L = 0)
       for (int l = 1; l <= L; ++l) {
-        gather(l);
+        start_gather(l + 1);
         if (par.fsdp_reshard_after_forward) params.Release(p_buf[l]);
       }
-      gather(L + 1);
       before_backward(0);
       before_backward(L + 1);
+      if (L >= 1) start_gather(L);
       after_backward(L + 1);
       for (int l = L; l >= 1; --l) {
         before_backward(l);
+        if (l >= 2) start_gather(l - 1);
         after_backward(l);
       }
       after_backward(0);
     }
+    drain();
     add(MemoryKind::kParameters, params.total());
     add(MemoryKind::kGradients, grads.total());
+    if (bf16_gather) {
+      // The bf16 copy of the shard the gathers send, and the bf16 staging of a gathered unit.
+      out.bytes[static_cast<int>(MemoryKind::kParameters)] += shard * 2;
+      add(MemoryKind::kCommunication, staging.total());
+    }
   }
   add(MemoryKind::kOptimizer, 2 * shard);
 

@@ -164,6 +164,7 @@ int Main(int argc, char** argv) {
   RankContext ctx;
   ctx.rank = rank;
   const int cuda_device = spec.resources.device == "cuda" ? RankCudaDevice(rank) : 0;
+  ctx.cuda_device = cuda_device;  // the model's GPU is the communicators' GPU
   if (world > 1) {
     if (store_dir.empty()) {
       return Fail(InvalidArgumentError(

@@ -81,6 +81,8 @@ ShardedState::ShardedState(GPT2<float>* model, Communicator* fsdp, Communicator*
     largest = std::max(largest, u.padded / n_);
   }
   size_ = offset;
+  for (size_t u = 1; u + 1 < units.size(); ++u)
+    block_numel_ = std::max(block_numel_, units[u].padded);
   const int tp_rank = tp != nullptr ? tp->rank() : 0;
   // Each parameter's elements that fall into this rank's slice of its unit.
   const std::vector<ParamInfo>& layout = model_->params();
@@ -113,13 +115,58 @@ ShardedState::ShardedState(GPT2<float>* model, Communicator* fsdp, Communicator*
     scratch_ = Tensor::Zeros({largest}, ScalarType::kFloat32, device());
     gathered_.resize(units.size());
     unit_grads_.resize(units.size());
+    staging_.resize(units.size());
+    gather_work_.resize(units.size());
   }
+  set_replicate_bucket_bytes(kReplicateBucketBytes);
   MemoryKindScope kind(MemoryKind::kOptimizer);
   m_ = Tensor::Zeros({size_}, ScalarType::kFloat32, device());
   v_ = Tensor::Zeros({size_}, ScalarType::kFloat32, device());
 }
 
+void ShardedState::set_replicate_bucket_bytes(int64_t bucket_bytes) {
+  buckets_.clear();
+  bucket_of_unit_.clear();
+  if (!Active(replicate_)) return;
+  // Buckets of consecutive units in backward order (L+1, L, …, 0), each of at least
+  // bucket_bytes of shard gradients (the last one whatever remains).
+  const int units = static_cast<int>(model_->units().size());
+  bucket_of_unit_.assign(static_cast<size_t>(units), 0);
+  int last = units - 1;
+  int64_t bytes = 0;
+  for (int u = last; u >= 0; --u) {
+    bytes += ShardCount(u) * static_cast<int64_t>(sizeof(float));
+    if (bytes >= bucket_bytes || u == 0) {
+      Bucket b;
+      b.first = u;
+      b.last = last;
+      b.offset = ShardOffset(u);
+      b.count = ShardOffset(last) + ShardCount(last) - b.offset;
+      for (int v = u; v <= last; ++v) bucket_of_unit_[v] = static_cast<int>(buckets_.size());
+      buckets_.push_back(std::move(b));
+      last = u - 1;
+      bytes = 0;
+    }
+  }
+}
+
+bool ShardedState::wants_hooks() const {
+  return sharded() || Active(replicate_);
+}
+
+std::vector<std::pair<int, int>> ShardedState::replicate_buckets() const {
+  std::vector<std::pair<int, int>> out;
+  for (const Bucket& b : buckets_) out.emplace_back(b.first, b.last);
+  return out;
+}
+
+int64_t ShardedState::BufferNumel(int unit) const {
+  const int64_t padded = model_->units()[unit].padded;
+  return unit == 0 ? padded : std::max(padded, block_numel_);
+}
+
 void ShardedState::InitDeterministic(uint64_t seed) {
+  bf16_stale_ = true;
   if (!sharded()) {
     model_->InitDeterministic(seed);
     return;
@@ -147,6 +194,7 @@ void ShardedState::InitDeterministic(uint64_t seed) {
 
 Status ShardedState::LoadPieces(
     const std::function<Status(const ParamInfo&, const Box&, float*)>& read) {
+  bf16_stale_ = true;
   // Read on the host; a shard on a device receives one copy at the end.
   const bool on_host = device().type == DeviceType::kCpu;
   std::vector<float> host(on_host ? 0 : static_cast<size_t>(size_));
@@ -166,6 +214,7 @@ Status ShardedState::LoadPieces(
 }
 
 Status ShardedState::ToHost(HostState* host) {
+  bf16_stale_ = true;  // the caller may write the shard through host
   if (device().type == DeviceType::kCpu) {
     host->params = params();
     host->exp_avg = exp_avg();
@@ -183,6 +232,7 @@ Status ShardedState::ToHost(HostState* host) {
 }
 
 Status ShardedState::FromHost(const HostState& host) {
+  bf16_stale_ = true;
   if (device().type == DeviceType::kCpu) return OkStatus();
   const size_t bytes = sizeof(float) * static_cast<size_t>(size_);
   MESHRUN_RETURN_IF_ERROR(ops::CopyFromHost(device(), params(), host.params, bytes));
@@ -191,6 +241,7 @@ Status ShardedState::FromHost(const HostState& host) {
 }
 
 void ShardedState::ZeroGrad() {
+  (void)Drain();  // nothing may still write the gradients (a failure resurfaces at the next call)
   model_->ZeroGrad();
   if (sharded()) (void)ops::Zero(device(), grads(), sizeof(float) * size_);
 }
@@ -225,6 +276,7 @@ void ShardedState::ReleaseParams(int unit) {
 }
 
 void ShardedState::ReleaseAll() {
+  (void)Drain();  // a failure stays in the communicator and surfaces at its next call
   if (!sharded()) return;
   for (size_t u = 0; u < gathered_.size(); ++u) {
     Release(free_params_, gathered_[u]);
@@ -245,16 +297,76 @@ size_t ShardedState::gradient_buffers() const {
   return n;
 }
 
-Status ShardedState::Gather(int unit) {
+Status ShardedState::StartGather(int unit) {
   if (!sharded() || gathered_[unit].defined()) return OkStatus();
-  const UnitInfo& u = model_->units()[unit];
-  Tensor buffer = Acquire(free_params_, u.padded, MemoryKind::kParameters);
-  MESHRUN_RETURN_IF_ERROR(fsdp_->AllGather(params() + ShardOffset(unit), buffer.data<float>(),
-                                           static_cast<size_t>(ShardCount(unit)),
-                                           CallOptions::Axis(MeshAxis::kDpShard)));
+  const int64_t count = ShardCount(unit);
+  Tensor buffer = Acquire(free_params_, BufferNumel(unit), MemoryKind::kParameters);
+  StatusOr<CommWork> work = [&]() -> StatusOr<CommWork> {
+    if (!gather_bf16_) {
+      return fsdp_->StartAllGather(params() + ShardOffset(unit), buffer.data<float>(),
+                                   static_cast<size_t>(count),
+                                   CallOptions::Axis(MeshAxis::kDpShard));
+    }
+    if (!params_bf16_.defined()) {
+      MemoryKindScope kind(MemoryKind::kParameters);
+      params_bf16_ = Tensor::Empty({size_}, ScalarType::kBFloat16, device());
+    }
+    auto* shard16 = static_cast<uint16_t*>(params_bf16_.raw());
+    if (bf16_stale_) {
+      MESHRUN_RETURN_IF_ERROR(ops::CastToBf16(device(), shard16, params(), size_));
+      bf16_stale_ = false;
+    }
+    // bf16 staging of the whole unit, in a float buffer of half as many elements; always of
+    // the largest unit, so one buffer serves every gather.
+    int64_t largest = 0;
+    for (size_t u = 0; u < model_->units().size(); ++u) {
+      largest = std::max(largest, BufferNumel(static_cast<int>(u)));
+    }
+    const int64_t staging_numel = (largest + 1) / 2;
+    staging_[unit] = Acquire(free_staging_, staging_numel, MemoryKind::kCommunication);
+    return fsdp_->StartAllGatherBytes(shard16 + ShardOffset(unit), staging_[unit].raw(),
+                                      sizeof(uint16_t) * static_cast<size_t>(count),
+                                      CallOptions::Axis(MeshAxis::kDpShard));
+  }();
+  if (!work.ok()) {
+    Release(free_params_, buffer);
+    Release(free_staging_, staging_[unit]);
+    return work.status();
+  }
   gathered_[unit] = buffer;
-  model_->BindUnit(unit, buffer.data<float>(),
+  gather_work_[unit] = std::move(*work);
+  return OkStatus();
+}
+
+Status ShardedState::WaitGather(int unit) {
+  if (!gather_work_[unit].pending()) return OkStatus();
+  MESHRUN_RETURN_IF_ERROR(fsdp_->Wait(gather_work_[unit]));
+  ops::ParametersChanged(device());  // the collective wrote the unit's parameters
+  if (staging_[unit].defined()) {
+    MESHRUN_RETURN_IF_ERROR(ops::CastFromBf16(device(), gathered_[unit].data<float>(),
+                                              static_cast<const uint16_t*>(staging_[unit].raw()),
+                                              model_->units()[unit].padded));
+    Release(free_staging_, staging_[unit]);
+  }
+  return OkStatus();
+}
+
+Status ShardedState::Gather(int unit) {
+  if (!sharded()) return OkStatus();
+  MESHRUN_RETURN_IF_ERROR(StartGather(unit));
+  MESHRUN_RETURN_IF_ERROR(WaitGather(unit));
+  model_->BindUnit(unit, gathered_[unit].data<float>(),
                    unit_grads_[unit].defined() ? unit_grads_[unit].data<float>() : nullptr);
+  return OkStatus();
+}
+
+Status ShardedState::BeforeForward(int unit) {
+  if (!sharded()) return OkStatus();
+  MESHRUN_RETURN_IF_ERROR(Gather(unit));
+  // Prefetch: the next unit's gather runs while this one computes.
+  if (unit + 1 < static_cast<int>(model_->units().size())) {
+    MESHRUN_RETURN_IF_ERROR(StartGather(unit + 1));
+  }
   return OkStatus();
 }
 
@@ -265,38 +377,103 @@ Status ShardedState::AfterForward(int unit) {
 
 Status ShardedState::BeforeBackward(int unit) {
   if (!sharded()) return OkStatus();
+  // The previous micro-batch's reduce-scatter of this unit frees its gradient buffer.
+  if (rs_unit_ == unit) MESHRUN_RETURN_IF_ERROR(DrainReduceScatter());
   MESHRUN_RETURN_IF_ERROR(Gather(unit));
   const UnitInfo& u = model_->units()[unit];
   if (!unit_grads_[unit].defined()) {
-    unit_grads_[unit] = Acquire(free_grads_, u.padded, MemoryKind::kGradients);
+    unit_grads_[unit] = Acquire(free_grads_, BufferNumel(unit), MemoryKind::kGradients);
     MESHRUN_RETURN_IF_ERROR(ops::Zero(device(), unit_grads_[unit].raw(),
                                       sizeof(float) * static_cast<size_t>(u.padded)));
   }
   model_->BindUnit(unit, gathered_[unit].data<float>(), unit_grads_[unit].data<float>());
+  // Prefetch the block the backward reaches next (units 0 and L+1 come first and stay).
+  const int head = static_cast<int>(model_->units().size()) - 1;
+  const int next = unit == head ? head - 1 : unit - 1;
+  if (unit != 0 && next >= 1 && next != unit) MESHRUN_RETURN_IF_ERROR(StartGather(next));
   return OkStatus();
 }
 
 Status ShardedState::AfterBackward(int unit) {
-  if (!sharded()) return OkStatus();
-  const int64_t count = ShardCount(unit);
-  float* tmp = scratch_.data<float>();
-  MESHRUN_RETURN_IF_ERROR(fsdp_->ReduceScatter(unit_grads_[unit].data<float>(), tmp,
-                                               static_cast<size_t>(count),
-                                               CallOptions::Axis(MeshAxis::kDpShard)));
-  MESHRUN_RETURN_IF_ERROR(ops::Accumulate(device(), grads() + ShardOffset(unit), tmp, count));
-  Release(free_grads_, unit_grads_[unit]);
+  if (!sharded()) return last_micro_batch_ ? UnitFinal(unit) : OkStatus();
+  // One reduce-scatter in flight: the previous unit's is done (it overlapped this backward).
+  MESHRUN_RETURN_IF_ERROR(DrainReduceScatter());
   Release(free_params_, gathered_[unit]);
   model_->BindUnit(unit, nullptr, nullptr);
+  rs_grads_ = unit_grads_[unit];
+  unit_grads_[unit] = Tensor();
+  StatusOr<CommWork> work = fsdp_->StartReduceScatter(
+      rs_grads_.data<float>(), scratch_.data<float>(), static_cast<size_t>(ShardCount(unit)),
+      CallOptions::Axis(MeshAxis::kDpShard));
+  if (!work.ok()) {
+    Release(free_grads_, rs_grads_);
+    return work.status();
+  }
+  rs_work_ = std::move(*work);
+  rs_unit_ = unit;
+  rs_last_ = last_micro_batch_;
   return OkStatus();
 }
 
+Status ShardedState::DrainReduceScatter() {
+  if (rs_unit_ < 0) return OkStatus();
+  const int unit = rs_unit_;
+  rs_unit_ = -1;
+  Status s = fsdp_->Wait(rs_work_);
+  if (s.ok()) {
+    s = ops::Accumulate(device(), grads() + ShardOffset(unit), scratch_.data<float>(),
+                        ShardCount(unit));
+  }
+  Release(free_grads_, rs_grads_);
+  MESHRUN_RETURN_IF_ERROR(s);
+  return rs_last_ ? UnitFinal(unit) : OkStatus();
+}
+
+Status ShardedState::UnitFinal(int unit) {
+  if (buckets_.empty()) return OkStatus();
+  Bucket& b = buckets_[static_cast<size_t>(bucket_of_unit_[static_cast<size_t>(unit)])];
+  if (++b.final_units < b.last - b.first + 1 || b.started) return OkStatus();
+  MESHRUN_ASSIGN_OR_RETURN(
+      b.work, replicate_->StartAllReduce(grads() + b.offset, static_cast<size_t>(b.count),
+                                         CallOptions::Axis(MeshAxis::kDpReplicate)));
+  b.started = true;
+  return OkStatus();
+}
+
+Status ShardedState::Drain() {
+  Status first = DrainReduceScatter();
+  for (size_t u = 0; u < gather_work_.size(); ++u) {
+    Status s = WaitGather(static_cast<int>(u));
+    if (first.ok()) first = s;
+  }
+  for (Bucket& b : buckets_) {
+    if (b.work.pending()) {
+      Status s = replicate_->Wait(b.work);
+      if (first.ok()) first = s;
+    }
+    b.started = false;
+    b.final_units = 0;
+  }
+  return first;
+}
+
 Status ShardedState::FinishGradients() {
+  MESHRUN_RETURN_IF_ERROR(DrainReduceScatter());
+  last_micro_batch_ = false;
   if (!Active(replicate_)) return OkStatus();
-  return replicate_->AllReduce(grads(), static_cast<size_t>(size_),
-                               CallOptions::Axis(MeshAxis::kDpReplicate));
+  // Buckets whose units did not all finish during the backward start now, in bucket order.
+  for (Bucket& b : buckets_) {
+    if (b.started) continue;
+    MESHRUN_ASSIGN_OR_RETURN(
+        b.work, replicate_->StartAllReduce(grads() + b.offset, static_cast<size_t>(b.count),
+                                           CallOptions::Axis(MeshAxis::kDpReplicate)));
+    b.started = true;
+  }
+  return Drain();
 }
 
 StatusOr<double> ShardedState::GlobalGradNormSquared() {
+  MESHRUN_RETURN_IF_ERROR(Drain());
   double local = 0;
   const float* g = grads();
   for (const ShardSegment& s : segments_) {
@@ -311,6 +488,7 @@ StatusOr<double> ShardedState::GlobalGradNormSquared() {
 }
 
 StatusOr<UpdateResult> ShardedState::ClipAndStep(const TrainSpec& tr, int64_t step) {
+  MESHRUN_RETURN_IF_ERROR(Drain());
   ReleaseAll();  // nothing gathered may outlive the update (it would be stale)
   UpdateResult r;
   MESHRUN_ASSIGN_OR_RETURN(double norm_sq, GlobalGradNormSquared());
@@ -328,6 +506,7 @@ StatusOr<UpdateResult> ShardedState::ClipAndStep(const TrainSpec& tr, int64_t st
                                        s.count, r.lr, tr.beta1, tr.beta2, tr.eps,
                                        s.decay ? tr.weight_decay : 0.0, step + 1));
   }
+  bf16_stale_ = true;
   return r;
 }
 

@@ -7,18 +7,18 @@
 
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "engine/comm/comm_stats.h"
+#include "engine/comm/communicator.h"
 #include "engine/core/tensor.h"
 #include "engine/model/gpt2.h"
 #include "engine/train/optimizer.h"
 
 namespace meshrun {
-
-class Communicator;
 
 // A run of one parameter's elements inside this rank's shard.
 struct ShardSegment {
@@ -39,8 +39,27 @@ struct ShardSegment {
 // from a small free list, so a step allocates nothing once the first one has run. With n = 1
 // the shard is the model's own flat buffers. Not thread-safe; one per rank, owned by the
 // Trainer.
+//
+// Overlap (decision 0027), on every device (CPU backends complete a started call inside Start,
+// so there it only moves the calls earlier):
+//  - the gather of the next unit starts when the model asks for the current one (forward: unit
+//    u+1 at BeforeForward(u); backward: the block before, at BeforeBackward), and is waited for
+//    when the model needs it: at most two blocks are gathered at once, beside the embedding and
+//    head units that stay gathered from their forward to their backward;
+//  - a unit's reduce-scatter starts at its AfterBackward and is waited for at the next unit's
+//    AfterBackward (or the next BeforeBackward of the same unit, or FinishGradients): one in
+//    flight, so at most two blocks' full gradients exist at once;
+//  - over dp_replicate, the gradient shard is all-reduced in buckets of consecutive units
+//    (kReplicateBucketBytes), each started during the last micro-batch's backward as soon as
+//    its units' gradients are final, and waited for in FinishGradients.
+// Buffers for units other than the embedding unit are at least the largest block, so a freed
+// block buffer serves any unit.
 class ShardedState final : public UnitHooks {
  public:
+  // The dp_replicate all-reduce's bucket: consecutive units (in backward order) are grouped
+  // until a bucket holds at least this many bytes of the shard's gradients (PyTorch DDP's 25 MiB).
+  static constexpr int64_t kReplicateBucketBytes = int64_t{25} << 20;
+
   // fsdp: the dp_shard_cp communicator (size S·C), replicate: dp_replicate, tp: the tp group
   // (only for the grad norm). Any may be null or of size 1. A sharded model must have been
   // built without its own storage.
@@ -48,6 +67,9 @@ class ShardedState final : public UnitHooks {
                bool reshard_after_forward = true);
 
   bool sharded() const { return n_ > 1; }
+  // Whether the model must call the hooks: sharded, or replicated (the bucketed all-reduce
+  // follows the backward).
+  bool wants_hooks() const;
   // The device of the model and of every buffer here (parameters, gradients, AdamW state).
   Device device() const { return model_->config().device; }
   int64_t size() const { return size_; }
@@ -57,6 +79,17 @@ class ShardedState final : public UnitHooks {
   float* exp_avg() { return m_.data<float>(); }
   float* exp_avg_sq() { return v_.data<float>(); }
   const std::vector<ShardSegment>& segments() const { return segments_; }
+
+  // Mixed precision (train.precision: bf16): the all-gathers carry bf16 (a bf16 copy of the
+  // float32 shard, refreshed after every update; half the bytes); the gathered unit is widened
+  // back to float32 for the model. Master weights, gradients, reduce-scatters, all-reduces and
+  // AdamW state stay float32. Set before the first gather.
+  void set_gather_bf16(bool on) { gather_bf16_ = on; }
+  bool gather_bf16() const { return gather_bf16_; }
+  // Whether the coming micro-batch is the step's last (its gradients are then final unit by
+  // unit and the dp_replicate buckets start during its backward). The Trainer sets it; left
+  // false, every bucket starts in FinishGradients.
+  void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
 
   // The shard's parameters and AdamW moments where the host can read and write them
   // (checkpoints): on cpu the buffers themselves, on a device a copy (size() floats each).
@@ -78,32 +111,58 @@ class ShardedState final : public UnitHooks {
   Status LoadPieces(const std::function<Status(const ParamInfo&, const Box&, float*)>& read);
   // Start of a step.
   void ZeroGrad();
-  // After the last micro-batch: replica gradients all-reduced (summed) over dp_replicate.
+  // After the last micro-batch: the last reduce-scatter waited for, replica gradients
+  // all-reduced (summed) over dp_replicate (the buckets not yet started start now; all are
+  // waited for).
   Status FinishGradients();
   // ‖g‖² over the whole model: shards summed over dp_shard_cp and tp.
   StatusOr<double> GlobalGradNormSquared();
   // Clip by the global norm and apply AdamW to the shard (docs/model.md).
   StatusOr<UpdateResult> ClipAndStep(const TrainSpec& train, int64_t step);
-  // Frees every gathered unit (after forwards without a backward, e.g. an evaluation).
+  // Frees every gathered unit (after forwards without a backward, e.g. an evaluation), waiting
+  // for any call still in flight.
   void ReleaseAll();
   // Transient buffers ever allocated (live or free) for gathered parameters and for full
   // gradients: what the free lists grew to, i.e. the most units materialised at once.
   size_t parameter_buffers() const;
   size_t gradient_buffers() const;
+  // Regroups the dp_replicate buckets (default kReplicateBucketBytes); between steps only.
+  void set_replicate_bucket_bytes(int64_t bytes);
+  // The dp_replicate buckets as [first unit, last unit] (empty without replication).
+  std::vector<std::pair<int, int>> replicate_buckets() const;
 
   // UnitHooks.
-  Status BeforeForward(int unit) override { return Gather(unit); }
+  Status BeforeForward(int unit) override;
   Status AfterForward(int unit) override;
   Status BeforeBackward(int unit) override;
   Status AfterBackward(int unit) override;
 
  private:
+  struct Bucket {
+    int first = 0, last = 0;  // units [first, last]
+    int64_t offset = 0, count = 0;
+    int final_units = 0;
+    bool started = false;
+    CommWork work;
+  };
+
+  // Starts unit's gather (no-op when gathered or in flight); Gather also waits and binds it.
+  Status StartGather(int unit);
   Status Gather(int unit);
+  Status WaitGather(int unit);
+  // Waits for the reduce-scatter in flight and adds it to the shard's gradients.
+  Status DrainReduceScatter();
+  // Everything in flight: the reduce-scatter, gathers, started buckets.
+  Status Drain();
+  // Unit's shard gradients are final for this step (last micro-batch): its bucket may start.
+  Status UnitFinal(int unit);
   Tensor Acquire(std::vector<Tensor>& pool, int64_t numel, MemoryKind kind);
   void Release(std::vector<Tensor>& pool, Tensor& buffer);
   void ReleaseParams(int unit);
   int64_t ShardOffset(int unit) const { return unit_shard_offset_[unit]; }
   int64_t ShardCount(int unit) const { return model_->units()[unit].padded / n_; }
+  // The transient buffer's size for unit: at least the largest block but for unit 0.
+  int64_t BufferNumel(int unit) const;
 
   GPT2<float>* model_;
   Communicator* fsdp_;
@@ -113,13 +172,28 @@ class ShardedState final : public UnitHooks {
   int n_ = 1;    // FSDP group size
   int idx_ = 0;  // this rank's index in it
   int64_t size_ = 0;
+  int64_t block_numel_ = 0;  // the largest block unit (padded)
   std::vector<int64_t> unit_shard_offset_;
   std::vector<ShardSegment> segments_;
   Tensor params_, grads_, m_, v_, scratch_;
   // Sharded: each unit's gathered parameters and full gradients while they exist, and the
-  // free buffers they return to.
-  std::vector<Tensor> gathered_, unit_grads_;
-  std::vector<Tensor> free_params_, free_grads_;
+  // free buffers they return to; a gather in flight holds its CommWork (and bf16 staging).
+  std::vector<Tensor> gathered_, unit_grads_, staging_;
+  std::vector<CommWork> gather_work_;
+  std::vector<Tensor> free_params_, free_grads_, free_staging_;
+  // The reduce-scatter in flight: its unit (-1: none), full gradients, whether that
+  // micro-batch was the last.
+  int rs_unit_ = -1;
+  bool rs_last_ = false;
+  CommWork rs_work_;
+  Tensor rs_grads_;
+  // Mixed precision: the bf16 copy of the shard the gathers send, and whether it is stale.
+  bool gather_bf16_ = false;
+  bool bf16_stale_ = true;
+  Tensor params_bf16_;
+  bool last_micro_batch_ = false;
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_unit_;
 };
 
 // A run of a parameter's (tp-local) elements as a hyper-rectangle of its global tensor: local

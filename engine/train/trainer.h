@@ -85,6 +85,9 @@ struct RankContext {
   int rank = 0;
   std::shared_ptr<MeshComms> comms;  // null: one rank
   std::shared_ptr<Store> store;      // the job's store (checkpoint barriers); null: one rank
+  // The GPU of this rank on cuda (RankCudaDevice: local rank mod visible GPUs; 0 when the worker
+  // gave it one GPU): the model, its state and the NCCL communicators all live there.
+  int cuda_device = 0;
 };
 
 struct TrainOptions {

@@ -233,5 +233,37 @@ TEST(StoreManagerPersistenceTest, KeysOfARunningAttemptSurviveARestart) {
   EXPECT_EQ(again.total_bytes(), 0u);
 }
 
+// A retried addition (the same request id: its first reply was lost) is answered with the first
+// result and adds nothing, also after a coordinator restart; other ids and id-less calls add.
+TEST(StoreManagerPersistenceTest, ARetriedAdditionAddsOnce) {
+  testing::TempDir dir;
+  testing::FakeClock clock;
+  {
+    auto db = StateDb::Open(dir.path());
+    ASSERT_TRUE(db.ok()) << db.status().ToString();
+    StoreManager store(clock, StoreLimits{}, db->get());
+    store.OpenAttempt("j", 1);
+    EXPECT_EQ(*store.Add("j", 1, "barrier", 1, "rank0-0"), 1);
+    EXPECT_EQ(*store.Add("j", 1, "barrier", 1, "rank0-0"), 1);  // the retry
+    EXPECT_EQ(*store.Add("j", 1, "barrier", 1, "rank1-0"), 2);
+    EXPECT_EQ(*store.Add("j", 1, "barrier", 1), 3);
+    EXPECT_EQ(*store.Add("j", 1, "barrier", 1), 4);  // no id: every call adds
+  }  // killed after applying rank1-0, before its reply
+  auto db = StateDb::Open(dir.path());
+  ASSERT_TRUE(db.ok()) << db.status().ToString();
+  StoreManager store(clock, StoreLimits{}, db->get());
+  ASSERT_TRUE(store.RestoreAttempt("j", 1).ok());
+  EXPECT_EQ(*store.Add("j", 1, "barrier", 1, "rank1-0"), 2);  // the retry, after the restart
+  EXPECT_EQ(*store.Add("j", 1, "barrier", 0), 4);
+  EXPECT_EQ(*store.Add("j", 1, "barrier", 1, "rank1-1"), 5);
+  // A new placement of the attempt forgets the ids with the keys.
+  store.OpenAttempt("j", 1);
+  EXPECT_EQ(*store.Add("j", 1, "barrier", 1, "rank0-0"), 1);
+  StoreManager again(clock, StoreLimits{}, db->get());
+  ASSERT_TRUE(again.RestoreAttempt("j", 1).ok());
+  EXPECT_EQ(*again.Add("j", 1, "barrier", 1, "rank0-0"), 1);
+  EXPECT_EQ(*again.Add("j", 1, "barrier", 1, "rank0-1"), 2);
+}
+
 }  // namespace
 }  // namespace meshrun::coordinator

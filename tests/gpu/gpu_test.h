@@ -194,8 +194,10 @@ class DeviceArray {
   }
   static DeviceArray FromRaw(const std::vector<T>& host) {
     DeviceArray a(host.size());
-    if (!host.empty())
+    if (!host.empty()) {
       cudaMemcpy(a.ptr_, host.data(), sizeof(T) * host.size(), cudaMemcpyHostToDevice);
+      cudaDeviceSynchronize();  // see Upload
+    }
     return a;
   }
   ~DeviceArray() {
@@ -214,7 +216,11 @@ class DeviceArray {
   void Upload(const std::vector<float>& host) {
     std::vector<T> tmp(host.size());
     for (size_t i = 0; i < host.size(); ++i) tmp[i] = FromF<T>(host[i]);
-    if (!tmp.empty()) cudaMemcpy(ptr_, tmp.data(), sizeof(T) * tmp.size(), cudaMemcpyHostToDevice);
+    if (tmp.empty()) return;
+    cudaMemcpy(ptr_, tmp.data(), sizeof(T) * tmp.size(), cudaMemcpyHostToDevice);
+    // From pageable memory the copy may return once staged, on the legacy stream that the
+    // kernels' non-blocking stream does not wait for: wait until it has landed.
+    cudaDeviceSynchronize();
   }
   std::vector<float> Download() const {
     cudaDeviceSynchronize();

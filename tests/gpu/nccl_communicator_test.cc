@@ -101,6 +101,8 @@ GPU_TEST(DeviceSoloCopiesOnTheDevice) {
                           "cudaMalloc", __FILE__, __LINE__));
   ASSERT_OK(gpu::ToStatus(cudaMemcpy(in, host.data(), 64 * sizeof(float), cudaMemcpyHostToDevice),
                           "cudaMemcpy", __FILE__, __LINE__));
+  // A pageable upload may still be landing on the legacy stream: wait before the collectives.
+  ASSERT_OK(gpu::ToStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize", __FILE__, __LINE__));
   ASSERT_OK(solo->AllGather(in, out, 32));
   ASSERT_OK_AND_ASSIGN(CommWork work, solo->StartReduceScatter(in + 32, out + 32, 32));
   ASSERT_OK(solo->Wait(work));

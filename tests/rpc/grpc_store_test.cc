@@ -91,6 +91,28 @@ TEST(GrpcStore, CoordinatorErrorsPassThrough) {
   EXPECT_EQ(current->Add("text", 1).status().code(), StatusCode::kFailedPrecondition);
 }
 
+// A retried addition carries the first try's request id, so a coordinator that applied it but
+// whose reply was lost answers the first result (coordinator_store_manager_test checks that side);
+// each new addition has a new id.
+TEST(GrpcStore, RetriesAnAdditionUnderItsRequestId) {
+  FakeCoordinator fake;
+  FakeServer server(&fake);
+  auto store = StoreOn(server.address());
+  fake.LoseAddReplies(2);
+  EXPECT_EQ(*store->Add("n", 2), 2);
+  EXPECT_EQ(*store->Add("n", 3), 5);
+  const std::vector<std::string> ids = fake.add_request_ids();
+  ASSERT_EQ(ids.size(), 4u);
+  EXPECT_FALSE(ids[0].empty());
+  EXPECT_EQ(ids[1], ids[0]);
+  EXPECT_EQ(ids[2], ids[0]);
+  EXPECT_NE(ids[3], ids[0]);
+  EXPECT_EQ(*store->Get("n", 1s), "5");
+  // Another client's first id is not this one's first.
+  ASSERT_TRUE(StoreOn(server.address())->Add("n", 0).ok());
+  EXPECT_NE(fake.add_request_ids().back(), ids[0]);
+}
+
 TEST(GrpcStore, RetriesUntilTheCoordinatorIsUp) {
   FakeCoordinator fake;
   int port;

@@ -21,13 +21,13 @@ summary="$tmp/out/gpu-check/summary.txt"
 # The table is the last thing printed.
 [ "$(tail -n "$(wc -l < "$summary")" "$tmp/stdout")" = "$(cat "$summary")" ] ||
   fail "the summary is not the end of the output"
-for row in "gpu" "nccl" "build" "tests (ctest -L gpu)" "loss cuda fp32 vs cpu" \
-           "trainer run (cuda fp32)" "trainer tokens/s" "trainer MFU" "kernel bench tokens/s" \
+for row in "gpu" "nccl" "build" "tests (ctest -L gpu)" "loss cuda bf16 vs cpu" \
+           "trainer run (cuda bf16)" "trainer tokens/s" "trainer MFU" "kernel bench tokens/s" \
            "torch tokens/s" "ratio meshrun/torch" "logs"; do
   grep -q "^$row " "$summary" || fail "no '$row' row in the summary"
 done
 grep -q "^build .*FAIL" "$summary" || fail "the build should fail here"
-grep -q "^loss cuda fp32 vs cpu .*not run"
+grep -q "^loss cuda bf16 vs cpu .*not run" "$summary" || fail "the trainer comparison should not run"
 for step in "environment" "build" "tests (label gpu)" "product trainer" "bench/gpu_train_step" \
             "bench/gpu_torch_baseline.py"; do
   grep -q "^=== \[ *[0-9]*s\] $step" "$tmp/stdout" || fail "step '$step' did not run"

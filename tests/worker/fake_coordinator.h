@@ -142,6 +142,12 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
                         v1::StoreAddResponse* response) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status s = CheckScope(r->job_id(), r->attempt()); !s.ok()) return s;
+    add_request_ids_.push_back(r->request_id());
+    auto applied = applied_adds_.find(r->request_id());
+    if (!r->request_id().empty() && applied != applied_adds_.end()) {
+      response->set_value(applied->second);
+      return LoseAddReply();
+    }
     std::string& value = store_[Scope(r->job_id(), r->attempt())][r->key()];
     int64_t n = 0;
     if (!value.empty()) {
@@ -156,8 +162,9 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     n += r->delta();
     value = std::to_string(n);
     response->set_value(n);
+    if (!r->request_id().empty()) applied_adds_[r->request_id()] = n;
     cv_.notify_all();
-    return grpc::Status::OK;
+    return LoseAddReply();
   }
 
   // ---- For tests ----
@@ -204,6 +211,16 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return store_gets_;
   }
+  // The next `n` StoreAdd calls are applied and then answered UNAVAILABLE, as when the
+  // connection breaks before the reply (the coordinator's own request-id check is modelled).
+  void LoseAddReplies(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    lose_add_replies_ = n;
+  }
+  std::vector<std::string> add_request_ids() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return add_request_ids_;
+  }
   // Store calls answered ABORTED (a stale attempt).
   int aborted_calls() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -217,6 +234,12 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
   }
   static std::string Scope(const std::string& job, int attempt) {
     return job + "/" + std::to_string(attempt);
+  }
+  // OK, or UNAVAILABLE while LoseAddReplies has losses left (the call was applied all the same).
+  grpc::Status LoseAddReply() {
+    if (lose_add_replies_ == 0) return grpc::Status::OK;
+    --lose_add_replies_;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection reset (test)");
   }
   grpc::Status CheckScope(const std::string& job, int attempt) {
     if (job.empty() || attempt < 1) {
@@ -243,6 +266,9 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
   std::map<std::string, int> current_attempt_;
   int store_gets_ = 0;
   int aborted_calls_ = 0;
+  int lose_add_replies_ = 0;
+  std::vector<std::string> add_request_ids_;
+  std::map<std::string, int64_t> applied_adds_;
 };
 
 // A gRPC server for a FakeCoordinator on 127.0.0.1 (port 0: any free one).

@@ -176,7 +176,11 @@ TEST_F(WorkerDaemonTest, FullSlotsAndBadSpecsAreReportedNotStarted) {
   // A world size that contradicts the spec's mesh (tp 2) never starts.
   v1::WorkerSessionResponse bad = Assign(2, /*world=*/3, /*attempt=*/2);
   fake_.SendDown(bad);
-  daemon_->Shutdown(1s);  // frees the slot; the bad one is refused either way
+  // Refused while the slot is still taken: the spec is checked before a slot is looked for.
+  // (Waiting matters: an assignment that arrives during Shutdown is refused as "shutting down"
+  // and never reported, since the session is closing.)
+  ASSERT_TRUE(fake_.WaitFor([](const Ups& ups) { return ExitOf(ups, 2) != nullptr; }));
+  daemon_->Shutdown(1s);
   const Ups ups = fake_.up();
   const v1::RankExited* bad_exit = ExitOf(ups, 2);
   ASSERT_NE(bad_exit, nullptr);

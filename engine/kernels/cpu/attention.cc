@@ -11,6 +11,7 @@
 #include "engine/kernels/cpu/kernel_internal.h"
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/kernels/cpu/simd.h"
+#include "engine/kernels/cpu/tile_gemm.h"
 
 namespace meshrun::cpu {
 namespace {
@@ -46,43 +47,51 @@ inline Visibility BlockVisibility(const PosRange& q, const PosRange& k) {
 template <typename T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-// GEMM operands are packed (kernel_internal.h) once per block and reused by every product
-// that needs them. A block of rows n ≤ kBQ (= kBK) of a row-major n×D matrix X serves as:
-enum class Operand {
-  kA,   // the left factor X (n×D), scaled by alpha
-  kB,   // the right factor X (n×D)
-  kBt,  // the right factor Xᵀ (D×n)
+// Inside a partially visible block pair, the products run in groups of kG query rows (and kG
+// key rows) and skip what every row of a group masks: on the causal diagonal that is the
+// upper triangle, 3/8 of the block. Group bounds from the positions alone, so any order works.
+constexpr int64_t kG = 16;
+constexpr int64_t kMaxGroups = kBQ / kG;
+static_assert(kBQ == kBK && kBQ % kG == 0);
+
+struct GroupBounds {
+  int64_t size;              // rows per group: kG, or kBQ (one group) for a fully visible pair
+  int64_t cols[kMaxGroups];  // query group g: keys [0, cols[g]) hold every key it sees
+  int64_t rows[kMaxGroups];  // key group h: queries [rows[h], nq) hold every query that sees it
 };
 
-template <typename T>
-int64_t PackedStride(Operand as, int64_t D) {
-  static_assert(kBQ == kBK);
-  switch (as) {
-    case Operand::kA: return internal::PackedASize<T>(kBQ, D);
-    case Operand::kB: return internal::PackedBSize<T>(kBQ, D);
-    case Operand::kBt: return internal::PackedBSize<T>(D, kBQ);
+// For nq query positions qp and nk key positions kp of one block pair; full blocks get the
+// whole block.
+inline GroupBounds Bounds(Visibility vis, const int32_t* qp, int64_t nq, const int32_t* kp,
+                          int64_t nk) {
+  GroupBounds b;
+  b.size = vis == Visibility::kPartial ? kG : kBQ;
+  for (int64_t g = 0; g < kMaxGroups; ++g) {
+    b.cols[g] = nk;
+    b.rows[g] = 0;
   }
-  return 0;
-}
-
-// Packs every block of the rows×D matrix x: block b goes to dst + b·PackedStride(as, D).
-template <typename T>
-void PackBlocks(T* dst, Operand as, const T* x, int64_t rows, int64_t D, T alpha = T(1)) {
-  const int64_t stride = PackedStride<T>(as, D);
-  for (int64_t b = 0; b * kBQ < rows; ++b) {
-    const T* xb = x + b * kBQ * D;
-    const int64_t n = std::min(kBQ, rows - b * kBQ);
-    T* d = dst + b * stride;
-    switch (as) {
-      case Operand::kA: internal::PackA(d, false, xb, D, n, D, alpha); break;
-      case Operand::kB: internal::PackB(d, false, xb, D, n, D); break;
-      case Operand::kBt: internal::PackB(d, true, xb, D, D, n); break;
+  if (vis != Visibility::kPartial) return b;
+  for (int64_t g = 0; g * kG < nq; ++g) {
+    int32_t qmax = qp[g * kG];
+    for (int64_t i = g * kG; i < std::min(nq, (g + 1) * kG); ++i) qmax = std::max(qmax, qp[i]);
+    int64_t c = 0;
+    for (int64_t j = 0; j < nk; ++j) {
+      if (kp[j] <= qmax) c = j + 1;
     }
+    b.cols[g] = c;
   }
+  for (int64_t h = 0; h * kG < nk; ++h) {
+    int32_t kmin = kp[h * kG];
+    for (int64_t j = h * kG; j < std::min(nk, (h + 1) * kG); ++j) kmin = std::min(kmin, kp[j]);
+    int64_t r = 0;
+    while (r < nq && qp[r] < kmin) ++r;
+    b.rows[h] = r;
+  }
+  return b;
 }
 
 // A buffer of the calling thread per slot, grown as needed and kept between calls (attention
-// runs every layer; the forward's packed K/V is the size of K and V of one call).
+// runs every layer; the forward's transposed K is the size of K of one call).
 template <typename T, int kSlot>
 T* Scratch(int64_t n) {
   thread_local std::vector<T> buf;
@@ -90,34 +99,57 @@ T* Scratch(int64_t n) {
   return buf.data();
 }
 
-// One query block of one (batch, head): out[nq,D] and lse[nq] from all visible key blocks.
-// k_packed / v_packed hold the head's key blocks as Kᵀ and V operands.
+// The rows×D matrix x of one head as Xᵀ in key blocks: block b is D×kBK, row-major, at
+// dst + b·D·kBK (columns past the last row are 0). A block product then reads Kᵀ with a row
+// stride of kBK elements, not of the sequence length: at T = 1024 that stride would be 4 KiB and
+// every row of a B panel would fall into the same L1 set.
 template <typename T>
-void ForwardQueryBlock(T* out, T* lse, const T* q, const T* k_packed, const T* v_packed,
-                       const int32_t* q_pos, const int32_t* k_pos, int64_t nq, int64_t Tk,
-                       int64_t D, T scale, const PosRange& q_range,
-                       const std::vector<PosRange>& k_ranges) {
+void TransposeBlocks(T* dst, const T* x, int64_t rows, int64_t D) {
+  for (int64_t b = 0; b * kBK < rows; ++b) {
+    const int64_t j0 = b * kBK;
+    const int64_t n = std::min(kBK, rows - j0);
+    T* d = dst + b * D * kBK;
+    for (int64_t j = 0; j < n; ++j) {
+      const T* src = x + (j0 + j) * D;
+      for (int64_t c = 0; c < D; ++c) d[c * kBK + j] = src[c];
+    }
+    for (int64_t c = 0; c < D; ++c) std::fill(d + c * kBK + n, d + (c + 1) * kBK, T(0));
+  }
+}
+
+template <typename T>
+int64_t TransposedSize(int64_t rows, int64_t D) {
+  return (rows + kBK - 1) / kBK * kBK * D;
+}
+
+// One query block of one (batch, head): out[nq,D] and lse[nq] from all visible key blocks.
+// k_t holds the head's keys as TransposeBlocks; v is the head's V as it lies (Tk×D).
+template <typename T>
+void ForwardQueryBlock(T* out, T* lse, const T* q, const T* k_t, const T* v, const int32_t* q_pos,
+                       const int32_t* k_pos, int64_t nq, int64_t Tk, int64_t D, T scale,
+                       const PosRange& q_range, const std::vector<PosRange>& k_ranges) {
+  const internal::TileGemmFn<T> gemm = internal::TileGemm<T>(false);
   T* S = Scratch<T, 0>(kBQ * kBK);
   T* acc = Scratch<T, 1>(kBQ * D);
   T* m = Scratch<T, 2>(kBQ);
   T* l = Scratch<T, 3>(kBQ);
-  T* q_a = Scratch<T, 4>(internal::PackedASize<T>(kBQ, D));
-  T* p_a = Scratch<T, 5>(internal::PackedASize<T>(kBQ, kBK));
   std::fill(acc, acc + nq * D, T(0));
   std::fill(m, m + nq, kNegInf<T>);
   std::fill(l, l + nq, T(0));
-  PackBlocks(q_a, Operand::kA, q, nq, D, scale);
-  const int64_t k_stride = PackedStride<T>(Operand::kBt, D);
-  const int64_t v_stride = PackedStride<T>(Operand::kB, D);
 
   for (size_t kb = 0; kb < k_ranges.size(); ++kb) {
     const Visibility vis = BlockVisibility(q_range, k_ranges[kb]);
     if (vis == Visibility::kNone) continue;
     const int64_t j0 = kb * kBK;
     const int64_t nk = std::min(kBK, Tk - j0);
-    // S = scale·Q Kᵀ
-    internal::GemmPacked(nq, nk, D, q_a, k_packed + kb * k_stride, /*overwrite=*/true, S, kBK);
     const int32_t* kp = k_pos + j0;
+    const GroupBounds gb = Bounds(vis, q_pos, nq, kp, nk);
+    const int64_t gs = gb.size;
+    // S = scale·Q Kᵀ (columns past a group's bound are left as they are: the mask covers them)
+    for (int64_t g = 0; g * gs < nq; ++g) {
+      gemm(std::min(gs, nq - g * gs), gb.cols[g], D, scale, q + g * gs * D, D, k_t + kb * D * kBK,
+           kBK, /*accumulate=*/false, S + g * gs * kBK, kBK);
+    }
     for (int64_t i = 0; i < nq; ++i) {
       T* s = S + i * kBK;
       if (vis == Visibility::kPartial) {
@@ -156,9 +188,11 @@ void ForwardQueryBlock(T* out, T* lse, const T* q, const T* k_packed, const T* v
         for (int64_t d = 0; d < D; ++d) a[d] *= corr;
       }
     }
-    // acc += P V
-    internal::PackA(p_a, false, S, kBK, nq, nk, T(1));
-    internal::GemmPacked(nq, D, nk, p_a, v_packed + kb * v_stride, /*overwrite=*/false, acc, D);
+    // acc += P V (P is 0 past each group's bound)
+    for (int64_t g = 0; g * gs < nq; ++g) {
+      gemm(std::min(gs, nq - g * gs), D, gb.cols[g], T(1), S + g * gs * kBK, kBK, v + j0 * D, D,
+           /*accumulate=*/true, acc + g * gs * D, D);
+    }
   }
 
   for (int64_t i = 0; i < nq; ++i) {
@@ -183,32 +217,19 @@ void BackwardHead(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, co
                   const T* out, const T* lse, const int32_t* q_pos, const int32_t* k_pos,
                   int64_t Tq, int64_t Tk, int64_t D, T scale, const std::vector<PosRange>& q_ranges,
                   const std::vector<PosRange>& k_ranges) {
+  const internal::TileGemmFn<T> gemm = internal::TileGemm<T>(false);
+  const internal::TileGemmFn<T> gemm_ta = internal::TileGemm<T>(true);  // op(A) = Aᵀ
   const int64_t nqb = static_cast<int64_t>(q_ranges.size());
   const int64_t nkb = static_cast<int64_t>(k_ranges.size());
-  const int64_t a_stride = PackedStride<T>(Operand::kA, D);
-  const int64_t b_stride = PackedStride<T>(Operand::kB, D);
-  const int64_t bt_stride = PackedStride<T>(Operand::kBt, D);
-  // Every block of the head, packed once in each role it plays below.
-  T* q_a = Scratch<T, 10>(nqb * a_stride);    // Q as A (scaled): S = scale·Q Kᵀ
-  T* q_b = Scratch<T, 11>(nqb * b_stride);    // Q as B: dK += dSᵀ Q
-  T* do_a = Scratch<T, 12>(nqb * a_stride);   // dO as A: dP = dO Vᵀ
-  T* do_b = Scratch<T, 13>(nqb * b_stride);   // dO as B: dV += Pᵀ dO
-  T* k_bt = Scratch<T, 14>(nkb * bt_stride);  // Kᵀ as B: S
-  T* k_b = Scratch<T, 15>(nkb * b_stride);    // K as B: dQ += dS K
-  T* v_bt = Scratch<T, 16>(nkb * bt_stride);  // Vᵀ as B: dP
-  PackBlocks(q_a, Operand::kA, q, Tq, D, scale);
-  PackBlocks(q_b, Operand::kB, q, Tq, D);
-  PackBlocks(do_a, Operand::kA, dout, Tq, D);
-  PackBlocks(do_b, Operand::kB, dout, Tq, D);
-  PackBlocks(k_bt, Operand::kBt, k, Tk, D);
-  PackBlocks(k_b, Operand::kB, k, Tk, D);
-  PackBlocks(v_bt, Operand::kBt, v, Tk, D);
-  // Per block pair: P, dS and their packed forms.
+  // Kᵀ and Vᵀ of the head, once (the right factors of S and dP); every other operand is read
+  // where it lies.
+  T* k_t = Scratch<T, 14>(TransposedSize<T>(Tk, D));
+  T* v_t = Scratch<T, 16>(TransposedSize<T>(Tk, D));
+  TransposeBlocks(k_t, k, Tk, D);
+  TransposeBlocks(v_t, v, Tk, D);
+  // Per block pair: P and dS.
   T* P = Scratch<T, 17>(kBQ * kBK);
   T* dS = Scratch<T, 18>(kBQ * kBK);
-  T* pt_a = Scratch<T, 19>(internal::PackedASize<T>(kBK, kBQ));
-  T* ds_a = Scratch<T, 20>(internal::PackedASize<T>(kBQ, kBK));
-  T* dst_a = Scratch<T, 21>(internal::PackedASize<T>(kBK, kBQ));
   T* Di = Scratch<T, 22>(Tq);
   // Di = rowsum(dO ∘ O): the softmax backward's Σ_j P_ij·dP_ij, using the full out of the row.
   for (int64_t i = 0; i < Tq; ++i) {
@@ -224,13 +245,20 @@ void BackwardHead(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, co
     const int64_t j0 = kb * kBK;
     const int64_t nk = std::min(kBK, Tk - j0);
     const int32_t* kp = k_pos + j0;
+    const T* kt_b = k_t + kb * D * kBK;
+    const T* vt_b = v_t + kb * D * kBK;
     for (int64_t qb = 0; qb < nqb; ++qb) {
       const Visibility vis = BlockVisibility(q_ranges[qb], k_ranges[kb]);
       if (vis == Visibility::kNone) continue;
       const int64_t i0 = qb * kBQ;
       const int64_t nq = std::min(kBQ, Tq - i0);
+      const GroupBounds gb = Bounds(vis, q_pos + i0, nq, kp, nk);
+      const int64_t gs = gb.size;
       // P = exp(scale·Q Kᵀ − lse), zero where masked or where the row sees nothing.
-      internal::GemmPacked(nq, nk, D, q_a + qb * a_stride, k_bt + kb * bt_stride, true, P, kBK);
+      for (int64_t g = 0; g * gs < nq; ++g) {
+        gemm(std::min(gs, nq - g * gs), gb.cols[g], D, scale, q + (i0 + g * gs) * D, D, kt_b, kBK,
+             false, P + g * gs * kBK, kBK);
+      }
       for (int64_t i = 0; i < nq; ++i) {
         T* p = P + i * kBK;
         const T L = lse[i0 + i];
@@ -254,23 +282,36 @@ void BackwardHead(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, co
           for (int64_t j = 0; j < nk; ++j) p[j] = internal::Exp(p[j] - L);
         }
       }
-      // dV += Pᵀ dO
-      internal::PackA(pt_a, true, P, kBK, nk, nq, T(1));
-      internal::GemmPacked(nk, D, nq, pt_a, do_b + qb * b_stride, false, dv + j0 * D, D);
-      // dP = dO Vᵀ, then dS = P ∘ (dP − Di)
-      internal::GemmPacked(nq, nk, D, do_a + qb * a_stride, v_bt + kb * bt_stride, true, dS, kBK);
-      for (int64_t i = 0; i < nq; ++i) {
-        T* ds = dS + i * kBK;
-        const T* p = P + i * kBK;
-        const T di = Di[i0 + i];
+      // dV += Pᵀ dO (key group h: the queries before rows[h] have P = 0 there)
+      for (int64_t h = 0; h * gs < nk; ++h) {
+        const int64_t r0 = gb.rows[h];
+        gemm_ta(std::min(gs, nk - h * gs), D, nq - r0, T(1), P + r0 * kBK + h * gs, kBK,
+                dout + (i0 + r0) * D, D, true, dv + (j0 + h * gs) * D, D);
+      }
+      // dP = dO Vᵀ, then dS = P ∘ (dP − Di), 0 past each group's bound
+      for (int64_t g = 0; g * gs < nq; ++g) {
+        const int64_t rows = std::min(gs, nq - g * gs), cols = gb.cols[g];
+        gemm(rows, cols, D, T(1), dout + (i0 + g * gs) * D, D, vt_b, kBK, false, dS + g * gs * kBK,
+             kBK);
+        for (int64_t i = g * gs; i < g * gs + rows; ++i) {
+          T* ds = dS + i * kBK;
+          const T* p = P + i * kBK;
+          const T di = Di[i0 + i];
 #pragma omp simd
-        for (int64_t j = 0; j < nk; ++j) ds[j] = p[j] * (ds[j] - di);
+          for (int64_t j = 0; j < cols; ++j) ds[j] = p[j] * (ds[j] - di);
+          std::fill(ds + cols, ds + nk, T(0));
+        }
       }
       // dQ += scale·dS K; dK += scale·dSᵀ Q
-      internal::PackA(ds_a, false, dS, kBK, nq, nk, scale);
-      internal::GemmPacked(nq, D, nk, ds_a, k_b + kb * b_stride, false, dq + i0 * D, D);
-      internal::PackA(dst_a, true, dS, kBK, nk, nq, scale);
-      internal::GemmPacked(nk, D, nq, dst_a, q_b + qb * b_stride, false, dk + j0 * D, D);
+      for (int64_t g = 0; g * gs < nq; ++g) {
+        gemm(std::min(gs, nq - g * gs), D, gb.cols[g], scale, dS + g * gs * kBK, kBK, k + j0 * D, D,
+             true, dq + (i0 + g * gs) * D, D);
+      }
+      for (int64_t h = 0; h * gs < nk; ++h) {
+        const int64_t r0 = gb.rows[h];
+        gemm_ta(std::min(gs, nk - h * gs), D, nq - r0, scale, dS + r0 * kBK + h * gs, kBK,
+                q + (i0 + r0) * D, D, true, dk + (j0 + h * gs) * D, D);
+      }
     }
   }
 }
@@ -284,20 +325,14 @@ void AttentionForward(T* out, T* lse, const T* q, const T* k, const T* v, const 
   const std::vector<PosRange> q_ranges = BlockRanges(q_pos, Tq, kBQ);
   const std::vector<PosRange> k_ranges = BlockRanges(k_pos, Tk, kBK);
   const int64_t nqb = static_cast<int64_t>(q_ranges.size());
-  const int64_t nkb = static_cast<int64_t>(k_ranges.size());
   const T sc = static_cast<T>(scale);
   [[maybe_unused]] const bool parallel =
       internal::WorthParallel(static_cast<double>(B) * H * Tq * Tk * D / 16);
-  // Every key block of every head, packed once as Kᵀ and as V (read by all query blocks).
-  const int64_t k_head = nkb * PackedStride<T>(Operand::kBt, D);
-  const int64_t v_head = nkb * PackedStride<T>(Operand::kB, D);
-  T* k_packed = Scratch<T, 30>(B * H * k_head);
-  T* v_packed = Scratch<T, 31>(B * H * v_head);
+  // Every head's keys transposed once (read by all its query blocks); V is used as it lies.
+  const int64_t k_head = TransposedSize<T>(Tk, D);
+  T* k_t = Scratch<T, 30>(B * H * k_head);
 #pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t bh = 0; bh < B * H; ++bh) {
-    PackBlocks(k_packed + bh * k_head, Operand::kBt, k + bh * Tk * D, Tk, D);
-    PackBlocks(v_packed + bh * v_head, Operand::kB, v + bh * Tk * D, Tk, D);
-  }
+  for (int64_t bh = 0; bh < B * H; ++bh) TransposeBlocks(k_t + bh * k_head, k + bh * Tk * D, Tk, D);
   // Tasks are independent (one query block of one head), so the schedule does not affect the
   // result. Late query blocks see the most keys: hand them out first.
   const int64_t n_tasks = B * H * nqb;
@@ -308,8 +343,8 @@ void AttentionForward(T* out, T* lse, const T* q, const T* k, const T* v, const 
     const int64_t i0 = qb * kBQ;
     const int64_t nq = std::min(kBQ, Tq - i0);
     ForwardQueryBlock(out + (bh * Tq + i0) * D, lse + bh * Tq + i0, q + (bh * Tq + i0) * D,
-                      k_packed + bh * k_head, v_packed + bh * v_head, q_pos + i0, k_pos, nq, Tk, D,
-                      sc, q_ranges[qb], k_ranges);
+                      k_t + bh * k_head, v + bh * Tk * D, q_pos + i0, k_pos, nq, Tk, D, sc,
+                      q_ranges[qb], k_ranges);
   }
 }
 

@@ -1,7 +1,6 @@
 // The built-in GEMM: packed panels and a register-blocked micro-kernel (GotoBLAS/BLIS layout).
-// Matmul uses it when the build has no BLAS (or a BLAS that misjudges the CPU). Attention uses
-// the packed-operand entry points (kernel_internal.h) for its per-block products, serially
-// inside its own parallel loop, packing each K/V/Q block once instead of once per product.
+// Matmul uses it when the build has no BLAS (or a BLAS that misjudges the CPU). Attention's
+// block products use TileGemm (tile_gemm.h), which reads its operands unpacked.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -238,54 +237,6 @@ void GemmFallback(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T
     }
   }
 }
-
-namespace internal {
-
-template <typename T>
-int64_t PackedASize(int64_t m, int64_t k) {
-  return (m + kMR - 1) / kMR * kMR * k;
-}
-
-template <typename T>
-int64_t PackedBSize(int64_t k, int64_t n) {
-  return (n + kNR<T> - 1) / kNR<T> * kNR<T> * k;
-}
-
-template <typename T>
-void PackA(T* dst, bool trans, const T* A, int64_t lda, int64_t m, int64_t k, T alpha) {
-  meshrun::cpu::PackA(dst, trans, A, lda, 0, m, 0, k, alpha);
-}
-
-template <typename T>
-void PackB(T* dst, bool trans, const T* B, int64_t ldb, int64_t k, int64_t n) {
-  const int64_t n_panels = (n + kNR<T> - 1) / kNR<T>;
-  for (int64_t jp = 0; jp < n_panels; ++jp) meshrun::cpu::PackB(dst, trans, B, ldb, 0, k, 0, n, jp);
-}
-
-template <typename T>
-void GemmPacked(int64_t m, int64_t n, int64_t k, const T* ap, const T* bp, bool overwrite, T* C,
-                int64_t ldc) {
-  constexpr int NR = kNR<T>;
-  for (int64_t jj = 0; jj < n; jj += NR) {
-    const int nr = static_cast<int>(std::min<int64_t>(NR, n - jj));
-    for (int64_t i = 0; i < m; i += kMR) {
-      const int mr = static_cast<int>(std::min<int64_t>(kMR, m - i));
-      MicroKernel(k, ap + i * k, bp + jj * k, C + i * ldc + jj, ldc, mr, nr, overwrite);
-    }
-  }
-}
-
-#define MESHRUN_INSTANTIATE(T)                                              \
-  template int64_t PackedASize<T>(int64_t, int64_t);                        \
-  template int64_t PackedBSize<T>(int64_t, int64_t);                        \
-  template void PackA<T>(T*, bool, const T*, int64_t, int64_t, int64_t, T); \
-  template void PackB<T>(T*, bool, const T*, int64_t, int64_t, int64_t);    \
-  template void GemmPacked<T>(int64_t, int64_t, int64_t, const T*, const T*, bool, T*, int64_t);
-MESHRUN_INSTANTIATE(float)
-MESHRUN_INSTANTIATE(double)
-#undef MESHRUN_INSTANTIATE
-
-}  // namespace internal
 
 template void GemmFallback<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
                                   int64_t, const float*, int64_t, float, float*, int64_t);

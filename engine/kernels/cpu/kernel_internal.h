@@ -19,23 +19,6 @@ inline bool WorthParallel(double work) {
   return work >= kMinParallelWork;
 }
 
-// ---- GemmFallback's packed operands, for callers that reuse an operand across many small
-// products (Attention packs each Q/K/V block once per head, not once per block pair). All
-// single-threaded. A packed A holds op(A) (m×k) scaled by alpha; a packed B holds op(B) (k×n);
-// a product needs both packed with the same k.
-template <typename T>
-int64_t PackedASize(int64_t m, int64_t k);  // elements
-template <typename T>
-int64_t PackedBSize(int64_t k, int64_t n);
-template <typename T>
-void PackA(T* dst, bool trans, const T* A, int64_t lda, int64_t m, int64_t k, T alpha);
-template <typename T>
-void PackB(T* dst, bool trans, const T* B, int64_t ldb, int64_t k, int64_t n);
-// C[m,n] = Ap·Bp (overwrite) or C += Ap·Bp.
-template <typename T>
-void GemmPacked(int64_t m, int64_t n, int64_t k, const T* ap, const T* bp, bool overwrite, T* C,
-                int64_t ldc);
-
 // e^x for float with ≤ 2 ulp error on [-87, 88]: e^x = 2^n · e^r, n = round(x·log2 e),
 // |r| ≤ ln2/2, with Cephes' expf polynomial. x < -87 (including -inf) gives exactly 0, which
 // masked attention scores rely on; x > 88 saturates at e^88 (the kernels never go there).

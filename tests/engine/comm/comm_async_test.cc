@@ -77,6 +77,35 @@ TEST(CommAsyncTest, StartWaitEqualsTheBlockingCallsOnTheFake) {
   }
 }
 
+// The raw-bytes gather (FSDP's bf16 gathers): every rank's bytes in rank order, counted as an
+// all_gather of those bytes.
+TEST(CommAsyncTest, StartAllGatherBytesGathersRawBytes) {
+  constexpr int n = 3;
+  auto world = FakeWorld::Create(n, "test/dp_shard/1");
+  std::vector<std::shared_ptr<CommStats>> stats;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < n; ++r) {
+    stats.push_back(std::make_shared<CommStats>());
+    comms.push_back(
+        std::move(world->Connect({MeshAxis::kDpShard, "", r, n, milliseconds(5000), stats[r]}))
+            .value());
+  }
+  RunRanks(n, [&](int r) {
+    const uint16_t mine[3] = {static_cast<uint16_t>(10 * r), static_cast<uint16_t>(10 * r + 1),
+                              static_cast<uint16_t>(10 * r + 2)};
+    std::vector<uint16_t> all(3 * n, 0);
+    auto w = comms[r]->StartAllGatherBytes(mine, all.data(), sizeof(mine));
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_TRUE(comms[r]->Wait(*w).ok());
+    for (int q = 0; q < n; ++q) {
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(all[3 * q + i], 10 * q + i);
+    }
+  });
+  const CommCounter ag = stats[0]->Get(MeshAxis::kDpShard, CommOp::kAllGather);
+  EXPECT_EQ(ag.calls, 1u);
+  EXPECT_DOUBLE_EQ(ag.bytes, 6.0 * n * (n - 1) / n);
+}
+
 TEST(CommAsyncTest, SizeOneAndEmptyCallsCompleteAtOnce) {
   auto solo = MakeSoloCommunicator({MeshAxis::kTp, "g", 0, 1, milliseconds(100), nullptr});
   std::vector<float> in = {1, 2, 3}, out(3, 0);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 #include <tuple>
@@ -11,6 +12,7 @@
 #include "common/job_spec.h"
 #include "common/job_spec_yaml.h"
 #include "engine/model/gpt2.h"
+#include "engine/train/memory_model.h"
 #include "engine/train/model_shape.h"
 
 namespace meshrun {
@@ -63,6 +65,40 @@ TEST(PlannerTest, EnumeratesEveryValidConfigurationOnce) {
     }
   }
   EXPECT_EQ(rows->size(), want);
+}
+
+// bf16 on cuda (decision 0027): the memory model adds the shard's bf16 copy (half a shard, to
+// parameters) and the bf16 staging of one gathered unit (communication); gradients, AdamW state
+// and activations stay float32.
+TEST(PlannerTest, MemoryModelAddsTheBf16ShardCopyAndStagingOnCuda) {
+  JobSpec fp32 = Tiny();
+  fp32.resources.device = "cuda";
+  fp32.parallelism.dp_shard_size = 2;
+  JobSpec bf16 = fp32;
+  bf16.train.precision = "bf16";
+  const MemoryPrediction a = PredictRankMemory(fp32), b = PredictRankMemory(bf16);
+  GPT2Config cfg = GPT2ConfigOf(fp32.model);
+  cfg.fsdp_size = 2;
+  int64_t shard = 0, block = 0;
+  const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));
+  for (const UnitInfo& u : units) shard += u.padded / 2;
+  for (size_t u = 1; u + 1 < units.size(); ++u) block = std::max(block, units[u].padded);
+  EXPECT_EQ(b.of(MemoryKind::kParameters) - a.of(MemoryKind::kParameters), 2 * shard);
+  // One staging buffer: the largest unit buffer (blocks and the head unit are at least a block)
+  // in bf16.
+  int64_t largest = units[0].padded;
+  for (size_t u = 1; u < units.size(); ++u) largest = std::max({largest, units[u].padded, block});
+  EXPECT_EQ(b.of(MemoryKind::kCommunication) - a.of(MemoryKind::kCommunication),
+            4 * ((largest + 1) / 2));
+  for (MemoryKind k : {MemoryKind::kGradients, MemoryKind::kOptimizer, MemoryKind::kActivations}) {
+    EXPECT_EQ(b.of(k), a.of(k));
+  }
+  // On one rank nothing is gathered: bf16 changes nothing the model counts.
+  JobSpec one = bf16;
+  one.parallelism.dp_shard_size = 1;
+  JobSpec one32 = fp32;
+  one32.parallelism.dp_shard_size = 1;
+  EXPECT_EQ(PredictRankMemory(one).peak_bytes, PredictRankMemory(one32).peak_bytes);
 }
 
 TEST(PlannerTest, FitsFollowsTheMemoryModelAndSaysWhyNot) {
