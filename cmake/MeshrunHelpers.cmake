@@ -54,14 +54,16 @@ function(meshrun_add_test name)
     ENVIRONMENT "MESHRUN_SOURCE_DIR=${PROJECT_SOURCE_DIR};MESHRUN_BINARY_DIR=${PROJECT_BINARY_DIR};OMP_NUM_THREADS=1")
 endfunction()
 
-# Generates C++ (messages and gRPC stubs) for every .proto given, into one static library.
-#   meshrun_add_proto_library(NAME PROTO_ROOT dir PROTOS a.proto b.proto)
+# Generates C++ messages for every .proto given, and gRPC stubs for those in SERVICES (the files
+# that declare a service; a stub file of a service-less proto is empty code that still parses
+# all of grpcpp), into one static library.
+#   meshrun_add_proto_library(NAME PROTO_ROOT dir PROTOS a.proto b.proto [SERVICES b.proto])
 # PROTOS may be absolute or relative to the calling CMakeLists.txt; imports are resolved from
 # PROTO_ROOT (and protoc's own include path for google/protobuf/*.proto), and headers are
 # included as "<path under PROTO_ROOT>.pb.h". Each file is regenerated when any proto of the
 # library changes, since a file's generated code depends on the files it imports.
 function(meshrun_add_proto_library name)
-  cmake_parse_arguments(ARG "" "PROTO_ROOT" "PROTOS" ${ARGN})
+  cmake_parse_arguments(ARG "" "PROTO_ROOT" "PROTOS;SERVICES" ${ARGN})
   set(out_dir ${PROJECT_BINARY_DIR}/gen)
   file(MAKE_DIRECTORY ${out_dir})
   get_filename_component(root ${ARG_PROTO_ROOT} ABSOLUTE)
@@ -70,20 +72,28 @@ function(meshrun_add_proto_library name)
     get_filename_component(abs ${proto} ABSOLUTE)
     list(APPEND protos ${abs})
   endforeach()
+  set(services)
+  foreach(proto ${ARG_SERVICES})
+    get_filename_component(abs ${proto} ABSOLUTE)
+    list(APPEND services ${abs})
+  endforeach()
   set(srcs)
   foreach(proto ${protos})
     file(RELATIVE_PATH rel ${root} ${proto})
     string(REGEX REPLACE "\\.proto$" "" base ${rel})
-    set(gen ${out_dir}/${base}.pb.cc ${out_dir}/${base}.pb.h
-            ${out_dir}/${base}.grpc.pb.cc ${out_dir}/${base}.grpc.pb.h)
+    set(gen ${out_dir}/${base}.pb.cc ${out_dir}/${base}.pb.h)
+    set(grpc_args)
+    if(proto IN_LIST services)
+      list(APPEND gen ${out_dir}/${base}.grpc.pb.cc ${out_dir}/${base}.grpc.pb.h)
+      set(grpc_args --grpc_out=${out_dir} --plugin=protoc-gen-grpc=${MESHRUN_GRPC_CPP_PLUGIN})
+    endif()
     add_custom_command(
       OUTPUT ${gen}
-      COMMAND ${MESHRUN_PROTOC} --proto_path=${root}
-              --cpp_out=${out_dir} --grpc_out=${out_dir}
-              --plugin=protoc-gen-grpc=${MESHRUN_GRPC_CPP_PLUGIN} ${proto}
+      COMMAND ${MESHRUN_PROTOC} --proto_path=${root} --cpp_out=${out_dir} ${grpc_args} ${proto}
       DEPENDS ${protos} ${MESHRUN_PROTOC} ${MESHRUN_GRPC_CPP_PLUGIN}
       COMMENT "protoc ${rel}")
-    list(APPEND srcs ${out_dir}/${base}.pb.cc ${out_dir}/${base}.grpc.pb.cc)
+    list(FILTER gen INCLUDE REGEX "\\.cc$")
+    list(APPEND srcs ${gen})
   endforeach()
   add_library(${name} STATIC ${srcs})
   target_include_directories(${name} PUBLIC ${out_dir})
@@ -108,6 +118,28 @@ function(meshrun_moderate_optimization)
   endif()
 endfunction()
 
+# Unity builds (MESHRUN_UNITY_BUILD, off by default; `scripts/build --demo` turns it on): the
+# files of a control-plane or file-format target are compiled a few at a time as one translation
+# unit, so the headers they share (protobuf, gRPC, nlohmann::json, spdlog, yaml-cpp) are parsed
+# once per batch instead of once per file. Off for development and CI: a unity batch recompiles
+# when any of its files changes and ccache hits only whole batches. Files with their own
+# compile options stay out of the batches (CMake's rule).
+#   meshrun_unity_build(TARGETS t1 t2 [BATCH n])
+option(MESHRUN_UNITY_BUILD "Compile the non-math libraries as unity batches (a clean build's speed)" OFF)
+set(MESHRUN_UNITY_BATCH 8 CACHE STRING "Files per unity batch")
+function(meshrun_unity_build)
+  cmake_parse_arguments(ARG "" "BATCH" "TARGETS" ${ARGN})
+  if(NOT MESHRUN_UNITY_BUILD)
+    return()
+  endif()
+  if(NOT ARG_BATCH)
+    set(ARG_BATCH ${MESHRUN_UNITY_BATCH})
+  endif()
+  foreach(t ${ARG_TARGETS})
+    set_target_properties(${t} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${ARG_BATCH})
+  endforeach()
+endfunction()
+
 # Precompiled headers for the targets whose every file includes gRPC, the generated API,
 # nlohmann::json and spdlog (the client commands, the coordinator, the worker): parsing those
 # headers was most of each such file's time. MESHRUN_PCH=OFF turns them off (e.g. to check that
@@ -125,12 +157,18 @@ if(MESHRUN_PCH AND CMAKE_CXX_COMPILER_LAUNCHER MATCHES "ccache"
       ${CMAKE_CXX_COMPILER_LAUNCHER})
 endif()
 #   meshrun_precompile_headers(TARGET [EXTRA <h> "h"…]): MESHRUN_PCH_HEADERS plus EXTRA.
+#   meshrun_precompile_headers(TARGET REUSE_FROM OTHER): OTHER's header, built once for both
+#   (the two must compile with the same flags and definitions).
 function(meshrun_precompile_headers target)
   if(NOT MESHRUN_PCH)
     return()
   endif()
-  cmake_parse_arguments(ARG "" "" "EXTRA" ${ARGN})
-  target_precompile_headers(${target} PRIVATE ${MESHRUN_PCH_HEADERS} ${ARG_EXTRA})
+  cmake_parse_arguments(ARG "" "REUSE_FROM" "EXTRA" ${ARGN})
+  if(ARG_REUSE_FROM)
+    target_precompile_headers(${target} REUSE_FROM ${ARG_REUSE_FROM})
+  else()
+    target_precompile_headers(${target} PRIVATE ${MESHRUN_PCH_HEADERS} ${ARG_EXTRA})
+  endif()
   if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_LAUNCHER MATCHES "ccache")
     target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-fpch-preprocess>)
   endif()

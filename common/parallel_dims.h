@@ -28,6 +28,11 @@ inline constexpr std::array<MeshAxis, 7> kAllMeshAxes = {
     MeshAxis::kDpReplicate, MeshAxis::kDpShard,   MeshAxis::kCp,  MeshAxis::kTp,
     MeshAxis::kDp,          MeshAxis::kDpShardCp, MeshAxis::kDpCp};
 
+// Whether `axis` is one of the three flattened products (dp, dp_shard_cp, dp_cp).
+inline constexpr bool IsFlattenedAxis(MeshAxis axis) {
+  return axis == MeshAxis::kDp || axis == MeshAxis::kDpShardCp || axis == MeshAxis::kDpCp;
+}
+
 // "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp".
 const char* MeshAxisName(MeshAxis axis);
 // The inverse of MeshAxisName; nullopt for an unknown name.

@@ -79,7 +79,7 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
   // Cumulative within the attempt: a sample never lowers a counter (samples may overtake).
   for (const v1::CommStats& c : s.comm()) {
     const std::optional<MeshAxis> axis = MeshAxisFromProto(c.axis());
-    if (!axis) continue;  // not an axis of this build's API
+    if (!axis || IsFlattenedAxis(*axis)) continue;  // not one of the four series axes
     Comm& cur = state.current[{*axis, c.op()}];
     cur.seconds = std::max(cur.seconds, c.seconds());
     cur.bytes = std::max(cur.bytes, static_cast<double>(c.bytes()));

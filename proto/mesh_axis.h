@@ -11,17 +11,19 @@
 
 namespace meshrun {
 
-// The wire value of one of the mesh's own four axes; MESH_AXIS_UNSPECIFIED for a flattened axis
-// (dp, dp_shard_cp, dp_cp), which the API does not name: traffic of those is counted under the
-// axis whose group it runs over (see CommStats in types.proto).
+// The wire value of an axis. The flattened ones (dp, dp_shard_cp, dp_cp) travel only in a rank's
+// reports; a MetricsSample's CommStats carry only the four (types.proto).
 inline v1::MeshAxis MeshAxisToProto(MeshAxis axis) {
   switch (axis) {
     case MeshAxis::kDpReplicate: return v1::MESH_AXIS_DP_REPLICATE;
     case MeshAxis::kDpShard: return v1::MESH_AXIS_DP_SHARD;
     case MeshAxis::kCp: return v1::MESH_AXIS_CP;
     case MeshAxis::kTp: return v1::MESH_AXIS_TP;
-    default: return v1::MESH_AXIS_UNSPECIFIED;
+    case MeshAxis::kDp: return v1::MESH_AXIS_DP;
+    case MeshAxis::kDpShardCp: return v1::MESH_AXIS_DP_SHARD_CP;
+    case MeshAxis::kDpCp: return v1::MESH_AXIS_DP_CP;
   }
+  return v1::MESH_AXIS_UNSPECIFIED;
 }
 
 // The axis of a wire value; nullopt for MESH_AXIS_UNSPECIFIED and values this build lacks.
@@ -31,6 +33,9 @@ inline std::optional<MeshAxis> MeshAxisFromProto(v1::MeshAxis axis) {
     case v1::MESH_AXIS_DP_SHARD: return MeshAxis::kDpShard;
     case v1::MESH_AXIS_CP: return MeshAxis::kCp;
     case v1::MESH_AXIS_TP: return MeshAxis::kTp;
+    case v1::MESH_AXIS_DP: return MeshAxis::kDp;
+    case v1::MESH_AXIS_DP_SHARD_CP: return MeshAxis::kDpShardCp;
+    case v1::MESH_AXIS_DP_CP: return MeshAxis::kDpCp;
     default: return std::nullopt;
   }
 }

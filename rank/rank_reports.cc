@@ -11,9 +11,62 @@
 #include <optional>
 #include <string_view>
 
+#include "proto/mesh_axis.h"
 #include "supervisor/line_splitter.h"
 
 namespace meshrun::rank {
+
+v1::CommOp CommOpToProto(CommOp op) {
+  switch (op) {
+    case CommOp::kAllReduce: return v1::COMM_OP_ALL_REDUCE;
+    case CommOp::kReduceScatter: return v1::COMM_OP_REDUCE_SCATTER;
+    case CommOp::kAllGather: return v1::COMM_OP_ALL_GATHER;
+    case CommOp::kBroadcast: return v1::COMM_OP_BROADCAST;
+    case CommOp::kSend: return v1::COMM_OP_SEND;
+    case CommOp::kRecv: return v1::COMM_OP_RECV;
+    case CommOp::kSendRecv: return v1::COMM_OP_SEND_RECV;
+    case CommOp::kBarrier: return v1::COMM_OP_BARRIER;
+  }
+  return v1::COMM_OP_UNSPECIFIED;
+}
+
+std::optional<CommOp> CommOpFromProto(v1::CommOp op) {
+  switch (op) {
+    case v1::COMM_OP_ALL_REDUCE: return CommOp::kAllReduce;
+    case v1::COMM_OP_REDUCE_SCATTER: return CommOp::kReduceScatter;
+    case v1::COMM_OP_ALL_GATHER: return CommOp::kAllGather;
+    case v1::COMM_OP_BROADCAST: return CommOp::kBroadcast;
+    case v1::COMM_OP_SEND: return CommOp::kSend;
+    case v1::COMM_OP_RECV: return CommOp::kRecv;
+    case v1::COMM_OP_SEND_RECV: return CommOp::kSendRecv;
+    case v1::COMM_OP_BARRIER: return CommOp::kBarrier;
+    default: return std::nullopt;
+  }
+}
+
+void SetCharge(CommCharge charge, v1::RankCommCounter* out) {
+  switch (charge.kind) {
+    case CommKind::kAxis:
+      out->set_kind(v1::COMM_KIND_AXIS);
+      out->set_axis(MeshAxisToProto(charge.axis));
+      return;
+    case CommKind::kMetrics: out->set_kind(v1::COMM_KIND_METRICS); return;
+    case CommKind::kControl: out->set_kind(v1::COMM_KIND_CONTROL); return;
+  }
+}
+
+std::optional<CommCharge> ChargeOf(const v1::RankCommCounter& c) {
+  switch (c.kind()) {
+    case v1::COMM_KIND_AXIS: {
+      const std::optional<MeshAxis> axis = MeshAxisFromProto(c.axis());
+      if (!axis) return std::nullopt;
+      return CommCharge::Axis(*axis);
+    }
+    case v1::COMM_KIND_METRICS: return CommCharge::Metrics();
+    case v1::COMM_KIND_CONTROL: return CommCharge::Control();
+    default: return std::nullopt;
+  }
+}
 
 v1::RankMemory MemoryReport(const MemoryBreakdown& m) {
   v1::RankMemory out;
@@ -42,8 +95,8 @@ v1::RankStep StepReport(const StepMetrics& m) {
   *r.mutable_memory() = MemoryReport(m.memory);
   for (const auto& [key, c] : m.comm) {
     v1::RankCommCounter* out = r.add_comm();
-    out->set_axis(key.first);
-    out->set_op(key.second);
+    SetCharge(key.first, out);
+    out->set_op(CommOpToProto(key.second));
     out->set_seconds(c.seconds);
     out->set_bytes(c.bytes);
     out->set_calls(c.calls);
@@ -62,14 +115,14 @@ v1::RankSummary SummaryReport(const RunSummary& s) {
   r.set_peak_memory_bytes(s.peak_memory_bytes);
   *r.mutable_memory() = MemoryReport(s.memory);
   r.set_max_rss_bytes(s.max_rss_bytes);
-  auto bytes = [&](const char* axis) {
+  auto bytes = [&](MeshAxis axis) {
     auto it = s.comm_bytes.find(axis);
     return it == s.comm_bytes.end() ? 0.0 : it->second;
   };
-  r.set_comm_bytes_tp(bytes("tp"));
-  r.set_comm_bytes_cp(bytes("cp"));
-  r.set_comm_bytes_dp_shard(bytes("dp_shard"));
-  r.set_comm_bytes_dp_replicate(bytes("dp_replicate"));
+  r.set_comm_bytes_tp(bytes(MeshAxis::kTp));
+  r.set_comm_bytes_cp(bytes(MeshAxis::kCp));
+  r.set_comm_bytes_dp_shard(bytes(MeshAxis::kDpShard));
+  r.set_comm_bytes_dp_replicate(bytes(MeshAxis::kDpReplicate));
   r.set_checkpoint(s.last_checkpoint);
   r.set_resumed_from_step(s.resumed_step);
   r.set_last_step(s.last_step);
@@ -93,8 +146,11 @@ json MemoryJson(const v1::RankMemory& m) {
 std::string StepLineJson(const v1::RankStep& m) {
   json comm = json::array();
   for (const v1::RankCommCounter& c : m.comm()) {
-    comm.push_back({{"axis", c.axis()},
-                    {"op", c.op()},
+    const std::optional<CommCharge> charge = ChargeOf(c);
+    const std::optional<CommOp> op = CommOpFromProto(c.op());
+    if (!charge || !op) continue;  // a value this build cannot name
+    comm.push_back({{"axis", CommChargeLabel(*charge)},
+                    {"op", CommOpName(*op)},
                     {"seconds", c.seconds()},
                     {"exposed_seconds", std::max(0.0, c.seconds() - c.overlapped_seconds())},
                     {"overlapped_seconds", c.overlapped_seconds()},

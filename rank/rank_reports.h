@@ -3,13 +3,22 @@
 // launcher, or straight to a printer when `meshrun train` runs its one rank in-process.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "common/status.h"
+#include "engine/comm/comm_stats.h"
 #include "engine/train/trainer.h"
 #include "meshrun/v1/rank.pb.h"
 
 namespace meshrun::rank {
+
+// The wire forms of an op and a charge (engine/comm/comm_stats.h) in RankCommCounter, and back:
+// nullopt for a value this build lacks.
+v1::CommOp CommOpToProto(CommOp op);
+std::optional<CommOp> CommOpFromProto(v1::CommOp op);
+void SetCharge(CommCharge charge, v1::RankCommCounter* out);
+std::optional<CommCharge> ChargeOf(const v1::RankCommCounter& c);
 
 v1::RankMemory MemoryReport(const MemoryBreakdown& memory);
 v1::RankStep StepReport(const StepMetrics& m);

@@ -2,10 +2,10 @@
 #include "worker/rank_protocol.h"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 
 #include "proto/duration.h"
+#include "proto/mesh_axis.h"
 #include "supervisor/line_splitter.h"
 #include "supervisor/openmp_environment.h"
 
@@ -14,18 +14,6 @@ namespace {
 
 bool StartsWith(std::string_view text, std::string_view prefix) {
   return text.size() >= prefix.size() && text.substr(0, prefix.size()) == prefix;
-}
-
-// "tp" -> MESH_AXIS_TP, "all_reduce" -> COMM_OP_ALL_REDUCE; false for names the proto lacks
-// (flattened groups such as "dp_cp", the trainer's "metrics" label).
-template <typename Enum, typename Parse>
-bool ParseEnumName(const std::string& name, const std::string& prefix, Parse parse, Enum* out) {
-  std::string full = prefix;
-  for (char ch : name) {
-    if (!(std::islower(static_cast<unsigned char>(ch)) || ch == '_')) return false;
-    full.push_back(static_cast<char>(std::toupper(static_cast<unsigned char>(ch))));
-  }
-  return parse(full, out) && static_cast<int>(*out) != 0;
 }
 
 }  // namespace
@@ -121,18 +109,14 @@ v1::MetricsSample SampleOfStep(const v1::RankStep& step, const std::string& job_
   s.set_memory_peak_bytes(static_cast<uint64_t>(std::max<int64_t>(0, step.peak_memory_bytes())));
   s.set_memory_reserved_bytes(
       static_cast<uint64_t>(std::max<int64_t>(0, step.reserved_memory_bytes())));
-  auto parse_axis = [](const std::string& n, v1::MeshAxis* v) { return v1::MeshAxis_Parse(n, v); };
-  auto parse_op = [](const std::string& n, v1::CommOp* v) { return v1::CommOp_Parse(n, v); };
   for (const v1::RankCommCounter& c : step.comm()) {
-    v1::MeshAxis axis;
-    v1::CommOp op;
-    if (!ParseEnumName(c.axis(), "MESH_AXIS_", parse_axis, &axis) ||
-        !ParseEnumName(c.op(), "COMM_OP_", parse_op, &op)) {
-      continue;
-    }
+    // Only parallelism traffic of the mesh's own four axes has a metric series (docs/metrics.md).
+    if (c.kind() != v1::COMM_KIND_AXIS || c.op() == v1::COMM_OP_UNSPECIFIED) continue;
+    const std::optional<MeshAxis> axis = MeshAxisFromProto(c.axis());
+    if (!axis || IsFlattenedAxis(*axis)) continue;
     v1::CommStats* out = s.add_comm();
-    out->set_axis(axis);
-    out->set_op(op);
+    out->set_axis(c.axis());
+    out->set_op(c.op());
     out->set_seconds(std::max(0.0, c.seconds()));
     out->set_overlapped_seconds(
         std::clamp(c.overlapped_seconds(), 0.0, std::max(0.0, c.seconds())));

@@ -64,8 +64,8 @@ std::vector<std::string> MergeEnvironment(
 bool IsSafeJobId(std::string_view job_id);
 
 // A rank's step report as the MetricsSample of (job, attempt, rank) the coordinator ingests.
-// Comm counters under a label the proto's MeshAxis lacks (flattened groups, the trainer's
-// "metrics") or an op it lacks are left out.
+// Only the comm counters charged to one of the mesh's four axes are kept: the trainer's
+// metrics and control traffic, and calls charged to a flattened group, have no series.
 v1::MetricsSample SampleOfStep(const v1::RankStep& step, const std::string& job_id, int attempt,
                                int rank);
 

@@ -139,8 +139,9 @@ int RunRank(int rank, int n, const std::string& dir, const BenchConfig& cfg) {
                  (!store.ok() ? store.status() : backend.status()).ToString().c_str());
     return 1;
   }
-  CommConfig config{"bench", "bench/" + std::to_string(n),        rank,
-                    n,       std::chrono::seconds(cfg.timeout_s), nullptr};
+  CommConfig config{
+      MeshAxis::kDp, "bench/" + std::to_string(n), rank, n, std::chrono::seconds(cfg.timeout_s),
+      nullptr};
   auto comm = (*backend)->Connect(config, std::make_shared<PrefixStore>(config.group_id, *store));
   if (!comm.ok()) {
     std::fprintf(stderr, "error: rank %d: %s\n", rank, comm.status().ToString().c_str());

@@ -45,7 +45,7 @@ StatusOr<LoopbackFigures> MeasureLoopbackAllReduce(int ranks, size_t bytes, int 
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       CommConfig config;
-      config.name = "calibration";
+      config.axis = MeshAxis::kDp;  // a data-parallel all-reduce; uncounted (no stats)
       config.group_id = "calibration";
       config.rank = r;
       config.size = ranks;

@@ -1,4 +1,4 @@
-// Bus-byte formulas and the per-(axis, op) counters of comm_stats.h.
+// Bus-byte formulas, charge labels and the per-(charge, op) counters of comm_stats.h.
 #include "engine/comm/comm_stats.h"
 
 namespace meshrun {
@@ -13,6 +13,15 @@ const char* CommOpName(CommOp op) {
     case CommOp::kRecv: return "recv";
     case CommOp::kSendRecv: return "send_recv";
     case CommOp::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+const char* CommChargeLabel(CommCharge charge) {
+  switch (charge.kind) {
+    case CommKind::kAxis: return MeshAxisName(charge.axis);
+    case CommKind::kMetrics: return "metrics";
+    case CommKind::kControl: return "control";
   }
   return "unknown";
 }
@@ -34,11 +43,12 @@ double BusBytes(CommOp op, size_t bytes, int n) {
   return 0;
 }
 
-void CommStats::Record(std::string_view axis, std::string_view op, double seconds, double bytes,
+void CommStats::Record(CommCharge charge, CommOp op, double seconds, double bytes,
                        double exposed_seconds) {
   if (exposed_seconds < 0 || exposed_seconds > seconds) exposed_seconds = seconds;
+  if (charge.kind != CommKind::kAxis) charge.axis = CommCharge{}.axis;  // one series per kind
   std::lock_guard<std::mutex> lock(mu_);
-  CommCounter& c = counters_[Key(std::string(axis), std::string(op))];
+  CommCounter& c = counters_[Key(charge, op)];
   c.seconds += seconds;
   c.exposed_seconds += exposed_seconds;
   c.bytes += bytes;
@@ -50,18 +60,19 @@ std::map<CommStats::Key, CommCounter> CommStats::Snapshot() const {
   return counters_;
 }
 
-CommCounter CommStats::AxisTotal(std::string_view axis) const {
+CommCounter CommStats::AxisTotal(MeshAxis axis) const {
   std::lock_guard<std::mutex> lock(mu_);
   CommCounter total;
   for (const auto& [key, counter] : counters_) {
-    if (key.first == axis) total += counter;
+    if (key.first == CommCharge::Axis(axis)) total += counter;
   }
   return total;
 }
 
-CommCounter CommStats::Get(std::string_view axis, std::string_view op) const {
+CommCounter CommStats::Get(CommCharge charge, CommOp op) const {
+  if (charge.kind != CommKind::kAxis) charge.axis = CommCharge{}.axis;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = counters_.find(Key(std::string(axis), std::string(op)));
+  auto it = counters_.find(Key(charge, op));
   return it == counters_.end() ? CommCounter{} : it->second;
 }
 

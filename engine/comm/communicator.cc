@@ -13,7 +13,7 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 std::string Communicator::Describe(CommOp op) const {
-  return config_.name + " " + CommOpName(op) + " (group " + config_.group_id + ", rank " +
+  return std::string(name()) + " " + CommOpName(op) + " (group " + config_.group_id + ", rank " +
          std::to_string(config_.rank) + " of " + std::to_string(config_.size) + ")";
 }
 
@@ -49,8 +49,8 @@ Status Communicator::Run(CommOp op, size_t bytes, const CallOptions& opts, Body 
   if (!s.ok()) return Fail(op, timeout, s);
   if (config_.stats) {
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    const std::string_view axis = opts.axis.empty() ? std::string_view(config_.name) : opts.axis;
-    config_.stats->Record(axis, op, seconds, BusBytes(op, bytes, size()));
+    config_.stats->Record(opts.charge.value_or(CommCharge::Axis(config_.axis)), op, seconds,
+                          BusBytes(op, bytes, size()));
   }
   return OkStatus();
 }
@@ -191,13 +191,13 @@ StatusOr<CommWork> Communicator::Start(CommOp op, AsyncOp async_op, const void* 
   CommWork work;
   work.op_ = op;
   work.bytes_ = bytes;
-  work.axis_ = std::string(opts.axis.empty() ? std::string_view(config_.name) : opts.axis);
+  work.charge_ = opts.charge.value_or(CommCharge::Axis(config_.axis));
   work.timeout_ = opts.timeout.count() > 0 ? opts.timeout : config_.timeout;
   work.start_ = Clock::now();
   if (size() == 1 || count == 0 || !overlaps()) {
     // Complete now (the blocking call counts itself; size-1 and empty calls count nothing).
     Status s;
-    const CallOptions call(work.timeout_, opts.axis);
+    const CallOptions call(work.timeout_, work.charge_);
     switch (async_op) {
       case AsyncOp::kAllReduce: s = AllReduce(static_cast<float*>(output), count, call); break;
       case AsyncOp::kReduceScatter:
@@ -281,7 +281,7 @@ Status Communicator::Wait(CommWork& work) {
         work.exposed_seconds_ + std::chrono::duration<double>(end - wait_start).count();
     // The call's own duration when the backend measured it (device time), else Start to Wait.
     const double seconds = busy >= 0 ? std::max(busy, exposed) : wall;
-    config_.stats->Record(work.axis_, work.op_, seconds, BusBytes(work.op_, work.bytes_, size()),
+    config_.stats->Record(work.charge_, work.op_, seconds, BusBytes(work.op_, work.bytes_, size()),
                           exposed);
   }
   return OkStatus();

@@ -8,10 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 
+#include "common/parallel_dims.h"
 #include "common/status.h"
 #include "engine/comm/comm_stats.h"
 #include "engine/comm/store.h"
@@ -20,8 +21,8 @@ namespace meshrun {
 
 // What a communicator is built with. Backends receive it in CommBackend::Connect.
 struct CommConfig {
-  // The axis the group spans ("tp", "dp_shard_cp", …): name() and the default stats label.
-  std::string name;
+  // The axis whose group this is (kTp, kDpShardCp, …): name() and the default charge of calls.
+  MeshAxis axis = MeshAxis::kDpReplicate;
   // Identifies the group within the job in error messages, e.g. "comm/tp/1". Unique per group.
   std::string group_id;
   int rank = 0;  // this process's index within the group, in [0, size)
@@ -32,20 +33,24 @@ struct CommConfig {
   std::shared_ptr<CommStats> stats;
 };
 
-// Per-call options: `{}`, `{milliseconds(500)}`, `{milliseconds(0), "dp_shard"}` or
-// CallOptions::Axis("dp_shard").
+// Per-call options: `{}`, `{milliseconds(500)}`, CallOptions::Axis(MeshAxis::kDpShard) or
+// CallOptions::Charged(CommCharge::Metrics()).
 struct CallOptions {
   CallOptions() = default;
-  CallOptions(std::chrono::milliseconds timeout, std::string_view axis = {})  // NOLINT: implicit
-      : timeout(timeout), axis(axis) {}
-  static CallOptions Axis(std::string_view axis) { return {std::chrono::milliseconds(0), axis}; }
+  CallOptions(std::chrono::milliseconds timeout,  // NOLINT: implicit
+              std::optional<CommCharge> charge = std::nullopt)
+      : timeout(timeout), charge(charge) {}
+  static CallOptions Axis(MeshAxis axis) {
+    return {std::chrono::milliseconds(0), CommCharge::Axis(axis)};
+  }
+  static CallOptions Charged(CommCharge charge) { return {std::chrono::milliseconds(0), charge}; }
 
   // 0: the communicator's default (CommConfig::timeout).
   std::chrono::milliseconds timeout{0};
-  // The axis label the call is charged to in CommStats; empty: name(). docs/parallelism.md charges
-  // traffic to the parallelism that caused it, e.g. FSDP's gathers over the dp_shard_cp group
-  // are charged to "dp_shard".
-  std::string_view axis;
+  // What the call is charged to in CommStats; empty: the communicator's axis. docs/parallelism.md
+  // charges traffic to the parallelism that caused it, e.g. FSDP's gathers over the dp_shard_cp
+  // group are charged to dp_shard, and the trainer's own reductions to their kind.
+  std::optional<CommCharge> charge;
 };
 
 class Communicator;
@@ -60,7 +65,7 @@ class CommWork {
     pending_ = std::exchange(o.pending_, false);
     op_ = o.op_;
     bytes_ = o.bytes_;
-    axis_ = std::move(o.axis_);
+    charge_ = o.charge_;
     timeout_ = o.timeout_;
     start_ = o.start_;
     exposed_seconds_ = o.exposed_seconds_;
@@ -75,7 +80,7 @@ class CommWork {
   bool pending_ = false;
   CommOp op_ = CommOp::kAllReduce;
   size_t bytes_ = 0;  // the S of BusBytes
-  std::string axis_;
+  CommCharge charge_;
   std::chrono::milliseconds timeout_{0};
   std::chrono::steady_clock::time_point start_;
   double exposed_seconds_ = 0;  // blocked in Start so far
@@ -98,7 +103,7 @@ class CommWork {
 // give INVALID_ARGUMENT and leave the communicator usable.
 //
 // Accounting: each successful call of a group with size() > 1 adds its seconds and bus bytes
-// (comm_stats.h) to CommStats under (axis label, op). size() == 1 calls return at once (copying
+// (comm_stats.h) to CommStats under (charge, op). size() == 1 calls return at once (copying
 // input to output where they differ) and count nothing. Zero-sized calls also return at once.
 //
 // Asynchronous calls (StartAllReduce, StartReduceScatter, StartAllGather, then Wait): the same
@@ -125,7 +130,9 @@ class Communicator {
 
   int rank() const { return config_.rank; }
   int size() const { return config_.size; }
-  const std::string& name() const { return config_.name; }
+  MeshAxis axis() const { return config_.axis; }
+  // MeshAxisName(axis()): "tp", "dp_shard_cp", …
+  const char* name() const { return MeshAxisName(config_.axis); }
   const std::string& group_id() const { return config_.group_id; }
   Duration default_timeout() const { return config_.timeout; }
   // OK while healthy; afterwards the first error a call returned.

@@ -250,10 +250,10 @@ StatusOr<std::unique_ptr<Communicator>> FakeWorld::Connect(CommConfig config) {
 }
 
 std::vector<std::unique_ptr<Communicator>> FakeWorld::ConnectAll(
-    const std::string& name, std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout) {
+    MeshAxis axis, std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout) {
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < size_; ++r) {
-    CommConfig config{name, group_id_, r, size_, timeout, stats};
+    CommConfig config{axis, group_id_, r, size_, timeout, stats};
     comms.push_back(std::move(Connect(std::move(config))).value());
   }
   return comms;

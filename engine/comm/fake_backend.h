@@ -40,9 +40,9 @@ class FakeWorld : public std::enable_shared_from_this<FakeWorld> {
   // The communicator of config.rank; config.size must equal size() (INVALID_ARGUMENT).
   // config.group_id is replaced by this world's when empty.
   StatusOr<std::unique_ptr<Communicator>> Connect(CommConfig config);
-  // Every rank's communicator, named `name`, counting into `stats` (may be null).
+  // Every rank's communicator of a group of `axis`, counting into `stats` (may be null).
   std::vector<std::unique_ptr<Communicator>> ConnectAll(
-      const std::string& name, std::shared_ptr<CommStats> stats,
+      MeshAxis axis, std::shared_ptr<CommStats> stats,
       std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
   // Makes call number `call_index` (0-based, counting every call of `rank`'s communicator that

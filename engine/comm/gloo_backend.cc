@@ -262,8 +262,8 @@ StatusOr<std::unique_ptr<Communicator>> GlooBackend::Connect(const CommConfig& c
     context->connectFullMesh(adapter, device_);
   });
   if (!s.ok()) {
-    return Status(s.code(), "gloo connect " + config.name + " group " + config.group_id +
-                                " (rank " + std::to_string(config.rank) + " of " +
+    return Status(s.code(), "gloo connect " + std::string(MeshAxisName(config.axis)) + " group " +
+                                config.group_id + " (rank " + std::to_string(config.rank) + " of " +
                                 std::to_string(config.size) + ", timeout " +
                                 std::to_string(config.timeout.count()) + " ms): " + s.message());
   }

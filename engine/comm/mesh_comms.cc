@@ -28,7 +28,7 @@ StatusOr<std::unique_ptr<MeshComms>> MeshComms::Create(const ParallelDims& dims,
     const std::string axis_name = MeshAxisName(axis);
 
     CommConfig config;
-    config.name = axis_name;
+    config.axis = axis;
     config.group_id = options.store_prefix + "/" + axis_name + "/" + std::to_string(group_index);
     config.rank = dims.IndexInGroup(rank, axis);
     config.size = static_cast<int>(members.size());

@@ -184,7 +184,8 @@ template <typename T>
 Status GPT2<T>::TpAllReduce(T* data, int64_t count) {
   if constexpr (std::is_same_v<T, float>) {
     if (par_ != nullptr && par_->tp != nullptr && par_->tp->size() > 1) {
-      return par_->tp->AllReduce(data, static_cast<size_t>(count), CallOptions::Axis("tp"));
+      return par_->tp->AllReduce(data, static_cast<size_t>(count),
+                                 CallOptions::Axis(MeshAxis::kTp));
     }
   }
   return OkStatus();
@@ -460,8 +461,8 @@ StatusOr<double> GPT2<T>::HeadLoss(const int32_t* host_targets, bool with_grad, 
       T* lse = head_lse_.template data<T>();
       MESHRUN_RETURN_IF_ERROR(
           ops::VocabShardStats(dev, stats, logits, targets + r0, first, rows, V));
-      MESHRUN_RETURN_IF_ERROR(
-          tp->AllGather(stats, all_stats, static_cast<size_t>(2 * rows), CallOptions::Axis("tp")));
+      MESHRUN_RETURN_IF_ERROR(tp->AllGather(stats, all_stats, static_cast<size_t>(2 * rows),
+                                            CallOptions::Axis(MeshAxis::kTp)));
       MESHRUN_RETURN_IF_ERROR(ops::VocabShardLoss(dev, losses + r0, lse, all_stats, n, rows));
       if (with_grad) {
         MESHRUN_RETURN_IF_ERROR(ops::VocabShardGrad(dev, logits, logits, lse, targets + r0, first,

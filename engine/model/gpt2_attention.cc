@@ -82,7 +82,7 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
     const int n = cp->size(), c = cp->rank();
     const int64_t count = B * Hl * Tn * D;
     const ScalarType dt = ScalarTypeOf<T>();
-    const CallOptions on_cp = CallOptions::Axis("cp");
+    const CallOptions on_cp = CallOptions::Axis(MeshAxis::kCp);
     const int32_t* cp_pos = cp_positions_.template data<int32_t>();
     if (!par_->cp_ring) {
       // Gather every rank's K and V once; keep them for the backward.
@@ -155,7 +155,7 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
   } else if constexpr (std::is_same_v<T, float>) {
     const int n = cp->size(), c = cp->rank();
     const ScalarType dt = ScalarTypeOf<T>();
-    const CallOptions on_cp = CallOptions::Axis("cp");
+    const CallOptions on_cp = CallOptions::Axis(MeshAxis::kCp);
     const int32_t* cp_pos = cp_positions_.template data<int32_t>();
     if (!par_->cp_ring) {
       // Gradients for every rank's keys, then reduce-scattered back to their owners.

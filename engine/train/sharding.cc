@@ -54,11 +54,11 @@ std::vector<ParamPiece> PiecesOf(const ParamInfo& p, int64_t first, int64_t coun
   return out;
 }
 
-StatusOr<double> SumOverGroup(Communicator* comm, double value, const char* axis) {
+StatusOr<double> SumOverGroup(Communicator* comm, double value, CommCharge charge) {
   if (!Active(comm)) return value;
   std::vector<double> all(comm->size());
   MESHRUN_RETURN_IF_ERROR(
-      comm->AllGatherBytes(&value, all.data(), sizeof(double), CallOptions::Axis(axis)));
+      comm->AllGatherBytes(&value, all.data(), sizeof(double), CallOptions::Charged(charge)));
   double sum = 0;
   for (double x : all) sum += x;
   return sum;
@@ -304,7 +304,8 @@ Status ShardedState::StartGather(int unit) {
   StatusOr<CommWork> work = [&]() -> StatusOr<CommWork> {
     if (!gather_bf16_) {
       return fsdp_->StartAllGather(params() + ShardOffset(unit), buffer.data<float>(),
-                                   static_cast<size_t>(count), CallOptions::Axis("dp_shard"));
+                                   static_cast<size_t>(count),
+                                   CallOptions::Axis(MeshAxis::kDpShard));
     }
     if (!params_bf16_.defined()) {
       MemoryKindScope kind(MemoryKind::kParameters);
@@ -325,7 +326,7 @@ Status ShardedState::StartGather(int unit) {
     staging_[unit] = Acquire(free_staging_, staging_numel, MemoryKind::kCommunication);
     return fsdp_->StartAllGatherBytes(shard16 + ShardOffset(unit), staging_[unit].raw(),
                                       sizeof(uint16_t) * static_cast<size_t>(count),
-                                      CallOptions::Axis("dp_shard"));
+                                      CallOptions::Axis(MeshAxis::kDpShard));
   }();
   if (!work.ok()) {
     Release(free_params_, buffer);
@@ -403,7 +404,7 @@ Status ShardedState::AfterBackward(int unit) {
   unit_grads_[unit] = Tensor();
   StatusOr<CommWork> work = fsdp_->StartReduceScatter(
       rs_grads_.data<float>(), scratch_.data<float>(), static_cast<size_t>(ShardCount(unit)),
-      CallOptions::Axis("dp_shard"));
+      CallOptions::Axis(MeshAxis::kDpShard));
   if (!work.ok()) {
     Release(free_grads_, rs_grads_);
     return work.status();
@@ -434,7 +435,7 @@ Status ShardedState::UnitFinal(int unit) {
   if (++b.final_units < b.last - b.first + 1 || b.started) return OkStatus();
   MESHRUN_ASSIGN_OR_RETURN(
       b.work, replicate_->StartAllReduce(grads() + b.offset, static_cast<size_t>(b.count),
-                                         CallOptions::Axis("dp_replicate")));
+                                         CallOptions::Axis(MeshAxis::kDpReplicate)));
   b.started = true;
   return OkStatus();
 }
@@ -465,7 +466,7 @@ Status ShardedState::FinishGradients() {
     if (b.started) continue;
     MESHRUN_ASSIGN_OR_RETURN(
         b.work, replicate_->StartAllReduce(grads() + b.offset, static_cast<size_t>(b.count),
-                                           CallOptions::Axis("dp_replicate")));
+                                           CallOptions::Axis(MeshAxis::kDpReplicate)));
     b.started = true;
   }
   return Drain();
@@ -481,8 +482,9 @@ StatusOr<double> ShardedState::GlobalGradNormSquared() {
                              ops::SumOfSquares(device(), g + s.shard_offset, s.count));
     local += sq;
   }
-  MESHRUN_ASSIGN_OR_RETURN(double over_tp, SumOverGroup(tp_, local, "tp"));
-  return SumOverGroup(sharded() ? fsdp_ : nullptr, over_tp, "dp_shard");
+  MESHRUN_ASSIGN_OR_RETURN(double over_tp,
+                           SumOverGroup(tp_, local, CommCharge::Axis(MeshAxis::kTp)));
+  return SumOverGroup(sharded() ? fsdp_ : nullptr, over_tp, CommCharge::Axis(MeshAxis::kDpShard));
 }
 
 StatusOr<UpdateResult> ShardedState::ClipAndStep(const TrainSpec& tr, int64_t step) {

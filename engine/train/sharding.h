@@ -12,6 +12,7 @@
 
 #include "common/job_spec.h"
 #include "common/status.h"
+#include "engine/comm/comm_stats.h"
 #include "engine/comm/communicator.h"
 #include "engine/core/tensor.h"
 #include "engine/model/gpt2.h"
@@ -208,7 +209,8 @@ struct ParamPiece {
 // p's local elements [first, first + count). Parameters have one or two dimensions.
 std::vector<ParamPiece> PiecesOf(const ParamInfo& p, int64_t first, int64_t count);
 
-// Σ of one double over a group, identical and in the same order on every member.
-StatusOr<double> SumOverGroup(Communicator* comm, double value, const char* axis);
+// Σ of one double over a group, identical and in the same order on every member, charged to
+// `charge` (comm_stats.h).
+StatusOr<double> SumOverGroup(Communicator* comm, double value, CommCharge charge);
 
 }  // namespace meshrun

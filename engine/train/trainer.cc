@@ -182,7 +182,8 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   MESHRUN_RETURN_IF_ERROR(shards_->FinishGradients());
   MESHRUN_ASSIGN_OR_RETURN(UpdateResult update, shards_->ClipAndStep(tr, step_));
   // The loss of the global batch: every token is on exactly one rank of dp_cp.
-  MESHRUN_ASSIGN_OR_RETURN(double total, SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, "metrics"));
+  MESHRUN_ASSIGN_OR_RETURN(double total,
+                           SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, CommCharge::Metrics()));
   const double loss = total / (static_cast<double>(B) * T);
   ++step_;
   metrics->step = step_;
@@ -228,7 +229,8 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
     loss_sum += loss;
   }
   shards_->ReleaseAll();
-  MESHRUN_ASSIGN_OR_RETURN(double total, SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, "metrics"));
+  MESHRUN_ASSIGN_OR_RETURN(double total,
+                           SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, CommCharge::Metrics()));
   EvalMetrics out;
   out.step = step_;
   out.tokens = windows * T;
@@ -243,7 +245,7 @@ StatusOr<std::vector<double>> Trainer::MaxOverRanks(std::vector<double> values) 
     if (comm == nullptr || comm->size() <= 1 || n == 0) continue;
     std::vector<double> all(n * comm->size());
     MESHRUN_RETURN_IF_ERROR(comm->AllGatherBytes(values.data(), all.data(), sizeof(double) * n,
-                                                 CallOptions::Axis("metrics")));
+                                                 CallOptions::Charged(CommCharge::Metrics())));
     for (int r = 0; r < comm->size(); ++r) {
       for (size_t i = 0; i < n; ++i) values[i] = std::max(values[i], all[r * n + i]);
     }
@@ -255,8 +257,10 @@ StatusOr<bool> Trainer::StopAgreed() {
   if (options_.stop_requested == nullptr) return false;
   const double mine = *options_.stop_requested != 0 ? 1.0 : 0.0;
   // Over tp, then over dp_cp: the whole world, in the groups every rank already has.
-  MESHRUN_ASSIGN_OR_RETURN(double over_tp, SumOverGroup(Comm(MeshAxis::kTp), mine, "control"));
-  MESHRUN_ASSIGN_OR_RETURN(double all, SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, "control"));
+  MESHRUN_ASSIGN_OR_RETURN(double over_tp,
+                           SumOverGroup(Comm(MeshAxis::kTp), mine, CommCharge::Control()));
+  MESHRUN_ASSIGN_OR_RETURN(double all,
+                           SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, CommCharge::Control()));
   return all > 0;
 }
 
@@ -338,11 +342,13 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     summary.mfu = summary.tokens_per_second * flops_per_token / world_peak;
   }
   // Bus bytes per rank per step, averaged over every rank of the job (docs/parallelism.md).
-  for (const char* axis : {"tp", "cp", "dp_shard", "dp_replicate"}) {
+  for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kCp, MeshAxis::kDpShard, MeshAxis::kDpReplicate}) {
     double mine = 0;
     if (stats && summary.steps > 0) mine = stats->AxisTotal(axis).bytes / summary.steps;
-    MESHRUN_ASSIGN_OR_RETURN(double over_tp, SumOverGroup(Comm(MeshAxis::kTp), mine, "metrics"));
-    MESHRUN_ASSIGN_OR_RETURN(double all, SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, "metrics"));
+    MESHRUN_ASSIGN_OR_RETURN(double over_tp,
+                             SumOverGroup(Comm(MeshAxis::kTp), mine, CommCharge::Metrics()));
+    MESHRUN_ASSIGN_OR_RETURN(double all,
+                             SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, CommCharge::Metrics()));
     summary.comm_bytes[axis] = all / dims_->world_size();
   }
   // Memory: the largest rank's figures (every rank runs this, in the same order).

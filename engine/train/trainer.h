@@ -37,7 +37,7 @@ struct StepMetrics {
   int64_t reserved_memory_bytes = 0;
   // Peak bytes of each MemoryKind on this rank since the run started (docs/parallelism.md).
   MemoryBreakdown memory;
-  // This rank's communication by (axis label, op) since its first step: seconds, bus bytes
+  // This rank's communication by (charge, op) since its first step: seconds, bus bytes
   // (docs/parallelism.md) and calls; cumulative, like the Prometheus counters they feed.
   std::map<CommStats::Key, CommCounter> comm;
 };
@@ -65,8 +65,8 @@ struct RunSummary {
   int64_t peak_memory_bytes = 0;
   MemoryBreakdown memory;
   int64_t max_rss_bytes = 0;
-  std::map<std::string, double> comm_bytes;  // per axis, per rank per step
-  std::string last_checkpoint;               // step dir of the last checkpoint written
+  std::map<MeshAxis, double> comm_bytes;  // per mesh axis (the four), per rank per step
+  std::string last_checkpoint;            // step dir of the last checkpoint written
 };
 
 // Receives what the loop produces. Called on the training thread; must not throw.

@@ -25,12 +25,16 @@ StepMetrics Sample() {
   m.allocated_memory_bytes = 1 << 20;
   m.peak_memory_bytes = 3 << 20;
   m.reserved_memory_bytes = 4 << 20;
-  m.comm[{"tp", "all_reduce"}] = {0.75, 6.0e6, 48};
-  m.comm[{"dp_shard", "all_gather"}] = {0.5, 1.5e6, 16};
-  m.comm[{"dp_shard", "reduce_scatter"}] = {0.25, 1.5e6, 8};
-  m.comm[{"cp", "send_recv"}] = {0.125, 2048, 4};
-  m.comm[{"dp_replicate", "all_reduce"}] = {0.0625, 1024, 2};
-  m.comm[{"metrics", "all_gather"}] = {0.001, 24, 7};  // no proto axis: dropped by the worker
+  auto on = [](MeshAxis axis) { return CommCharge::Axis(axis); };
+  m.comm[{on(MeshAxis::kTp), CommOp::kAllReduce}] = {0.75, 6.0e6, 48};
+  m.comm[{on(MeshAxis::kDpShard), CommOp::kAllGather}] = {0.5, 1.5e6, 16};
+  m.comm[{on(MeshAxis::kDpShard), CommOp::kReduceScatter}] = {0.25, 1.5e6, 8};
+  m.comm[{on(MeshAxis::kCp), CommOp::kSendRecv}] = {0.125, 2048, 4};
+  m.comm[{on(MeshAxis::kDpReplicate), CommOp::kAllReduce}] = {0.0625, 1024, 2};
+  // No metric series for these: dropped by the worker, shown in the step line.
+  m.comm[{CommCharge::Metrics(), CommOp::kAllGather}] = {0.001, 24, 7};
+  m.comm[{CommCharge::Control(), CommOp::kAllGather}] = {0.002, 8, 3};
+  m.comm[{on(MeshAxis::kDpCp), CommOp::kBroadcast}] = {0.003, 16, 1};
   return m;
 }
 
@@ -43,10 +47,15 @@ TEST(StepLine, JsonCarriesConventionFields) {
   }
   EXPECT_EQ(line["event"], "step");
   ASSERT_TRUE(line["comm"].is_array());
-  EXPECT_EQ(line["comm"].size(), 6u);  // every series the rank recorded, names as recorded
-  EXPECT_EQ(line["comm"][0]["axis"], "cp");
-  EXPECT_EQ(line["comm"][0]["op"], "send_recv");
-  EXPECT_EQ(line["comm"][0]["calls"], 4);
+  ASSERT_EQ(line["comm"].size(), 8u);  // every series the rank recorded, by its one label
+  std::map<std::pair<std::string, std::string>, int> calls;
+  for (const nlohmann::json& c : line["comm"]) calls[{c["axis"], c["op"]}] = c["calls"];
+  const std::map<std::pair<std::string, std::string>, int> want = {
+      {{"tp", "all_reduce"}, 48},          {{"dp_shard", "all_gather"}, 16},
+      {{"dp_shard", "reduce_scatter"}, 8}, {{"cp", "send_recv"}, 4},
+      {{"dp_replicate", "all_reduce"}, 2}, {{"metrics", "all_gather"}, 7},
+      {{"control", "all_gather"}, 3},      {{"dp_cp", "broadcast"}, 1}};
+  EXPECT_EQ(calls, want);
 }
 
 TEST(StepLine, RoundTripThroughSampleOfStep) {
@@ -67,7 +76,7 @@ TEST(StepLine, RoundTripThroughSampleOfStep) {
   EXPECT_EQ(s->memory_peak_bytes(), static_cast<uint64_t>(m.peak_memory_bytes));
   EXPECT_EQ(s->memory_reserved_bytes(), static_cast<uint64_t>(m.reserved_memory_bytes));
 
-  // The same (axis, op) entries, less the one the proto cannot name.
+  // The same (axis, op) entries, less those without a metric series.
   std::map<std::pair<int, int>, CommCounter> want = {
       {{v1::MESH_AXIS_TP, v1::COMM_OP_ALL_REDUCE}, {0.75, 6.0e6, 48}},
       {{v1::MESH_AXIS_DP_SHARD, v1::COMM_OP_ALL_GATHER}, {0.5, 1.5e6, 16}},

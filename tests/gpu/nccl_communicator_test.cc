@@ -22,7 +22,7 @@ using std::chrono::milliseconds;
 
 CommConfig Config(const std::string& group, int rank, int size, milliseconds timeout) {
   CommConfig c;
-  c.name = "tp";
+  c.axis = MeshAxis::kTp;
   c.group_id = group;
   c.rank = rank;
   c.size = size;

@@ -303,26 +303,22 @@ TEST(TypesTest, StateNamesMatchTheConventions) {
   EXPECT_EQ(UnprefixedValues(WorkerState_descriptor(), "WORKER_STATE_"),
             (std::set<std::string>{"READY", "BUSY", "LOST"}));
   EXPECT_EQ(UnprefixedValues(MeshAxis_descriptor(), "MESH_AXIS_"),
-            (std::set<std::string>{"DP_REPLICATE", "DP_SHARD", "CP", "TP"}));
+            (std::set<std::string>{"DP_REPLICATE", "DP_SHARD", "CP", "TP", "DP", "DP_SHARD_CP",
+                                   "DP_CP"}));
 }
 
 // A peer's Duration of any size converts without overflow (StopOrder grace, StoreGet timeout,
 // heartbeat interval).
 TEST(TypesTest, MeshAxisCrossesTheWireAtOneBoundary) {
-  // Each of the mesh's own axes round-trips, and its proto name lower-cased without the prefix
-  // is MeshAxisName (the one spelling of labels and logs).
-  for (meshrun::MeshAxis axis : {meshrun::MeshAxis::kDpReplicate, meshrun::MeshAxis::kDpShard,
-                                 meshrun::MeshAxis::kCp, meshrun::MeshAxis::kTp}) {
+  // Each axis (the four and the flattened three) round-trips, and its proto name lower-cased
+  // without the prefix is MeshAxisName (the one spelling of labels and logs).
+  for (meshrun::MeshAxis axis : meshrun::kAllMeshAxes) {
     const v1::MeshAxis wire = MeshAxisToProto(axis);
     ASSERT_NE(wire, v1::MESH_AXIS_UNSPECIFIED) << MeshAxisName(axis);
     EXPECT_EQ(MeshAxisFromProto(wire), axis);
     std::string name = v1::MeshAxis_Name(wire).substr(std::string("MESH_AXIS_").size());
     for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     EXPECT_EQ(name, MeshAxisName(axis));
-  }
-  for (meshrun::MeshAxis flat :
-       {meshrun::MeshAxis::kDp, meshrun::MeshAxis::kDpShardCp, meshrun::MeshAxis::kDpCp}) {
-    EXPECT_EQ(MeshAxisToProto(flat), v1::MESH_AXIS_UNSPECIFIED) << MeshAxisName(flat);
   }
   EXPECT_FALSE(MeshAxisFromProto(v1::MESH_AXIS_UNSPECIFIED));
   EXPECT_FALSE(MeshAxisFromProto(static_cast<v1::MeshAxis>(99)));

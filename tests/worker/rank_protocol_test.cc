@@ -168,19 +168,26 @@ TEST(RankProtocol, StepReportBecomesMetricsSample) {
   step.set_allocated_memory_bytes(100);
   step.set_peak_memory_bytes(200);
   step.set_reserved_memory_bytes(-5);  // clamped to 0
-  auto comm = [&](const char* axis, const char* op, double seconds, double bytes, int calls) {
+  auto comm = [&](v1::CommKind kind, v1::MeshAxis axis, v1::CommOp op, double seconds, double bytes,
+                  int calls) {
     v1::RankCommCounter* c = step.add_comm();
+    c->set_kind(kind);
     c->set_axis(axis);
     c->set_op(op);
     c->set_seconds(seconds);
     c->set_bytes(bytes);
     c->set_calls(calls);
   };
-  comm("tp", "all_reduce", 0.5, 4096, 8);
-  comm("dp_shard", "reduce_scatter", 0.25, 1024.5, 2);
-  comm("dp_cp", "all_reduce", 0.1, 8, 1);    // a flattened group: no proto axis
-  comm("metrics", "all_gather", 0.1, 8, 1);  // the trainer's own label
-  comm("tp", "no_such_op", 0.1, 8, 1);
+  const v1::CommKind on_axis = v1::COMM_KIND_AXIS;
+  comm(on_axis, v1::MESH_AXIS_TP, v1::COMM_OP_ALL_REDUCE, 0.5, 4096, 8);
+  comm(on_axis, v1::MESH_AXIS_DP_SHARD, v1::COMM_OP_REDUCE_SCATTER, 0.25, 1024.5, 2);
+  // Left out: a flattened group, the trainer's own kinds, values the proto lacks.
+  comm(on_axis, v1::MESH_AXIS_DP_CP, v1::COMM_OP_ALL_REDUCE, 0.1, 8, 1);
+  comm(v1::COMM_KIND_METRICS, v1::MESH_AXIS_UNSPECIFIED, v1::COMM_OP_ALL_GATHER, 0.1, 8, 1);
+  comm(v1::COMM_KIND_CONTROL, v1::MESH_AXIS_UNSPECIFIED, v1::COMM_OP_ALL_GATHER, 0.1, 8, 1);
+  comm(on_axis, v1::MESH_AXIS_TP, v1::COMM_OP_UNSPECIFIED, 0.1, 8, 1);
+  comm(on_axis, static_cast<v1::MeshAxis>(99), v1::COMM_OP_ALL_REDUCE, 0.1, 8, 1);
+  comm(v1::COMM_KIND_UNSPECIFIED, v1::MESH_AXIS_TP, v1::COMM_OP_ALL_REDUCE, 0.1, 8, 1);
   const v1::MetricsSample s = SampleOfStep(step, "job-7", 2, 3);
   EXPECT_EQ(s.job_id(), "job-7");
   EXPECT_EQ(s.attempt(), 2);

@@ -32,7 +32,8 @@ TEST(CommAsyncTest, StartWaitEqualsTheBlockingCallsOnTheFake) {
   for (int r = 0; r < n; ++r) {
     stats.push_back(std::make_shared<CommStats>());
     comms.push_back(
-        std::move(world->Connect({"dp_shard", "", r, n, milliseconds(5000), stats[r]})).value());
+        std::move(world->Connect({MeshAxis::kDpShard, "", r, n, milliseconds(5000), stats[r]}))
+            .value());
   }
   RunRanks(n, [&](int r) {
     Communicator& c = *comms[r];
@@ -45,7 +46,8 @@ TEST(CommAsyncTest, StartWaitEqualsTheBlockingCallsOnTheFake) {
     ASSERT_TRUE(ar.ok()) << ar.status().ToString();
     auto ag = c.StartAllGather(shard.data(), gathered.data(), 2);
     ASSERT_TRUE(ag.ok());
-    auto rs = c.StartReduceScatter(full.data(), mine.data(), 2, CallOptions::Axis("dp_replicate"));
+    auto rs = c.StartReduceScatter(full.data(), mine.data(), 2,
+                                   CallOptions::Axis(MeshAxis::kDpReplicate));
     ASSERT_TRUE(rs.ok());
     EXPECT_TRUE(ar->pending());
     // Any order of waits.
@@ -65,12 +67,13 @@ TEST(CommAsyncTest, StartWaitEqualsTheBlockingCallsOnTheFake) {
     EXPECT_TRUE(c.health().ok()) << "a bad Wait leaves the communicator usable";
   });
   for (int r = 0; r < n; ++r) {
-    const CommCounter ar = stats[r]->Get("dp_shard", "all_reduce");
+    const CommCounter ar = stats[r]->Get(MeshAxis::kDpShard, CommOp::kAllReduce);
     EXPECT_EQ(ar.calls, 1u);
     EXPECT_DOUBLE_EQ(ar.bytes, 16.0 * 2 * (n - 1) / n);
     EXPECT_DOUBLE_EQ(ar.exposed_seconds, ar.seconds) << "a CPU backend overlaps nothing";
     EXPECT_DOUBLE_EQ(ar.overlapped_seconds(), 0);
-    EXPECT_EQ(stats[r]->Get("dp_replicate", "reduce_scatter").calls, 1u) << "charged to the label";
+    EXPECT_EQ(stats[r]->Get(MeshAxis::kDpReplicate, CommOp::kReduceScatter).calls, 1u)
+        << "charged to the label";
   }
 }
 
@@ -84,7 +87,8 @@ TEST(CommAsyncTest, StartAllGatherBytesGathersRawBytes) {
   for (int r = 0; r < n; ++r) {
     stats.push_back(std::make_shared<CommStats>());
     comms.push_back(
-        std::move(world->Connect({"dp_shard", "", r, n, milliseconds(5000), stats[r]})).value());
+        std::move(world->Connect({MeshAxis::kDpShard, "", r, n, milliseconds(5000), stats[r]}))
+            .value());
   }
   RunRanks(n, [&](int r) {
     const uint16_t mine[3] = {static_cast<uint16_t>(10 * r), static_cast<uint16_t>(10 * r + 1),
@@ -97,13 +101,13 @@ TEST(CommAsyncTest, StartAllGatherBytesGathersRawBytes) {
       for (int i = 0; i < 3; ++i) EXPECT_EQ(all[3 * q + i], 10 * q + i);
     }
   });
-  const CommCounter ag = stats[0]->Get("dp_shard", "all_gather");
+  const CommCounter ag = stats[0]->Get(MeshAxis::kDpShard, CommOp::kAllGather);
   EXPECT_EQ(ag.calls, 1u);
   EXPECT_DOUBLE_EQ(ag.bytes, 6.0 * n * (n - 1) / n);
 }
 
 TEST(CommAsyncTest, SizeOneAndEmptyCallsCompleteAtOnce) {
-  auto solo = MakeSoloCommunicator({"tp", "g", 0, 1, milliseconds(100), nullptr});
+  auto solo = MakeSoloCommunicator({MeshAxis::kTp, "g", 0, 1, milliseconds(100), nullptr});
   std::vector<float> in = {1, 2, 3}, out(3, 0);
   auto w = solo->StartAllGather(in.data(), out.data(), 3);
   ASSERT_TRUE(w.ok());
@@ -151,7 +155,7 @@ class OverlappingCommunicator final : public Communicator {
 TEST(CommAsyncTest, OverlappedSecondsAreTheCallsTimeTheCallerDidNotWaitFor) {
   auto stats = std::make_shared<CommStats>();
   // 1000 s of device time: far more than the caller can spend blocked in Start and Wait here.
-  OverlappingCommunicator c({"dp_shard", "comm/dp_shard/0", 0, 2, milliseconds(500), stats},
+  OverlappingCommunicator c({MeshAxis::kDpShard, "comm/dp_shard/0", 0, 2, milliseconds(500), stats},
                             1000.0);
   std::vector<float> grad(8, 1.f), shard(4);
   auto w = c.StartReduceScatter(grad.data(), shard.data(), 4);
@@ -159,7 +163,7 @@ TEST(CommAsyncTest, OverlappedSecondsAreTheCallsTimeTheCallerDidNotWaitFor) {
   EXPECT_EQ(c.started, 1);
   EXPECT_EQ(c.waited, 0) << "Start does not wait";
   ASSERT_TRUE(c.Wait(*w).ok());
-  const CommCounter rs = stats->Get("dp_shard", "reduce_scatter");
+  const CommCounter rs = stats->Get(MeshAxis::kDpShard, CommOp::kReduceScatter);
   EXPECT_EQ(rs.calls, 1u);
   EXPECT_DOUBLE_EQ(rs.seconds, 1000.0);
   EXPECT_DOUBLE_EQ(rs.bytes, 32.0 / 2);
@@ -169,7 +173,7 @@ TEST(CommAsyncTest, OverlappedSecondsAreTheCallsTimeTheCallerDidNotWaitFor) {
 }
 
 TEST(CommAsyncTest, AFailedWaitHasTheBlockingCallsErrorShapeAndIsSticky) {
-  OverlappingCommunicator c({"tp", "comm/tp/3", 1, 2, milliseconds(750), nullptr}, 0,
+  OverlappingCommunicator c({MeshAxis::kTp, "comm/tp/3", 1, 2, milliseconds(750), nullptr}, 0,
                             DeadlineExceededError("ncclAllReduce did not complete in time"));
   std::vector<float> x(4, 1.f);
   auto w = c.StartAllReduce(x.data(), 4);

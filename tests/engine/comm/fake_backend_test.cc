@@ -28,7 +28,7 @@ class FakeCollectivesTest : public ::testing::TestWithParam<int> {};
 TEST_P(FakeCollectivesTest, EveryOpMatchesTheSerialReference) {
   const int n = GetParam();
   auto world = FakeWorld::Create(n, "test/tp/0");
-  auto comms = world->ConnectAll("tp", nullptr);
+  auto comms = world->ConnectAll(MeshAxis::kTp, nullptr);
   std::vector<std::string> errors(n);
   RunRanks(n, [&](int r) { errors[r] = testing::CheckCollectives(*comms[r]); });
   for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
@@ -60,47 +60,88 @@ TEST(FakeStatsTest, CountedBytesEqualTheFormulas) {
   for (int r = 0; r < n; ++r) {
     stats.push_back(std::make_shared<CommStats>());
     comms.push_back(
-        std::move(world->Connect({"dp_shard_cp", "", r, n, milliseconds(5000), stats[r]})).value());
+        std::move(world->Connect({MeshAxis::kDpShardCp, "", r, n, milliseconds(5000), stats[r]}))
+            .value());
   }
   RunRanks(n, [&](int r) {
     Communicator& c = *comms[r];
     std::vector<float> a(1000, 1.f), out(400), in(100, 1.f);
     ASSERT_TRUE(c.AllReduce(a.data(), 1000).ok());              // S = 4000
     ASSERT_TRUE(c.AllGather(in.data(), out.data(), 100).ok());  // S = 1600 (output)
-    ASSERT_TRUE(c.AllGather(in.data(), out.data(), 100, {milliseconds(0), "dp_shard"}).ok());
+    ASSERT_TRUE(
+        c.AllGather(in.data(), out.data(), 100, CallOptions::Axis(MeshAxis::kDpShard)).ok());
     ASSERT_TRUE(c.ReduceScatter(out.data(), in.data(), 100).ok());  // S = 1600 (input)
     ASSERT_TRUE(c.Broadcast(a.data(), 1000, 2).ok());               // S = 4000
     ASSERT_TRUE(c.SendRecv(in.data(), 10, (r + 1) % n, out.data(), 10, (r + n - 1) % n).ok());
     if (r == 0) {
-      ASSERT_TRUE(c.Send(in.data(), 25, 1, CallOptions::Axis("cp")).ok());
+      ASSERT_TRUE(c.Send(in.data(), 25, 1, CallOptions::Axis(MeshAxis::kCp)).ok());
     } else if (r == 1) {
-      ASSERT_TRUE(c.Recv(out.data(), 25, 0, CallOptions::Axis("cp")).ok());
+      ASSERT_TRUE(c.Recv(out.data(), 25, 0, CallOptions::Axis(MeshAxis::kCp)).ok());
     }
     ASSERT_TRUE(c.Barrier().ok());
   });
   for (int r = 0; r < n; ++r) {
     const CommStats& s = *stats[r];
-    EXPECT_DOUBLE_EQ(s.Get("dp_shard_cp", "all_reduce").bytes, 6000);
-    EXPECT_EQ(s.Get("dp_shard_cp", "all_reduce").calls, 1u);
-    EXPECT_DOUBLE_EQ(s.Get("dp_shard_cp", "all_gather").bytes, 1200);
-    EXPECT_DOUBLE_EQ(s.Get("dp_shard", "all_gather").bytes, 1200) << "charged to the label";
-    EXPECT_DOUBLE_EQ(s.Get("dp_shard_cp", "reduce_scatter").bytes, 1200);
-    EXPECT_DOUBLE_EQ(s.Get("dp_shard_cp", "broadcast").bytes, 3000);
-    EXPECT_DOUBLE_EQ(s.Get("dp_shard_cp", "send_recv").bytes, 40);
-    EXPECT_EQ(s.Get("dp_shard_cp", "barrier").calls, 1u);
-    EXPECT_DOUBLE_EQ(s.Get("dp_shard_cp", "barrier").bytes, 0);
-    EXPECT_DOUBLE_EQ(s.Get("cp", "send").bytes, r == 0 ? 100 : 0);
-    EXPECT_EQ(s.Get("cp", "recv").calls, r == 1 ? 1u : 0u);
-    EXPECT_DOUBLE_EQ(s.Get("cp", "recv").bytes, 0);
-    EXPECT_DOUBLE_EQ(s.AxisTotal("dp_shard_cp").bytes, 6000 + 1200 + 1200 + 3000 + 40);
-    EXPECT_GT(s.AxisTotal("dp_shard_cp").seconds, 0);
+    EXPECT_DOUBLE_EQ(s.Get(MeshAxis::kDpShardCp, CommOp::kAllReduce).bytes, 6000);
+    EXPECT_EQ(s.Get(MeshAxis::kDpShardCp, CommOp::kAllReduce).calls, 1u);
+    EXPECT_DOUBLE_EQ(s.Get(MeshAxis::kDpShardCp, CommOp::kAllGather).bytes, 1200);
+    EXPECT_DOUBLE_EQ(s.Get(MeshAxis::kDpShard, CommOp::kAllGather).bytes, 1200)
+        << "charged to the label";
+    EXPECT_DOUBLE_EQ(s.Get(MeshAxis::kDpShardCp, CommOp::kReduceScatter).bytes, 1200);
+    EXPECT_DOUBLE_EQ(s.Get(MeshAxis::kDpShardCp, CommOp::kBroadcast).bytes, 3000);
+    EXPECT_DOUBLE_EQ(s.Get(MeshAxis::kDpShardCp, CommOp::kSendRecv).bytes, 40);
+    EXPECT_EQ(s.Get(MeshAxis::kDpShardCp, CommOp::kBarrier).calls, 1u);
+    EXPECT_DOUBLE_EQ(s.Get(MeshAxis::kDpShardCp, CommOp::kBarrier).bytes, 0);
+    EXPECT_DOUBLE_EQ(s.Get(MeshAxis::kCp, CommOp::kSend).bytes, r == 0 ? 100 : 0);
+    EXPECT_EQ(s.Get(MeshAxis::kCp, CommOp::kRecv).calls, r == 1 ? 1u : 0u);
+    EXPECT_DOUBLE_EQ(s.Get(MeshAxis::kCp, CommOp::kRecv).bytes, 0);
+    EXPECT_DOUBLE_EQ(s.AxisTotal(MeshAxis::kDpShardCp).bytes, 6000 + 1200 + 1200 + 3000 + 40);
+    EXPECT_GT(s.AxisTotal(MeshAxis::kDpShardCp).seconds, 0);
   }
+}
+
+// The trainer's own reductions are charged to their kind, one series whichever group carried
+// them, and stay out of every axis's total (docs/decisions/0028).
+TEST(FakeStatsTest, MetricsAndControlTrafficIsItsOwnSeries) {
+  EXPECT_STREQ(CommChargeLabel(CommCharge::Axis(MeshAxis::kDpShard)), "dp_shard");
+  EXPECT_STREQ(CommChargeLabel(CommCharge::Axis(MeshAxis::kDpCp)), "dp_cp");
+  EXPECT_STREQ(CommChargeLabel(CommCharge::Metrics()), "metrics");
+  EXPECT_STREQ(CommChargeLabel(CommCharge::Control()), "control");
+  const int n = 2;
+  auto stats = std::make_shared<CommStats>();
+  auto tp = FakeWorld::Create(n, "comm/tp/0")->ConnectAll(MeshAxis::kTp, stats);
+  auto dp_cp = FakeWorld::Create(n, "comm/dp_cp/0")->ConnectAll(MeshAxis::kDpCp, stats);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      double mine = r, all[2];
+      const CallOptions metrics = CallOptions::Charged(CommCharge::Metrics());
+      ASSERT_TRUE(tp[r]->AllGatherBytes(&mine, all, sizeof(double), metrics).ok());
+      ASSERT_TRUE(dp_cp[r]->AllGatherBytes(&mine, all, sizeof(double), metrics).ok());
+      ASSERT_TRUE(dp_cp[r]
+                      ->AllGatherBytes(&mine, all, sizeof(double),
+                                       CallOptions::Charged(CommCharge::Control()))
+                      .ok());
+      std::vector<float> x(4, 1.0f);
+      ASSERT_TRUE(tp[r]->AllReduce(x.data(), x.size()).ok());  // the communicator's own axis
+    });
+  }
+  for (auto& t : threads) t.join();
+  const std::map<CommStats::Key, CommCounter> snap = stats->Snapshot();
+  ASSERT_EQ(snap.size(), 3u);
+  EXPECT_EQ(stats->Get(CommCharge::Metrics(), CommOp::kAllGather).calls, 2u * n);
+  EXPECT_DOUBLE_EQ(stats->Get(CommCharge::Metrics(), CommOp::kAllGather).bytes, 2 * n * 8.0);
+  EXPECT_EQ(stats->Get(CommCharge::Control(), CommOp::kAllGather).calls, 1u * n);
+  EXPECT_EQ(stats->Get(MeshAxis::kTp, CommOp::kAllReduce).calls, 1u * n);
+  EXPECT_DOUBLE_EQ(stats->AxisTotal(MeshAxis::kTp).bytes, n * 16.0);  // metrics left out
+  EXPECT_EQ(stats->AxisTotal(MeshAxis::kDpCp).calls, 0u);
 }
 
 TEST(FakeStatsTest, SizeOneGroupsCountNothingAndCopy) {
   auto stats = std::make_shared<CommStats>();
   auto comm =
-      std::move(FakeWorld::Create(1)->Connect({"tp", "", 0, 1, milliseconds(100), stats})).value();
+      std::move(FakeWorld::Create(1)->Connect({MeshAxis::kTp, "", 0, 1, milliseconds(100), stats}))
+          .value();
   std::vector<float> in = {1, 2, 3}, out(3);
   ASSERT_TRUE(comm->AllReduce(in.data(), 3).ok());
   ASSERT_TRUE(comm->AllGather(in.data(), out.data(), 3).ok());
@@ -117,7 +158,7 @@ TEST(FakeFaultTest, InjectedHangEndsInDeadlineExceededWithinTheTimeout) {
   constexpr int n = 3;
   auto world = FakeWorld::Create(n, "comm/tp/7");
   world->InjectFault(2, 1, FakeFault::kHang);  // rank 2's second call hangs
-  auto comms = world->ConnectAll("tp", nullptr);
+  auto comms = world->ConnectAll(MeshAxis::kTp, nullptr);
   std::vector<Status> first(n), second(n), third(n);
   RunRanks(n, [&](int r) {
     std::vector<float> a(16, 1.f);
@@ -142,7 +183,7 @@ TEST(FakeFaultTest, InjectedFailureFailsAtOnceAndPeersTimeOut) {
   constexpr int n = 2;
   auto world = FakeWorld::Create(n);
   world->InjectFault(1, 0, FakeFault::kFail);
-  auto comms = world->ConnectAll("dp_replicate", nullptr);
+  auto comms = world->ConnectAll(MeshAxis::kDpReplicate, nullptr);
   std::vector<Status> result(n);
   RunRanks(n, [&](int r) {
     std::vector<float> a(8), b(16);
@@ -155,7 +196,7 @@ TEST(FakeFaultTest, InjectedFailureFailsAtOnceAndPeersTimeOut) {
 
 TEST(FakeFaultTest, MismatchedCollectivesAreReportedNotHung) {
   auto world = FakeWorld::Create(2);
-  auto comms = world->ConnectAll("tp", nullptr);
+  auto comms = world->ConnectAll(MeshAxis::kTp, nullptr);
   std::vector<Status> result(2);
   RunRanks(2, [&](int r) {
     std::vector<float> a(8), b(16);
@@ -170,7 +211,7 @@ TEST(FakeFaultTest, MismatchedCollectivesAreReportedNotHung) {
 
 TEST(FakeFaultTest, SendSendDeadlockTimesOutLikeGloo) {
   auto world = FakeWorld::Create(2);
-  auto comms = world->ConnectAll("cp", nullptr);
+  auto comms = world->ConnectAll(MeshAxis::kCp, nullptr);
   std::vector<Status> result(2);
   RunRanks(2, [&](int r) {
     std::vector<float> a(4);
@@ -185,7 +226,7 @@ TEST(FakeFaultTest, SendSendDeadlockTimesOutLikeGloo) {
 
 TEST(FakeFaultTest, MessageSizeMismatchIsAnError) {
   auto world = FakeWorld::Create(2);
-  auto comms = world->ConnectAll("cp", nullptr);
+  auto comms = world->ConnectAll(MeshAxis::kCp, nullptr);
   std::vector<Status> result(2);
   RunRanks(2, [&](int r) {
     std::vector<float> a(8);
@@ -197,7 +238,7 @@ TEST(FakeFaultTest, MessageSizeMismatchIsAnError) {
 
 TEST(FakeArgsTest, BadArgumentsAreInvalidAndLeaveTheCommunicatorUsable) {
   auto world = FakeWorld::Create(2);
-  auto comms = world->ConnectAll("tp", nullptr);
+  auto comms = world->ConnectAll(MeshAxis::kTp, nullptr);
   std::vector<float> a(4);
   EXPECT_EQ(comms[0]->Broadcast(a.data(), 4, 2).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(comms[0]->Send(a.data(), 4, -1).code(), StatusCode::kInvalidArgument);
@@ -216,7 +257,7 @@ TEST(FakeBackendTest, ConnectJoinsOneWorldPerGroupId) {
   auto store = std::make_shared<InMemoryStore>();
   std::vector<std::unique_ptr<Communicator>> comms(3);
   RunRanks(3, [&](int r) {
-    CommConfig config{"cp", "comm/cp/0", r, 3, milliseconds(2000), nullptr};
+    CommConfig config{MeshAxis::kCp, "comm/cp/0", r, 3, milliseconds(2000), nullptr};
     auto c = backend.Connect(config, store);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     comms[r] = std::move(c).value();

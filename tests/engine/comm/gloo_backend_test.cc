@@ -38,7 +38,7 @@ class GlooTest : public ::testing::Test {
                                                        milliseconds timeout) {
     MESHRUN_ASSIGN_OR_RETURN(auto store, FileStore::Create(dir_));
     MESHRUN_ASSIGN_OR_RETURN(auto backend, GlooBackend::Create());
-    CommConfig config{"tp", "test/tp/0", rank, n, timeout, std::move(stats)};
+    CommConfig config{MeshAxis::kTp, "test/tp/0", rank, n, timeout, std::move(stats)};
     return backend->Connect(config, std::make_shared<PrefixStore>("test/tp/0", store));
   }
 
@@ -65,7 +65,7 @@ TEST_F(GlooTest, EveryOpMatchesTheReferenceOnTwoAndFourRanks) {
       for (size_t count : testing::CheckCounts()) {
         want += BusBytes(CommOp::kAllReduce, count * sizeof(float), n);
       }
-      const double got = stats->Get("tp", "all_reduce").bytes;
+      const double got = stats->Get(MeshAxis::kTp, CommOp::kAllReduce).bytes;
       if (got != want) {
         return Fail(12, "all_reduce bytes " + std::to_string(got) + " != " + std::to_string(want));
       }
@@ -159,7 +159,7 @@ TEST_F(GlooTest, ASilentPeerTimesOutEveryOp) {
     if (!store.ok() || !backend.ok()) return Fail(10, "setup");
     std::vector<std::unique_ptr<Communicator>> comms;
     for (const std::string& op : ops) {
-      CommConfig config{"cp", "silent/" + op, rank, 2, milliseconds(10000), nullptr};
+      CommConfig config{MeshAxis::kCp, "silent/" + op, rank, 2, milliseconds(10000), nullptr};
       auto c = (*backend)->Connect(config, std::make_shared<PrefixStore>(config.group_id, *store));
       if (!c.ok()) return Fail(11, c.status().ToString());
       comms.push_back(std::move(c).value());
@@ -191,7 +191,7 @@ TEST_F(GlooTest, BootstrapWithoutPeersTimesOut) {
   ASSERT_TRUE(store.ok());
   auto backend = GlooBackend::Create();
   ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-  CommConfig config{"dp_shard", "test/dp_shard/0", 0, 2, milliseconds(300), nullptr};
+  CommConfig config{MeshAxis::kDpShard, "test/dp_shard/0", 0, 2, milliseconds(300), nullptr};
   auto comm = (*backend)->Connect(config, std::make_shared<PrefixStore>("g", *store));
   ASSERT_FALSE(comm.ok());
   EXPECT_EQ(comm.status().code(), StatusCode::kDeadlineExceeded) << comm.status().ToString();

@@ -73,7 +73,8 @@ TEST_P(MeshCommsTest, GroupsMatchParallelDims) {
       EXPECT_EQ(mesh.Members(axis), group);
       EXPECT_EQ(comm.size(), static_cast<int>(group.size()));
       EXPECT_EQ(comm.rank(), dims.IndexInGroup(g, axis));
-      EXPECT_EQ(comm.name(), MeshAxisName(axis));
+      EXPECT_EQ(comm.axis(), axis);
+      EXPECT_STREQ(comm.name(), MeshAxisName(axis));
       const auto groups = dims.Groups(axis);
       const int index =
           static_cast<int>(std::find(groups.begin(), groups.end(), group) - groups.begin());
@@ -90,7 +91,7 @@ TEST_P(MeshCommsTest, GroupsMatchParallelDims) {
     }
     // Size-1 axes count nothing; the others count one all_reduce and one all_gather each.
     for (MeshAxis axis : kAllMeshAxes) {
-      const CommCounter c = stats[g]->AxisTotal(MeshAxisName(axis));
+      const CommCounter c = stats[g]->AxisTotal(axis);
       EXPECT_EQ(c.calls, dims.AxisSize(axis) > 1 ? 2u : 0u) << MeshAxisName(axis);
     }
   }

@@ -111,7 +111,7 @@ std::vector<RankResult> RunSharded(int n, bool reshard, const Batch& batch, int 
                                    std::shared_ptr<CommStats> stats = nullptr,
                                    int micro_batches = 1) {
   std::shared_ptr<FakeWorld> world = FakeWorld::Create(n);
-  std::vector<std::unique_ptr<Communicator>> comms = world->ConnectAll("dp_shard_cp", stats);
+  std::vector<std::unique_ptr<Communicator>> comms = world->ConnectAll(MeshAxis::kDpShardCp, stats);
   std::vector<RankResult> results(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
@@ -251,13 +251,13 @@ TEST(ShardedOverlapTest, Bf16GathersSendHalfTheBytesAndStayWithinBf16Rounding) {
   auto fp32_stats = std::make_shared<CommStats>(), bf16_stats = std::make_shared<CommStats>();
   const std::vector<RankResult> fp32 = RunSharded(4, true, batch, B, T, false, fp32_stats);
   const std::vector<RankResult> bf16 = RunSharded(4, true, batch, B, T, true, bf16_stats);
-  const CommCounter g32 = fp32_stats->Get("dp_shard", "all_gather");
-  const CommCounter g16 = bf16_stats->Get("dp_shard", "all_gather");
+  const CommCounter g32 = fp32_stats->Get(MeshAxis::kDpShard, CommOp::kAllGather);
+  const CommCounter g16 = bf16_stats->Get(MeshAxis::kDpShard, CommOp::kAllGather);
   ASSERT_GT(g32.calls, 0u);
   EXPECT_EQ(g16.calls, g32.calls);
   EXPECT_DOUBLE_EQ(g16.bytes * 2, g32.bytes);
-  EXPECT_EQ(bf16_stats->Get("dp_shard", "reduce_scatter").bytes,
-            fp32_stats->Get("dp_shard", "reduce_scatter").bytes)
+  EXPECT_EQ(bf16_stats->Get(MeshAxis::kDpShard, CommOp::kReduceScatter).bytes,
+            fp32_stats->Get(MeshAxis::kDpShard, CommOp::kReduceScatter).bytes)
       << "gradients are reduce-scattered in float32";
   for (size_t r = 0; r < fp32.size(); ++r) {
     ASSERT_TRUE(fp32[r].status.ok()) << fp32[r].status.ToString();
@@ -369,14 +369,15 @@ TEST_P(DeferredTest, DeferredCallsAndBucketsGiveTheOneRankGradients) {
   for (int r = 0; r < R; ++r) {
     auto world = FakeWorld::Create(S, "fsdp/" + std::to_string(r));
     for (int s = 0; s < S; ++s) {
-      CommConfig c{"dp_shard_cp", "fsdp/" + std::to_string(r), s, S, std::chrono::seconds(10)};
+      CommConfig c{MeshAxis::kDpShardCp, "fsdp/" + std::to_string(r), s, S,
+                   std::chrono::seconds(10)};
       fsdp[r * S + s] = std::make_unique<DeferredCommunicator>(c, world->Connect(c).value());
     }
   }
   for (int s = 0; s < S; ++s) {
     auto world = FakeWorld::Create(R, "replicate/" + std::to_string(s));
     for (int r = 0; r < R; ++r) {
-      CommConfig c{"dp_replicate", "replicate/" + std::to_string(s), r, R,
+      CommConfig c{MeshAxis::kDpReplicate, "replicate/" + std::to_string(s), r, R,
                    std::chrono::seconds(10)};
       replicate[r * S + s] = std::make_unique<DeferredCommunicator>(c, world->Connect(c).value());
     }
