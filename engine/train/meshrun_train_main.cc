@@ -92,8 +92,8 @@ class JsonLines final : public TrainObserver {
     std::string comm;
     for (const auto& [key, c] : m.comm) {
       if (!comm.empty()) comm += ",";
-      comm += "{\"axis\":\"" + key.first + "\",\"op\":\"" + key.second +
-              "\",\"seconds\":" + Num(c.seconds) +
+      comm += std::string("{\"axis\":\"") + CommChargeLabel(key.first) + "\",\"op\":\"" +
+              CommOpName(key.second) + "\",\"seconds\":" + Num(c.seconds) +
               ",\"exposed_seconds\":" + Num(c.exposed_seconds) +
               ",\"overlapped_seconds\":" + Num(c.overlapped_seconds()) +
               ",\"bytes\":" + Num(c.bytes) + ",\"calls\":" + std::to_string(c.calls) + "}";
