@@ -163,6 +163,27 @@ __global__ void AddBiasKernel(T* out, const T* bias, int64_t N, int64_t OC, int6
 
 }  // namespace
 
+// RunLt with the bias in its epilogue when `fused_bias` (an aligned bias), falling back to a
+// plain GEMM and a separate bias add where cuBLASLt has no algorithm with the epilogue.
+template <typename T>
+Status RunLtWithBias(CudaContext& ctx, LtGemm g, bool fused_bias, const T* bias, T* out, int N,
+                     int OC, int ld_out) {
+  g.bias = fused_bias ? bias : nullptr;
+  const Status s = RunLt(ctx, g);
+  if (s.code() == StatusCode::kUnimplemented && fused_bias) {
+    fused_bias = false;
+    g.bias = nullptr;
+    MESHRUN_RETURN_IF_ERROR(RunLt(ctx, g));
+  } else {
+    MESHRUN_RETURN_IF_ERROR(s);
+  }
+  if (bias != nullptr && !fused_bias) {
+    AddBiasKernel<<<GridFor(N * OC, 256), 256, 0, ctx.stream()>>>(out, bias, N, OC, ld_out);
+    MESHRUN_GPU_TRY_LAUNCH();
+  }
+  return OkStatus();
+}
+
 template <typename T>
 Status MatmulForward(CudaContext& ctx, T* out, const T* inp, const T* weight, const T* bias,
                      int64_t N, int64_t C, int64_t OC, int64_t ld_out) {
@@ -186,21 +207,7 @@ Status MatmulForward(CudaContext& ctx, T* out, const T* inp, const T* weight, co
   g.n = N;
   g.k = C;
   g.beta = 0.0f;
-  g.bias = fused_bias ? bias : nullptr;
-  const Status s = RunLt(ctx, g);
-  if (s.code() == StatusCode::kUnimplemented && fused_bias) {
-    // No algorithm with the bias epilogue for this shape: plain GEMM, then add the bias.
-    fused_bias = false;
-    g.bias = nullptr;
-    MESHRUN_RETURN_IF_ERROR(RunLt(ctx, g));
-  } else {
-    MESHRUN_RETURN_IF_ERROR(s);
-  }
-  if (bias != nullptr && !fused_bias) {
-    AddBiasKernel<<<GridFor(N * OC, 256), 256, 0, ctx.stream()>>>(out, bias, N, OC, ld_out);
-    MESHRUN_GPU_TRY_LAUNCH();
-  }
-  return OkStatus();
+  return RunLtWithBias(ctx, g, fused_bias, bias, out, N, OC, ld_out);
 }
 
 template <typename T>
@@ -266,20 +273,7 @@ Status MatmulForwardMixed(CudaContext& ctx, float* out, const bf16* inp, const b
   g.n = N;
   g.k = C;
   g.beta = 0.0f;
-  g.bias = fused_bias ? bias : nullptr;
-  const Status s = RunLt(ctx, g);
-  if (s.code() == StatusCode::kUnimplemented && fused_bias) {
-    fused_bias = false;
-    g.bias = nullptr;
-    MESHRUN_RETURN_IF_ERROR(RunLt(ctx, g));
-  } else {
-    MESHRUN_RETURN_IF_ERROR(s);
-  }
-  if (bias != nullptr && !fused_bias) {
-    AddBiasKernel<<<GridFor(N * OC, 256), 256, 0, ctx.stream()>>>(out, bias, N, OC, OC);
-    MESHRUN_GPU_TRY_LAUNCH();
-  }
-  return OkStatus();
+  return RunLtWithBias(ctx, g, fused_bias, bias, out, N, OC, OC);
 }
 
 Status MatmulBackwardMixed(CudaContext& ctx, float* dinp, float* dweight, const bf16* dout,
