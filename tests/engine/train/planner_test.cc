@@ -45,8 +45,12 @@ TEST(PlannerTest, EnumeratesEveryValidConfigurationOnce) {
                      r.spec.train.activation_checkpointing, p.fsdp_reshard_after_forward})
             .second)
         << "listed twice";
-    if (p.cp_size == 1) EXPECT_EQ(p.cp_comm_strategy, "allgather");
-    if (p.dp_shard_size * p.cp_size == 1) EXPECT_TRUE(p.fsdp_reshard_after_forward);
+    if (p.cp_size == 1) {
+      EXPECT_EQ(p.cp_comm_strategy, "allgather");
+    }
+    if (p.dp_shard_size * p.cp_size == 1) {
+      EXPECT_TRUE(p.fsdp_reshard_after_forward);
+    }
     EXPECT_EQ(r.memory.peak_bytes, PredictRankMemory(r.spec).peak_bytes);
   }
   // Count by hand: every (R, S, C, T) of 4 whose dp ranks split batch 8 into micro-batches of
