@@ -152,13 +152,6 @@ std::string NewRunId() {
 }
 
 // The environment of this process with our four variables replaced.
-std::vector<std::string> OwnEnvironment() {
-  std::vector<std::string> env;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry)
-    env.emplace_back(*entry);
-  return env;
-}
-
 std::vector<std::string> RankEnvironment(int rank, int world_size, const std::string& store_dir,
                                          const std::string& run_id) {
   const std::vector<std::pair<std::string, std::string>> ours = {
@@ -262,7 +255,7 @@ void RankGroup::Start(const std::string& executable, const std::string& store_di
     spawn.argv = options_.argv;
     spawn.argv[0] = executable;
     // A meshrun rank learns its place from its RankStart; any other command from variables.
-    spawn.env = options_.rank_input ? OwnEnvironment()
+    spawn.env = options_.rank_input ? InheritedEnvironment()
                                     : RankEnvironment(r, options_.nproc, store_dir, run_id);
     spawn.ignored_signals = ignored_signals;
     if (options_.rank_input) spawn.input = options_.rank_input(r, store_dir);

@@ -16,20 +16,12 @@
 
 #include "client/coordinator_client.h"
 
-extern char** environ;
-
 namespace meshrun::client {
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-std::vector<std::string> OwnEnvironment() {
-  std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
-  return env;
-}
 
 struct UpFlags {
   int workers = 1;
@@ -141,9 +133,7 @@ std::string BinaryDir() {
 }
 
 int RunToEnd(const std::vector<std::string>& argv) {
-  std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
-  return meshrun::RunToEnd(argv, std::move(env));
+  return meshrun::RunToEnd(argv, InheritedEnvironment());
 }
 
 StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& options) {
@@ -298,7 +288,7 @@ Status LocalCluster::Spawn(const std::string& name, std::vector<std::string> arg
   RankSpawn spawn;
   spawn.key = RankKey{name, 0, 0};
   spawn.argv = std::move(argv);
-  spawn.env = OwnEnvironment();
+  spawn.env = InheritedEnvironment();
   return supervisor_->Start(std::move(spawn));
 }
 

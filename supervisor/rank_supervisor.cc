@@ -581,6 +581,14 @@ void RankSupervisor::ReapAndReport() {
   }
 }
 
+std::vector<std::string> InheritedEnvironment() {
+  std::vector<std::string> env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    env.emplace_back(*entry);
+  }
+  return env;
+}
+
 int RunToEnd(std::vector<std::string> argv, std::vector<std::string> env) {
   std::mutex mu;
   std::condition_variable cv;

@@ -128,6 +128,9 @@ class RankSupervisor {
   std::thread thread_;
 };
 
+// This process's environment as RankSpawn::env: a child started with it inherits ours.
+std::vector<std::string> InheritedEnvironment();
+
 // Runs one process to its end as a process of a RankSupervisor, its stdout and stderr lines
 // copied to ours. Returns its exit code, or -1 when it could not start or died of a signal.
 int RunToEnd(std::vector<std::string> argv, std::vector<std::string> env);

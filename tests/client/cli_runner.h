@@ -63,6 +63,27 @@ inline CliResult RunCli(const std::filesystem::path& binary, const std::vector<s
   return result;
 }
 
+// The model venv's python (current torch, numpy, transformers, tokenizers from PyPI; made by
+// tests/python/make-venv into MESHRUN_BINARY_DIR/model-venv, which scripts/test starts while the
+// build runs): make-venv waits for a concurrent maker (its lock) and reuses a made venv. Empty,
+// with `why`, when it cannot be made (no python3-venv, PyPI unreachable): the caller skips.
+inline std::filesystem::path ModelVenvPython(const std::filesystem::path& source_dir,
+                                             std::string* why) {
+  const char* binary_dir = std::getenv("MESHRUN_BINARY_DIR");
+  const std::filesystem::path build = binary_dir != nullptr ? binary_dir : "build";
+  const std::filesystem::path venv = build / "model-venv";
+  const std::filesystem::path log = build / "model-venv.make.log";
+  CliResult r = RunCli(source_dir / "tests" / "python" / "make-venv",
+                       {venv.string(), (source_dir / "tests/python/requirements-models.txt").string()},
+                       log, 1500);
+  if (r.exit_code != 0) {
+    *why = "the model venv could not be made (exit " + std::to_string(r.exit_code) +
+           "; tests/python/make-venv): " + ReadFile(log);
+    return {};
+  }
+  return venv / "bin" / "python";
+}
+
 // A fixture for tests of the built `meshrun`: binary_ (MESHRUN_BINARY_DIR/bin/meshrun, set by
 // ctest), source_ (the source tree) and temp_ (a fresh folder, removed afterwards).
 class MeshrunBinaryTest : public ::testing::Test {

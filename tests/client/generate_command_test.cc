@@ -50,11 +50,11 @@ TEST_F(GenerateCommandTest, GreedyFromCheckpointAndExportAgreeWithTheReference) 
   EXPECT_EQ(from_ckpt, from_export);
   for (int t : from_ckpt) EXPECT_LT(t, 256);
 
-  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
-    GTEST_SKIP() << "PyTorch (Debian python3-torch) is not installed; scripts/setup installs it";
-  }
+  std::string why;
+  const std::filesystem::path python = testing::ModelVenvPython(source_, &why);
+  if (python.empty()) GTEST_SKIP() << why;
   CliResult ref = testing::RunCli(
-      "/usr/bin/python3",
+      python,
       {(source_ / "tests/reference/gpt2_reference.py").string(), "generate", "--model",
        (temp_ / "hf").string(), "--prompt", "The ", "--max-new-tokens", "24"},
       temp_ / "ref.err", 300);

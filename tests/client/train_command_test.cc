@@ -176,10 +176,10 @@ TEST_F(TrainCommandTest, ExportedModelScoresLikeMeshrunEval) {
   ASSERT_EQ(exp.exit_code, 0) << exp.err;
   ASSERT_TRUE(fs::exists(temp_ / "hf/model.safetensors"));
   ASSERT_TRUE(fs::exists(temp_ / "hf/config.json"));
-  if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
-    GTEST_SKIP() << "PyTorch (Debian python3-torch) is not installed; scripts/setup installs it";
-  }
-  CliResult score = RunCli("/usr/bin/python3",
+  std::string why;
+  const fs::path python = testing::ModelVenvPython(source_, &why);
+  if (python.empty()) GTEST_SKIP() << why;
+  CliResult score = RunCli(python,
                            {(source_ / "tests/reference/gpt2_reference.py").string(), "score",
                             "--model", (temp_ / "hf").string(), "--tokens", tokens},
                            temp_ / "score.err", 300);

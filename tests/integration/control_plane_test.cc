@@ -194,8 +194,17 @@ class ControlPlaneTest : public ::testing::Test {
         job, [&](const json& s) { return s["state"] == state; }, timeout, last);
   }
 
-  // The final loss of the same spec trained standalone (`meshrun train --nproc 4`).
+  // The final loss of the same spec trained standalone (`meshrun train --nproc 4`), trained once
+  // per step count for the whole suite (the killed-rank and killed-worker tests share it).
   double UninterruptedFinalLoss(int steps) {
+    static std::map<int, double> trained;
+    auto it = trained.find(steps);
+    if (it != trained.end()) return it->second;
+    const double loss = TrainUninterrupted(steps);
+    if (!std::isnan(loss)) trained[steps] = loss;
+    return loss;
+  }
+  double TrainUninterrupted(int steps) {
     const fs::path path = dir_ / "reference.yaml";
     std::ofstream(path) << Spec(dir_ / "reference-checkpoints", steps, 10, 0);
     testing::CliResult r = testing::RunCli(

@@ -2,7 +2,7 @@
 """PyTorch reference GPT-2 for meshrun (docs/model.md): writes the numeric fixtures the C++
 tests compare against (`fixtures`) and scores a Hugging Face GPT-2 export (`score`).
 
-Run with Debian's interpreter, which has torch and numpy: /usr/bin/python3 gpt2_reference.py ...
+Run with the model venv (torch and numpy from PyPI): build/model-venv/bin/python gpt2_reference.py ...
 Importable: bench/torch_baseline.py reuses GPT2Config, init_params and gpt2_forward.
 """
 
