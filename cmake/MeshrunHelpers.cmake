@@ -126,11 +126,12 @@ function(meshrun_startup_optimization)
   set_property(SOURCE ${ARG_SOURCES} APPEND PROPERTY COMPILE_OPTIONS $<$<CONFIG:Release>:-O1>)
 endfunction()
 
-# Unity builds (MESHRUN_UNITY_BUILD, off by default; `scripts/build --demo` turns it on): the
-# files of a control-plane or file-format target are compiled a few at a time as one translation
-# unit, so the headers they share (protobuf, gRPC, nlohmann::json, spdlog, yaml-cpp) are parsed
-# once per batch instead of once per file. Off for development and CI: a unity batch recompiles
-# when any of its files changes and ccache hits only whole batches. Files with their own
+# Unity builds (MESHRUN_UNITY_BUILD, off by default; `scripts/build --demo` and `scripts/test`
+# turn it on): the files of a control-plane or file-format target are compiled a few at a time
+# as one translation unit, so the headers they share (protobuf, gRPC, nlohmann::json, spdlog,
+# yaml-cpp) are parsed once per batch instead of once per file. Off for plain `scripts/build`
+# (development): a unity batch recompiles when any of its files changes and ccache hits only
+# whole batches. Files with their own
 # compile options stay out of the batches (CMake's rule).
 #   meshrun_unity_build(TARGETS t1 t2 [BATCH n])
 option(MESHRUN_UNITY_BUILD "Compile the non-math libraries as unity batches (a clean build's speed)" OFF)
