@@ -247,10 +247,11 @@ TEST_F(TrainCommandTest, EvalReadsTheSpecFromTheCheckpointAndExportTakesAFolder)
   EXPECT_TRUE(fs::exists(temp_ / "hf/model.safetensors"));
 }
 
-// On a terminal (a pseudo-terminal from util-linux `script`), text output is the progress bar of
+// On a terminal (a pseudo-terminal from util-linux `script`, and a TERM that can redraw: the
+// test sets it, as an empty environment has none), text output is the progress bar of
 // `submit --follow`, redrawn in place, and then the summary line.
 TEST_F(TrainCommandTest, OnATerminalTrainDrawsTheProgressBarOfSubmit) {
-  const std::string command = testing::ShellQuote(binary_.string()) + " train -f " +
+  const std::string command = "TERM=xterm " + testing::ShellQuote(binary_.string()) + " train -f " +
                               testing::ShellQuote((source_ / "examples/tiny.yaml").string()) +
                               " --set checkpoint.dir= --set train.steps=3";
   const CliResult r = RunCli("script", {"-qec", command, "/dev/null"}, temp_ / "err.txt", 120);

@@ -75,6 +75,12 @@ class NetnsTest : public ::testing::Test {
                         peer = "mv" + tag_ + "n" + std::to_string(i);
       if (!Sh(ip_ + " netns add " + ns)) GTEST_SKIP() << "cannot create network namespaces";
       namespaces_.push_back(ns);
+      // `ip netns exec` mounts a /sys of its own, which a chroot or a container may refuse
+      // (seen in scripts/fresh-check's root): nothing can run inside the namespaces then.
+      if (!Sh(ip_ + " netns exec " + ns + " true")) {
+        GTEST_SKIP() << "cannot run commands in a network namespace here (`ip netns exec " << ns
+                     << " true` failed: a chroot or container without mount privileges?)";
+      }
       ASSERT_TRUE(Sh(ip_ + " link add " + host + " type veth peer name " + peer));
       ASSERT_TRUE(Sh(ip_ + " link set " + peer + " netns " + ns));
       ASSERT_TRUE(Sh(ip_ + " link set " + host + " master " + bridge_ + " up"));
