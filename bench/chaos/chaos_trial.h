@@ -116,7 +116,8 @@ class ChaosCluster {
            "256}\n"
            "parallelism: {dp_replicate_size: 1, dp_shard_size: 2, cp_size: 1, tp_size: 1, "
            "comm_timeout_seconds: " +
-           std::to_string(o_.comm_timeout_s) + "}\n"
+           std::to_string(o_.comm_timeout_s) +
+           "}\n"
            "train: {steps: " +
            std::to_string(o_.steps) +
            ", global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-3, min_lr: 1.0e-4, "
@@ -400,9 +401,9 @@ class ChaosCluster {
     // finished at most the one after it.
     const int reached = std::max(t->fault_at_step, t->newest_complete);
     const int newest_allowed = reached > t->fault_at_step ? reached + o_.every : reached + 1;
-    const int oldest_allowed = std::min(t->newest_complete, t->resumed_step == reported_floor
-                                                                 ? reported_floor
-                                                                 : t->newest_complete);
+    const int oldest_allowed = t->resumed_step == reported_floor
+                                   ? std::min(reported_floor, t->newest_complete)
+                                   : t->newest_complete;
     claim(t->resumed_step >= oldest_allowed && t->resumed_step <= newest_allowed,
           "resumed from step " + std::to_string(t->resumed_step) + ", outside [" +
               std::to_string(oldest_allowed) + ", " + std::to_string(newest_allowed) + "]");

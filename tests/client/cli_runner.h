@@ -73,9 +73,9 @@ inline std::filesystem::path ModelVenvPython(const std::filesystem::path& source
   const std::filesystem::path build = binary_dir != nullptr ? binary_dir : "build";
   const std::filesystem::path venv = build / "model-venv";
   const std::filesystem::path log = build / "model-venv.make.log";
-  CliResult r = RunCli(source_dir / "tests" / "python" / "make-venv",
-                       {venv.string(), (source_dir / "tests/python/requirements-models.txt").string()},
-                       log, 1500);
+  CliResult r = RunCli(
+      source_dir / "tests" / "python" / "make-venv",
+      {venv.string(), (source_dir / "tests/python/requirements-models.txt").string()}, log, 1500);
   if (r.exit_code != 0) {
     *why = "the model venv could not be made (exit " + std::to_string(r.exit_code) +
            "; tests/python/make-venv): " + ReadFile(log);

@@ -44,26 +44,16 @@ class HfModelsTest : public ::testing::Test {
  protected:
   // The venv and the reference folders are made once for the suite.
   static void SetUpTestSuite() {
-    const fs::path venv = BuildDir() / "model-venv";
-    const fs::path log = BuildDir() / "model-venv.make.log";
-    testing::CliResult r = testing::RunCli(
-        SourceDir() / "tests" / "python" / "make-venv",
-        {venv.string(), (SourceDir() / "tests" / "python" / "requirements-models.txt").string()},
-        log, 1500);
-    if (r.exit_code != 0) {
-      error_ = "the model venv could not be made (exit " + std::to_string(r.exit_code) +
-               "): " + testing::ReadFile(log);
-      return;
-    }
-    python_ = venv / "bin" / "python";
+    python_ = testing::ModelVenvPython(SourceDir(), &error_);
+    if (python_.empty()) return;
     char pattern[] = "/tmp/meshrun_hf_models_XXXXXX";
     if (mkdtemp(pattern) == nullptr) {
       error_ = "mkdtemp failed";
       return;
     }
     dir_ = pattern;
-    r = testing::RunCli(python_, {Reference(), "prepare", dir_.string()}, dir_ / "prepare.err",
-                        600);
+    testing::CliResult r = testing::RunCli(python_, {Reference(), "prepare", dir_.string()},
+                                           dir_ / "prepare.err", 600);
     if (r.exit_code != 0) {
       error_ = "hf_reference.py prepare failed: " + r.err;  // a failure, not a skip (below)
       return;

@@ -369,16 +369,24 @@ TEST_P(DeferredTest, DeferredCallsAndBucketsGiveTheOneRankGradients) {
   for (int r = 0; r < R; ++r) {
     auto world = FakeWorld::Create(S, "fsdp/" + std::to_string(r));
     for (int s = 0; s < S; ++s) {
-      CommConfig c{MeshAxis::kDpShardCp, "fsdp/" + std::to_string(r), s, S,
-                   std::chrono::seconds(10), nullptr};
+      CommConfig c{MeshAxis::kDpShardCp,
+                   "fsdp/" + std::to_string(r),
+                   s,
+                   S,
+                   std::chrono::seconds(10),
+                   nullptr};
       fsdp[r * S + s] = std::make_unique<DeferredCommunicator>(c, world->Connect(c).value());
     }
   }
   for (int s = 0; s < S; ++s) {
     auto world = FakeWorld::Create(R, "replicate/" + std::to_string(s));
     for (int r = 0; r < R; ++r) {
-      CommConfig c{MeshAxis::kDpReplicate, "replicate/" + std::to_string(s), r, R,
-                   std::chrono::seconds(10), nullptr};
+      CommConfig c{MeshAxis::kDpReplicate,
+                   "replicate/" + std::to_string(s),
+                   r,
+                   R,
+                   std::chrono::seconds(10),
+                   nullptr};
       replicate[r * S + s] = std::make_unique<DeferredCommunicator>(c, world->Connect(c).value());
     }
   }
