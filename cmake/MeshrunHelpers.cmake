@@ -1,7 +1,8 @@
 # Small helpers so every CMakeLists.txt in the tree reads the same way.
 #
 #   meshrun_add_library(NAME SOURCES a.cc b.cc DEPS lib1 lib2)
-#   meshrun_add_test(NAME SOURCES t.cc DEPS lib LABELS unit [TIMEOUT s])
+#   meshrun_add_test(NAME SOURCES t.cc DEPS lib LABELS unit [TIMEOUT s] [GROUP g])
+#   meshrun_add_test_group(g [BATCH n])
 #   meshrun_add_executable(NAME SOURCES main.cc DEPS lib [OUTPUT_NAME name])
 
 function(meshrun_add_library name)
@@ -35,20 +36,83 @@ set(MESHRUN_TEST_SKIP_CODE 77)
 # (unit, integration, gpu) so CI and
 # scripts/gpu-check can pick them with `ctest -L`. main() is tests/test_main.cc (the
 # meshrun_test_main library): GTEST_SKIP makes the executable exit MESHRUN_TEST_SKIP_CODE.
+#
+#   meshrun_add_test_group(g [BATCH n])
+#   meshrun_add_test(NAME SOURCES t.cc DEPS lib LABELS unit [TIMEOUT s] [GROUP g])
+#
+# With GROUP, the test's files join the executable g (made first by meshrun_add_test_group, in
+# this directory or one above), and ctest's entry NAME runs g with --gtest_filter set to the
+# suites its files define: one executable per test directory, so GoogleTest, gRPC and JSON are
+# parsed and linked once per unity batch instead of once per file (decision 0030). A suite
+# defined in two files of one group is a configure error; an entry whose filter matches no test
+# fails (tests/test_main.cc). The binaries a grouped test runs go to add_dependencies(g …), its
+# definitions to target_compile_definitions(g …).
+function(meshrun_add_test_group group)
+  cmake_parse_arguments(ARG "" "BATCH" "" ${ARGN})
+  add_executable(${group})
+  target_link_libraries(${group} PRIVATE GTest::gtest meshrun_test_main)
+  target_include_directories(${group} PRIVATE ${PROJECT_SOURCE_DIR})
+  target_compile_options(${group} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+  set_target_properties(${group} PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  # In unity batches the files of a group compile together: no two may define the same
+  # file-local name.
+  if(ARG_BATCH)
+    meshrun_unity_build(TARGETS ${group} BATCH ${ARG_BATCH})
+  else()
+    meshrun_unity_build(TARGETS ${group})
+  endif()
+endfunction()
+
 function(meshrun_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
-  add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest meshrun_test_main)
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
-  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
-  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
-  add_test(NAME ${name} COMMAND ${name} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  cmake_parse_arguments(ARG "" "TIMEOUT;GROUP" "SOURCES;DEPS;LABELS" ${ARGN})
   if(NOT ARG_LABELS)
     set(ARG_LABELS unit)
   endif()
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
+  set(command ${name})
+  if(ARG_GROUP)
+    set(group ${ARG_GROUP})
+    set(suites)
+    foreach(src ${ARG_SOURCES})
+      get_filename_component(abs ${src} ABSOLUTE)
+      target_sources(${group} PRIVATE ${abs})
+      file(STRINGS ${abs} lines REGEX "^(TEST|TEST_F|TEST_P)\\([A-Za-z0-9_]+,")
+      foreach(line ${lines})
+        if(line MATCHES "^TEST(_F|_P)?\\(([A-Za-z0-9_]+),")
+          list(APPEND suites ${CMAKE_MATCH_2})
+        endif()
+      endforeach()
+    endforeach()
+    list(REMOVE_DUPLICATES suites)
+    if(NOT suites)
+      message(FATAL_ERROR
+        "meshrun_add_test(${name}): no TEST/TEST_F/TEST_P at a line's start in ${ARG_SOURCES}")
+    endif()
+    get_property(taken GLOBAL PROPERTY MESHRUN_TEST_GROUP_${group}_SUITES)
+    set(filter)
+    foreach(suite ${suites})
+      if(suite IN_LIST taken)
+        message(FATAL_ERROR "meshrun_add_test(${name}): suite ${suite} is also defined by another "
+          "test of group ${group}; rename one (a group's ctest entries select tests by suite)")
+      endif()
+      set_property(GLOBAL APPEND PROPERTY MESHRUN_TEST_GROUP_${group}_SUITES ${suite})
+      # TEST_P suites are named Instantiation/Suite.
+      string(APPEND filter "${suite}.*:*/${suite}.*:")
+    endforeach()
+    string(REGEX REPLACE ":$" "" filter "${filter}")
+    target_link_libraries(${group} PRIVATE ${ARG_DEPS})
+    set(command ${group} --gtest_filter=${filter})
+  else()
+    add_executable(${name} ${ARG_SOURCES})
+    target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest meshrun_test_main)
+    target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+    target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+    set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  endif()
+  add_test(NAME ${name} COMMAND ${command} WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT}
     SKIP_RETURN_CODE ${MESHRUN_TEST_SKIP_CODE}
     ENVIRONMENT "MESHRUN_SOURCE_DIR=${PROJECT_SOURCE_DIR};MESHRUN_BINARY_DIR=${PROJECT_BINARY_DIR};OMP_NUM_THREADS=1")

@@ -426,8 +426,10 @@ TEST_F(LauncherTest, InvalidOptionsExitTwo) {
 
 TEST(SelfExecutableTest, NamesThisTestBinary) {
   const std::string self = SelfExecutable();
-  EXPECT_EQ(fs::path(self).filename(), "client_launcher_test");
+  // tests/client's executable (meshrun_add_test_group in tests/client/CMakeLists.txt).
+  EXPECT_EQ(fs::path(self).filename(), "client_tests");
   EXPECT_TRUE(fs::path(self).is_absolute());
+  EXPECT_TRUE(fs::is_regular_file(self)) << self;
 }
 
 }  // namespace

@@ -16,14 +16,7 @@ using std::chrono::milliseconds;
 using testing::FakeSessionStream;
 using testing::FakeWatchStream;
 
-// Calls a unary handler and returns its status (the handlers here answer synchronously).
-template <typename Fn>
-Status Call(Fn&& fn) {
-  std::optional<Status> out;
-  fn([&](const Status& s) { out = s; });
-  EXPECT_TRUE(out.has_value());
-  return out.value_or(InternalError("no answer"));
-}
+using testing::Call;
 
 class CoordinatorServiceTest : public ::testing::Test {
  protected:

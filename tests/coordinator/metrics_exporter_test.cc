@@ -305,10 +305,12 @@ TEST(RankSeriesExport, NoLabelCollidesWithATargetLabelAndNamesFollowTheConventio
   ASSERT_FALSE(fs.empty());
   for (const prometheus::MetricFamily& f : fs) {
     EXPECT_EQ(f.name.find("tflops"), std::string::npos) << f.name;
-    if (f.name.find("mfu") != std::string::npos)
+    if (f.name.find("mfu") != std::string::npos) {
       EXPECT_TRUE(f.name.ends_with("_mfu_ratio")) << f.name;
-    if (f.type == prometheus::MetricType::Counter)
+    }
+    if (f.type == prometheus::MetricType::Counter) {
       EXPECT_TRUE(f.name.ends_with("_total")) << f.name;
+    }
     for (const auto& m : f.metric) {
       for (const auto& [k, v] : LabelsOf(m)) {
         EXPECT_NE(k, "job") << f.name;

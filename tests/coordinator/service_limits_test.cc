@@ -18,13 +18,7 @@ namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 using testing::FakeSessionStream;
 
-template <typename Fn>
-Status Call(Fn&& fn) {
-  std::optional<Status> out;
-  fn([&](const Status& s) { out = s; });
-  EXPECT_TRUE(out.has_value());
-  return out.value_or(InternalError("no answer"));
-}
+using testing::Call;
 
 bool Contains(const Status& s, const std::string& part) {
   return s.message().find(part) != std::string::npos;

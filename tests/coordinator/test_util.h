@@ -1,20 +1,33 @@
 // Helpers shared by the coordinator tests: valid specs and submit requests, temporary state
-// folders, and bounded waiting.
+// folders, bounded waiting, and calling a handler.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "common/job_spec.h"
+#include "common/status.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "proto/spec_convert.h"
 
 namespace meshrun::testing {
+
+// Calls a unary handler of CoordinatorService (fn takes the done callback) and returns the status
+// it answered with; the handlers tested with it answer synchronously.
+template <typename Fn>
+Status Call(Fn&& fn) {
+  std::optional<Status> out;
+  fn([&](const Status& s) { out = s; });
+  EXPECT_TRUE(out.has_value());
+  return out.value_or(InternalError("no answer"));
+}
 
 // A valid spec with the given mesh (model sizes chosen so every tp/cp up to 8 divides them).
 inline v1::JobSpec SpecProto(int r, int s, int c, int t, int max_restarts = 0,

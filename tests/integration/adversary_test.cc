@@ -30,7 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-constexpr char kToken[] = "adversary-test-token";
+constexpr char kAdversaryToken[] = "adversary-test-token";
 
 bool Contains(const grpc::Status& s, const std::string& part) {
   return s.error_message().find(part) != std::string::npos;
@@ -52,7 +52,7 @@ class AdversaryTest : public ::testing::Test {
   void SetUp() override {
     if (!skip_.empty()) GTEST_SKIP() << skip_;
     token_file_ = (fs::path(state_.path()) / "tokens").string();
-    std::ofstream(token_file_) << kToken << "\nsecond-token\n";
+    std::ofstream(token_file_) << kAdversaryToken << "\nsecond-token\n";
   }
 
   // TLS with client certificates and tokens; `adjust` changes the limits first.
@@ -95,7 +95,7 @@ class AdversaryTest : public ::testing::Test {
   }
 
   grpc::Status Submit(const v1::SubmitJobRequest& request, std::string* id = nullptr,
-                      const std::string& authorization = std::string("Bearer ") + kToken) {
+                      const std::string& authorization = std::string("Bearer ") + kAdversaryToken) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 10s);
     ctx.AddMetadata("authorization", authorization);
@@ -108,7 +108,7 @@ class AdversaryTest : public ::testing::Test {
   v1::Job GetJob(const std::string& id) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 10s);
-    ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kAdversaryToken);
     v1::GetJobRequest req;
     req.set_job_id(id);
     v1::GetJobResponse resp;
@@ -120,7 +120,7 @@ class AdversaryTest : public ::testing::Test {
   v1::GetJobLogsResponse Logs(const std::string& id) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 10s);
-    ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kAdversaryToken);
     v1::GetJobLogsRequest req;
     req.set_job_id(id);
     v1::GetJobLogsResponse resp;
@@ -133,7 +133,7 @@ class AdversaryTest : public ::testing::Test {
   bool Serving() {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 10s);
-    ctx.AddMetadata("authorization", std::string("Bearer ") + kToken);
+    ctx.AddMetadata("authorization", std::string("Bearer ") + kAdversaryToken);
     v1::ListJobsResponse resp;
     return client_->ListJobs(&ctx, v1::ListJobsRequest(), &resp).ok();
   }
@@ -229,8 +229,8 @@ TEST_F(AdversaryTest, SubmitRateIsKeyedOnTheAcceptedTokenWhateverItsSpelling) {
   int accepted = 0, refused = 0;
   grpc::Status last;
   for (int i = 0; i < 30; ++i) {
-    const std::string header =
-        (i % 2 ? "bearer" : "Bearer") + std::string(1 + i, ' ') + kToken + std::string(i % 3, ' ');
+    const std::string header = (i % 2 ? "bearer" : "Bearer") + std::string(1 + i, ' ') +
+                               kAdversaryToken + std::string(i % 3, ' ');
     grpc::Status s = Submit(testing::SubmitRequest(1, 1, 1, 1), nullptr, header);
     if (s.ok()) {
       ++accepted;
@@ -333,7 +333,7 @@ TEST_F(AdversaryTest, RevokedTokenEndsItsOpenWatchStreams) {
   };
   grpc::Status revoked_status, kept_status;
   std::atomic<int> revoked_events{0}, kept_events{0};
-  std::thread revoked(watch, kToken, &revoked_status, &revoked_events);
+  std::thread revoked(watch, kAdversaryToken, &revoked_status, &revoked_events);
   std::thread kept(watch, "second-token", &kept_status, &kept_events);
   ASSERT_TRUE(testing::WaitFor([&] { return revoked_events > 0 && kept_events > 0; }));
 

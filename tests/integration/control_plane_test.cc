@@ -39,7 +39,7 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr char kCorpus[] = "/usr/share/games/fortunes/cookie";
+using testing::kCorpus;
 
 using testing::Alive;
 using testing::BinDir;

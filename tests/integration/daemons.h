@@ -23,6 +23,9 @@
 
 namespace meshrun::testing {
 
+// The training text of the daemon tests: Debian's fortunes "cookie" file (package fortunes).
+inline constexpr char kCorpus[] = "/usr/share/games/fortunes/cookie";
+
 // MESHRUN_BINARY_DIR/bin (set by ctest), else build/bin.
 inline std::filesystem::path BinDir() {
   const char* dir = std::getenv("MESHRUN_BINARY_DIR");

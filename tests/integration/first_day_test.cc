@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-constexpr char kCorpus[] = "/usr/share/games/fortunes/cookie";
+using testing::kCorpus;
 
 class FirstDayTest : public ::testing::Test {
  protected:

@@ -29,7 +29,7 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr char kCorpus[] = "/usr/share/games/fortunes/cookie";
+using testing::kCorpus;
 
 std::string FindIp() {
   for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {

@@ -47,7 +47,7 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr char kCorpus[] = "/usr/share/games/fortunes/cookie";
+using testing::kCorpus;
 constexpr char kPrometheus[] = "/usr/bin/prometheus";
 // What the dashboards' $__rate_interval, $__interval and $__range become: ten scrapes.
 constexpr char kInterval[] = "10s";

@@ -31,7 +31,7 @@ using testing::Daemon;
 using testing::FreePort;
 using testing::Spawn;
 
-constexpr char kCorpus[] = "/usr/share/games/fortunes/cookie";
+using testing::kCorpus;
 
 fs::path SourceDir() {
   const char* dir = std::getenv("MESHRUN_SOURCE_DIR");

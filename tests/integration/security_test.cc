@@ -40,7 +40,7 @@ using json = nlohmann::json;
 using namespace std::chrono_literals;
 
 constexpr char kToken[] = "s3cret-token-for-tests";
-constexpr char kCorpus[] = "/usr/share/games/fortunes/cookie";
+using testing::kCorpus;
 
 using testing::BinDir;
 using testing::FreePort;

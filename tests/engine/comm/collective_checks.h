@@ -6,12 +6,21 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/comm/communicator.h"
 
 namespace meshrun::testing {
+
+// Runs body(rank) on n threads, one per rank of a fake world, and joins them.
+inline void RunRanks(int n, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
+  for (auto& t : threads) t.join();
+}
 
 // Element i of rank r's input to a reduction.
 inline float ReduceInput(int r, size_t i) {

@@ -12,17 +12,14 @@
 #include "engine/comm/communicator.h"
 #include "engine/comm/fake_backend.h"
 #include "engine/comm/mesh_comms.h"
+#include "tests/engine/comm/collective_checks.h"
 
 namespace meshrun {
 namespace {
 
 using std::chrono::milliseconds;
 
-void RunRanks(int n, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
-}
+using testing::RunRanks;
 
 TEST(CommAsyncTest, StartWaitEqualsTheBlockingCallsOnTheFake) {
   constexpr int n = 3;

@@ -16,12 +16,7 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// Runs body(rank) on n threads and joins them.
-void RunRanks(int n, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
-  for (auto& t : threads) t.join();
-}
+using testing::RunRanks;
 
 class FakeCollectivesTest : public ::testing::TestWithParam<int> {};
 
