@@ -2,7 +2,7 @@
 #
 #   meshrun_add_library(NAME SOURCES a.cc b.cc DEPS lib1 lib2)
 #   meshrun_add_test(NAME SOURCES t.cc DEPS lib LABELS unit [TIMEOUT s] [GROUP g])
-#   meshrun_add_test_group(g [BATCH n])
+#   meshrun_add_test_group(g)
 #   meshrun_add_executable(NAME SOURCES main.cc DEPS lib [OUTPUT_NAME name])
 
 function(meshrun_add_library name)
@@ -37,7 +37,7 @@ set(MESHRUN_TEST_SKIP_CODE 77)
 # scripts/gpu-check can pick them with `ctest -L`. main() is tests/test_main.cc (the
 # meshrun_test_main library): GTEST_SKIP makes the executable exit MESHRUN_TEST_SKIP_CODE.
 #
-#   meshrun_add_test_group(g [BATCH n])
+#   meshrun_add_test_group(g)
 #   meshrun_add_test(NAME SOURCES t.cc DEPS lib LABELS unit [TIMEOUT s] [GROUP g])
 #
 # With GROUP, the test's files join the executable g (made first by meshrun_add_test_group, in
@@ -48,7 +48,6 @@ set(MESHRUN_TEST_SKIP_CODE 77)
 # fails (tests/test_main.cc). The binaries a grouped test runs go to add_dependencies(g …), its
 # definitions to target_compile_definitions(g …).
 function(meshrun_add_test_group group)
-  cmake_parse_arguments(ARG "" "BATCH" "" ${ARGN})
   add_executable(${group})
   target_link_libraries(${group} PRIVATE GTest::gtest meshrun_test_main)
   target_include_directories(${group} PRIVATE ${PROJECT_SOURCE_DIR})
@@ -57,11 +56,7 @@ function(meshrun_add_test_group group)
     RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
   # In unity batches the files of a group compile together: no two may define the same
   # file-local name.
-  if(ARG_BATCH)
-    meshrun_unity_build(TARGETS ${group} BATCH ${ARG_BATCH})
-  else()
-    meshrun_unity_build(TARGETS ${group})
-  endif()
+  meshrun_unity_build(TARGETS ${group})
 endfunction()
 
 function(meshrun_add_test name)

@@ -13,15 +13,15 @@
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   const int failed = RUN_ALL_TESTS();
+  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
   // A ctest entry of a test group selects its file's suites by --gtest_filter
   // (meshrun_add_test): a filter that matches nothing would otherwise pass without testing.
-  if (::testing::UnitTest::GetInstance()->test_to_run_count() == 0) {
+  if (unit.test_to_run_count() == 0) {
     std::printf("no test matched the filter \"%s\": exit 1\n",
                 ::testing::GTEST_FLAG(filter).c_str());
     return 1;
   }
   if (failed != 0) return failed;
-  const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
   if (unit.skipped_test_count() > 0) {
     std::printf("%d of %d tests skipped (see the [  SKIPPED ] lines above for why): exit %d\n",
                 unit.skipped_test_count(), unit.test_to_run_count(), MESHRUN_TEST_SKIP_CODE);
