@@ -235,6 +235,12 @@ Status CoordinatorServiceImpl::ValidateSessionMessage(const v1::WorkerSessionReq
     case v1::WorkerSessionRequest::kCheckpointSaved: {
       const auto& c = r.checkpoint_saved();
       if (c.path().empty()) return Missing("checkpoint_saved.path");
+      if (c.path().size() > kMaxCheckpointPathBytes) {
+        return InvalidArgumentError(
+            "checkpoint_saved.path: " + std::to_string(c.path().size()) +
+            " bytes, over the limit of " + std::to_string(kMaxCheckpointPathBytes) +
+            " (hint: a checkpoint folder is a path of at most PATH_MAX bytes)");
+      }
       return rank_fields("checkpoint_saved", c.job_id(), c.attempt(), 0);
     }
     default:

@@ -55,17 +55,45 @@ void JobEventLog::Stamp(v1::JobEvent* event, WallTime now) {
   event->set_sequence(next_sequence_++);
   event->set_job_id(job_id_);
   SetTimestamp(now, event->mutable_time());
-  if (event->kind_case() == v1::JobEvent::kLog &&
-      event->log().text().size() > limits_.max_log_line_bytes) {
-    event->mutable_log()->mutable_text()->resize(limits_.max_log_line_bytes);
+}
+
+bool JobEventLog::Cut(v1::JobEvent* event) const {
+  if (event->kind_case() != v1::JobEvent::kLog) return false;
+  std::string& text = *event->mutable_log()->mutable_text();
+  const size_t size = text.size();
+  if (size <= limits_.max_log_line_bytes) return false;
+  size_t end = limits_.max_log_line_bytes;
+  // Not inside a UTF-8 sequence: back up over continuation bytes (10xxxxxx), at most 3.
+  for (int i = 0; i < 3 && end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80; ++i) {
+    --end;
   }
+  text.resize(end);
+  text += kLogCutMarker + std::to_string(size) + " bytes]";
+  return true;
+}
+
+size_t JobEventLog::ByteLimitOf(const std::deque<v1::JobEvent>& tier) const {
+  if (&tier == &logs_) return limits_.log_bytes;
+  if (&tier == &rank_metrics_) return limits_.rank_metrics_bytes;
+  return limits_.durable_bytes;
+}
+
+size_t& JobEventLog::BytesOf(const std::deque<v1::JobEvent>& tier) {
+  if (&tier == &logs_) return log_bytes_;
+  if (&tier == &rank_metrics_) return rank_metrics_bytes_;
+  return durable_bytes_;
 }
 
 void JobEventLog::Publish(const v1::JobEvent& event) {
   std::deque<v1::JobEvent>& tier = TierOf(event);
+  size_t& bytes = BytesOf(tier);
   tier.push_back(event);
-  while (tier.size() > LimitOf(tier)) {
+  bytes += event.ByteSizeLong();
+  // By count and by bytes; the newest event always stays (one event is bounded by the
+  // field limits checked on arrival).
+  while (tier.size() > 1 && (tier.size() > LimitOf(tier) || bytes > ByteLimitOf(tier))) {
     if (&tier == &logs_) logs_dropped_ = true;
+    bytes -= std::min(bytes, tier.front().ByteSizeLong());
     tier.pop_front();
   }
   if (watchers_.empty()) return;
@@ -108,6 +136,12 @@ void JobEventLog::ReleaseRetained() {
   durable_ = {};
   logs_ = {};
   rank_metrics_ = {};
+  durable_bytes_ = log_bytes_ = rank_metrics_bytes_ = 0;
+}
+
+void JobEventLog::ReleaseRankMetrics() {
+  rank_metrics_ = {};
+  rank_metrics_bytes_ = 0;
 }
 
 void JobEventLog::AddWatcher(std::shared_ptr<WatchJobStream> stream, WatchFilter filter) {
@@ -133,11 +167,27 @@ v1::GetJobLogsResponse JobEventLog::Logs(std::optional<int> rank, int attempt,
   if (tail_lines > 0 && lines.size() > static_cast<size_t>(tail_lines)) {
     begin = lines.size() - tail_lines;
   }
-  for (size_t i = begin; i < lines.size(); ++i) *out.add_lines() = *lines[i];
+  // The newest lines that fit in one answer.
+  const size_t first = NewestThatFit(lines, begin, limits_.max_logs_response_bytes);
+  for (size_t i = first; i < lines.size(); ++i) *out.add_lines() = *lines[i];
   // Approximate: any dropped line may have matched the filters.
-  out.set_truncated(logs_dropped_ &&
-                    (tail_lines == 0 || lines.size() < static_cast<size_t>(tail_lines)));
+  out.set_truncated(
+      first > begin ||
+      (logs_dropped_ && (tail_lines == 0 || lines.size() < static_cast<size_t>(tail_lines))));
   return out;
+}
+
+size_t NewestThatFit(const std::vector<const v1::LogLine*>& lines, size_t begin, size_t max_bytes) {
+  size_t bytes = 0;
+  size_t first = lines.size();
+  while (first > begin) {
+    // The line's bytes plus its field tag and length in the response.
+    const size_t line = lines[first - 1]->ByteSizeLong() + 6;
+    if (bytes + line > max_bytes) break;
+    bytes += line;
+    --first;
+  }
+  return first;
 }
 
 }  // namespace meshrun::coordinator

@@ -32,12 +32,35 @@ struct WatchFilter {
   bool Matches(const v1::JobEvent& event) const;
 };
 
+// What one job may make the coordinator keep (docs/security.md "Limits"): events per memory
+// tier by count and by bytes (the oldest go first), what StateDb keeps of it, and the size of
+// one GetJobLogs answer. Every per-job byte is released when the job's events are.
 struct EventLimits {
   size_t durable = 50'000;
   size_t logs = 10'000;
   size_t rank_metrics = 20'000;
+  // A log line's text beyond this is cut (at a UTF-8 boundary) and kLogCutMarker added.
   size_t max_log_line_bytes = 16 * 1024;
+  // Serialized bytes per memory tier of one job.
+  size_t durable_bytes = 8 << 20;
+  size_t log_bytes = 16 << 20;
+  size_t rank_metrics_bytes = 16 << 20;
+  // Serialized bytes StateDb keeps per job: its log lines (besides at most `logs` of them),
+  // and its checkpoint and job-level metrics events (state and rank changes are always kept).
+  size_t stored_log_bytes = 16 << 20;
+  size_t stored_event_bytes = 64 << 20;
+  // One GetJobLogs answer: the newest lines that fit, `truncated` set; far below gRPC's own
+  // 4 MiB default so that every client can read it.
+  size_t max_logs_response_bytes = 3 << 20;
 };
+
+// Appended to a log line cut at EventLimits::max_log_line_bytes, followed by the original
+// size in bytes and "]".
+inline constexpr char kLogCutMarker[] = " [meshrun: line cut, it had ";
+
+// Of lines[begin, end), the index of the oldest line from which the rest fit in a GetJobLogs
+// answer of max_bytes (lines.size() when not even the newest does).
+size_t NewestThatFit(const std::vector<const v1::LogLine*>& lines, size_t begin, size_t max_bytes);
 
 class JobEventLog {
  public:
@@ -49,6 +72,10 @@ class JobEventLog {
   // Gives `event` the next sequence number, the job id and `now`. Separate from Publish so
   // JobManager can persist stamped events before anyone sees them.
   void Stamp(v1::JobEvent* event, WallTime now);
+  // Cuts what the event carries to the limits (a log line's text to max_log_line_bytes plus
+  // the marker); true when it cut. JobJournal calls it once the event is filled in, before it
+  // is stored or published.
+  bool Cut(v1::JobEvent* event) const;
   // Retains a stamped event in its tier and sends it to every watcher whose filter matches;
   // watchers whose stream refuses it are forgotten.
   void Publish(const v1::JobEvent& event);
@@ -75,7 +102,12 @@ class JobEventLog {
   // calls it for finished jobs beyond the newest kFinishedJobsWithEvents, so that memory does
   // not grow with every job the coordinator has run.
   void ReleaseRetained();
+  // Drops the rank samples only: JobJournal calls it when the job finishes (a finished job's
+  // per-rank samples are in its Prometheus series; nothing reads them back from here).
+  void ReleaseRankMetrics();
   size_t retained_count() const { return durable_.size() + logs_.size() + rank_metrics_.size(); }
+  // Serialized bytes of the retained events (at most the three tiers' byte limits).
+  size_t retained_bytes() const { return durable_bytes_ + log_bytes_ + rank_metrics_bytes_; }
 
   // GetJobLogs over the retained log lines.
   v1::GetJobLogsResponse Logs(std::optional<int> rank, int attempt, int tail_lines) const;
@@ -87,11 +119,14 @@ class JobEventLog {
   };
   std::deque<v1::JobEvent>& TierOf(const v1::JobEvent& event);
   size_t LimitOf(const std::deque<v1::JobEvent>& tier) const;
+  size_t ByteLimitOf(const std::deque<v1::JobEvent>& tier) const;
+  size_t& BytesOf(const std::deque<v1::JobEvent>& tier);
 
   std::string job_id_;
   uint64_t next_sequence_;
   EventLimits limits_;
   std::deque<v1::JobEvent> durable_, logs_, rank_metrics_;
+  size_t durable_bytes_ = 0, log_bytes_ = 0, rank_metrics_bytes_ = 0;  // serialized, per tier
   bool logs_dropped_ = false;
   std::vector<Watcher> watchers_;
 };

@@ -19,12 +19,37 @@ Status JobJournal::Commit(JobTxn& txn, Durability durability) {
   JobRecord& job = txn.job;
   if (txn.job_dirty) txn.batch.jobs.push_back(job.row);
   bool finished = false;
-  for (const v1::JobEvent& e : txn.events) {
-    // Log lines too (kFast like the rest of their batch, bounded per job): GetJobLogs reads
-    // them back once the memory tier is gone (a restart, or a job's events released).
-    const bool log_kept = e.has_log() && job.persisted_logs < limits_.logs;
-    if (log_kept) ++job.persisted_logs;
-    if (JobEventLog::IsDurable(e) || log_kept) {
+  const size_t cut_before = job.cut_lines;
+  const size_t unstored_before = job.unstored_lines + job.unstored_events;
+  for (v1::JobEvent& e : txn.events) {
+    // Filled in by now: cut to the limits before anything keeps it.
+    if (job.events.Cut(&e)) ++job.cut_lines;
+    const size_t bytes = e.ByteSizeLong();
+    bool store = false;
+    if (e.has_log()) {
+      // Log lines too (kFast like the rest of their batch, bounded per job): GetJobLogs reads
+      // them back once the memory tier is gone (a restart, or a job's events released).
+      store = job.persisted_logs < limits_.logs &&
+              job.persisted_log_bytes + bytes <= limits_.stored_log_bytes;
+      if (store) {
+        ++job.persisted_logs;
+        job.persisted_log_bytes += bytes;
+      } else if (job.persisted_logs < limits_.logs) {
+        ++job.unstored_lines;
+      }
+    } else if (e.has_checkpoint_saved() || e.has_metrics()) {
+      // What a worker can send without end: within the job's budget.
+      store = JobEventLog::IsDurable(e) &&
+              job.persisted_event_bytes + bytes <= limits_.stored_event_bytes;
+      if (store) {
+        job.persisted_event_bytes += bytes;
+      } else if (JobEventLog::IsDurable(e)) {
+        ++job.unstored_events;
+      }
+    } else {
+      store = JobEventLog::IsDurable(e);  // state and rank changes: bounded by the attempts
+    }
+    if (store) {
       txn.batch.events.push_back(
           {job.row.job_id, static_cast<int64_t>(e.sequence()), e.SerializeAsString()});
     }
@@ -43,9 +68,24 @@ Status JobJournal::Commit(JobTxn& txn, Durability durability) {
       return status;
     }
   }
+  if (cut_before == 0 && job.cut_lines > 0) {
+    spdlog::warn(
+        "job {}: log lines over {} bytes are cut (the first of them here; counted in "
+        "the job's cut lines)",
+        job.row.job_id, limits_.max_log_line_bytes);
+  }
+  if (unstored_before == 0 && job.unstored_lines + job.unstored_events > 0) {
+    spdlog::warn(
+        "job {}: its stored events reached their budget ({} bytes of log lines, {} bytes of "
+        "checkpoint and metrics events): newer ones are kept in memory only",
+        job.row.job_id, limits_.stored_log_bytes, limits_.stored_event_bytes);
+  }
   for (const v1::JobEvent& e : txn.events) job.events.Publish(e);
   // The stream of a finished job ends right after the event that finished it.
-  if (finished) job.events.FinishWatchers(OkStatus());
+  if (finished) {
+    job.events.FinishWatchers(OkStatus());
+    job.events.ReleaseRankMetrics();
+  }
   txn.batch = WriteBatch{};
   txn.events.clear();
   txn.job_dirty = false;
@@ -93,8 +133,13 @@ std::optional<v1::GetJobLogsResponse> JobJournal::StoredLogs(
   if (request.tail_lines() > 0 && lines.size() > static_cast<size_t>(request.tail_lines())) {
     begin = lines.size() - request.tail_lines();
   }
-  for (size_t i = begin; i < lines.size(); ++i) *stored.add_lines() = std::move(lines[i]);
-  stored.set_truncated(job.persisted_logs >= limits_.logs);
+  std::vector<const v1::LogLine*> refs;
+  refs.reserve(lines.size());
+  for (const v1::LogLine& line : lines) refs.push_back(&line);
+  const size_t first = NewestThatFit(refs, begin, limits_.max_logs_response_bytes);
+  for (size_t i = first; i < lines.size(); ++i) *stored.add_lines() = std::move(lines[i]);
+  stored.set_truncated(first > begin || job.persisted_logs >= limits_.logs ||
+                       job.unstored_lines > 0);
   return stored;
 }
 

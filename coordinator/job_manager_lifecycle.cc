@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "coordinator/job_manager.h"
 #include "coordinator/proto_time.h"
@@ -384,12 +385,27 @@ void JobManager::OnRankMetrics(const std::string& worker_id, const v1::RankMetri
   Attempt* a = nullptr;
   Rank* r = FindRankLocked(worker_id, s.job_id(), s.attempt(), s.rank(), &job, &a);
   if (r == nullptr || a->state != AttemptState::kRunning) return;
-  r->latest = std::make_unique<v1::MetricsSample>(s);
+  // Label values from closed sets only (MetricsIngest::Clean): an op or axis outside them
+  // would be a new series, and a stored copy, per value.
+  auto clean = std::make_unique<v1::MetricsSample>(s);
+  if (const size_t dropped = MetricsIngest::Clean(clean.get()); dropped > 0) {
+    const size_t before = job->totals.dropped_comm;
+    job->totals.dropped_comm += dropped;
+    // Counted, and said at 1, 2, 4, … so that a flood cannot flood the log too.
+    if (std::bit_width(before) != std::bit_width(job->totals.dropped_comm)) {
+      spdlog::warn(
+          "worker {}: dropped {} comm entries of job {} so far whose axis or op is not one of "
+          "docs/metrics.md's (or repeats one): they make no series",
+          worker_id, job->totals.dropped_comm, job->row.job_id);
+    }
+  }
+  r->latest = std::move(clean);
+  const v1::MetricsSample& sample = *r->latest;
   Txn txn(*job);
-  *journal_.AddEvent(txn)->mutable_metrics() = s;
+  *journal_.AddEvent(txn)->mutable_metrics() = sample;
   if (std::optional<v1::MetricsSample> step =
-          metrics_.Ingest({r->worker_name, r->coords, job->device(), r->local_rank}, s, job->spec,
-                          *a->aggregator, job->row, job->totals)) {
+          metrics_.Ingest({r->worker_name, r->coords, job->device(), r->local_rank}, sample,
+                          job->spec, *a->aggregator, job->row, job->totals)) {
     txn.job_dirty = true;
     *journal_.AddEvent(txn)->mutable_metrics() = std::move(*step);
   }
@@ -437,6 +453,15 @@ void JobManager::OnCheckpointSaved(const std::string& worker_id, const v1::Check
   Attempt* a = FindAttemptLocked(*job, saved.attempt());
   if (a == nullptr || std::none_of(a->ranks.begin(), a->ranks.end(),
                                    [&](const Rank& r) { return r.worker_id == worker_id; })) {
+    return;
+  }
+  // Only a folder of the job's own checkpoint.dir is ever resumed from.
+  if (Status own = CheckReportedCheckpoint(job->spec, saved.step(), saved.path()); !own.ok()) {
+    const size_t n = ++job->totals.refused_checkpoints;
+    if (std::has_single_bit(n)) {  // said at 1, 2, 4, …
+      spdlog::warn("worker {}: refused checkpoint report {} of job {}: {}", worker_id, n,
+                   job->row.job_id, own.message());
+    }
     return;
   }
   Txn txn(*job);

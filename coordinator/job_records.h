@@ -61,6 +61,9 @@ struct AttemptRecord {
 struct JobTotals {
   double step_time_skew = 0;
   double tokens_total = 0;  // JobsSnapshot::JobLine::tokens_total
+  // Refused on arrival and counted: comm entries outside the closed label sets, checkpoint
+  // reports outside checkpoint.dir.
+  size_t dropped_comm = 0, refused_checkpoints = 0;
 };
 
 struct JobRecord {
@@ -88,6 +91,11 @@ struct JobRecord {
   // Log lines written to StateDb by this coordinator process (at most EventLimits::logs per
   // job), so that `meshrun logs` still answers after a restart.
   size_t persisted_logs = 0;
+  // Their bytes, and those of the checkpoint and job-level metrics events written (bounded by
+  // EventLimits::stored_log_bytes and stored_event_bytes); what did not fit, and the cut lines,
+  // are counted and warned about once per job.
+  size_t persisted_log_bytes = 0, persisted_event_bytes = 0;
+  size_t unstored_lines = 0, unstored_events = 0, cut_lines = 0;
   JobEventLog events;
 
   const std::string& device() const { return spec.resources().device(); }

@@ -1,6 +1,24 @@
 #include "coordinator/metrics_ingest.h"
 
+#include <set>
+#include <utility>
+
 namespace meshrun::coordinator {
+
+size_t MetricsIngest::Clean(v1::MetricsSample* sample) {
+  auto* comm = sample->mutable_comm();
+  std::set<std::pair<int, int>> seen;
+  const int before = comm->size();
+  int kept = 0;
+  for (int i = 0; i < before; ++i) {
+    const v1::CommStats& c = comm->Get(i);
+    if (!IsSeriesComm(c) || !seen.insert({c.axis(), c.op()}).second) continue;
+    if (kept != i) comm->SwapElements(kept, i);
+    ++kept;
+  }
+  comm->DeleteSubrange(kept, before - kept);
+  return static_cast<size_t>(before - kept);
+}
 
 std::unique_ptr<StepAggregator> MetricsIngest::NewAggregator(const v1::JobSpec& spec,
                                                              int world_size) {

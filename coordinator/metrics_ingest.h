@@ -22,6 +22,11 @@ class MetricsIngest {
   // `series` null: no per-rank series kept.
   explicit MetricsIngest(std::shared_ptr<RankSeries> series) : series_(std::move(series)) {}
 
+  // Keeps of sample->comm the entries IsSeriesComm accepts, the first of each (axis, op), so
+  // a sample holds at most 4 axes × 8 ops of them; returns how many it dropped. JobManager
+  // cleans each rank sample on arrival, before it is stored, aggregated or turned into series.
+  static size_t Clean(v1::MetricsSample* sample);
+
   // The aggregator of a new attempt of a job with this mesh size and global batch.
   static std::unique_ptr<StepAggregator> NewAggregator(const v1::JobSpec& spec, int world_size);
 

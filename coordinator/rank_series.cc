@@ -20,6 +20,12 @@ std::string Unprefixed(const std::string& name, const std::string& prefix) {
 
 }  // namespace
 
+bool IsSeriesComm(const v1::CommStats& c) {
+  const std::optional<MeshAxis> axis = MeshAxisFromProto(c.axis());
+  return axis && !IsFlattenedAxis(*axis) && v1::CommOp_IsValid(c.op()) &&
+         c.op() != v1::COMM_OP_UNSPECIFIED;
+}
+
 std::string OpLabel(v1::CommOp op) {
   return Unprefixed(v1::CommOp_Name(op), "COMM_OP_");
 }
@@ -78,9 +84,8 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
 
   // Cumulative within the attempt: a sample never lowers a counter (samples may overtake).
   for (const v1::CommStats& c : s.comm()) {
-    const std::optional<MeshAxis> axis = MeshAxisFromProto(c.axis());
-    if (!axis || IsFlattenedAxis(*axis)) continue;  // not one of the four series axes
-    Comm& cur = state.current[{*axis, c.op()}];
+    if (!IsSeriesComm(c)) continue;  // MetricsIngest::Clean dropped and counted these already
+    Comm& cur = state.current[{*MeshAxisFromProto(c.axis()), c.op()}];
     cur.seconds = std::max(cur.seconds, c.seconds());
     cur.bytes = std::max(cur.bytes, static_cast<double>(c.bytes()));
     cur.overlapped_seconds = std::max(cur.overlapped_seconds, c.overlapped_seconds());

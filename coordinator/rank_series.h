@@ -103,6 +103,11 @@ class RankSeries {
   std::deque<std::string> finished_;      // oldest first
 };
 
+// Whether `c` names a series: its axis one of the four mesh axes (not a flattened one) and its
+// op one of CommOp's named values (not UNSPECIFIED). The label values are closed sets
+// (docs/metrics.md); anything else would be a new series per value, so it is refused.
+bool IsSeriesComm(const v1::CommStats& c);
+
 // "all_reduce", "send_recv", …: the `op` label of a CommOp (the engine's names, CommOpName).
 // The `axis` label is MeshAxisName of the axis (common/parallel_dims.h).
 std::string OpLabel(v1::CommOp op);

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <vector>
 
+#include "common/job_spec.h"
 #include "engine/io/checkpoint.h"
 
 namespace meshrun::coordinator {
@@ -70,6 +72,25 @@ std::string NewestCompleteCheckpoint(const std::string& dir) {
   StatusOr<LatestCheckpoint> latest = FindLatestComplete(dir, &warnings);
   for (const std::string& w : warnings) spdlog::warn("checkpoint.dir {}: {}", dir, w);
   return latest.ok() ? latest->step_dir : std::string();
+}
+
+Status CheckReportedCheckpoint(const v1::JobSpec& spec, int64_t step, const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string& dir = spec.checkpoint().dir();
+  const fs::path reported(path);
+  const bool dotdot = std::any_of(reported.begin(), reported.end(),
+                                  [](const fs::path& part) { return part == ".."; });
+  if (!dir.empty() && !dotdot && step >= 0) {
+    const fs::path expected = (fs::path(dir) / StepDirName(step)).lexically_normal();
+    fs::path normal = reported.lexically_normal();
+    if (!normal.has_filename()) normal = normal.parent_path();  // a trailing '/'
+    if (normal == expected) return OkStatus();
+  }
+  return InvalidArgumentError(
+      "checkpoint_saved.path: " + QuoteForMessage(path) + " is not the step " +
+      std::to_string(step) + " folder of the job's checkpoint.dir " + QuoteForMessage(dir) +
+      " (hint: a rank saves into StepDir(checkpoint.dir, step); the report is ignored and "
+      "never resumed from)");
 }
 
 // ---- StopLedger ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "common/status.h"
 #include "coordinator/clock.h"
 #include "meshrun/v1/coordinator.pb.h"
 
@@ -53,6 +54,12 @@ std::string ResumeCheckpoint(const v1::JobSpec& spec, const std::string& last_ch
 // The newest complete checkpoint folder under `dir` by the engine's rule (FindLatestComplete),
 // or "" (none, or not visible from the coordinator). Reads the filesystem: never under a lock.
 std::string NewestCompleteCheckpoint(const std::string& dir);
+
+// Whether `path`, reported by a worker as the checkpoint of `spec`'s job at `step`, is that
+// job's own: the step folder of `step` (StepDirName) directly in checkpoint.dir, compared
+// lexically (both normalized; a `..` component is refused outright). Otherwise
+// INVALID_ARGUMENT naming the path and the job's folder; such a report is never resumed from.
+Status CheckReportedCheckpoint(const v1::JobSpec& spec, int64_t step, const std::string& path);
 
 class StopLedger {
  public:

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "coordinator/rank_series.h"
+
 namespace meshrun::coordinator {
 
 StepAggregator::StepAggregator(int world_size, int64_t tokens_per_step)
@@ -61,6 +63,7 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
   p.mem_peak = std::max(p.mem_peak, s.memory_peak_bytes());
   p.mem_reserved = std::max(p.mem_reserved, s.memory_reserved_bytes());
   for (const v1::CommStats& c : s.comm()) {
+    if (!IsSeriesComm(c)) continue;  // closed sets: at most 4 axes × 8 ops per step
     CommTotal& t = p.comm[{c.axis(), c.op()}];
     t.seconds += c.seconds();
     t.bytes += c.bytes();

@@ -218,6 +218,9 @@ int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& 
   // The resume checkpoint was chosen once, before any rank started: every rank loads it.
   train.resume_decided = true;
   train.resume_checkpoint = a.resume_checkpoint();
+  // A coordinator's job marks its checkpoints with its id; a standalone run (no store
+  // address) leaves them unmarked, as it owns its folder.
+  if (!a.store().address().empty()) train.checkpoint_owner = a.job_id();
   InstallStopHandlers(options.interactive);
   train.stop_requested = &g_stop_requested;
   StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, train, ctx);

@@ -28,6 +28,7 @@ using nlohmann::json;
 constexpr const char* kShardFormatKey = "meshrun.format";
 constexpr const char* kShardRankKey = "meshrun.rank";
 constexpr const char* kShardSlicesKey = "meshrun.slices";
+constexpr const char* kShardOwnerKey = "meshrun.owner";
 
 // Step folders are "step-" followed by the zero-padded step number.
 constexpr const char* kStepPrefix = "step-";
@@ -262,18 +263,20 @@ nlohmann::ordered_json MetadataToJson(const CheckpointMetadata& m,
                       {"crc32", s.crc32},
                       {"slices", std::move(slices)}});
   }
-  return ojson{{"format", m.format},
-               {"step", m.step},
-               {"world_size", m.world_size},
-               {"mesh",
-                {{"dp_replicate", m.mesh.dp_replicate},
-                 {"dp_shard", m.mesh.dp_shard},
-                 {"cp", m.mesh.cp},
-                 {"tp", m.mesh.tp}}},
-               {"job_spec", m.job_spec_yaml},
-               {"trainer", trainer},
-               {"tensors", std::move(tensors)},
-               {"shards", std::move(shards)}};
+  ojson out{{"format", m.format},
+            {"step", m.step},
+            {"world_size", m.world_size},
+            {"mesh",
+             {{"dp_replicate", m.mesh.dp_replicate},
+              {"dp_shard", m.mesh.dp_shard},
+              {"cp", m.mesh.cp},
+              {"tp", m.mesh.tp}}},
+            {"job_spec", m.job_spec_yaml},
+            {"trainer", trainer},
+            {"tensors", std::move(tensors)},
+            {"shards", std::move(shards)}};
+  if (!m.owner.empty()) out["owner"] = m.owner;
+  return out;
 }
 
 // The checkpoint steps under `dir`, newest first, as (step, folder path).
@@ -380,7 +383,7 @@ std::string ShardFileName(int rank) {
 // ---- writing ----------------------------------------------------------------------------
 
 Status WriteShard(const std::string& step_dir, int rank, const std::vector<SliceRef>& slices,
-                  ShardInfo* info) {
+                  ShardInfo* info, const std::string& owner) {
   if (rank < 0) return InvalidArgumentError("WriteShard: negative rank " + std::to_string(rank));
   MESHRUN_RETURN_IF_ERROR(CreateDirectoriesConfined(step_dir));
 
@@ -408,9 +411,10 @@ Status WriteShard(const std::string& step_dir, int rank, const std::vector<Slice
     table.push_back(std::move(j));
     shard.slices.push_back(std::move(slice));
   }
-  const std::map<std::string, std::string> meta = {{kShardFormatKey, kCheckpointFormat},
-                                                   {kShardRankKey, std::to_string(rank)},
-                                                   {kShardSlicesKey, table.dump()}};
+  std::map<std::string, std::string> meta = {{kShardFormatKey, kCheckpointFormat},
+                                             {kShardRankKey, std::to_string(rank)},
+                                             {kShardSlicesKey, table.dump()}};
+  if (!owner.empty()) meta[kShardOwnerKey] = owner;
   const std::string path = (fs::path(step_dir) / shard.file).string();
   MESHRUN_RETURN_IF_ERROR(WriteSafetensors(path, tensors, meta, &shard.bytes, &shard.crc32));
   if (info) *info = std::move(shard);
@@ -480,6 +484,7 @@ StatusOr<CheckpointMetadata> ParseMetadata(std::string_view text, const std::str
     m.mesh.cp = IntOf<int>(mesh.at("cp"));
     m.mesh.tp = IntOf<int>(mesh.at("tp"));
     m.job_spec_yaml = j.at("job_spec").get<std::string>();
+    if (const auto owner = j.find("owner"); owner != j.end()) m.owner = owner->get<std::string>();
     const json& trainer = j.at("trainer");
     if (!trainer.is_object()) return DataLossError(path + ": 'trainer' is not an object");
     m.trainer_json = trainer.dump();
@@ -541,7 +546,30 @@ StatusOr<LatestCheckpoint> FindLatestComplete(const std::string& dir,
       (steps.empty() ? "" : " (" + std::to_string(steps.size()) + " incomplete step folders)"));
 }
 
-Status PruneCheckpoints(const std::string& dir, int keep, std::vector<std::string>* deleted) {
+std::string CheckpointOwner(const std::string& step_dir) {
+  if (auto m = ReadMetadata(step_dir); m.ok()) return m->owner;
+  // No (readable) metadata.json: the owner the first readable shard carries.
+  std::error_code ec;
+  std::vector<std::string> shards;
+  for (fs::directory_iterator it(step_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("rank-", 0) == 0 && name.size() > 12 &&
+        name.compare(name.size() - 12, 12, ".safetensors") == 0) {
+      shards.push_back(it->path().string());
+    }
+  }
+  std::sort(shards.begin(), shards.end());
+  for (const std::string& path : shards) {
+    auto file = SafetensorsFile::Open(path);
+    if (!file.ok()) continue;
+    const auto owner = file->metadata().find(kShardOwnerKey);
+    return owner == file->metadata().end() ? "" : owner->second;
+  }
+  return "";
+}
+
+Status PruneCheckpoints(const std::string& dir, int keep, std::vector<std::string>* deleted,
+                        const std::string& owner) {
   if (keep < 1) {
     return InvalidArgumentError("checkpoint.keep(" + std::to_string(keep) +
                                 ") must be >= 1 (hint: the newest checkpoint is needed to resume)");
@@ -551,6 +579,8 @@ Status PruneCheckpoints(const std::string& dir, int keep, std::vector<std::strin
     return steps.status().code() == StatusCode::kNotFound ? OkStatus() : steps.status();
   int complete_seen = 0;
   for (const auto& [step, step_dir] : *steps) {
+    // Another run's folder (in a shared checkpoint.dir) is neither counted nor touched.
+    if (CheckpointOwner(step_dir) != owner) continue;
     const bool complete = Completeness(step_dir, /*verify_crc=*/false, nullptr).ok();
     bool remove = false;
     if (complete) {

@@ -67,6 +67,10 @@ struct CheckpointMetadata {
   std::string trainer_json = "{}";  // free-form JSON object (data position, RNG state, ...)
   std::map<std::string, std::vector<int64_t>> tensors;  // global shape of every tensor
   std::vector<ShardInfo> shards;                        // ordered by rank
+  // The run that wrote it (docs/checkpoints.md "Ownership"): a cluster job's id; "" for a
+  // standalone run and for checkpoints written before owners were recorded ("owner" absent
+  // from metadata.json). checkpoint.keep prunes only the writer's own folders.
+  std::string owner;
 };
 
 // Writes `step_dir/rank-RRRRR.safetensors` atomically, creating step_dir if needed. Slice data
@@ -74,8 +78,10 @@ struct CheckpointMetadata {
 // slice table (so WriteMetadata can rebuild it from the files). `info` (optional) receives the
 // shard's file name, size, CRC-32 and slices. INVALID_ARGUMENT for slices outside their tensor,
 // mismatched ranks, or the same slice twice.
+// `owner` goes into the shard's __metadata__ too, so that a save that never got its
+// metadata.json still tells whose it is.
 Status WriteShard(const std::string& step_dir, int rank, const std::vector<SliceRef>& slices,
-                  ShardInfo* info = nullptr);
+                  ShardInfo* info = nullptr, const std::string& owner = "");
 
 // Writes `step_dir/metadata.json` atomically; call it last, on one rank, after every shard is
 // written. When `metadata.shards` is empty the shard table is built from the files
@@ -114,8 +120,14 @@ StatusOr<LatestCheckpoint> FindLatestComplete(const std::string& dir,
 // ones older than the newest complete one (left by crashed saves). Incomplete folders newer than
 // the newest complete one are kept (a save may be in progress). Completeness here checks sizes,
 // not CRCs, so pruning does not read every checkpoint. `deleted` (optional) lists what went.
+// Only folders of `owner` (CheckpointOwner) are counted or deleted: a run never prunes another
+// job's checkpoints in a shared folder; owner "" (a standalone run) prunes the unmarked ones.
 Status PruneCheckpoints(const std::string& dir, int keep,
-                        std::vector<std::string>* deleted = nullptr);
+                        std::vector<std::string>* deleted = nullptr, const std::string& owner = "");
+
+// Who wrote the checkpoint folder step_dir: metadata.json's owner, else (a save that did not
+// finish) the owner its shard files carry; "" when unmarked or unknown.
+std::string CheckpointOwner(const std::string& step_dir);
 
 class SafetensorsFile;
 

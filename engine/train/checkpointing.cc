@@ -58,7 +58,8 @@ Status Trainer::SaveCheckpoint() {
       }
     }
   }
-  MESHRUN_RETURN_IF_ERROR(WriteShard(step_dir, ctx_.rank, slices));
+  MESHRUN_RETURN_IF_ERROR(
+      WriteShard(step_dir, ctx_.rank, slices, nullptr, options_.checkpoint_owner));
   // metadata.json last, by rank 0, once every shard is on disk.
   MESHRUN_RETURN_IF_ERROR(WaitForAllRanks("checkpoint/" + std::to_string(step_) + "/written"));
   last_checkpoint_ = step_dir;
@@ -72,8 +73,11 @@ Status Trainer::SaveCheckpoint() {
   // the real loss of its last step.
   nlohmann::json trainer = {{"step", step_}, {"optimizer_step", step_}, {"losses", loss_history_}};
   meta.trainer_json = trainer.dump();
+  meta.owner = options_.checkpoint_owner;
   MESHRUN_RETURN_IF_ERROR(WriteMetadata(step_dir, meta));
-  return PruneCheckpoints(spec_.checkpoint.dir, std::max(1, spec_.checkpoint.keep));
+  // Only this run's own folders: another job's in a shared checkpoint.dir stay.
+  return PruneCheckpoints(spec_.checkpoint.dir, std::max(1, spec_.checkpoint.keep), nullptr,
+                          options_.checkpoint_owner);
 }
 
 Status Trainer::LoadCheckpoint(const std::string& step_dir) {

@@ -103,6 +103,9 @@ struct TrainOptions {
   // start fresh when it is empty, instead of looking under checkpoint.dir again.
   bool resume_decided = false;
   std::string resume_checkpoint;
+  // Recorded in every checkpoint this run writes; checkpoint.keep prunes only folders with
+  // the same owner (PruneCheckpoints). A cluster job's id; "" for a standalone run.
+  std::string checkpoint_owner;
 };
 
 // Owns the model, optimizer state and data of one rank. Not thread-safe; one per process.
