@@ -40,6 +40,9 @@ class RankSeries {
  public:
   // Finished jobs whose series are still served.
   static constexpr size_t kMaxFinishedJobs = 32;
+  // (axis, op) pairs a rank can have series of: the four mesh axes × CommOp's named values
+  // (IsSeriesComm); anything else is refused on arrival.
+  static constexpr size_t kMaxCommPairs = 4 * static_cast<size_t>(v1::CommOp_MAX);
   // Upper bounds (seconds) of meshrun_rank_step_seconds' buckets: 1 ms … 60 s.
   static const std::vector<double>& StepSecondsBounds();
 

@@ -4,7 +4,17 @@
 // checkpoint report accepted only inside the job's checkpoint.dir. No sockets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "coordinator/coordinator_service.h"
 #include "coordinator/job_journal.h"
+#include "coordinator/job_manager.h"
 #include "coordinator/metrics_ingest.h"
 #include "coordinator/restart_policy.h"
 #include "tests/coordinator/test_util.h"
@@ -185,6 +195,69 @@ TEST(ReportedCheckpointTest, OnlyTheStepFolderInTheJobsOwnDir) {
   spec.mutable_checkpoint()->set_dir("");
   EXPECT_FALSE(CheckReportedCheckpoint(spec, 5, "/ckpt/a/step-00000005").ok())
       << "a job without checkpoint.dir has no checkpoints";
+}
+
+// docs/security.md "Per job and per worker" lists every budget with the value the code uses:
+// each row's backticked numbers, in order, are the constants its "in code" cell names.
+TEST(BudgetDocTest, LimitsTableMatchesTheCode) {
+  const EventLimits limits;
+  const std::map<std::string, size_t> code = {
+      {"EventLimits::max_log_line_bytes", limits.max_log_line_bytes},
+      {"EventLimits::logs", limits.logs},
+      {"EventLimits::log_bytes", limits.log_bytes},
+      {"EventLimits::durable", limits.durable},
+      {"EventLimits::durable_bytes", limits.durable_bytes},
+      {"EventLimits::rank_metrics", limits.rank_metrics},
+      {"EventLimits::rank_metrics_bytes", limits.rank_metrics_bytes},
+      {"EventLimits::stored_log_bytes", limits.stored_log_bytes},
+      {"EventLimits::stored_event_bytes", limits.stored_event_bytes},
+      {"EventLimits::max_logs_response_bytes", limits.max_logs_response_bytes},
+      {"CoordinatorServiceImpl::kMaxCheckpointPathBytes",
+       CoordinatorServiceImpl::kMaxCheckpointPathBytes},
+      {"RankSeries::kMaxCommPairs", RankSeries::kMaxCommPairs},
+      {"JobManager::kFinishedJobsWithEvents", JobManager::kFinishedJobsWithEvents},
+      {"RankSeries::kMaxFinishedJobs", RankSeries::kMaxFinishedJobs},
+  };
+  const char* root = std::getenv("MESHRUN_SOURCE_DIR");
+  const std::string path = std::string(root != nullptr ? root : ".") + "/docs/security.md";
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << "cannot read " << path;
+  std::string line;
+  bool in_section = false;
+  std::set<std::string> documented;
+  const std::regex backticked("`([^`]+)`");
+  while (std::getline(in, line)) {
+    if (line.rfind("### ", 0) == 0 || line.rfind("## ", 0) == 0) {
+      in_section = line == "### Per job and per worker";
+      continue;
+    }
+    if (!in_section || line.rfind("| ", 0) != 0 || line.rfind("| what", 0) == 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream row(line.substr(1));
+    for (std::string cell; std::getline(row, cell, '|');) cells.push_back(cell);
+    ASSERT_GE(cells.size(), 4u) << line;
+    std::vector<size_t> numbers;
+    for (std::sregex_iterator it(cells[1].begin(), cells[1].end(), backticked), end; it != end;
+         ++it) {
+      const std::string text = (*it)[1];
+      if (std::all_of(text.begin(), text.end(), ::isdigit)) numbers.push_back(std::stoull(text));
+    }
+    std::vector<std::string> names;
+    for (std::sregex_iterator it(cells[2].begin(), cells[2].end(), backticked), end; it != end;
+         ++it) {
+      names.push_back((*it)[1]);
+    }
+    ASSERT_EQ(numbers.size(), names.size()) << "one backticked number per constant: " << line;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const auto it = code.find(names[i]);
+      ASSERT_NE(it, code.end()) << names[i] << " is in docs/security.md but not in this test";
+      EXPECT_EQ(numbers[i], it->second) << names[i] << " in docs/security.md";
+      documented.insert(names[i]);
+    }
+  }
+  for (const auto& [name, value] : code) {
+    EXPECT_TRUE(documented.count(name)) << name << " (" << value << ") has no row";
+  }
 }
 
 }  // namespace
