@@ -129,11 +129,12 @@ class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
   // ListWorkers' view, also read by the metrics exporter.
   std::vector<v1::WorkerInfo> Workers() const;
 
+  // The longest checkpoint_saved.path accepted (Linux's PATH_MAX); longer ends the session.
+  static constexpr size_t kMaxCheckpointPathBytes = 4096;
+
  private:
   // INVALID_ARGUMENT naming the first missing field of a session message, or OK.
   static Status ValidateSessionMessage(const v1::WorkerSessionRequest& request);
-  // The longest checkpoint_saved.path accepted (Linux's PATH_MAX); longer ends the session.
-  static constexpr size_t kMaxCheckpointPathBytes = 4096;
   // RESOURCE_EXHAUSTED naming --max-ranks-per-report when `kind`.running is too long.
   Status CheckRunningList(const std::string& kind, int ranks) const;
   // Common checks of the Store* requests; NOT_FOUND for an unknown job.

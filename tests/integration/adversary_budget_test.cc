@@ -294,6 +294,8 @@ TEST_F(AdversaryBudgetTest, CheckpointReportsAreBoundedAndConfinedToTheJobsFolde
 
   // The next attempt resumes from the job's own checkpoint, never from the other folder.
   ASSERT_TRUE(worker_->Exited(ranks[0], 1));
+  ASSERT_EQ(worker_->TakeStops(1, 10s).size(), 1u);
+  ASSERT_TRUE(worker_->Exited(ranks[1], 0, /*stopped=*/true));
   std::vector<v1::RankAssignment> next = worker_->TakeAssignments(2, 20s);
   ASSERT_EQ(next.size(), 2u);
   for (const auto& a : next) EXPECT_EQ(a.resume_checkpoint(), own_dir + "/step-00000002");
