@@ -183,6 +183,12 @@ void CoordinatorServiceImpl::HandleRegisterWorker(const v1::RegisterWorkerReques
                                                   v1::RegisterWorkerResponse* response,
                                                   ReplyCallback done) {
   if (stopping_) return done(Stopping());
+  if (const size_t bytes = request.calibration().ByteSizeLong(); bytes > kMaxCalibrationBytes) {
+    return done(
+        InvalidArgumentError("calibration: " + std::to_string(bytes) +
+                             " bytes, over the limit of " + std::to_string(kMaxCalibrationBytes) +
+                             " (hint: send the HostCalibration fields of types.proto only)"));
+  }
   StatusOr<WorkerManager::Registered> reg = workers_.Register(request);
   if (!reg.ok()) return done(reg.status());
   *response = reg->response;

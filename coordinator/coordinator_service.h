@@ -131,6 +131,9 @@ class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
 
   // The longest checkpoint_saved.path accepted (Linux's PATH_MAX); longer ends the session.
   static constexpr size_t kMaxCheckpointPathBytes = 4096;
+  // The largest RegisterWorkerRequest.calibration accepted (its fields take about 40 bytes;
+  // the registration is kept in memory and in the state database for as long as the worker).
+  static constexpr size_t kMaxCalibrationBytes = 1024;
 
  private:
   // INVALID_ARGUMENT naming the first missing field of a session message, or OK.

@@ -58,6 +58,8 @@ void JobEventLog::Stamp(v1::JobEvent* event, WallTime now) {
 }
 
 bool JobEventLog::Cut(v1::JobEvent* event) const {
+  // Fields this build does not know would be kept, and stored, as they came.
+  event->DiscardUnknownFields();
   if (event->kind_case() != v1::JobEvent::kLog) return false;
   std::string& text = *event->mutable_log()->mutable_text();
   const size_t size = text.size();

@@ -73,8 +73,8 @@ class JobEventLog {
   // JobManager can persist stamped events before anyone sees them.
   void Stamp(v1::JobEvent* event, WallTime now);
   // Cuts what the event carries to the limits (a log line's text to max_log_line_bytes plus
-  // the marker); true when it cut. JobJournal calls it once the event is filled in, before it
-  // is stored or published.
+  // the marker; fields unknown to this build dropped); true when it cut a line. JobJournal calls it
+  // once the event is filled in, before it is stored or published.
   bool Cut(v1::JobEvent* event) const;
   // Retains a stamped event in its tier and sends it to every watcher whose filter matches;
   // watchers whose stream refuses it are forgotten.

@@ -6,6 +6,7 @@
 namespace meshrun::coordinator {
 
 size_t MetricsIngest::Clean(v1::MetricsSample* sample) {
+  sample->DiscardUnknownFields();  // kept as the rank's latest sample otherwise
   auto* comm = sample->mutable_comm();
   std::set<std::pair<int, int>> seen;
   const int before = comm->size();

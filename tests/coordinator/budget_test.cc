@@ -82,6 +82,32 @@ TEST_F(BudgetTest, LogLineIsCutAfterItsTextIsFilledIn) {
   EXPECT_EQ(job->cut_lines, 1u);
 }
 
+// A field this build does not know was kept as it came: a 1 MB one in a log line (or a
+// checkpoint report) made an event of 1 MB whatever the text.
+TEST_F(BudgetTest, UnknownFieldsAreNotKept) {
+  EventLimits limits;
+  JobJournal journal(db_.get(), clock_, limits);
+  auto job = NewJob(limits);
+  JobTxn txn(*job);
+  v1::LogLine* line = journal.AddEvent(txn)->mutable_log();
+  line->set_text("short");
+  line->GetReflection()->MutableUnknownFields(line)->AddLengthDelimited(99,
+                                                                        std::string(1 << 20, 'u'));
+  v1::CheckpointSaved* saved = journal.AddEvent(txn)->mutable_checkpoint_saved();
+  saved->set_path("/ckpt/step-00000001");
+  saved->GetReflection()->MutableUnknownFields(saved)->AddLengthDelimited(
+      98, std::string(1 << 20, 'v'));
+  ASSERT_TRUE(journal.Commit(txn, Durability::kFast).ok());
+  EXPECT_LT(job->events.retained_bytes(), 1024u);
+  EXPECT_LT(StoredEventBytes(job->row.job_id), 1024u);
+
+  v1::MetricsSample sample;
+  sample.GetReflection()->MutableUnknownFields(&sample)->AddLengthDelimited(
+      97, std::string(1 << 20, 'w'));
+  MetricsIngest::Clean(&sample);
+  EXPECT_LT(sample.ByteSizeLong(), 64u);
+}
+
 TEST_F(BudgetTest, CutKeepsWholeUtf8Characters) {
   EventLimits limits;
   limits.max_log_line_bytes = 4;
@@ -214,6 +240,8 @@ TEST(BudgetDocTest, LimitsTableMatchesTheCode) {
       {"EventLimits::max_logs_response_bytes", limits.max_logs_response_bytes},
       {"CoordinatorServiceImpl::kMaxCheckpointPathBytes",
        CoordinatorServiceImpl::kMaxCheckpointPathBytes},
+      {"CoordinatorServiceImpl::kMaxCalibrationBytes",
+       CoordinatorServiceImpl::kMaxCalibrationBytes},
       {"RankSeries::kMaxCommPairs", RankSeries::kMaxCommPairs},
       {"JobManager::kFinishedJobsWithEvents", JobManager::kFinishedJobsWithEvents},
       {"RankSeries::kMaxFinishedJobs", RankSeries::kMaxFinishedJobs},

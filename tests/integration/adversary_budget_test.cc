@@ -342,5 +342,32 @@ TEST_F(AdversaryBudgetTest, OutOfRangeLabelValuesMakeNoSeries) {
   EXPECT_LT(BudgetRssBytes() - rss, kBudgetGrowthBound);
 }
 
+// Attack: a registration whose calibration carries a megabyte of fields unknown to the
+// coordinator, kept in memory and in the state database for as long as the worker.
+TEST_F(AdversaryBudgetTest, OversizedCalibrationIsRefused) {
+  auto stub = v1::CoordinatorService::NewStub(Channel("worker-a"));
+  v1::RegisterWorkerRequest req;
+  req.set_name("worker-a");
+  req.set_slots(2);
+  req.set_device("cpu");
+  req.set_address("127.0.0.1");
+  v1::HostCalibration* c = req.mutable_calibration();
+  c->set_gemm_flops(1e12);
+  c->GetReflection()->MutableUnknownFields(c)->AddLengthDelimited(77, std::string(1 << 20, 'c'));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  v1::RegisterWorkerResponse resp;
+  grpc::Status s = stub->RegisterWorker(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_message().rfind("calibration: ", 0), 0u) << s.error_message();
+  // The registration the worker had stays.
+  grpc::ClientContext list_ctx;
+  Authorize(&list_ctx);
+  v1::ListWorkersResponse workers;
+  ASSERT_TRUE(client_->ListWorkers(&list_ctx, v1::ListWorkersRequest(), &workers).ok());
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_LT(workers.workers(0).calibration().ByteSizeLong(), 1024u);
+}
+
 }  // namespace
 }  // namespace meshrun
