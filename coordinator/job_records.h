@@ -88,6 +88,9 @@ struct JobRecord {
   // Log lines written to StateDb by this coordinator process (at most EventLimits::logs per
   // job), so that `meshrun logs` still answers after a restart.
   size_t persisted_logs = 0;
+  // Who submitted it (SubmitJob's caller: the token, or the peer's host), for
+  // --max-pending-jobs-per-caller; not persisted: "" for jobs restored after a restart.
+  std::string owner;
   JobEventLog events;
 
   const std::string& device() const { return spec.resources().device(); }
