@@ -92,23 +92,24 @@ OpenFiles RaiseOpenFilesLimit() {
   OpenFiles out;
   rlimit limit{};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {
-    spdlog::warn("open files: the limit cannot be read: {}", std::strerror(errno));
+    out.message = std::string("open files: the limit cannot be read: ") + std::strerror(errno);
     return out;
   }
   out.before = out.after = limit.rlim_cur;
   if (limit.rlim_cur == limit.rlim_max) {
-    spdlog::info("open files: {} (already the hard limit)", limit.rlim_cur);
+    out.message = "open files: " + std::to_string(limit.rlim_cur) + " (already the hard limit)";
     return out;
   }
   rlimit raised = limit;
   raised.rlim_cur = limit.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &raised) != 0) {
-    spdlog::warn("open files: not raised from {} to {}: {}", limit.rlim_cur, limit.rlim_max,
-                 std::strerror(errno));
+    out.message = "open files: not raised from " + std::to_string(limit.rlim_cur) + " to " +
+                  std::to_string(limit.rlim_max) + ": " + std::strerror(errno);
     return out;
   }
   out.after = raised.rlim_cur;
-  spdlog::info("open files: raised from {} to {}", out.before, out.after);
+  out.message =
+      "open files: raised from " + std::to_string(out.before) + " to " + std::to_string(out.after);
   return out;
 }
 
@@ -116,21 +117,21 @@ uint64_t DescriptorReserve(uint64_t limit) {
   return std::clamp<uint64_t>(limit / 8, 16, 1024);
 }
 
-void InstallAcceptGuard() {
+std::string InstallAcceptGuard() {
   rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return "connections: no accept guard (no limit)";
   const uint64_t soft = limit.rlim_cur == RLIM_INFINITY ? (uint64_t{1} << 30) : limit.rlim_cur;
   const uint64_t reserve = DescriptorReserve(soft);
   {
     std::lock_guard<std::mutex> lock(g_reserve_mu);
     if (g_reserve_fd < 0) g_reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
-  const int64_t shed_at = static_cast<int64_t>(soft > reserve ? soft - reserve : soft / 2);
-  g_shed_at.store(std::max<int64_t>(shed_at, 1));
-  spdlog::info(
-      "connections: new ones are closed at once while descriptor {} or higher would be used "
-      "({} of {} kept for the state database, logs and metrics)",
-      shed_at, soft - static_cast<uint64_t>(shed_at), soft);
+  const int64_t shed_at =
+      std::max<int64_t>(static_cast<int64_t>(soft > reserve ? soft - reserve : soft / 2), 1);
+  g_shed_at.store(shed_at);
+  return "connections: new ones are closed at once while descriptor " + std::to_string(shed_at) +
+         " or higher would be used (" + std::to_string(soft - static_cast<uint64_t>(shed_at)) +
+         " of " + std::to_string(soft) + " kept for the state database, logs and metrics)";
 }
 
 uint64_t ShedConnections() {

@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace grpc {
 class ServerBuilder;
@@ -25,10 +26,13 @@ namespace meshrun::coordinator {
 struct OpenFiles {
   rlim_t before = 0;  // the soft limit found
   rlim_t after = 0;   // the soft limit now (the hard limit, unless raising it failed)
+  // For the log, once the coordinator serves: "open files: raised from N to M", "open files:
+  // N (already the hard limit)", or why it was not raised.
+  std::string message;
 };
 
-// Raises RLIMIT_NOFILE's soft limit to its hard limit and logs "open files: raised from N to
-// M" (or that it already was). Call once at start, before serving.
+// Raises RLIMIT_NOFILE's soft limit to its hard limit. Call once at start, before serving;
+// logs nothing (a flag error must stay the only line printed).
 OpenFiles RaiseOpenFilesLimit();
 
 // Descriptors kept free of connections below the open-files limit `limit`: limit/8, at least
@@ -36,8 +40,8 @@ OpenFiles RaiseOpenFilesLimit();
 uint64_t DescriptorReserve(uint64_t limit);
 
 // Turns the accept guard on for the current soft limit (idempotent; off until called: accept4
-// then behaves as the C library's).
-void InstallAcceptGuard();
+// then behaves as the C library's). Returns the line to log once the coordinator serves.
+std::string InstallAcceptGuard();
 
 // Connections closed by the guard since start.
 uint64_t ShedConnections();

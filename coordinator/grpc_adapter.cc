@@ -208,7 +208,7 @@ class WatchStream final : public WatchJobStream {
   void Finish(const Status& status) override;
   void OnWriteDone(bool ok) { queue_.OnWriteDone(ok); }
   void FinishGrpc(const grpc::Status& status) { queue_.Finish(status); }
-  bool finished() const override { return queue_.finishing(); }
+  bool ended() const override { return queue_.finishing(); }
 
  private:
   WriteQueue<WatchReactor, v1::WatchJobResponse> queue_;

@@ -113,7 +113,7 @@ void JobEventLog::ReleaseRetained() {
 void JobEventLog::AddWatcher(std::shared_ptr<WatchJobStream> stream, WatchFilter filter) {
   // Streams that ended (cancelled, disconnected) since the last event go now: a job without
   // events must not collect them.
-  std::erase_if(watchers_, [](const Watcher& w) { return w.stream->finished(); });
+  std::erase_if(watchers_, [](const Watcher& w) { return w.stream->ended(); });
   watchers_.push_back({std::move(stream), filter});
 }
 

@@ -161,8 +161,8 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   // Descriptors: as many as allowed, and a guard so that running out of them never stops the
   // listener (coordinator/connection_limits.h).
-  meshrun::coordinator::RaiseOpenFilesLimit();
-  meshrun::coordinator::InstallAcceptGuard();
+  const meshrun::coordinator::OpenFiles open_files = meshrun::coordinator::RaiseOpenFilesLimit();
+  const std::string accept_guard = meshrun::coordinator::InstallAcceptGuard();
 
   // Block the stop signals in every thread (gRPC's included) and wait for them here.
   sigset_t stop;
@@ -177,6 +177,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", server.status().message().c_str());
     return server.status().code() == meshrun::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  spdlog::info("{}", open_files.message);
+  spdlog::info("{}", accept_guard);
   std::unique_ptr<meshrun::HealthServer> health;
   if (!health_listen.empty()) {
     auto started = meshrun::HealthServer::Start(health_listen, /*ready=*/true);

@@ -36,7 +36,7 @@ class WatchJobStream {
   virtual void Finish(const Status& status) = 0;
   // True once the stream is finishing or finished (the client cancelled, went away or was
   // ended): a job's watcher list drops such streams without waiting for its next event.
-  virtual bool finished() const { return false; }
+  virtual bool ended() const { return false; }
 };
 
 // The cancellation of one unary call (StoreGet with wait), as the handler sees it: the adapter
