@@ -35,6 +35,7 @@
 #include "tests/fakes/fake_grpc_worker.h"
 #include "tests/integration/daemons.h"
 #include "tests/integration/test_certs.h"
+#include "worker/worker_metrics.h"
 
 namespace meshrun {
 namespace {
@@ -462,6 +463,25 @@ TEST_F(TenantTest, IdleHttpConnectionsDoNotBlockAScrape) {
   const std::string answer = Scrape(port, 10s);
   EXPECT_NE(answer.find("200 OK"), std::string::npos) << answer.substr(0, 200);
   EXPECT_NE(answer.find("meshrun_"), std::string::npos);
+  for (int fd : idle) close(fd);
+}
+
+// The same against a worker's /metrics (the same server options).
+TEST(TenantMetricsTest, IdleHttpConnectionsDoNotBlockAWorkerScrape) {
+  auto metrics = WorkerMetrics::Create("127.0.0.1:0", "worker-idle", 2);
+  ASSERT_TRUE(metrics.ok()) << metrics.status().ToString();
+  const int port = (*metrics)->port();
+  ASSERT_GT(port, 0);
+  std::vector<int> idle;
+  for (int i = 0; i < 8; ++i) {
+    const int fd = IdleConnection(port);
+    ASSERT_GE(fd, 0);
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(200ms);
+  const std::string answer = Scrape(port, 10s);
+  EXPECT_NE(answer.find("200 OK"), std::string::npos) << answer.substr(0, 200);
+  EXPECT_NE(answer.find("meshrun_worker_slots"), std::string::npos);
   for (int fd : idle) close(fd);
 }
 
