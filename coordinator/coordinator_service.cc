@@ -89,7 +89,7 @@ void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request
   // submit` resolves before sending): the same function chooses for the same workers.
   const bool unresolved = request.spec().parallelism().auto_();
   if (!options_.paths.confined() && !unresolved) {
-    StatusOr<std::string> id = jobs_.Submit(request);
+    StatusOr<std::string> id = jobs_.Submit(request, caller);
     if (id.ok()) request.dry_run() ? response->set_placement(*id) : response->set_job_id(*id);
     return done(id.status());
   }
@@ -105,7 +105,7 @@ void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request
     if (!planned.ok()) return done(planned);
     spdlog::info("SubmitJob: {}", choice);
   }
-  StatusOr<std::string> id = jobs_.Submit(submitted);
+  StatusOr<std::string> id = jobs_.Submit(submitted, caller);
   if (id.ok()) request.dry_run() ? response->set_placement(*id) : response->set_job_id(*id);
   done(id.status());
 }
@@ -353,7 +353,8 @@ void CoordinatorServiceImpl::HandleStoreSet(const v1::StoreSetRequest& request,
 
 void CoordinatorServiceImpl::HandleStoreGet(const v1::StoreGetRequest& request,
                                             v1::StoreGetResponse* response,
-                                            std::optional<WallTime> deadline, ReplyCallback done) {
+                                            std::optional<WallTime> deadline, ReplyCallback done,
+                                            const StoreCallContext& call) {
   Status status = CheckStoreCall(request.job_id(), request.attempt(), request.key());
   if (!status.ok()) return done(status);
   std::chrono::milliseconds timeout{0};
@@ -369,14 +370,15 @@ void CoordinatorServiceImpl::HandleStoreGet(const v1::StoreGetRequest& request,
     call_deadline = clock_.Monotonic() +
                     std::chrono::duration_cast<std::chrono::milliseconds>(*deadline - clock_.Now());
   }
-  store_.Get(request.job_id(), request.attempt(), request.key(), request.wait(), timeout,
-             call_deadline,
-             [response, done = std::move(done)](StatusOr<std::optional<std::string>> result) {
-               if (!result.ok()) return done(result.status());
-               response->set_found(result->has_value());
-               if (result->has_value()) response->set_value(**result);
-               done(OkStatus());
-             });
+  store_.Get(
+      request.job_id(), request.attempt(), request.key(), request.wait(), timeout, call_deadline,
+      [response, done = std::move(done)](StatusOr<std::optional<std::string>> result) {
+        if (!result.ok()) return done(result.status());
+        response->set_found(result->has_value());
+        if (result->has_value()) response->set_value(**result);
+        done(OkStatus());
+      },
+      call.owner, call.cancel.get());
 }
 
 void CoordinatorServiceImpl::HandleStoreAdd(const v1::StoreAddRequest& request,

@@ -30,6 +30,14 @@ namespace meshrun::coordinator {
 
 using ReplyCallback = std::function<void(const Status&)>;
 
+// What the adapter knows of a StoreGet call beyond its request: whose wait it is (the worker of
+// the client certificate, or the peer's host; --max-store-waits-per-worker counts per owner) and
+// its cancellation (a parked wait is dropped when the client cancels or goes away).
+struct StoreCallContext {
+  std::string owner;
+  std::shared_ptr<CallCancellation> cancel;
+};
+
 class CoordinatorServiceHandler {
  public:
   virtual ~CoordinatorServiceHandler() = default;
@@ -67,7 +75,8 @@ class CoordinatorServiceHandler {
   virtual void HandleStoreSet(const v1::StoreSetRequest& request, v1::StoreSetResponse* response,
                               ReplyCallback done) = 0;
   virtual void HandleStoreGet(const v1::StoreGetRequest& request, v1::StoreGetResponse* response,
-                              std::optional<WallTime> deadline, ReplyCallback done) = 0;
+                              std::optional<WallTime> deadline, ReplyCallback done,
+                              const StoreCallContext& call = {}) = 0;
   virtual void HandleStoreAdd(const v1::StoreAddRequest& request, v1::StoreAddResponse* response,
                               ReplyCallback done) = 0;
 };
@@ -116,7 +125,8 @@ class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
   void HandleStoreSet(const v1::StoreSetRequest& request, v1::StoreSetResponse* response,
                       ReplyCallback done) override;
   void HandleStoreGet(const v1::StoreGetRequest& request, v1::StoreGetResponse* response,
-                      std::optional<WallTime> deadline, ReplyCallback done) override;
+                      std::optional<WallTime> deadline, ReplyCallback done,
+                      const StoreCallContext& call = {}) override;
   void HandleStoreAdd(const v1::StoreAddRequest& request, v1::StoreAddResponse* response,
                       ReplyCallback done) override;
 

@@ -208,6 +208,7 @@ class WatchStream final : public WatchJobStream {
   void Finish(const Status& status) override;
   void OnWriteDone(bool ok) { queue_.OnWriteDone(ok); }
   void FinishGrpc(const grpc::Status& status) { queue_.Finish(status); }
+  bool ended() const override { return queue_.finishing(); }
 
  private:
   WriteQueue<WatchReactor, v1::WatchJobResponse> queue_;
@@ -218,18 +219,27 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
   // `allowed`: the Authorizer's verdict; the call ends with it at once when it is not OK.
   // Otherwise the call is in `registry` (with its header) until OnDone, so that revoking its
   // token ends it.
+  // `caller` (the token, or the peer's host) is what --max-watch-streams-per-caller counts.
   WatchReactor(CoordinatorServiceHandler& handler, const v1::WatchJobRequest& request,
-               size_t max_queue, const Status& allowed, WatchRegistry& registry,
-               std::optional<std::string> authorization)
-      : stream_(std::make_shared<WatchStream>(this, max_queue)), registry_(registry) {
+               const AdapterLimits& limits, const Status& allowed, WatchRegistry& registry,
+               std::optional<std::string> authorization, const std::string& caller)
+      : stream_(std::make_shared<WatchStream>(this, limits.max_watch_queue)), registry_(registry) {
     if (!allowed.ok()) {
       stream_->Finish(allowed);
       return;
     }
     std::weak_ptr<WatchStream> weak = stream_;
-    registered_ = registry_.Add(std::move(authorization), [weak](const Status& why) {
-      if (std::shared_ptr<WatchStream> s = weak.lock()) s->Finish(why);
-    });
+    StatusOr<uint64_t> registered = registry_.Add(
+        std::move(authorization), caller,
+        [weak](const Status& why) {
+          if (std::shared_ptr<WatchStream> s = weak.lock()) s->Finish(why);
+        },
+        limits.max_watch_streams, limits.max_watch_streams_per_caller);
+    if (!registered.ok()) {
+      stream_->Finish(registered.status());
+      return;
+    }
+    registered_ = *registered;
     try {
       handler.HandleWatchJob(request, stream_);
     } catch (const std::exception& e) {
@@ -237,6 +247,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
     }
   }
   void OnWriteDone(bool ok) override { stream_->OnWriteDone(ok); }
+  // The client cancelled or went away: gRPC tells at once, so the stream's slot is freed now,
+  // not at the job's next event.
   void OnCancel() override {
     stream_->FinishGrpc(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
   }
@@ -337,6 +349,28 @@ class SessionReactor final
   v1::WorkerSessionRequest request_;
 };
 
+// ---- StoreGet ----------------------------------------------------------------------------------
+
+// A unary reactor that tells the handler when the client cancels or goes away, so that a
+// parked wait is dropped at once (StoreManager) rather than at its timeout.
+class StoreGetReactor final : public grpc::ServerUnaryReactor {
+ public:
+  StoreGetReactor() : cancel_(std::make_shared<CallCancellation>()) {}
+  // Finishes the call once; later calls do nothing (and do not touch the reactor).
+  ReplyCallback Done() {
+    auto finished = std::make_shared<std::atomic<bool>>(false);
+    return [this, finished](const Status& status) {
+      if (!finished->exchange(true)) Finish(ToGrpcStatus(status));
+    };
+  }
+  const std::shared_ptr<CallCancellation>& cancellation() const { return cancel_; }
+  void OnCancel() override { cancel_->Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<CallCancellation> cancel_;
+};
+
 }  // namespace
 
 // ---- Unary RPCs ---------------------------------------------------------------------------------
@@ -412,19 +446,47 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::StoreGet(grpc::CallbackServerC
   if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
     deadline = ctx->deadline();
   }
-  return Unary(ctx, [&](ReplyCallback done) {
-    Status allowed = CheckStoreCall(auth_, ctx, request->job_id(), request->attempt(), "StoreGet");
-    if (!allowed.ok()) return done(allowed);
-    handler_.HandleStoreGet(*request, response, deadline, std::move(done));
-  });
+  auto* reactor = new StoreGetReactor();
+  ReplyCallback done = reactor->Done();
+  try {
+    StoreCallContext call;
+    call.cancel = reactor->cancellation();
+    // Whose wait it is, for --max-store-waits-per-worker: the certificate's worker, else the
+    // peer's host.
+    std::string identity;
+    if (auth_ != nullptr) {
+      StatusOr<std::string> worker = WorkerIdentity(auth_, ctx);
+      if (!worker.ok()) {
+        done(worker.status());
+        return reactor;
+      }
+      identity = *worker;
+      Status allowed =
+          auth_->CheckAttempt(identity, request->job_id(), request->attempt(), "StoreGet");
+      if (!allowed.ok()) {
+        done(allowed);
+        return reactor;
+      }
+    }
+    call.owner = identity.empty() ? CallerOfPeer(ctx->peer()) : "worker " + identity;
+    handler_.HandleStoreGet(*request, response, deadline, done, call);
+  } catch (const std::exception& e) {
+    spdlog::error("handler threw: {}", e.what());
+    done(InternalError(std::string("unexpected failure: ") + e.what()));
+  }
+  return reactor;
 }
 
 grpc::ServerWriteReactor<v1::WatchJobResponse>* CoordinatorGrpcService::WatchJob(
     grpc::CallbackServerContext* ctx, const v1::WatchJobRequest* request) {
   std::optional<std::string> authorization;
   if (std::optional<std::string_view> h = AuthorizationHeader(ctx)) authorization.emplace(*h);
-  return new WatchReactor(handler_, *request, limits_.max_watch_queue, CheckClient(auth_, ctx),
-                          watches_, std::move(authorization));
+  Status allowed = CheckClient(auth_, ctx);
+  const std::string caller = !allowed.ok()      ? std::string()
+                             : auth_ != nullptr ? auth_->ClientCaller(authorization, ctx->peer())
+                                                : CallerOfPeer(ctx->peer());
+  return new WatchReactor(handler_, *request, limits_, allowed, watches_, std::move(authorization),
+                          caller);
 }
 
 size_t CoordinatorGrpcService::RecheckWatches() {
@@ -441,16 +503,38 @@ size_t CoordinatorGrpcService::RecheckWatches() {
 
 // ---- WatchRegistry ------------------------------------------------------------------------------
 
-uint64_t WatchRegistry::Add(std::optional<std::string> authorization, Stop stop) {
+StatusOr<uint64_t> WatchRegistry::Add(std::optional<std::string> authorization,
+                                      const std::string& caller, Stop stop, size_t max_total,
+                                      size_t max_per_caller) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (entries_.size() >= max_total) {
+    return ResourceExhaustedError(
+        "--max-watch-streams: " + std::to_string(entries_.size()) +
+        " WatchJob streams are open, the coordinator's limit (hint: retry later, or ask the "
+        "operator to raise --max-watch-streams)");
+  }
+  size_t& mine = by_caller_[caller];
+  if (mine >= max_per_caller) {
+    return ResourceExhaustedError(
+        "--max-watch-streams-per-caller: this caller (token, or host without tokens) already "
+        "has " +
+        std::to_string(mine) +
+        " WatchJob streams open, the coordinator's limit per caller (hint: end some `--follow` "
+        "or watch clients, or ask the operator to raise --max-watch-streams-per-caller)");
+  }
+  ++mine;
   const uint64_t id = next_++;
-  entries_.emplace(id, Entry{std::move(authorization), std::move(stop)});
+  entries_.emplace(id, Entry{std::move(authorization), caller, std::move(stop)});
   return id;
 }
 
 void WatchRegistry::Remove(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
-  entries_.erase(id);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  auto c = by_caller_.find(it->second.caller);
+  if (c != by_caller_.end() && --c->second == 0) by_caller_.erase(c);
+  entries_.erase(it);
 }
 
 size_t WatchRegistry::Recheck(const Check& check) {
@@ -466,6 +550,8 @@ size_t WatchRegistry::Recheck(const Check& check) {
         continue;
       }
       stop.emplace_back(std::move(it->second.stop), std::move(s));
+      auto c = by_caller_.find(it->second.caller);
+      if (c != by_caller_.end() && --c->second == 0) by_caller_.erase(c);
       it = entries_.erase(it);
     }
   }
@@ -476,6 +562,12 @@ size_t WatchRegistry::Recheck(const Check& check) {
 size_t WatchRegistry::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return entries_.size();
+}
+
+size_t WatchRegistry::count_of(const std::string& caller) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_caller_.find(caller);
+  return it == by_caller_.end() ? 0 : it->second;
 }
 
 grpc::ServerBidiReactor<v1::WorkerSessionRequest, v1::WorkerSessionResponse>*

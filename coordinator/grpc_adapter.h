@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 
 #include "common/status.h"
 #include "coordinator/auth.h"
@@ -28,6 +29,11 @@ struct AdapterLimits {
   // Messages queued for one worker's session before the stream is ended (UNAVAILABLE); the
   // worker reopens and its outbox resumes.
   size_t max_session_queue = 1'000'000;
+  // Open WatchJob streams, all callers together (--max-watch-streams) and of one caller: one
+  // bearer token, or one peer host without --token-file (--max-watch-streams-per-caller). A
+  // stream's slot is freed as soon as its call ends (client cancel or disconnect included).
+  size_t max_watch_streams = 1'024;
+  size_t max_watch_streams_per_caller = 128;
 };
 
 // The open WatchJob calls and the `authorization` header each was accepted with, so that a
@@ -36,21 +42,27 @@ class WatchRegistry {
  public:
   using Stop = std::function<void(const Status&)>;
   using Check = std::function<Status(const std::optional<std::string_view>& authorization)>;
-  uint64_t Add(std::optional<std::string> authorization, Stop stop);
+  // Registers one stream of `caller`; RESOURCE_EXHAUSTED (naming the flag) when `max_total`
+  // streams are open, or `max_per_caller` of this caller.
+  StatusOr<uint64_t> Add(std::optional<std::string> authorization, const std::string& caller,
+                         Stop stop, size_t max_total, size_t max_per_caller);
   void Remove(uint64_t id);
   // Calls `stop` (outside the lock) of every watch whose header `check` no longer accepts.
   // Returns how many were stopped.
   size_t Recheck(const Check& check);
   size_t size() const;
+  size_t count_of(const std::string& caller) const;
 
  private:
   struct Entry {
     std::optional<std::string> authorization;
+    std::string caller;
     Stop stop;
   };
   mutable std::mutex mu_;
   uint64_t next_ = 1;
-  std::map<uint64_t, Entry> entries_;  // guarded by mu_
+  std::map<uint64_t, Entry> entries_;                  // guarded by mu_
+  std::unordered_map<std::string, size_t> by_caller_;  // open entries per caller, guarded by mu_
 };
 
 class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
@@ -98,6 +110,8 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   // Ends, with UNAUTHENTICATED, the WatchJob streams whose token is no longer accepted (call
   // after Authorizer::ReloadTokens). Returns how many ended.
   size_t RecheckWatches();
+  // Open WatchJob calls (all callers).
+  size_t watch_count() const { return watches_.size(); }
 
  private:
   CoordinatorServiceHandler& handler_;

@@ -147,6 +147,9 @@ void JobEventLog::ReleaseRankMetrics() {
 }
 
 void JobEventLog::AddWatcher(std::shared_ptr<WatchJobStream> stream, WatchFilter filter) {
+  // Streams that ended (cancelled, disconnected) since the last event go now: a job without
+  // events must not collect them.
+  std::erase_if(watchers_, [](const Watcher& w) { return w.stream->ended(); });
   watchers_.push_back({std::move(stream), filter});
 }
 

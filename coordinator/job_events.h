@@ -91,6 +91,7 @@ class JobEventLog {
   uint64_t next_sequence() const { return next_sequence_; }
   uint64_t last_sequence() const { return next_sequence_ - 1; }
 
+  // Also forgets the watchers whose stream has finished.
   void AddWatcher(std::shared_ptr<WatchJobStream> stream, WatchFilter filter);
   // Ends every watch with `status` (OK after a terminal state; UNAVAILABLE at shutdown).
   void FinishWatchers(const Status& status);

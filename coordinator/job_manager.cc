@@ -137,7 +137,7 @@ void JobManager::SetJobStateLocked(Txn& txn, v1::JobState state, const std::stri
   txn.job_dirty = true;
   if (state == v1::JOB_STATE_PENDING) {
     txn.job.pending_reason = reason;
-    queue_.Add(row.seq, row.job_id, txn.job.device());
+    queue_.Add(row.seq, row.job_id, txn.job.device(), txn.job.owner);
   } else {
     queue_.Remove(row.seq);
   }
@@ -169,7 +169,8 @@ void JobManager::SetRankStateLocked(Txn& txn, Attempt& attempt, Rank& rank, v1::
 
 // ---- Client RPCs --------------------------------------------------------------------------------
 
-StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
+StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request,
+                                         const std::string& caller) {
   const size_t spec_bytes = request.spec().ByteSizeLong();
   if (spec_bytes > config_.max_spec_bytes) {
     return ResourceExhaustedError(
@@ -207,6 +208,14 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
                                   "wait for some to start, cancel some, or ask the operator to "
                                   "raise --max-pending-jobs)");
   }
+  if (!caller.empty() && queue_.CountOf(caller) >= config_.max_queued_jobs_per_caller) {
+    return ResourceExhaustedError(
+        "--max-pending-jobs-per-caller: this caller (token, or host without tokens) already "
+        "has " +
+        std::to_string(queue_.CountOf(caller)) +
+        " jobs PENDING, the coordinator's limit per caller (hint: wait for some to start, "
+        "cancel some, or ask the operator to raise --max-pending-jobs-per-caller)");
+  }
   const std::vector<LiveWorker> live = workers_.LiveWorkers();
   MESHRUN_RETURN_IF_ERROR(
       CheckAdmission(live, spec.resources.device, mesh, request.wait_for_capacity()));
@@ -230,6 +239,7 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request) {
   row.world_size = mesh.world_size();
   row.last_checkpoint = existing_checkpoint;
   auto job = std::make_unique<Job>(std::move(row), std::move(resolved), mesh, config_.events);
+  job->owner = caller;
   Txn txn(*job);
   SetJobStateLocked(txn, v1::JOB_STATE_PENDING, "submitted");
   Status status = journal_.Commit(txn, Durability::kDurable);
@@ -335,13 +345,9 @@ Status JobManager::Watch(const v1::WatchJobRequest& request,
   if (shut_down_) return UnavailableError("the coordinator is stopping (hint: reconnect later)");
   Job* job = FindLocked(request.job_id());
   if (job == nullptr) return JobNotFound(request.job_id());
-  size_t watchers = 0;
-  for (const auto& [id, j] : jobs_) watchers += j->events.watcher_count();
+  // The number of open streams is bounded by the gRPC adapter (--max-watch-streams and
+  // --max-watch-streams-per-caller), which counts each call until it ends.
   const bool keep = !job->terminal() && !request.replay_only();
-  if (keep && watchers >= config_.max_watchers) {
-    return ResourceExhaustedError("watchers: " + std::to_string(watchers) +
-                                  " streams are open, the coordinator's limit (hint: retry later)");
-  }
   const uint64_t from = std::max<uint64_t>(1, request.from_sequence());
   const WatchFilter filter = WatchFilter::FromRequest(request);
   // Durable events older than the ones in memory come back from StateDb.

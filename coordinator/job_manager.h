@@ -57,9 +57,10 @@ using meshrun::JobStateName;
 struct JobManagerConfig {
   // HOST:PORT the ranks dial for StoreSet/Get/Add (the coordinator's advertised address).
   std::string store_address;
-  size_t max_queued_jobs = 10'000;     // PENDING jobs (--max-pending-jobs)
+  size_t max_queued_jobs = 10'000;  // PENDING jobs (--max-pending-jobs)
+  // PENDING jobs of one caller (--max-pending-jobs-per-caller).
+  size_t max_queued_jobs_per_caller = 1'000;
   size_t max_spec_bytes = 256 * 1024;  // serialized spec, source_yaml included (--max-spec-bytes)
-  size_t max_watchers = 1024;
   int default_page_size = 100;
   int max_page_size = 1000;
   // Between SIGTERM and SIGKILL when a CancelJob gives none, and for PEER_FAILED stops.
@@ -124,7 +125,9 @@ class JobManager {
 
   // ---- Client RPCs (errors as in coordinator.proto) ----
   // The new job's id; for request.dry_run() the placement answer instead (nothing is stored).
-  StatusOr<std::string> Submit(const v1::SubmitJobRequest& request);
+  // `caller`: who submits (the token, or the peer's host; "" unknown, not counted per caller).
+  StatusOr<std::string> Submit(const v1::SubmitJobRequest& request,
+                               const std::string& caller = std::string());
   StatusOr<v1::Job> Get(const std::string& job_id);
   StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request);
   StatusOr<v1::Job> Cancel(const v1::CancelJobRequest& request);

@@ -143,7 +143,7 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   SetJobStateLocked(txn, v1::JOB_STATE_RUNNING, reason);
   if (!journal_.Commit(txn, Durability::kDurable).ok()) {
     job.row = saved;
-    queue_.Add(job.row.seq, job.row.job_id, job.device());
+    queue_.Add(job.row.seq, job.row.job_id, job.device(), job.owner);
     return;
   }
   const std::string job_id = job.row.job_id;

@@ -96,6 +96,9 @@ struct JobRecord {
   // are counted and warned about once per job.
   size_t persisted_log_bytes = 0, persisted_event_bytes = 0;
   size_t unstored_lines = 0, unstored_events = 0, cut_lines = 0;
+  // Who submitted it (SubmitJob's caller: the token, or the peer's host), for
+  // --max-pending-jobs-per-caller; not persisted: "" for jobs restored after a restart.
+  std::string owner;
   JobEventLog events;
 
   const std::string& device() const { return spec.resources().device(); }

@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "common/health_server.h"
+#include "coordinator/connection_limits.h"
 #include "coordinator/server.h"
 
 int main(int argc, char** argv) {
@@ -97,6 +98,41 @@ int main(int argc, char** argv) {
                  "longest wait before a restart, in seconds")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));
+  // Per-caller limits and connections (docs/security.md "Limits").
+  double max_store_wait_s = 1800, handshake_timeout_s = 10, connection_idle_timeout_s = 300;
+  app.add_option("--max-pending-jobs-per-caller", config.max_pending_jobs_per_caller,
+                 "PENDING jobs one caller (token, or host without --token-file) may have")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{10'000'000}));
+  app.add_option("--max-watch-streams", config.max_watch_streams,
+                 "WatchJob streams open at once, all callers")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1'000'000}));
+  app.add_option("--max-watch-streams-per-caller", config.max_watch_streams_per_caller,
+                 "WatchJob streams one caller may hold open")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1'000'000}));
+  app.add_option("--max-store-waits", config.max_store_waits,
+                 "rendezvous StoreGet calls waiting at once, all workers")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{10'000'000}));
+  app.add_option("--max-store-waits-per-worker", config.max_store_waits_per_worker,
+                 "StoreGet calls of one worker (its certificate; its host without TLS) waiting "
+                 "at once")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{10'000'000}));
+  app.add_option("--max-store-wait", max_store_wait_s,
+                 "longest StoreGet wait in seconds; a longer client timeout is clamped to it")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0 * 7));
+  app.add_option("--handshake-timeout", handshake_timeout_s,
+                 "seconds a new connection has to finish its TLS and HTTP/2 handshake")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--connection-idle-timeout", connection_idle_timeout_s,
+                 "seconds a connection without calls stays open")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 86400.0 * 7));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
@@ -116,8 +152,17 @@ int main(int argc, char** argv) {
       std::chrono::milliseconds(static_cast<int64_t>(restart_backoff_s * 1000));
   config.restart_backoff_max =
       std::chrono::milliseconds(static_cast<int64_t>(restart_backoff_max_s * 1000));
+  config.max_store_wait = std::chrono::milliseconds(static_cast<int64_t>(max_store_wait_s * 1000));
+  config.handshake_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(handshake_timeout_s * 1000));
+  config.connection_idle_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(connection_idle_timeout_s * 1000));
   spdlog::set_default_logger(spdlog::stderr_color_mt("coordinator"));
   spdlog::set_level(spdlog::level::from_str(log_level));
+  // Descriptors: as many as allowed, and a guard so that running out of them never stops the
+  // listener (coordinator/connection_limits.h).
+  const meshrun::coordinator::OpenFiles open_files = meshrun::coordinator::RaiseOpenFilesLimit();
+  const std::string accept_guard = meshrun::coordinator::InstallAcceptGuard();
 
   // Block the stop signals in every thread (gRPC's included) and wait for them here.
   sigset_t stop;
@@ -132,6 +177,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", server.status().message().c_str());
     return server.status().code() == meshrun::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  spdlog::info("{}", open_files.message);
+  spdlog::info("{}", accept_guard);
   std::unique_ptr<meshrun::HealthServer> health;
   if (!health_listen.empty()) {
     auto started = meshrun::HealthServer::Start(health_listen, /*ready=*/true);

@@ -16,6 +16,7 @@
 #include <map>
 #include <thread>
 
+#include "common/metrics_http.h"
 #include "proto/state_names.h"
 
 namespace meshrun::coordinator {
@@ -252,7 +253,7 @@ StatusOr<std::unique_ptr<MetricsExporter>> MetricsExporter::Start(
   e->collector_ =
       std::make_shared<Collector>(std::move(jobs), std::move(workers), std::move(ranks));
   try {
-    e->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    e->exposer_ = std::make_unique<prometheus::Exposer>(MetricsHttpOptions(listen));
   } catch (const std::exception& ex) {
     return FailedPreconditionError("--metrics-listen: cannot serve metrics on '" + listen + "': " +
                                    ex.what() + " (hint: use a free HOST:PORT, e.g. 127.0.0.1:0)");

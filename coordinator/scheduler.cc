@@ -60,12 +60,24 @@ std::unordered_map<std::string, int> SlotBook::InUse() const {
 
 // ---- JobQueue -----------------------------------------------------------------------------------
 
-void JobQueue::Add(int64_t seq, const std::string& job_id, const std::string& device) {
-  by_seq_[seq] = {job_id, device};
+void JobQueue::Add(int64_t seq, const std::string& job_id, const std::string& device,
+                   const std::string& owner) {
+  Remove(seq);
+  by_seq_[seq] = {job_id, device, owner};
+  ++by_owner_[owner];
 }
 
 void JobQueue::Remove(int64_t seq) {
-  by_seq_.erase(seq);
+  auto it = by_seq_.find(seq);
+  if (it == by_seq_.end()) return;
+  auto o = by_owner_.find(it->second.owner);
+  if (o != by_owner_.end() && --o->second == 0) by_owner_.erase(o);
+  by_seq_.erase(it);
+}
+
+size_t JobQueue::CountOf(const std::string& owner) const {
+  auto it = by_owner_.find(owner);
+  return it == by_owner_.end() ? 0 : it->second;
 }
 
 std::vector<std::string> JobQueue::InOrder() const {

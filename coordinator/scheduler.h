@@ -53,9 +53,13 @@ class SlotBook {
 
 class JobQueue {
  public:
-  void Add(int64_t seq, const std::string& job_id, const std::string& device);
+  // `owner`: who submitted the job (counted by CountOf).
+  void Add(int64_t seq, const std::string& job_id, const std::string& device,
+           const std::string& owner = std::string());
   void Remove(int64_t seq);
   size_t size() const { return by_seq_.size(); }
+  // Queued jobs of `owner`.
+  size_t CountOf(const std::string& owner) const;
   bool empty() const { return by_seq_.empty(); }
   // Job ids, oldest first.
   std::vector<std::string> InOrder() const;
@@ -64,9 +68,10 @@ class JobQueue {
 
  private:
   struct Entry {
-    std::string job_id, device;
+    std::string job_id, device, owner;
   };
   std::map<int64_t, Entry> by_seq_;
+  std::map<std::string, size_t> by_owner_;
 };
 
 struct ScheduleDecision {

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "coordinator/auth.h"
+#include "coordinator/connection_limits.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/grpc_adapter.h"
 #include "coordinator/job_manager.h"
@@ -79,6 +80,20 @@ Status CheckLimits(const CoordinatorConfig& c) {
                                                                        : "--max-stops-per-worker") +
                                 ": must be at least 1 (hint: the defaults are 4096 and 1024)");
   }
+  if (c.max_pending_jobs_per_caller < 1 || c.max_watch_streams < 1 ||
+      c.max_watch_streams_per_caller < 1 || c.max_store_waits < 1 ||
+      c.max_store_waits_per_worker < 1) {
+    return InvalidArgumentError(
+        "--max-pending-jobs-per-caller, --max-watch-streams, --max-watch-streams-per-caller, "
+        "--max-store-waits, --max-store-waits-per-worker: each must be at least 1 (hint: the "
+        "defaults are 1000, 1024, 128, 65536 and 1024)");
+  }
+  if (c.max_store_wait < std::chrono::seconds(1) || c.handshake_timeout.count() < 100 ||
+      c.connection_idle_timeout < std::chrono::seconds(1)) {
+    return InvalidArgumentError(
+        "--max-store-wait, --handshake-timeout, --connection-idle-timeout: must be at least 1 s, "
+        "0.1 s and 1 s (hint: the defaults are 1800, 10 and 300 seconds)");
+  }
   if (c.restart_backoff.count() < 0 || c.restart_backoff_max < c.restart_backoff) {
     return InvalidArgumentError(
         "--restart-backoff: must be ≥ 0 and at most --restart-backoff-max (hint: the defaults "
@@ -105,6 +120,14 @@ std::string CoordinatorConfig::ToString() const {
          " max_store_bytes=" + std::to_string(max_store_bytes) +
          " max_ranks_per_report=" + std::to_string(max_ranks_per_report) +
          " max_stops_per_worker=" + std::to_string(max_stops_per_worker) +
+         " max_pending_jobs_per_caller=" + std::to_string(max_pending_jobs_per_caller) +
+         " max_watch_streams=" + std::to_string(max_watch_streams) +
+         " max_watch_streams_per_caller=" + std::to_string(max_watch_streams_per_caller) +
+         " max_store_waits=" + std::to_string(max_store_waits) +
+         " max_store_waits_per_worker=" + std::to_string(max_store_waits_per_worker) +
+         " max_store_wait=" + std::to_string(max_store_wait.count()) + "ms" +
+         " handshake_timeout=" + std::to_string(handshake_timeout.count()) + "ms" +
+         " connection_idle_timeout=" + std::to_string(connection_idle_timeout.count()) + "ms" +
          " restart_backoff=" + std::to_string(restart_backoff.count()) + "ms" +
          " restart_backoff_max=" + std::to_string(restart_backoff_max.count()) + "ms" +
          " tls=" + (tls.any() ? "on" : "off") +
@@ -174,6 +197,9 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   store_limits.max_value_bytes = config.max_store_value_bytes;
   store_limits.max_bytes_per_attempt = config.max_store_bytes_per_attempt;
   store_limits.max_bytes = config.max_store_bytes;
+  store_limits.max_waiters = config.max_store_waits;
+  store_limits.max_waiters_per_owner = config.max_store_waits_per_worker;
+  store_limits.max_wait = config.max_store_wait;
   s->store_ = std::make_unique<StoreManager>(*s->clock_, store_limits, s->db_.get());
   WorkerManagerConfig wcfg;
   wcfg.lease_ttl = config.heartbeat_timeout;
@@ -181,6 +207,7 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   JobManagerConfig jcfg;
   jcfg.stop_resend = std::max(std::chrono::milliseconds(500), config.heartbeat_timeout / 2);
   jcfg.max_queued_jobs = config.max_pending_jobs;
+  jcfg.max_queued_jobs_per_caller = config.max_pending_jobs_per_caller;
   jcfg.max_spec_bytes = config.max_spec_bytes;
   jcfg.max_stops_per_worker = config.max_stops_per_worker;
   jcfg.restart_backoff = config.restart_backoff;
@@ -201,8 +228,11 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   service_options.max_ranks_per_report = config.max_ranks_per_report;
   s->service_ = std::make_unique<CoordinatorServiceImpl>(*s->jobs_, *s->workers_, *s->store_,
                                                          *s->clock_, std::move(service_options));
+  AdapterLimits adapter_limits;
+  adapter_limits.max_watch_streams = config.max_watch_streams;
+  adapter_limits.max_watch_streams_per_caller = config.max_watch_streams_per_caller;
   s->grpc_service_ =
-      std::make_unique<CoordinatorGrpcService>(*s->service_, AdapterLimits{}, s->auth_.get());
+      std::make_unique<CoordinatorGrpcService>(*s->service_, adapter_limits, s->auth_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -213,6 +243,10 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // Workers hold streams open for days: let them keep the connection alive.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  ConnectionLimits connections;
+  connections.handshake_timeout = config.handshake_timeout;
+  connections.idle_timeout = config.connection_idle_timeout;
+  ApplyConnectionLimits(builder, connections);
   builder.RegisterService(s->grpc_service_.get());
   // Restore before serving, so no call sees a half-loaded coordinator.
   MESHRUN_RETURN_IF_ERROR(s->workers_->Load());
@@ -255,6 +289,10 @@ Status CoordinatorServer::ReloadTokens() {
   spdlog::info("--token-file {}: {} tokens accepted; {} WatchJob streams of revoked tokens ended",
                config_.token_file, auth_->token_count(), ended);
   return OkStatus();
+}
+
+size_t CoordinatorServer::watch_streams() const {
+  return grpc_service_ ? grpc_service_->watch_count() : 0;
 }
 
 int CoordinatorServer::metrics_port() const {

@@ -55,6 +55,17 @@ struct CoordinatorConfig {
   size_t max_stops_per_worker = 1'024;               // --max-stops-per-worker
   std::chrono::milliseconds restart_backoff{1'000};  // --restart-backoff
   std::chrono::milliseconds restart_backoff_max{300'000};  // --restart-backoff-max
+  // Per-caller limits (a caller: one bearer token, or one peer host without --token-file; for
+  // store waits one worker certificate) beside the global ones, and the connections
+  // (docs/security.md "Limits").
+  size_t max_pending_jobs_per_caller = 1'000;                  // --max-pending-jobs-per-caller
+  size_t max_watch_streams = 1'024;                            // --max-watch-streams
+  size_t max_watch_streams_per_caller = 128;                   // --max-watch-streams-per-caller
+  size_t max_store_waits = 65'536;                             // --max-store-waits
+  size_t max_store_waits_per_worker = 1'024;                   // --max-store-waits-per-worker
+  std::chrono::milliseconds max_store_wait{1'800'000};         // --max-store-wait
+  std::chrono::milliseconds handshake_timeout{10'000};         // --handshake-timeout
+  std::chrono::milliseconds connection_idle_timeout{300'000};  // --connection-idle-timeout
   std::chrono::milliseconds tick{20};
   // Transport security and authentication (docs/security.md). --tls-cert, --tls-key and
   // --tls-ca together turn on TLS, with client certificates verified against --tls-ca and
@@ -94,6 +105,9 @@ class CoordinatorServer {
   CoordinatorServiceImpl& service() { return *service_; }
   JobManager& jobs() { return *jobs_; }
   WorkerManager& workers() { return *workers_; }
+  StoreManager& store() { return *store_; }
+  // Open WatchJob calls.
+  size_t watch_streams() const;
 
  private:
   CoordinatorServer() = default;

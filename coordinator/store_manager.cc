@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <charconv>
 #include <limits>
 
@@ -85,8 +86,10 @@ void StoreManager::OpenAttempt(const std::string& job_id, int attempt) {
     DropPersisted(db_, job_id, attempt);
     auto it = spaces_.find({job_id, attempt});
     if (it != spaces_.end()) {
-      for (Waiter& w : it->second.waiters) abort.push_back(std::move(w.done));
-      waiters_ -= it->second.waiters.size();
+      for (Waiter& w : it->second.waiters) {
+        ForgetLocked(w);
+        abort.push_back(std::move(w.done));
+      }
       total_bytes_ -= it->second.bytes;
     }
     spaces_[{job_id, attempt}] = KeySpace{};
@@ -101,8 +104,10 @@ void StoreManager::CloseAttempt(const std::string& job_id, int attempt) {
     DropPersisted(db_, job_id, attempt);
     auto it = spaces_.find({job_id, attempt});
     if (it == spaces_.end()) return;
-    for (Waiter& w : it->second.waiters) abort.push_back(std::move(w.done));
-    waiters_ -= it->second.waiters.size();
+    for (Waiter& w : it->second.waiters) {
+      ForgetLocked(w);
+      abort.push_back(std::move(w.done));
+    }
     total_bytes_ -= it->second.bytes;
     spaces_.erase(it);
   }
@@ -158,10 +163,10 @@ Status StoreManager::SetLocked(KeySpace& space, const std::string& key, std::str
   auto& ws = space.waiters;
   for (size_t i = 0; i < ws.size();) {
     if (ws[i].key == key) {
+      ForgetLocked(ws[i]);
       wake->emplace_back(std::move(ws[i].done), slot);
       ws[i] = std::move(ws.back());
       ws.pop_back();
-      --waiters_;
     } else {
       ++i;
     }
@@ -184,10 +189,39 @@ Status StoreManager::Set(const std::string& job_id, int attempt, const std::stri
   return persisted;
 }
 
+void StoreManager::ForgetLocked(const Waiter& waiter) {
+  --waiters_;
+  waiter_spaces_.erase(waiter.id);
+  auto it = waiters_by_owner_.find(waiter.owner);
+  if (it != waiters_by_owner_.end() && --it->second == 0) waiters_by_owner_.erase(it);
+}
+
+void StoreManager::CancelWait(uint64_t id) {
+  GetCallback done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto where = waiter_spaces_.find(id);
+    if (where == waiter_spaces_.end()) return;  // already woken, expired or aborted
+    auto space = spaces_.find(where->second);
+    if (space == spaces_.end()) return;
+    auto& ws = space->second.waiters;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (ws[i].id != id) continue;
+      ForgetLocked(ws[i]);
+      done = std::move(ws[i].done);
+      ws[i] = std::move(ws.back());
+      ws.pop_back();
+      break;
+    }
+  }
+  if (done) done(CancelledError("store: the wait was cancelled by the client"));
+}
+
 void StoreManager::Get(const std::string& job_id, int attempt, const std::string& key, bool wait,
                        std::chrono::milliseconds timeout, std::optional<MonoTime> call_deadline,
-                       GetCallback done) {
+                       GetCallback done, const std::string& owner, CallCancellation* cancel) {
   StatusOr<std::optional<std::string>> result = std::optional<std::string>();
+  uint64_t parked = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = spaces_.find({job_id, attempt});
@@ -199,18 +233,34 @@ void StoreManager::Get(const std::string& job_id, int attempt, const std::string
       if (shut_down_) {
         result = UnavailableError("the coordinator is stopping (hint: retry with backoff)");
       } else if (waiters_ >= limits_.max_waiters) {
-        result = ResourceExhaustedError("store: " + std::to_string(waiters_) +
-                                        " calls are already waiting, the store's fixed limit "
-                                        "(hint: retry with backoff)");
+        result = ResourceExhaustedError(
+            "--max-store-waits: " + std::to_string(waiters_) +
+            " StoreGet calls are already waiting, the coordinator's limit (hint: retry with "
+            "backoff, or ask the operator to raise --max-store-waits)");
+      } else if (auto mine = waiters_by_owner_.find(owner);
+                 mine != waiters_by_owner_.end() && mine->second >= limits_.max_waiters_per_owner) {
+        result = ResourceExhaustedError(
+            "--max-store-waits-per-worker: " + std::to_string(mine->second) +
+            " StoreGet calls of this worker are already waiting, the coordinator's limit per "
+            "worker (hint: wait for fewer keys at once, or ask the operator to raise "
+            "--max-store-waits-per-worker)");
       } else {
-        MonoTime deadline =
-            clock_.Monotonic() + (timeout.count() > 0 ? timeout : limits_.default_wait);
+        std::chrono::milliseconds wait_for = timeout.count() > 0 ? timeout : limits_.default_wait;
+        wait_for = std::min(wait_for, limits_.max_wait);
+        MonoTime deadline = clock_.Monotonic() + wait_for;
         if (call_deadline && *call_deadline < deadline) deadline = *call_deadline;
-        it->second.waiters.push_back({key, deadline, std::move(done)});
+        parked = next_waiter_++;
+        it->second.waiters.push_back({key, deadline, std::move(done), parked, owner});
         ++waiters_;
-        return;
+        ++waiters_by_owner_[owner];
+        waiter_spaces_.emplace(parked, Key{job_id, attempt});
       }
     }
+  }
+  if (parked != 0) {
+    // Outside the lock: the hook runs at once when the call is already cancelled.
+    if (cancel != nullptr) cancel->OnCancel([this, parked] { CancelWait(parked); });
+    return;
   }
   done(std::move(result));
 }
@@ -277,10 +327,10 @@ void StoreManager::ExpireWaiters() {
       auto& ws = space.waiters;
       for (size_t i = 0; i < ws.size();) {
         if (ws[i].deadline <= now) {
+          ForgetLocked(ws[i]);
           expired.push_back(std::move(ws[i].done));
           ws[i] = std::move(ws.back());
           ws.pop_back();
-          --waiters_;
         } else {
           ++i;
         }
@@ -304,6 +354,8 @@ void StoreManager::Shutdown() {
       space.waiters.clear();
     }
     waiters_ = 0;
+    waiters_by_owner_.clear();
+    waiter_spaces_.clear();
   }
   for (auto& done : all) done(UnavailableError("the coordinator is stopping (hint: retry)"));
 }
@@ -311,6 +363,12 @@ void StoreManager::Shutdown() {
 size_t StoreManager::waiter_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return waiters_;
+}
+
+size_t StoreManager::waiter_count_of(const std::string& owner) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = waiters_by_owner_.find(owner);
+  return it == waiters_by_owner_.end() ? 0 : it->second;
 }
 
 size_t StoreManager::attempt_count() const {

@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "coordinator/clock.h"
 #include "coordinator/state_db.h"
+#include "coordinator/streams.h"
 
 namespace meshrun::coordinator {
 
@@ -32,9 +33,15 @@ struct StoreLimits {
   // All keys and values of every attempt together (--max-store-bytes): many attempts, each
   // under its own limit, must not add up to the coordinator's memory.
   size_t max_bytes = size_t{1} << 30;
+  // Parked StoreGet waits, all owners together (--max-store-waits) and of one owner: the
+  // worker of the client certificate, or the peer's host without TLS
+  // (--max-store-waits-per-worker), so that one worker cannot take every slot.
   size_t max_waiters = 1 << 16;
+  size_t max_waiters_per_owner = 1'024;
   // StoreGet with wait and no timeout waits this long (c10d's default store timeout).
   std::chrono::milliseconds default_wait{300'000};
+  // A client's timeout is clamped to this (--max-store-wait).
+  std::chrono::milliseconds max_wait{1'800'000};
 };
 
 class StoreManager {
@@ -61,11 +68,14 @@ class StoreManager {
   Status Set(const std::string& job_id, int attempt, const std::string& key, std::string value);
   // Without wait: done(value or nullopt) at once. With wait: done(value) as soon as the key is
   // set, DEADLINE_EXCEEDED when min(timeout or the default, call_deadline) passes (checked by
-  // ExpireWaiters), ABORTED when the attempt closes, UNAVAILABLE at Shutdown. `done` may run
-  // before Get returns.
+  // ExpireWaiters), ABORTED when the attempt closes, UNAVAILABLE at Shutdown, CANCELLED when
+  // `cancel` (optional) fires: the wait is then dropped at once. `timeout` is clamped to
+  // limits.max_wait. `owner` names whose wait it is (limits.max_waiters_per_owner). `done` may
+  // run before Get returns.
   void Get(const std::string& job_id, int attempt, const std::string& key, bool wait,
            std::chrono::milliseconds timeout, std::optional<MonoTime> call_deadline,
-           GetCallback done);
+           GetCallback done, const std::string& owner = std::string(),
+           CallCancellation* cancel = nullptr);
   // FAILED_PRECONDITION when the key holds something other than a decimal int64, OUT_OF_RANGE
   // on overflow. A non-empty `request_id` that this attempt has already applied answers that
   // addition's result and adds nothing: a client's retry after a lost reply cannot add twice.
@@ -79,6 +89,8 @@ class StoreManager {
   void Shutdown();
 
   size_t waiter_count() const;
+  size_t waiter_count_of(const std::string& owner) const;
+  const StoreLimits& limits() const { return limits_; }
   size_t attempt_count() const;
   size_t total_bytes() const;
 
@@ -87,6 +99,8 @@ class StoreManager {
     std::string key;
     MonoTime deadline;
     GetCallback done;
+    uint64_t id = 0;
+    std::string owner;
   };
   struct KeySpace {
     std::unordered_map<std::string, std::string> values;
@@ -100,14 +114,22 @@ class StoreManager {
   Status SetLocked(KeySpace& space, const std::string& key, std::string value,
                    std::vector<std::pair<GetCallback, std::string>>* wake);
 
+  // The counters of a waiter leaving its KeySpace (woken, expired, aborted or cancelled).
+  void ForgetLocked(const Waiter& waiter);
+  // Drops the wait `id` (its client cancelled): done(CANCELLED) if it was still parked.
+  void CancelWait(uint64_t id);
+
   const Clock& clock_;
   const StoreLimits limits_;
   StateDb* const db_;
   mutable std::mutex mu_;
-  std::map<Key, KeySpace> spaces_;  // guarded by mu_
-  size_t waiters_ = 0;              // guarded by mu_
-  size_t total_bytes_ = 0;          // sum of spaces_[*].bytes, guarded by mu_
-  bool shut_down_ = false;          // guarded by mu_
+  std::map<Key, KeySpace> spaces_;                            // guarded by mu_
+  size_t waiters_ = 0;                                        // guarded by mu_
+  uint64_t next_waiter_ = 1;                                  // guarded by mu_
+  std::unordered_map<std::string, size_t> waiters_by_owner_;  // guarded by mu_
+  std::unordered_map<uint64_t, Key> waiter_spaces_;           // waiter id -> its space, mu_
+  size_t total_bytes_ = 0;  // sum of spaces_[*].bytes, guarded by mu_
+  bool shut_down_ = false;  // guarded by mu_
 };
 
 }  // namespace meshrun::coordinator

@@ -3,7 +3,10 @@
 // gRPC adapter (grpc_adapter.cc) and, in tests, by hand-written fakes (tests/fakes/).
 #pragma once
 
+#include <functional>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "common/status.h"
 #include "meshrun/v1/coordinator.pb.h"
@@ -31,6 +34,43 @@ class WatchJobStream {
   // stream then ends itself with UNAVAILABLE): the caller forgets the watcher.
   virtual bool Send(const v1::WatchJobResponse& message) = 0;
   virtual void Finish(const Status& status) = 0;
+  // True once the stream is finishing or finished (the client cancelled, went away or was
+  // ended): a job's watcher list drops such streams without waiting for its next event.
+  virtual bool ended() const { return false; }
+};
+
+// The cancellation of one unary call (StoreGet with wait), as the handler sees it: the adapter
+// calls Cancel when the client cancels or goes away; a handler that parks the call registers a
+// hook that unparks it at once instead of at its timeout. Thread-safe.
+class CallCancellation {
+ public:
+  // `hook` runs on Cancel, or at once when the call was already cancelled; replaces an earlier
+  // hook. It runs without this object's lock held.
+  void OnCancel(std::function<void()> hook) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!cancelled_) {
+        hook_ = std::move(hook);
+        return;
+      }
+    }
+    hook();
+  }
+  void Cancel() {
+    std::function<void()> hook;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) return;
+      cancelled_ = true;
+      hook = std::move(hook_);
+    }
+    if (hook) hook();
+  }
+
+ private:
+  std::mutex mu_;
+  bool cancelled_ = false;      // guarded by mu_
+  std::function<void()> hook_;  // guarded by mu_
 };
 
 }  // namespace meshrun::coordinator

@@ -10,6 +10,8 @@
 
 #include <exception>
 
+#include "common/metrics_http.h"
+
 namespace meshrun {
 
 std::vector<prometheus::MetricFamily> GpuFamilies(const std::string& worker_name,
@@ -95,7 +97,7 @@ StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string
   m->up_->Set(1);
   m->SetSlots(0);
   try {
-    m->exposer_ = std::make_unique<prometheus::Exposer>(listen);
+    m->exposer_ = std::make_unique<prometheus::Exposer>(MetricsHttpOptions(listen));
   } catch (const std::exception& e) {
     return UnavailableError("--metrics-listen: cannot listen on " + listen + ": " + e.what() +
                             " (hint: pick a free port, or 127.0.0.1:0)");
