@@ -40,8 +40,9 @@ RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& m
   const double C = std::max(0, m.d_model), L = std::max(0, m.n_layer);
   const double V = std::max(0, m.vocab_size), S = std::max(0, m.seq_len);
   const double H = std::max(1, m.n_head), K = m.n_kv_head > 0 ? m.n_kv_head : H;
-  const double F = llama && m.d_ff > 0 ? static_cast<double>(m.d_ff) : 4 * C;  // ModelSpec::ff(), unwrapped
-  const double D = std::floor(C / H);                              // head_dim
+  const double F =
+      llama && m.d_ff > 0 ? static_cast<double>(m.d_ff) : 4 * C;  // ModelSpec::ff(), unwrapped
+  const double D = std::floor(C / H);                             // head_dim
   const double Cq = H * D, Ck = K * D, Wqkv = Cq + 2 * Ck;
   RankMemoryEstimate e;
   // The parameters of engine/model/gpt2_layout.cc's GPT2ParamLayout.
@@ -93,9 +94,10 @@ Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_
   char params[32];
   std::snprintf(params, sizeof params, "%.3g", e.parameters);
   return ResourceExhaustedError(
-      "model: " + std::string(params) + " parameters (" + Sizes(spec.model) + ") need at least " + Bytes(e.total()) + " per rank, " +
-      Bytes(need) + " for the " + std::to_string(std::max(1, ranks_on_host)) +
-      " ranks on this host, over the " + Bytes(available_bytes) + " of the worker's " + flag +
+      "model: " + std::string(params) + " parameters (" + Sizes(spec.model) + ") need at least " +
+      Bytes(e.total()) + " per rank, " + Bytes(need) + " for the " +
+      std::to_string(std::max(1, ranks_on_host)) + " ranks on this host, over the " +
+      Bytes(available_bytes) + " of the worker's " + flag +
       " (hint: use a smaller model, or more tp_size/dp_shard_size to shard it)");
 }
 
@@ -133,7 +135,8 @@ Status CheckJobFitsHost(const JobSpec& spec, const ParallelDims& mesh, int ranks
   }
   char params[32];
   std::snprintf(params, sizeof params, "%.3g", e.parameters);
-  std::string message = field + ": " + Sizes(m) + " make " + params + " parameters; one rank needs " +
+  std::string message =
+      field + ": " + Sizes(m) + " make " + params + " parameters; one rank needs " +
       (rank_bytes > 0
            ? Bytes(per_rank) + " (the engine's memory model over " + mesh.ToString() + ")"
            : "at least " + Bytes(e.total()) +

@@ -478,8 +478,8 @@ Status TokenizerEncoder::PreTokenize(std::string_view segment) {
                 "data.tokenizer: the pre-tokenizer pattern '" +
                 PatternForMessage(step.regex->pattern) + "' exceeded the " + which + " (" +
                 std::to_string(limit) + " steps at one position, at byte " + std::to_string(at) +
-                " of a " + std::to_string(p.size()) + "-byte piece: " +
-                reinterpret_cast<char*>(msg) +
+                " of a " + std::to_string(p.size()) +
+                "-byte piece: " + reinterpret_cast<char*>(msg) +
                 ") (hint: the pattern backtracks catastrophically, e.g. a nested quantifier such "
                 "as (a+)+ or (\\w+\\s?)*; rewrite it without nested repeats, or use the pattern "
                 "the tokenizer was published with)");

@@ -71,6 +71,12 @@ Status Trainer::SaveCheckpoint() {
   // The loss history travels with the checkpoint, so a resumed (or finished) run can report
   // the real loss of its last step.
   nlohmann::json trainer = {{"step", step_}, {"optimizer_step", step_}, {"losses", loss_history_}};
+  // What the model trained from says of itself (its type, dtype and special token ids), so
+  // `meshrun export` keeps it even when the folder is gone.
+  if (!spec_.model.init_from.empty()) {
+    nlohmann::json source = ReadHuggingFaceIdentity(spec_.model.init_from);
+    if (!source.empty()) trainer["source"] = std::move(source);
+  }
   meta.trainer_json = trainer.dump();
   MESHRUN_RETURN_IF_ERROR(WriteMetadata(step_dir, meta));
   return PruneCheckpoints(spec_.checkpoint.dir, std::max(1, spec_.checkpoint.keep));

@@ -19,7 +19,9 @@ constexpr const char* kLlama3Pattern =
 
 // The ByteLevel alphabet's character for byte b (GPT-2's bytes_to_unicode), as UTF-8.
 std::string Mapped(int b) {
-  auto direct = [](int k) { return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE; };
+  auto direct = [](int k) {
+    return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
+  };
   int cp = b;
   if (!direct(b)) {
     cp = 256;
