@@ -466,8 +466,6 @@ Status TokenizerEncoder::PreTokenize(std::string_view segment) {
                                         std::to_string(pcre2_get_startchar(md)) +
                                         " of a piece) (hint: tokenize UTF-8 text)");
           }
-          PCRE2_UCHAR msg[256];
-          pcre2_get_error_message(rc, msg, sizeof(msg));
           if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
               rc == PCRE2_ERROR_HEAPLIMIT || rc == PCRE2_ERROR_JIT_STACKLIMIT) {
             const char* which = rc == PCRE2_ERROR_MATCHLIMIT   ? "match limit"
@@ -477,13 +475,15 @@ Status TokenizerEncoder::PreTokenize(std::string_view segment) {
             return InvalidArgumentError(
                 "data.tokenizer: the pre-tokenizer pattern '" +
                 PatternForMessage(step.regex->pattern) + "' exceeded the " + which + " (" +
-                std::to_string(limit) + " steps at one position, at byte " + std::to_string(at) +
+                std::to_string(limit) + " steps at one position, from byte " + std::to_string(at) +
                 " of a " + std::to_string(p.size()) +
-                "-byte piece: " + reinterpret_cast<char*>(msg) +
-                ") (hint: the pattern backtracks catastrophically, e.g. a nested quantifier such "
+                "-byte piece) (hint: the pattern backtracks catastrophically, e.g. a nested "
+                "quantifier such "
                 "as (a+)+ or (\\w+\\s?)*; rewrite it without nested repeats, or use the pattern "
                 "the tokenizer was published with)");
           }
+          PCRE2_UCHAR msg[256];
+          pcre2_get_error_message(rc, msg, sizeof(msg));
           return InternalError(std::string("pre-tokenizer regex: ") + reinterpret_cast<char*>(msg));
         }
         options = PCRE2_NO_UTF_CHECK;
