@@ -26,24 +26,24 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path SourceDir() {
+fs::path ExportSourceDir() {
   const char* dir = std::getenv("MESHRUN_SOURCE_DIR");
   return dir != nullptr ? fs::path(dir) : fs::current_path();
 }
 
-fs::path BuildDir() {
+fs::path ExportBuildDir() {
   const char* dir = std::getenv("MESHRUN_BINARY_DIR");
   return dir != nullptr ? fs::path(dir) : fs::path("build");
 }
 
-json ReadJson(const fs::path& path) {
+json ReadExportedJson(const fs::path& path) {
   return json::parse(testing::ReadFile(path), nullptr, /*allow_exceptions=*/false);
 }
 
 class HfExportTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    python_ = testing::ModelVenvPython(SourceDir(), &error_);
+    python_ = testing::ModelVenvPython(ExportSourceDir(), &error_);
     if (python_.empty()) return;
     char pattern[] = "/tmp/meshrun_hf_export_XXXXXX";
     if (mkdtemp(pattern) == nullptr) {
@@ -61,13 +61,13 @@ class HfExportTest : public ::testing::Test {
   }
 
   static std::string Script() {
-    return (SourceDir() / "tests" / "integration" / "hf_export_check.py").string();
+    return (ExportSourceDir() / "tests" / "integration" / "hf_export_check.py").string();
   }
 
   void SetUp() override {
     if (python_.empty()) GTEST_SKIP() << error_;
     ASSERT_TRUE(error_.empty()) << error_;
-    meshrun_ = BuildDir() / "bin" / "meshrun";
+    meshrun_ = ExportBuildDir() / "bin" / "meshrun";
     ASSERT_TRUE(fs::exists(meshrun_)) << meshrun_;
   }
 
@@ -151,8 +151,8 @@ TEST_F(HfExportTest, FromScratchKeepsMeshrunsIdsAndWritesAGenerationConfig) {
                               "vocab_size: 320");
   const fs::path out = dir_ / "exported-scratch";
   ASSERT_EQ(Export(ckpt, out), 0) << last_err_;
-  const json config = ReadJson(out / "config.json");
-  const json generation = ReadJson(out / "generation_config.json");
+  const json config = ReadExportedJson(out / "config.json");
+  const json generation = ReadExportedJson(out / "generation_config.json");
   ASSERT_TRUE(config.is_object() && generation.is_object());
   EXPECT_EQ(config["model_type"], "llama");
   EXPECT_EQ(config["torch_dtype"], "float32");

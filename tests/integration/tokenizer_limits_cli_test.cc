@@ -20,13 +20,13 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path BuildDir() {
+fs::path LimitsBuildDir() {
   const char* dir = std::getenv("MESHRUN_BINARY_DIR");
   return dir != nullptr ? fs::path(dir) : fs::path("build");
 }
 
 // GPT-2's bytes_to_unicode character for byte b, as UTF-8.
-std::string Mapped(int b) {
+std::string ByteLevelChar(int b) {
   auto direct = [](int k) {
     return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
   };
@@ -52,7 +52,7 @@ class TokenizerLimitsCliTest : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "tok");
     json vocab = json::object();
-    for (int b = 0; b < 256; ++b) vocab[Mapped(b)] = b;
+    for (int b = 0; b < 256; ++b) vocab[ByteLevelChar(b)] = b;
     const json split = {{"type", "Split"},
                         {"pattern", {{"Regex", R"((\w+\s?)*$)"}}},
                         {"behavior", "Isolated"},
@@ -75,7 +75,7 @@ class TokenizerLimitsCliTest : public ::testing::Test {
         << "train: {steps: 2, global_batch_size: 2, micro_batch_size: 1, warmup_steps: 1}\n"
         << "data: {train: " << (dir_ / "text.txt").string()
         << ", tokenizer: " << (dir_ / "tok").string() << "}\n";
-    meshrun_ = BuildDir() / "bin" / "meshrun";
+    meshrun_ = LimitsBuildDir() / "bin" / "meshrun";
     ASSERT_TRUE(fs::exists(meshrun_)) << meshrun_;
   }
   void TearDown() override { fs::remove_all(dir_); }

@@ -14,11 +14,11 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kLlama3Pattern =
+constexpr const char* kLimitsLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // The ByteLevel alphabet's character for byte b (GPT-2's bytes_to_unicode), as UTF-8.
-std::string Mapped(int b) {
+std::string ByteLevelChar(int b) {
   auto direct = [](int k) {
     return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
   };
@@ -41,7 +41,7 @@ std::string Mapped(int b) {
 // with an empty pattern, ByteLevel with its own GPT-2 regex.
 std::shared_ptr<const Tokenizer> ByteTokenizer(const std::string& pattern) {
   json vocab = json::object();
-  for (int b = 0; b < 256; ++b) vocab[Mapped(b)] = b;
+  for (int b = 0; b < 256; ++b) vocab[ByteLevelChar(b)] = b;
   json pre = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", pattern.empty()}};
   if (!pattern.empty()) {
     pre = {{"type", "Sequence"},
@@ -65,7 +65,7 @@ std::shared_ptr<const Tokenizer> ByteTokenizer(const std::string& pattern) {
 // About `bytes` of words, a comma after every fifth: (\w+\s?)*$ tries every way to split each
 // run of words at every start position, each below PCRE2's default limit of 10^7 steps, so
 // without a tighter limit it ran for 15 s on 20 KB (and minutes on more) before matching.
-std::string Words(size_t bytes) {
+std::string CommaWords(size_t bytes) {
   const std::string words = "hello world this is some text, ";
   std::string text;
   while (text.size() < bytes) text += words;
@@ -88,7 +88,7 @@ void ExpectLimitError(const std::string& pattern, const std::string& text) {
 
 TEST(TokenizerLimitsTest, NestedQuantifierOnTwentyKilobytesFailsWithTheLimitError) {
   ExpectLimitError("(a+)+$", std::string(20000, 'a') + "!");
-  ExpectLimitError(R"((\w+\s?)*$)", Words(20000));
+  ExpectLimitError(R"((\w+\s?)*$)", CommaWords(20000));
 }
 
 TEST(TokenizerLimitsTest, ControlBytesOfAPatternAreEscapedInTheError) {
@@ -104,8 +104,8 @@ TEST(TokenizerLimitsTest, ControlBytesOfAPatternAreEscapedInTheError) {
 // which Llama 3's \s*[\r\n]+ backtracks once per space.
 TEST(TokenizerLimitsTest, GptTwoAndLlamaThreePatternsSplitLongInputs) {
   const std::string spaces = std::string(1 << 20, ' ') + "x";
-  const std::string words = Words(1 << 20);
-  for (const std::string pattern : {std::string(), std::string(kLlama3Pattern)}) {
+  const std::string words = CommaWords(1 << 20);
+  for (const std::string pattern : {std::string(), std::string(kLimitsLlama3Pattern)}) {
     auto t = ByteTokenizer(pattern);
     ASSERT_NE(t, nullptr);
     for (const std::string* text : {&spaces, &words}) {

@@ -14,7 +14,7 @@
 namespace meshrun {
 namespace {
 
-JobSpec Llama(int d_ff, int kv_heads, bool tied) {
+JobSpec LlamaSpec(int d_ff, int kv_heads, bool tied) {
   JobSpec spec;
   spec.model.arch = "llama";
   spec.model.n_layer = 3;
@@ -28,13 +28,13 @@ JobSpec Llama(int d_ff, int kv_heads, bool tied) {
   return spec;
 }
 
-struct Case {
+struct EstimateCase {
   const char* what;
   JobSpec spec;
 };
 
-std::vector<Case> Cases() {
-  std::vector<Case> cases;
+std::vector<EstimateCase> EstimateCases() {
+  std::vector<EstimateCase> cases;
   cases.push_back({"gpt2 default", JobSpec()});
   JobSpec gpt2;
   gpt2.model.n_layer = 4;
@@ -46,21 +46,21 @@ std::vector<Case> Cases() {
   JobSpec untied = gpt2;
   untied.model.tie_embeddings = false;
   cases.push_back({"gpt2 untied", untied});
-  cases.push_back({"llama gqa untied", Llama(344, 2, false)});
-  cases.push_back({"llama mha tied", Llama(512, 8, true)});
-  cases.push_back({"llama d_ff 200000", Llama(200000, 4, false)});
-  JobSpec bias = Llama(344, 2, false);
+  cases.push_back({"llama gqa untied", LlamaSpec(344, 2, false)});
+  cases.push_back({"llama mha tied", LlamaSpec(512, 8, true)});
+  cases.push_back({"llama d_ff 200000", LlamaSpec(200000, 4, false)});
+  JobSpec bias = LlamaSpec(344, 2, false);
   bias.model.attention_bias = true;
   cases.push_back({"llama q/k/v bias", bias});
-  JobSpec selective = Llama(344, 2, false), full = selective;
+  JobSpec selective = LlamaSpec(344, 2, false), full = selective;
   selective.train.activation_checkpointing = "selective";
   full.train.activation_checkpointing = "full";
   cases.push_back({"llama selective", selective});
   cases.push_back({"llama full recompute", full});
-  JobSpec tp = Llama(344, 2, false);
+  JobSpec tp = LlamaSpec(344, 2, false);
   tp.parallelism.tp_size = 2;
   cases.push_back({"llama tp 2", tp});
-  JobSpec fsdp = Llama(344, 2, false);
+  JobSpec fsdp = LlamaSpec(344, 2, false);
   fsdp.parallelism.dp_shard_size = 2;
   cases.push_back({"llama dp_shard 2", fsdp});
   JobSpec fsdp_cp = fsdp;
@@ -75,7 +75,7 @@ ParallelDims SpecMesh(const JobSpec& spec) {
 }
 
 TEST(MemoryEstimateModelTest, ParameterCountIsTheLayouts) {
-  for (Case c : Cases()) {
+  for (EstimateCase c : EstimateCases()) {
     c.spec.data.train = "train.bin";  // ValidateJobSpec asks for one
     const Status valid = ValidateJobSpec(c.spec, SpecMesh(c.spec).world_size());
     ASSERT_TRUE(valid.ok()) << c.what << ": " << valid.message();
@@ -89,7 +89,7 @@ TEST(MemoryEstimateModelTest, ParameterCountIsTheLayouts) {
 }
 
 TEST(MemoryEstimateModelTest, EstimateFollowsTheEnginesMemoryModel) {
-  for (const Case& c : Cases()) {
+  for (const EstimateCase& c : EstimateCases()) {
     const double estimate = EstimateRankMemory(c.spec, SpecMesh(c.spec)).total();
     const double model = static_cast<double>(PredictRankMemory(c.spec).peak_bytes);
     if (c.spec.parallelism.dp_shard_size * c.spec.parallelism.cp_size == 1) {
@@ -108,7 +108,7 @@ TEST(MemoryEstimateModelTest, EstimateFollowsTheEnginesMemoryModel) {
 // one with d_ff 2^31−1 (which must be refused, not wrap to a small figure).
 TEST(MemoryEstimateModelTest, AWideLlamaMlpIsCounted) {
   const ParallelDims one = ParallelDims::Create(1, 1, 1, 1).value();
-  JobSpec wide = Llama(200000, 4, false);
+  JobSpec wide = LlamaSpec(200000, 4, false);
   wide.model.d_model = 64;
   wide.model.n_head = 4;
   wide.model.n_layer = 2;
