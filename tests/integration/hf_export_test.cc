@@ -6,7 +6,8 @@
 // model_type, class, special token ids, generation config and dtype (or the one --dtype asks
 // for), and its generate stops at the source's end of text. The identity travels in the
 // checkpoint's metadata: the export works with the source folder gone. Without a source the
-// export keeps meshrun's own ids and still writes generation_config.json.
+// export keeps meshrun's own ids (eos from the job's tokenizer when it has one) and still
+// writes generation_config.json.
 // Skips, saying why, only when the model venv cannot be made.
 #include <gtest/gtest.h>
 
@@ -160,6 +161,58 @@ TEST_F(HfExportTest, FromScratchKeepsMeshrunsIdsAndWritesAGenerationConfig) {
   EXPECT_EQ(config["bos_token_id"], 0);
   EXPECT_EQ(generation["eos_token_id"], 319);
   EXPECT_EQ(generation["bos_token_id"], 0);
+}
+
+// From scratch with data.tokenizer: eos is the tokenizer's end of text (id 0 here, where
+// vocab_size − 1 would name an ordinary byte).
+TEST_F(HfExportTest, FromScratchTakesEosFromTheJobsTokenizer) {
+  // Id 0 is <|endoftext|>, ids 1..256 the bytes in GPT-2's byte-level alphabet.
+  auto byte_char = [](int b) {
+    auto direct = [](int k) {
+      return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
+    };
+    int cp = b;
+    if (!direct(b)) {
+      cp = 256;
+      for (int k = 0; k < b; ++k) cp += direct(k) ? 0 : 1;
+    }
+    std::string out;
+    if (cp < 0x80) return std::string(1, static_cast<char>(cp));
+    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    return out;
+  };
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b + 1;
+  const json tokenizer = {
+      {"version", "1.0"},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"added_tokens", {{{"id", 0}, {"content", "<|endoftext|>"}, {"special", true}}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
+  fs::create_directories(dir_ / "tok");
+  std::ofstream(dir_ / "tok" / "tokenizer.json") << tokenizer.dump();
+  std::string text;
+  while (text.size() < 4000) text += "the model stops at its end of text. ";
+  std::ofstream(dir_ / "text.txt") << text;
+  const fs::path spec = dir_ / "scratch-tok.yaml";
+  std::ofstream(spec) << "name: scratch-tok\n"
+                      << "model: {arch: llama, n_layer: 1, n_head: 4, d_model: 32, seq_len: 32, "
+                      << "vocab_size: 257}\n"
+                      << "train: {steps: 2, global_batch_size: 2, micro_batch_size: 1, "
+                      << "warmup_steps: 1}\n"
+                      << "data: {train: " << (dir_ / "text.txt").string()
+                      << ", tokenizer: " << (dir_ / "tok").string() << "}\n"
+                      << "checkpoint: {dir: " << (dir_ / "ckpt-scratch-tok").string()
+                      << ", resume: never}\n";
+  const testing::CliResult r = testing::RunCli(
+      meshrun_, {"train", "-f", spec.string(), "--nproc", "1"}, dir_ / "train.err", 300);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const fs::path out = dir_ / "exported-scratch-tok";
+  ASSERT_EQ(Export(dir_ / "ckpt-scratch-tok", out), 0) << last_err_;
+  EXPECT_EQ(ReadExportedJson(out / "config.json")["eos_token_id"], 0);
+  EXPECT_EQ(ReadExportedJson(out / "generation_config.json")["eos_token_id"], 0);
+  EXPECT_TRUE(fs::exists(out / "tokenizer.json"));
 }
 
 }  // namespace
