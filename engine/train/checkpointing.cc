@@ -75,6 +75,7 @@ Status Trainer::SaveCheckpoint() {
   // `meshrun export` keeps it even when the folder is gone.
   if (!spec_.model.init_from.empty()) {
     nlohmann::json source = ReadHuggingFaceIdentity(spec_.model.init_from);
+    if (source.empty() && !resumed_source_.empty()) source = nlohmann::json::parse(resumed_source_);
     if (!source.empty()) trainer["source"] = std::move(source);
   }
   meta.trainer_json = trainer.dump();
@@ -132,6 +133,10 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
     return DataLossError("checkpoint " + step_dir + ": metadata has no trainer step");
   }
   step_ = trainer["step"].get<int64_t>();
+  resumed_source_.clear();
+  if (const auto it = trainer.find("source"); it != trainer.end() && it->is_object()) {
+    resumed_source_ = it->dump();
+  }
   loss_history_.clear();
   if (const auto it = trainer.find("losses"); it != trainer.end() && it->is_array()) {
     for (const auto& x : *it) {
