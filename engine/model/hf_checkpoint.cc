@@ -449,7 +449,10 @@ nlohmann::json CheckpointSourceIdentity(const std::string& trainer_json,
 
 StatusOr<DType> ExportDType(const std::string& requested, const nlohmann::json& identity) {
   std::string name = requested;
-  if (name == "source") name = identity.value("dtype", std::string("float32"));
+  if (name == "source") {
+    const auto it = identity.find("dtype");
+    name = it != identity.end() && it->is_string() ? it->get<std::string>() : "float32";
+  }
   if (name == "float32" || name == "fp32") return DType::kF32;
   if (name == "bfloat16" || name == "bf16") return DType::kBF16;
   if (name == "float16" || name == "fp16") return DType::kF16;
@@ -463,6 +466,13 @@ StatusOr<DType> ExportDType(const std::string& requested, const nlohmann::json& 
 }
 
 namespace {
+
+// A string field of an identity ("" when absent or not a string: the identity may come from a
+// checkpoint's metadata, which a person can edit).
+std::string IdentityString(const nlohmann::json& identity, const char* key) {
+  const auto it = identity.find(key);
+  return it != identity.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
 
 const char* TorchDTypeName(DType dtype) {
   return dtype == DType::kBF16 ? "bfloat16" : dtype == DType::kF16 ? "float16" : "float32";
@@ -543,7 +553,8 @@ void SetTokenIds(const GPT2Config& cfg, const HuggingFaceExportOptions& o, nlohm
 
 nlohmann::json ExportConfig(const GPT2Config& cfg, const HuggingFaceExportOptions& o) {
   // The source's key for the dtype: torch_dtype (transformers 4, and ours) or dtype (5).
-  const std::string dtype_key = o.identity.value("dtype_key", std::string("torch_dtype"));
+  const std::string dtype_key =
+      IdentityString(o.identity, "dtype_key") == "dtype" ? "dtype" : "torch_dtype";
   if (!cfg.llama()) {
     nlohmann::json j = {
         {"architectures", {"GPT2LMHeadModel"}},
@@ -573,14 +584,17 @@ nlohmann::json ExportConfig(const GPT2Config& cfg, const HuggingFaceExportOption
   const bool qwen2 = cfg.attention_bias;
   std::string type = qwen2 ? "qwen2" : "llama";
   nlohmann::json architectures = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  const std::string source_type = o.identity.value("model_type", std::string());
+  const std::string source_type = IdentityString(o.identity, "model_type");
   if (source_type == "qwen2" ? qwen2
                              : (source_type == "mistral" || source_type == "llama") && !qwen2) {
     type = source_type;
-    architectures =
-        o.identity.contains("architectures")
-            ? o.identity["architectures"]
-            : nlohmann::json{type == "mistral" ? "MistralForCausalLM" : architectures[0]};
+    if (type == "mistral") architectures = {"MistralForCausalLM"};
+    // The source's own class name (e.g. a subclass's), when it is a causal LM.
+    const auto it = o.identity.find("architectures");
+    if (it != o.identity.end() && it->is_array() && it->size() == 1 && (*it)[0].is_string() &&
+        EndsWith((*it)[0].get<std::string>(), "ForCausalLM")) {
+      architectures = *it;
+    }
   }
   nlohmann::json rope = nullptr;
   if (cfg.rope_scaling.llama3) {
@@ -617,10 +631,10 @@ nlohmann::json ExportConfig(const GPT2Config& cfg, const HuggingFaceExportOption
       {dtype_key, TorchDTypeName(o.dtype)},
   };
   SetTokenIds(cfg, o, &j);
-  if (o.identity.contains("max_position_embeddings") &&
-      o.identity["max_position_embeddings"].get<int64_t>() >
-          j["max_position_embeddings"].get<int64_t>()) {
-    j["max_position_embeddings"] = o.identity["max_position_embeddings"];
+  if (const auto it = o.identity.find("max_position_embeddings");
+      it != o.identity.end() && it->is_number_integer() &&
+      it->get<int64_t>() > j["max_position_embeddings"].get<int64_t>()) {
+    j["max_position_embeddings"] = *it;
   }
   if (type == "qwen2") {
     j["use_sliding_window"] = false;
