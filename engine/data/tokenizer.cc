@@ -383,7 +383,9 @@ TokenizerEncoder::TokenizerEncoder(const Tokenizer* tokenizer) : tok_(tokenizer)
       md->context = pcre2_match_context_create(nullptr);
       md->jit_stack = pcre2_jit_stack_create(kJitStackStart, kJitStackMax, nullptr);
       // Without a stack of its own (allocation failed) the JIT uses its 32 KiB default.
-      if (md->jit_stack != nullptr) pcre2_jit_stack_assign(md->context, nullptr, md->jit_stack);
+      if (md->context != nullptr && md->jit_stack != nullptr) {
+        pcre2_jit_stack_assign(md->context, nullptr, md->jit_stack);
+      }
     }
     match_.push_back(std::move(md));
   }
@@ -456,8 +458,10 @@ Status TokenizerEncoder::PreTokenize(std::string_view segment) {
       uint32_t options = 0;  // the first call checks the piece is UTF-8; later ones need not
       while (at < p.size()) {
         const uint32_t limit = MatchLimitFor(p.size() - at);
-        pcre2_set_match_limit(context, limit);
-        pcre2_set_depth_limit(context, limit);
+        if (context != nullptr) {  // null only when allocating it failed: PCRE2's defaults
+          pcre2_set_match_limit(context, limit);
+          pcre2_set_depth_limit(context, limit);
+        }
         const int rc = pcre2_match(step.regex->code, subject, p.size(), at, options, md, context);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
