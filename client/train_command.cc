@@ -274,7 +274,8 @@ std::optional<int64_t> ParseByteSize(const std::string& text) {
   return std::nullopt;
 }
 
-int RunExport(const std::string& checkpoint, const std::string& out_dir, int64_t max_shard_bytes) {
+int RunExport(const std::string& checkpoint, const std::string& out_dir, int64_t max_shard_bytes,
+              const std::string& dtype) {
   StatusOr<std::string> step_dir = ResolveCheckpoint(checkpoint, "CKPT");
   if (!step_dir.ok()) return ReportError(step_dir.status());
   StatusOr<CheckpointReader> reader = CheckpointReader::Open(*step_dir);
@@ -290,7 +291,20 @@ int RunExport(const std::string& checkpoint, const std::string& out_dir, int64_t
       return ReportError(s);
     }
   }
-  if (Status s = ExportHuggingFace(cfg, params.data(), out_dir, max_shard_bytes); !s.ok()) {
+  // The source model's identity (type, dtype, special token ids) and the job tokenizer's
+  // end-of-text id (engine/model/hf_checkpoint.h).
+  HuggingFaceExportOptions options;
+  options.max_shard_bytes = max_shard_bytes;
+  options.identity =
+      CheckpointSourceIdentity(reader->metadata().trainer_json, spec->model.init_from);
+  StatusOr<DType> written = ExportDType(dtype, options.identity);
+  if (!written.ok()) return ReportError(written.status());
+  options.dtype = *written;
+  if (!spec->data.tokenizer.empty()) {
+    StatusOr<std::shared_ptr<const Tokenizer>> tokenizer = Tokenizer::Load(spec->data.tokenizer);
+    if (tokenizer.ok()) options.end_of_text_id = (*tokenizer)->end_of_text_id();
+  }
+  if (Status s = ExportHuggingFace(cfg, params.data(), out_dir, options); !s.ok()) {
     return ReportError(s);
   }
   std::string copied;
@@ -299,9 +313,10 @@ int RunExport(const std::string& checkpoint, const std::string& out_dir, int64_t
   }
   const bool sharded = fs::exists(fs::path(out_dir) / "model.safetensors.index.json");
   std::printf(
-      "exported %s to %s (%s, config.json%s)\n", step_dir->c_str(), out_dir.c_str(),
+      "exported %s to %s (%s in %s, config.json, generation_config.json%s)\n", step_dir->c_str(),
+      out_dir.c_str(),
       sharded ? "safetensors shards with model.safetensors.index.json" : "model.safetensors",
-      copied.c_str());
+      DTypeName(options.dtype), copied.c_str());
   return kExitOk;
 }
 
@@ -356,18 +371,24 @@ void RegisterExportCommand(CLI::App& app, CommandResult& result) {
   struct Options {
     std::string checkpoint, out;
     std::string max_shard_size = "5GB";
+    std::string dtype = "source";
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "export",
-      "Write a checkpoint as a Hugging Face folder of its architecture (GPT2LMHeadModel or "
-      "LlamaForCausalLM: config.json + safetensors)");
+      "Write a checkpoint as a Hugging Face folder of its architecture (GPT2LMHeadModel, or "
+      "LlamaForCausalLM and its family, keeping an init_from model's class, dtype and special "
+      "token ids: config.json, generation_config.json + safetensors)");
   cmd->add_option("CKPT", o->checkpoint, "a step-NNNNNNNN folder, or a checkpoint.dir")->required();
   cmd->add_option("-o,--output-dir", o->out, "output folder")->required();
   cmd->add_option("--max-shard-size", o->max_shard_size,
                   "largest safetensors file, as transformers writes it: e.g. 5GB (default), "
                   "500MB, 2GiB; above it the weights go into shards with "
                   "model.safetensors.index.json");
+  cmd->add_option("--dtype", o->dtype,
+                  "the weights' dtype: source (the init_from model's torch_dtype; float32 for a "
+                  "model trained from scratch), float32, bfloat16 or float16")
+      ->check(CLI::IsMember({"source", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"}));
   cmd->callback([o, &result] {
     result.run = [o] {
       // Everywhere else -o is the output format: `export CKPT -o json` meant that, not a folder.
@@ -385,7 +406,7 @@ void RegisterExportCommand(CLI::App& app, CommandResult& result) {
             "--max-shard-size: '" + o->max_shard_size +
             "' is not a size (hint: a number with KB, MB, GB, KiB, MiB or GiB, e.g. 5GB)"));
       }
-      return RunExport(o->checkpoint, o->out, *limit);
+      return RunExport(o->checkpoint, o->out, *limit, o->dtype);
     };
   });
 }

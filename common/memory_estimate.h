@@ -1,6 +1,9 @@
 // A quick estimate of one rank's peak memory for a job spec, from the model sizes and the
 // mesh alone, so that a worker can refuse a rank that cannot fit before it starts (a spec with
-// d_model 2^31−1 would otherwise end in bad_alloc, or take the machine down first).
+// d_model or d_ff 2^31−1 would otherwise end in bad_alloc, or take the machine down first).
+// It counts what the engine's memory model (engine/train/memory_model.h, which the worker does
+// not link) counts for GPT-2 and the Llama family (d_ff, grouped-query heads, an untied head),
+// less FSDP's gathered units and communication buffers; a test holds the two together.
 // Pure: values in, a value out. Computed in double, so no size overflows.
 #pragma once
 
@@ -19,9 +22,9 @@ struct RankMemoryEstimate {
   double total() const { return state_bytes + activation_bytes; }
 };
 
-// A lower-bound style estimate (what any implementation must hold): parameters, gradients and
-// two AdamW moments in float32, divided over tp·dp_shard·cp, plus the logits and the
-// attention scores of one micro-batch on this rank.
+// A lower-bound style estimate (what the engine must hold): parameters, gradients and two
+// AdamW moments in float32, divided over tp·dp_shard·cp, plus one micro-batch's activations on
+// this rank (every layer's, or what activation checkpointing keeps, and the head's logits).
 RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& mesh);
 
 // OK when `ranks_on_host` ranks of the estimate fit in `available_bytes` (0: no check), else

@@ -178,7 +178,15 @@ StatusOr<TokenStream> TokenizeTexts(const std::vector<std::string>& inputs,
   for (std::thread& t : pool) t.join();
   size_t count = 0;
   for (size_t i = 0; i < files.size(); ++i) {
-    if (!errors[i].ok()) return InvalidArgumentError(files[i].path + ": " + errors[i].message());
+    if (!errors[i].ok()) {
+      // A tokenizer at fault names its field first, then the file it failed on.
+      const std::string& m = errors[i].message();
+      const std::string field = "data.tokenizer: ";
+      if (m.rfind(field, 0) == 0) {
+        return InvalidArgumentError(field + files[i].path + ": " + m.substr(field.size()));
+      }
+      return InvalidArgumentError(files[i].path + ": " + m);
+    }
     count += ids[i].size() + (i > 0 ? 1 : 0);
   }
   s.tokens.reserve(count);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -77,17 +78,59 @@ bool IsSpace(unsigned char c) {
   return c == ' ' || (c >= '\t' && c <= '\r');
 }
 
+// The work one pcre2_match may do at one start position (PCRE2's match and depth limits; the JIT
+// counts its own way but honours the same limit): kMatchLimitBase plus kMatchLimitPerByte for each
+// byte left in the piece. A pattern that backtracks only over what it reads (the GPT-2 and Llama 3
+// patterns: at most about one step per byte of a whitespace run) stays far below it; a nested
+// quantifier such as (a+)+$ needs exponentially many steps and fails in milliseconds instead of
+// spinning for minutes. Whole-piece work is bounded by bytes × limit.
+constexpr uint64_t kMatchLimitBase = 20000;
+constexpr uint64_t kMatchLimitPerByte = 4;
+// The JIT's own stack (PCRE2's default is 32 KiB on the machine stack): grown up to this much.
+constexpr size_t kJitStackStart = 32 * 1024;
+constexpr size_t kJitStackMax = 1024 * 1024;
+
+uint32_t MatchLimitFor(size_t remaining) {
+  const uint64_t limit = kMatchLimitBase + kMatchLimitPerByte * static_cast<uint64_t>(remaining);
+  return static_cast<uint32_t>(std::min<uint64_t>(limit, UINT32_MAX));
+}
+
+// A pattern as an error message shows it: control bytes escaped, at most 80 bytes.
+std::string PatternForMessage(const std::string& pattern) {
+  std::string out;
+  for (unsigned char c : pattern.substr(0, 80)) {
+    if (c < 0x20 || c == 0x7F) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02X", c);
+      out += hex;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (pattern.size() > 80) out += "...";
+  return out;
+}
+
 }  // namespace
 
 // A compiled PCRE2 pattern (UTF, Unicode classes, JIT when available). Shared, read-only.
 struct Tokenizer::Regex {
   pcre2_code* code = nullptr;
+  std::string pattern;  // as tokenizer.json gives it, for error messages
   ~Regex() { pcre2_code_free(code); }
 };
 
+// One thread's match state for one pattern: the match data, a match context carrying the limits,
+// and the JIT stack it points to (a JIT stack serves one thread at a time).
 struct TokenizerEncoder::MatchData {
   pcre2_match_data* data = nullptr;
-  ~MatchData() { pcre2_match_data_free(data); }
+  pcre2_match_context* context = nullptr;
+  pcre2_jit_stack* jit_stack = nullptr;
+  ~MatchData() {
+    pcre2_match_data_free(data);
+    pcre2_match_context_free(context);
+    pcre2_jit_stack_free(jit_stack);
+  }
 };
 
 Tokenizer::~Tokenizer() = default;
@@ -159,6 +202,7 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(const std::string
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter on failure
     auto r = std::make_shared<Regex>();
     r->code = code;
+    r->pattern = pattern;
     return r;
   };
   for (const json& s : steps) {
@@ -334,7 +378,15 @@ std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
 TokenizerEncoder::TokenizerEncoder(const Tokenizer* tokenizer) : tok_(tokenizer) {
   for (const Tokenizer::PreStep& s : tok_->steps_) {
     auto md = std::make_unique<MatchData>();
-    if (s.regex) md->data = pcre2_match_data_create_from_pattern(s.regex->code, nullptr);
+    if (s.regex) {
+      md->data = pcre2_match_data_create_from_pattern(s.regex->code, nullptr);
+      md->context = pcre2_match_context_create(nullptr);
+      md->jit_stack = pcre2_jit_stack_create(kJitStackStart, kJitStackMax, nullptr);
+      // Without a stack of its own (allocation failed) the JIT uses its 32 KiB default.
+      if (md->context != nullptr && md->jit_stack != nullptr) {
+        pcre2_jit_stack_assign(md->context, nullptr, md->jit_stack);
+      }
+    }
     match_.push_back(std::move(md));
   }
 }
@@ -399,18 +451,40 @@ Status TokenizerEncoder::PreTokenize(std::string_view segment) {
     if (!step.regex) continue;
     next_pieces_.clear();
     pcre2_match_data* md = match_[k]->data;
+    pcre2_match_context* context = match_[k]->context;
     for (std::string_view p : pieces_) {
       const auto* subject = reinterpret_cast<PCRE2_SPTR>(p.data());
       size_t at = 0, gap = 0;
       uint32_t options = 0;  // the first call checks the piece is UTF-8; later ones need not
       while (at < p.size()) {
-        const int rc = pcre2_match(step.regex->code, subject, p.size(), at, options, md, nullptr);
+        const uint32_t limit = MatchLimitFor(p.size() - at);
+        if (context != nullptr) {  // null only when allocating it failed: PCRE2's defaults
+          pcre2_set_match_limit(context, limit);
+          pcre2_set_depth_limit(context, limit);
+        }
+        const int rc = pcre2_match(step.regex->code, subject, p.size(), at, options, md, context);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
           if (rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21) {
             return InvalidArgumentError("the text is not UTF-8 (byte " +
                                         std::to_string(pcre2_get_startchar(md)) +
                                         " of a piece) (hint: tokenize UTF-8 text)");
+          }
+          if (rc == PCRE2_ERROR_MATCHLIMIT || rc == PCRE2_ERROR_DEPTHLIMIT ||
+              rc == PCRE2_ERROR_HEAPLIMIT || rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+            const char* which = rc == PCRE2_ERROR_MATCHLIMIT   ? "match limit"
+                                : rc == PCRE2_ERROR_DEPTHLIMIT ? "depth limit"
+                                : rc == PCRE2_ERROR_HEAPLIMIT  ? "heap limit"
+                                                               : "JIT stack limit";
+            return InvalidArgumentError(
+                "data.tokenizer: the pre-tokenizer pattern '" +
+                PatternForMessage(step.regex->pattern) + "' exceeded the " + which + " (" +
+                std::to_string(limit) + " steps at one position, from byte " + std::to_string(at) +
+                " of a " + std::to_string(p.size()) +
+                "-byte piece) (hint: the pattern backtracks catastrophically, e.g. a nested "
+                "quantifier such "
+                "as (a+)+ or (\\w+\\s?)*; rewrite it without nested repeats, or use the pattern "
+                "the tokenizer was published with)");
           }
           PCRE2_UCHAR msg[256];
           pcre2_get_error_message(rc, msg, sizeof(msg));

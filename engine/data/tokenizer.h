@@ -99,7 +99,10 @@ class TokenizerEncoder {
   TokenizerEncoder(const TokenizerEncoder&) = delete;
   TokenizerEncoder& operator=(const TokenizerEncoder&) = delete;
 
-  // Appends the ids of `text` to `out`. INVALID_ARGUMENT when `text` is not UTF-8.
+  // Appends the ids of `text` to `out`. INVALID_ARGUMENT when `text` is not UTF-8, or when a
+  // pre-tokenizer pattern exceeds PCRE2's match or depth limit at one start position (20,000
+  // steps plus 4 per byte left in the piece; docs/data.md): "data.tokenizer: the pre-tokenizer
+  // pattern '…' exceeded the match limit …".
   Status Encode(std::string_view text, std::vector<int32_t>* out);
 
  private:

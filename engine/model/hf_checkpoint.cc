@@ -397,17 +397,96 @@ Status LoadHuggingFace(const std::string& dir, GPT2<float>* model) {
   return OkStatus();
 }
 
+nlohmann::json ReadHuggingFaceIdentity(const std::string& dir) {
+  nlohmann::json id = nlohmann::json::object();
+  StatusOr<nlohmann::json> config =
+      ReadJson((fs::path(dir) / "config.json").string(), "model.init_from");
+  if (!config.ok()) return id;
+  const nlohmann::json& c = *config;
+  if (c.contains("model_type") && c["model_type"].is_string()) id["model_type"] = c["model_type"];
+  if (c.contains("architectures") && c["architectures"].is_array() && !c["architectures"].empty() &&
+      c["architectures"][0].is_string()) {
+    id["architectures"] = c["architectures"];
+  }
+  for (const char* key : {"torch_dtype", "dtype"}) {  // transformers 4 and 5
+    if (c.contains(key) && c[key].is_string()) {
+      id["dtype"] = c[key];
+      id["dtype_key"] = key;
+    }
+  }
+  // Ids as config.json writes them: a number, a list (Llama 3.1's eos) or null.
+  auto is_ids = [](const nlohmann::json& v) {
+    if (v.is_null() || v.is_number_integer()) return true;
+    if (!v.is_array()) return false;
+    for (const nlohmann::json& x : v) {
+      if (!x.is_number_integer()) return false;
+    }
+    return true;
+  };
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (c.contains(key) && is_ids(c[key])) id[key] = c[key];
+  }
+  // The context it was made for (a job trains with a shorter model.seq_len).
+  if (c.contains("max_position_embeddings") && c["max_position_embeddings"].is_number_integer()) {
+    id["max_position_embeddings"] = c["max_position_embeddings"];
+  }
+  const fs::path generation = fs::path(dir) / "generation_config.json";
+  std::error_code ec;
+  if (fs::is_regular_file(generation, ec)) {
+    StatusOr<nlohmann::json> g = ReadJson(generation.string(), "model.init_from");
+    if (g.ok()) id["generation_config"] = *g;
+  }
+  return id;
+}
+
+nlohmann::json CheckpointSourceIdentity(const std::string& trainer_json,
+                                        const std::string& init_from) {
+  const nlohmann::json t = nlohmann::json::parse(trainer_json, nullptr, /*allow_exceptions=*/false);
+  if (t.is_object() && t.contains("source") && t["source"].is_object()) return t["source"];
+  if (init_from.empty()) return nlohmann::json::object();
+  return ReadHuggingFaceIdentity(init_from);
+}
+
+StatusOr<DType> ExportDType(const std::string& requested, const nlohmann::json& identity) {
+  std::string name = requested;
+  if (name == "source") {
+    const auto it = identity.find("dtype");
+    name = it != identity.end() && it->is_string() ? it->get<std::string>() : "float32";
+  }
+  if (name == "float32" || name == "fp32") return DType::kF32;
+  if (name == "bfloat16" || name == "bf16") return DType::kBF16;
+  if (name == "float16" || name == "fp16") return DType::kF16;
+  if (requested == "source") {
+    return InvalidArgumentError("--dtype: the source model's dtype '" + name +
+                                "' is not one export writes (hint: choose one: --dtype float32, "
+                                "bfloat16 or float16)");
+  }
+  return InvalidArgumentError("--dtype: '" + requested +
+                              "' is not a dtype (hint: source, float32, bfloat16 or float16)");
+}
+
 namespace {
+
+// A string field of an identity ("" when absent or not a string: the identity may come from a
+// checkpoint's metadata, which a person can edit).
+std::string IdentityString(const nlohmann::json& identity, const char* key) {
+  const auto it = identity.find(key);
+  return it != identity.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+const char* TorchDTypeName(DType dtype) {
+  return dtype == DType::kBF16 ? "bfloat16" : dtype == DType::kF16 ? "float16" : "float32";
+}
 
 // One file tensor of an export: `rows` rows of a parameter starting at `data`.
 struct ExportTensor {
   std::string name;
   std::vector<int64_t> shape;
   const float* data;
-  int64_t bytes() const {
+  int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    return n * static_cast<int64_t>(sizeof(float));
+    return n;
   }
 };
 
@@ -461,9 +540,23 @@ std::vector<ExportTensor> ExportTensors(const GPT2Config& cfg, float* params) {
   return out;
 }
 
-nlohmann::json ExportConfig(const GPT2Config& cfg) {
+// config.json's special token ids: the source's (as it wrote them), else eos (and GPT-2's
+// bos) from the job's tokenizer or vocab_size − 1, and Llama's bos 0.
+void SetTokenIds(const GPT2Config& cfg, const HuggingFaceExportOptions& o, nlohmann::json* j) {
+  const int64_t eos = o.end_of_text_id >= 0 ? o.end_of_text_id : int64_t{cfg.vocab_size} - 1;
+  (*j)["bos_token_id"] = cfg.llama() ? 0 : eos;
+  (*j)["eos_token_id"] = eos;
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (o.identity.contains(key)) (*j)[key] = o.identity[key];
+  }
+}
+
+nlohmann::json ExportConfig(const GPT2Config& cfg, const HuggingFaceExportOptions& o) {
+  // The source's key for the dtype: torch_dtype (transformers 4, and ours) or dtype (5).
+  const std::string dtype_key =
+      IdentityString(o.identity, "dtype_key") == "dtype" ? "dtype" : "torch_dtype";
   if (!cfg.llama()) {
-    return {
+    nlohmann::json j = {
         {"architectures", {"GPT2LMHeadModel"}},
         {"model_type", "gpt2"},
         {"n_embd", cfg.d_model},
@@ -480,13 +573,29 @@ nlohmann::json ExportConfig(const GPT2Config& cfg) {
         {"attn_pdrop", 0.0},
         {"initializer_range", 0.02},
         {"tie_word_embeddings", cfg.tie_embeddings},
-        {"bos_token_id", cfg.vocab_size - 1},
-        {"eos_token_id", cfg.vocab_size - 1},
     };
+    j[dtype_key] = TorchDTypeName(o.dtype);
+    SetTokenIds(cfg, o, &j);
+    return j;
   }
   // q/k/v biases without an o_proj bias are Qwen2's layout; LlamaForCausalLM's attention_bias
-  // would add one to o_proj too.
+  // would add one to o_proj too. Of the family the source's type is kept (Mistral stays
+  // MistralForCausalLM) when it has that layout.
   const bool qwen2 = cfg.attention_bias;
+  std::string type = qwen2 ? "qwen2" : "llama";
+  nlohmann::json architectures = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  const std::string source_type = IdentityString(o.identity, "model_type");
+  if (source_type == "qwen2" ? qwen2
+                             : (source_type == "mistral" || source_type == "llama") && !qwen2) {
+    type = source_type;
+    if (type == "mistral") architectures = {"MistralForCausalLM"};
+    // The source's own class name (e.g. a subclass's), when it is a causal LM.
+    const auto it = o.identity.find("architectures");
+    if (it != o.identity.end() && it->is_array() && it->size() == 1 && (*it)[0].is_string() &&
+        EndsWith((*it)[0].get<std::string>(), "ForCausalLM")) {
+      architectures = *it;
+    }
+  }
   nlohmann::json rope = nullptr;
   if (cfg.rope_scaling.llama3) {
     rope = {
@@ -497,8 +606,8 @@ nlohmann::json ExportConfig(const GPT2Config& cfg) {
         {"original_max_position_embeddings", cfg.rope_scaling.original_max_position_embeddings}};
   }
   nlohmann::json j = {
-      {"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-      {"model_type", qwen2 ? "qwen2" : "llama"},
+      {"architectures", architectures},
+      {"model_type", type},
       {"hidden_size", cfg.d_model},
       {"intermediate_size", cfg.ff()},
       {"num_hidden_layers", cfg.n_layer},
@@ -519,13 +628,19 @@ nlohmann::json ExportConfig(const GPT2Config& cfg) {
       {"vocab_size", cfg.vocab_size},
       {"initializer_range", 0.02},
       {"attention_dropout", 0.0},
-      {"torch_dtype", "float32"},
-      {"bos_token_id", 0},
-      {"eos_token_id", cfg.vocab_size - 1},
+      {dtype_key, TorchDTypeName(o.dtype)},
   };
-  if (qwen2) {
+  SetTokenIds(cfg, o, &j);
+  if (const auto it = o.identity.find("max_position_embeddings");
+      it != o.identity.end() && it->is_number_integer() &&
+      it->get<int64_t>() > j["max_position_embeddings"].get<int64_t>()) {
+    j["max_position_embeddings"] = *it;
+  }
+  if (type == "qwen2") {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
+  } else if (type == "mistral") {
+    j["sliding_window"] = nullptr;  // meshrun attends over the whole sequence
   } else {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
@@ -533,10 +648,31 @@ nlohmann::json ExportConfig(const GPT2Config& cfg) {
   return j;
 }
 
+// generation_config.json: the source's (its sampling defaults too), with the special token ids
+// of config.json where it names none; without a source, those ids.
+nlohmann::json ExportGenerationConfig(const nlohmann::json& config,
+                                      const HuggingFaceExportOptions& o) {
+  nlohmann::json g =
+      o.identity.contains("generation_config") && o.identity["generation_config"].is_object()
+          ? o.identity["generation_config"]
+          : nlohmann::json{{"_from_model_config", true}};
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+    if (!g.contains(key) && config.contains(key) && !config[key].is_null()) g[key] = config[key];
+  }
+  return g;
+}
+
 }  // namespace
 
 Status ExportHuggingFace(const GPT2Config& cfg, float* params, const std::string& dir,
-                         int64_t max_shard_bytes) {
+                         const HuggingFaceExportOptions& options) {
+  const int64_t max_shard_bytes = options.max_shard_bytes;
+  const DType dtype = options.dtype;
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+    return InvalidArgumentError(std::string("--dtype: ") + DTypeName(dtype) +
+                                " is not one export writes (hint: float32, bfloat16 or float16)");
+  }
+  const int64_t element = static_cast<int64_t>(DTypeSize(dtype));
   std::error_code made;
   fs::create_directories(dir, made);
   if (made)
@@ -546,13 +682,14 @@ Status ExportHuggingFace(const GPT2Config& cfg, float* params, const std::string
   std::vector<std::vector<const ExportTensor*>> shards(1);
   int64_t in_shard = 0, total = 0;
   for (const ExportTensor& t : tensors) {
-    if (!shards.back().empty() && in_shard + t.bytes() > max_shard_bytes) {
+    const int64_t bytes = t.numel() * element;
+    if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
       shards.emplace_back();
       in_shard = 0;
     }
     shards.back().push_back(&t);
-    in_shard += t.bytes();
-    total += t.bytes();
+    in_shard += bytes;
+    total += bytes;
   }
   const fs::path out(dir);
   std::error_code ec;
@@ -565,8 +702,18 @@ Status ExportHuggingFace(const GPT2Config& cfg, float* params, const std::string
       std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
     }
     std::vector<TensorToWrite> files;
+    std::vector<std::vector<uint16_t>> narrow;  // this shard's 16-bit copies
+    narrow.reserve(shards[k].size());
     for (const ExportTensor* t : shards[k]) {
-      files.push_back({t->name, DType::kF32, t->shape, t->data});
+      const void* data = t->data;
+      if (dtype != DType::kF32) {
+        std::vector<uint16_t>& h = narrow.emplace_back(static_cast<size_t>(t->numel()));
+        for (size_t i = 0; i < h.size(); ++i) {
+          h[i] = dtype == DType::kBF16 ? FloatToBf16(t->data[i]) : FloatToHalf(t->data[i]);
+        }
+        data = h.data();
+      }
+      files.push_back({t->name, dtype, t->shape, data});
       weight_map[t->name] = name;
     }
     MESHRUN_RETURN_IF_ERROR(WriteSafetensors((out / name).string(), files, {{"format", "pt"}}));
@@ -581,7 +728,10 @@ Status ExportHuggingFace(const GPT2Config& cfg, float* params, const std::string
     MESHRUN_RETURN_IF_ERROR(
         WriteFileAtomic((out / "model.safetensors.index.json").string(), index.dump(2) + "\n"));
   }
-  return WriteFileAtomic((out / "config.json").string(), ExportConfig(cfg).dump(2) + "\n");
+  const nlohmann::json config = ExportConfig(cfg, options);
+  MESHRUN_RETURN_IF_ERROR(WriteFileAtomic((out / "generation_config.json").string(),
+                                          ExportGenerationConfig(config, options).dump(2) + "\n"));
+  return WriteFileAtomic((out / "config.json").string(), config.dump(2) + "\n");
 }
 
 }  // namespace meshrun

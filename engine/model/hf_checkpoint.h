@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -58,12 +59,52 @@ class HuggingFaceWeights {
 // Loads DIR into `model` (which owns its storage), after CheckConfigMatches.
 Status LoadHuggingFace(const std::string& dir, GPT2<float>* model);
 
-// Writes DIR/config.json and the weights in the layout of the config's architecture
-// (GPT2LMHeadModel or LlamaForCausalLM), atomically: one model.safetensors, or shards
-// model-0000K-of-0000N.safetensors with model.safetensors.index.json when the weights exceed
-// `max_shard_bytes`. `params` holds the flat parameters of GPT2ParamLayout(cfg) (tp 1); they
-// are rearranged in place (Conv1D transposes, q/k/v and gate/up split), one tensor at a time.
+// What a Hugging Face folder says of itself beyond the shapes, which an export of a model
+// trained from it keeps: a JSON object with (each only when the folder gives it) "model_type",
+// "architectures", "dtype" (torch_dtype or dtype of config.json), "dtype_key" (which of the two
+// it used), "bos_token_id", "eos_token_id", "pad_token_id" (config.json's, as written: a number,
+// a list or null), "max_position_embeddings" and "generation_config" (generation_config.json's
+// object). Empty object when
+// DIR/config.json cannot be read. The trainer records it in each checkpoint's metadata
+// (trainer_json "source") when the job has model.init_from.
+nlohmann::json ReadHuggingFaceIdentity(const std::string& dir);
+
+// The identity an export of a checkpoint keeps: its metadata's trainer_json "source" (recorded
+// while training), else that of `init_from` read now (checkpoints written before the trainer
+// recorded it), else an empty object (trained from scratch).
+nlohmann::json CheckpointSourceIdentity(const std::string& trainer_json,
+                                        const std::string& init_from);
+
+// How ExportHuggingFace writes: the file size cap, the weights' dtype (F32, BF16 or F16), the
+// source's identity (ReadHuggingFaceIdentity; empty: meshrun's own names and ids) and the job
+// tokenizer's end-of-text id (-1: none), the eos id when the identity gives none.
+struct HuggingFaceExportOptions {
+  int64_t max_shard_bytes = int64_t{5} << 30;
+  DType dtype = DType::kF32;
+  nlohmann::json identity = nlohmann::json::object();
+  int32_t end_of_text_id = -1;
+};
+
+// The dtype an export writes: `requested` is "source" (the identity's dtype, float32 when it
+// names none), "float32"/"fp32", "bfloat16"/"bf16" or "float16"/"fp16". INVALID_ARGUMENT
+// naming --dtype for anything else.
+StatusOr<DType> ExportDType(const std::string& requested, const nlohmann::json& identity);
+
+// Writes DIR/config.json, DIR/generation_config.json and the weights in the layout of the
+// config's architecture (GPT2LMHeadModel, or LlamaForCausalLM and the classes of its family:
+// the identity's MistralForCausalLM, Qwen2ForCausalLM), atomically: one model.safetensors, or
+// shards model-0000K-of-0000N.safetensors with model.safetensors.index.json when the weights
+// exceed `max_shard_bytes`. `params` holds the flat parameters of GPT2ParamLayout(cfg) (tp 1);
+// they are rearranged in place (Conv1D transposes, q/k/v and gate/up split), one tensor at a
+// time. The special token ids are the identity's; without one, eos (and GPT-2's bos) is the
+// tokenizer's end-of-text id, else vocab_size − 1, and Llama's bos 0.
 Status ExportHuggingFace(const GPT2Config& cfg, float* params, const std::string& dir,
-                         int64_t max_shard_bytes = int64_t{5} << 30);
+                         const HuggingFaceExportOptions& options);
+inline Status ExportHuggingFace(const GPT2Config& cfg, float* params, const std::string& dir,
+                                int64_t max_shard_bytes = int64_t{5} << 30) {
+  HuggingFaceExportOptions options;
+  options.max_shard_bytes = max_shard_bytes;
+  return ExportHuggingFace(cfg, params, dir, options);
+}
 
 }  // namespace meshrun

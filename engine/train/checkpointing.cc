@@ -72,6 +72,13 @@ Status Trainer::SaveCheckpoint() {
   // The loss history travels with the checkpoint, so a resumed (or finished) run can report
   // the real loss of its last step.
   nlohmann::json trainer = {{"step", step_}, {"optimizer_step", step_}, {"losses", loss_history_}};
+  // What the model trained from says of itself (its type, dtype and special token ids), so
+  // `meshrun export` keeps it even when the folder is gone.
+  if (!spec_.model.init_from.empty()) {
+    nlohmann::json source = ReadHuggingFaceIdentity(spec_.model.init_from);
+    if (source.empty() && !resumed_source_.empty()) source = nlohmann::json::parse(resumed_source_);
+    if (!source.empty()) trainer["source"] = std::move(source);
+  }
   meta.trainer_json = trainer.dump();
   meta.owner = options_.checkpoint_owner;
   MESHRUN_RETURN_IF_ERROR(WriteMetadata(step_dir, meta));
@@ -130,6 +137,10 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
     return DataLossError("checkpoint " + step_dir + ": metadata has no trainer step");
   }
   step_ = trainer["step"].get<int64_t>();
+  resumed_source_.clear();
+  if (const auto it = trainer.find("source"); it != trainer.end() && it->is_object()) {
+    resumed_source_ = it->dump();
+  }
   loss_history_.clear();
   if (const auto it = trainer.find("losses"); it != trainer.end() && it->is_array()) {
     for (const auto& x : *it) {

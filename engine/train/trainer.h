@@ -160,6 +160,9 @@ class Trainer {
   std::vector<double> loss_history_;  // the loss of every step so far, resumed ones included
   double peak_flops_ = 0;
   std::string last_checkpoint_;
+  // The init_from identity (trainer_json "source") of the checkpoint resumed from, kept for the
+  // next checkpoints when the folder can no longer be read.
+  std::string resumed_source_;
 };
 
 // Float32 GEMM throughput of this machine with the current thread count (FLOP/s): the CPU

@@ -77,7 +77,7 @@ TEST(MemoryEstimateTest, CheckJobFitsHostNamesTheFieldThatDrivesTheEstimate) {
   s = CheckJobFitsHost(vocab, Mesh(1, 1, 1, 1), 1, 64.0 * (1 << 30));
   EXPECT_EQ(s.message().rfind("model.vocab_size: ", 0), 0u) << s.message();
   JobSpec micro;
-  micro.model.seq_len = 1 << 16;
+  micro.model.seq_len = 1 << 20;  // 2^26 tokens of activations (no T×T attention scores)
   micro.train.micro_batch_size = 64;
   micro.train.global_batch_size = 64;
   s = CheckJobFitsHost(micro, Mesh(1, 1, 1, 1), 1, 64.0 * (1 << 30));
