@@ -7,7 +7,9 @@
 // SUCCEEDS with the undisturbed loss and `submit --follow` exits 0.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -77,7 +79,8 @@ class OwnershipTest : public ::testing::Test {
     return testing::RunCli(testing::BinDir() / "meshrun", args, dir_ / "cli.err", timeout_s);
   }
 
-  // The tiny model of the chaos trials, `steps` steps, a checkpoint every 2 into `checkpoints`.
+  // The tiny model of the chaos trials, `steps` steps, a checkpoint every 2 into `checkpoints`
+  // (the newest 3 kept).
   std::string WriteSpec(const std::string& name, int steps, const fs::path& checkpoints) {
     const fs::path spec = dir_ / (name + ".yaml");
     std::ofstream(spec) << "name: " << name
@@ -86,8 +89,7 @@ class OwnershipTest : public ::testing::Test {
                         << "train: {steps: " << steps
                         << ", global_batch_size: 4, micro_batch_size: 2, warmup_steps: 2}\n"
                         << "data: {train: " << testing::kCorpus << ", format: text}\n"
-                        << "checkpoint: {dir: " << checkpoints.string()
-                        << ", every: 2, keep: 50}\n";
+                        << "checkpoint: {dir: " << checkpoints.string() << ", every: 2, keep: 3}\n";
     return spec.string();
   }
 
@@ -115,6 +117,12 @@ class OwnershipTest : public ::testing::Test {
     }
     std::sort(out.begin(), out.end());
     return out;
+  }
+
+  // The step of the newest complete checkpoint in `dir` (-1: none).
+  static int Newest(const fs::path& dir) {
+    const std::vector<std::string> steps = CompleteSteps(dir);
+    return steps.empty() ? -1 : std::atoi(steps.back().c_str() + 5);
   }
 
   fs::path dir_;
@@ -177,10 +185,10 @@ TEST_F(OwnershipTest, TwoTrainRunsOnOneCheckpointFolder) {
       "train-1", {(testing::BinDir() / "meshrun").string(), "train", "-f", spec, "-o", "json"},
       dir_ / "train-1.log"));
   testing::Daemon& first = daemons_.back();
-  for (int i = 0; i < 1200 && CompleteSteps(ck).size() < 2 && testing::Alive(first.pid); ++i) {
+  for (int i = 0; i < 1200 && Newest(ck) < 4 && testing::Alive(first.pid); ++i) {
     std::this_thread::sleep_for(50ms);
   }
-  ASSERT_GE(CompleteSteps(ck).size(), 2u) << testing::ReadFile(first.log);
+  ASSERT_GE(Newest(ck), 4) << testing::ReadFile(first.log);
 
   // A second run on the folder: exit 2, naming the first.
   testing::CliResult second = testing::RunCli(testing::BinDir() / "meshrun", {"train", "-f", spec},
@@ -191,17 +199,22 @@ TEST_F(OwnershipTest, TwoTrainRunsOnOneCheckpointFolder) {
             std::string::npos)
       << second.err;
   EXPECT_NE(second.err.find("meshrun train"), std::string::npos) << second.err;
-  // The first goes on undisturbed: every checkpoint it wrote is complete, none was removed.
-  const std::vector<std::string> before = CompleteSteps(ck);
-  const size_t seen = before.size();
-  for (int i = 0; i < 1200 && CompleteSteps(ck).size() < seen + 2; ++i) {
+  // The first goes on undisturbed, two more checkpoints at least, and the folder holds only its
+  // complete checkpoints (and the one it may be writing).
+  const int seen = Newest(ck);
+  for (int i = 0; i < 1200 && Newest(ck) < seen + 4 && testing::Alive(first.pid); ++i) {
     std::this_thread::sleep_for(50ms);
   }
   ASSERT_TRUE(testing::Alive(first.pid)) << testing::ReadFile(first.log);
-  const std::vector<std::string> after = CompleteSteps(ck);
-  ASSERT_GE(after.size(), seen + 2) << testing::ReadFile(first.log);
-  for (const std::string& step : before) {
-    EXPECT_NE(std::find(after.begin(), after.end(), step), after.end()) << step << " vanished";
+  const int newest = Newest(ck);
+  EXPECT_GE(newest, seen + 4) << testing::ReadFile(first.log);
+  EXPECT_EQ(testing::ReadFile(first.log).find("error"), std::string::npos)
+      << testing::ReadFile(first.log);
+  std::error_code ec;
+  for (fs::directory_iterator it(ck, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.rfind("step-", 0) != 0 || std::atoi(n.c_str() + 5) > newest) continue;
+    EXPECT_TRUE(fs::exists(it->path() / "metadata.json")) << n << " is incomplete";
   }
 
   // kill -9 of the holder leaves no lock behind: a rerun resumes from its newest checkpoint.
@@ -210,13 +223,12 @@ TEST_F(OwnershipTest, TwoTrainRunsOnOneCheckpointFolder) {
       "train-3", {(testing::BinDir() / "meshrun").string(), "train", "-f", spec, "-o", "json"},
       dir_ / "train-3.log"));
   testing::Daemon& rerun = daemons_.back();
-  const size_t had = CompleteSteps(ck).size();
-  for (int i = 0; i < 1200 && CompleteSteps(ck).size() < had + 1 && testing::Alive(rerun.pid);
-       ++i) {
+  const int had = Newest(ck);
+  for (int i = 0; i < 1200 && Newest(ck) <= had && testing::Alive(rerun.pid); ++i) {
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_TRUE(testing::Alive(rerun.pid)) << testing::ReadFile(rerun.log);
-  EXPECT_GT(CompleteSteps(ck).size(), had) << testing::ReadFile(rerun.log);
+  EXPECT_GT(Newest(ck), had) << testing::ReadFile(rerun.log);
   testing::Stop(rerun, 10s);
 }
 
@@ -288,6 +300,7 @@ TEST_F(OwnershipTest, SigtermOfTheCoordinatorIsAsHarmlessAsKill9) {
   chaos::ChaosCluster::Options options;
   options.bin_dir = testing::BinDir();
   options.dir = dir_ / "chaos";
+  fs::create_directories(options.dir);
   options.comm_timeout_s = 10;
   chaos::ChaosCluster cluster(options);
   const double reference = cluster.ReferenceLoss();
