@@ -257,6 +257,12 @@ TEST_F(OwnershipTest, AClusterJobOnAFolderARunHoldsFailsNamingIt) {
             std::string::npos)
       << r.out;
   EXPECT_TRUE(testing::Alive(holder.pid));
+  // `logs --follow` of the failed job ends with its final state and exit 1, as `submit --follow`.
+  const std::string job = testing::Lines(r.out).empty() ? "" : testing::Lines(r.out).front();
+  ASSERT_EQ(job.rfind("job-", 0), 0u) << r.out;
+  const testing::CliResult logs = Cli(port, {"logs", job, "--follow"});
+  EXPECT_EQ(logs.exit_code, 1) << logs.out << logs.err;
+  EXPECT_NE(logs.out.find("job " + job + " FAILED, restarts 0: "), std::string::npos) << logs.out;
 }
 
 TEST_F(OwnershipTest, ASecondWorkerUnderALiveNameIsRefusedAndARestartedOneTakesOver) {
