@@ -306,16 +306,24 @@ int RunLogs(const JobFlags& f) {
       }
       return true;
     });
-    if (s.ok() && (ended || !f.follow)) return kExitOk;
-    if (!s.ok() && (s.code() != StatusCode::kUnavailable || !f.follow || tries > 30)) {
-      return ReportError(s);
-    }
+    if (s.ok() && !f.follow) return kExitOk;
+    if (s.ok() && ended) break;
+    if (!s.ok() && (!CoordinatorGone(s) || !f.follow || tries > 30)) return ReportError(s);
     if (s.ok()) {
       StatusOr<v1::Job> job = (*client)->GetJob(f.job_id);
-      if (job.ok() && IsTerminal(job->state())) return kExitOk;
+      if (job.ok() && IsTerminal(job->state())) break;
     }
     std::this_thread::sleep_for(backoff.Next());
   }
+  // --follow saw the job end: its final state, and its exit code (0 only for SUCCEEDED), as
+  // `submit --follow` ends.
+  StatusOr<v1::Job> job = GetJobRetrying(**client, f.job_id, std::chrono::seconds(90));
+  if (!job.ok()) return ReportError(job.status());
+  std::string line = "job " + job->job_id() + " " + JobStateName(job->state()) + ", restarts " +
+                     std::to_string(job->restarts());
+  if (!job->message().empty()) line += ": " + job->message();
+  (as_json ? std::cerr : std::cout) << line << std::endl;
+  return job->state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitFailure;
 }
 
 int RunCancel(const JobFlags& f) {

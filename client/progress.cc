@@ -72,6 +72,21 @@ std::string CoordsText(const v1::MeshCoords& c) {
 
 }  // namespace
 
+bool CoordinatorGone(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kCancelled;
+}
+
+StatusOr<v1::Job> GetJobRetrying(CoordinatorClient& client, const std::string& job_id,
+                                 std::chrono::seconds reconnect_for) {
+  const Clock::time_point give_up = Clock::now() + reconnect_for;
+  Backoff backoff(std::chrono::milliseconds(200), std::chrono::milliseconds(3000));
+  while (true) {
+    StatusOr<v1::Job> job = client.GetJob(job_id);
+    if (job.ok() || !CoordinatorGone(job.status()) || Clock::now() >= give_up) return job;
+    std::this_thread::sleep_for(backoff.Next());
+  }
+}
+
 std::string RenderProgressLine(const ProgressState& s, int bar_width) {
   std::string line;
   if (bar_width > 0) {
@@ -222,7 +237,7 @@ StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& j
       std::this_thread::sleep_for(backoff.Next());
       continue;
     }
-    if (s.code() != StatusCode::kUnavailable) {
+    if (!CoordinatorGone(s)) {
       view.End();
       return s;
     }
@@ -238,7 +253,8 @@ StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& j
     std::this_thread::sleep_for(backoff.Next());
   }
   view.End();
-  MESHRUN_ASSIGN_OR_RETURN(result.job, client.GetJob(job_id));
+  // The final state; the coordinator may be restarting just now.
+  MESHRUN_ASSIGN_OR_RETURN(result.job, GetJobRetrying(client, job_id, options.reconnect_for));
   double seconds = 0, tokens = 0, mfu_seconds = 0;
   for (const auto& [step, t] : step_times) {
     seconds += t.seconds;

@@ -89,6 +89,15 @@ struct FollowResult {
 StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& job_id,
                                  const FollowOptions& options);
 
+// A status that means the coordinator is stopping or restarting, not an answer: UNAVAILABLE, or
+// CANCELLED (a call it cut off while stopping; the client cancels none of its own). Followers
+// reconnect on these.
+bool CoordinatorGone(const Status& s);
+
+// GetJob, retried with backoff while CoordinatorGone for up to `reconnect_for`.
+StatusOr<v1::Job> GetJobRetrying(CoordinatorClient& client, const std::string& job_id,
+                                 std::chrono::seconds reconnect_for);
+
 // Whether stdout is a terminal (and TERM is not "dumb").
 bool StdoutIsTerminal();
 

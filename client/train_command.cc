@@ -27,6 +27,7 @@
 #include "engine/model/hf_checkpoint.h"
 #include "engine/train/trainer.h"
 #include "proto/spec_convert.h"
+#include "rank/checkpoint_lock.h"
 #include "rank/rank_main.h"
 #include "supervisor/line_splitter.h"
 
@@ -152,6 +153,15 @@ int RunTrain(const TrainFlags& o) {
   if (spec->resources.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     spec->resources.threads = std::max(1, cores / std::max(1, o.nproc));
+  }
+  // One run per checkpoint.dir (rank/checkpoint_lock.h), held by this process until it ends,
+  // before the resume checkpoint is chosen from the folder.
+  std::unique_ptr<rank::CheckpointDirLock> checkpoint_lock;
+  if (!spec->checkpoint.dir.empty()) {
+    StatusOr<std::unique_ptr<rank::CheckpointDirLock>> lock =
+        rank::CheckpointDirLock::Acquire(spec->checkpoint.dir, "meshrun train", "", 0, nullptr);
+    if (!lock.ok()) return ReportError(lock.status());
+    checkpoint_lock = std::move(lock).value();
   }
   StatusOr<std::string> resume = DecideResume(*spec);
   if (!resume.ok()) return ReportError(resume.status());

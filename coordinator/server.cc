@@ -11,6 +11,7 @@
 #include <climits>
 #include <optional>
 
+#include "common/dir_lock.h"
 #include "coordinator/auth.h"
 #include "coordinator/connection_limits.h"
 #include "coordinator/coordinator_service.h"
@@ -102,6 +103,24 @@ Status CheckLimits(const CoordinatorConfig& c) {
   return OkStatus();
 }
 
+// One coordinator per --state-dir: two on one database hand out the same job ids and lose each
+// other's jobs. The lock (common/dir_lock.h) lives as long as the process; a kill -9 drops it.
+StatusOr<std::unique_ptr<DirLock>> LockStateDir(const std::string& state_dir) {
+  DirLockHolder holder;
+  StatusOr<std::unique_ptr<DirLock>> lock =
+      DirLock::TryAcquire(state_dir, ThisProcess("meshrun-coordinator"), &holder);
+  if (lock.ok()) return lock;
+  if (lock.status().code() == StatusCode::kAlreadyExists) {
+    return FailedPreconditionError(
+        "--state-dir: " + state_dir + " is in use by another meshrun-coordinator, " +
+        holder.Describe() +
+        " (hint: stop that coordinator first, or pass another --state-dir; one state folder "
+        "serves one coordinator)");
+  }
+  return FailedPreconditionError("--state-dir: " + std::string(lock.status().message()) +
+                                 " (hint: pass a folder this user can write)");
+}
+
 }  // namespace
 
 std::string CoordinatorConfig::ToString() const {
@@ -190,6 +209,7 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   s->clock_ = clock != nullptr ? clock : &s->real_clock_;
   spdlog::info("meshrun-coordinator: {}", config.ToString());
 
+  MESHRUN_ASSIGN_OR_RETURN(s->state_lock_, LockStateDir(config.state_dir));
   MESHRUN_ASSIGN_OR_RETURN(s->db_, StateDb::Open(config.state_dir));
   spdlog::info("state database {} (WAL, synchronous=NORMAL, FULL for acknowledged writes)",
                s->db_->path());
@@ -239,6 +259,9 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   grpc::ServerBuilder builder;
   builder.AddListeningPort(
       config.listen, tls ? ServerCredentials(*tls) : grpc::InsecureServerCredentials(), &s->port_);
+  // A port in use is refused: gRPC's default SO_REUSEPORT would let a second coordinator share
+  // it, and the kernel would split the clients between the two.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(config.max_receive_message_bytes);
   // Workers hold streams open for days: let them keep the connection alive.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
@@ -252,8 +275,10 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   MESHRUN_RETURN_IF_ERROR(s->workers_->Load());
   s->server_ = builder.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
-    return FailedPreconditionError("--listen: cannot listen on '" + config.listen +
-                                   "' (hint: the port may be in use; pick another or use port 0)");
+    return FailedPreconditionError(
+        "--listen: cannot listen on '" + config.listen +
+        "': the address is in use or not this host's (hint: is another meshrun-coordinator "
+        "running there? stop it, or pick another port, or port 0)");
   }
   const std::string host = !config.advertise_host.empty()      ? config.advertise_host
                            : IsWildcard(HostOf(config.listen)) ? ThisHostName()
@@ -334,6 +359,7 @@ void CoordinatorServer::Shutdown(std::chrono::milliseconds drain) {
   }
   metrics_.reset();
   db_.reset();
+  state_lock_.reset();  // the database is closed: another coordinator may take the folder
   spdlog::info("meshrun-coordinator stopped");
 }
 

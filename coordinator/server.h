@@ -19,6 +19,9 @@
 namespace grpc {
 class Server;
 }
+namespace meshrun {
+class DirLock;
+}
 
 namespace meshrun::coordinator {
 
@@ -116,6 +119,7 @@ class CoordinatorServer {
   CoordinatorConfig config_;
   RealClock real_clock_;
   const Clock* clock_ = nullptr;
+  std::unique_ptr<DirLock> state_lock_;  // --state-dir, held for the process's life
   std::unique_ptr<StateDb> db_;
   std::unique_ptr<StoreManager> store_;
   std::unique_ptr<WorkerManager> workers_;

@@ -1,6 +1,8 @@
 // WorkerManager: registration, leases, session attachment and the per-worker outbox.
 #include "coordinator/worker_manager.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -123,12 +125,35 @@ StatusOr<WorkerManager::Registered> WorkerManager::Register(const v1::RegisterWo
   Worker fresh;
   if (by_name != by_name_.end()) {
     w = &workers_.at(by_name->second);
-    if (!w->row.lost && w->row.address != r.address()) {
+    // A live holder (a session open, or registered a moment ago and about to open one, from
+    // another address) keeps the name: two processes under one name would take the
+    // registration from each other forever. A restarted worker whose predecessor is gone (its
+    // session closed, or its lease ran out) takes over.
+    const bool lease_live = !w->row.lost && w->lease_deadline > clock_.Monotonic();
+    const bool holder_live = lease_live && (w->stream != nullptr ||
+                                            (w->awaiting_session && w->row.address != r.address()));
+    if (holder_live) {
+      const auto seen =
+          std::chrono::duration_cast<std::chrono::milliseconds>(clock_.Now() - w->last_heartbeat);
+      char ago[32];
+      std::snprintf(ago, sizeof(ago), "%.1f s ago", std::max<int64_t>(0, seen.count()) / 1000.0);
       return Status(StatusCode::kAlreadyExists,
-                    "name: worker '" + r.name() + "' is registered and live at '" + w->row.address +
-                        "' (hint: choose another --name, or stop that worker)");
+                    "--name: worker '" + r.name() + "' is already registered from " +
+                        w->row.address + ", last seen " + ago + " (" +
+                        (w->stream ? "its session is open" : "it is opening its session") +
+                        ") (hint: choose another --name, or stop that worker; a restarted worker "
+                        "takes over once the old one's session has closed or its heartbeat has "
+                        "expired)");
     }
     out.replaced_live = !w->row.lost;
+    spdlog::info(
+        "worker '{}' registered again from {}: it takes over from the previous registration "
+        "(from {}; {})",
+        r.name(), r.address(), w->row.address,
+        w->row.lost           ? "it was marked LOST"
+        : !lease_live         ? "its heartbeat expired"
+        : w->awaiting_session ? "it had not opened its session yet"
+                              : "its session had closed");
   } else {
     size_t live = 0;
     for (const auto& [id, other] : workers_) live += other.row.lost ? 0 : 1;
@@ -142,6 +167,7 @@ StatusOr<WorkerManager::Registered> WorkerManager::Register(const v1::RegisterWo
   }
   Worker updated;
   updated.row = w->row;
+  updated.awaiting_session = true;
   updated.row.name = r.name();
   updated.row.session_token = NewToken();
   updated.row.slots = r.slots();
@@ -171,6 +197,7 @@ StatusOr<WorkerManager::Registered> WorkerManager::Register(const v1::RegisterWo
     w->last_heartbeat = updated.last_heartbeat;
     w->stream.reset();
     w->outbox.clear();
+    w->awaiting_session = true;
   } else {
     ++next_worker_number_;
     by_name_[r.name()] = updated.row.worker_id;
@@ -209,6 +236,7 @@ StatusOr<std::string> WorkerManager::OpenSession(
         AbortedError("a newer session of worker '" + w.row.name + "' replaced this one"));
   }
   w.stream = stream;
+  w.awaiting_session = false;
   streams_[stream.get()] = w.row.worker_id;
   RenewLocked(w);
   v1::WorkerSessionResponse accepted;

@@ -118,6 +118,8 @@ class WorkerManager final : public WorkerView {
     std::shared_ptr<WorkerSessionStream> stream;
     std::deque<v1::WorkerSessionResponse> outbox;
     v1::HostCalibration calibration;  // from the registration; persisted in row.calibration
+    // Registered by this coordinator and no session opened since: the process is starting.
+    bool awaiting_session = false;
   };
 
   void RenewLocked(Worker& w);

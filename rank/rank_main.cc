@@ -20,6 +20,7 @@
 #include "engine/train/device.h"
 #include "engine/train/rank_device.h"
 #include "proto/spec_convert.h"
+#include "rank/checkpoint_lock.h"
 #include "rpc/grpc_store.h"
 
 namespace meshrun::rank {
@@ -193,6 +194,16 @@ int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& 
     roots.checkpoint.assign(start.file_roots().checkpoint().begin(),
                             start.file_roots().checkpoint().end());
     InstallFileRoots(std::move(roots));
+  }
+  // Rank 0 of a cluster job holds checkpoint.dir while it runs (rank/checkpoint_lock.h); a
+  // standalone run ("standalone", `meshrun train`) holds it in the launching process already.
+  std::unique_ptr<CheckpointDirLock> checkpoint_lock;
+  if (a.rank() == 0 && !spec->checkpoint.dir.empty() && a.job_id() != "standalone") {
+    StatusOr<std::unique_ptr<CheckpointDirLock>> lock = CheckpointDirLock::Acquire(
+        spec->checkpoint.dir, "rank 0", a.job_id(), a.attempt(),
+        [](const std::string& line) { std::cerr << "note: " << line << std::endl; });
+    if (!lock.ok()) return ReportError(lock.status());
+    checkpoint_lock = std::move(lock).value();
   }
   RankContext ctx;
   if (dims->world_size() > 1) {

@@ -1,5 +1,6 @@
 // GrpcStore (see grpc_store.h): each Store operation is one or a few unary calls; waits longer
-// than one call's share are split, and UNAVAILABLE is retried with backoff while time is left.
+// than one call's share are split, and UNAVAILABLE (or CANCELLED: a stopping coordinator) is
+// retried with backoff while time is left.
 #include "rpc/grpc_store.h"
 
 #include <grpcpp/grpcpp.h>
@@ -32,6 +33,13 @@ void SetDeadline(grpc::ClientContext* ctx, milliseconds timeout) {
 milliseconds Remaining(Clock::time_point deadline) {
   return std::max(milliseconds(0),
                   std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+}
+
+// What a coordinator that is stopping or restarting answers: UNAVAILABLE (it is down, or said
+// so), or CANCELLED (a call it cut off while stopping; this side never cancels a store call).
+// Both are retried while the budget lasts, so a SIGTERM looks like a kill -9 to the ranks.
+bool Transient(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED;
 }
 
 std::string Describe(const GrpcStoreOptions& o, const std::string& key) {
@@ -94,7 +102,7 @@ Status GrpcStore::Set(const std::string& key, const std::string& value) {
     SetDeadline(&ctx, options_.call_timeout);
     v1::StoreSetResponse response;
     const grpc::Status s = stub_->StoreSet(&ctx, request, &response);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= give_up) {
+    if (!Transient(s.error_code()) || Clock::now() >= give_up) {
       if (s.ok()) return OkStatus();
       return Status(FromGrpcStatus(s).code(),
                     "StoreSet " + Describe(options_, key) + ": " + s.error_message());
@@ -134,13 +142,13 @@ StatusOr<std::string> GrpcStore::Get(const std::string& key, Duration timeout) {
     if (got.ok() && got->first) return std::move(got->second);
     last = got.ok() ? NotFoundError("not set") : got.status();
     const StatusCode code = last.code();
-    const bool retry =
-        (code == StatusCode::kDeadlineExceeded || code == StatusCode::kUnavailable || got.ok());
+    const bool transient = code == StatusCode::kUnavailable || code == StatusCode::kCancelled;
+    const bool retry = code == StatusCode::kDeadlineExceeded || transient || got.ok();
     if (!retry) {
       return Status(code, "StoreGet " + Describe(options_, key) + ": " + last.message());
     }
     if (Clock::now() >= deadline) break;
-    if (code == StatusCode::kUnavailable || got.ok()) {
+    if (transient || got.ok()) {
       std::this_thread::sleep_for(std::min(backoff.Next(), Remaining(deadline)));
     }
   }
@@ -167,7 +175,7 @@ StatusOr<int64_t> GrpcStore::Add(const std::string& key, int64_t delta) {
     SetDeadline(&ctx, options_.call_timeout);
     v1::StoreAddResponse response;
     const grpc::Status s = stub_->StoreAdd(&ctx, request, &response);
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || Clock::now() >= give_up) {
+    if (!Transient(s.error_code()) || Clock::now() >= give_up) {
       if (s.ok()) return response.value();
       return Status(FromGrpcStatus(s).code(),
                     "StoreAdd " + Describe(options_, key) + ": " + s.error_message());

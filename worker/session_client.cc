@@ -127,8 +127,10 @@ void SessionClient::Run() {
       if (!s.ok()) {
         // A malformed registration, or one the coordinator's TLS identity check refuses (a
         // certificate naming another worker), fails the same way every time.
+        // So does a name a live worker holds (ALREADY_EXISTS): retrying would only take the
+        // registration back and forth.
         if (s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kPermissionDenied ||
-            s.code() == StatusCode::kUnauthenticated) {
+            s.code() == StatusCode::kUnauthenticated || s.code() == StatusCode::kAlreadyExists) {
           spdlog::error("registration refused: {}", s.message());
           handler_->OnFatal(s);
           return;

@@ -1,5 +1,6 @@
 // bench/chaos: N seeded chaos trials on a local cluster (bench/chaos/chaos_trial.h): faults in
-// turn kill-rank, kill-coordinator, kill-worker, stop-rank, kill-rank-in-restart (or --faults),
+// turn kill-rank, kill-coordinator, kill-worker, stop-rank, kill-rank-in-restart (or --faults,
+// which also knows sigterm-coordinator and sigterm-coordinator-at-barrier),
 // one per trial. Prints
 // a row per trial, a summary table (per fault: trials, succeeded with the undisturbed loss,
 // recovery p50/p95) and one JSON line. Exit 0 only when every trial held.
@@ -52,8 +53,9 @@ int main(int argc, char** argv) {
   std::vector<Fault> faults;
   for (const std::string& f : fault_names) {
     bool known = false;
-    for (Fault k : {Fault::kKillRank, Fault::kKillWorker, Fault::kKillCoordinator, Fault::kStopRank,
-                    Fault::kKillRankInRestart}) {
+    for (Fault k :
+         {Fault::kKillRank, Fault::kKillWorker, Fault::kKillCoordinator, Fault::kStopRank,
+          Fault::kKillRankInRestart, Fault::kTermCoordinator, Fault::kTermCoordinatorAtBarrier}) {
       if (f == meshrun::chaos::FaultName(k)) {
         faults.push_back(k);
         known = true;
@@ -62,7 +64,8 @@ int main(int argc, char** argv) {
     if (!known) {
       std::fprintf(stderr,
                    "error: --faults: unknown fault '%s' (hint: kill-rank, kill-worker, "
-                   "kill-coordinator, stop-rank, kill-rank-in-restart)\n",
+                   "kill-coordinator, stop-rank, kill-rank-in-restart, sigterm-coordinator, "
+                   "sigterm-coordinator-at-barrier)\n",
                    f.c_str());
       return 2;
     }

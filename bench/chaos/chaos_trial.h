@@ -34,7 +34,26 @@ using namespace std::chrono_literals;
 
 // kKillRankInRestart: kill -9 of a rank, then of a rank of the restarted attempt as soon as it
 // runs (during its start: loading the checkpoint, the rendezvous), so the job restarts twice.
-enum class Fault { kKillRank, kKillWorker, kKillCoordinator, kStopRank, kKillRankInRestart };
+// kTermCoordinator: SIGTERM of the coordinator (a clean stop) at the seeded moment, then a new
+// one; kTermCoordinatorAtBarrier: the same while the ranks are inside a checkpoint's barrier (the
+// coordinator is SIGSTOPped as soon as a step folder appears, so the barrier's store calls are
+// in flight, then gets SIGTERM and SIGCONT). Both must look like a kill -9 to the job: the
+// attempt goes on, and `submit --follow` reconnects and exits 0.
+enum class Fault {
+  kKillRank,
+  kKillWorker,
+  kKillCoordinator,
+  kStopRank,
+  kKillRankInRestart,
+  kTermCoordinator,
+  kTermCoordinatorAtBarrier
+};
+
+// A fault that stops the coordinator (the job's attempt must simply go on).
+inline bool HitsCoordinator(Fault f) {
+  return f == Fault::kKillCoordinator || f == Fault::kTermCoordinator ||
+         f == Fault::kTermCoordinatorAtBarrier;
+}
 
 inline const char* FaultName(Fault f) {
   switch (f) {
@@ -43,6 +62,8 @@ inline const char* FaultName(Fault f) {
     case Fault::kKillCoordinator: return "kill-coordinator";
     case Fault::kStopRank: return "stop-rank";
     case Fault::kKillRankInRestart: return "kill-rank-in-restart";
+    case Fault::kTermCoordinator: return "sigterm-coordinator";
+    case Fault::kTermCoordinatorAtBarrier: return "sigterm-coordinator-at-barrier";
   }
   return "?";
 }
@@ -66,8 +87,10 @@ struct TrialResult {
   // coordinator kill), or the job's end, whichever is first; seen by polling every 50 ms.
   double recovery_seconds = NAN;
   double trial_seconds = 0;
-  std::string transcript;  // `submit --follow` output: states, reasons, rank failures
-  std::string logs;        // `meshrun logs JOB`: every rank's lines, "[rank R attempt A] …"
+  int follow_exit = -1;     // exit code of `submit --follow` (-1: did not exit in time)
+  bool at_barrier = false;  // sigterm-coordinator-at-barrier: the stop hit a barrier
+  std::string transcript;   // `submit --follow` output: states, reasons, rank failures
+  std::string logs;         // `meshrun logs JOB`: every rank's lines, "[rank R attempt A] …"
 };
 
 struct CliResult {
@@ -240,15 +263,23 @@ class ChaosCluster {
         }
         break;
       case Fault::kKillCoordinator: testing::KillNow(coordinator_); break;
+      case Fault::kTermCoordinator:
+        if (!TermCoordinator()) return fail("the coordinator did not exit within 20 s of SIGTERM");
+        break;
+      case Fault::kTermCoordinatorAtBarrier:
+        if (!TermCoordinatorAtBarrier(checkpoints, give_up, &t.at_barrier)) {
+          return fail("no checkpoint barrier to stop the coordinator in, or it did not exit");
+        }
+        break;
     }
     t.newest_complete = NewestComplete(checkpoints);
-    if (fault == Fault::kKillCoordinator) {
+    if (HitsCoordinator(fault)) {
       std::string why;
       if (!StartCoordinator(&why)) return fail(why);
     }
     // The attempt the job should finish on, and the newest complete checkpoint each time a
     // new attempt is seen placed (the last one is what the finishing attempt resumed from).
-    const int final_attempt = fault == Fault::kKillCoordinator     ? 1
+    const int final_attempt = HitsCoordinator(fault)               ? 1
                               : fault == Fault::kKillRankInRestart ? 3
                                                                    : 2;
     int attempt_seen = 1;
@@ -311,7 +342,8 @@ class ChaosCluster {
         t.resumed_step = std::atoi(line.c_str() + step + 9);
       }
     }
-    testing::WaitExit(follow.pid, 20s);
+    t.follow_exit = WaitExitCode(follow.pid, 20s);
+    if (t.follow_exit == -1) testing::Stop(follow, 2s);
     follow.pid = -1;
     if (fault == Fault::kStopRank) {
       // The job has moved on; the stopped rank goes when its stop order's grace (10 s) is out,
@@ -372,7 +404,12 @@ class ChaosCluster {
     claim(std::abs(t->final_loss - t->reference_loss) <= 1e-5 * std::abs(t->reference_loss),
           "final loss " + std::to_string(t->final_loss) + " != the undisturbed " +
               std::to_string(t->reference_loss));
-    if (t->fault == Fault::kKillCoordinator) {
+    claim(t->follow_exit == 0, "submit --follow exited " + std::to_string(t->follow_exit) +
+                                   ", not 0, for a job that SUCCEEDED");
+    if (t->fault == Fault::kTermCoordinatorAtBarrier) {
+      claim(t->at_barrier, "the coordinator's stop missed the checkpoint barrier");
+    }
+    if (HitsCoordinator(t->fault)) {
       // The ranks were alive throughout: the attempt must simply go on.
       claim(t->restarts == 0, "the coordinator's restart restarted the attempt (restarts " +
                                   std::to_string(t->restarts) + ")");
@@ -509,6 +546,72 @@ class ChaosCluster {
                         "--name", name, "--slots", "1", "--work-dir",
                         (o_.dir / "work" / name).string(), "--cores", "1", "--grace", "2"},
                        o_.dir / (name + ".log")));
+  }
+
+  // SIGTERM to the coordinator, and its exit (reaped) within 20 s.
+  bool TermCoordinator() {
+    if (coordinator_.pid <= 0) return false;
+    kill(coordinator_.pid, SIGTERM);
+    const bool exited = testing::WaitExit(coordinator_.pid, 20s);
+    if (!exited) testing::KillNow(coordinator_);
+    coordinator_.pid = -1;
+    return exited;
+  }
+
+  // Waits for a checkpoint to begin (a step-N folder newer than the newest complete one, without
+  // metadata.json), SIGSTOPs the coordinator at once, and checks 300 ms later that metadata.json
+  // is still missing: the ranks are inside the barrier, their store calls waiting on it. Then
+  // SIGTERM and SIGCONT. A checkpoint that completed before the stop is let go (SIGCONT) and the
+  // next one is tried. False when none was caught before `give_up` or the coordinator did not
+  // exit.
+  bool TermCoordinatorAtBarrier(const fs::path& checkpoints, Clock::time_point give_up,
+                                bool* at_barrier) {
+    while (Clock::now() < give_up && coordinator_.pid > 0) {
+      const int newest = NewestComplete(checkpoints);
+      int started = -1;
+      std::error_code ec;
+      for (fs::directory_iterator it(checkpoints, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string n = it->path().filename().string();
+        if (n.rfind("step-", 0) != 0) continue;
+        const int step = std::atoi(n.c_str() + 5);
+        if (step > newest && !fs::exists(it->path() / "metadata.json")) started = step;
+      }
+      if (started < 0) {
+        std::this_thread::sleep_for(1ms);
+        continue;
+      }
+      kill(coordinator_.pid, SIGSTOP);
+      std::this_thread::sleep_for(300ms);
+      const fs::path meta = checkpoints / ("step-" + std::to_string(started)) / "metadata.json";
+      if (fs::exists(meta)) {
+        kill(coordinator_.pid, SIGCONT);
+        while (Clock::now() < give_up && NewestComplete(checkpoints) < started) {
+          std::this_thread::sleep_for(5ms);
+        }
+        continue;
+      }
+      *at_barrier = true;
+      kill(coordinator_.pid, SIGTERM);
+      kill(coordinator_.pid, SIGCONT);
+      const bool exited = testing::WaitExit(coordinator_.pid, 20s);
+      if (!exited) testing::KillNow(coordinator_);
+      coordinator_.pid = -1;
+      return exited;
+    }
+    return false;
+  }
+
+  // Reaps `pid` within `timeout`: its exit code, 128 + signal, or -1 when it is still running.
+  static int WaitExitCode(pid_t pid, std::chrono::milliseconds timeout) {
+    const Clock::time_point until = Clock::now() + timeout;
+    while (Clock::now() < until) {
+      int status = 0;
+      const pid_t r = waitpid(pid, &status, WNOHANG);
+      if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (r < 0) return -1;
+      std::this_thread::sleep_for(20ms);
+    }
+    return -1;
   }
 
   // The newest step-N folder of `dir` whose metadata.json is in place (-1: none).

@@ -92,17 +92,24 @@ TEST_F(WorkerManagerTest, NameOfALiveWorkerFromAnotherAddressIsTaken) {
   EXPECT_EQ(clash.status().code(), StatusCode::kAlreadyExists);
 }
 
-TEST_F(WorkerManagerTest, SameAddressReplacesTheRegistration) {
+TEST_F(WorkerManagerTest, SameAddressReplacesTheRegistrationOnceItsSessionClosed) {
   auto first = manager_->Register(Reg("a"));
   auto stream = std::make_shared<FakeSessionStream>();
   ASSERT_TRUE(manager_->OpenSession(Open(first->response), stream).ok());
+  // A live session keeps the name, even from the same address (two workers on one host).
+  auto twin = manager_->Register(Reg("a", 8));
+  ASSERT_FALSE(twin.ok());
+  EXPECT_EQ(twin.status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(twin.status().message().rfind("--name: worker 'a' is already registered from ", 0), 0u)
+      << twin.status().message();
+  EXPECT_FALSE(stream->finished().has_value());
+  // The worker restarted: its old session is gone, the new process takes over.
+  manager_->CloseSession(stream.get());
   auto again = manager_->Register(Reg("a", 8));
-  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_TRUE(again->replaced_live);
   EXPECT_EQ(again->response.worker_id(), first->response.worker_id()) << "ids are stable per name";
   EXPECT_NE(again->response.session_token(), first->response.session_token());
-  ASSERT_TRUE(stream->finished().has_value());
-  EXPECT_EQ(stream->finished()->code(), StatusCode::kAborted);
   EXPECT_EQ(manager_->LiveWorkers()[0].slots, 8);
   // The old token is no longer valid.
   auto old = manager_->OpenSession(Open(first->response), std::make_shared<FakeSessionStream>());

@@ -107,6 +107,7 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
                         v1::StoreSetResponse*) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (grpc::Status s = CheckScope(r->job_id(), r->attempt()); !s.ok()) return s;
+    if (grpc::Status s = CancelStoreCall(); !s.ok()) return s;
     store_[Scope(r->job_id(), r->attempt())][r->key()] = r->value();
     cv_.notify_all();
     return grpc::Status::OK;
@@ -116,6 +117,7 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
                         v1::StoreGetResponse* response) override {
     std::unique_lock<std::mutex> lock(mu_);
     if (grpc::Status s = CheckScope(r->job_id(), r->attempt()); !s.ok()) return s;
+    if (grpc::Status s = CancelStoreCall(); !s.ok()) return s;
     ++store_gets_;
     auto& space = store_[Scope(r->job_id(), r->attempt())];
     if (!r->wait()) {
@@ -217,6 +219,12 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     lose_add_replies_ = n;
   }
+  // The next `n` StoreSet and StoreGet calls are answered CANCELLED before doing anything, as a
+  // stopping coordinator's gRPC server cuts calls off.
+  void CancelStoreCalls(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel_store_calls_ = n;
+  }
   std::vector<std::string> add_request_ids() {
     std::lock_guard<std::mutex> lock(mu_);
     return add_request_ids_;
@@ -240,6 +248,11 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     if (lose_add_replies_ == 0) return grpc::Status::OK;
     --lose_add_replies_;
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection reset (test)");
+  }
+  grpc::Status CancelStoreCall() {
+    if (cancel_store_calls_ == 0) return grpc::Status::OK;
+    --cancel_store_calls_;
+    return grpc::Status(grpc::StatusCode::CANCELLED, "CANCELLED");
   }
   grpc::Status CheckScope(const std::string& job, int attempt) {
     if (job.empty() || attempt < 1) {
@@ -267,6 +280,7 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
   int store_gets_ = 0;
   int aborted_calls_ = 0;
   int lose_add_replies_ = 0;
+  int cancel_store_calls_ = 0;
   std::vector<std::string> add_request_ids_;
   std::map<std::string, int64_t> applied_adds_;
 };
