@@ -1,4 +1,5 @@
-// `meshrun generate`: loads the model (a Hugging Face GPT-2 folder or a checkpoint), encodes the
+// `meshrun generate`: loads the model (a Hugging Face folder of a GPT-2 or Llama-family model,
+// e.g. one `meshrun export` wrote, or a checkpoint), encodes the
 // prompt with the job's tokenizer (--tokenizer, else the model folder's tokenizer.json, else the
 // checkpoint spec's data.tokenizer) or else as bytes (token id = byte value, the byte-level
 // vocabulary of text data), decodes the continuation the same way.
@@ -161,7 +162,9 @@ void RegisterGenerateCommand(CLI::App& app, CommandResult& result) {
   auto o = std::make_shared<GenerateFlags>();
   CLI::App* cmd =
       app.add_subcommand("generate", "Continue a prompt with an exported model or a checkpoint");
-  cmd->add_option("--model", o->model, "a Hugging Face GPT-2 folder (meshrun export)");
+  cmd->add_option("--model", o->model,
+                  "a Hugging Face folder: GPT2LMHeadModel or LlamaForCausalLM (also Mistral, "
+                  "Qwen2), e.g. one `meshrun export` wrote");
   cmd->add_option("--checkpoint", o->checkpoint, "a step-NNNNNNNN folder, or a checkpoint.dir");
   cmd->add_option("--prompt", o->prompt, "the text to continue")->required();
   cmd->add_option("--tokenizer", o->tokenizer,
