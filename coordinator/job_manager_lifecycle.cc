@@ -366,12 +366,14 @@ void JobManager::OnRankExited(const std::string& worker_id, const v1::RankExited
     } else {
       SetRankStateLocked(txn, *a, *r, v1::RANK_STATE_FAILED);
       FailAttemptLocked(txn, *a, DescribeExit(m, r->worker_name));
-      // An error exit (not a signal) while peers ran on other workers may be this rank
-      // noticing a peer that died first: keep room for the real cause.
+      // A runtime error exit (not a signal, not exit 2: invalid input is a cause of its own)
+      // while peers ran on other workers may be this rank noticing a peer that died first:
+      // keep room for the real cause.
       const bool peers_elsewhere =
           std::any_of(a->ranks.begin(), a->ranks.end(),
                       [&](const Rank& peer) { return peer.worker_id != r->worker_id; });
-      a->cause_may_follow = m.signal() == 0 && m.exit_code() > 0 && peers_elsewhere;
+      a->cause_may_follow =
+          m.signal() == 0 && m.exit_code() > 0 && m.exit_code() != 2 && peers_elsewhere;
       a->failed_message = job->row.message;
     }
   } else {

@@ -19,7 +19,7 @@ bool OpenMpWaitUnset() {
 }
 
 bool CommandWaitsAsRanks(std::string_view command) {
-  return command == "train" || command == "eval" || command == "generate";
+  return command == "train" || command == "eval" || command == "generate" || command == "plan";
 }
 
 }  // namespace meshrun

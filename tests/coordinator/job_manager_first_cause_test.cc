@@ -100,6 +100,15 @@ TEST_F(JobManagerFirstCauseTest, ARankKilledFirstStaysTheCause) {
   EXPECT_EQ(job.message().find("before that was known"), std::string::npos) << job.message();
 }
 
+TEST_F(JobManagerFirstCauseTest, InvalidInputIsACauseOfItsOwn) {
+  const std::string id = StartOnTwoWorkers();
+  Exited("a", id, 1, rank_on_a_, 2);  // the rank rejected its input
+  const std::string message = Get(id).message();
+  workers_.Remove("b");
+  jobs_->OnWorkerLost("b");
+  EXPECT_EQ(Get(id).message(), message);
+}
+
 TEST_F(JobManagerFirstCauseTest, PendingRestartNamesTheLostWorker) {
   const std::string id = StartOnTwoWorkers(/*max_restarts=*/1);
   EchoOnA(id);
