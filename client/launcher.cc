@@ -248,6 +248,7 @@ void RankGroup::Start(const std::string& executable, const std::string& store_di
   callbacks.on_exited = [this](const RankKey& key, const RankExit& exit) {
     OnExited(key.rank, exit);
   };
+  callbacks.owner = "meshrun train";  // standalone: no worker, no stop orders
   supervisor_ = std::make_unique<RankSupervisor>(std::move(callbacks));
   for (int r = 0; r < options_.nproc; ++r) {
     RankSpawn spawn;

@@ -26,10 +26,11 @@ int main(int argc, char** argv) {
   // A rank process (started by meshrun-worker or `train --nproc N`, never by people): its
   // input is the RankStart on stdin, not flags.
   if (argc == 2 && std::strcmp(argv[1], "__rank") == 0) return meshrun::rank::RankMain();
-  // `train` runs a rank in this process (and --nproc N ranks inherit this environment): it
-  // waits as every rank does (supervisor/openmp_environment.h). libgomp has read the variables
-  // already, so set them and start again, once.
-  if (argc >= 2 && std::strcmp(argv[1], "train") == 0 && meshrun::OpenMpWaitUnset()) {
+  // `train` runs a rank in this process (and --nproc N ranks inherit this environment), `eval`
+  // and `generate` run the model, `plan` measures for ranks: they wait as every rank does
+  // (supervisor/openmp_environment.h).
+  // libgomp has read the variables already, so set them and start again, once.
+  if (argc >= 2 && meshrun::CommandWaitsAsRanks(argv[1]) && meshrun::OpenMpWaitUnset()) {
     for (const auto& [name, value] : meshrun::RankOpenMpEnvironment()) {
       setenv(name.c_str(), value.c_str(), 1);
     }

@@ -41,7 +41,8 @@ struct PlanOptions {
 
 // The cluster the flags describe: the coordinator's workers, this host calibrated, or the
 // device table (cpu: this host's memory and GEMM rate) with the overrides on top.
-StatusOr<ClusterShape> ClusterOfFlags(const PlanOptions& o, const JobSpec& spec) {
+StatusOr<ClusterShape> ClusterOfFlags(const PlanOptions& o, const JobSpec& spec,
+                                      std::vector<ClusterShape>* rounds) {
   ClusterShape cluster;
   if (!o.coordinator.empty()) {
     MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<CoordinatorClient> client,
@@ -54,8 +55,9 @@ StatusOr<ClusterShape> ClusterOfFlags(const PlanOptions& o, const JobSpec& spec)
                                   " (hint: drop --device, or drop --calibrate and give "
                                   "--tflops and the bandwidths)");
     }
-    MESHRUN_ASSIGN_OR_RETURN(cluster, CalibratedHostCluster(o.per_node));
+    MESHRUN_ASSIGN_OR_RETURN(cluster, CalibratedHostCluster(o.per_node, rounds));
     cluster.nodes = o.nodes;
+    for (ClusterShape& round : *rounds) round.nodes = o.nodes;
   } else {
     StatusOr<DeviceProfile> device = DeviceProfileNamed(o.device);
     if (!device.ok()) return InvalidArgumentError(device.status().message());
@@ -89,8 +91,19 @@ json MemoryJson(const MemoryPrediction& m) {
 int RunPlan(const PlanOptions& o) {
   StatusOr<JobSpec> spec = LoadJobSpecFile(o.file, o.overrides);
   if (!spec.ok()) return ReportError(spec.status());
-  StatusOr<ClusterShape> shape = ClusterOfFlags(o, *spec);
+  std::vector<ClusterShape> rounds;  // --calibrate: the cluster of each measurement
+  StatusOr<ClusterShape> shape = ClusterOfFlags(o, *spec, &rounds);
   if (!shape.ok()) return ReportError(shape.status());
+  // The overrides apply to every measurement as to their median.
+  for (ClusterShape& round : rounds) {
+    ClusterShape with = *shape;
+    with.device.flops = o.tflops > 0 ? with.device.flops : round.device.flops;
+    with.device.intra_node_bw =
+        o.intra_gbps > 0 ? with.device.intra_node_bw : round.device.intra_node_bw;
+    with.device.intra_node_latency =
+        o.intra_latency_us >= 0 ? with.device.intra_node_latency : round.device.intra_node_latency;
+    round = with;
+  }
   const ClusterShape& cluster = *shape;
   StatusOr<std::vector<PlanRow>> rows = Plan(*spec, cluster);
   if (!rows.ok()) return ReportError(rows.status());
@@ -153,6 +166,14 @@ int RunPlan(const PlanOptions& o) {
   }
   if (shown < rows->size())
     std::printf("… %zu more (--top N, or -o json for all)\n", rows->size() - shown);
+  if (!rounds.empty()) {
+    // How repeatable the calibrated prediction is: the best row on each measurement.
+    const RobustFigure best = PredictionSpread(rows->front().spec, rounds);
+    std::printf(
+        "\ncalibrated: each figure is the median of %zu measurements after a warm-up; the best "
+        "row predicts %.3g s/step ±%.0f%% over them (median absolute deviation)\n",
+        rounds.size(), best.median, 100.0 * best.spread);
+  }
   std::printf("\n%s\n", ExplainBest(*rows, cluster).c_str());
   return kExitOk;
 }

@@ -24,19 +24,36 @@ json MeshJson(const ParallelismSpec& p) {
 
 }  // namespace
 
-StatusOr<ClusterShape> CalibratedHostCluster(int per_node) {
+StatusOr<ClusterShape> CalibratedHostCluster(int per_node, std::vector<ClusterShape>* rounds) {
   CalibrationOptions options;
   options.ranks = std::clamp(per_node, 2, 8);
   options.bytes = size_t{1} << 20;
   options.iterations = 5;
-  MESHRUN_ASSIGN_OR_RETURN(HostCalibration measured, CalibrateHost(options));
-  ClusterShape cluster;
-  cluster.nodes = 1;
-  cluster.per_node = per_node;
-  cluster.device = CalibratedCpuProfile(measured.gemm_flops, HostMemoryBytes(), per_node,
-                                        measured.loopback_bus_bandwidth, measured.loopback_latency,
-                                        options.ranks);
-  return cluster;
+  std::vector<HostCalibration> samples;
+  MESHRUN_ASSIGN_OR_RETURN(HostCalibration measured,
+                           CalibrateHostRepeated(options, kCalibrationRounds, &samples));
+  const double memory = HostMemoryBytes();
+  auto cluster_of = [&](const HostCalibration& m) {
+    ClusterShape cluster;
+    cluster.nodes = 1;
+    cluster.per_node = per_node;
+    cluster.device = CalibratedCpuProfile(m.gemm_flops, memory, per_node, m.loopback_bus_bandwidth,
+                                          m.loopback_latency, options.ranks);
+    return cluster;
+  };
+  if (rounds != nullptr) {
+    rounds->clear();
+    for (const HostCalibration& m : samples) rounds->push_back(cluster_of(m));
+  }
+  return cluster_of(measured);
+}
+
+RobustFigure PredictionSpread(const JobSpec& spec, const std::vector<ClusterShape>& rounds) {
+  std::vector<double> seconds;
+  for (const ClusterShape& cluster : rounds) {
+    seconds.push_back(PredictConfiguration(spec, cluster).step_seconds);
+  }
+  return Robust(std::move(seconds));
 }
 
 StatusOr<ClusterShape> ClusterOfWorkers(const std::vector<v1::WorkerInfo>& workers,

@@ -11,6 +11,7 @@
 
 #include "client/coordinator_client.h"
 #include "common/status.h"
+#include "engine/calibration/calibration.h"
 #include "engine/train/planner.h"
 #include "meshrun/v1/types.pb.h"
 #include "proto/plan_submission.h"
@@ -18,8 +19,17 @@
 namespace meshrun::client {
 
 // One node of `per_node` ranks on this host: its GEMM rate over all cores and its loopback
-// all-reduce (per_node ranks, at least 2, at most 8) measured now, shared by the ranks.
-StatusOr<ClusterShape> CalibratedHostCluster(int per_node);
+// all-reduce (per_node ranks, at least 2, at most 8) measured now, shared by the ranks. Each
+// figure is the median of kCalibrationRounds measurements after a warm-up
+// (CalibrateHostRepeated); `rounds` (when given) receives the cluster of each measurement, for
+// the spread of a prediction (PredictionSpread).
+inline constexpr int kCalibrationRounds = 5;
+StatusOr<ClusterShape> CalibratedHostCluster(int per_node,
+                                             std::vector<ClusterShape>* rounds = nullptr);
+
+// The step time of `spec` (its own configuration, PredictConfiguration) on each of `rounds`:
+// their median and spread (engine/calibration's Robust), e.g. for "0.41 s/step ±4%".
+RobustFigure PredictionSpread(const JobSpec& spec, const std::vector<ClusterShape>& rounds);
 
 // meshrun::ClusterOfWorkers (proto/plan_submission.h) planned from this host.
 StatusOr<ClusterShape> ClusterOfWorkers(const std::vector<v1::WorkerInfo>& workers,

@@ -10,8 +10,11 @@
 
 #include "common/memory_estimate.h"
 #include "engine/data/token_stream.h"
+#include "engine/io/checkpoint.h"
+#include "engine/model/hf_checkpoint.h"
 #include "engine/train/device.h"
 #include "engine/train/memory_model.h"
+#include "engine/train/trainer.h"
 #include "proto/plan_submission.h"
 
 namespace meshrun::client {
@@ -75,7 +78,47 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
                   : stream->from_cache       ? "read from the cache " + stream->cache_path
                                              : "tokenized into the cache " + stream->cache_path));
   }
-  return CheckStreamVocab(*stream, spec, field);
+  MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*stream, spec, field));
+  return CheckStreamWindow(*stream, spec, field);
+}
+
+// model.init_from: the check every rank makes before loading its slices (engine's
+// OpenHuggingFaceChecked), run once here before any data is read or tokenized.
+Status CheckInitFrom(const JobSpec& spec) {
+  std::error_code ec;
+  const fs::path dir(spec.model.init_from);
+  const char* missing = nullptr;
+  if (!fs::is_directory(dir, ec)) {
+    return InvalidArgumentError(
+        "model.init_from: " + spec.model.init_from +
+        (fs::exists(dir, ec) ? " is not a folder" : ": no such folder") +
+        " (hint: point it at a Hugging Face GPT-2 or Llama folder, e.g. one `meshrun export` "
+        "wrote)");
+  }
+  if (!fs::is_regular_file(dir / "config.json", ec)) {
+    missing = "config.json";
+  } else if (!fs::is_regular_file(dir / "model.safetensors", ec) &&
+             !fs::is_regular_file(dir / "model.safetensors.index.json", ec)) {
+    missing = "model.safetensors (or model.safetensors.index.json and its shards)";
+  }
+  if (missing != nullptr) {
+    return InvalidArgumentError("model.init_from: " + spec.model.init_from + " has no " + missing +
+                                " (hint: point it at a Hugging Face GPT-2 or Llama folder, e.g. "
+                                "one `meshrun export` wrote)");
+  }
+  return OpenHuggingFaceChecked(spec.model.init_from, GPT2ConfigOf(spec.model)).status();
+}
+
+// checkpoint.resume auto: the newest complete checkpoint under checkpoint.dir (the one train
+// resumes from) holds this model's tensors (the check each rank makes when it loads it).
+Status CheckResume(const JobSpec& spec) {
+  if (spec.checkpoint.dir.empty() || spec.checkpoint.resume != "auto") return OkStatus();
+  std::error_code ec;
+  if (!fs::is_directory(spec.checkpoint.dir, ec)) return OkStatus();
+  std::vector<std::string> warnings;
+  StatusOr<LatestCheckpoint> latest = FindLatestComplete(spec.checkpoint.dir, &warnings);
+  if (!latest.ok()) return OkStatus();  // none to resume (train warns about damaged ones)
+  return CheckResumeFits(latest->step_dir, spec);
 }
 
 // checkpoint.dir must be a folder this process can create entries in, or one it can create:
@@ -108,6 +151,22 @@ Status CheckCheckpointDir(const std::string& dir) {
 
 }  // namespace
 
+std::vector<std::string> SpecNotes(const JobSpec& spec) {
+  std::vector<std::string> notes;
+  if (spec.checkpoint.dir.empty()) {
+    notes.push_back(
+        "note: checkpoint.dir is not set, so this run saves nothing: no checkpoint to resume, "
+        "evaluate or export (hint: set checkpoint.dir, e.g. --set checkpoint.dir=ck)");
+  }
+  if (spec.train.lr == 0) {
+    notes.push_back(
+        "warning: train.lr: 0 leaves the weights as they start, so the loss only measures them "
+        "(hint: set a learning rate such as --set train.lr=3e-4; lr 0 is for turning "
+        "model.init_from weights into a checkpoint unchanged)");
+  }
+  return notes;
+}
+
 double HostMemoryBytes() {
   return meshrun::HostMemoryBytes();
 }
@@ -116,29 +175,16 @@ Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
                            const PreflightOptions& options) {
   if (options.check_device) MESHRUN_RETURN_IF_ERROR(CheckTrainingDevice(spec.resources.device));
   if (options.check_paths) {
+    // The model first (quick, and wrong more often than the data), then where it is saved and
+    // what it resumes, then the data, which may take long to tokenize.
+    if (!spec.model.init_from.empty()) MESHRUN_RETURN_IF_ERROR(CheckInitFrom(spec));
+    if (!spec.checkpoint.dir.empty()) {
+      MESHRUN_RETURN_IF_ERROR(CheckCheckpointDir(spec.checkpoint.dir));
+      MESHRUN_RETURN_IF_ERROR(CheckResume(spec));
+    }
     MESHRUN_RETURN_IF_ERROR(CheckStream("data.train", spec.data.train, spec, options));
     if (!spec.data.val.empty()) {
       MESHRUN_RETURN_IF_ERROR(CheckStream("data.val", spec.data.val, spec, options));
-    }
-    if (!spec.checkpoint.dir.empty()) {
-      MESHRUN_RETURN_IF_ERROR(CheckCheckpointDir(spec.checkpoint.dir));
-    }
-    if (!spec.model.init_from.empty()) {
-      std::error_code ec;
-      const fs::path dir(spec.model.init_from);
-      const char* missing = nullptr;
-      if (!fs::is_regular_file(dir / "config.json", ec)) {
-        missing = "config.json";
-      } else if (!fs::is_regular_file(dir / "model.safetensors", ec) &&
-                 !fs::is_regular_file(dir / "model.safetensors.index.json", ec)) {
-        missing = "model.safetensors (or model.safetensors.index.json and its shards)";
-      }
-      if (missing != nullptr) {
-        return InvalidArgumentError(
-            "model.init_from: " + spec.model.init_from + " has no " + missing +
-            " (hint: point it at a Hugging Face GPT-2 or Llama folder, e.g. one `meshrun "
-            "export` wrote)");
-      }
     }
   }
   if (options.host_memory_bytes >= 0) {

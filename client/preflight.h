@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "common/job_spec.h"
 #include "common/parallel_dims.h"
@@ -30,20 +31,30 @@ struct PreflightOptions {
   std::function<void(const std::string&)> note;
 };
 
-// The first problem found, as INVALID_ARGUMENT naming the field (exit 2):
+// The first problem found, as INVALID_ARGUMENT naming the field (exit 2), in this order (the
+// quick model checks before any data is read or tokenized). Each is the check the ranks make
+// themselves, calling the same engine function, so what passes here passes there:
 //  - resources.device (check_device): engine/train/device.h's CheckTrainingDevice.
-//  - data.train / data.val: the stream loads as the ranks will load it (missing file, binary
-//    bytes for format text, a bad llm.c header, an empty folder…) and its vocabulary is the
-//    model's: text has exactly model.vocab_size ids (256 as bytes, or data.tokenizer's), token
-//    ids are below it. Files over 64 MiB in all are only checked to exist and be readable (and
-//    text's vocabulary), unless fill_token_cache tokenizes them.
+//  - model.init_from: OpenHuggingFaceChecked (engine/model/hf_checkpoint.h): config.json of a
+//    model_type meshrun builds with every key it needs, agreeing with the spec's model, and
+//    model.safetensors or every shard of its index present, complete and holding every tensor.
 //  - checkpoint.dir: a folder, or one that can be created, in which this process can create
-//    entries (probed with a temporary folder that is removed again).
-//  - model.init_from: a folder holding config.json and model.safetensors.
+//    entries (probed with a temporary folder that is removed again); with checkpoint.resume
+//    auto, the newest complete checkpoint there fits the model (CheckResumeFits).
+//  - data.train / data.val: the stream loads as the ranks will load it (missing file, binary
+//    bytes for format text, a bad llm.c header, an empty folder…), its vocabulary is the
+//    model's (CheckStreamVocab) and it holds one window of seq_len + 1 tokens
+//    (CheckStreamWindow). Files over 64 MiB in all are only checked to exist and be readable
+//    (and text's vocabulary), unless fill_token_cache tokenizes them.
 //  - the memory estimate (CheckJobFitsHost of common/memory_estimate.h).
 // Nothing is left behind on disk.
 Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
                            const PreflightOptions& options = {});
+
+// What a valid spec does that its author may not expect, one line each for stderr (`validate`
+// and `train` print them): "note: ..." when checkpoint.dir is unset (nothing is saved),
+// "warning: ..." for train.lr 0 (the weights never change). Empty when there is nothing to say.
+std::vector<std::string> SpecNotes(const JobSpec& spec);
 
 // Physical memory of this host, or the cgroup's limit when that is lower.
 double HostMemoryBytes();

@@ -148,6 +148,7 @@ int RunTrain(const TrainFlags& o) {
   preflight.fill_token_cache = true;
   preflight.note = [](const std::string& line) { std::cerr << "note: " << line << std::endl; };
   if (Status s = CheckBeforeTraining(*spec, *dims, preflight); !s.ok()) return ReportError(s);
+  for (const std::string& note : SpecNotes(*spec)) std::cerr << note << std::endl;
   // Ranks on one host share its cores: without a thread count in the spec or OMP_NUM_THREADS,
   // each rank takes an equal share (OpenMP threads that outnumber cores spin against each other).
   if (spec->resources.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {

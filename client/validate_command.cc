@@ -60,14 +60,16 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
     ReportTo(err, mesh.status());
     return ExitCodeFor(mesh.status());
   }
-  // What would fail only once training starts: unreadable data, an unwritable checkpoint.dir,
-  // a model one rank of this host cannot hold.
+  // What would fail only once training starts: every check `train` makes before its first
+  // step (the same function): the init_from folder, the checkpoint it would resume, the data,
+  // an unwritable checkpoint.dir, a model one rank of this host cannot hold.
   if (!options.skip_local_checks) {
     if (Status status = CheckBeforeTraining(*spec, *mesh); !status.ok()) {
       ReportTo(err, status);
       return ExitCodeFor(status);
     }
   }
+  for (const std::string& note : SpecNotes(*spec)) err << note << std::endl;
 
   if (options.output == "json") {
     nlohmann::ordered_json ranks = nlohmann::ordered_json::array();

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -492,6 +493,34 @@ Status MalformedYaml(const std::string& source, const YAML::Mark& mark, const st
                               (at.empty() ? "" : " around that line") + ")");
 }
 
+// yaml-cpp reports a tab in the indentation as whatever it made of the line ("illegal map
+// value"): when a parse fails, the first line up to the failing one whose indentation holds a
+// tab is named instead, with its column.
+std::optional<Status> TabIndentation(const std::string& text, const std::string& source,
+                                     const YAML::Mark& mark) {
+  const size_t last_line = mark.line >= 0 ? static_cast<size_t>(mark.line) + 1 : SIZE_MAX;
+  size_t line = 0;
+  for (size_t start = 0; start < text.size() && line <= last_line; ++line) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const size_t first = text.find_first_not_of(" \t\r", start);
+    if (first == std::string::npos || first >= end) {  // a blank line: no indentation
+      start = end + 1;
+      continue;
+    }
+    for (size_t i = start; i < end && (text[i] == ' ' || text[i] == '\t'); ++i) {
+      if (text[i] != '\t') continue;
+      return InvalidArgumentError(
+          source + ": line " + std::to_string(line + 1) + ", column " +
+          std::to_string(i - start + 1) +
+          ": a tab in the indentation; YAML does not allow tabs for indentation (hint: indent "
+          "with spaces)");
+    }
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
 // Records where each document starts; ignores everything else.
 class DocumentStarts : public YAML::EventHandler {
  public:
@@ -615,6 +644,7 @@ StatusOr<JobSpec> ParseUnguarded(const std::string& text, const std::vector<std:
     MESHRUN_RETURN_IF_ERROR(CheckSingleDocument(text, source));
     document = YAML::Load(text);
   } catch (const YAML::Exception& e) {
+    if (std::optional<Status> tab = TabIndentation(text, source, e.mark)) return *tab;
     return MalformedYaml(source, e.mark, e.msg);
   }
   YAML::Node root = document.IsNull() ? YAML::Node(YAML::NodeType::Map) : document;

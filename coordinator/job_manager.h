@@ -201,6 +201,10 @@ class JobManager {
   void FailAttemptLocked(Txn& txn, Attempt& attempt, const std::string& reason);
   void SucceedAttemptLocked(Txn& txn, Attempt& attempt);
   void WorkerLostLocked(const std::string& worker_id, const std::string& reason);
+  // An attempt that failed on a peer's error exit (cause_may_follow) learns its first cause
+  // (a lost worker, a rank killed by a signal): it leads the attempt's reason and, while the
+  // job still shows that failure, the job's message.
+  void NameFirstCauseLocked(Txn& txn, Attempt& attempt, const std::string& cause);
   void SendStopLocked(const std::string& worker_id, const std::string& job_id, int attempt,
                       v1::StopReason reason, const std::string& message,
                       std::chrono::milliseconds grace, bool force);

@@ -367,11 +367,25 @@ void JobManager::OnRankExited(const std::string& worker_id, const v1::RankExited
     } else {
       SetRankStateLocked(txn, *a, *r, v1::RANK_STATE_FAILED);
       FailAttemptLocked(txn, *a, DescribeExit(m, r->worker_name));
+      // A runtime error exit (not a signal, not exit 2: invalid input is a cause of its own)
+      // while peers ran on other workers may be this rank noticing a peer that died first:
+      // keep room for the real cause.
+      const bool peers_elsewhere =
+          std::any_of(a->ranks.begin(), a->ranks.end(),
+                      [&](const Rank& peer) { return peer.worker_id != r->worker_id; });
+      a->cause_may_follow =
+          m.signal() == 0 && m.exit_code() > 0 && m.exit_code() != 2 && peers_elsewhere;
+      a->failed_message = job->row.message;
     }
   } else {
     SetRankStateLocked(txn, *a, *r,
                        m.stopped() ? v1::RANK_STATE_STOPPED
                                    : (clean ? v1::RANK_STATE_SUCCEEDED : v1::RANK_STATE_FAILED));
+    // A rank killed by a signal it was not sent by a stop order: the first cause of a failure
+    // a peer reported first.
+    if (m.signal() != 0 && !m.stopped()) {
+      NameFirstCauseLocked(txn, *a, DescribeExit(m, r->worker_name));
+    }
   }
   (void)journal_.Commit(txn, Durability::kFast);
   PruneAttemptsLocked(*job);
@@ -487,16 +501,44 @@ void JobManager::WorkerLostLocked(const std::string& worker_id, const std::strin
     if (r == nullptr) continue;
     Txn txn(*job);
     ReleaseLocked(*job, *a, *r);
-    if (r->state == v1::RANK_STATE_ASSIGNED || r->state == v1::RANK_STATE_RUNNING) {
+    const bool was_running =
+        r->state == v1::RANK_STATE_ASSIGNED || r->state == v1::RANK_STATE_RUNNING;
+    if (was_running) {
       r->error = "worker " + r->worker_name + " was lost: " + why;
       SetRankStateLocked(txn, *a, *r, v1::RANK_STATE_LOST);
     }
-    FailAttemptLocked(txn, *a, "worker " + r->worker_name + " was lost (" + why + ")");
+    const std::string cause = "worker " + r->worker_name + " was lost (" + why + ")";
+    // Its ranks never reported an exit after the attempt failed: the worker was gone already,
+    // and the failure a peer reported was its echo.
+    if (was_running) NameFirstCauseLocked(txn, *a, cause);
+    FailAttemptLocked(txn, *a, cause);
     (void)journal_.Commit(txn, Durability::kFast);
     PruneAttemptsLocked(*job);
   }
   slots_.ForgetHolders(worker_id);
   ScheduleLocked();
+}
+
+void JobManager::NameFirstCauseLocked(Txn& txn, Attempt& attempt, const std::string& cause) {
+  if (attempt.state != AttemptState::kFailed || !attempt.cause_may_follow) return;
+  attempt.cause_may_follow = false;
+  const std::string echo = attempt.reason;
+  attempt.reason = cause + "; before that was known, " + echo;
+  txn.batch.attempts.push_back(ToAttemptRow(txn.job, attempt));
+  // The job's message (and the reason a pending job waits with) while they still start with
+  // what that failure set.
+  JobRow& row = txn.job.row;
+  auto rewrite = [&](std::string& text) {
+    const size_t at = text.find(echo);
+    if (text.rfind(attempt.failed_message, 0) != 0 || at == std::string::npos) return false;
+    text.replace(at, echo.size(), attempt.reason);
+    return true;
+  };
+  if (row.attempt == attempt.number) {
+    rewrite(txn.job.pending_reason);
+    if (rewrite(row.message)) txn.job_dirty = true;
+  }
+  spdlog::warn("job {} attempt {}: first cause {}", row.job_id, attempt.number, cause);
 }
 
 void JobManager::OnWorkerReregistered(const std::string& worker_id) {

@@ -55,6 +55,12 @@ struct AttemptRecord {
   std::vector<RankRecord> ranks;
   std::unique_ptr<StepAggregator> aggregator;  // fed by MetricsIngest
   int succeeded = 0;
+  // Failed on a rank's error exit while its peers ran elsewhere: possibly the echo ("Connection
+  // reset by peer") of a cause not known yet, a lost worker or a killed rank, which then
+  // replaces it as the reason (JobManager::NameFirstCauseLocked). failed_message: the job's
+  // message that failure set.
+  bool cause_may_follow = false;
+  std::string failed_message;
 };
 
 // What MetricsIngest keeps per job beside the JobRow's progress columns; in memory only.

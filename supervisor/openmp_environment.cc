@@ -18,4 +18,8 @@ bool OpenMpWaitUnset() {
   return std::getenv("OMP_WAIT_POLICY") == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr;
 }
 
+bool CommandWaitsAsRanks(std::string_view command) {
+  return command == "train" || command == "eval" || command == "generate" || command == "plan";
+}
+
 }  // namespace meshrun

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -20,5 +21,14 @@ std::vector<std::pair<std::string, std::string>> RankOpenMpEnvironment();
 
 // True when neither variable is set in this process's environment.
 bool OpenMpWaitUnset();
+
+// The `meshrun` commands that run the model in their own process, or measure for the ranks,
+// and so wait as every rank does (main() sets RankOpenMpEnvironment and re-executes itself once
+// for them): `train` (its in-process rank, and the ranks of --nproc N inherit it), `eval`,
+// `generate`, and `plan` (its GEMM rate and --calibrate predict ranks that wait passively). An
+// `eval` that spun took 20.7 s against 0.56 s passive on a busy host; three `plan --calibrate`
+// on a host at load 8.5 predicted 0.029, 0.0039 and 0.116 s/step spinning, 0.0074, 0.0072 and
+// 0.0066 passive.
+bool CommandWaitsAsRanks(std::string_view command);
 
 }  // namespace meshrun

@@ -56,7 +56,7 @@ std::string SignalName(int sig) {
 
 }  // namespace
 
-// Why a rank had to be SIGKILLed after a stop order's grace period: the state of its process
+// Why a rank had to be SIGKILLed after its stop's grace period: the state of its process
 // just before, from /proc/PID/stat. A stopped or hung rank is the one its peers waited for in a
 // collective; saying so in its exit report names it in the job's events.
 static std::string UnresponsiveNote(pid_t pid) {
@@ -74,7 +74,7 @@ static std::string UnresponsiveNote(pid_t pid) {
   } else {
     what = "its process (state " + std::string(1, state) + ") ignored SIGTERM: a hung rank";
   }
-  return "did not exit within the stop order's grace period and was killed; " + what;
+  return "did not exit within its stop's grace period and was killed; " + what;
 }
 
 struct RankSupervisor::Proc {
@@ -83,6 +83,7 @@ struct RankSupervisor::Proc {
   pid_t pid = 0;
   bool stop_requested = false;
   Clock::time_point kill_at{};
+  bool kill_at_once = false;  // a stop of no grace asked for SIGKILL now (a second Ctrl-C)
   // Touched by the supervisor thread only.
   bool launched = false;
   bool term_sent = false;
@@ -160,6 +161,7 @@ int RankSupervisor::Stop(const std::string& job_id, int attempt, milliseconds gr
       if (key.job_id != job_id || key.attempt != attempt || proc->result) continue;
       const Clock::time_point kill_at = Clock::now() + grace;
       if (!proc->stop_requested || kill_at < proc->kill_at) proc->kill_at = kill_at;
+      if (grace.count() <= 0) proc->kill_at_once = true;
       proc->stop_requested = true;
       ++n;
     }
@@ -176,6 +178,7 @@ int RankSupervisor::StopAll(milliseconds grace) {
       if (proc->result) continue;
       const Clock::time_point kill_at = Clock::now() + grace;
       if (!proc->stop_requested || kill_at < proc->kill_at) proc->kill_at = kill_at;
+      if (grace.count() <= 0) proc->kill_at_once = true;
       proc->stop_requested = true;
       ++n;
     }
@@ -365,10 +368,12 @@ void RankSupervisor::Loop() {
     for (const std::shared_ptr<Proc>& p : procs) {
       bool stop;
       Clock::time_point kill_at;
+      bool kill_at_once;
       {
         std::lock_guard<std::mutex> lock(mu_);
         stop = p->stop_requested;
         kill_at = p->kill_at;
+        kill_at_once = p->kill_at_once;
       }
       if (!p->launched) {
         if (stop) {
@@ -385,11 +390,16 @@ void RankSupervisor::Loop() {
         p->term_sent = true;
       }
       if (!p->kill_sent && now >= kill_at) {
-        p->unresponsive = UnresponsiveNote(p->pid);
-        if (callbacks_.on_line) {  // into the job's logs, under the rank it is about
-          callbacks_.on_line(
-              p->spawn.key, true,
-              "meshrun-worker: rank " + std::to_string(p->spawn.key.rank) + " " + p->unresponsive);
+        if (kill_at_once) {
+          // Killed as asked (no grace): nothing is known about whether it would have stopped.
+          p->unresponsive = "was killed at once, as its stop asked (no grace period)";
+        } else {
+          p->unresponsive = UnresponsiveNote(p->pid);
+          if (callbacks_.on_line) {  // into the job's logs, under the rank it is about
+            callbacks_.on_line(p->spawn.key, true,
+                               callbacks_.owner + ": rank " + std::to_string(p->spawn.key.rank) +
+                                   " " + p->unresponsive);
+          }
         }
         kill(-p->pid, SIGKILL);
         p->kill_sent = true;

@@ -75,6 +75,9 @@ class RankSupervisor {
     // Exactly once per Start that returned OK: the process ended (after its output was read),
     // or could not be started at all (exit_code −1, error says why; on_started not called).
     std::function<void(const RankKey&, const RankExit&)> on_exited;
+    // How the supervisor's own lines about a rank name who wrote them (a rank killed after its
+    // stop's grace period): "meshrun-worker", or "meshrun train" for the standalone launcher.
+    std::string owner = "meshrun-worker";
   };
 
   explicit RankSupervisor(Callbacks callbacks);
@@ -88,7 +91,8 @@ class RankSupervisor {
   Status Start(RankSpawn spawn);
 
   // Stops every process of (job_id, attempt): SIGTERM to its process group now, SIGKILL after
-  // `grace`. A later Stop with a shorter grace brings the SIGKILL forward (a second Ctrl-C).
+  // `grace`. A later Stop with a shorter grace brings the SIGKILL forward (a second Ctrl-C); a
+  // rank killed by a stop of no grace was killed as asked, not found hung.
   // Returns how many processes it applies to (0 when none runs).
   int Stop(const std::string& job_id, int attempt, std::chrono::milliseconds grace);
   // Stops every process.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -100,6 +101,43 @@ StatusOr<HostCalibration> CalibrateHost(const CalibrationOptions& options) {
       MeasureLoopbackAllReduce(options.ranks, options.bytes, options.iterations));
   out.loopback_bus_bandwidth = loopback.bus_bandwidth;
   out.loopback_latency = loopback.latency;
+  return out;
+}
+
+RobustFigure Robust(std::vector<double> samples) {
+  RobustFigure out;
+  if (samples.empty()) return out;
+  auto median_of = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  out.median = median_of(samples);
+  std::vector<double> deviations;
+  for (double x : samples) deviations.push_back(std::fabs(x - out.median));
+  const double mad = median_of(deviations);
+  out.spread = out.median != 0 ? mad / std::fabs(out.median) : 0.0;
+  return out;
+}
+
+StatusOr<HostCalibration> CalibrateHostRepeated(const CalibrationOptions& options, int rounds,
+                                                std::vector<HostCalibration>* samples) {
+  rounds = std::max(1, rounds);
+  std::vector<HostCalibration> runs;
+  for (int i = 0; i <= rounds; ++i) {
+    MESHRUN_ASSIGN_OR_RETURN(HostCalibration run, CalibrateHost(options));
+    if (i > 0) runs.push_back(run);  // round 0 warms up
+  }
+  auto median = [&](double HostCalibration::*field) {
+    std::vector<double> v;
+    for (const HostCalibration& r : runs) v.push_back(r.*field);
+    return Robust(std::move(v)).median;
+  };
+  HostCalibration out = runs.front();
+  out.gemm_flops = median(&HostCalibration::gemm_flops);
+  out.loopback_bus_bandwidth = median(&HostCalibration::loopback_bus_bandwidth);
+  out.loopback_latency = median(&HostCalibration::loopback_latency);
+  if (samples != nullptr) *samples = std::move(runs);
   return out;
 }
 

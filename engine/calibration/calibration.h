@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "common/status.h"
 
@@ -38,5 +39,21 @@ StatusOr<LoopbackFigures> MeasureLoopbackAllReduce(int ranks, size_t bytes, int 
 
 // Both; the bandwidth is 0 (and the GEMM still measured) when ranks < 2.
 StatusOr<HostCalibration> CalibrateHost(const CalibrationOptions& options = {});
+
+// A figure measured several times: the median of the samples, and their spread, the median
+// absolute deviation from it relative to it (0.04: ±4%). One outlier among five samples (a
+// measurement that the scheduler preempted) moves neither much.
+struct RobustFigure {
+  double median = 0;
+  double spread = 0;
+};
+RobustFigure Robust(std::vector<double> samples);
+
+// CalibrateHost `rounds` times after one discarded warm-up round (the first touches the pages,
+// starts the threads, binds the sockets): each figure is the median over the rounds; `samples`
+// (when given) receives every round's figures, for the spread of what is predicted from them.
+// `meshrun plan --calibrate` and `train` with parallelism.auto run it (docs/planning.md).
+StatusOr<HostCalibration> CalibrateHostRepeated(const CalibrationOptions& options, int rounds,
+                                                std::vector<HostCalibration>* samples = nullptr);
 
 }  // namespace meshrun

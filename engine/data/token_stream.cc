@@ -356,6 +356,17 @@ Status CheckStreamVocab(const TokenStream& stream, const JobSpec& spec, const st
   return OkStatus();
 }
 
+Status CheckStreamWindow(const TokenStream& stream, const JobSpec& spec, const std::string& field) {
+  const int64_t need = static_cast<int64_t>(spec.model.seq_len) + 1;
+  if (stream.size() >= need) return OkStatus();
+  return InvalidArgumentError(
+      field + ": " + stream.path + " has " + std::to_string(stream.size()) +
+      " tokens, fewer than one window of model.seq_len + 1 = " + std::to_string(need) +
+      " (hint: use more data or a smaller model.seq_len, e.g. --set "
+      "model.seq_len=" +
+      std::to_string(std::max<int64_t>(1, stream.size() - 1)) + ")");
+}
+
 StatusOr<TokenStream> LoadLlmcFile(const std::string& path) {
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);

@@ -94,6 +94,9 @@ inline constexpr const char* kTokenCacheFolder = "token-cache";
 // have been read with exactly model.vocab_size ids (256 for bytes, the tokenizer's), and every
 // id of a token file must be below it. `field` names the stream ("data.train").
 Status CheckStreamVocab(const TokenStream& stream, const JobSpec& spec, const std::string& field);
+// The stream holds at least one window of model.seq_len + 1 tokens (INVALID_ARGUMENT naming
+// `field`, the count and the window): what the trainer needs of data.train and data.val.
+Status CheckStreamWindow(const TokenStream& stream, const JobSpec& spec, const std::string& field);
 // The same for text before it is read: the vocabulary text read under `spec` has (256 or the
 // tokenizer's, loaded from data.tokenizer).
 Status CheckTextVocab(const JobSpec& spec, const std::string& field);

@@ -50,6 +50,13 @@ bool IsConv1DWeight(const std::string& name) {
 StatusOr<GPT2Config> ReadHuggingFaceConfig(const std::string& dir) {
   const std::string path = (fs::path(dir) / "config.json").string();
   MESHRUN_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(path, "model.init_from"));
+  if (j.contains("model_type") && !j["model_type"].is_string()) {
+    return InvalidArgumentError(
+        "model.init_from: " + path +
+        ": 'model_type' is not a string (hint: e.g. \"gpt2\" or \"llama\")");
+  }
+  const std::string type = j.value("model_type", std::string("gpt2"));
+  const std::string type_name = "model_type '" + type + "'";
   auto refuse = [&](const std::string& what, const std::string& hint) {
     return InvalidArgumentError("model.init_from: " + path + ": " + what + " (hint: " + hint + ")");
   };
@@ -57,10 +64,14 @@ StatusOr<GPT2Config> ReadHuggingFaceConfig(const std::string& dir) {
                     bool required) -> Status {
     if (!obj.contains(key) || obj[key].is_null()) {
       if (!required) return OkStatus();
-      return InvalidArgumentError("model.init_from: " + path + " has no '" + key + "'");
+      return InvalidArgumentError("model.init_from: " + path + " has no '" + key + "' (hint: a " +
+                                  type_name +
+                                  " config.json needs it; re-create the folder with "
+                                  "transformers' save_pretrained or `meshrun export`)");
     }
     if (!obj[key].is_number()) {
-      return InvalidArgumentError("model.init_from: " + path + ": '" + key + "' is not a number");
+      return InvalidArgumentError("model.init_from: " + path + ": '" + key +
+                                  "' is not a number (hint: write it as a number)");
     }
     *out = obj[key].get<std::remove_pointer_t<decltype(out)>>();
     return OkStatus();
@@ -68,7 +79,6 @@ StatusOr<GPT2Config> ReadHuggingFaceConfig(const std::string& dir) {
   auto flag = [&](const char* key, bool fallback) {
     return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : fallback;
   };
-  const std::string type = j.value("model_type", std::string("gpt2"));
   GPT2Config cfg;
   if (type == "gpt2") {
     MESHRUN_RETURN_IF_ERROR(number(j, "n_embd", &cfg.d_model, true));
@@ -264,8 +274,20 @@ StatusOr<HuggingFaceWeights> HuggingFaceWeights::Open(const std::string& dir,
     files.push_back("model.safetensors");
   }
   for (const std::string& f : files) {
-    MESHRUN_ASSIGN_OR_RETURN(SafetensorsFile file,
-                             SafetensorsFile::Open((fs::path(dir) / f).string()));
+    StatusOr<SafetensorsFile> opened = SafetensorsFile::Open((fs::path(dir) / f).string());
+    if (!opened.ok()) {
+      // A shard the index lists that is missing, unreadable or truncated: name the field.
+      const bool missing = !fs::exists(fs::path(dir) / f, ec);
+      return InvalidArgumentError(
+          "model.init_from: " + opened.status().message() +
+          (missing ? std::string(" (hint: ") +
+                         (map.empty() ? "the folder needs model.safetensors"
+                                      : "model.safetensors.index.json lists " + f +
+                                            "; copy every shard into the folder") +
+                         ")"
+                   : std::string()));
+    }
+    SafetensorsFile file = std::move(opened).value();
     const size_t at = w.files_.size();
     for (const std::string& name : file.names()) {
       if (map.empty() || map[name] == f) w.file_of_[name] = at;
@@ -324,6 +346,37 @@ std::vector<HuggingFaceWeights::Source> HuggingFaceWeights::SourcesOf(const Para
   return {{"model." + n, 0, rows, false}};
 }
 
+StatusOr<const SafetensorsFile*> HuggingFaceWeights::CheckSource(const ParamInfo& p,
+                                                                 const Source& s) const {
+  const bool one_dim = p.global_shape.size() == 1;
+  const int64_t cols = one_dim ? 1 : p.global_shape[1];
+  MESHRUN_ASSIGN_OR_RETURN(const SafetensorsFile* file, FileOf(s.name));
+  MESHRUN_ASSIGN_OR_RETURN(TensorInfo info, file->Info(s.name));
+  // The shape the file must hold: (rows, cols), Conv1D (cols, rows), 1-D (rows); a position
+  // table may be longer than seq_len.
+  std::vector<int64_t> want = one_dim ? std::vector<int64_t>{s.rows}
+                                      : (s.transposed ? std::vector<int64_t>{cols, s.rows}
+                                                      : std::vector<int64_t>{s.rows, cols});
+  if (p.name == "wpe" && info.shape.size() == 2 && info.shape[1] == cols &&
+      info.shape[0] >= s.rows) {
+    want[0] = info.shape[0];
+  }
+  if (info.shape != want) {
+    std::string have, expected;
+    for (int64_t d : info.shape) have += (have.empty() ? "" : ", ") + std::to_string(d);
+    for (int64_t d : want) expected += (expected.empty() ? "" : ", ") + std::to_string(d);
+    return InvalidArgumentError("model.init_from: " + file->path() + ": tensor " + s.name +
+                                " has shape (" + have + "), the config needs (" + expected +
+                                ") (hint: the weights and config.json must be of one model)");
+  }
+  return file;
+}
+
+Status HuggingFaceWeights::CheckParam(const ParamInfo& p) const {
+  for (const Source& s : SourcesOf(p)) MESHRUN_RETURN_IF_ERROR(CheckSource(p, s).status());
+  return OkStatus();
+}
+
 Status HuggingFaceWeights::ReadBox(const ParamInfo& p, const Box& box, float* out) const {
   const bool one_dim = p.global_shape.size() == 1;
   const int64_t cols = one_dim ? 1 : p.global_shape[1];
@@ -333,25 +386,7 @@ Status HuggingFaceWeights::ReadBox(const ParamInfo& p, const Box& box, float* ou
   for (const Source& s : SourcesOf(p)) {
     const int64_t a = std::max(r0, s.row_begin), b = std::min(r0 + nr, s.row_begin + s.rows);
     if (a >= b) continue;
-    MESHRUN_ASSIGN_OR_RETURN(const SafetensorsFile* file, FileOf(s.name));
-    MESHRUN_ASSIGN_OR_RETURN(TensorInfo info, file->Info(s.name));
-    // The shape the file must hold: (rows, cols), Conv1D (cols, rows), 1-D (rows); a position
-    // table may be longer than seq_len.
-    std::vector<int64_t> want = one_dim ? std::vector<int64_t>{s.rows}
-                                        : (s.transposed ? std::vector<int64_t>{cols, s.rows}
-                                                        : std::vector<int64_t>{s.rows, cols});
-    if (p.name == "wpe" && info.shape.size() == 2 && info.shape[1] == cols &&
-        info.shape[0] >= s.rows) {
-      want[0] = info.shape[0];
-    }
-    if (info.shape != want) {
-      std::string have, expected;
-      for (int64_t d : info.shape) have += (have.empty() ? "" : ", ") + std::to_string(d);
-      for (int64_t d : want) expected += (expected.empty() ? "" : ", ") + std::to_string(d);
-      return InvalidArgumentError("model.init_from: " + file->path() + ": tensor " + s.name +
-                                  " has shape (" + have + "), the config needs (" + expected +
-                                  ") (hint: the weights and config.json must be of one model)");
-    }
+    MESHRUN_ASSIGN_OR_RETURN(const SafetensorsFile* file, CheckSource(p, s));
     const int64_t first = a - s.row_begin;  // in the source's rows
     if (!s.transposed) {
       if (w == cols) {  // whole rows: one contiguous range
@@ -386,11 +421,22 @@ Status HuggingFaceWeights::ReadParam(const ParamInfo& p, float* out) const {
   return OkStatus();
 }
 
-Status LoadHuggingFace(const std::string& dir, GPT2<float>* model) {
+StatusOr<HuggingFaceWeights> OpenHuggingFaceChecked(const std::string& dir, const GPT2Config& cfg) {
   MESHRUN_ASSIGN_OR_RETURN(GPT2Config file_cfg, ReadHuggingFaceConfig(dir));
-  MESHRUN_RETURN_IF_ERROR(CheckConfigMatches(model->config(), file_cfg, dir));
+  MESHRUN_RETURN_IF_ERROR(CheckConfigMatches(cfg, file_cfg, dir));
+  MESHRUN_ASSIGN_OR_RETURN(HuggingFaceWeights weights, HuggingFaceWeights::Open(dir, cfg));
+  // Every tensor of the whole model (tp 1: global shapes), present and of its shape, before any
+  // is read: a folder that lacks one fails here, not after the others were loaded.
+  GPT2Config whole = cfg;
+  whole.tp_size = 1;
+  whole.tp_rank = 0;
+  for (const ParamInfo& p : GPT2ParamLayout(whole)) MESHRUN_RETURN_IF_ERROR(weights.CheckParam(p));
+  return weights;
+}
+
+Status LoadHuggingFace(const std::string& dir, GPT2<float>* model) {
   MESHRUN_ASSIGN_OR_RETURN(HuggingFaceWeights weights,
-                           HuggingFaceWeights::Open(dir, model->config()));
+                           OpenHuggingFaceChecked(dir, model->config()));
   for (const ParamInfo& p : model->params()) {
     MESHRUN_RETURN_IF_ERROR(weights.ReadParam(p, model->param(p)));
   }

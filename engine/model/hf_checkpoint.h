@@ -43,10 +43,14 @@ class HuggingFaceWeights {
   Status ReadBox(const ParamInfo& p, const Box& box, float* out) const;
   // Every box of p (its tp-local tensor) into out (p.numel floats).
   Status ReadParam(const ParamInfo& p, float* out) const;
+  // That every file tensor p maps to is present with the shape p.global_shape needs; reads
+  // nothing but the headers read at Open.
+  Status CheckParam(const ParamInfo& p) const;
 
  private:
   struct Source;  // a run of internal rows from one file tensor
   std::vector<Source> SourcesOf(const ParamInfo& p) const;
+  StatusOr<const SafetensorsFile*> CheckSource(const ParamInfo& p, const Source& s) const;
   StatusOr<const SafetensorsFile*> FileOf(const std::string& name) const;
 
   std::string dir_;
@@ -56,7 +60,15 @@ class HuggingFaceWeights {
   std::map<std::string, size_t> file_of_;  // tensor name → files_ index
 };
 
-// Loads DIR into `model` (which owns its storage), after CheckConfigMatches.
+// The one check of a model.init_from folder, run by `meshrun validate` and `train` before any
+// data is read, and by every rank before it loads its slices: config.json of a model_type
+// meshrun builds with every key it needs (ReadHuggingFaceConfig), agreeing with `cfg`
+// (CheckConfigMatches), model.safetensors or every shard its index lists present and complete
+// (headers whose data lies inside the file), and every tensor of the model there with its
+// shape. INVALID_ARGUMENT naming model.init_from (or the contradicting model field).
+StatusOr<HuggingFaceWeights> OpenHuggingFaceChecked(const std::string& dir, const GPT2Config& cfg);
+
+// Loads DIR into `model` (which owns its storage), after OpenHuggingFaceChecked.
 Status LoadHuggingFace(const std::string& dir, GPT2<float>* model);
 
 // What a Hugging Face folder says of itself beyond the shapes, which an export of a model

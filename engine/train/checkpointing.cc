@@ -87,22 +87,47 @@ Status Trainer::SaveCheckpoint() {
                           options_.checkpoint_owner);
 }
 
+namespace {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out;
+  for (int64_t d : shape) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  return "(" + out + ")";
+}
+
+// Every model tensor of `params` is in the checkpoint with its global shape.
+Status CheckCheckpointFits(const CheckpointReader& reader, const std::vector<ParamInfo>& params,
+                           const std::string& step_dir, const std::string& checkpoint_dir) {
+  for (const ParamInfo& p : params) {
+    StatusOr<std::vector<int64_t>> shape = reader.GlobalShape(ModelKey(p));
+    if (shape.ok() && *shape == p.global_shape) continue;
+    const std::string what = shape.ok() ? "has shape " + ShapeText(*shape) + ", this model's is " +
+                                              ShapeText(p.global_shape)
+                                        : "is not in it, this model has it";
+    return InvalidArgumentError(
+        "checkpoint.dir: " + step_dir + ": tensor " + p.name + " " + what +
+        ", so the checkpoint does not fit this model's config (hint: resume with the "
+        "model section the checkpoint was written with, or train this model in another "
+        "folder: --set checkpoint.dir=ANOTHER_DIR, or remove " +
+        (checkpoint_dir.empty() ? step_dir : checkpoint_dir) +
+        "; checkpoint.resume=never would start from step 0 but write into the old run's "
+        "folder)");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CheckResumeFits(const std::string& step_dir, const JobSpec& spec) {
+  MESHRUN_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
+  return CheckCheckpointFits(reader, GPT2ParamLayout(GPT2ConfigOf(spec.model)), step_dir,
+                             spec.checkpoint.dir);
+}
+
 Status Trainer::LoadCheckpoint(const std::string& step_dir) {
   MESHRUN_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
-  for (const ParamInfo& p : model_->params()) {
-    MESHRUN_ASSIGN_OR_RETURN(std::vector<int64_t> shape, reader.GlobalShape(ModelKey(p)));
-    if (shape != p.global_shape) {
-      return FailedPreconditionError(
-          "checkpoint " + step_dir + ": tensor " + p.name +
-          " does not fit this model's config (hint: resume with the "
-          "model section the checkpoint was written with, or train "
-          "this model in another folder: --set "
-          "checkpoint.dir=ANOTHER_DIR, or remove " +
-          (spec_.checkpoint.dir.empty() ? step_dir : spec_.checkpoint.dir) +
-          "; checkpoint.resume=never would start from step 0 but "
-          "write into the old run's folder)");
-    }
-  }
+  MESHRUN_RETURN_IF_ERROR(
+      CheckCheckpointFits(reader, model_->params(), step_dir, spec_.checkpoint.dir));
   // Only the byte ranges of this rank's shard are read, whatever mesh wrote them.
   ShardedState::HostState host;  // read on the host, then copied to the shard's device
   MESHRUN_RETURN_IF_ERROR(shards_->ToHost(&host));
@@ -174,9 +199,7 @@ Status Trainer::ResumeFrom(const std::string& step_dir, TrainObserver* observer)
 }
 
 Status LoadHuggingFaceShard(const std::string& dir, const GPT2Config& cfg, ShardedState* shards) {
-  MESHRUN_ASSIGN_OR_RETURN(GPT2Config file_cfg, ReadHuggingFaceConfig(dir));
-  MESHRUN_RETURN_IF_ERROR(CheckConfigMatches(cfg, file_cfg, dir));
-  MESHRUN_ASSIGN_OR_RETURN(HuggingFaceWeights weights, HuggingFaceWeights::Open(dir, cfg));
+  MESHRUN_ASSIGN_OR_RETURN(HuggingFaceWeights weights, OpenHuggingFaceChecked(dir, cfg));
   return shards->LoadPieces(
       [&](const ParamInfo& p, const Box& box, float* out) { return weights.ReadBox(p, box, out); });
 }

@@ -31,5 +31,8 @@ Status Trainer::LoadLatestCheckpoint(TrainObserver*) {
 Status LoadHuggingFaceShard(const std::string&, const GPT2Config&, ShardedState*) {
   return Unavailable("model.init_from");
 }
+Status CheckResumeFits(const std::string&, const JobSpec&) {
+  return Unavailable("checkpoint resume");
+}
 
 }  // namespace meshrun

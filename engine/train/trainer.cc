@@ -113,10 +113,12 @@ Status Trainer::Init() {
                            LoadTokens(spec_.data.train, spec_.data.format, load));
   train_data_ = std::make_unique<TokenStream>(std::move(train));
   MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*train_data_, spec_, "data.train"));
+  MESHRUN_RETURN_IF_ERROR(CheckStreamWindow(*train_data_, spec_, "data.train"));
   if (!spec_.data.val.empty()) {
     MESHRUN_ASSIGN_OR_RETURN(TokenStream val, LoadTokens(spec_.data.val, spec_.data.format, load));
     val_data_ = std::make_unique<TokenStream>(std::move(val));
     MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*val_data_, spec_, "data.val"));
+    MESHRUN_RETURN_IF_ERROR(CheckStreamWindow(*val_data_, spec_, "data.val"));
   }
   MESHRUN_ASSIGN_OR_RETURN(Order order, ParseOrder(spec_.data.order));
   MESHRUN_ASSIGN_OR_RETURN(

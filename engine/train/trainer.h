@@ -173,4 +173,9 @@ double MeasureCpuGemmPeakFlops();
 // config.json against `cfg`; each rank reads only its own slices (engine/model/hf_checkpoint.h).
 Status LoadHuggingFaceShard(const std::string& dir, const GPT2Config& cfg, ShardedState* shards);
 
+// The resume check every rank runs when it loads a checkpoint, and `meshrun validate`/`train`
+// before any rank starts: every model tensor of `spec`'s model is in the checkpoint `step_dir`
+// with its shape. INVALID_ARGUMENT naming checkpoint.dir, the tensor and both shapes.
+Status CheckResumeFits(const std::string& step_dir, const JobSpec& spec);
+
 }  // namespace meshrun
