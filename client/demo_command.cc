@@ -156,8 +156,8 @@ int RunDemo(const DemoFlags& f) {
     const int rc =
         RunToEnd({BinaryDir() + "/meshrun", "export", followed->last_checkpoint, "-o", model_dir});
     if (rc != 0) {
-      std::cerr << "error: export: `meshrun export " << followed->last_checkpoint << " -o "
-                << model_dir << "` exited with " << rc << std::endl;
+      std::cerr << "error: export: `meshrun export " << EscapeText(followed->last_checkpoint)
+                << " -o " << model_dir << "` exited with " << rc << std::endl;
       model_dir.clear();
     }
   }

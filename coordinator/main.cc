@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "common/escaped_log.h"
 #include "common/health_server.h"
 #include "coordinator/server.h"
 
@@ -117,6 +118,8 @@ int main(int argc, char** argv) {
   config.restart_backoff_max =
       std::chrono::milliseconds(static_cast<int64_t>(restart_backoff_max_s * 1000));
   spdlog::set_default_logger(spdlog::stderr_color_mt("coordinator"));
+  // spdlog's default layout, the message escaped (common/escaped_log.h).
+  meshrun::SetEscapedLogPattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %*");
   spdlog::set_level(spdlog::level::from_str(log_level));
 
   // Block the stop signals in every thread (gRPC's included) and wait for them here.

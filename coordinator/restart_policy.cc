@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/escape.h"
 #include "engine/io/checkpoint.h"
 
 namespace meshrun::coordinator {
@@ -48,7 +49,7 @@ std::string DescribeExit(const v1::RankExited& e, const std::string& worker_name
   } else {
     out += " exited with code " + std::to_string(e.exit_code());
   }
-  if (!e.error().empty()) out += ": " + e.error().substr(0, 512);
+  if (!e.error().empty()) out += ": " + std::string(CutUtf8(e.error(), 512));
   return out;
 }
 

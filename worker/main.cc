@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/escaped_log.h"
 #include "common/health_server.h"
 #include "common/tls.h"
 #include "engine/calibration/calibration.h"
@@ -50,7 +51,7 @@ int Fail(const std::string& message, int code) {
 
 int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("meshrun-worker"));
-  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [worker] %v");
+  meshrun::SetEscapedLogPattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [worker] %*");
 
   meshrun::WorkerConfig config;
   std::string coordinator, metrics_listen, address;
