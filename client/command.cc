@@ -130,7 +130,8 @@ int RunCommandLine(CLI::App& app, int argc, char** argv, CommandResult& result) 
   try {
     return result.run();
   } catch (const std::exception& e) {
-    std::cerr << "error: internal: " << OneLine(e.what()) << std::endl;
+    std::cerr << "error: internal: " << EscapeText(OneLine(e.what()), /*keep_tab=*/false)
+              << std::endl;
   } catch (...) {
     std::cerr << "error: internal: unknown exception" << std::endl;
   }

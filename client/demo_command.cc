@@ -127,7 +127,7 @@ int RunDemo(const DemoFlags& f) {
   if (!client.ok()) return finish(ReportError(client.status()));
   StatusOr<std::string> job_id = (*client)->SubmitJob(*spec, NewRequestId());
   if (!job_id.ok()) return finish(ReportError(job_id.status()));
-  std::cout << "submitted job " << *job_id << std::endl;
+  std::cout << "submitted job " << EscapeText(*job_id) << std::endl;
 
   FollowOptions follow;
   follow.terminal = StdoutIsTerminal();

@@ -308,7 +308,9 @@ int main(int argc, char** argv) {
       break;
     }
     if (meshrun::Status fatal = daemon.fatal(); !fatal.ok()) {
-      std::cerr << "error: " << fatal.message() << std::endl;
+      // The coordinator's refusal, which may quote what it was sent.
+      std::cerr << "error: " << meshrun::EscapeText(fatal.message(), /*keep_tab=*/false)
+                << std::endl;
       exit_code = 2;
       break;
     }
