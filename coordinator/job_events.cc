@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "common/escape.h"
 #include "coordinator/proto_time.h"
 
 namespace meshrun::coordinator {
@@ -57,7 +58,9 @@ void JobEventLog::Stamp(v1::JobEvent* event, WallTime now) {
   SetTimestamp(now, event->mutable_time());
   if (event->kind_case() == v1::JobEvent::kLog &&
       event->log().text().size() > limits_.max_log_line_bytes) {
-    event->mutable_log()->mutable_text()->resize(limits_.max_log_line_bytes);
+    // Cut between characters: a proto3 string must stay UTF-8 for clients to parse it.
+    event->mutable_log()->mutable_text()->resize(
+        CutUtf8(event->log().text(), limits_.max_log_line_bytes).size());
   }
 }
 

@@ -240,6 +240,12 @@ TEST_F(AdversaryTextTest, WorkerTextIsEscapedInEveryCommandAndTheLog) {
   exited.mutable_rank_exited()->set_rank(0);
   exited.mutable_rank_exited()->set_exit_code(1);
   exited.mutable_rank_exited()->set_error(kEvil);
+  v1::WorkerSessionRequest long_line = logs;
+  std::string text = "x";
+  while (text.size() < 20000) text += "\xc3\xa9";  // é: the 16 KiB cut falls inside one
+  long_line.mutable_logs()->mutable_lines(0)->set_rank(1);
+  long_line.mutable_logs()->mutable_lines(0)->set_text(text);
+  const bool long_line_sent = worker_->Send(long_line);
   ASSERT_TRUE(worker_->Send(exited));
   for (const v1::StopOrder& stop : worker_->TakeStops(1, 10s)) {
     (void)stop;
@@ -261,6 +267,16 @@ TEST_F(AdversaryTextTest, WorkerTextIsEscapedInEveryCommandAndTheLog) {
       << EscapeText(followed);
 
   ExpectEscaped({"status", job}, kEscaped);
+  // A line longer than the coordinator keeps (16 KiB) whose cut falls inside a character:
+  // the kept part is still UTF-8, or no client could parse the events that carry it (`logs`
+  // reads the stored lines, `logs --follow` the events).
+  ASSERT_TRUE(long_line_sent);
+  testing::CliResult long_logs = Cli({"logs", job});
+  EXPECT_EQ(long_logs.exit_code, 0) << long_logs.err;
+  EXPECT_NE(long_logs.out.find("[rank 1] x\u00e9\u00e9"), std::string::npos) << long_logs.err;
+  long_logs = Cli({"logs", job, "--follow"});
+  EXPECT_EQ(long_logs.exit_code, 0) << long_logs.err;
+  EXPECT_NE(long_logs.out.find("[rank 1] x\u00e9\u00e9"), std::string::npos) << long_logs.err;
   ExpectEscaped({"status", job, "-o", "json"}, kJsonEscaped);
   ExpectEscaped({"jobs"}, "");
   ExpectEscaped({"jobs", "-o", "json"}, kJsonEscaped);
