@@ -11,31 +11,9 @@
 #include <string>
 #include <vector>
 
-namespace meshrun::client {
+#include "common/escaped_log.h"
 
-std::string EscapeControl(std::string_view text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    if ((c < 0x20 && c != '\t') || c == 0x7f) {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 0xf];
-    } else if (c == 0xc2 && i + 1 < text.size() &&
-               static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
-               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
-      const auto c1 = static_cast<unsigned char>(text[++i]);
-      out += "\\u00";
-      out += kHex[c1 >> 4];
-      out += kHex[c1 & 0xf];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
+namespace meshrun::client {
 
 namespace {
 
@@ -100,7 +78,8 @@ int ExitCodeFor(const Status& status) {
 }
 
 int ReportError(const Status& status) {
-  std::cerr << "error: " << OneLine(status.message()) << std::endl;
+  // The message may come from the coordinator and quote what a client or a worker sent.
+  std::cerr << "error: " << EscapeText(OneLine(status.message()), /*keep_tab=*/false) << std::endl;
   return ExitCodeFor(status);
 }
 
@@ -131,7 +110,7 @@ CLI::Validator WholeNumber(int64_t lo, int64_t hi) {
 
 int RunCommandLine(CLI::App& app, int argc, char** argv, CommandResult& result) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("meshrun"));
-  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %v");
+  SetEscapedLogPattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ %*");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -151,7 +130,8 @@ int RunCommandLine(CLI::App& app, int argc, char** argv, CommandResult& result) 
   try {
     return result.run();
   } catch (const std::exception& e) {
-    std::cerr << "error: internal: " << OneLine(e.what()) << std::endl;
+    std::cerr << "error: internal: " << EscapeText(OneLine(e.what()), /*keep_tab=*/false)
+              << std::endl;
   } catch (...) {
     std::cerr << "error: internal: unknown exception" << std::endl;
   }

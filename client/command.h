@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/escape.h"
 #include "common/status.h"
 
 namespace meshrun::client {
@@ -45,10 +46,9 @@ int ReportError(const Status& status);
 // Logging (spdlog) goes to stderr so that stdout stays clean for `-o json`.
 int RunCommandLine(CLI::App& app, int argc, char** argv, CommandResult& result);
 
-// `text` safe to print on a terminal: control characters (C0 but tab, DEL, and the UTF-8
-// encoded C1 range U+0080..U+009F) become `\xNN` / `\u00NN`, so rank
-// output (which any rank, or a worker, wrote) cannot move the cursor, set the title or send
-// terminal escape sequences to whoever reads `meshrun logs`.
-std::string EscapeControl(std::string_view text);
+// Rank output made safe for the reader's terminal: EscapeText (common/escape.h), tab kept.
+inline std::string EscapeControl(std::string_view text) {
+  return EscapeText(text);
+}
 
 }  // namespace meshrun::client

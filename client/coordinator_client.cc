@@ -397,7 +397,14 @@ json WorkerJson(const v1::WorkerInfo& w) {
               {"last_heartbeat_at", FormatTime(w.last_heartbeat_at())}};
 }
 
-void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& cells) {
+  // Cells hold what the coordinator sent (names, messages, paths, addresses): each escaped,
+  // tabs too, so that a cell stays one cell of one line.
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& row : cells) {
+    std::vector<std::string>& escaped = rows.emplace_back();
+    for (const std::string& cell : row) escaped.push_back(EscapeText(cell, /*keep_tab=*/false));
+  }
   std::vector<size_t> widths;
   for (const auto& row : rows) {
     if (widths.size() < row.size()) widths.resize(row.size(), 0);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/escape.h"
 #include "common/status.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "proto/state_names.h"
@@ -121,7 +122,16 @@ nlohmann::ordered_json JobListEntryJson(const v1::Job& job);  // jobs -o json, o
 nlohmann::ordered_json JobStatusJson(const v1::Job& job);     // status -o json
 nlohmann::ordered_json WorkerJson(const v1::WorkerInfo& w);   // workers -o json, one entry
 
-// A table for people: a header row and left-aligned columns two spaces apart.
+// A table for people: a header row and left-aligned columns two spaces apart; every cell
+// escaped with EscapeText (common/escape.h).
 void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows);
+
+// `value` as one line of JSON for stdout: invalid UTF-8 replaced (U+FFFD), and DEL, the C1
+// and bidirectional controls written as \uNNNN (EscapeJsonText), so that JSON printed on a
+// terminal is as harmless as the tables.
+template <typename Json>
+std::string DumpJson(const Json& value) {
+  return EscapeJsonText(value.dump(-1, ' ', false, Json::error_handler_t::replace));
+}
 
 }  // namespace meshrun::client

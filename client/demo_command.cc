@@ -127,7 +127,7 @@ int RunDemo(const DemoFlags& f) {
   if (!client.ok()) return finish(ReportError(client.status()));
   StatusOr<std::string> job_id = (*client)->SubmitJob(*spec, NewRequestId());
   if (!job_id.ok()) return finish(ReportError(job_id.status()));
-  std::cout << "submitted job " << *job_id << std::endl;
+  std::cout << "submitted job " << EscapeText(*job_id) << std::endl;
 
   FollowOptions follow;
   follow.terminal = StdoutIsTerminal();
@@ -156,8 +156,8 @@ int RunDemo(const DemoFlags& f) {
     const int rc =
         RunToEnd({BinaryDir() + "/meshrun", "export", followed->last_checkpoint, "-o", model_dir});
     if (rc != 0) {
-      std::cerr << "error: export: `meshrun export " << followed->last_checkpoint << " -o "
-                << model_dir << "` exited with " << rc << std::endl;
+      std::cerr << "error: export: `meshrun export " << EscapeText(followed->last_checkpoint)
+                << " -o " << model_dir << "` exited with " << rc << std::endl;
       model_dir.clear();
     }
   }

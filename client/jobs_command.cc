@@ -58,7 +58,7 @@ int RunJobs(const JobFlags& f) {
   if (f.output == "json") {
     json list = json::array();
     for (const v1::Job& job : *jobs) list.push_back(JobListEntryJson(job));
-    std::cout << list.dump() << std::endl;
+    std::cout << DumpJson(list) << std::endl;
     return kExitOk;
   }
   if (jobs->empty()) {
@@ -158,7 +158,7 @@ int RunStatus(const JobFlags& f) {
     json history = json::array();
     for (const auto& [step, loss] : losses) history.push_back({{"step", step}, {"loss", loss}});
     out["loss_history"] = std::move(history);
-    std::cout << out.dump() << std::endl;
+    std::cout << DumpJson(out) << std::endl;
     return kExitOk;
   }
   const v1::JobSpec& spec = job->spec();
@@ -228,15 +228,15 @@ int RunStatus(const JobFlags& f) {
 
 void PrintLogLine(const v1::LogLine& l, bool with_attempt, bool as_json = false) {
   if (as_json) {  // one object per line; JSON escaping keeps control bytes harmless
-    std::cout << nlohmann::json({{"rank", l.rank()}, {"attempt", l.attempt()}, {"text", l.text()}})
-                     .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+    std::cout << DumpJson(nlohmann::json(
+                     {{"rank", l.rank()}, {"attempt", l.attempt()}, {"text", l.text()}}))
               << '\n';
     return;
   }
   std::string prefix = "[rank " + std::to_string(l.rank());
   if (with_attempt) prefix += " attempt " + std::to_string(l.attempt());
   prefix += "] ";
-  std::cout << prefix << EscapeControl(l.text()) << '\n';
+  std::cout << prefix << EscapeText(l.text()) << '\n';
 }
 
 int RunLogs(const JobFlags& f) {
@@ -341,9 +341,10 @@ int RunCancel(const JobFlags& f) {
   }
   if (!job.ok()) return ReportError(job.status());
   if (f.output == "json") {
-    std::cout << JobStatusJson(*job).dump() << std::endl;
+    std::cout << DumpJson(JobStatusJson(*job)) << std::endl;
   } else {
-    std::cout << "job " << job->job_id() << " " << JobStateName(job->state()) << std::endl;
+    std::cout << "job " << EscapeText(job->job_id()) << " " << JobStateName(job->state())
+              << std::endl;
   }
   return kExitOk;
 }

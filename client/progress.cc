@@ -34,9 +34,11 @@ class ProgressView {
  public:
   ProgressView(std::ostream& out, bool terminal) : out_(out), terminal_(terminal) {}
 
+  // `text` holds fields of the coordinator's events (reasons, errors, paths, log lines):
+  // escaped here, once for every line.
   void Line(const std::string& text) {
     if (terminal_ && bar_shown_) out_ << "\r\x1b[K";
-    out_ << text << '\n';
+    out_ << EscapeText(text) << '\n';
     if (terminal_ && bar_shown_) out_ << bar_;
     out_.flush();
   }

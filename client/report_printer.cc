@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <iostream>
 
+#include "common/escape.h"
+
 namespace meshrun::client {
 ReportPrinter::ReportPrinter(bool json_output, int64_t steps, bool terminal)
     : json_(json_output), steps_(steps), terminal_(terminal && !json_output) {
@@ -68,7 +70,7 @@ void ReportPrinter::OnSummary(const v1::RankSummary& s) {
     if (s.resumed_from_step() > 0) {
       line += " (resumed from step " + std::to_string(s.resumed_from_step()) + ")";
     }
-    if (!s.checkpoint().empty()) line += ", checkpoint " + s.checkpoint();
+    if (!s.checkpoint().empty()) line += ", checkpoint " + EscapeText(s.checkpoint());
     std::cout << line << std::endl;
   }
 }

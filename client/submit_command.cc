@@ -56,7 +56,7 @@ int RunSubmit(const SubmitFlags& f) {
     return ReportError(planned);
   }
   if (!auto_note.empty()) {
-    std::cerr << auto_note << std::endl;
+    std::cerr << EscapeText(auto_note) << std::endl;
     if (!f.skip_local_checks) {
       StatusOr<JobSpec> chosen = JobSpecFromProto(*spec);
       if (!chosen.ok()) return ReportError(chosen.status());
@@ -78,16 +78,15 @@ int RunSubmit(const SubmitFlags& f) {
     StatusOr<ParallelDims> mesh = MeshOf(*resolved);
     if (!mesh.ok()) return ReportError(mesh.status());
     if (as_json) {
-      std::cout << json{{"dry_run", true},
-                        {"spec", JobSpecToJson(*resolved)},
-                        {"mesh", MeshToJson(*mesh)},
-                        {"placement", answer->placement()}}
-                       .dump()
+      std::cout << DumpJson(json{{"dry_run", true},
+                                 {"spec", JobSpecToJson(*resolved)},
+                                 {"mesh", MeshToJson(*mesh)},
+                                 {"placement", answer->placement()}})
                 << std::endl;
     } else {
       std::cout << "# dry run: the job is valid and nothing was submitted\n"
                 << JobSpecToYaml(*resolved) << "# mesh: " << mesh->ToString()
-                << "\n# placement: " << answer->placement() << std::endl;
+                << "\n# placement: " << EscapeText(answer->placement()) << std::endl;
     }
     return kExitOk;
   }
@@ -96,9 +95,9 @@ int RunSubmit(const SubmitFlags& f) {
   if (!submitted.ok()) return ReportError(submitted.status());
   const std::string job_id = submitted->job_id();
   if (as_json) {
-    std::cout << json{{"job_id", job_id}}.dump() << std::endl;
+    std::cout << DumpJson(json{{"job_id", job_id}}) << std::endl;
   } else {
-    std::cout << job_id << std::endl;
+    std::cout << EscapeText(job_id) << std::endl;
   }
   if (!f.follow) return kExitOk;
   // Ctrl-C stops following, not the job: say so, and how to reach it (a one-shot handler; the
@@ -126,7 +125,7 @@ int RunSubmit(const SubmitFlags& f) {
   if (!followed.ok()) return ReportError(followed.status());
   const v1::Job& job = followed->job;
   if (as_json) {
-    std::cout << JobStatusJson(job).dump() << std::endl;
+    std::cout << DumpJson(JobStatusJson(job)) << std::endl;
   } else {
     // The totals `train` ends with (client/progress.h).
     RunTotals totals;
@@ -138,7 +137,7 @@ int RunSubmit(const SubmitFlags& f) {
     std::string line = "job " + job.job_id() + " " + JobStateName(job.state()) + " after " +
                        RenderRunTotals(totals) + ", restarts " + std::to_string(job.restarts());
     if (!job.message().empty()) line += ": " + job.message();
-    std::cout << line << std::endl;
+    std::cout << EscapeText(line) << std::endl;
   }
   return job.state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitFailure;
 }

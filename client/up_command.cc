@@ -299,7 +299,7 @@ void LocalCluster::OnLine(const RankKey& key, bool /*is_stderr*/, std::string li
     *it->second << line << '\n';
     it->second->flush();
   } else {
-    std::cerr << "[" << key.job_id << "] " << line << '\n';
+    std::cerr << "[" << key.job_id << "] " << EscapeText(line) << '\n';  // a daemon's output
   }
 }
 

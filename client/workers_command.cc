@@ -23,7 +23,7 @@ int RunWorkers(const WorkersFlags& f) {
   if (f.output == "json") {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const v1::WorkerInfo& w : *workers) list.push_back(WorkerJson(w));
-    std::cout << list.dump() << std::endl;
+    std::cout << DumpJson(list) << std::endl;
     return kExitOk;
   }
   if (workers->empty()) {

@@ -10,6 +10,8 @@
 #include <numeric>
 #include <type_traits>
 
+#include "common/escape.h"
+
 namespace meshrun {
 namespace {
 
@@ -110,6 +112,7 @@ bool IsValidUtf8WithoutControls(const std::string& s) {
     static constexpr uint32_t kMinForLength[4] = {0, 0x80, 0x800, 0x10000};
     if (cp < kMinForLength[extra] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
     if (cp >= 0x80 && cp < 0xa0) return false;  // C1 controls
+    if (IsBidiControl(cp)) return false;        // they reorder what a terminal shows
     // Noncharacters (U+FFFE, U+FFFF in every plane, U+FDD0..U+FDEF): yaml-cpp reads them back as
     // U+FFFD, so a spec holding one would not survive the YAML it is written as (found by
     // fuzz/set_override: an override value starting with a NUL byte is decoded as UTF-16).
@@ -431,17 +434,7 @@ std::string EscapeForMessage(std::string_view value) {
     }
     if (!value.empty() && static_cast<unsigned char>(value.back()) >= 0xc0) value.remove_suffix(1);
   }
-  std::string out;
-  for (char ch : value) {
-    const auto byte = static_cast<unsigned char>(ch);
-    if (byte < 0x20 || byte == 0x7f) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
-      out += escaped;
-    } else {
-      out += ch;
-    }
-  }
+  const std::string out = EscapeText(value, /*keep_tab=*/false);
   return cut ? out + "..." : out;
 }
 

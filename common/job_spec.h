@@ -213,8 +213,9 @@ std::vector<std::string> JobSpecKeys(std::string_view section);
 // ("data", "format"); empty for free-form fields.
 std::vector<std::string> AllowedValues(std::string_view section, std::string_view key);
 
-// `value` made safe for an error message: control bytes written as \xNN and long values cut
-// to 80 bytes, so that a message always stays one printable line. Quote adds single quotes.
+// `value` made safe for an error message: cut to 80 bytes, then escaped as EscapeText does
+// (common/escape.h; tabs too), so that a message always stays one printable line. Quote adds
+// single quotes.
 std::string EscapeForMessage(std::string_view value);
 std::string QuoteForMessage(std::string_view value);
 

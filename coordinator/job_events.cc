@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "common/escape.h"
 #include "coordinator/proto_time.h"
 
 namespace meshrun::coordinator {
@@ -64,12 +65,8 @@ bool JobEventLog::Cut(v1::JobEvent* event) const {
   std::string& text = *event->mutable_log()->mutable_text();
   const size_t size = text.size();
   if (size <= limits_.max_log_line_bytes) return false;
-  size_t end = limits_.max_log_line_bytes;
-  // Not inside a UTF-8 sequence: back up over continuation bytes (10xxxxxx), at most 3.
-  for (int i = 0; i < 3 && end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80; ++i) {
-    --end;
-  }
-  text.resize(end);
+  // Cut between characters: a proto3 string must stay UTF-8 for clients to parse it.
+  text.resize(CutUtf8(text, limits_.max_log_line_bytes).size());
   text += kLogCutMarker + std::to_string(size) + " bytes]";
   return true;
 }

@@ -9,6 +9,8 @@
 #include <cctype>
 #include <cstdio>
 
+#include "common/escape.h"
+#include "common/job_spec.h"
 #include "common/job_spec_yaml.h"
 #include "coordinator/proto_time.h"
 #include "proto/spec_convert.h"
@@ -308,6 +310,14 @@ StatusOr<v1::Job> JobManager::Cancel(const v1::CancelJobRequest& request) {
   }
   if (request.reason().size() > 1024) {
     return InvalidArgumentError("reason: over 1024 bytes (hint: say it in one line)");
+  }
+  // Kept as the job's message, shown by `status` and `submit --follow` to every token holder:
+  // one line of printable text (decision 0031).
+  if (!IsPlainText(request.reason())) {
+    return InvalidArgumentError(
+        "reason: " + QuoteForMessage(request.reason()) +
+        " holds control characters (C0, DEL, C1, bidirectional) or invalid UTF-8 (hint: say it "
+        "in one line of plain text)");
   }
   std::lock_guard<std::mutex> lock(mu_);
   Job* job = FindLocked(request.job_id());

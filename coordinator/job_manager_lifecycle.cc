@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <bit>
 
+#include "common/escape.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/proto_time.h"
 
@@ -358,7 +359,7 @@ void JobManager::OnRankExited(const std::string& worker_id, const v1::RankExited
   ReleaseLocked(*job, *a, *r);
   r->exit_code = m.exit_code();
   r->signal = m.signal();
-  r->error = m.error().substr(0, 4096);
+  r->error = std::string(CutUtf8(m.error(), 4096));  // cut whole: a proto3 string stays UTF-8
   const bool clean = m.exit_code() == 0 && m.signal() == 0 && !m.stopped();
   if (a->state == AttemptState::kRunning) {
     if (clean) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "common/escaped_log.h"
 #include "common/health_server.h"
 #include "coordinator/connection_limits.h"
 #include "coordinator/server.h"
@@ -158,6 +159,8 @@ int main(int argc, char** argv) {
   config.connection_idle_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(connection_idle_timeout_s * 1000));
   spdlog::set_default_logger(spdlog::stderr_color_mt("coordinator"));
+  // spdlog's default layout, the message escaped (common/escaped_log.h).
+  meshrun::SetEscapedLogPattern("[%Y-%m-%d %H:%M:%S.%e] [%n] [%^%l%$] %*");
   spdlog::set_level(spdlog::level::from_str(log_level));
   // Descriptors: as many as allowed, and a guard so that running out of them never stops the
   // listener (coordinator/connection_limits.h).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/job_spec.h"
+#include "common/escape.h"
 #include "engine/io/checkpoint.h"
 
 namespace meshrun::coordinator {
@@ -50,7 +51,7 @@ std::string DescribeExit(const v1::RankExited& e, const std::string& worker_name
   } else {
     out += " exited with code " + std::to_string(e.exit_code());
   }
-  if (!e.error().empty()) out += ": " + e.error().substr(0, 512);
+  if (!e.error().empty()) out += ": " + std::string(CutUtf8(e.error(), 512));
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <random>
 
+#include "common/escape.h"
 #include "common/job_spec.h"
 #include "coordinator/proto_time.h"
 
@@ -29,12 +30,6 @@ bool ValidName(const std::string& name) {
   return !name.empty() && name.size() <= 128 && std::all_of(name.begin(), name.end(), [](char ch) {
     return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.';
   });
-}
-
-bool Printable(const std::string& s, size_t max) {
-  return s.size() <= max && std::all_of(s.begin(), s.end(), [](char ch) {
-           return static_cast<unsigned char>(ch) >= 0x20 && ch != 0x7f;
-         });
 }
 
 Status Invalid(const std::string& field, const std::string& what, const std::string& hint) {
@@ -59,8 +54,16 @@ Status ValidateRegistration(const v1::RegisterWorkerRequest& r) {
         {"metrics_address", &r.metrics_address()},
         {"device_name", &r.device_name()},
         {"version", &r.version()}}) {
-    if (!Printable(*value, 256)) {
-      return Invalid(field, "holds control characters or is over 256 bytes",
+    if (value->size() > 256) {
+      return Invalid(field, "is over 256 bytes (" + std::to_string(value->size()) + ")",
+                     "send a plain host name, address or word");
+    }
+    // `meshrun workers` and the coordinator's log show them: printable UTF-8 only.
+    if (!IsPlainText(*value)) {
+      return Invalid(field,
+                     QuoteForMessage(*value) +
+                         " holds control characters (C0, DEL, C1, bidirectional) or invalid "
+                         "UTF-8",
                      "send a plain host name, address or word");
     }
   }

@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/escaped_log.h"
 #include "common/health_server.h"
 #include "common/tls.h"
 #include "engine/calibration/calibration.h"
@@ -50,7 +51,7 @@ int Fail(const std::string& message, int code) {
 
 int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("meshrun-worker"));
-  spdlog::set_pattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [worker] %v");
+  meshrun::SetEscapedLogPattern("%Y-%m-%d %H:%M:%S.%e %^%l%$ [worker] %*");
 
   meshrun::WorkerConfig config;
   std::string coordinator, metrics_listen, address;
@@ -307,7 +308,9 @@ int main(int argc, char** argv) {
       break;
     }
     if (meshrun::Status fatal = daemon.fatal(); !fatal.ok()) {
-      std::cerr << "error: " << fatal.message() << std::endl;
+      // The coordinator's refusal, which may quote what it was sent.
+      std::cerr << "error: " << meshrun::EscapeText(fatal.message(), /*keep_tab=*/false)
+                << std::endl;
       exit_code = 2;
       break;
     }

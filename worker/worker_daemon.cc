@@ -13,6 +13,7 @@
 
 #include "common/atomic_file.h"
 #include "common/confined_file.h"
+#include "common/escape.h"
 #include "common/job_spec_yaml.h"
 #include "common/memory_estimate.h"
 #include "common/parallel_dims.h"
@@ -158,7 +159,7 @@ void WorkerDaemon::ReportNotStarted(const v1::RankAssignment& a, const std::stri
   e->set_attempt(a.attempt());
   e->set_rank(a.rank());
   e->set_exit_code(-1);
-  e->set_error(error);
+  e->set_error(ValidUtf8(error));
   session_->Send(std::move(m));
 }
 
@@ -316,7 +317,9 @@ void WorkerDaemon::OnRankLine(const RankKey& key, bool is_stderr, std::string li
   l->set_rank(key.rank);
   l->set_stream(is_stderr ? v1::LOG_STREAM_STDERR : v1::LOG_STREAM_STDOUT);
   SetTimestamp(std::chrono::system_clock::now(), l->mutable_time());
-  l->set_text(std::move(line));
+  // Rank output is any bytes; a proto3 string must be UTF-8 (else the coordinator cannot parse
+  // the session's message): bytes that are not become \xNN. Controls stay, for clients to escape.
+  l->set_text(ValidUtf8(line));
   session_->Send(std::move(m));
 }
 
@@ -364,7 +367,7 @@ void WorkerDaemon::OnRankExited(const RankKey& key, const RankExit& exit) {
   e->set_rank(key.rank);
   e->set_exit_code(exit.exit_code);
   e->set_signal(exit.signal);
-  e->set_error(exit.error);
+  e->set_error(ValidUtf8(exit.error));
   e->set_stopped(exit.stopped);
   session_->Send(std::move(m));
 }

@@ -1,7 +1,8 @@
 // A stand-in for `meshrun __rank` in the worker's tests: reads its RankStart on stdin, leaves
 // marks in its working folder (ran-R; env-R, its environment; start-R, what it was told),
 // reports one step and one checkpoint on fd 3, prints one "env …" line, and then does what
-// FAKE_RANK_MODE says: sleep (until SIGTERM, then exit 143) or fail (exit 1).
+// FAKE_RANK_MODE says: sleep (until SIGTERM, then exit 143), fail (exit 1), or bytes (a line
+// and an error line that are not UTF-8, then exit 1).
 #include <unistd.h>
 
 #include <csignal>
@@ -83,6 +84,11 @@ int main() {
   }
   if (mode == "fail") {
     std::cerr << "error: rank blew up" << std::endl;
+    return 1;
+  }
+  if (mode == "bytes") {
+    std::cout << "raw \x9b[2J \xff ok \x1b[0m" << std::endl;
+    std::cerr << "error: cut \xc3" << std::endl;
     return 1;
   }
   return 0;

@@ -203,5 +203,24 @@ TEST_F(WorkerDaemonTest, FailedRankReportsItsLastErrorLine) {
   EXPECT_FALSE(e->stopped());
 }
 
+// A rank's output is any bytes, but a proto3 string must be UTF-8, or the coordinator cannot
+// parse the session's message (and the session ends, the line lost): the worker sends bytes
+// that are not UTF-8 as \xNN and leaves the rest (controls included) for readers to escape.
+TEST_F(WorkerDaemonTest, OutputThatIsNotUtf8IsSentAsValidUtf8) {
+  setenv("FAKE_RANK_MODE", "bytes", 1);
+  StartDaemon();
+  fake_.SendDown(Assign(0));
+  ASSERT_TRUE(fake_.WaitFor([](const Ups& ups) { return ExitOf(ups, 0) != nullptr; }));
+  const Ups ups = fake_.up();
+  std::vector<std::string> logs;
+  for (const auto& u : ups) {
+    for (const auto& l : u.logs().lines()) logs.push_back(l.text());
+  }
+  EXPECT_NE(std::find(logs.begin(), logs.end(), "raw \\x9b[2J \\xff ok \x1b[0m"), logs.end())
+      << ::testing::PrintToString(logs);
+  EXPECT_EQ(ExitOf(ups, 0)->error(), "error: cut \\xc3");
+  EXPECT_EQ(fake_.opens().size(), 1u) << "the session never broke";
+}
+
 }  // namespace
 }  // namespace meshrun
