@@ -16,6 +16,7 @@
 #include "client/command.h"
 #include "client/coordinator_client.h"
 #include "client/progress.h"
+#include "common/escape.h"
 #include "rpc/backoff.h"
 
 namespace meshrun::client {
@@ -322,7 +323,7 @@ int RunLogs(const JobFlags& f) {
   std::string line = "job " + job->job_id() + " " + JobStateName(job->state()) + ", restarts " +
                      std::to_string(job->restarts());
   if (!job->message().empty()) line += ": " + job->message();
-  (as_json ? std::cerr : std::cout) << line << std::endl;
+  (as_json ? std::cerr : std::cout) << EscapeText(line) << std::endl;
   return job->state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitFailure;
 }
 

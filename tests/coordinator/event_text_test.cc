@@ -2,6 +2,8 @@
 // parsed by any client): a log line over the limit is cut between characters.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "coordinator/job_events.h"
 
 namespace meshrun::coordinator {
@@ -13,12 +15,12 @@ TEST(EventTextTest, ALongLogLineIsCutBetweenCharacters) {
   JobEventLog log("job-1", 1, limits);
   v1::JobEvent event;
   event.mutable_log()->set_text("abcde\xc3\xa9xyz");  // é straddles byte 6
-  log.Stamp(&event, WallTime{});
-  EXPECT_EQ(event.log().text(), "abcde");
+  EXPECT_TRUE(log.Cut(&event));
+  EXPECT_EQ(event.log().text(), std::string("abcde") + kLogCutMarker + "10 bytes]");
   v1::JobEvent whole;
   whole.mutable_log()->set_text("abcd\xc3\xa9xyz");  // é ends at byte 6
-  log.Stamp(&whole, WallTime{});
-  EXPECT_EQ(whole.log().text(), "abcd\xc3\xa9");
+  EXPECT_TRUE(log.Cut(&whole));
+  EXPECT_EQ(whole.log().text(), std::string("abcd\xc3\xa9") + kLogCutMarker + "9 bytes]");
 }
 
 }  // namespace
