@@ -183,8 +183,7 @@ Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
       MESHRUN_RETURN_IF_ERROR(CheckResume(spec));
     }
     std::string vocab_note;  // a padded vocabulary: said once, for both streams
-    MESHRUN_RETURN_IF_ERROR(
-        CheckStream("data.train", spec.data.train, spec, options, &vocab_note));
+    MESHRUN_RETURN_IF_ERROR(CheckStream("data.train", spec.data.train, spec, options, &vocab_note));
     if (!spec.data.val.empty()) {
       MESHRUN_RETURN_IF_ERROR(CheckStream("data.val", spec.data.val, spec, options, &vocab_note));
     }

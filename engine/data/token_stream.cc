@@ -345,8 +345,8 @@ bool TextVocabFits(int32_t text_vocab, const JobSpec& spec) {
 std::string PaddedVocabNote(int32_t tokenizer_vocab, int32_t model_vocab) {
   if (tokenizer_vocab >= model_vocab) return std::string();
   return "model.vocab_size " + std::to_string(model_vocab) + " > the tokenizer's " +
-         std::to_string(tokenizer_vocab) + " ids: ids " + std::to_string(tokenizer_vocab) + "\u2013" +
-         std::to_string(model_vocab - 1) + " are padding, never produced";
+         std::to_string(tokenizer_vocab) + " ids: ids " + std::to_string(tokenizer_vocab) +
+         "\u2013" + std::to_string(model_vocab - 1) + " are padding, never produced";
 }
 
 Status CheckTextVocab(const JobSpec& spec, const std::string& field, std::string* note) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -65,9 +66,15 @@ class Tokenizer {
     bool add_prefix_space = false;  // kByteLevel
   };
   struct AddedToken {
-    std::string content;
+    std::string content;  // SentencePiece style with normalized: the content normalized
     int32_t id;
     bool lstrip, rstrip;
+    bool normalized = false;  // matched in the normalized text (SentencePiece style only)
+  };
+  // A normalizer step of SentencePiece-style files: Prepend(`prepend`) when `prepend` is set
+  // (to a non-empty piece), else Replace(String `from` → `to`).
+  struct NormStep {
+    std::string prepend, from, to;
   };
   struct Merge {
     int32_t rank;
@@ -88,6 +95,26 @@ class Tokenizer {
   int32_t vocab_size_ = 0;
   int32_t end_of_text_id_ = -1;
   uint64_t digest_ = 0;
+
+  // SentencePiece-style BPE (engine/data/sentencepiece_bpe.cc; docs/data.md): vocabulary keys
+  // are text (word_ids_), each character is looked up whole, then its UTF-8 bytes as <0xNN>
+  // tokens (byte_fallback), then unk (consecutive ones fused with fuse_unk).
+  bool spm_ = false;
+  std::vector<NormStep> normalizer_;
+  std::vector<AddedToken> normalized_added_;  // normalized: true, longest first
+  bool metaspace_ = false;                    // the Metaspace pre-tokenizer
+  std::string meta_replacement_;
+  enum { kPrependNever, kPrependFirst, kPrependAlways } meta_prepend_ = kPrependAlways;
+  bool meta_split_ = true;
+  bool byte_fallback_ = false, fuse_unk_ = false;
+  int32_t fallback_id_[256];            // id of <0xNN>, -1 when missing
+  std::vector<int16_t> fallback_byte_;  // id → its byte when a <0xNN> token, else -1
+  bool decode_strip_space_ = false;     // the decoder strips one leading space
+  bool norm_first_byte_[256] = {};      // first bytes of normalized_added_
+  std::string SpmDecode(const std::vector<int32_t>& ids) const;
+  // Reads the SentencePiece-style parts of `j` (normalizer, Metaspace, byte fallback, decoder)
+  // into `t`; `bad` errors as FromJson's.
+  static Status SpmParse(const nlohmann::json& j, const std::string& origin, Tokenizer* t);
 };
 
 // One thread's encoder: the pre-token cache and the regex match data. Not thread-safe; make one
@@ -111,6 +138,12 @@ class TokenizerEncoder {
   Status PreTokenize(std::string_view segment);
   void EncodeWord(std::string_view word, std::vector<int32_t>* out);
   void MergeWord(std::string_view word, std::vector<int32_t>* out);
+  void RunMerges(std::vector<int32_t>* out);  // merges sym_id_ by rank, appends the result
+  // SentencePiece style (sentencepiece_bpe.cc).
+  Status SpmEncode(std::string_view text, std::vector<int32_t>* out);
+  void SpmSegment(std::string_view segment, bool at_start, std::vector<int32_t>* out);
+  void SpmPiece(std::string_view piece, bool at_start, std::vector<int32_t>* out);
+  void SpmWord(std::string_view word, std::vector<int32_t>* out);
 
   const Tokenizer* tok_;
   std::vector<std::unique_ptr<MatchData>> match_;                         // one per regex step
@@ -127,6 +160,7 @@ class TokenizerEncoder {
     }
   };
   std::vector<Candidate> heap_;
+  std::string spm_key_, spm_norm_, spm_piece_;  // SentencePiece style's scratch
 };
 
 }  // namespace meshrun
