@@ -2,6 +2,8 @@
 // the `tokenizers` library computes for GPT-2- and Llama-3-style tokenizers: added and special
 // tokens split out first, then the pre-tokenizer (ByteLevel and Split regexes, run by PCRE2 with
 // Unicode classes), then merges by rank on each pre-token, with a cache of pre-token → ids.
+// SentencePiece-style BPE (Llama 2, Mistral, Gemma: byte fallback, ▁ for spaces) is read too
+// (sentencepiece_bpe.cc).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +39,8 @@ class Tokenizer {
                                                              const std::string& config_json,
                                                              const std::string& origin);
 
-  // Largest id (BPE vocabulary and added tokens) + 1: what model.vocab_size must equal.
+  // Largest id (BPE vocabulary and added tokens) + 1: model.vocab_size is at least this (more
+  // is padding).
   int32_t vocab_size() const { return vocab_size_; }
   // The token put between the files of a folder (docs/data.md), or -1 when the tokenizer has
   // none: `eos_token` of tokenizer_config.json, else the first added token among
@@ -49,7 +52,8 @@ class Tokenizer {
   // Ids of `text` (UTF-8; INVALID_ARGUMENT otherwise), as `tokenizers`' encode(text,
   // add_special_tokens=False). Convenience for short strings; bulk work uses a TokenizerEncoder.
   StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
-  // The bytes of `ids` joined (ByteLevel decoding; added tokens as their content). Ids out of
+  // The bytes of `ids` joined (ByteLevel decoding; added tokens as their content; SentencePiece
+  // style: ▁ as a space, <0xNN> runs as bytes, the decoder's leading space stripped). Ids out of
   // range decode to nothing.
   std::string Decode(const std::vector<int32_t>& ids) const;
   std::string DecodeOne(int32_t id) const;
