@@ -9,6 +9,7 @@
 // its UTF-8 bytes as <0xNN> tokens (byte_fallback), else unk (fused runs with fuse_unk; a
 // pending unk is emitted at the next character found whole, so after any byte tokens, as the
 // library does), and merges by rank.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "engine/data/tokenizer.h"
@@ -158,10 +159,30 @@ Status Tokenizer::SpmParse(const json& j, const std::string& origin, Tokenizer* 
     }
     t->normalizer_.push_back(std::move(step));
   }
+  // Gemma's Split on a String the normalizer has already replaced everywhere (" " after
+  // Replace(" ", "▁")) finds nothing to split: it is read as no pre-tokenizer.
+  auto no_op_split = [&](const json& p) {
+    if (type_of(p) != "Split" || p.value("invert", false) || !p.contains("pattern") ||
+        !p["pattern"].is_object() || !p["pattern"].contains("String") ||
+        !p["pattern"]["String"].is_string()) {
+      return false;
+    }
+    const std::string pattern = p["pattern"]["String"].get<std::string>();
+    bool gone = false;
+    for (const NormStep& n : t->normalizer_) {
+      const std::string& added = n.prepend.empty() ? n.to : n.prepend;
+      if (n.prepend.empty() && n.from == pattern) gone = true;
+      if (added.find(pattern) != std::string::npos) gone = false;
+    }
+    return !pattern.empty() && gone;
+  };
+  pres.erase(std::remove_if(pres.begin(), pres.end(), no_op_split), pres.end());
   for (const json& p : pres) {
     if (type_of(p) != "Metaspace" || pres.size() != 1) {
       return bad("pre_tokenizer " + type_of(p) + " with SentencePiece-style BPE is not supported",
-                 std::string(kHint) + "; its pre-tokenizer is none or one Metaspace");
+                 std::string(kHint) +
+                     "; its pre-tokenizer is none, one Metaspace, or a Split on a String the "
+                     "normalizer has replaced (Gemma's)");
     }
     t->metaspace_ = true;
     t->meta_replacement_ = p.value("replacement", std::string(kMetaspace));

@@ -424,7 +424,8 @@ def spm_tokenizers(work, texts):
     (<0x00>…<0xFF> in the vocabulary), fuse_unk, <unk>/<s>/</s>, the decoder Replace,
     ByteFallback, Fuse, Strip; Llama 2's newer files with the Metaspace pre-tokenizer
     (prepend_scheme first, always, never; split), Mistral/older Llama 2 files with the normalizer
-    Sequence [Prepend("▁"), Replace(" ", "▁")] and no pre-tokenizer, Gemma's Replace alone;
+    Sequence [Prepend("▁"), Replace(" ", "▁")] and no pre-tokenizer, Gemma's Replace with its
+    Split(" ", MergedWithPrevious) that finds nothing left to split;
     with and without the post-processor adding <s>. Returns {name: folder}."""
     from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers,
                             pre_tokenizers, processors, trainers)
@@ -477,7 +478,8 @@ def spm_tokenizers(work, texts):
     make("mistral", normalizer=mistral, bos=True)
     make("mistral_nobos", normalizer=mistral)
     make("mistral_normalized_specials", normalizer=mistral, normalized_specials=True)
-    make("gemma_replace", normalizer=normalizers.Replace(" ", "▁"))
+    make("gemma_replace", normalizer=normalizers.Replace(" ", "▁"),
+         pre=pre_tokenizers.Split(" ", "merged_with_previous"))
     make("mistral_unk_only", normalizer=mistral, no_fallback=True)
     return out
 

@@ -174,6 +174,21 @@ TEST(SentencePieceBpeTest, NormalizedAddedTokensMatchTheirNormalizedContent) {
   EXPECT_EQ(t->end_of_text_id(), 2);
 }
 
+TEST(SentencePieceBpeTest, GemmaSplitOnAReplacedSpaceIsNoSplit) {
+  json j = SpmTokenizer(true, true);
+  j["normalizer"] = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kMeta}};
+  j["pre_tokenizer"] = {{"type", "Split"},
+                        {"pattern", {{"String", " "}}},
+                        {"behavior", "MergedWithPrevious"},
+                        {"invert", false}};
+  auto t = Make(j);
+  ASSERT_NE(t, nullptr);
+  EXPECT_EQ(Encode(*t, "hello world"), (Ids{272, 274, 275, 262, 266}));
+  // A Split on anything the normalizer leaves in place is refused.
+  j["pre_tokenizer"]["pattern"]["String"] = "o";
+  EXPECT_FALSE(Tokenizer::FromJson(j.dump(), "", "x").ok());
+}
+
 TEST(SentencePieceBpeTest, RefusesWhatItCannotReproduce) {
   json nfkc = SpmTokenizer(true, true);
   nfkc["normalizer"] = {{"type", "NFKC"}};
