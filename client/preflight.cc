@@ -38,7 +38,7 @@ uintmax_t BytesUnder(const fs::path& path) {
 }
 
 Status CheckStream(const char* field, const std::string& path, const JobSpec& spec,
-                   const PreflightOptions& options) {
+                   const PreflightOptions& options, std::string* vocab_note) {
   const std::string prefix = std::string(field) + ": ";
   std::error_code ec;
   if (!fs::exists(path, ec)) {
@@ -49,7 +49,7 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
   // The vocabulary of text first: it needs no tokenizing.
   StatusOr<std::string> format = ResolveDataFormat(path, spec.data.format);
   if (format.ok() && *format == "text") {
-    MESHRUN_RETURN_IF_ERROR(CheckTextVocab(spec, field));
+    MESHRUN_RETURN_IF_ERROR(CheckTextVocab(spec, field, vocab_note));
   }
   const bool text = format.ok() && *format == "text";
   const bool fill = text && options.fill_token_cache && !spec.data.tokenizer.empty();
@@ -182,10 +182,12 @@ Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
       MESHRUN_RETURN_IF_ERROR(CheckCheckpointDir(spec.checkpoint.dir));
       MESHRUN_RETURN_IF_ERROR(CheckResume(spec));
     }
-    MESHRUN_RETURN_IF_ERROR(CheckStream("data.train", spec.data.train, spec, options));
+    std::string vocab_note;  // a padded vocabulary: said once, for both streams
+    MESHRUN_RETURN_IF_ERROR(CheckStream("data.train", spec.data.train, spec, options, &vocab_note));
     if (!spec.data.val.empty()) {
-      MESHRUN_RETURN_IF_ERROR(CheckStream("data.val", spec.data.val, spec, options));
+      MESHRUN_RETURN_IF_ERROR(CheckStream("data.val", spec.data.val, spec, options, &vocab_note));
     }
+    if (!vocab_note.empty() && options.note) options.note(vocab_note);
   }
   if (options.host_memory_bytes >= 0) {
     const double host =

@@ -43,7 +43,8 @@ struct PreflightOptions {
 //    auto, the newest complete checkpoint there fits the model (CheckResumeFits).
 //  - data.train / data.val: the stream loads as the ranks will load it (missing file, binary
 //    bytes for format text, a bad llm.c header, an empty folder…), its vocabulary is the
-//    model's (CheckStreamVocab) and it holds one window of seq_len + 1 tokens
+//    model's (CheckStreamVocab; a model larger than data.tokenizer's vocabulary is padded,
+//    and `note` hears PaddedVocabNote's line once) and it holds one window of seq_len + 1 tokens
 //    (CheckStreamWindow). Files over 64 MiB in all are only checked to exist and be readable
 //    (and text's vocabulary), unless fill_token_cache tokenizes them.
 //  - the memory estimate (CheckJobFitsHost of common/memory_estimate.h).

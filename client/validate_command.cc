@@ -64,7 +64,9 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
   // step (the same function): the init_from folder, the checkpoint it would resume, the data,
   // an unwritable checkpoint.dir, a model one rank of this host cannot hold.
   if (!options.skip_local_checks) {
-    if (Status status = CheckBeforeTraining(*spec, *mesh); !status.ok()) {
+    PreflightOptions preflight;
+    preflight.note = [&err](const std::string& line) { err << "note: " << line << std::endl; };
+    if (Status status = CheckBeforeTraining(*spec, *mesh, preflight); !status.ok()) {
       ReportTo(err, status);
       return ExitCodeFor(status);
     }

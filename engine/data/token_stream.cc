@@ -324,27 +324,47 @@ Status TextVocabError(int32_t text_vocab, const JobSpec& spec, const std::string
         ") (hint: set model.vocab_size: 256, or set data.tokenizer to the tokenizer the "
         "model was made for)");
   }
-  return InvalidArgumentError("model.vocab_size: " + model + ", but data.tokenizer (" +
-                              spec.data.tokenizer + ") has a vocabulary of " + text +
-                              " (hint: set "
-                              "model.vocab_size: " +
-                              text + ", or use the model's own tokenizer)");
+  // Only a tokenizer larger than the model is an error: a larger model is padded.
+  return InvalidArgumentError(
+      "model.vocab_size: " + model + ", but data.tokenizer (" + spec.data.tokenizer +
+      ") has a vocabulary of " + text + ", more ids than the model's embedding holds (hint: " +
+      (spec.model.init_from.empty()
+           ? "set model.vocab_size: " + text + " or more, or use the model's own tokenizer)"
+           : "use the tokenizer model.init_from was made with; its config.json fixes "
+             "vocab_size)"));
+}
+
+// Text's vocabulary fits the model: exactly 256 for bytes, at most model.vocab_size for a
+// tokenizer's ids (the rows above are padding, never produced).
+bool TextVocabFits(int32_t text_vocab, const JobSpec& spec) {
+  return spec.data.tokenizer.empty() ? text_vocab == spec.model.vocab_size
+                                     : text_vocab <= spec.model.vocab_size;
 }
 }  // namespace
 
-Status CheckTextVocab(const JobSpec& spec, const std::string& field) {
+std::string PaddedVocabNote(int32_t tokenizer_vocab, int32_t model_vocab) {
+  if (tokenizer_vocab >= model_vocab) return std::string();
+  return "model.vocab_size " + std::to_string(model_vocab) + " > the tokenizer's " +
+         std::to_string(tokenizer_vocab) + " ids: ids " + std::to_string(tokenizer_vocab) +
+         "\u2013" + std::to_string(model_vocab - 1) + " are padding, never produced";
+}
+
+Status CheckTextVocab(const JobSpec& spec, const std::string& field, std::string* note) {
   int32_t vocab = 256;
   if (!spec.data.tokenizer.empty()) {
     MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tok,
                              Tokenizer::Load(spec.data.tokenizer));
     vocab = tok->vocab_size();
   }
-  if (vocab != spec.model.vocab_size) return TextVocabError(vocab, spec, field);
+  if (!TextVocabFits(vocab, spec)) return TextVocabError(vocab, spec, field);
+  if (note != nullptr && !spec.data.tokenizer.empty()) {
+    *note = PaddedVocabNote(vocab, spec.model.vocab_size);
+  }
   return OkStatus();
 }
 
 Status CheckStreamVocab(const TokenStream& stream, const JobSpec& spec, const std::string& field) {
-  if (stream.format == "text" && stream.vocab_size != spec.model.vocab_size) {
+  if (stream.format == "text" && !TextVocabFits(stream.vocab_size, spec)) {
     return TextVocabError(stream.vocab_size, spec, field);
   }
   if (stream.max_token_id >= spec.model.vocab_size) {

@@ -90,16 +90,21 @@ StatusOr<std::string> ResolveDataFormat(const std::string& path, const std::stri
 LoadOptions LoadOptionsOf(const JobSpec& spec);
 inline constexpr const char* kTokenCacheFolder = "token-cache";
 
-// The model's vocabulary against the stream's (INVALID_ARGUMENT naming both sizes): text must
-// have been read with exactly model.vocab_size ids (256 for bytes, the tokenizer's), and every
-// id of a token file must be below it. `field` names the stream ("data.train").
+// The model's vocabulary against the stream's (INVALID_ARGUMENT naming both sizes): byte-level
+// text needs exactly model.vocab_size 256; text read with data.tokenizer at most
+// model.vocab_size ids (a larger model is padded: its ids above the tokenizer's are never
+// produced); every id of a token file must be below it. `field` names the stream ("data.train").
 Status CheckStreamVocab(const TokenStream& stream, const JobSpec& spec, const std::string& field);
 // The stream holds at least one window of model.seq_len + 1 tokens (INVALID_ARGUMENT naming
 // `field`, the count and the window): what the trainer needs of data.train and data.val.
 Status CheckStreamWindow(const TokenStream& stream, const JobSpec& spec, const std::string& field);
 // The same for text before it is read: the vocabulary text read under `spec` has (256 or the
 // tokenizer's, loaded from data.tokenizer).
-Status CheckTextVocab(const JobSpec& spec, const std::string& field);
+// When the vocabulary is padded, `note` (if given) receives PaddedVocabNote's line.
+Status CheckTextVocab(const JobSpec& spec, const std::string& field, std::string* note = nullptr);
+// "model.vocab_size 2048 > the tokenizer's 2000 ids: ids 2000–2047 are padding, never
+// produced", or "" when the model is not larger than the tokenizer.
+std::string PaddedVocabNote(int32_t tokenizer_vocab, int32_t model_vocab);
 
 // Pieces shared with text_tokens.cc: the files ListTextFolder would read (before the UTF-8
 // check), the error for a folder with none, a whole file read confined, an llm.c file loaded.

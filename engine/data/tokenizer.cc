@@ -164,6 +164,13 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(const std::string
   }
   std::shared_ptr<Tokenizer> t(new Tokenizer());
   t->digest_ = Fnv1a(config_json, Fnv1a(tokenizer_json));
+  // SentencePiece-style BPE (Llama 2, Mistral, Gemma): its normalizer and pre-tokenizer are
+  // read by SpmParse (sentencepiece_bpe.cc), the rest below.
+  MESHRUN_RETURN_IF_ERROR(SpmParse(j, origin, t.get()));
+  if (t->spm_) {
+    j.erase("normalizer");
+    j.erase("pre_tokenizer");
+  }
 
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
     const json& n = j["normalizer"];
@@ -237,7 +244,7 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(const std::string
     }
     t->steps_.push_back(std::move(step));
   }
-  if (!byte_level) return bad("no ByteLevel pre-tokenizer", kByteLevelHint);
+  if (!byte_level && !t->spm_) return bad("no ByteLevel pre-tokenizer", kByteLevelHint);
 
   const json& m = j.value("model", json::object());
   if (m.value("type", "BPE") != "BPE") {
@@ -279,8 +286,8 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(const std::string
       return bad("added token " + content + " has single_word: true, which is not supported",
                  "set single_word false");
     }
-    t->added_.push_back(
-        {content, static_cast<int32_t>(id), a.value("lstrip", false), a.value("rstrip", false)});
+    t->added_.push_back({content, static_cast<int32_t>(id), a.value("lstrip", false),
+                         a.value("rstrip", false), t->spm_ && a.value("normalized", false)});
     max_id = std::max<int32_t>(max_id, static_cast<int32_t>(id));
   }
   t->vocab_size_ = max_id + 1;
@@ -288,7 +295,19 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(const std::string
   std::fill(std::begin(t->byte_id_), std::end(t->byte_id_), -1);
   std::string bytes;
   for (const auto& [key, id] : vocab) {
-    if (UnmapByteLevel(key, c2b, &bytes)) {
+    if (t->spm_) {  // text keys; the decoder's ▁ → space
+      t->word_ids_.emplace(key, id);
+      std::string& d = t->id_bytes_[id];
+      for (size_t k = 0; k < key.size();) {
+        if (!t->meta_replacement_.empty() &&
+            key.compare(k, t->meta_replacement_.size(), t->meta_replacement_) == 0) {
+          d += ' ';
+          k += t->meta_replacement_.size();
+        } else {
+          d += key[k++];
+        }
+      }
+    } else if (UnmapByteLevel(key, c2b, &bytes)) {
       t->id_bytes_[id] = bytes;
       if (bytes.size() == 1) t->byte_id_[static_cast<unsigned char>(bytes[0])] = id;
       if (t->ignore_merges_) t->word_ids_.emplace(bytes, id);
@@ -297,6 +316,45 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(const std::string
     }
   }
   for (const AddedToken& a : t->added_) t->id_bytes_[a.id] = a.content;
+  if (t->spm_) {
+    t->fallback_byte_.assign(t->vocab_size_, -1);
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof(name), "<0x%02X>", b);
+      auto it = vocab.find(name);
+      t->fallback_id_[b] = it == vocab.end() ? -1 : it->second;
+      if (it != vocab.end() && t->byte_fallback_) {
+        t->fallback_byte_[it->second] = static_cast<int16_t>(b);
+      }
+    }
+    // Added tokens with normalized: true are matched in the normalized text, as their
+    // normalized content.
+    std::vector<AddedToken> kept;
+    for (AddedToken& a : t->added_) {
+      if (!a.normalized) {
+        kept.push_back(a);
+        continue;
+      }
+      for (const NormStep& n : t->normalizer_) {
+        if (!n.prepend.empty()) {
+          a.content = n.prepend + a.content;
+        } else {
+          for (size_t at = 0; (at = a.content.find(n.from, at)) != std::string::npos;) {
+            a.content.replace(at, n.from.size(), n.to);
+            at += n.to.size();
+          }
+        }
+      }
+      t->normalized_added_.push_back(a);
+    }
+    t->added_ = std::move(kept);
+    std::stable_sort(
+        t->normalized_added_.begin(), t->normalized_added_.end(),
+        [](const auto& a, const auto& b) { return a.content.size() > b.content.size(); });
+    for (const AddedToken& a : t->normalized_added_) {
+      t->norm_first_byte_[static_cast<unsigned char>(a.content[0])] = true;
+    }
+  }
   std::stable_sort(t->added_.begin(), t->added_.end(), [](const auto& a, const auto& b) {
     return a.content.size() > b.content.size();
   });
@@ -346,6 +404,9 @@ StatusOr<std::shared_ptr<const Tokenizer>> Tokenizer::FromJson(const std::string
     for (const AddedToken& a : t->added_) {
       if (a.content == content) return a.id;
     }
+    for (const AddedToken& a : t->normalized_added_) {
+      if (t->id_bytes_[a.id] == content) return a.id;
+    }
     return -1;
   };
   if (!eos.empty()) t->end_of_text_id_ = id_of(eos);
@@ -368,6 +429,7 @@ std::string Tokenizer::DecodeOne(int32_t id) const {
 }
 
 std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+  if (spm_) return SpmDecode(ids);
   std::string out;
   for (int32_t id : ids) {
     if (id >= 0 && id < vocab_size_) out += id_bytes_[id];
@@ -394,6 +456,7 @@ TokenizerEncoder::TokenizerEncoder(const Tokenizer* tokenizer) : tok_(tokenizer)
 TokenizerEncoder::~TokenizerEncoder() = default;
 
 Status TokenizerEncoder::Encode(std::string_view text, std::vector<int32_t>* out) {
+  if (tok_->spm_) return SpmEncode(text, out);
   // Added tokens first: at each position the longest one that matches (leftmost-longest).
   size_t seg = 0, i = 0;
   const size_t n = text.size();
@@ -554,6 +617,10 @@ void TokenizerEncoder::MergeWord(std::string_view word, std::vector<int32_t>* ou
       sym_id_.push_back(tok_->unk_id_);
     }
   }
+  RunMerges(out);
+}
+
+void TokenizerEncoder::RunMerges(std::vector<int32_t>* out) {
   const int32_t n = static_cast<int32_t>(sym_id_.size());
   if (n == 0) return;
   sym_prev_.resize(n);

@@ -2,11 +2,14 @@
 // the `tokenizers` library computes for GPT-2- and Llama-3-style tokenizers: added and special
 // tokens split out first, then the pre-tokenizer (ByteLevel and Split regexes, run by PCRE2 with
 // Unicode classes), then merges by rank on each pre-token, with a cache of pre-token → ids.
+// SentencePiece-style BPE (Llama 2, Mistral, Gemma: byte fallback, ▁ for spaces) is read too
+// (sentencepiece_bpe.cc).
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -36,7 +39,8 @@ class Tokenizer {
                                                              const std::string& config_json,
                                                              const std::string& origin);
 
-  // Largest id (BPE vocabulary and added tokens) + 1: what model.vocab_size must equal.
+  // Largest id (BPE vocabulary and added tokens) + 1: model.vocab_size is at least this (more
+  // is padding).
   int32_t vocab_size() const { return vocab_size_; }
   // The token put between the files of a folder (docs/data.md), or -1 when the tokenizer has
   // none: `eos_token` of tokenizer_config.json, else the first added token among
@@ -48,7 +52,8 @@ class Tokenizer {
   // Ids of `text` (UTF-8; INVALID_ARGUMENT otherwise), as `tokenizers`' encode(text,
   // add_special_tokens=False). Convenience for short strings; bulk work uses a TokenizerEncoder.
   StatusOr<std::vector<int32_t>> Encode(std::string_view text) const;
-  // The bytes of `ids` joined (ByteLevel decoding; added tokens as their content). Ids out of
+  // The bytes of `ids` joined (ByteLevel decoding; added tokens as their content; SentencePiece
+  // style: ▁ as a space, <0xNN> runs as bytes, the decoder's leading space stripped). Ids out of
   // range decode to nothing.
   std::string Decode(const std::vector<int32_t>& ids) const;
   std::string DecodeOne(int32_t id) const;
@@ -65,9 +70,15 @@ class Tokenizer {
     bool add_prefix_space = false;  // kByteLevel
   };
   struct AddedToken {
-    std::string content;
+    std::string content;  // SentencePiece style with normalized: the content normalized
     int32_t id;
     bool lstrip, rstrip;
+    bool normalized = false;  // matched in the normalized text (SentencePiece style only)
+  };
+  // A normalizer step of SentencePiece-style files: Prepend(`prepend`) when `prepend` is set
+  // (to a non-empty piece), else Replace(String `from` → `to`).
+  struct NormStep {
+    std::string prepend, from, to;
   };
   struct Merge {
     int32_t rank;
@@ -88,6 +99,26 @@ class Tokenizer {
   int32_t vocab_size_ = 0;
   int32_t end_of_text_id_ = -1;
   uint64_t digest_ = 0;
+
+  // SentencePiece-style BPE (engine/data/sentencepiece_bpe.cc; docs/data.md): vocabulary keys
+  // are text (word_ids_), each character is looked up whole, then its UTF-8 bytes as <0xNN>
+  // tokens (byte_fallback), then unk (consecutive ones fused with fuse_unk).
+  bool spm_ = false;
+  std::vector<NormStep> normalizer_;
+  std::vector<AddedToken> normalized_added_;  // normalized: true, longest first
+  bool metaspace_ = false;                    // the Metaspace pre-tokenizer
+  std::string meta_replacement_;
+  enum { kPrependNever, kPrependFirst, kPrependAlways } meta_prepend_ = kPrependAlways;
+  bool meta_split_ = true;
+  bool byte_fallback_ = false, fuse_unk_ = false;
+  int32_t fallback_id_[256];            // id of <0xNN>, -1 when missing
+  std::vector<int16_t> fallback_byte_;  // id → its byte when a <0xNN> token, else -1
+  bool decode_strip_space_ = false;     // the decoder strips one leading space
+  bool norm_first_byte_[256] = {};      // first bytes of normalized_added_
+  std::string SpmDecode(const std::vector<int32_t>& ids) const;
+  // Reads the SentencePiece-style parts of `j` (normalizer, Metaspace, byte fallback, decoder)
+  // into `t`; `bad` errors as FromJson's.
+  static Status SpmParse(const nlohmann::json& j, const std::string& origin, Tokenizer* t);
 };
 
 // One thread's encoder: the pre-token cache and the regex match data. Not thread-safe; make one
@@ -111,6 +142,12 @@ class TokenizerEncoder {
   Status PreTokenize(std::string_view segment);
   void EncodeWord(std::string_view word, std::vector<int32_t>* out);
   void MergeWord(std::string_view word, std::vector<int32_t>* out);
+  void RunMerges(std::vector<int32_t>* out);  // merges sym_id_ by rank, appends the result
+  // SentencePiece style (sentencepiece_bpe.cc).
+  Status SpmEncode(std::string_view text, std::vector<int32_t>* out);
+  void SpmSegment(std::string_view segment, bool at_start, std::vector<int32_t>* out);
+  void SpmPiece(std::string_view piece, bool at_start, std::vector<int32_t>* out);
+  void SpmWord(std::string_view word, std::vector<int32_t>* out);
 
   const Tokenizer* tok_;
   std::vector<std::unique_ptr<MatchData>> match_;                         // one per regex step
@@ -127,6 +164,7 @@ class TokenizerEncoder {
     }
   };
   std::vector<Candidate> heap_;
+  std::string spm_key_, spm_norm_, spm_piece_;  // SentencePiece style's scratch
 };
 
 }  // namespace meshrun

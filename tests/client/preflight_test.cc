@@ -124,6 +124,14 @@ TEST_F(PreflightTest, TheDataVocabularyMustBeTheModels) {
   const CliResult ok = Run({"validate", "-f", spec_, "--set", "data.tokenizer=" + tok.string(),
                             "--set", "model.vocab_size=257"});
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  // A model larger than the tokenizer is padded: it passes, with one note.
+  const CliResult padded = Run({"validate", "-f", spec_, "--set", "data.tokenizer=" + tok.string(),
+                                "--set", "model.vocab_size=320"});
+  EXPECT_EQ(padded.exit_code, 0) << padded.err;
+  EXPECT_NE(padded.err.find("note: model.vocab_size 320 > the tokenizer's 257 ids: ids "
+                            "257\u2013319 are padding, never produced"),
+            std::string::npos)
+      << padded.err;
 }
 
 TEST_F(PreflightTest, UnwritableCheckpointDirFailsBeforeTraining) {

@@ -12,6 +12,12 @@ CASE is one of:
             token file `meshrun tokenize` wrote; the cache is reused, and rebuilt when the text
             or the tokenizer changes; vocabulary mismatches are exit 2 naming both sizes.
   generate  `meshrun generate` from an exported model gives transformers' greedy continuation.
+  padded    a Qwen2 folder with more embedding rows than tokenizer ids fine-tunes from text with
+            data.tokenizer (validate and train note the padding once); a larger tokenizer is
+            exit 2.
+  spm       SentencePiece-style BPE files (Llama 2 Metaspace, Mistral normalizer Sequence,
+            Gemma Replace; byte fallback, unk, with and without <s> added) give the library's
+            ids on held-out text, and `meshrun generate` its decoded text.
 
 The corpus: the Debian fortunes text plus generated multilingual lines. Exits 77 (skipped) when
 the virtual environment cannot be made or the fortunes are not installed.
@@ -294,8 +300,8 @@ def case_train(a, work):
     # Vocabulary mismatches: exit 2 naming both sizes, from validate, train and submit.
     cases = [
         (spec_file(work, "m1", train=data, vocab=50257), ["50257", "256"]),
-        (spec_file(work, "m2", train=data, tokenizer=gpt2, vocab=vocab + 7),
-         [str(vocab + 7), str(vocab)]),
+        (spec_file(work, "m2", train=data, tokenizer=gpt2, vocab=vocab - 7),
+         [str(vocab - 7), str(vocab)]),
         (spec_file(work, "m3", train=tokens, vocab=256), ["vocab_size(256)", "token id"]),
     ]
     for spec, sizes in cases:
@@ -359,9 +365,188 @@ def case_generate(a, work):
     assert len(seen) > 2, f"continuations {seen} too uniform to tell anything apart"
 
 
+def case_padded(a, work):
+    """A Qwen2 folder whose embedding (config.json vocab_size) is larger than its tokenizer (as
+    every Qwen2/Qwen2.5 checkpoint: 151,936 rows for 151,665 ids) fine-tunes from text with
+    data.tokenizer; validate and train say so once as a note. A tokenizer larger than the
+    model stays exit 2 naming both sizes."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    gpt2 = train_tokenizers(work, corpus(work), only=["gpt2"])["gpt2"]
+    vocab = Tokenizer.from_file(os.path.join(gpt2, "tokenizer.json")).get_vocab_size()
+    padded = (vocab + 63) // 64 * 64 + 64  # ids vocab … padded-1 are padding
+    data = text_folder(work)
+
+    def qwen2(name, rows):
+        torch.manual_seed(0)
+        cfg = Qwen2Config(vocab_size=rows, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=64, tie_word_embeddings=False,
+                          use_sliding_window=False)
+        folder = os.path.join(work, name)
+        Qwen2ForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
+        shutil.copy(os.path.join(gpt2, "tokenizer.json"), folder)
+        return folder
+
+    def spec(name, model):
+        path = os.path.join(work, name + ".yaml")
+        with open(path, "w") as f:
+            json.dump({"name": name, "model": {"init_from": model, "seq_len": 32},
+                       "train": {"steps": 2, "global_batch_size": 4, "micro_batch_size": 2,
+                                 "lr": 1.0e-3, "min_lr": 1.0e-4, "warmup_steps": 1},
+                       "data": {"train": data, "tokenizer": model},
+                       "checkpoint": {"dir": os.path.join(work, "ck-" + name),
+                                      "resume": "never"}}, f)
+        return path
+
+    note = (f"note: model.vocab_size {padded} > the tokenizer's {vocab} ids: ids {vocab}\u2013"
+            f"{padded - 1} are padding, never produced")
+    ok = spec("padded", qwen2("qwen2-padded", padded))
+    r = run([a.meshrun, "validate", "-f", ok])
+    assert r.stderr.count(note) == 1, r.stderr
+    r = run([a.meshrun, "train", "-f", ok, "--nproc", "1", "-o", "json"])
+    assert r.stderr.count(note) == 1, r.stderr
+    got = losses(r)
+    assert len(got) == 2 and all(x == x and x > 0 for x in got), got
+    print("padded:", note, "losses", got)
+    small = spec("small", qwen2("qwen2-small", vocab - 8))
+    for cmd in (["validate", "-f", small], ["train", "-f", small, "--nproc", "1"]):
+        r = run([a.meshrun] + cmd, expect=2)
+        assert f"error: model.vocab_size: {vocab - 8}, but data.tokenizer" in r.stderr, r.stderr
+        assert f"has a vocabulary of {vocab}" in r.stderr and "hint:" in r.stderr, r.stderr
+    print("a tokenizer larger than the model: exit 2")
+
+
+def spm_tokenizers(work, texts):
+    """SentencePiece-style BPE tokenizer.json files as Llama 2, Mistral 7B v0.1 and Gemma ship
+    them, built and trained with the library (none can be downloaded here): byte fallback
+    (<0x00>…<0xFF> in the vocabulary), fuse_unk, <unk>/<s>/</s>, the decoder Replace,
+    ByteFallback, Fuse, Strip; Llama 2's newer files with the Metaspace pre-tokenizer
+    (prepend_scheme first, always, never; split), Mistral/older Llama 2 files with the normalizer
+    Sequence [Prepend("▁"), Replace(" ", "▁")] and no pre-tokenizer, Gemma's Replace with its
+    Split(" ", MergedWithPrevious) that finds nothing left to split;
+    with and without the post-processor adding <s>. Returns {name: folder}."""
+    from tokenizers import (AddedToken, Tokenizer, decoders, models, normalizers,
+                            pre_tokenizers, processors, trainers)
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    special = ["<unk>", "<s>", "</s>"]
+    # Train once (Metaspace, split): the merges and vocabulary every variant shares. Unknown
+    # characters stay out of the vocabulary: limit_alphabet keeps the rarest (CJK, emoji) out,
+    # so they take the byte fallback.
+    base = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+    base.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=1500, special_tokens=special + byte_tokens,
+                                  limit_alphabet=120, show_progress=False)
+    base.train_from_iterator(texts, trainer=trainer)
+    trained = json.loads(base.to_str())
+    decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                 decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    out = {}
+
+    def make(name, normalizer=None, pre=None, bos=False, normalized_specials=False,
+             no_fallback=False):
+        m = dict(trained["model"])
+        if no_fallback:  # unk only: fused runs of unknown characters
+            m["byte_fallback"] = False
+        tok = Tokenizer(models.BPE(vocab=m["vocab"], merges=[tuple(x.split(" ", 1)) if
+                                   isinstance(x, str) else tuple(x) for x in m["merges"]],
+                                   unk_token="<unk>", byte_fallback=not no_fallback,
+                                   fuse_unk=True))
+        tok.add_special_tokens([AddedToken(t, normalized=normalized_specials, special=True)
+                                for t in special])
+        if normalizer is not None:
+            tok.normalizer = normalizer
+        if pre is not None:
+            tok.pre_tokenizer = pre
+        tok.decoder = decoder
+        if bos:
+            tok.post_processor = processors.TemplateProcessing(
+                single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+        folder = os.path.join(work, "spm-" + name)
+        os.makedirs(folder, exist_ok=True)
+        tok.save(os.path.join(folder, "tokenizer.json"))
+        with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+            json.dump({"eos_token": "</s>", "bos_token": "<s>", "add_bos_token": bos}, f)
+        out[name] = folder
+
+    mistral = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    make("llama2_first", pre=pre_tokenizers.Metaspace("▁", "first", split=False), bos=True)
+    make("llama2_first_nobos", pre=pre_tokenizers.Metaspace("▁", "first", split=False))
+    make("metaspace_always_split", pre=pre_tokenizers.Metaspace("▁", "always", split=True))
+    make("metaspace_never_split", pre=pre_tokenizers.Metaspace("▁", "never", split=True))
+    make("mistral", normalizer=mistral, bos=True)
+    make("mistral_nobos", normalizer=mistral)
+    make("mistral_normalized_specials", normalizer=mistral, normalized_specials=True)
+    make("gemma_replace", normalizer=normalizers.Replace(" ", "▁"),
+         pre=pre_tokenizers.Split(" ", "merged_with_previous"))
+    make("mistral_unk_only", normalizer=mistral, no_fallback=True)
+    return out
+
+
+def case_spm(a, work):
+    from tokenizers import Tokenizer
+    folders = spm_tokenizers(work, corpus(work))
+    docs = held_out() + [
+        "unknown chars \u0378\U0010fffd \ufffd\u200b end",
+        "  leading spaces, then\ttabs\t\tand\n\nnewlines   \n trailing  ",
+        "<s>starts with bos</s> and <s> inside </s><unk> unk  <s>  spaced",
+        "漢字とかなカナ混じり文、한국어 텍스트 🧪🧬🦀 and ɐɔɘ ǅ ﬁ",
+        " ",
+    ]
+    doc_dir = os.path.join(work, "held-out")
+    os.makedirs(doc_dir, exist_ok=True)
+    paths = []
+    for i, d in enumerate(docs):
+        p = os.path.join(doc_dir, f"doc{i:02d}.txt")
+        with open(p, "w", encoding="utf-8", newline="") as f:
+            f.write(d)
+        paths.append(p)
+    texts = [open(p, encoding="utf-8", newline="").read() for p in paths]
+    for name, folder in folders.items():
+        tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        fallback = 0
+        for p, t in zip(paths, texts):
+            out = os.path.join(work, "one.bin")
+            run([a.meshrun, "tokenize", "--tokenizer", folder, p, "-o", out])
+            # As for Llama 3's <|begin_of_text|>: the post-processor is not applied (decision
+            # 0016), so the ids are encode(add_special_tokens=False) with or without add_bos.
+            got, want = read_bin(out), tok.encode(t, add_special_tokens=False).ids
+            fallback += sum(1 for i in want if 3 <= i < 259)
+            if got != want:
+                i = first_difference(got, want)
+                raise AssertionError(f"{name} {p}: ids differ at {i}: meshrun {got[i:i + 8]} vs "
+                                     f"tokenizers {want[i:i + 8]} "
+                                     f"({tok.decode(want[max(0, i - 3):i + 5])!r})")
+        if "unk_only" not in name:
+            assert fallback > 20, f"{name}: only {fallback} byte-fallback ids: nothing tested"
+        out = os.path.join(work, "all.bin")
+        run([a.meshrun, "tokenize", "--tokenizer", folder, doc_dir, "-o", out])
+        want = expected_ids(tok, texts, tok.token_to_id("</s>"))
+        assert read_bin(out) == want, f"{name}: folder ids differ"
+        print(f"{name}: {len(want)} ids equal ({fallback} byte-fallback ids)")
+
+    # Decoding, as `meshrun generate` does: a model trained on text read with the Mistral-style
+    # tokenizer, exported, continues prompts; its text is the library's decode of its ids.
+    folder = folders["mistral"]
+    vocab = Tokenizer.from_file(os.path.join(folder, "tokenizer.json")).get_vocab_size()
+    ckpt = os.path.join(work, "ck")
+    spec = spec_file(work, "gen", train=text_folder(work), tokenizer=folder, vocab=vocab,
+                     ckpt=ckpt, steps=1, lr=0.0)
+    run([a.meshrun, "train", "-f", spec, "--nproc", "1", "-o", "json"])
+    raw = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    for prompt in ["Hello world!  Don't", "Ünïcödé café 🙂\n\tx", "漢字 🧪"]:
+        r = run([a.meshrun, "generate", "--checkpoint", ckpt, "--prompt", prompt,
+                 "--max-new-tokens", "12", "-o", "json"])
+        got = json.loads(r.stdout)
+        assert got["prompt_tokens"] == raw.encode(prompt, add_special_tokens=False).ids, got
+        assert got["text"] == raw.decode(got["tokens"]), (got["text"], raw.decode(got["tokens"]))
+        print("generate:", repr(prompt), "->", repr(got["text"]))
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("case", choices=["parity", "train", "generate"])
+    p.add_argument("case", choices=["parity", "train", "generate", "padded", "spm"])
     p.add_argument("--meshrun", required=True)
     p.add_argument("--source", required=True)
     p.add_argument("--venv", required=True)
@@ -379,7 +564,8 @@ def main():
         os.execv(python, [python] + sys.argv)
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
-    {"parity": case_parity, "train": case_train, "generate": case_generate}[a.case](a, a.work)
+    {"parity": case_parity, "train": case_train, "generate": case_generate,
+     "padded": case_padded, "spm": case_spm}[a.case](a, a.work)
     shutil.rmtree(a.work, ignore_errors=True)
     print("PASSED")
 
