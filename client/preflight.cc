@@ -61,7 +61,10 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
     for (const TokenShard& shard : stream->mapped->shards()) bytes += shard.map_bytes;
     if (bytes <= kFullCheckBytes) {
       StatusOr<int32_t> max_id = MaxTokenId(*stream);
-      if (!max_id.ok()) return InvalidArgumentError(prefix + max_id.status().message());
+      if (!max_id.ok()) {
+        const std::string& m = max_id.status().message();
+        return InvalidArgumentError(m.rfind("model.vocab_size: ", 0) == 0 ? m : prefix + m);
+      }
       stream->max_token_id = *max_id;
     }
     MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*stream, spec, field));

@@ -422,7 +422,7 @@ StatusOr<int32_t> MaxTokenId(const TokenStream& stream) {
   std::vector<int32_t> buf(static_cast<size_t>(std::min<int64_t>(kChunk, stream.size())));
   for (int64_t at = 0; at < stream.size(); at += kChunk) {
     const int64_t n = std::min(kChunk, stream.size() - at);
-    MESHRUN_RETURN_IF_ERROR(stream.mapped->Read(at, n, buf.data()));
+    MESHRUN_RETURN_IF_ERROR(stream.Read(at, n, buf.data()));  // refuses ids >= id_limit
     for (int64_t i = 0; i < n; ++i) max_id = std::max(max_id, buf[static_cast<size_t>(i)]);
   }
   return max_id;

@@ -58,7 +58,8 @@ struct TokenStream {
   Status Read(int64_t begin, int64_t count, int32_t* out) const;
 };
 
-// The largest id of `stream` (reads every token: for small streams and tests).
+// The largest id of `stream` (reads every token: for small streams and tests); Read's error
+// for the first id at or above id_limit.
 StatusOr<int32_t> MaxTokenId(const TokenStream& stream);
 
 // How text is read (docs/data.md "Tokenizers").
