@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/confined_file.h"
+#include "common/path_policy.h"
 #include "engine/data/batch_sampler.h"
 #include "engine/data/token_stream.h"
 
@@ -262,6 +263,23 @@ TEST_F(ShardedStreamTest, AShardOutsideTheRootsIsRefused) {
     EXPECT_EQ(s.status().code(), StatusCode::kPermissionDenied) << s.status().ToString();
     EXPECT_NE(s.status().message().find("secret.bin"), std::string::npos) << Message(s);
   }
+}
+
+// The worker checks a glob by name like any path: inside the data roots it passes (each shard
+// is then checked by the rank's confined open, above); outside it is refused.
+TEST_F(ShardedStreamTest, TheWorkersPolicyChecksAGlobByName) {
+  Write("data/shards/a_000.bin", Llmc({1, 2, 3}, 2));
+  auto policy = PathPolicy::Create({fs::canonical(dir_ / "data").string()}, {});
+  ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+  const std::string glob = (fs::canonical(dir_ / "data") / "shards" / "a_*.bin").string();
+  auto inside = policy->Resolve("data.train", glob, PathPolicy::Access::kRead);
+  ASSERT_TRUE(inside.ok()) << inside.status().ToString();
+  EXPECT_EQ(inside->real, glob);
+  auto outside =
+      policy->Resolve("data.train", (dir_ / "b_*.bin").string(), PathPolicy::Access::kRead);
+  ASSERT_FALSE(outside.ok());
+  EXPECT_NE(outside.status().message().find("is outside the allowed data roots"), std::string::npos)
+      << outside.status().message();
 }
 
 }  // namespace
