@@ -484,7 +484,8 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
     if (format == "text") {
       return InvalidArgumentError(path +
                                   ": format text reads a file or a folder, not a glob "
-                                  "(hint: point data at the folder of text files)");
+                                  "(hint: for token shards set data.format auto, llmc or "
+                                  "nanogpt; for text point data at the folder)");
     }
     MESHRUN_ASSIGN_OR_RETURN(std::vector<std::string> files, TokenShardFiles(path));
     MESHRUN_RETURN_IF_ERROR(LoadTokenFiles(files, format, options, &s));
