@@ -92,7 +92,7 @@ Status ParseTokenShard(const std::string& path, const std::string& format, uint6
                          std::to_string(width) + "-byte tokens: " + std::to_string(body % width) +
                          " stray byte(s) at offset " +
                          std::to_string(kHeaderBytes + whole * width) +
-                         " (truncated or not a token file; hint: re-create or re-copy it)");
+                         " (truncated, or not a token file) (hint: re-create or re-copy it)");
   }
   const uint64_t expected = kHeaderBytes + width * static_cast<uint64_t>(count);
   if (size != expected) {
@@ -100,7 +100,7 @@ Status ParseTokenShard(const std::string& path, const std::string& format, uint6
                          " tokens at offset 8 (" + std::to_string(expected) +
                          " bytes with the header) but the file has " + std::to_string(size) +
                          " bytes" +
-                         (size < expected ? " (truncated; hint: re-create or re-copy it)"
+                         (size < expected ? " (truncated) (hint: re-create or re-copy it)"
                                           : " (hint: re-create or re-copy it)"));
   }
   out->width = width;
