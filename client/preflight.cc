@@ -41,7 +41,7 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
                    const PreflightOptions& options, std::string* vocab_note) {
   const std::string prefix = std::string(field) + ": ";
   std::error_code ec;
-  if (!fs::exists(path, ec)) {
+  if (!fs::exists(path, ec) && !IsDataGlob(path)) {
     return InvalidArgumentError(prefix + path +
                                 ": no such file or folder (hint: check the path; relative paths "
                                 "are resolved from the working directory)");
@@ -52,6 +52,24 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
     MESHRUN_RETURN_IF_ERROR(CheckTextVocab(spec, field, vocab_note));
   }
   const bool text = format.ok() && *format == "text";
+  if (format.ok() && !text) {
+    // Token files are mapped: loading reads each shard's header and size only, whatever the
+    // size of the data. Their ids are read (for the vocabulary check) only up to 64 MiB.
+    StatusOr<TokenStream> stream = LoadTokens(path, spec.data.format, LoadOptionsOf(spec));
+    if (!stream.ok()) return InvalidArgumentError(prefix + stream.status().message());
+    uint64_t bytes = 0;
+    for (const TokenShard& shard : stream->mapped->shards()) bytes += shard.map_bytes;
+    if (bytes <= kFullCheckBytes) {
+      StatusOr<int32_t> max_id = MaxTokenId(*stream);
+      if (!max_id.ok()) {
+        const std::string& m = max_id.status().message();
+        return InvalidArgumentError(m.rfind("model.vocab_size: ", 0) == 0 ? m : prefix + m);
+      }
+      stream->max_token_id = *max_id;
+    }
+    MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*stream, spec, field));
+    return CheckStreamWindow(*stream, spec, field);
+  }
   const bool fill = text && options.fill_token_cache && !spec.data.tokenizer.empty();
   if (!fill && BytesUnder(path) > kFullCheckBytes) {
     if (fs::is_regular_file(path, ec)) {

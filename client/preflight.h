@@ -45,8 +45,10 @@ struct PreflightOptions {
 //    bytes for format text, a bad llm.c header, an empty folder…), its vocabulary is the
 //    model's (CheckStreamVocab; a model larger than data.tokenizer's vocabulary is padded,
 //    and `note` hears PaddedVocabNote's line once) and it holds one window of seq_len + 1 tokens
-//    (CheckStreamWindow). Files over 64 MiB in all are only checked to exist and be readable
-//    (and text's vocabulary), unless fill_token_cache tokenizes them.
+//    (CheckStreamWindow). Token files (llm.c, nanoGPT; one, a folder or a glob of shards) are
+//    mapped as a rank maps them: only headers and sizes are read, and their ids (for the
+//    vocabulary) only up to 64 MiB. Text over 64 MiB in all is only checked to exist and be
+//    readable (and its vocabulary), unless fill_token_cache tokenizes it.
 //  - the memory estimate (CheckJobFitsHost of common/memory_estimate.h).
 // Nothing is left behind on disk.
 Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,

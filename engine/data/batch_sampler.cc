@@ -141,13 +141,12 @@ Status BatchSampler::Fill(int64_t step, int first_seq, int num_seqs, int32_t* in
                                 std::to_string(first_seq + num_seqs) +
                                 ") is outside a global batch of " + std::to_string(global_batch_));
   }
-  const int32_t* tokens = stream_->tokens.data();
   const size_t t = static_cast<size_t>(seq_len_);
   for (int i = 0; i < num_seqs; ++i) {
-    const int64_t window = WindowOf(step, first_seq + i);
-    const int32_t* src = tokens + window * seq_len_;
-    std::memcpy(inputs + i * t, src, t * sizeof(int32_t));
-    std::memcpy(targets + i * t, src + 1, t * sizeof(int32_t));
+    // Read converts only this window's tokens (a mapped stream is never read whole).
+    const int64_t begin = WindowOf(step, first_seq + i) * seq_len_;
+    MESHRUN_RETURN_IF_ERROR(stream_->Read(begin, seq_len_, inputs + i * t));
+    MESHRUN_RETURN_IF_ERROR(stream_->Read(begin + 1, seq_len_, targets + i * t));
   }
   return OkStatus();
 }

@@ -1,6 +1,8 @@
 // Loading token streams from text files, text folders, and llm.c / nanoGPT `.bin` files.
 #include "engine/data/token_stream.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -36,42 +38,6 @@ Status ReadWholeFile(const fs::path& path, std::string* out) {
   return OkStatus();
 }
 
-// Appends the `width`-byte (2 or 4) little-endian tokens of bytes [begin, begin + width·count)
-// of `path` to `tokens`, reading in chunks so a large file never sits in memory twice.
-Status ReadTokens(const fs::path& path, uint64_t begin, uint64_t count, int width,
-                  std::vector<int32_t>* tokens, int32_t* max_id) {
-  MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(path.string()));
-  std::ifstream in(name.name(), std::ios::binary);
-  if (!in)
-    return NotFoundError(path.string() + ": cannot open for reading: " + std::strerror(errno));
-  in.seekg(static_cast<std::streamoff>(begin));
-  tokens->reserve(tokens->size() + count);
-  constexpr uint64_t kChunk = 1 << 20;
-  std::vector<unsigned char> buf(width * kChunk);
-  uint64_t done = 0;
-  while (done < count) {
-    const uint64_t n = std::min(kChunk, count - done);
-    if (!in.read(reinterpret_cast<char*>(buf.data()), static_cast<std::streamsize>(width * n))) {
-      return DataLossError(path.string() + ": read failed at token " + std::to_string(done) +
-                           " of " + std::to_string(count));
-    }
-    for (uint64_t i = 0; i < n; ++i) {
-      const unsigned char* b = buf.data() + width * i;  // little-endian
-      uint32_t t = b[0] | (b[1] << 8);
-      if (width == 4)
-        t |= (static_cast<uint32_t>(b[2]) << 16) | (static_cast<uint32_t>(b[3]) << 24);
-      if (t > 0x7FFFFFFFu) {
-        return DataLossError(path.string() + ": token " + std::to_string(done + i) + " is " +
-                             std::to_string(t) + ", beyond any vocabulary (hint: re-create it)");
-      }
-      *max_id = std::max(*max_id, static_cast<int32_t>(t));
-      tokens->push_back(static_cast<int32_t>(t));
-    }
-    done += n;
-  }
-  return OkStatus();
-}
-
 int32_t ReadLeInt32(const unsigned char* p) {
   return static_cast<int32_t>(static_cast<uint32_t>(p[0]) | (static_cast<uint32_t>(p[1]) << 8) |
                               (static_cast<uint32_t>(p[2]) << 16) |
@@ -84,68 +50,6 @@ void AppendBytes(const std::string& bytes, TokenStream* s) {
     s->tokens.push_back(c);
     s->max_token_id = std::max<int32_t>(s->max_token_id, c);
   }
-}
-
-Status LoadLlmc(const fs::path& path, uint64_t file_size, TokenStream* s) {
-  constexpr uint64_t kHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
-  if (file_size < kHeaderBytes) {
-    return InvalidArgumentError(path.string() + ": short file: " + std::to_string(file_size) +
-                                " bytes, but an llm.c token file starts with a " +
-                                std::to_string(kHeaderBytes) +
-                                "-byte header (hint: for raw uint16 tokens use format nanogpt)");
-  }
-  MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(path.string()));
-  std::ifstream in(name.name(), std::ios::binary);
-  unsigned char header[kHeaderBytes];
-  if (!in || !in.read(reinterpret_cast<char*>(header), kHeaderBytes)) {
-    return DataLossError(path.string() + ": cannot read the llm.c header");
-  }
-  const int32_t magic = ReadLeInt32(header);
-  const int32_t version = ReadLeInt32(header + 4);
-  const int32_t count = ReadLeInt32(header + 8);
-  if (magic != kLlmcMagic) {
-    return InvalidArgumentError(path.string() + ": bad magic " + std::to_string(magic) +
-                                " in the llm.c header, expected " + std::to_string(kLlmcMagic) +
-                                " (hint: for raw uint16 tokens use format nanogpt, for text "
-                                "use format text)");
-  }
-  if (version != kLlmcVersion && version != kLlmcVersionUint32) {
-    return InvalidArgumentError(path.string() + ": llm.c token file version " +
-                                std::to_string(version) + " is not supported, expected " +
-                                std::to_string(kLlmcVersion) + " (uint16 tokens) or " +
-                                std::to_string(kLlmcVersionUint32) +
-                                " (uint32 tokens) (hint: re-create it with meshrun tokenize)");
-  }
-  const int width = version == kLlmcVersionUint32 ? 4 : 2;
-  if (count <= 0) {
-    return InvalidArgumentError(path.string() + ": the llm.c header says " + std::to_string(count) +
-                                " tokens; the stream is empty " +
-                                "(hint: point data at a non-empty token file)");
-  }
-  const uint64_t expected = kHeaderBytes + width * static_cast<uint64_t>(count);
-  if (file_size != expected) {
-    return DataLossError(path.string() + ": the llm.c header says " + std::to_string(count) +
-                         " tokens (" + std::to_string(expected) + " bytes with the header) but " +
-                         "the file has " + std::to_string(file_size) + " bytes" +
-                         (file_size < expected ? " (truncated; hint: re-create or re-copy it)"
-                                               : " (hint: re-create or re-copy it)"));
-  }
-  return ReadTokens(path, kHeaderBytes, static_cast<uint64_t>(count), width, &s->tokens,
-                    &s->max_token_id);
-}
-
-Status LoadNanogpt(const fs::path& path, uint64_t file_size, TokenStream* s) {
-  if (file_size == 0) {
-    return InvalidArgumentError(path.string() +
-                                ": the file is empty (hint: point data at a non-empty token file)");
-  }
-  if (file_size % 2 != 0) {
-    return InvalidArgumentError(path.string() + ": " + std::to_string(file_size) +
-                                " bytes is an odd size; nanoGPT token files hold uint16 tokens "
-                                "(hint: the file is truncated or not a token file; for text use "
-                                "format text)");
-  }
-  return ReadTokens(path, 0, file_size / 2, 2, &s->tokens, &s->max_token_id);
 }
 
 Status LoadTextFile(const fs::path& path, TokenStream* s) {
@@ -258,6 +162,84 @@ Status LoadTextFolder(const fs::path& dir, TokenStream* s) {
   return OkStatus();
 }
 
+bool HasWildcard(const std::string& name) {
+  return name.find_first_of("*?[") != std::string::npos;
+}
+
+bool IsBinName(const std::string& name) {
+  return name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0;
+}
+
+// A folder of token shards under format auto: at least one `*.bin` file, and every other
+// non-hidden regular file is manifest.json (what `meshrun tokenize` writes beside its shards).
+bool IsTokenFolder(const fs::path& dir) {
+  std::error_code ec;
+  bool any = false;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() || name[0] == '.' || !it->is_regular_file(ec)) continue;
+    if (IsBinName(name)) {
+      any = true;
+    } else if (name != "manifest.json") {
+      return false;
+    }
+  }
+  return any;
+}
+
+// The format one token file resolves to under `format` (auto: the llm.c magic → llmc, else a
+// `.bin` name → nanogpt, else text).
+StatusOr<std::string> ResolveFileFormat(const fs::path& p, const std::string& format) {
+  if (format != "auto") return format;
+  std::error_code ec;
+  const uint64_t size = fs::file_size(p, ec);
+  if (ec) return NotFoundError(p.string() + ": cannot read the file size: " + ec.message());
+  unsigned char head[4] = {0, 0, 0, 0};
+  if (size >= 4) {
+    MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(p.string()));
+    std::ifstream in(name.name(), std::ios::binary);
+    in.read(reinterpret_cast<char*>(head), 4);
+  }
+  if (size >= 4 && ReadLeInt32(head) == kLlmcMagic) return std::string("llmc");
+  if (p.extension() == ".bin") return std::string("nanogpt");
+  return std::string("text");
+}
+
+// The one format of the shards `files` under `format`: under auto, llmc when any has the llm.c
+// magic (so a shard without it is reported as a bad header), else nanogpt when all are `.bin`.
+StatusOr<std::string> ShardsFormat(const std::vector<std::string>& files,
+                                   const std::string& format) {
+  if (format != "auto") return format;
+  std::vector<std::string> resolved;
+  for (const std::string& f : files) {
+    MESHRUN_ASSIGN_OR_RETURN(std::string r, ResolveFileFormat(f, format));
+    resolved.push_back(r);
+  }
+  if (std::count(resolved.begin(), resolved.end(), "llmc") > 0) return std::string("llmc");
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (resolved[i] == "text") {
+      return InvalidArgumentError(
+          files[i] +
+          ": not a token file (no llm.c magic at offset 0, no .bin name) (hint: a glob or "
+          "folder of shards reads llm.c or nanoGPT .bin files; set data.format llmc or "
+          "nanogpt)");
+    }
+  }
+  return std::string("nanogpt");
+}
+
+// Token files mapped as one stream: `files` in order, under `format` (ShardsFormat).
+Status LoadTokenFiles(const std::vector<std::string>& files, const std::string& format,
+                      const LoadOptions& options, TokenStream* s) {
+  MESHRUN_ASSIGN_OR_RETURN(std::string common, ShardsFormat(files, format));
+  const std::vector<std::string> formats(files.size(), common);
+  MESHRUN_ASSIGN_OR_RETURN(s->mapped, MappedTokens::Open(files, formats));
+  s->format = formats.front();
+  s->files = files;
+  s->id_limit = options.vocab_size;
+  return OkStatus();
+}
+
 // Text read with options.tokenizer (text_tokens.cc).
 StatusOr<TokenStream> LoadTokenizedText(const std::string& path, const LoadOptions& options) {
   MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tokenizer,
@@ -285,22 +267,63 @@ Status ReadTextFile(const std::string& path, std::string* bytes) {
   return ReadWholeFile(path, bytes);
 }
 
+bool IsDataGlob(const std::string& path) {
+  std::error_code ec;
+  return HasWildcard(fs::path(path).filename().string()) && !fs::exists(path, ec);
+}
+
+StatusOr<std::vector<std::string>> TokenShardFiles(const std::string& path) {
+  std::error_code ec;
+  const fs::path p(path);
+  const bool glob = IsDataGlob(path);
+  if (!glob && !fs::is_directory(p, ec)) return std::vector<std::string>{path};
+  const fs::path dir = glob ? (p.has_parent_path() ? p.parent_path() : fs::path(".")) : p;
+  const std::string pattern = p.filename().string();
+  if (glob && HasWildcard(dir.string())) {
+    return InvalidArgumentError(path +
+                                ": wildcards are allowed only in the file name (hint: "
+                                "e.g. /data/fineweb/fineweb_train_*.bin)");
+  }
+  std::vector<std::string> names;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code fec;
+    if (!it->is_regular_file(fec)) continue;
+    if (glob ? fnmatch(pattern.c_str(), name.c_str(), FNM_PERIOD) == 0
+             : (!name.empty() && name[0] != '.' && IsBinName(name))) {
+      names.push_back(name);
+    }
+  }
+  if (ec) return NotFoundError(dir.string() + ": cannot list the folder: " + ec.message());
+  if (names.empty()) {
+    return InvalidArgumentError(
+        path + (glob ? ": the glob matches no files (hint: check the pattern; wildcards are "
+                       "allowed in the file name only)"
+                     : ": the folder holds no .bin token files (hint: point data at llm.c or "
+                       "nanoGPT .bin files, or use format text for a folder of text)"));
+  }
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> files;
+  for (const std::string& n : names) files.push_back((dir / n).string());
+  return files;
+}
+
 StatusOr<std::string> ResolveDataFormat(const std::string& path, const std::string& format) {
   std::error_code ec;
   const fs::path p(path);
-  if (fs::is_directory(p, ec)) return std::string("text");
-  if (format != "auto") return format;
-  const uint64_t size = fs::file_size(p, ec);
-  if (ec) return NotFoundError(path + ": cannot read the file size: " + ec.message());
-  unsigned char head[4] = {0, 0, 0, 0};
-  if (size >= 4) {
-    MESHRUN_ASSIGN_OR_RETURN(ConfinedName name, ConfinedName::ForRead(p.string()));
-    std::ifstream in(name.name(), std::ios::binary);
-    in.read(reinterpret_cast<char*>(head), 4);
+  if (IsDataGlob(path)) {
+    MESHRUN_ASSIGN_OR_RETURN(std::vector<std::string> files, TokenShardFiles(path));
+    return ShardsFormat(files, format);
   }
-  if (size >= 4 && ReadLeInt32(head) == kLlmcMagic) return std::string("llmc");
-  if (p.extension() == ".bin") return std::string("nanogpt");
-  return std::string("text");
+  if (fs::is_directory(p, ec)) {
+    if (format == "llmc" || format == "nanogpt") return format;
+    if (format == "auto" && IsTokenFolder(p)) {
+      MESHRUN_ASSIGN_OR_RETURN(std::vector<std::string> files, TokenShardFiles(path));
+      return ShardsFormat(files, format);
+    }
+    return std::string("text");
+  }
+  return ResolveFileFormat(p, format);
 }
 
 LoadOptions LoadOptionsOf(const JobSpec& spec) {
@@ -310,6 +333,7 @@ LoadOptions LoadOptionsOf(const JobSpec& spec) {
     o.cache_dir = (fs::path(spec.checkpoint.dir) / kTokenCacheFolder).string();
   }
   if (spec.resources.threads > 0) o.threads = spec.resources.threads;
+  o.vocab_size = spec.model.vocab_size;
   return o;
 }
 
@@ -388,14 +412,40 @@ Status CheckStreamWindow(const TokenStream& stream, const JobSpec& spec, const s
 }
 
 StatusOr<TokenStream> LoadLlmcFile(const std::string& path) {
-  std::error_code ec;
-  const uint64_t size = fs::file_size(path, ec);
-  if (ec) return NotFoundError(path + ": cannot read the file size: " + ec.message());
   TokenStream s;
   s.path = path;
-  s.format = "llmc";
-  MESHRUN_RETURN_IF_ERROR(LoadLlmc(path, size, &s));
+  MESHRUN_RETURN_IF_ERROR(LoadTokenFiles({path}, "llmc", LoadOptions{}, &s));
+  // The tokenizer's cache is text, held in memory as text is.
+  s.tokens.resize(static_cast<size_t>(s.size()));
+  MESHRUN_RETURN_IF_ERROR(s.mapped->Read(0, s.size(), s.tokens.data()));
+  s.mapped.reset();
+  for (int32_t t : s.tokens) s.max_token_id = std::max(s.max_token_id, t);
   return s;
+}
+
+Status TokenStream::Read(int64_t begin, int64_t count, int32_t* out) const {
+  if (mapped) return mapped->Read(begin, count, out, id_limit);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (begin < 0 || count < 0 || begin > n || count > n - begin) {
+    return OutOfRangeError("tokens [" + std::to_string(begin) + ", " +
+                           std::to_string(begin + count) + ") lie outside a stream of " +
+                           std::to_string(n) + " tokens");
+  }
+  if (count > 0) std::memcpy(out, tokens.data() + begin, static_cast<size_t>(count) * 4);
+  return OkStatus();
+}
+
+StatusOr<int32_t> MaxTokenId(const TokenStream& stream) {
+  if (!stream.mapped) return stream.max_token_id;
+  int32_t max_id = -1;
+  constexpr int64_t kChunk = 1 << 20;
+  std::vector<int32_t> buf(static_cast<size_t>(std::min<int64_t>(kChunk, stream.size())));
+  for (int64_t at = 0; at < stream.size(); at += kChunk) {
+    const int64_t n = std::min(kChunk, stream.size() - at);
+    MESHRUN_RETURN_IF_ERROR(stream.Read(at, n, buf.data()));  // refuses ids >= id_limit
+    for (int64_t i = 0; i < n; ++i) max_id = std::max(max_id, buf[static_cast<size_t>(i)]);
+  }
+  return max_id;
 }
 
 bool IsUtf8Text(const std::string& bytes, size_t* bad_offset) {
@@ -448,6 +498,19 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
     return InvalidArgumentError(
         "the data path is empty (hint: set data.train to a file or folder)");
   }
+  TokenStream s;
+  s.path = path;
+  if (IsDataGlob(path)) {
+    if (format == "text") {
+      return InvalidArgumentError(path +
+                                  ": format text reads a file or a folder, not a glob "
+                                  "(hint: for token shards set data.format auto, llmc or "
+                                  "nanogpt; for text point data at the folder)");
+    }
+    MESHRUN_ASSIGN_OR_RETURN(std::vector<std::string> files, TokenShardFiles(path));
+    MESHRUN_RETURN_IF_ERROR(LoadTokenFiles(files, format, options, &s));
+    return s;
+  }
   std::error_code ec;
   const fs::path p(path);
   const fs::file_status st = fs::status(p, ec);
@@ -457,13 +520,12 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
                          "are resolved from the working directory)");
   }
 
-  TokenStream s;
-  s.path = path;
   if (fs::is_directory(st)) {
-    if (format == "llmc" || format == "nanogpt") {
-      return InvalidArgumentError(path + ": is a folder, but format " + format +
-                                  " reads a single .bin file (hint: use format text for a folder "
-                                  "of text files, or point data at the .bin file)");
+    MESHRUN_ASSIGN_OR_RETURN(std::string resolved, ResolveDataFormat(path, format));
+    if (resolved != "text") {
+      MESHRUN_ASSIGN_OR_RETURN(std::vector<std::string> files, TokenShardFiles(path));
+      MESHRUN_RETURN_IF_ERROR(LoadTokenFiles(files, format, options, &s));
+      return s;
     }
     if (!options.tokenizer.empty()) return LoadTokenizedText(path, options);
     s.format = "text";
@@ -474,17 +536,11 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
   if (!fs::is_regular_file(st)) {
     return InvalidArgumentError(path + ": not a regular file or folder");
   }
-  const uint64_t size = fs::file_size(p, ec);
-  if (ec) return InternalError(path + ": cannot read the file size: " + ec.message());
 
   MESHRUN_ASSIGN_OR_RETURN(std::string resolved, ResolveDataFormat(path, format));
   s.format = resolved;
-  if (resolved == "llmc") {
-    MESHRUN_RETURN_IF_ERROR(LoadLlmc(p, size, &s));
-    s.files.push_back(path);
-  } else if (resolved == "nanogpt") {
-    MESHRUN_RETURN_IF_ERROR(LoadNanogpt(p, size, &s));
-    s.files.push_back(path);
+  if (resolved == "llmc" || resolved == "nanogpt") {
+    MESHRUN_RETURN_IF_ERROR(LoadTokenFiles({path}, resolved, options, &s));
   } else if (!options.tokenizer.empty()) {
     return LoadTokenizedText(path, options);
   } else {

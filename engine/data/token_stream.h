@@ -1,6 +1,7 @@
-// Token streams for training and evaluation (docs/data.md): loads a UTF-8 text file, a folder
-// of text files, or a `.bin` token file (llm.c with its 256-int32 header, or nanoGPT's raw
-// uint16) into memory as int32 token ids.
+// Token streams for training and evaluation (docs/data.md): a UTF-8 text file or a folder of
+// text files, loaded into memory as int32 token ids; or token files (llm.c with its 256-int32
+// header, or nanoGPT's raw uint16) — one file, a folder or a glob of shards — mapped read-only
+// and converted to int32 only for the windows read (engine/data/mapped_tokens.h).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 
 #include "common/job_spec.h"
 #include "common/status.h"
+#include "engine/data/mapped_tokens.h"
 
 namespace meshrun {
 
@@ -24,13 +26,20 @@ inline constexpr int kLlmcHeaderInts = 256;
 
 class Tokenizer;
 
-// A whole token stream, owned in memory. Immutable after LoadTokens; safe to share between
-// threads for reading. Built by LoadTokens, read by BatchSampler and the evaluator.
+// A token stream: text owned in memory (`tokens`), or token files mapped (`mapped`, `tokens`
+// then empty). Immutable after LoadTokens; safe to share between threads for reading. Built by
+// LoadTokens, read by BatchSampler and the evaluator through size() and Read().
 struct TokenStream {
   std::string path;    // as given to LoadTokens
   std::string format;  // resolved format: "text", "llmc" or "nanogpt" (never "auto")
   std::vector<int32_t> tokens;
-  int32_t max_token_id = -1;  // largest id in `tokens` (check it against vocab_size)
+  // Token files: the mapped shards (one for a single file), in stream order.
+  std::shared_ptr<const MappedTokens> mapped;
+  // Largest id in `tokens` (check it against vocab_size); -1 for mapped files, whose ids are
+  // not scanned at load (MaxTokenId scans; Read checks each id against id_limit).
+  int32_t max_token_id = -1;
+  // Mapped files: Read refuses an id at or above this (LoadOptions::vocab_size); 0: no limit.
+  int32_t id_limit = 0;
   // The vocabulary the stream was made with: 256 for byte-level text, the tokenizer's for text
   // read with one; 0 for a token file (unknown: only max_token_id says anything).
   int32_t vocab_size = 0;
@@ -42,8 +51,16 @@ struct TokenStream {
   std::vector<std::string> files;
   std::vector<std::string> skipped;
 
-  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t size() const { return mapped ? mapped->size() : static_cast<int64_t>(tokens.size()); }
+  // Tokens [begin, begin + count) as int32 ids into `out`: the window access of the sampler
+  // and the evaluator. OUT_OF_RANGE outside the stream; for mapped files, INVALID_ARGUMENT
+  // naming the shard and byte offset of an id at or above id_limit.
+  Status Read(int64_t begin, int64_t count, int32_t* out) const;
 };
+
+// The largest id of `stream` (reads every token: for small streams and tests); Read's error
+// for the first id at or above id_limit.
+StatusOr<int32_t> MaxTokenId(const TokenStream& stream);
 
 // How text is read (docs/data.md "Tokenizers").
 struct LoadOptions {
@@ -56,16 +73,23 @@ struct LoadOptions {
   int threads = 0;  // tokenizing threads over files; 0: the hardware's
   // Called now and then from the tokenizing threads with (bytes done, bytes in all).
   std::function<void(int64_t, int64_t)> progress;
+  // model.vocab_size: the id_limit of mapped token files; 0: none.
+  int32_t vocab_size = 0;
 };
 
 // Loads `path` as `format` ("auto", "text", "llmc" or "nanogpt").
 //  - text: a UTF-8 file, or a folder whose text files are concatenated in file-name order;
 //    byte-level tokens 0..255.
-//  - llmc: llm.c's header (magic 20240520, version 1, token count) followed by uint16 tokens.
+//  - llmc: llm.c's header (magic 20240520, version 1 or 2, token count) followed by uint16
+//    (version 1) or uint32 (version 2) tokens.
 //  - nanogpt: raw little-endian uint16 tokens.
 //  - auto: the llm.c magic → llmc; else a `.bin` extension → nanogpt; else text.
-// Errors (INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS) name the path, what is wrong and a fix.
-// An empty stream is an error.
+// llmc and nanogpt may name one file, a folder (its `*.bin` files) or a glob in the last path
+// component (`DIR/train_*.bin`); the shards, in file-name order, are one stream, mapped and
+// never read whole (only headers and sizes at load). Under auto a folder whose files are all
+// `*.bin` (and an optional manifest.json) is token shards, each resolved as above.
+// Errors (INVALID_ARGUMENT, NOT_FOUND, DATA_LOSS) name the path (the shard), what is wrong and
+// a fix. An empty stream is an error.
 StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& format,
                                  const LoadOptions& options = {});
 
@@ -82,8 +106,16 @@ Status WriteLlmcTokens(const std::string& path, const std::vector<int32_t>& toke
                        int32_t vocab_size);
 
 // The format `path` loads as under `format` ("auto" resolved as LoadTokens does): "text",
-// "llmc" or "nanogpt". Errors as LoadTokens'.
+// "llmc" or "nanogpt" (for shards: the first shard's). Errors as LoadTokens'.
 StatusOr<std::string> ResolveDataFormat(const std::string& path, const std::string& format);
+
+// The files a token-file path names, in stream order: itself, a folder's `*.bin` files
+// (hidden files skipped), or a glob's matches (wildcards `*`, `?`, `[...]` in the last
+// component only), sorted by file name byte by byte. INVALID_ARGUMENT for an empty folder or
+// glob, naming the path.
+StatusOr<std::vector<std::string>> TokenShardFiles(const std::string& path);
+// True when `path` is a glob (a wildcard in its last component) that is not itself a file.
+bool IsDataGlob(const std::string& path);
 
 // How a job reads its streams: data.tokenizer, and the cache under checkpoint.dir/token-cache
 // (none without a checkpoint.dir).

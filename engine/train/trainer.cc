@@ -216,14 +216,12 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
   }
   std::vector<int32_t> inputs(static_cast<size_t>(mb) * T), targets(inputs.size());
   double loss_sum = 0;
-  const int32_t* tok = stream.tokens.data();
   // dp rank d takes batches d, d + dp, d + 2·dp, … of mb windows.
   for (int64_t w = static_cast<int64_t>(d) * mb; w < windows; w += static_cast<int64_t>(dp) * mb) {
     const int rows = static_cast<int>(std::min<int64_t>(mb, windows - w));
     for (int r = 0; r < rows; ++r) {
-      const int32_t* src = tok + (w + r) * T;
-      std::copy(src, src + T, inputs.begin() + static_cast<int64_t>(r) * T);
-      std::copy(src + 1, src + T + 1, targets.begin() + static_cast<int64_t>(r) * T);
+      MESHRUN_RETURN_IF_ERROR(stream.Read((w + r) * T, T, inputs.data() + int64_t{r} * T));
+      MESHRUN_RETURN_IF_ERROR(stream.Read((w + r) * T + 1, T, targets.data() + int64_t{r} * T));
     }
     LocalTokens(inputs.data(), targets.data(), rows);
     MESHRUN_ASSIGN_OR_RETURN(double loss, model_->ForwardLoss(local_in_.data(), local_tg_.data(),

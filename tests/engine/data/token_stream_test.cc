@@ -53,6 +53,13 @@ class TokenStreamTest : public ::testing::Test {
     return s + Le16(tokens);
   }
 
+  // Every token of `s`, through Read (token files are mapped, not held in `tokens`).
+  static std::vector<int32_t> All(const TokenStream& s) {
+    std::vector<int32_t> out(static_cast<size_t>(s.size()));
+    EXPECT_TRUE(s.Read(0, s.size(), out.data()).ok());
+    return out;
+  }
+
   fs::path dir_;
 };
 
@@ -63,8 +70,8 @@ TEST_F(TokenStreamTest, LlmcParsesExplicitAndAuto) {
     auto s = LoadTokens(path, format);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     EXPECT_EQ(s->format, "llmc");
-    EXPECT_EQ(s->tokens, std::vector<int32_t>(tokens.begin(), tokens.end()));
-    EXPECT_EQ(s->max_token_id, 50256);
+    EXPECT_EQ(All(*s), std::vector<int32_t>(tokens.begin(), tokens.end()));
+    EXPECT_EQ(*MaxTokenId(*s), 50256);
   }
 }
 
@@ -83,8 +90,8 @@ TEST_F(TokenStreamTest, NanogptRawUint16) {
     auto s = LoadTokens(path, format);
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     EXPECT_EQ(s->format, "nanogpt");
-    EXPECT_EQ(s->tokens, std::vector<int32_t>(tokens.begin(), tokens.end()));
-    EXPECT_EQ(s->max_token_id, 65535);
+    EXPECT_EQ(All(*s), std::vector<int32_t>(tokens.begin(), tokens.end()));
+    EXPECT_EQ(*MaxTokenId(*s), 65535);
   }
 }
 
