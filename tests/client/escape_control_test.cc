@@ -51,9 +51,9 @@ TEST(EscapeControlTest, JsonKeepsNoRawControls) {
 }
 
 TEST(EscapeControlTest, ErrorMessagesAreEscaped) {
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   const int code = ReportError(InvalidArgumentError("reason: 'x\x1b[2J\xc2\x9b\nforged' bad"));
-  const std::string err = testing::internal::GetCapturedStderr();
+  const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(code, kExitInvalidInput);
   EXPECT_EQ(err, "error: reason: 'x\\x1b[2J\\u009b forged' bad\n");
 }
