@@ -246,8 +246,11 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
   }
   step_ = trainer["step"].get<int64_t>();
   MESHRUN_RETURN_IF_ERROR(CheckResumeData(trainer, spec_, step_dir));
-  // The per-source counters the checkpoint recorded are the ones the order gives at this step.
-  if (const auto it = trainer.find("data"); it != trainer.end() && it->is_object()) {
+  // The per-source counters the checkpoint recorded are the ones the order gives at this step
+  // (when the global batch is the one it was written with: the slot is then the same).
+  if (const auto it = trainer.find("data");
+      it != trainer.end() && it->is_object() &&
+      it->value("slot", nlohmann::json()) == nlohmann::json(step_ * sampler_->global_batch())) {
     const std::vector<int64_t> counts = sampler_->CountsBefore(step_);
     const nlohmann::json sources = it->value("sources", nlohmann::json::array());
     for (size_t i = 0; sources.is_array() && i < sources.size() && i < counts.size(); ++i) {

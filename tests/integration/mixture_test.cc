@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -167,6 +168,18 @@ TEST_F(MixtureTest, ResumeWithOtherSourcesOrWeightsIsRefused) {
   EXPECT_EQ(single.cli.exit_code, 2) << single.cli.err;
   EXPECT_NE(single.cli.err.find("this spec reads one data.train path"), std::string::npos)
       << single.cli.err;
+  // A recorded position the order does not give (a changed rule, a tampered file) is refused.
+  fs::copy(*temp_ / "refuse", *temp_ / "tampered", fs::copy_options::recursive);
+  const fs::path metadata = *temp_ / "tampered/step-00000003/metadata.json";
+  json meta = json::parse(testing::ReadFile(metadata));
+  meta["trainer"]["data"]["sources"][0]["taken"] = 16;
+  std::ofstream(metadata) << meta.dump(2) << "\n";
+  const MixRun tampered = Train(1, 1, "tampered");
+  EXPECT_EQ(tampered.cli.exit_code, 1) << tampered.cli.err;
+  EXPECT_NE(tampered.cli.err.find("source 0 of data.train had given 16 windows at step 3, the "
+                                  "order of docs/data.md gives 17"),
+            std::string::npos)
+      << tampered.cli.err;
   // The same weights written differently (7 and 3) are the same mixture: it resumes.
   const MixRun same = Train(1, 1, "refuse", {}, MixtureSet(7, 3));
   EXPECT_EQ(same.cli.exit_code, 0) << same.cli.err;
