@@ -9,8 +9,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace meshrun {
@@ -18,20 +20,30 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A stream of n tokens first, first + 1, …, written as an llm.c file and loaded as the trainer
-// loads one (so the test does not depend on how a TokenStream holds its tokens).
+// A stream of n tokens first, first + 1, …, written as a nanoGPT file (raw little-endian
+// uint16) and loaded as the trainer loads one (so the test does not depend on how a TokenStream
+// holds its tokens).
 TokenStream MixStream(int32_t first, int64_t n) {
   static const fs::path dir = [] {
     char pattern[] = "/tmp/meshrun_mixture_test_XXXXXX";
     EXPECT_NE(mkdtemp(pattern), nullptr);
+    static const std::string made = pattern;
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(made, ec);
+    });
     return fs::path(pattern);
   }();
-  std::vector<int32_t> tokens(static_cast<size_t>(n));
-  std::iota(tokens.begin(), tokens.end(), first);
+  std::string bytes;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto id = static_cast<uint16_t>(first + i);
+    bytes.push_back(static_cast<char>(id & 0xFF));
+    bytes.push_back(static_cast<char>(id >> 8));
+  }
   const std::string path =
       (dir / ("s" + std::to_string(first) + "-" + std::to_string(n) + ".bin")).string();
-  EXPECT_TRUE(WriteLlmcTokens(path, tokens, 65535).ok());
-  StatusOr<TokenStream> s = LoadTokens(path, "llmc");
+  std::ofstream(path, std::ios::binary) << bytes;
+  StatusOr<TokenStream> s = LoadTokens(path, "nanogpt");
   EXPECT_TRUE(s.ok()) << s.status().ToString();
   return s.ok() ? std::move(*s) : TokenStream{};
 }
