@@ -200,8 +200,13 @@ Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
       MESHRUN_RETURN_IF_ERROR(CheckCheckpointDir(spec.checkpoint.dir));
       MESHRUN_RETURN_IF_ERROR(CheckResume(spec));
     }
-    std::string vocab_note;  // a padded vocabulary: said once, for both streams
-    MESHRUN_RETURN_IF_ERROR(CheckStream("data.train", spec.data.train, spec, options, &vocab_note));
+    std::string vocab_note;  // a padded vocabulary: said once, for every stream
+    const std::vector<DataSource> sources = TrainSources(spec.data);
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const std::string field = TrainSourceField(spec.data, i);
+      MESHRUN_RETURN_IF_ERROR(
+          CheckStream(field.c_str(), sources[i].path, spec, options, &vocab_note));
+    }
     if (!spec.data.val.empty()) {
       MESHRUN_RETURN_IF_ERROR(CheckStream("data.val", spec.data.val, spec, options, &vocab_note));
     }

@@ -150,6 +150,7 @@ StatusOr<v1::JobSpec> PrepareSubmission(const std::string& file,
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpecFile(file, overrides));
   MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, 0));
   MakeAbsolute(spec.data.train);
+  for (DataSource& source : spec.data.train_sources) MakeAbsolute(source.path);
   MakeAbsolute(spec.data.val);
   MakeAbsolute(spec.data.tokenizer);
   MakeAbsolute(spec.checkpoint.dir);

@@ -138,6 +138,14 @@ nlohmann::ordered_json JobSpecToJson(const JobSpec& spec) {
       json[std::string(section)][std::string(key)] = value;
     }
   });
+  // data.train as a list: [{"path","weight"}, ...] in place of the empty string.
+  if (!spec.data.train_sources.empty()) {
+    nlohmann::ordered_json sources = nlohmann::ordered_json::array();
+    for (const DataSource& s : spec.data.train_sources) {
+      sources.push_back({{"path", s.path}, {"weight", s.weight}});
+    }
+    json["data"]["train"] = std::move(sources);
+  }
   return json;
 }
 

@@ -276,9 +276,55 @@ Status CheckTrain(const TrainSpec& t) {
   return AtLeast("train.seed", t.seed, 0, "use a non-negative seed such as 1337");
 }
 
+// data.train as a list: a weighted mixture (docs/data.md "Mixtures").
+Status CheckTrainSources(const DataSpec& d) {
+  if (!d.train.empty()) {
+    return Invalid("data.train", "holds both a path and a list of sources",
+                   "give either one path or a list [{path: PATH, weight: W}, ...]");
+  }
+  if (d.train_sources.size() > static_cast<size_t>(kMaxDataSources)) {
+    return Invalid("data.train",
+                   "lists " + Str(d.train_sources.size()) + " sources, over the limit of " +
+                       Str(kMaxDataSources),
+                   "merge sources into fewer files or folders");
+  }
+  double sum = 0;
+  for (size_t i = 0; i < d.train_sources.size(); ++i) {
+    const DataSource& s = d.train_sources[i];
+    const std::string field = "data.train[" + Str(i) + "]";
+    if (s.path.empty()) {
+      return Invalid(field + ".path", "required field is missing",
+                     "give each source a path: {path: PATH, weight: W}");
+    }
+    if (s.path.size() > 4096 || !IsValidUtf8WithoutControls(s.path)) {
+      return Invalid(field + ".path",
+                     "contains control characters, invalid UTF-8 or over 4096 bytes",
+                     "write a plain path");
+    }
+    MESHRUN_RETURN_IF_ERROR(InRange(field + ".weight", s.weight, 0, true, kInf, false,
+                                    "use a positive weight such as 0.3; weights are normalized"));
+    sum += s.weight;
+  }
+  if (!std::isfinite(sum)) {
+    return Invalid("data.train", "the weights add up to more than a double holds",
+                   "use weights such as 0.7 and 0.3 (they are normalized)");
+  }
+  for (size_t i = 0; i < d.train_sources.size(); ++i) {
+    if (d.train_sources[i].weight < kMinSourceShare * sum) {
+      return Invalid(
+          "data.train[" + Str(i) + "].weight",
+          Str(d.train_sources[i].weight) + " is less than 1e-6 of the weights' sum " + Str(sum),
+          "raise the weight or leave the source out");
+    }
+  }
+  return OkStatus();
+}
+
 Status CheckData(const JobSpec& spec) {
   const DataSpec& d = spec.data;
-  if (d.train.empty()) {
+  if (!d.train_sources.empty()) {
+    MESHRUN_RETURN_IF_ERROR(CheckTrainSources(d));
+  } else if (d.train.empty()) {
     return Invalid("data.train", "required field is missing",
                    "set data.train to a text file, a folder of text files or a .bin token file");
   }
@@ -478,6 +524,16 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
   if (path == "checkpoint.resume") return {"auto", "never"};
   if (path == "resources.device") return {"cpu", "cuda"};
   return {};
+}
+
+std::vector<DataSource> TrainSources(const DataSpec& data) {
+  if (!data.train_sources.empty()) return data.train_sources;
+  return {DataSource{data.train, 1.0}};
+}
+
+std::string TrainSourceField(const DataSpec& data, size_t index) {
+  return data.train_sources.empty() ? std::string("data.train")
+                                    : "data.train[" + std::to_string(index) + "]";
 }
 
 StatusOr<ParallelDims> MeshOf(const JobSpec& spec) {

@@ -82,8 +82,26 @@ struct TrainSpec {
   bool operator==(const TrainSpec&) const = default;
 };
 
+// One source of a weighted mixture (`data.train: [{path: PATH, weight: W}, …]`, docs/data.md).
+struct DataSource {
+  std::string path;     // the same kinds as a single data.train
+  double weight = 1.0;  // > 0; the weights of a mixture are normalized by their sum
+
+  bool operator==(const DataSource&) const = default;
+};
+
+// The most sources a mixture may list, and the smallest share of the weights' sum one may have.
+inline constexpr int kMaxDataSources = 256;
+inline constexpr double kMinSourceShare = 1e-6;
+
 struct DataSpec {
-  std::string train;                 // required: a text file, a folder of text files or a .bin file
+  // Required: a text file, a folder of text files or a .bin file; empty when train_sources
+  // holds a mixture.
+  std::string train;
+  // data.train written as a list: a weighted mixture of sources (docs/data.md "Mixtures").
+  // Not in ForEachJobSpecField (it is not a scalar): the YAML reader and writer, the proto and
+  // `validate -o json` handle it beside the table. Empty: `train` is the one source.
+  std::vector<DataSource> train_sources;
   std::string val;                   // optional, same kinds
   std::string format = "auto";       // auto | text | llmc | nanogpt
   std::string order = "sequential";  // sequential | shuffled
@@ -203,6 +221,12 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("resources", "threads", spec.resources.threads);
   f("restart", "max_restarts", spec.restart.max_restarts);
 }
+
+// The training sources of `data`: train_sources when it is a list, else {train, weight 1}.
+std::vector<DataSource> TrainSources(const DataSpec& data);
+// The spec field of source `index` of `data`: "data.train" for a single path, else
+// "data.train[INDEX]" (e.g. in errors about that source's stream).
+std::string TrainSourceField(const DataSpec& data, size_t index);
 
 // The sections of the spec in order: "model", "parallelism", ... "restart".
 const std::vector<std::string>& JobSpecSections();

@@ -287,6 +287,8 @@ class SpecReader {
   Status ReadField(const YAML::Node& value, const std::string& section, const std::string& key,
                    const YAML::Node& key_node, JobSpec& spec) const;
   Status ReadSection(const std::string& section, const YAML::Node& value, JobSpec& spec) const;
+  // data.train written as a list [{path, weight}, ...] (docs/data.md "Mixtures").
+  Status ReadTrainSources(const YAML::Node& list, JobSpec& spec) const;
   // A mapping inside a section whose keys are the fields "group.*" (model.rope_scaling).
   Status ReadGroup(const std::string& section, const std::string& group, const YAML::Node& value,
                    JobSpec& spec) const;
@@ -369,10 +371,70 @@ Status SpecReader::CheckDuplicate(std::map<std::string, YAML::Node>& seen, const
                         : "remove this one or the one on line " + std::to_string(first_line + 1));
 }
 
+Status SpecReader::ReadTrainSources(const YAML::Node& list, JobSpec& spec) const {
+  const std::string where = Where("data.train", list);
+  if (list.size() == 0) {
+    return FieldError("data.train", "the list of sources is empty", where,
+                      "give a path, or a list [{path: PATH, weight: W}, ...]");
+  }
+  if (list.size() > static_cast<size_t>(kMaxDataSources)) {
+    return FieldError("data.train",
+                      "lists " + std::to_string(list.size()) + " sources, over the limit of " +
+                          std::to_string(kMaxDataSources),
+                      where, "merge sources into fewer files or folders");
+  }
+  std::vector<DataSource> sources;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node item = list[i];
+    const std::string field = "data.train[" + std::to_string(i) + "]";
+    const std::string at = Where("data.train", item);
+    if (!item.IsMap()) {
+      return FieldError(field, "expected a mapping {path, weight}, got " + Describe(item), at,
+                        "write each source as {path: PATH, weight: W}");
+    }
+    DataSource source;
+    bool has_path = false;
+    std::map<std::string, YAML::Node> seen;
+    for (auto it = item.begin(); it != item.end(); ++it) {
+      const YAML::Node key = it->first;
+      const std::string name = key.IsScalar() ? key.Scalar() : std::string();
+      MESHRUN_RETURN_IF_ERROR(CheckDuplicate(seen, field + "." + name, key));
+      if (name == "path") {
+        MESHRUN_RETURN_IF_ERROR(ReadValue(
+            it->second, "data", "train[" + std::to_string(i) + "].path", at, source.path));
+        has_path = true;
+      } else if (name == "weight") {
+        bool out_of_range = false;
+        if (!it->second.IsScalar() ||
+            !ParseNumber(it->second.Scalar(), source.weight, out_of_range)) {
+          return FieldError(field + ".weight", "expected a number, got " + Describe(it->second), at,
+                            "write a positive weight such as 0.3");
+        }
+      } else {
+        return FieldError(field + "." + name, "unknown field", LineOf(key),
+                          "a source has the fields 'path' and 'weight'");
+      }
+    }
+    if (!has_path || source.path.empty()) {
+      return FieldError(field + ".path", "required field is missing", at,
+                        "give each source a path: {path: PATH, weight: W}");
+    }
+    sources.push_back(std::move(source));
+  }
+  spec.data.train.clear();
+  spec.data.train_sources = std::move(sources);
+  return OkStatus();
+}
+
 Status SpecReader::ReadField(const YAML::Node& value, const std::string& section,
                              const std::string& key, const YAML::Node& key_node,
                              JobSpec& spec) const {
   const std::string path = PathOf(section, key);
+  // data.train: one path (the table's string), or a list of weighted sources.
+  if (section == "data" && key == "train") {
+    if (value.IsSequence()) return ReadTrainSources(value, spec);
+    spec.data.train_sources.clear();
+  }
   bool found = false;
   Status status;
   ForEachJobSpecField(spec, [&](std::string_view s, std::string_view k, auto& member) {
@@ -461,7 +523,9 @@ Status SpecReader::ReadRoot(const YAML::Node& root, JobSpec& spec) const {
 
 Status SpecReader::Locate(const Status& status, const YAML::Node& root) const {
   const std::string& message = status.message();
-  const std::string path = message.substr(0, message.find(": "));
+  // "data.train[1].weight" is located at data.train.
+  const std::string full = message.substr(0, message.find(": "));
+  const std::string path = full.substr(0, full.find('['));
   const size_t dot = path.find('.');
   const std::string section = path.substr(0, dot);
   // Const lookups only: they never add nodes, and a missing key yields an undefined node.
@@ -736,7 +800,15 @@ std::string JobSpecToYaml(const JobSpec& spec) {
           out << YAML::Key << std::string(dot == std::string_view::npos ? key : key.substr(dot + 1))
               << YAML::Value;
           using T = std::decay_t<decltype(value)>;
-          if constexpr (std::is_same_v<T, bool>) {
+          if (section == "data" && key == "train" && !spec.data.train_sources.empty()) {
+            out << YAML::BeginSeq;
+            for (const DataSource& source : spec.data.train_sources) {
+              out << YAML::Flow << YAML::BeginMap << YAML::Key << "path" << YAML::Value
+                  << source.path << YAML::Key << "weight" << YAML::Value
+                  << FormatDouble(source.weight) << YAML::EndMap;
+            }
+            out << YAML::EndSeq;
+          } else if constexpr (std::is_same_v<T, bool>) {
             out << (value ? "true" : "false");
           } else if constexpr (std::is_floating_point_v<T>) {
             out << FormatDouble(value);

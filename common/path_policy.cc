@@ -212,13 +212,20 @@ Status PathPolicy::ConfineJobSpec(JobSpec* spec, Rewrite rewrite) const {
     std::string* path;
     Access access;
   };
-  const Field fields[] = {
+  std::vector<std::string> source_names;  // "data.train[i]": each source of a mixture
+  for (size_t i = 0; i < spec->data.train_sources.size(); ++i) {
+    source_names.push_back("data.train[" + std::to_string(i) + "]");
+  }
+  std::vector<Field> fields = {
       {"data.train", &spec->data.train, Access::kRead},
       {"data.val", &spec->data.val, Access::kRead},
       {"data.tokenizer", &spec->data.tokenizer, Access::kRead},
       {"model.init_from", &spec->model.init_from, Access::kRead},
       {"checkpoint.dir", &spec->checkpoint.dir, Access::kWrite},
   };
+  for (size_t i = 0; i < source_names.size(); ++i) {
+    fields.push_back({source_names[i].c_str(), &spec->data.train_sources[i].path, Access::kRead});
+  }
   // Check all before rewriting any, so that a refused spec is left as it was.
   std::vector<std::string> rewritten;
   for (const Field& f : fields) {

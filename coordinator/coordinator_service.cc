@@ -37,7 +37,16 @@ Status ConfineSpecPaths(const PathPolicy& paths, v1::JobSpec* proto) {
   spec.data.tokenizer = proto->data().tokenizer();
   spec.model.init_from = proto->model().init_from();
   spec.checkpoint.dir = proto->checkpoint().dir();
+  for (const v1::DataSource& source : proto->data().train_sources()) {
+    spec.data.train_sources.push_back({source.path(), source.weight()});
+  }
   MESHRUN_RETURN_IF_ERROR(paths.ConfineJobSpec(&spec, PathPolicy::Rewrite::kAbsolute));
+  for (int i = 0; i < proto->data().train_sources_size(); ++i) {
+    const std::string& path = spec.data.train_sources[static_cast<size_t>(i)].path;
+    if (proto->data().train_sources(i).path() != path) {
+      proto->mutable_data()->mutable_train_sources(i)->set_path(path);
+    }
+  }
   if (proto->data().train() != spec.data.train) proto->mutable_data()->set_train(spec.data.train);
   if (proto->data().val() != spec.data.val) proto->mutable_data()->set_val(spec.data.val);
   if (proto->data().tokenizer() != spec.data.tokenizer)

@@ -114,6 +114,12 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
 
   const v1::DataSpec& d = p.data();
   SetIfPresent(d.has_train(), d.train(), &s.data.train);
+  for (const v1::DataSource& source : d.train_sources()) {
+    DataSource out;
+    out.path = source.path();
+    if (source.has_weight()) out.weight = source.weight();
+    s.data.train_sources.push_back(std::move(out));
+  }
   SetIfPresent(d.has_val(), d.val(), &s.data.val);
   SetIfPresent(d.has_format(), d.format(), &s.data.format);
   SetIfPresent(d.has_order(), d.order(), &s.data.order);
@@ -184,6 +190,11 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   t->set_activation_checkpointing(s.train.activation_checkpointing);
   v1::DataSpec* d = p.mutable_data();
   d->set_train(s.data.train);
+  for (const DataSource& source : s.data.train_sources) {
+    v1::DataSource* out = d->add_train_sources();
+    out->set_path(source.path);
+    out->set_weight(source.weight);
+  }
   d->set_val(s.data.val);
   d->set_format(s.data.format);
   d->set_order(s.data.order);

@@ -4,6 +4,7 @@
 // gathers anything); loading reads the boxes of this rank's shard from whatever mesh wrote them
 // (resharding).
 #include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -21,6 +22,84 @@ std::string ModelKey(const ParamInfo& p) {
 }
 std::string MomentKey(const char* which, const ParamInfo& p) {
   return std::string("optim/") + which + "/" + p.name;
+}
+
+// The data position of a checkpoint (docs/checkpoints.md): the sources of data.train with
+// their weights and integer quotas, and per source the windows of its stream, the windows taken
+// before `step` and the epoch the next one is in. The position is a function of the step (the
+// order of docs/data.md); it is stored to check a resume against.
+nlohmann::json DataRecord(const JobSpec& spec, const MixtureSampler& sampler, int64_t step) {
+  const std::vector<DataSource> sources = TrainSources(spec.data);
+  const std::vector<int64_t> taken = sampler.CountsBefore(step);
+  nlohmann::json list = nlohmann::json::array();
+  for (size_t i = 0; i < sources.size() && i < taken.size(); ++i) {
+    const int j = static_cast<int>(i);
+    list.push_back({{"path", sources[i].path},
+                    {"weight", sources[i].weight},
+                    {"quota", sampler.quotas()[i]},
+                    {"windows", sampler.num_windows(j)},
+                    {"taken", taken[i]},
+                    {"epoch", sampler.EpochOf(j, taken[i])}});
+  }
+  return {{"mixture", !spec.data.train_sources.empty()},
+          {"order", spec.data.order},
+          {"slot", step * sampler.global_batch()},
+          {"sources", std::move(list)}};
+}
+
+std::string SourcesText(const std::vector<std::pair<std::string, double>>& sources) {
+  std::string out;
+  for (const auto& [path, weight] : sources) {
+    char w[32];
+    std::snprintf(w, sizeof(w), "%g", weight);
+    out += (out.empty() ? "" : ", ") + path + " " + w;
+  }
+  return "[" + out + "]";
+}
+
+// A resume continues the stream the checkpoint was written reading: when either the checkpoint
+// or `spec` reads a mixture (data.train as a list), both must list the same paths in the same
+// order with the same normalized weights (the same integer quotas). A single path resumed with
+// a single path is not checked (as before mixtures: the file may have moved).
+Status CheckResumeData(const nlohmann::json& trainer, const JobSpec& spec,
+                       const std::string& step_dir) {
+  const bool mixture = !spec.data.train_sources.empty();
+  const auto it = trainer.is_object() ? trainer.find("data") : trainer.end();
+  const bool recorded = trainer.is_object() && it != trainer.end() && it->is_object();
+  const bool saved_mixture =
+      recorded && it->contains("mixture") && (*it)["mixture"].is_boolean() && (*it)["mixture"];
+  if (!mixture && !saved_mixture) return OkStatus();
+  std::vector<std::pair<std::string, double>> saved, want;
+  if (recorded && it->contains("sources") && (*it)["sources"].is_array()) {
+    for (const auto& s : (*it)["sources"]) {
+      if (!s.is_object() || !s.contains("path") || !s["path"].is_string() ||
+          !s.contains("weight") || !s["weight"].is_number()) {
+        return DataLossError("checkpoint " + step_dir + ": metadata's data sources are malformed");
+      }
+      saved.emplace_back(s["path"].get<std::string>(), s["weight"].get<double>());
+    }
+  }
+  for (const DataSource& s : TrainSources(spec.data)) want.emplace_back(s.path, s.weight);
+  bool same = saved_mixture && mixture && saved.size() == want.size();
+  if (same) {
+    std::vector<double> a, b;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      same = same && saved[i].first == want[i].first;
+      a.push_back(saved[i].second);
+      b.push_back(want[i].second);
+    }
+    StatusOr<std::vector<int64_t>> qa = MixtureQuotas(a), qb = MixtureQuotas(b);
+    same = same && qa.ok() && qb.ok() && *qa == *qb;
+  }
+  if (same) return OkStatus();
+  const std::string was = !saved_mixture ? "one data.train path (no mixture)" : SourcesText(saved);
+  const std::string now = !mixture ? "one data.train path (no mixture)" : SourcesText(want);
+  return InvalidArgumentError(
+      "data.train: the checkpoint " + step_dir + " was written reading " + was +
+      ", this spec reads " + now +
+      "; resuming would not continue the same stream of windows (hint: resume with the "
+      "data.train the checkpoint was written with, or train this mixture in another folder: "
+      "--set checkpoint.dir=ANOTHER_DIR)");
 }
 
 }  // namespace
@@ -72,6 +151,7 @@ Status Trainer::SaveCheckpoint() {
   // The loss history travels with the checkpoint, so a resumed (or finished) run can report
   // the real loss of its last step.
   nlohmann::json trainer = {{"step", step_}, {"optimizer_step", step_}, {"losses", loss_history_}};
+  trainer["data"] = DataRecord(spec_, *sampler_, step_);
   // What the model trained from says of itself (its type, dtype and special token ids), so
   // `meshrun export` keeps it even when the folder is gone.
   if (!spec_.model.init_from.empty()) {
@@ -120,8 +200,11 @@ Status CheckCheckpointFits(const CheckpointReader& reader, const std::vector<Par
 
 Status CheckResumeFits(const std::string& step_dir, const JobSpec& spec) {
   MESHRUN_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
-  return CheckCheckpointFits(reader, GPT2ParamLayout(GPT2ConfigOf(spec.model)), step_dir,
-                             spec.checkpoint.dir);
+  MESHRUN_RETURN_IF_ERROR(CheckCheckpointFits(reader, GPT2ParamLayout(GPT2ConfigOf(spec.model)),
+                                              step_dir, spec.checkpoint.dir));
+  const nlohmann::json trainer =
+      nlohmann::json::parse(reader.metadata().trainer_json, nullptr, /*allow_exceptions=*/false);
+  return CheckResumeData(trainer, spec, step_dir);
 }
 
 Status Trainer::LoadCheckpoint(const std::string& step_dir) {
@@ -162,6 +245,26 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
     return DataLossError("checkpoint " + step_dir + ": metadata has no trainer step");
   }
   step_ = trainer["step"].get<int64_t>();
+  MESHRUN_RETURN_IF_ERROR(CheckResumeData(trainer, spec_, step_dir));
+  // The per-source counters the checkpoint recorded are the ones the order gives at this step
+  // (when the global batch is the one it was written with: the slot is then the same).
+  if (const auto it = trainer.find("data");
+      it != trainer.end() && it->is_object() &&
+      it->value("slot", nlohmann::json()) == nlohmann::json(step_ * sampler_->global_batch())) {
+    const std::vector<int64_t> counts = sampler_->CountsBefore(step_);
+    const nlohmann::json sources = it->value("sources", nlohmann::json::array());
+    for (size_t i = 0; sources.is_array() && i < sources.size() && i < counts.size(); ++i) {
+      const nlohmann::json taken =
+          sources[i].is_object() ? sources[i].value("taken", nlohmann::json()) : nlohmann::json();
+      if (taken.is_number_integer() && taken.get<int64_t>() != counts[i]) {
+        return DataLossError("checkpoint " + step_dir + ": source " + std::to_string(i) +
+                             " of data.train had given " + std::to_string(taken.get<int64_t>()) +
+                             " windows at step " + std::to_string(step_) +
+                             ", the order of docs/data.md gives " + std::to_string(counts[i]) +
+                             " (hint: resume with the meshrun version that wrote it)");
+      }
+    }
+  }
   resumed_source_.clear();
   if (const auto it = trainer.find("source"); it != trainer.end() && it->is_object()) {
     resumed_source_ = it->dump();

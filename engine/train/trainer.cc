@@ -109,11 +109,19 @@ Status Trainer::Init() {
   // Text read with data.tokenizer comes from the cache under checkpoint.dir when its key
   // matches (`meshrun train` fills it before the ranks start).
   const LoadOptions load = LoadOptionsOf(spec_);
-  MESHRUN_ASSIGN_OR_RETURN(TokenStream train,
-                           LoadTokens(spec_.data.train, spec_.data.format, load));
-  train_data_ = std::make_unique<TokenStream>(std::move(train));
-  MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*train_data_, spec_, "data.train"));
-  MESHRUN_RETURN_IF_ERROR(CheckStreamWindow(*train_data_, spec_, "data.train"));
+  // One stream per source of data.train (one for a single path; docs/data.md "Mixtures").
+  const std::vector<DataSource> sources = TrainSources(spec_.data);
+  std::vector<MixtureSampler::Source> mixture;
+  train_data_.clear();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const std::string field = TrainSourceField(spec_.data, i);
+    MESHRUN_ASSIGN_OR_RETURN(TokenStream train,
+                             LoadTokens(sources[i].path, spec_.data.format, load));
+    train_data_.push_back(std::make_unique<TokenStream>(std::move(train)));
+    MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*train_data_.back(), spec_, field));
+    MESHRUN_RETURN_IF_ERROR(CheckStreamWindow(*train_data_.back(), spec_, field));
+    mixture.push_back({train_data_.back().get(), sources[i].weight});
+  }
   if (!spec_.data.val.empty()) {
     MESHRUN_ASSIGN_OR_RETURN(TokenStream val, LoadTokens(spec_.data.val, spec_.data.format, load));
     val_data_ = std::make_unique<TokenStream>(std::move(val));
@@ -122,10 +130,10 @@ Status Trainer::Init() {
   }
   MESHRUN_ASSIGN_OR_RETURN(Order order, ParseOrder(spec_.data.order));
   MESHRUN_ASSIGN_OR_RETURN(
-      BatchSampler sampler,
-      BatchSampler::Create(train_data_.get(), spec_.model.seq_len, spec_.train.global_batch_size,
-                           static_cast<uint64_t>(spec_.train.seed), order));
-  sampler_ = std::make_unique<BatchSampler>(std::move(sampler));
+      MixtureSampler sampler,
+      MixtureSampler::Create(mixture, spec_.model.seq_len, spec_.train.global_batch_size,
+                             static_cast<uint64_t>(spec_.train.seed), order));
+  sampler_ = std::make_unique<MixtureSampler>(std::move(sampler));
 
   if (!spec_.model.init_from.empty()) {
     // Each rank reads only the slices it holds: its tp shard, and under FSDP its piece of it.

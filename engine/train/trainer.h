@@ -17,6 +17,7 @@
 #include "engine/comm/mesh_comms.h"
 #include "engine/comm/store.h"
 #include "engine/data/batch_sampler.h"
+#include "engine/data/mixture_sampler.h"
 #include "engine/data/token_stream.h"
 #include "engine/model/gpt2.h"
 #include "engine/train/sharding.h"
@@ -154,8 +155,9 @@ class Trainer {
   ModelParallel model_par_;
   std::unique_ptr<ShardedState> shards_;
   std::vector<int32_t> local_in_, local_tg_, local_pos_;
-  std::unique_ptr<TokenStream> train_data_, val_data_;
-  std::unique_ptr<BatchSampler> sampler_;
+  std::vector<std::unique_ptr<TokenStream>> train_data_;  // one per source of data.train
+  std::unique_ptr<TokenStream> val_data_;
+  std::unique_ptr<MixtureSampler> sampler_;
   int64_t step_ = 0;                  // updates done so far
   std::vector<double> loss_history_;  // the loss of every step so far, resumed ones included
   double peak_flops_ = 0;
