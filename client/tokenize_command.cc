@@ -938,7 +938,7 @@ int RunTokenize(const TokenizeFlags& o) {
   }
   if (failure.ok()) {
     ShardEnd last{end_of_last, 0, emitted_before_last};
-    last.skip = 1LL << 62;  // the whole of the last chunk
+    last.skip = static_cast<int64_t>(out.size());  // the whole of the last chunk
     failure = writer.Finish(last);
   }
   if (failure.ok() && !sharded && writer.shards() > 1) {

@@ -81,8 +81,9 @@ def tokenize(meshrun, tok_dir, corpus, out, threads):
     return time.perf_counter() - start
 
 
-def library(tok_json, corpus, eot, meshrun_out):
-    """encode_batch over batches of records; compares with meshrun's shards as it goes."""
+def library(tok_json, corpus, eot, meshrun_out, limit_bytes):
+    """encode_batch over batches of records (those in the first limit_bytes of the corpus);
+    compares with meshrun's shards as it goes (their prefix, when limited)."""
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(tok_json)
     stream = shard_ids(meshrun_out)
@@ -104,11 +105,14 @@ def library(tok_json, corpus, eot, meshrun_out):
             equal = False
         pending = pending[len(ids):]
 
+    read = 0
     with open(corpus, encoding="utf-8") as f:
-        while True:
-            batch = [json.loads(line)["text"] for _, line in zip(range(20000), f)]
-            if not batch:
+        while read < limit_bytes:
+            lines = [line for _, line in zip(range(20000), f)]
+            if not lines:
                 break
+            read += sum(len(line.encode()) for line in lines)
+            batch = [json.loads(line)["text"] for line in lines]
             start = time.perf_counter()
             enc = tok.encode_batch(batch, add_special_tokens=False)
             seconds += time.perf_counter() - start
@@ -117,9 +121,9 @@ def library(tok_json, corpus, eot, meshrun_out):
                 first = False
                 tokens += len(ids)
                 compare(ids)
-    if len(pending) or next(stream, None) is not None:
+    if read >= os.path.getsize(corpus) and (len(pending) or next(stream, None) is not None):
         equal = False
-    return seconds, tokens, equal
+    return seconds, tokens, equal, read
 
 
 def main():
@@ -128,6 +132,8 @@ def main():
     p.add_argument("--mb", type=int, default=1024)
     p.add_argument("--work", default="/tmp/meshrun-bench-tokenize")
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--library-mb", type=int, default=0,
+                   help="run the library on the first M MB of records only (0: all)")
     a = p.parse_args()
     os.makedirs(a.work, exist_ok=True)
     docs = fortune_docs()
@@ -148,8 +154,9 @@ def main():
     tall = tokenize(a.meshrun, tok_dir, corpus, os.path.join(a.work, "all"), 0)
     print(f"(meshrun all cores: {tall:.1f} s)", file=sys.stderr, flush=True)
     eot = json.load(open(os.path.join(tok_dir, "tokenizer.json")))["added_tokens"][0]["id"]
-    lib_s, lib_tokens, equal = library(os.path.join(tok_dir, "tokenizer.json"), corpus, eot,
-                                       os.path.join(a.work, "all"))
+    lib_s, lib_tokens, equal, lib_bytes = library(
+        os.path.join(tok_dir, "tokenizer.json"), corpus, eot, os.path.join(a.work, "all"),
+        a.library_mb * 1000000 if a.library_mb else os.path.getsize(corpus))
 
     print(f"(tokenizers: {lib_s:.1f} s, ids equal {equal})", file=sys.stderr, flush=True)
     # Kill -9 mid-way (after the first shard, at a random point of the run), run again.
@@ -176,20 +183,22 @@ def main():
     manifest = json.load(open(os.path.join(a.work, "all", "manifest.json")))
     tokens = manifest["tokens"]
     mb = size / 1e6
-    rows = [("meshrun tokenize", 1, t1), ("meshrun tokenize", cores, tall),
-            ("tokenizers encode_batch", cores, lib_s)]
+    rows = [("meshrun tokenize", 1, t1, mb), ("meshrun tokenize", cores, tall, mb),
+            ("tokenizers encode_batch", cores, lib_s, lib_bytes / 1e6)]
     print(f"corpus: {mb:.0f} MB JSONL, {tokens:,} tokens, {len(manifest['shards'])} shards; "
           f"{cores} cores, load average {load:.1f} at the start")
-    print(f"{'engine':<24} {'threads':>7} {'seconds':>8} {'MB/s':>7} {'MB/s/core':>9}")
-    for name, th, s in rows:
-        print(f"{name:<24} {th:>7} {s:>8.1f} {mb / s:>7.2f} {mb / s / th:>9.2f}")
-    print(f"ids equal to the library's: {equal} ({lib_tokens:,} vs {tokens:,})")
+    print(f"{'engine':<24} {'threads':>7} {'MB':>7} {'seconds':>8} {'MB/s':>7} {'MB/s/core':>9}")
+    for name, th, s, m in rows:
+        print(f"{name:<24} {th:>7} {m:>7.0f} {s:>8.1f} {m / s:>7.2f} {m / s / th:>9.2f}")
+    print(f"ids equal to the library's: {equal} ({lib_tokens:,} ids of the library over "
+          f"{lib_bytes / 1e6:.0f} MB of records; meshrun {tokens:,} over all)")
     print(f"killed mid-way: {killed_mid_way} with {shards_before} shards written; rerun "
           f"{rerun:.1f} s; same files byte for byte: {same}")
     print(json.dumps({"bench": "tokenize_at_scale", "corpus_mb": round(mb, 1), "tokens": tokens,
                       "cores": cores, "load_average": round(load, 1),
                       "meshrun_1_thread_s": round(t1, 2), "meshrun_all_s": round(tall, 2),
-                      "tokenizers_all_s": round(lib_s, 2), "ids_equal": equal,
+                      "tokenizers_all_s": round(lib_s, 2),
+                      "tokenizers_mb": round(lib_bytes / 1e6, 1), "ids_equal": equal,
                       "killed_mid_way": killed_mid_way, "shards_before_kill": shards_before,
                       "rerun_s": round(rerun, 2), "resumed_same": same}))
     if not a.keep:
