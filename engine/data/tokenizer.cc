@@ -656,4 +656,42 @@ void TokenizerEncoder::RunMerges(std::vector<int32_t>* out) {
   for (int32_t i = 0; i >= 0; i = sym_next_[i]) out->push_back(sym_id_[i]);
 }
 
+// The patterns SafeCut knows: in each, no alternative matches a '\n' followed by a non-space
+// (so a piece boundary always lies after a lone newline before a printable character), and the
+// only look-ahead, \s+(?!\S), gives the one-byte piece "\n" both at the end of a text and before a
+// printable character.
+size_t Tokenizer::SafeCut(std::string_view text, size_t from) const {
+  static const char* const kKnown[] = {
+      kGpt2Pattern,
+      // Llama 3
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+      // Qwen 2
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+  };
+  bool known = !steps_.empty();
+  for (const PreStep& s : steps_) {
+    if (s.add_prefix_space || s.remove_matches) known = false;
+    if (s.regex &&
+        std::find(std::begin(kKnown), std::end(kKnown), s.regex->pattern) == std::end(kKnown)) {
+      known = false;
+    }
+  }
+  for (const AddedToken& a : added_) {
+    if (a.content.find('\n') != std::string::npos) known = false;
+  }
+  if (!known) return std::string_view::npos;
+  auto printable = [](char c) { return c > ' ' && c < 0x7F; };
+  for (size_t p = std::max<size_t>(from, 2); p < text.size(); ++p) {
+    const void* nl = std::memchr(text.data() + p - 1, '\n', text.size() - (p - 1));
+    if (nl == nullptr) break;
+    p = static_cast<size_t>(static_cast<const char*>(nl) - text.data()) + 1;  // just after it
+    if (p < 2 || p >= text.size()) break;
+    if (printable(text[p - 2]) && printable(text[p]) &&
+        !added_first_byte_[static_cast<unsigned char>(text[p])]) {
+      return p;
+    }
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace meshrun

@@ -58,6 +58,16 @@ class Tokenizer {
   std::string Decode(const std::vector<int32_t>& ids) const;
   std::string DecodeOne(int32_t id) const;
 
+  // The first position p >= `from` at which `text` may be cut, encoding text[0, p) and
+  // text[p, ...) apart giving exactly the ids of the whole (`meshrun tokenize` cuts large texts
+  // there to encode the pieces in parallel), or npos when there is none. A cut is only made
+  // after a lone '\n' between two printable ASCII characters (the second not the first byte of
+  // an added token), and only for pre-tokenizers whose patterns never put a newline and the
+  // character after it into one piece nor look past such a newline: GPT-2's, Llama 3's and
+  // Qwen 2's, without add_prefix_space, and no added token holding a newline. Any other
+  // tokenizer has no cut (npos): its texts are encoded whole.
+  size_t SafeCut(std::string_view text, size_t from) const;
+
   ~Tokenizer();
 
  private:

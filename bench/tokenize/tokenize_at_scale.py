@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""`meshrun tokenize` at scale (issue #34): a JSONL corpus of --mb megabytes generated at bench
+time (fortunes documents and random words; never committed), tokenized into shards by
+`meshrun tokenize` on one core (--threads 1) and on all cores, beside the `tokenizers` library's
+encode_batch on all cores (its Rayon pool) over the same records, ids compared token by token;
+then a run killed with SIGKILL mid-way and run again, its files compared byte for byte with the
+uninterrupted run's. Prints a table and one JSON line. Run with the model venv's python:
+
+    build/model-venv/bin/python bench/tokenize/tokenize_at_scale.py --meshrun build/bin/meshrun \
+        [--mb 1024] [--work DIR] [--keep]
+"""
+import argparse
+import filecmp
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tokenize_hf  # noqa: E402
+
+FORTUNES = "/usr/share/games/fortunes"
+
+
+def fortune_docs():
+    docs = []
+    for name in sorted(os.listdir(FORTUNES)):
+        path = os.path.join(FORTUNES, name)
+        if os.path.islink(path) or not os.path.isfile(path) or "." in name:
+            continue
+        try:
+            docs += [d for d in open(path, encoding="utf-8").read().split("\n%\n") if d.strip()]
+        except UnicodeDecodeError:
+            continue
+    return docs
+
+
+def make_corpus(path, mb, docs):
+    """~mb MB of JSONL: records drawn from a pool of the fortunes and 50,000 runs of random words
+    from them (drawn, so generating a gigabyte takes seconds, not an hour)."""
+    rng = random.Random(34)
+    words = " ".join(docs).split()
+    pool = [json.dumps({"text": d, "source": "fortunes"}) + "\n" for d in docs]
+    for _ in range(50000):
+        text = " ".join(rng.choices(words, k=rng.randint(20, 600)))
+        text = text.replace(". ", ".\n", rng.randint(0, 3))
+        pool.append(json.dumps({"text": text, "source": "words"}) + "\n")
+    target = mb * 1000000
+    written = 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < target:
+            batch = "".join(rng.choices(pool, k=1000))
+            f.write(batch)
+            written += len(batch.encode())
+    return written
+
+
+def shard_ids(folder):
+    for p in sorted(glob.glob(os.path.join(folder, "*.bin"))):
+        raw = np.memmap(p, dtype=np.uint8, mode="r")
+        header = raw[:1024].view("<i4")
+        dtype = "<u2" if header[1] == 1 else "<u4"
+        yield raw[1024:].view(dtype)
+
+
+def tokenize(meshrun, tok_dir, corpus, out, threads):
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    r = subprocess.run([meshrun, "tokenize", "--tokenizer", tok_dir, corpus, "-o", out,
+                        "--shard-tokens", "16777216", "--threads", str(threads), "-q"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(r.stderr)
+    return time.perf_counter() - start
+
+
+def library(tok_json, corpus, eot, meshrun_out, limit_bytes):
+    """encode_batch over batches of records (those in the first limit_bytes of the corpus);
+    compares with meshrun's shards as it goes (their prefix, when limited)."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(tok_json)
+    stream = shard_ids(meshrun_out)
+    pending = np.zeros(0, np.uint32)
+    seconds = 0.0
+    tokens = 0
+    equal = True
+    first = True
+
+    def compare(ids):
+        nonlocal pending, equal
+        ids = np.asarray(ids, dtype=np.uint32)
+        while len(pending) < len(ids):
+            nxt = next(stream, None)
+            if nxt is None:
+                break
+            pending = np.concatenate([pending, np.asarray(nxt, dtype=np.uint32)])
+        if len(pending) < len(ids) or not np.array_equal(pending[:len(ids)], ids):
+            equal = False
+        pending = pending[len(ids):]
+
+    read = 0
+    with open(corpus, encoding="utf-8") as f:
+        while read < limit_bytes:
+            lines = [line for _, line in zip(range(20000), f)]
+            if not lines:
+                break
+            read += sum(len(line.encode()) for line in lines)
+            batch = [json.loads(line)["text"] for line in lines]
+            start = time.perf_counter()
+            enc = tok.encode_batch(batch, add_special_tokens=False)
+            seconds += time.perf_counter() - start
+            for e in enc:
+                ids = e.ids if first else [eot] + e.ids
+                first = False
+                tokens += len(ids)
+                compare(ids)
+    if read >= os.path.getsize(corpus) and (len(pending) or next(stream, None) is not None):
+        equal = False
+    return seconds, tokens, equal, read
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--meshrun", required=True)
+    p.add_argument("--mb", type=int, default=1024)
+    p.add_argument("--work", default="/tmp/meshrun-bench-tokenize")
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--library-mb", type=int, default=0,
+                   help="run the library on the first M MB of records only (0: all)")
+    a = p.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    docs = fortune_docs()
+    tok_dir = os.path.join(a.work, "tok")
+    if not os.path.exists(os.path.join(tok_dir, "gpt2", "tokenizer.json")):
+        tokenize_hf.train(tok_dir, docs)
+    tok_dir = os.path.join(tok_dir, "gpt2")
+    corpus = os.path.join(a.work, "corpus.jsonl")
+    if not os.path.exists(corpus) or os.path.getsize(corpus) < a.mb * 1000000:
+        make_corpus(corpus, a.mb, docs)
+    size = os.path.getsize(corpus)
+    cores = len(os.sched_getaffinity(0))
+    load = os.getloadavg()[0]
+
+    t1 = tokenize(a.meshrun, tok_dir, corpus, os.path.join(a.work, "one"), 1)
+    shutil.rmtree(os.path.join(a.work, "one"), ignore_errors=True)
+    print(f"(meshrun --threads 1: {t1:.1f} s)", file=sys.stderr, flush=True)
+    tall = tokenize(a.meshrun, tok_dir, corpus, os.path.join(a.work, "all"), 0)
+    print(f"(meshrun all cores: {tall:.1f} s)", file=sys.stderr, flush=True)
+    eot = json.load(open(os.path.join(tok_dir, "tokenizer.json")))["added_tokens"][0]["id"]
+    lib_s, lib_tokens, equal, lib_bytes = library(
+        os.path.join(tok_dir, "tokenizer.json"), corpus, eot, os.path.join(a.work, "all"),
+        a.library_mb * 1000000 if a.library_mb else os.path.getsize(corpus))
+
+    print(f"(tokenizers: {lib_s:.1f} s, ids equal {equal})", file=sys.stderr, flush=True)
+    # Kill -9 mid-way (after the first shard, at a random point of the run), run again.
+    out = os.path.join(a.work, "resumed")
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [a.meshrun, "tokenize", "--tokenizer", tok_dir, corpus, "-o", out, "--shard-tokens",
+           "16777216", "--threads", "0", "-q"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    while not glob.glob(os.path.join(out, "*.bin")) and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(random.uniform(0.2, 0.6) * tall)
+    killed_mid_way = proc.poll() is None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    shards_before = len(glob.glob(os.path.join(out, "*.bin")))
+    start = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    rerun = time.perf_counter() - start
+    names = sorted(os.listdir(os.path.join(a.work, "all")))
+    same = r.returncode == 0 and names == sorted(os.listdir(out)) and all(
+        filecmp.cmp(os.path.join(a.work, "all", n), os.path.join(out, n), shallow=False)
+        for n in names)
+
+    manifest = json.load(open(os.path.join(a.work, "all", "manifest.json")))
+    tokens = manifest["tokens"]
+    mb = size / 1e6
+    rows = [("meshrun tokenize", 1, t1, mb), ("meshrun tokenize", cores, tall, mb),
+            ("tokenizers encode_batch", cores, lib_s, lib_bytes / 1e6)]
+    print(f"corpus: {mb:.0f} MB JSONL, {tokens:,} tokens, {len(manifest['shards'])} shards; "
+          f"{cores} cores, load average {load:.1f} at the start")
+    print(f"{'engine':<24} {'threads':>7} {'MB':>7} {'seconds':>8} {'MB/s':>7} {'MB/s/core':>9}")
+    for name, th, s, m in rows:
+        print(f"{name:<24} {th:>7} {m:>7.0f} {s:>8.1f} {m / s:>7.2f} {m / s / th:>9.2f}")
+    print(f"ids equal to the library's: {equal} ({lib_tokens:,} ids of the library over "
+          f"{lib_bytes / 1e6:.0f} MB of records; meshrun {tokens:,} over all)")
+    print(f"killed mid-way: {killed_mid_way} with {shards_before} shards written; rerun "
+          f"{rerun:.1f} s; same files byte for byte: {same}")
+    print(json.dumps({"bench": "tokenize_at_scale", "corpus_mb": round(mb, 1), "tokens": tokens,
+                      "cores": cores, "load_average": round(load, 1),
+                      "meshrun_1_thread_s": round(t1, 2), "meshrun_all_s": round(tall, 2),
+                      "tokenizers_all_s": round(lib_s, 2),
+                      "tokenizers_mb": round(lib_bytes / 1e6, 1), "ids_equal": equal,
+                      "killed_mid_way": killed_mid_way, "shards_before_kill": shards_before,
+                      "rerun_s": round(rerun, 2), "resumed_same": same}))
+    if not a.keep:
+        shutil.rmtree(a.work, ignore_errors=True)
+    sys.exit(0 if equal and same else 1)
+
+
+if __name__ == "__main__":
+    main()
