@@ -9,7 +9,7 @@
 #include "engine/data/tokenizer.h"
 
 namespace meshrun {
-namespace {
+namespace sentencepiece_bpe_test {  // named: the unity batch holds other tests' helpers
 
 using json = nlohmann::json;
 using Ids = std::vector<int32_t>;
@@ -208,5 +208,5 @@ TEST(SentencePieceBpeTest, RefusesWhatItCannotReproduce) {
   EXPECT_FALSE(Tokenizer::FromJson(split.dump(), "", "x").ok());
 }
 
-}  // namespace
+}  // namespace sentencepiece_bpe_test
 }  // namespace meshrun
