@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -23,11 +24,33 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr const char* kMixWeb = "/usr/share/games/fortunes/cookie";
-constexpr const char* kMixCode = "/usr/share/games/fortunes/computers";
+// The second source is token shards: the bytes of this file as uint16 ids (the byte-level
+// vocabulary), cut into three llm.c shards read through a glob (docs/data.md "Shards and memory"),
+// so a mixture of a text file and sharded token files is what trains and resumes.
+constexpr const char* kMixCodeText = "/usr/share/games/fortunes/computers";
+std::string* mix_code_glob = nullptr;
 
 std::string MixtureSet(double a, double b) {
   return std::string("data.train=[{path: ") + kMixWeb + ", weight: " + std::to_string(a) +
-         "}, {path: " + kMixCode + ", weight: " + std::to_string(b) + "}]";
+         "}, {path: " + *mix_code_glob + ", weight: " + std::to_string(b) + "}]";
+}
+
+// Writes `text`'s bytes as llm.c version-1 shards DIR/code_00000K.bin (three, unequal).
+void WriteLlmcShards(const std::string& text, const fs::path& dir) {
+  fs::create_directories(dir);
+  const size_t cuts[4] = {0, text.size() / 5, text.size() / 2, text.size()};
+  for (int k = 0; k < 3; ++k) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = 1;
+    header[2] = static_cast<int32_t>(cuts[k + 1] - cuts[k]);
+    std::vector<uint16_t> ids;
+    for (size_t i = cuts[k]; i < cuts[k + 1]; ++i)
+      ids.push_back(static_cast<unsigned char>(text[i]));
+    std::ofstream out(dir / ("code_00000" + std::to_string(k) + ".bin"), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), header.size() * sizeof(int32_t));
+    out.write(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint16_t));
+  }
 }
 
 struct MixRun {
@@ -41,12 +64,16 @@ class MixtureTest : public ::testing::Test {
     char pattern[] = "/tmp/meshrun_mixture_test_XXXXXX";
     ASSERT_NE(mkdtemp(pattern), nullptr);
     temp_ = new fs::path(pattern);
+    WriteLlmcShards(testing::ReadFile(kMixCodeText), *temp_ / "code");
+    mix_code_glob = new std::string((*temp_ / "code" / "code_*.bin").string());
   }
   static void TearDownTestSuite() {
     std::error_code ec;
     fs::remove_all(*temp_, ec);
     delete temp_;
     temp_ = nullptr;
+    delete mix_code_glob;
+    mix_code_glob = nullptr;
   }
 
   // `meshrun train` of tiny.yaml for 6 steps with the 0.7/0.3 mixture (or `train`), shuffled,
@@ -70,6 +97,8 @@ class MixtureTest : public ::testing::Test {
                                      "checkpoint.dir=" + (*temp_ / ckpt).string(),
                                      "--set",
                                      "data.order=shuffled",
+                                     "--set",
+                                     "data.format=auto",
                                      "--set",
                                      "parallelism.dp_shard_size=" + std::to_string(S),
                                      "--set",

@@ -140,7 +140,8 @@ TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
        {"steps", "global_batch_size", "micro_batch_size", "lr", "min_lr", "warmup_steps",
         "weight_decay", "grad_clip", "beta1", "beta2", "eps", "seed", "precision",
         "activation_checkpointing"}},
-      {"data", {"train", "val", "format", "order", "eval_every", "tokenizer"}},
+      // train_sources: data.train's list form (a weighted mixture), train its one-path form.
+      {"data", {"train", "val", "format", "order", "eval_every", "tokenizer", "train_sources"}},
       {"checkpoint", {"dir", "every", "keep", "resume"}},
       {"resources", {"device", "threads"}},
       {"restart", {"max_restarts"}},
