@@ -295,6 +295,26 @@ std::map<std::string, double> RunTorchKernels(const Options& o, std::string* why
   return ms;
 }
 
+// The float32 GEMM peak of MKL, the limit meshrun's GEMM is held to (issue 37): torch.mm at
+// 1024³ with the same threads in the --venv interpreter (PyPI torch runs CPU matmuls on MKL), the
+// fastest of 20 calls after one untimed, in FLOP/s; 0 when the interpreter or torch is missing.
+double MeasureMklPeak(const Options& o, int threads) {
+  const std::string py = o.venv + "/bin/python";
+  if (access(py.c_str(), X_OK) != 0) return 0;
+  const std::string cmd =
+      "OMP_NUM_THREADS=" + std::to_string(threads) + " " + py +
+      " -c 'import time,torch\ntorch.set_num_threads(" + std::to_string(threads) +
+      ")\nn=1024\na=torch.randn(n,n);b=torch.randn(n,n);c=torch.empty(n,n)\n"
+      "torch.mm(a,b,out=c)\nbest=1e9\nfor _ in range(20):\n t=time.perf_counter();"
+      "torch.mm(a,b,out=c);best=min(best,time.perf_counter()-t)\nprint(2*n**3/best)' 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[256];
+  double v = 0;
+  while (std::fgets(buf, sizeof(buf), f) != nullptr) v = std::atof(buf);
+  return pclose(f) == 0 ? v : 0;
+}
+
 const char* Env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? v : "unset";
@@ -447,6 +467,7 @@ int main(int argc, char** argv) {
   // The roofs once more after the kernels, the better of the two kept: on a shared machine a
   // roof measured while someone else held a core would flatter every ratio.
   const double peak = std::max(peak0, MeasureGemmPeak(o));
+  const double mkl_peak = MeasureMklPeak(o, NumThreads());
   const double bandwidth = std::max(bandwidth0, MeasureBandwidth(o));
   auto x_bound = [](const Result& r, double pk, double bw) {
     return r.ms / (std::max(r.flops / pk, r.bytes / bw) * 1e3);
@@ -493,6 +514,15 @@ int main(int argc, char** argv) {
               Env("OMP_WAIT_POLICY"), Env("GOMP_SPINCOUNT"), o.iters);
   std::printf("# roofs: float32 GEMM peak %.1f GFLOP/s, memory bandwidth %.1f GB/s (triad)\n",
               peak / 1e9, bandwidth / 1e9);
+  std::printf("# isa: attention tile GEMM %s; GEMM %s\n", KernelIsa(), gemm);
+  if (mkl_peak > 0) {
+    std::printf(
+        "# limit: MKL sgemm peak %.1f GFLOP/s (torch.mm 1024^3, %d threads, %s/bin/python); "
+        "meshrun's GEMM peak is %.0f%% of it\n",
+        mkl_peak / 1e9, NumThreads(), o.venv.c_str(), 100.0 * peak / mkl_peak);
+  } else {
+    std::printf("# limit: no MKL peak (%s/bin/python with torch is missing)\n", o.venv.c_str());
+  }
   if (o.torch && torch_ms.empty()) std::printf("# no torch column: %s\n", torch_why.c_str());
   const bool have_torch = !torch_ms.empty();
   if (have_torch)
@@ -535,9 +565,10 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "{\"bench\":\"kernels\",\"config\":\"%s\",\"B\":%ld,\"T\":%ld,\"threads\":%d,\"gemm\":\"%s\","
-      "\"cpu\":\"%s\",\"gemm_peak_gflops\":%.2f,\"bandwidth_gbs\":%.2f,\"results\":[",
-      o.config.c_str(), long(o.B), long(o.T), NumThreads(), gemm, cpu.c_str(), peak / 1e9,
-      bandwidth / 1e9);
+      "\"cpu\":\"%s\",\"isa\":\"%s\",\"gemm_peak_gflops\":%.2f,\"mkl_peak_gflops\":%.2f,"
+      "\"bandwidth_gbs\":%.2f,\"results\":[",
+      o.config.c_str(), long(o.B), long(o.T), NumThreads(), gemm, cpu.c_str(), KernelIsa(),
+      peak / 1e9, mkl_peak / 1e9, bandwidth / 1e9);
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bound = std::max(r.flops / peak, r.bytes / bandwidth) * 1e3;
