@@ -3,7 +3,7 @@
 // backward beside its roofline bound on this machine, then one JSON line with the same numbers.
 //
 //   bench_kernels [--config gpt2|mini] [-B batch] [-T seq_len] [-t threads] [-n iters]
-//                 [-w warmup] [--fallback] [--torch] [--venv DIR] [--only NAME]
+//                 [-w warmup] [--fallback] [--torch] [--venv DIR] [--only NAME] [--cpu-time]
 //
 // Times are the best of -n runs (the machine is shared; the best run is the one least
 // disturbed). The roofline bound of a kernel is max(FLOPs / GEMM peak, bytes / bandwidth), with
@@ -14,6 +14,8 @@
 // --torch adds a torch_ms column: the same ops at the same shapes and threads in current torch
 // from PyPI, eager (bench/torch_kernels.py, run with DIR/bin/python right after meshrun's
 // kernels; DIR defaults to the build's torch-venv, made by tests/python/make-venv).
+// --cpu-time (with -t 1) times every kernel and the roofs by the thread's CPU clock, which a
+// loaded machine does not stretch the way it stretches wall time; the MKL peak then too.
 // --fallback runs the Matmul shapes through GemmFallback instead of the build's Gemm backend.
 #include <time.h>
 #include <unistd.h>
@@ -299,14 +301,16 @@ std::map<std::string, double> RunTorchKernels(const Options& o, std::string* why
 // 1024³ with the same threads in the --venv interpreter (PyPI torch runs CPU matmuls on MKL), the
 // fastest of 20 calls after one untimed, in FLOP/s; 0 when the interpreter or torch is missing.
 double MeasureMklPeak(const Options& o, int threads) {
+  const char* clock = o.cpu_time && threads == 1 ? "thread_time" : "perf_counter";
   const std::string py = o.venv + "/bin/python";
   if (access(py.c_str(), X_OK) != 0) return 0;
-  const std::string cmd =
-      "OMP_NUM_THREADS=" + std::to_string(threads) + " " + py +
-      " -c 'import time,torch\ntorch.set_num_threads(" + std::to_string(threads) +
-      ")\nn=1024\na=torch.randn(n,n);b=torch.randn(n,n);c=torch.empty(n,n)\n"
-      "torch.mm(a,b,out=c)\nbest=1e9\nfor _ in range(20):\n t=time.perf_counter();"
-      "torch.mm(a,b,out=c);best=min(best,time.perf_counter()-t)\nprint(2*n**3/best)' 2>/dev/null";
+  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + py +
+                          " -c 'import time,torch\ntorch.set_num_threads(" +
+                          std::to_string(threads) +
+                          ")\nn=1024\na=torch.randn(n,n);b=torch.randn(n,n);c=torch.empty(n,n)\n"
+                          "torch.mm(a,b,out=c)\nbest=1e9\nfor _ in range(20):\n t=time." +
+                          clock + "();torch.mm(a,b,out=c);best=min(best,time." + clock +
+                          "()-t)\nprint(2*n**3/best)' 2>/dev/null";
   FILE* f = popen(cmd.c_str(), "r");
   if (f == nullptr) return 0;
   char buf[256];
@@ -409,6 +413,8 @@ int main(int argc, char** argv) {
       o.fallback = true;
     } else if (a == "--torch") {
       o.torch = true;
+    } else if (a == "--cpu-time") {
+      o.cpu_time = true;
     } else if (a == "--only") {
       if (++i >= argc) {
         std::fprintf(stderr, "error: --only: missing value (hint: e.g. --only attention)\n");
@@ -426,10 +432,14 @@ int main(int argc, char** argv) {
           stderr,
           "error: %s: unknown flag (hint: bench_kernels [--config gpt2|mini] [-B batch] "
           "[-T seq_len] [-t threads] [-n iters] [-w warmup] [--fallback] [--torch] [--venv DIR] "
-          "[--only NAME])\n",
+          "[--only NAME] [--cpu-time])\n",
           a.c_str());
       return 2;
     }
+  }
+  if (o.cpu_time && o.threads != 1) {
+    std::fprintf(stderr, "error: --cpu-time: needs -t 1, got -t %d (hint: add -t 1)\n", o.threads);
+    return 2;
   }
   SetNumThreads(o.threads);
   const double peak0 = MeasureGemmPeak(o);
