@@ -58,17 +58,25 @@ TEST(KernelsOpenBlasCore, ChildSwitchesFromPrescott) {
 }
 
 void RunChild(const std::string& want, bool no512) {
+  const char* old = std::getenv("MESHRUN_NO_AVX512");
+  const std::string saved = old != nullptr ? old : "";
   ::setenv(kChildVar, want.c_str(), 1);
   ::setenv("OPENBLAS_CORETYPE", "Prescott", 1);
-  if (no512) ::setenv("MESHRUN_NO_AVX512", "1", 1);
+  if (no512)
+    ::setenv("MESHRUN_NO_AVX512", "1", 1);
+  else
+    ::unsetenv("MESHRUN_NO_AVX512");
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  const int rc =
-      std::system(("'" + self +
-                   "' --gtest_brief=1 --gtest_filter=KernelsOpenBlasCore.ChildSwitchesFromPrescott")
-                      .c_str());
+  const int rc = std::system(("'" + self +
+                              "' --gtest_brief=1 "
+                              "--gtest_filter=KernelsOpenBlasCore.ChildSwitchesFromPrescott")
+                                 .c_str());
   ::unsetenv(kChildVar);
   ::unsetenv("OPENBLAS_CORETYPE");
-  if (no512) ::unsetenv("MESHRUN_NO_AVX512");
+  if (old != nullptr)
+    ::setenv("MESHRUN_NO_AVX512", saved.c_str(), 1);
+  else
+    ::unsetenv("MESHRUN_NO_AVX512");
   EXPECT_EQ(rc, 0) << "child expecting " << want << (no512 ? " with MESHRUN_NO_AVX512=1" : "");
 }
 
