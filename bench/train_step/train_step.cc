@@ -343,7 +343,7 @@ int main(int argc, char** argv) {
         } else {
           failed[k] =
               columns[k].python + " --mode " + columns[k].mode + " failed (see " + log + ")";
-          std::printf("# %s: %s\n", columns[k].name.c_str(), failed[k].c_str());
+          std::printf("; %s: %s", columns[k].name.c_str(), failed[k].c_str());
         }
       }
       std::printf("; load %.2f\n", LoadAverage());
