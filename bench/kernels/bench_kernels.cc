@@ -3,7 +3,7 @@
 // backward beside its roofline bound on this machine, then one JSON line with the same numbers.
 //
 //   bench_kernels [--config gpt2|mini] [-B batch] [-T seq_len] [-t threads] [-n iters]
-//                 [-w warmup] [--fallback] [--torch] [--venv DIR] [--only NAME]
+//                 [-w warmup] [--fallback] [--torch] [--venv DIR] [--only NAME] [--cpu-time]
 //
 // Times are the best of -n runs (the machine is shared; the best run is the one least
 // disturbed). The roofline bound of a kernel is max(FLOPs / GEMM peak, bytes / bandwidth), with
@@ -14,6 +14,8 @@
 // --torch adds a torch_ms column: the same ops at the same shapes and threads in current torch
 // from PyPI, eager (bench/torch_kernels.py, run with DIR/bin/python right after meshrun's
 // kernels; DIR defaults to the build's torch-venv, made by tests/python/make-venv).
+// --cpu-time (with -t 1) times every kernel and the roofs by the thread's CPU clock, which a
+// loaded machine does not stretch the way it stretches wall time; the MKL peak then too.
 // --fallback runs the Matmul shapes through GemmFallback instead of the build's Gemm backend.
 #include <time.h>
 #include <unistd.h>
@@ -295,6 +297,28 @@ std::map<std::string, double> RunTorchKernels(const Options& o, std::string* why
   return ms;
 }
 
+// The float32 GEMM peak of MKL, the limit meshrun's GEMM is held to (issue 37): torch.mm at
+// 1024³ with the same threads in the --venv interpreter (PyPI torch runs CPU matmuls on MKL), the
+// fastest of 20 calls after one untimed, in FLOP/s; 0 when the interpreter or torch is missing.
+double MeasureMklPeak(const Options& o, int threads) {
+  const char* clock = o.cpu_time && threads == 1 ? "thread_time" : "perf_counter";
+  const std::string py = o.venv + "/bin/python";
+  if (access(py.c_str(), X_OK) != 0) return 0;
+  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + py +
+                          " -c 'import time,torch\ntorch.set_num_threads(" +
+                          std::to_string(threads) +
+                          ")\nn=1024\na=torch.randn(n,n);b=torch.randn(n,n);c=torch.empty(n,n)\n"
+                          "torch.mm(a,b,out=c)\nbest=1e9\nfor _ in range(20):\n t=time." +
+                          clock + "();torch.mm(a,b,out=c);best=min(best,time." + clock +
+                          "()-t)\nprint(2*n**3/best)' 2>/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[256];
+  double v = 0;
+  while (std::fgets(buf, sizeof(buf), f) != nullptr) v = std::atof(buf);
+  return pclose(f) == 0 ? v : 0;
+}
+
 const char* Env(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr ? v : "unset";
@@ -318,12 +342,15 @@ std::string LoadAverage() {
 }
 
 // The "why not within 2×" line of a kernel: x1 is its x_bound on one thread (< 0: not run).
-std::string WhyNotWithin2x(const std::string& name, double x1) {
+// Kernels above this multiple of their bound get a line saying why (issue #37 asks within 1.5x).
+constexpr double kWhyAbove = 1.5;
+
+std::string WhyAboveLimit(const std::string& name, double x1) {
   char head[96] = "";
   if (x1 >= 0) std::snprintf(head, sizeof(head), "1 thread (CPU time) %.2fx; ", x1);
-  if (x1 >= 0 && x1 <= 2) {
+  if (x1 >= 0 && x1 <= kWhyAbove) {
     return std::string(head) +
-           "within 2x on one thread; the gap is the wall clock of two threads on a shared "
+           "within 1.5x on one thread; the gap is the wall clock of two threads on a shared "
            "machine (a core that other work holds stalls what is handed to it)";
   }
   std::string why;
@@ -389,6 +416,8 @@ int main(int argc, char** argv) {
       o.fallback = true;
     } else if (a == "--torch") {
       o.torch = true;
+    } else if (a == "--cpu-time") {
+      o.cpu_time = true;
     } else if (a == "--only") {
       if (++i >= argc) {
         std::fprintf(stderr, "error: --only: missing value (hint: e.g. --only attention)\n");
@@ -406,10 +435,14 @@ int main(int argc, char** argv) {
           stderr,
           "error: %s: unknown flag (hint: bench_kernels [--config gpt2|mini] [-B batch] "
           "[-T seq_len] [-t threads] [-n iters] [-w warmup] [--fallback] [--torch] [--venv DIR] "
-          "[--only NAME])\n",
+          "[--only NAME] [--cpu-time])\n",
           a.c_str());
       return 2;
     }
+  }
+  if (o.cpu_time && o.threads != 1) {
+    std::fprintf(stderr, "error: --cpu-time: needs -t 1, got -t %d (hint: add -t 1)\n", o.threads);
+    return 2;
   }
   SetNumThreads(o.threads);
   const double peak0 = MeasureGemmPeak(o);
@@ -447,21 +480,22 @@ int main(int argc, char** argv) {
   // The roofs once more after the kernels, the better of the two kept: on a shared machine a
   // roof measured while someone else held a core would flatter every ratio.
   const double peak = std::max(peak0, MeasureGemmPeak(o));
+  const double mkl_peak = MeasureMklPeak(o, NumThreads());
   const double bandwidth = std::max(bandwidth0, MeasureBandwidth(o));
   auto x_bound = [](const Result& r, double pk, double bw) {
     return r.ms / (std::max(r.flops / pk, r.bytes / bw) * 1e3);
   };
 
-  // Every kernel above 2× of its bound runs once more on one thread, timed by CPU clock, against
-  // roofs measured the same way: within 2× there, the kernel is fine and the gap is the wall
-  // clock of two threads (on this shared machine, mostly a core another process holds); still
-  // above, it is the kernel itself, and `why` says what.
+  // Every kernel above 1.5× (kWhyAbove) of its bound runs once more on one thread, timed by CPU
+  // clock, against roofs measured the same way: within 1.5× there, the kernel is fine and the gap
+  // is the wall clock of two threads (on this shared machine, mostly a core another process holds);
+  // still above, it is the kernel itself, and `why` says what.
   std::map<std::string, double> x1;  // kernel → x_bound on one thread
   double peak1 = 0, bandwidth1 = 0;
   {
     std::vector<std::string> slow;
     for (const Result& r : results) {
-      if (x_bound(r, peak, bandwidth) > 2) slow.push_back(r.name);
+      if (x_bound(r, peak, bandwidth) > kWhyAbove) slow.push_back(r.name);
     }
     if (!slow.empty() && NumThreads() > 1) {
       const int threads = NumThreads();
@@ -493,6 +527,15 @@ int main(int argc, char** argv) {
               Env("OMP_WAIT_POLICY"), Env("GOMP_SPINCOUNT"), o.iters);
   std::printf("# roofs: float32 GEMM peak %.1f GFLOP/s, memory bandwidth %.1f GB/s (triad)\n",
               peak / 1e9, bandwidth / 1e9);
+  std::printf("# isa: attention tile GEMM %s; GEMM %s\n", KernelIsa(), gemm);
+  if (mkl_peak > 0) {
+    std::printf(
+        "# limit: MKL sgemm peak %.1f GFLOP/s (torch.mm 1024^3, %d threads, %s/bin/python); "
+        "meshrun's GEMM peak is %.0f%% of it\n",
+        mkl_peak / 1e9, NumThreads(), o.venv.c_str(), 100.0 * peak / mkl_peak);
+  } else {
+    std::printf("# limit: no MKL peak (%s/bin/python with torch is missing)\n", o.venv.c_str());
+  }
   if (o.torch && torch_ms.empty()) std::printf("# no torch column: %s\n", torch_why.c_str());
   const bool have_torch = !torch_ms.empty();
   if (have_torch)
@@ -519,10 +562,10 @@ int main(int argc, char** argv) {
   }
   std::printf("%-22s %10.3f %9s %8s %21.3f %8.2f\n", "total", total_ms, "", "", total_bound_ms,
               total_ms / total_bound_ms);
-  // Why each kernel above 2× of its bound is there.
+  // Why each kernel above 1.5× of its bound is there.
   bool any_slow = false;
   for (const Result& r : results) {
-    if (x_bound(r, peak, bandwidth) <= 2) continue;
+    if (x_bound(r, peak, bandwidth) <= kWhyAbove) continue;
     if (!any_slow && !x1.empty()) {
       std::printf(
           "# one thread, CPU time: roofs GEMM %.1f GFLOP/s, bandwidth %.1f GB/s; load average %s\n",
@@ -531,13 +574,14 @@ int main(int argc, char** argv) {
     any_slow = true;
     const auto it = x1.find(r.name);
     std::printf("# why %s is %.2fx of its bound: %s\n", r.name.c_str(), x_bound(r, peak, bandwidth),
-                WhyNotWithin2x(r.name, it == x1.end() ? -1 : it->second).c_str());
+                WhyAboveLimit(r.name, it == x1.end() ? -1 : it->second).c_str());
   }
   std::printf(
       "{\"bench\":\"kernels\",\"config\":\"%s\",\"B\":%ld,\"T\":%ld,\"threads\":%d,\"gemm\":\"%s\","
-      "\"cpu\":\"%s\",\"gemm_peak_gflops\":%.2f,\"bandwidth_gbs\":%.2f,\"results\":[",
-      o.config.c_str(), long(o.B), long(o.T), NumThreads(), gemm, cpu.c_str(), peak / 1e9,
-      bandwidth / 1e9);
+      "\"cpu\":\"%s\",\"isa\":\"%s\",\"gemm_peak_gflops\":%.2f,\"mkl_peak_gflops\":%.2f,"
+      "\"bandwidth_gbs\":%.2f,\"results\":[",
+      o.config.c_str(), long(o.B), long(o.T), NumThreads(), gemm, cpu.c_str(), KernelIsa(),
+      peak / 1e9, mkl_peak / 1e9, bandwidth / 1e9);
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     const double bound = std::max(r.flops / peak, r.bytes / bandwidth) * 1e3;

@@ -127,6 +127,33 @@ bool IsExecutable(const std::string& path) {
   return access(path.c_str(), X_OK) == 0;
 }
 
+// The float32 GEMM peak of MKL on this machine, the limit meshrun's GEMM is held to (issue 37):
+// torch.mm at 1024³ with the same threads (PyPI torch runs CPU matmuls on MKL), the fastest of
+// 20 calls after one untimed, in FLOP/s; 0 when the interpreter or torch is missing.
+double MeasureMklPeak(const std::string& python, int threads) {
+  if (!IsExecutable(python)) return 0;
+  std::ostringstream cmd;
+  cmd << "OMP_NUM_THREADS=" << threads << " " << python
+      << " -c 'import time,torch\ntorch.set_num_threads(" << threads
+      << ")\nn=1024\na=torch.randn(n,n);b=torch.randn(n,n);c=torch.empty(n,n)\n"
+         "torch.mm(a,b,out=c)\nbest=1e9\nfor _ in range(20):\n t=time.perf_counter();"
+         "torch.mm(a,b,out=c);best=min(best,time.perf_counter()-t)\nprint(2*n**3/best)' "
+         "2>/dev/null";
+  FILE* f = popen(cmd.str().c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[256];
+  double v = 0;
+  while (std::fgets(buf, sizeof(buf), f) != nullptr) v = std::atof(buf);
+  return pclose(f) == 0 ? v : 0;
+}
+
+// The 1-minute load average, printed beside each repetition: this bench is often run on shared
+// machines, where a figure means little without it.
+double LoadAverage() {
+  double l[1] = {0};
+  return getloadavg(l, 1) == 1 ? l[0] : -1;
+}
+
 // Runs bench/torch_baseline.py and reads the JSON line it prints last; its stderr goes to
 // `log` (the last run's, for the reason when a column fails).
 bool RunTorch(const TorchColumn& col, const BenchConfig& c, int steps, int warmup, int threads,
@@ -274,9 +301,11 @@ int main(int argc, char** argv) {
       columns.push_back({"debian", debian_python, "eager"});
     }
   }
-  std::printf("# cpu: %s; %d threads; gemm %s; OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n",
-              CpuModel().c_str(), threads, meshrun::cpu::GemmBackend(), Env("OMP_WAIT_POLICY"),
-              Env("GOMP_SPINCOUNT"));
+  std::printf(
+      "# cpu: %s; %d threads; gemm %s; kernel isa %s; OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n",
+      CpuModel().c_str(), threads, meshrun::cpu::GemmBackend(), meshrun::cpu::KernelIsa(),
+      Env("OMP_WAIT_POLICY"), Env("GOMP_SPINCOUNT"));
+  const std::string mkl_python = venv + "/bin/python";
   std::printf("# best of %d interleaved repetitions (each the median of %d steps after %d warmup)",
               repeats, steps, warmup);
   for (const TorchColumn& col : columns) {
@@ -292,7 +321,7 @@ int main(int argc, char** argv) {
   std::stringstream names(configs);
   std::string name;
   bool first = true;
-  double peak = 0;
+  double peak = 0, mkl_peak = 0;
   while (std::getline(names, name, ',')) {
     const BenchConfig c = ConfigNamed(name, seq_len);
     Column mesh;
@@ -300,18 +329,24 @@ int main(int argc, char** argv) {
     std::vector<std::string> failed(columns.size());
     for (int rep = 0; rep < repeats; ++rep) {
       peak = std::max(peak, MeasurePeak());
-      mesh.Add(RunMeshrun(c, steps, warmup).tokens_per_second);
+      if (torch) mkl_peak = std::max(mkl_peak, MeasureMklPeak(mkl_python, threads));
+      const double load = LoadAverage();
+      const double tps = RunMeshrun(c, steps, warmup).tokens_per_second;
+      mesh.Add(tps);
+      std::printf("# %s rep %d: load %.2f; meshrun %.0f tok/s", c.name.c_str(), rep + 1, load, tps);
       for (size_t k = 0; k < columns.size(); ++k) {
         Result t;
         if (!failed[k].empty()) continue;
         if (RunTorch(columns[k], c, steps, warmup, threads, log, &t)) {
           torch_cols[k].Add(t.tokens_per_second);
+          std::printf("; %s %.0f", columns[k].name.c_str(), t.tokens_per_second);
         } else {
           failed[k] =
               columns[k].python + " --mode " + columns[k].mode + " failed (see " + log + ")";
-          std::printf("# %s: %s\n", columns[k].name.c_str(), failed[k].c_str());
+          std::printf("; %s: %s", columns[k].name.c_str(), failed[k].c_str());
         }
       }
+      std::printf("; load %.2f\n", LoadAverage());
       std::fflush(stdout);
     }
     const double flops_per_token = meshrun::GPT2FlopsPerToken(c.model, c.model.max_seq_len);
@@ -320,11 +355,13 @@ int main(int argc, char** argv) {
           << c.batch * c.model.max_seq_len << std::fixed << std::setprecision(0) << std::setw(10)
           << mesh.best << std::setw(6) << std::setprecision(0)
           << 100.0 * (mesh.best - mesh.worst) / mesh.best << "%" << std::setprecision(1)
-          << std::setw(8) << tflops * 1e3 << std::setw(7) << 100.0 * tflops * 1e12 / peak << "%";
+          << std::setw(8) << tflops * 1e3 << std::setw(7) << 100.0 * tflops * 1e12 / peak << "%"
+          << std::setw(7) << (mkl_peak > 0 ? 100.0 * tflops * 1e12 / mkl_peak : 0.0) << "%";
     json << (first ? "" : ",") << "{\"config\":\"" << c.name
          << "\",\"seq_len\":" << c.model.max_seq_len << ",\"batch\":" << c.batch
          << ",\"tokens_per_second\":" << mesh.best << ",\"tokens_per_second_worst\":" << mesh.worst
-         << ",\"tflops\":" << tflops << ",\"mfu\":" << tflops * 1e12 / peak;
+         << ",\"tflops\":" << tflops << ",\"mfu\":" << tflops * 1e12 / peak
+         << ",\"mfu_mkl\":" << (mkl_peak > 0 ? tflops * 1e12 / mkl_peak : 0.0);
     for (size_t k = 0; k < columns.size(); ++k) {
       const Column& t = torch_cols[k];
       table << std::setprecision(0) << std::setw(10) << t.best << std::setw(6)
@@ -337,10 +374,16 @@ int main(int argc, char** argv) {
     json << "}";
     first = false;
   }
-  json << "],\"gemm_peak_gflops\":" << peak / 1e9 << "}";
+  json << "],\"gemm_peak_gflops\":" << peak / 1e9 << ",\"mkl_peak_gflops\":" << mkl_peak / 1e9
+       << ",\"kernel_isa\":\"" << meshrun::cpu::KernelIsa() << "\",\"gemm\":\""
+       << meshrun::cpu::GemmBackend() << "\"}";
   std::printf("# float32 GEMM peak (512^3 and 1024^3, best over the run): %.1f GFLOP/s\n",
               peak / 1e9);
-  std::printf("%-10s%7s%10s%7s%8s%8s", "config", "tokens", "meshrun", "±", "GFLOP/s", "MFU");
+  std::printf("# MKL sgemm peak (torch.mm 1024^3, %d threads, best over the run): %.1f GFLOP/s%s\n",
+              threads, mkl_peak / 1e9,
+              mkl_peak > 0 ? "" : " (no PyPI torch: MFU/MKL not measured)");
+  std::printf("%-10s%7s%10s%7s%8s%8s%8s", "config", "tokens", "meshrun", "±", "GFLOP/s", "MFU",
+              "MFU/MKL");
   for (const TorchColumn& col : columns) {
     std::printf("%10s%7s%7s", col.name.c_str(), "±", "ratio");
   }

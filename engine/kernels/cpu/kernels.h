@@ -34,15 +34,21 @@ void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, 
 template <typename T>
 void GemmFallback(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
                   int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc);
-// What Gemm and Matmul use, for the rank's start-up log: "openblas (<core>)", or "fallback"
-// followed by why in parentheses. An OpenBLAS too old to know this CPU runs SSE3 kernels
-// (core "Prescott"), slower than GemmFallback; Gemm then uses GemmFallback instead.
+// What Gemm and Matmul use, for the rank's start-up log: "openblas (<core>)", with
+// ", selected by meshrun; OpenBLAS chose <core>" when the first Gemm switched OpenBLAS's core, or
+// "fallback" followed by why in parentheses. An OpenBLAS too old to know this CPU loads SSE3
+// kernels (core "Prescott"); the first Gemm switches it to SkylakeX on AVX-512 CPUs and Haswell on
+// AVX2 ones (Haswell also where MESHRUN_NO_AVX512=1) unless OPENBLAS_CORETYPE is set, and uses
+// GemmFallback where that fails (decision 0041).
 const char* GemmBackend();
 // The OPENBLAS_CORETYPE that makes OpenBLAS use this CPU's vector units ("SkylakeX" or
-// "Haswell"), or "" when its own detection is right, the variable is already set, or there is
-// no OpenBLAS. OpenBLAS reads the variable only when it loads, so launchers set it in the
-// environment of the rank processes they start.
+// "Haswell") when the first Gemm could not switch OpenBLAS to it itself, or "" when OpenBLAS's
+// core is right, the variable is already set, or there is no OpenBLAS.
 const char* OpenBlasCoreTypeHint();
+// The instruction set of attention's tile GEMM: "avx512", "avx2" (also where
+// MESHRUN_NO_AVX512=1) or "sse2" (MESHRUN_FORCE_SCALAR=1). The e^x, GELU and softmax row loops
+// are AVX2 at most (simd.h).
+const char* KernelIsa();
 
 // The rate of MatmulForward at 512³ (0.27 GFLOP; the fastest of ≥ 10 calls over ≥ 60 ms, after
 // one untimed call) with the current threads, in FLOP/s: near the GEMM's steady rate and short

@@ -9,9 +9,11 @@
 
 #include "engine/kernels/cpu/kernel_internal.h"
 #include "engine/kernels/cpu/kernels.h"
+#include "engine/kernels/cpu/tile_gemm.h"
 
 #ifdef MESHRUN_HAVE_OPENBLAS
 #include <cblas.h>
+#include <dlfcn.h>
 #endif
 #ifdef _OPENMP
 #include <omp.h>
@@ -21,8 +23,9 @@ namespace meshrun::cpu {
 namespace {
 
 #ifdef MESHRUN_HAVE_OPENBLAS
-// OpenBLAS (DYNAMIC_ARCH) picks its kernels from the CPU model; versions older than the CPU
-// fall back to "Prescott" (SSE3), which runs at a fraction of GemmFallback's speed.
+// OpenBLAS (DYNAMIC_ARCH) picks its kernels from the CPU model when it loads; releases older than
+// the CPU model fall back to "Prescott" (SSE3), which runs at a quarter of this CPU's GEMM rate
+// (0.3.21 on a Sapphire Rapids model: Prescott; decision 0041).
 struct BlasChoice {
   bool use_blas = true;
   std::string description;
@@ -36,32 +39,71 @@ bool CoreHasAvx2(const std::string& core) {
   return false;
 }
 
+bool CoreHasAvx512(const std::string& core) {
+  return core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
+}
+
+// Re-runs OpenBLAS's core choice with OPENBLAS_CORETYPE=want, the variable it reads when it loads:
+// gotoblas_dynamic_quit and gotoblas_dynamic_init are what its load and unload run, exported by
+// DYNAMIC_ARCH builds (looked up at run time, so a build against a single-core OpenBLAS still
+// links and keeps its core). Called once, from the first Gemm, before meshrun's first BLAS call.
+// The variable is set only for the call and removed after, so the process's environment (and
+// every child's) stays the user's. True when OpenBLAS now reports the core asked for.
+bool SelectOpenBlasCore(const std::string& want) {
+  using Fn = void (*)();
+  auto quit = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit"));
+  auto init = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init"));
+  if (quit == nullptr || init == nullptr) return false;
+  ::setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
+  quit();
+  init();
+  ::unsetenv("OPENBLAS_CORETYPE");
+  return want == openblas_get_corename();
+}
+
+bool EnvIs1(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "1";
+}
+
 BlasChoice ChooseBlas() {
   BlasChoice c;
 #ifdef _OPENMP
   openblas_set_num_threads(1);  // even when SetNumThreads is never called (BlasPanels)
 #endif
-  const std::string core = openblas_get_corename();
-  std::string hint;
+  const std::string loaded = openblas_get_corename();
+  std::string core = loaded;
+  std::string hint, selected;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
-    if (avx512 && core != "SkylakeX" && core != "Cooperlake" && core != "SapphireRapids") {
+  // The AVX2 path on an AVX-512 CPU (MESHRUN_NO_AVX512=1, as for the tile GEMM) is OpenBLAS's
+  // Haswell core; MESHRUN_FORCE_SCALAR=1 changes nothing here (OpenBLAS is not meshrun's SIMD).
+  const bool no512 = EnvIs1("MESHRUN_NO_AVX512");
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {  // set by the user: theirs to choose
+    if (avx512 && !no512 && !CoreHasAvx512(core)) {
       hint = "SkylakeX";
-    } else if (avx2 && !CoreHasAvx2(core)) {
+    } else if (avx2 && (!CoreHasAvx2(core) || (no512 && CoreHasAvx512(core)))) {
       hint = "Haswell";
     }
   }
+  if (!hint.empty() && SelectOpenBlasCore(hint)) {
+    selected = hint;
+    hint.clear();
+  }
+  core = openblas_get_corename();
 #ifdef __AVX2__
   // GemmFallback is compiled for AVX2 or better: prefer it to an OpenBLAS stuck below AVX2.
   c.use_blas = !(avx2 && !CoreHasAvx2(core));
 #endif
 #endif
   if (c.use_blas) {
-    c.description = "openblas (" + core + ")";
+    c.description =
+        "openblas (" + core +
+        (selected.empty() ? std::string() : ", selected by meshrun; OpenBLAS chose " + loaded) +
+        ")";
   } else {
     c.description = "fallback (OpenBLAS chose core " + core +
                     " for this CPU; set OPENBLAS_CORETYPE=" + hint + " to use it)";
@@ -147,6 +189,10 @@ const char* OpenBlasCoreTypeHint() {
 #else
   return "";
 #endif
+}
+
+const char* KernelIsa() {
+  return internal::TileGemmIsa();
 }
 
 template <typename T>

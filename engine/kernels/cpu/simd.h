@@ -21,6 +21,9 @@ namespace meshrun::cpu::simd {
 // True when this CPU has AVX2 and FMA (checked once); MESHRUN_FORCE_SCALAR=1 in the
 // environment turns the AVX2 paths off, so the tests and benchmarks can compare the two.
 bool HasAvx2();
+// True when HasAvx2() and the CPU has AVX-512F, unless MESHRUN_NO_AVX512=1: ExpShiftSum,
+// ExpShift and the GELU rows then run 16 lanes (decision 0041).
+bool HasAvx512();
 
 #if MESHRUN_SIMD_X86
 

@@ -22,7 +22,7 @@ std::vector<float> Values(int64_t n, uint32_t seed, float lo, float hi) {
 }
 
 TEST(Simd, ReportsWhichPathRuns) {
-  std::printf("simd path: %s\n", HasAvx2() ? "avx2+fma" : "scalar");
+  std::printf("simd path: %s\n", HasAvx512() ? "avx512" : HasAvx2() ? "avx2+fma" : "scalar");
 }
 
 TEST(Simd, RowMaxAndExpShiftSumMatchFloat64AtEveryLength) {
