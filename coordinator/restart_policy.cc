@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <vector>
 
-#include "common/job_spec.h"
 #include "common/escape.h"
+#include "common/job_spec.h"
 #include "engine/io/checkpoint.h"
 
 namespace meshrun::coordinator {
