@@ -24,6 +24,7 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "tests/coordinator/test_util.h"
 #include "tests/fakes/fake_grpc_worker.h"
+#include "tests/integration/mutual_tls_coordinator.h"
 #include "tests/integration/test_certs.h"
 
 namespace meshrun {
@@ -62,15 +63,9 @@ class AdversaryBudgetTest : public ::testing::Test {
     if (!skip_.empty()) GTEST_SKIP() << skip_;
     const std::string token_file = (fs::path(state_.path()) / "tokens").string();
     std::ofstream(token_file) << kBudgetToken << "\n";
-    coordinator::CoordinatorConfig config;
-    config.listen = "127.0.0.1:0";
+    coordinator::CoordinatorConfig config =
+        testing::MutualTlsConfig(*certs_, (fs::path(state_.path()) / "state").string(), token_file);
     config.metrics_listen = "127.0.0.1:0";
-    config.state_dir = (fs::path(state_.path()) / "state").string();
-    config.heartbeat_timeout = 30s;
-    config.tls.cert = certs_->cert("coordinator");
-    config.tls.key = certs_->key("coordinator");
-    config.tls.ca = certs_->ca();
-    config.token_file = token_file;
     auto server = coordinator::CoordinatorServer::Start(config);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(server).value();
@@ -83,16 +78,7 @@ class AdversaryBudgetTest : public ::testing::Test {
   }
 
   std::shared_ptr<grpc::Channel> Channel(const std::string& client) {
-    TlsFiles files;
-    files.ca = certs_->ca();
-    if (!client.empty()) {
-      files.cert = certs_->cert(client);
-      files.key = certs_->key(client);
-    }
-    StatusOr<TlsMaterial> material = LoadTls(files, false, true);
-    EXPECT_TRUE(material.ok()) << material.status().ToString();
-    // gRPC's default 4 MiB receive limit, as any client has.
-    return grpc::CreateChannel(address_, ChannelCredentials(&*material));
+    return testing::MutualTlsChannel(*certs_, address_, client);
   }
   void Authorize(grpc::ClientContext* ctx) {
     ctx->set_deadline(std::chrono::system_clock::now() + 20s);

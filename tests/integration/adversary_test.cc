@@ -22,6 +22,7 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "tests/coordinator/test_util.h"
 #include "tests/fakes/fake_grpc_worker.h"
+#include "tests/integration/mutual_tls_coordinator.h"
 #include "tests/integration/test_certs.h"
 
 namespace meshrun {
@@ -57,14 +58,8 @@ class AdversaryTest : public ::testing::Test {
 
   // TLS with client certificates and tokens; `adjust` changes the limits first.
   void StartServer(const std::function<void(coordinator::CoordinatorConfig&)>& adjust = {}) {
-    coordinator::CoordinatorConfig config;
-    config.listen = "127.0.0.1:0";
-    config.state_dir = (fs::path(state_.path()) / "state").string();
-    config.heartbeat_timeout = 30s;
-    config.tls.cert = certs_->cert("coordinator");
-    config.tls.key = certs_->key("coordinator");
-    config.tls.ca = certs_->ca();
-    config.token_file = token_file_;
+    coordinator::CoordinatorConfig config = testing::MutualTlsConfig(
+        *certs_, (fs::path(state_.path()) / "state").string(), token_file_);
     if (adjust) adjust(config);
     auto server = coordinator::CoordinatorServer::Start(config);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
@@ -74,24 +69,11 @@ class AdversaryTest : public ::testing::Test {
   }
 
   std::shared_ptr<grpc::Channel> Channel(const std::string& client) {
-    TlsFiles files;
-    files.ca = certs_->ca();
-    if (!client.empty()) {
-      files.cert = certs_->cert(client);
-      files.key = certs_->key(client);
-    }
-    StatusOr<TlsMaterial> material = LoadTls(files, false, true);
-    EXPECT_TRUE(material.ok()) << material.status().ToString();
-    return grpc::CreateChannel(address_, ChannelCredentials(&*material));
+    return testing::MutualTlsChannel(*certs_, address_, client);
   }
 
   std::unique_ptr<testing::FakeGrpcWorker> Worker(const std::string& name, int slots) {
-    auto w = std::make_unique<testing::FakeGrpcWorker>(Channel(name), name, slots);
-    grpc::Status s = w->Register();
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    w->Open();
-    EXPECT_TRUE(w->WaitAccepted());
-    return w;
+    return testing::RegisteredWorker(Channel(name), name, slots);
   }
 
   grpc::Status Submit(const v1::SubmitJobRequest& request, std::string* id = nullptr,
