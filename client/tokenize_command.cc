@@ -33,6 +33,7 @@
 #include "client/coordinator_client.h"
 #include "common/atomic_file.h"
 #include "common/crc32.h"
+#include "common/dir_lock.h"
 #include "engine/data/token_stream.h"
 #include "engine/data/tokenizer.h"
 
@@ -718,6 +719,7 @@ int RunTokenize(const TokenizeFlags& o) {
     return WriteFileAtomic(manifest_path, m.dump(1) + "\n");
   };
 
+  std::unique_ptr<DirLock> dir_lock;  // held for the whole run
   if (sharded) {
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -726,6 +728,18 @@ int RunTokenize(const TokenizeFlags& o) {
                                               " is not a folder this process can create (hint: "
                                               "with --shard-tokens, -o names a folder)"));
     }
+    // One run per folder: a second would delete the first's partial shards and rewrite its
+    // manifest under it.
+    DirLockHolder holder;
+    StatusOr<std::unique_ptr<DirLock>> lock =
+        DirLock::TryAcquire(dir, ThisProcess("meshrun tokenize"), &holder);
+    if (!lock.ok() && lock.status().code() == StatusCode::kAlreadyExists) {
+      return ReportError(
+          InvalidArgumentError("-o: " + dir + " is in use by another run, " + holder.Describe() +
+                               " (hint: wait for it to end, or choose another -o folder)"));
+    }
+    if (!lock.ok()) return ReportError(lock.status());
+    dir_lock = std::move(lock).value();
     // Leftovers of an interrupted run: partial shards and manifest temporaries.
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
@@ -779,7 +793,10 @@ int RunTokenize(const TokenizeFlags& o) {
         emitted = e.emitted_before;
         for (const ShardRecord& s : shards) done_tokens += s.tokens;
       }
-    } else if (!fs::is_empty(dir, ec)) {
+    } else if (std::any_of(fs::directory_iterator(dir, ec), fs::directory_iterator(),
+                           [](const fs::directory_entry& e) {
+                             return e.path().filename() != kDirLockFile;
+                           })) {
       return ReportError(InvalidArgumentError(
           "-o: " + dir + " is not empty and has no " + kManifest +
           " (hint: choose a new or empty folder; a folder tokenize wrote resumes from its "

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/crc32.h"
+#include "common/dir_lock.h"
 #include "engine/data/token_stream.h"
 #include "engine/data/tokenizer.h"
 #include "tests/client/cli_runner.h"
@@ -350,6 +351,7 @@ TEST_F(TokenizeShardsTest, KilledMidWayAndRunAgainGivesTheSameFiles) {
     std::sort(got.begin(), got.end());
     EXPECT_EQ(got, names);  // no partial shard or temporary left
     for (const std::string& n : names) {
+      if (n == kDirLockFile) continue;  // who held the folder: this run's pid, not ref's
       EXPECT_EQ(ReadFile(out / n), ReadFile(ref / n)) << n << " (attempt " << attempt << ")";
     }
   }
@@ -377,6 +379,19 @@ TEST_F(TokenizeShardsTest, KilledMidWayAndRunAgainGivesTheSameFiles) {
   EXPECT_NE(r.err.find("manifest.json is of another run (its shard_tokens differ)"),
             std::string::npos)
       << r.err;
+  // A second process on the folder while one runs: refused, naming the holder, nothing touched.
+  {
+    StatusOr<std::unique_ptr<DirLock>> held =
+        DirLock::TryAcquire(out.string(), ThisProcess("meshrun tokenize"));
+    ASSERT_TRUE(held.ok()) << held.status().ToString();
+    r = RunCli(meshrun_, args(out, 2), dir_ / "stderr.txt", 120);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("is in use by another run, pid " + std::to_string(getpid())),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_EQ(Shards(out, 5000), ids);
+  EXPECT_EQ(ReadFile(out / "manifest.json"), ReadFile(ref / "manifest.json"));
 }
 
 }  // namespace
