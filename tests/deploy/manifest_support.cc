@@ -24,6 +24,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+}  // namespace
+
 std::string ShellQuote(const std::string& s) {
   std::string out = "'";
   for (char c : s) {
@@ -35,19 +37,6 @@ std::string ShellQuote(const std::string& s) {
   }
   return out + "'";
 }
-
-std::optional<std::string> FindOnPath(const std::string& name) {
-  const char* path = std::getenv("PATH");
-  std::istringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
-  std::string dir;
-  while (std::getline(dirs, dir, ':')) {
-    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return std::nullopt;
-}
-
-}  // namespace
 
 std::string Str(const YAML::Node& node) {
   return node && node.IsScalar() ? node.as<std::string>() : std::string();
@@ -77,13 +66,12 @@ CommandResult RunCommand(const std::string& command) {
   return result;
 }
 
-std::optional<Rendered> RenderWithKubectl(const std::string& dir, std::string* error) {
-  const auto kubectl = FindOnPath("kubectl");
-  if (!kubectl) return std::nullopt;
+Rendered RenderWithKubectl(const std::string& kubectl, const std::string& dir, std::string* error) {
   Rendered rendered;
   rendered.source = "kubectl kustomize " + dir;
   const CommandResult r =
-      RunCommand(ShellQuote(*kubectl) + " kustomize " + ShellQuote(dir) + " 2>&1");
+      RunCommand(ShellQuote(kubectl) + " kustomize " + ShellQuote(dir) + " 2>&1");
+  rendered.text = r.out;
   if (r.status != 0) {
     *error = rendered.source + " failed (exit " + std::to_string(r.status) + "): " + r.out;
     return rendered;

@@ -20,11 +20,11 @@ namespace meshrun::deploy_test {
 struct Rendered {
   std::string source;  // e.g. "kubectl kustomize deploy/k8s/overlays/cpu"
   std::vector<YAML::Node> objects;
+  std::string text;  // the YAML stream as kubectl printed it ("" for the tests' renderer)
 };
 
-// `kubectl kustomize DIR`; nullopt when kubectl is not on PATH. `error` is set when it ran and
-// failed.
-std::optional<Rendered> RenderWithKubectl(const std::string& dir, std::string* error);
+// `KUBECTL kustomize DIR` (KUBECTL: the path of a kubectl binary). `error` is set when it failed.
+Rendered RenderWithKubectl(const std::string& kubectl, const std::string& dir, std::string* error);
 
 // DIR rendered by the tests' own kustomize subset (tests/deploy/kustomize.h): resources,
 // namespace, labels, images, replacements and the patches the overlays use. Needs no kubectl.
@@ -97,5 +97,7 @@ struct CommandResult {
   std::string out;
 };
 CommandResult RunCommand(const std::string& command);
+// S quoted for a POSIX shell ('…', with ' written '\'').
+std::string ShellQuote(const std::string& s);
 
 }  // namespace meshrun::deploy_test

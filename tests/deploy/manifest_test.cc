@@ -4,11 +4,11 @@
 // container's --listen / --metrics-listen / --health-listen flags make it listen on; the
 // addresses the daemons dial name a Service that leads to those ports. They run on the
 // renderings of the base and both overlays by the tests' own kustomize subset
-// (tests/deploy/kustomize.h: no kubectl needed), and ManifestKubectl checks that kubectl
-// kustomize, where one that can build deploy/k8s is installed, renders the same objects
-// (docs/decisions/0006-manifest-validation.md). The Dockerfiles are checked against the tree in
-// manifest_docker_test.cc, the daemons started with the manifests' arguments in
-// manifest_daemons_test.cc.
+// (tests/deploy/kustomize.h: no kubectl needed); manifest_kubectl_test.cc renders them with the
+// real kubectl of the tests' virtual environment, requires the same objects and validates them
+// strictly against the Kubernetes schemas (docs/decisions/0046-kubectl-from-pypi.md). The
+// Dockerfiles are checked against the tree in manifest_docker_test.cc, the daemons started with the
+// manifests' arguments in manifest_daemons_test.cc.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -306,42 +306,6 @@ TEST(ManifestStatic, RenderingsPass) {
     ASSERT_NE(FindContainer(Containers(r), "meshrun-coordinator"), nullptr) << r.source;
     ASSERT_NE(FindContainer(Containers(r), "meshrun-worker"), nullptr) << r.source;
     ExpectNoProblems(r);
-  }
-}
-
-// kubectl kustomize, where installed and new enough to build deploy/k8s (Debian's kubectl 1.20
-// is not), renders exactly the objects of the tests' renderer: the cross-check that the subset
-// implements what the manifests use as kustomize does. Skipped (reported so) otherwise.
-TEST(ManifestKubectl, RendersTheSameObjectsAsTheTestsRenderer) {
-  for (const std::string sub : kRenderings) {
-    std::string error;
-    const auto kubectl = RenderWithKubectl(K8sDir(sub), &error);
-    if (!kubectl)
-      GTEST_SKIP() << "kubectl is not on PATH: deploy/k8s is checked on the tests' "
-                      "own rendering only";
-    if (!error.empty()) {
-      GTEST_SKIP() << "this kubectl cannot build deploy/k8s (its kustomize is too old?), so "
-                      "only the tests' own rendering is checked: "
-                   << error.substr(0, 300);
-    }
-    const Rendered ours = RenderManifests(K8sDir(sub), &error);
-    ASSERT_EQ(error, "");
-    auto key = [](const YAML::Node& o) {
-      return Str(o["kind"]) + "/" + Str(o["metadata"]["namespace"]) + "/" +
-             Str(o["metadata"]["name"]);
-    };
-    std::map<std::string, YAML::Node> theirs;
-    for (const auto& o : kubectl->objects) theirs[key(o)] = o;
-    EXPECT_EQ(ours.objects.size(), theirs.size()) << kubectl->source;
-    for (const auto& o : ours.objects) {
-      auto it = theirs.find(key(o));
-      if (it == theirs.end()) {
-        ADD_FAILURE() << kubectl->source << " has no " << key(o);
-        continue;
-      }
-      EXPECT_EQ(YamlDifference(o, it->second), "")
-          << key(o) << ": the tests' renderer and " << kubectl->source << " differ";
-    }
   }
 }
 
