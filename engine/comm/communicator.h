@@ -1,4 +1,4 @@
-// The one interface every collective in meshrun goes through (STYLE habit 5): a Communicator
+// The one interface every collective in meshrun goes through: a Communicator
 // for one process group (one mesh axis group), and the CommBackend that builds communicators
 // from a Store. Backends: fake_backend.h (threads in one process, for tests) and
 // gloo_backend.h (TCP, CPU). The training step never names a backend.
