@@ -180,7 +180,7 @@ TEST(AttentionMasksSpecTest, DocumentMaskingNeedsAnEndOfTextTokenAndAKnownValue)
     std::ofstream(dir / "data.txt") << std::string(4000, 'a');
     std::ofstream(dir / "job.yaml")
         << "model: {n_layer: 1, n_head: 2, d_model: 16, seq_len: 16}\n"
-        << "train: {steps: 1, global_batch_size: 2, micro_batch_size: 1}\n"
+        << "train: {steps: 1, warmup_steps: 1, global_batch_size: 2, micro_batch_size: 1}\n"
         << "data: {train: " << (dir / "data.txt").string() << ", attention: document}\n";
   }
   // Byte-level text has no end-of-text token.
