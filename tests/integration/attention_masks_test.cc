@@ -7,7 +7,7 @@
 //  - data.attention: document with a tiny Llama and a tiny GPT-2 (end-of-text id 2 from their
 //    config.json): the first-step loss equals a block-diagonal causal mask with positions
 //    restarting per document (≤ 1e-5), and cp 2 (ring) × tp 2, cp 2 (allgather), dp_shard 2
-//    equal one rank at every step;
+//    and selective recompute equal one rank at every step;
 //  - data.attention: document with nothing that names the end-of-text token, or a value that
 //    is not causal|document: exit 2 naming data.attention.
 // Skips, saying why, only when the venv cannot be made (no python3-venv, PyPI unreachable).
@@ -166,6 +166,9 @@ TEST_F(AttentionMasksTest, DocumentMaskingMatchesABlockDiagonalReferenceOnEveryM
                  model + " cp 2 (allgather)");
     ExpectLosses(Train(spec, 2, {"parallelism.dp_shard_size=2"}), one, 1e-5, 1e-5,
                  model + " dp_shard 2");
+    // Recompute runs the masked attention again in the backward.
+    ExpectLosses(Train(spec, 1, {"train.activation_checkpointing=selective"}), one, 1e-5, 1e-5,
+                 model + " selective recompute");
   }
 }
 
