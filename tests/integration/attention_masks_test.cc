@@ -146,6 +146,33 @@ TEST_F(AttentionMasksTest, MistralSlidingWindowMatchesTransformersOnOneRankAndUn
                "mistral cp 2 (allgather)");
 }
 
+TEST_F(AttentionMasksTest, MistralExportKeepsItsWindowAndLoadsBack) {
+  const fs::path spec = WriteSpec("mistral-export", "mistral", "causal");
+  const fs::path ckpt = dir_ / "ckpt-mistral-export";
+  ASSERT_EQ(
+      Train(spec, 1, {"checkpoint.dir=" + ckpt.string(), "train.steps=1", "train.warmup_steps=1"})
+          .size(),
+      1u);
+  const fs::path out = dir_ / "exported-mistral";
+  testing::CliResult r = testing::RunCli(
+      meshrun_, {"export", (ckpt / "step-00000001").string(), "--output-dir", out.string()},
+      dir_ / "export.err", 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(out / "config.json");
+  const json config = json::parse(in, nullptr, false);
+  ASSERT_TRUE(config.is_object());
+  EXPECT_EQ(config.value("model_type", ""), "mistral");
+  EXPECT_EQ(config.value("sliding_window", 0), 11) << config.dump();
+  // The exported folder is a starting point again, its window read back from config.json.
+  const fs::path again = WriteSpec("mistral-again", "exported-mistral", "causal");
+  r = testing::RunCli(meshrun_, {"validate", "-f", again.string(), "-o", "json"},
+                      dir_ / "validate.err", 60);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json validated = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(validated.is_object()) << r.out;
+  EXPECT_EQ(validated["spec"]["model"].value("sliding_window", 0), 11) << r.out;
+}
+
 TEST_F(AttentionMasksTest, DocumentMaskingMatchesABlockDiagonalReferenceOnEveryMesh) {
   // The mask must matter on this data, or the comparison would prove nothing.
   ASSERT_GT(std::fabs(reference_["llama-doc"][0].get<double>() -
