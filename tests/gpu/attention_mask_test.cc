@@ -112,21 +112,21 @@ void CheckMaskedAttention(int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t 
 
 template <typename T>
 void CheckMaskSuite(gpu::AttentionAlgo algo, int64_t D) {
-  const int64_t B = 2, H = 2, T = 192;
-  const std::vector<int32_t> all = MaskRange(0, T);
+  const int64_t B = 2, H = 2, Tn = 192;
+  const std::vector<int32_t> all = MaskRange(0, Tn);
   for (const auto& [window, every] :
        {std::pair{1, 0}, std::pair{9, 0}, std::pair{70, 0}, std::pair{0, 23}, std::pair{40, 50}}) {
     const std::string label =
         "window " + std::to_string(window) + " documents every " + std::to_string(every);
-    CheckMaskedAttention<T>(B, H, T, T, D, all, all, MaskLowerBounds(B, all, window, every), algo,
+    CheckMaskedAttention<T>(B, H, Tn, Tn, D, all, all, MaskLowerBounds(B, all, window, every), algo,
                             label);
     // cp 2, rank 0: chunks 0 and 3 of 4 against every key (allgather).
-    std::vector<int32_t> pair = MaskRange(0, T / 4);
-    for (int32_t p : MaskRange(3 * T / 4, T / 4)) pair.push_back(p);
-    CheckMaskedAttention<T>(B, H, T / 2, T, D, pair, all, MaskLowerBounds(B, pair, window, every),
+    std::vector<int32_t> pair = MaskRange(0, Tn / 4);
+    for (int32_t p : MaskRange(3 * Tn / 4, Tn / 4)) pair.push_back(p);
+    CheckMaskedAttention<T>(B, H, Tn / 2, Tn, D, pair, all, MaskLowerBounds(B, pair, window, every),
                             algo, label + " cp chunks");
     // A ring block of later keys: many rows see none of them.
-    CheckMaskedAttention<T>(B, H, T / 2, T / 2, D, pair, MaskRange(T / 4, T / 2),
+    CheckMaskedAttention<T>(B, H, Tn / 2, Tn / 2, D, pair, MaskRange(Tn / 4, Tn / 2),
                             MaskLowerBounds(B, pair, window, every), algo, label + " ring block");
   }
 }
