@@ -72,11 +72,6 @@ std::string DescribeParseError(const CLI::ParseError& e, const CLI::App& app) {
 
 }  // namespace
 
-int ExitCodeFor(const Status& status) {
-  if (status.ok()) return kExitOk;
-  return status.code() == StatusCode::kInvalidArgument ? kExitInvalidInput : kExitFailure;
-}
-
 int ReportError(const Status& status) {
   // The message may come from the coordinator and quote what a client or a worker sent.
   std::cerr << "error: " << EscapeText(OneLine(status.message()), /*keep_tab=*/false) << std::endl;

@@ -11,17 +11,12 @@
 #include <string_view>
 
 #include "common/escape.h"
+#include "common/exit_codes.h"
 #include "common/status.h"
 
 namespace meshrun::client {
 
-// Exit codes of docs/cli.md.
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailure = 1;       // anything else
-inline constexpr int kExitInvalidInput = 2;  // spec, flags, arguments
-// Stopped by SIGINT/SIGTERM at a step boundary (with a checkpoint when checkpoint.dir is set);
-// the same whatever --nproc is (128 + SIGINT, as shells report Ctrl-C).
-inline constexpr int kExitInterrupted = 130;
+// Exit codes of docs/cli.md and ExitCodeFor: common/exit_codes.h.
 
 // Filled in during parsing by the chosen subcommand; run after parsing succeeded, so a
 // command never starts work on half-parsed flags. Not thread-safe; owned by main().
@@ -33,9 +28,6 @@ struct CommandResult {
 // `--nproc: 'abc' is not a whole number from 1 to 4096` (CLI11's own Range prints doubles with
 // 309 digits and calls text "not in range").
 CLI::Validator WholeNumber(int64_t lo, int64_t hi);
-
-// kExitInvalidInput for INVALID_ARGUMENT (the caller's input), kExitFailure otherwise.
-int ExitCodeFor(const Status& status);
 
 // Writes `error: <message>` as one line on stderr and returns ExitCodeFor(status). Messages
 // already follow `<field.path or flag>: <what> (hint: <fix>)`.

@@ -29,8 +29,6 @@
 #include "client/command.h"
 #include "supervisor/rank_supervisor.h"
 
-extern char** environ;
-
 namespace meshrun::client {
 namespace {
 
@@ -151,26 +149,6 @@ std::string NewRunId() {
   return text;
 }
 
-// The environment of this process with our four variables replaced.
-std::vector<std::string> RankEnvironment(int rank, int world_size, const std::string& store_dir,
-                                         const std::string& run_id) {
-  const std::vector<std::pair<std::string, std::string>> ours = {
-      {kEnvRank, std::to_string(rank)},
-      {kEnvWorldSize, std::to_string(world_size)},
-      {kEnvStoreDir, store_dir},
-      {kEnvRunId, run_id}};
-  std::vector<std::string> env;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    const std::string_view var(*entry);
-    const std::string_view name = var.substr(0, var.find('='));
-    const bool replaced =
-        std::any_of(ours.begin(), ours.end(), [&](const auto& kv) { return kv.first == name; });
-    if (!replaced) env.emplace_back(var);
-  }
-  for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
-  return env;
-}
-
 // What the launcher knows of one rank; guarded by RankGroup::mu_.
 struct RankState {
   pid_t pid = 0;
@@ -255,11 +233,10 @@ void RankGroup::Start(const std::string& executable, const std::string& store_di
     spawn.key = RankKey{run_id, 0, r};
     spawn.argv = options_.argv;
     spawn.argv[0] = executable;
-    // A meshrun rank learns its place from its RankStart; any other command from variables.
-    spawn.env = options_.rank_input ? InheritedEnvironment()
-                                    : RankEnvironment(r, options_.nproc, store_dir, run_id);
+    // A rank learns its place from its input (the RankStart), never from variables.
+    spawn.env = InheritedEnvironment();
     spawn.ignored_signals = ignored_signals;
-    if (options_.rank_input) spawn.input = options_.rank_input(r, store_dir);
+    spawn.input = options_.rank_input(r, store_dir);
     spawn.report_channel = static_cast<bool>(options_.on_report);
     if (Status s = supervisor_->Start(std::move(spawn)); !s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -387,7 +364,8 @@ int RankGroup::Finish() {
     std::string unclean;
     for (size_t r = 0; r < ranks_.size(); ++r) {
       const int code = ranks_[r].exit.exit_code;
-      if (code != 0 && code != 130) unclean += (unclean.empty() ? "" : ", ") + std::to_string(r);
+      if (code != kExitOk && code != kExitInterrupted)
+        unclean += (unclean.empty() ? "" : ", ") + std::to_string(r);
     }
     if (!unclean.empty()) {
       PrintError("interrupted (signal " + std::to_string(interrupt_signal_) + "); stopped " +
@@ -395,7 +373,7 @@ int RankGroup::Finish() {
                  " did not stop at a step boundary (hint: the checkpoint of this run may be "
                  "older than its last step)");
     }
-    return 130;
+    return kExitInterrupted;
   }
   if (!failure_) return 0;
   const int rank = failure_->rank;
@@ -448,6 +426,12 @@ int Launch(const LaunchOptions& options) {
   if (options.nproc < 1) {
     PrintError("--nproc: must be at least 1 but is " + std::to_string(options.nproc) +
                " (hint: pass the number of rank processes, e.g. --nproc 4)");
+    return kExitInvalidInput;
+  }
+  if (!options.rank_input) {
+    PrintError(
+        "launcher: no rank input (hint: set LaunchOptions.rank_input to each rank's "
+        "RankStart)");
     return kExitInvalidInput;
   }
   const std::optional<std::string> executable = FindExecutable(options.argv[0]);

@@ -10,12 +10,6 @@
 
 namespace meshrun::client {
 
-// Environment variables a command started by Launch without a RankStart finds.
-inline constexpr char kEnvRank[] = "MESHRUN_RANK";
-inline constexpr char kEnvWorldSize[] = "MESHRUN_WORLD_SIZE";
-inline constexpr char kEnvStoreDir[] = "MESHRUN_STORE_DIR";
-inline constexpr char kEnvRunId[] = "MESHRUN_RUN_ID";
-
 struct LaunchOptions {
   // The command every rank runs; argv[0] is the executable (a path, or a name looked up in PATH).
   std::vector<std::string> argv;
@@ -30,8 +24,8 @@ struct LaunchOptions {
   // Empty: create /tmp/meshrun-run-XXXXXX and remove it at the end. Otherwise the folder is
   // kept, but its `store` subfolder is emptied first (each launch needs a fresh store).
   std::string run_dir;
-  // What rank r reads on its stdin (empty or unset: /dev/null), given the run's store folder:
-  // the framed RankStart of `meshrun __rank`.
+  // Required: what rank r reads on its stdin, given the run's store folder: the framed
+  // RankStart of `meshrun __rank`, the rank's only source for its place in the run.
   std::function<std::string(int rank, const std::string& store_dir)> rank_input;
   // Set: every rank gets a report channel on fd 3, and each frame it writes arrives here (on
   // the supervisor's thread, in order with the rank's output lines).
@@ -42,10 +36,9 @@ struct LaunchOptions {
 };
 
 // Starts options.nproc processes running options.argv, each with the environment of this
-// process. A meshrun rank (options.rank_input set) learns its place from the RankStart on its
-// stdin; any other command gets MESHRUN_RANK=r, MESHRUN_WORLD_SIZE=N,
-// MESHRUN_STORE_DIR=<run_dir>/store (an empty folder for engine/comm's FileStore) and
-// MESHRUN_RUN_ID (the same unique id for every rank).
+// process and options.rank_input(r, <run_dir>/store) on its stdin (the store folder is empty, for
+// engine/comm's FileStore): a rank learns its place from that input alone, as a worker's rank
+// does from the RankStart the worker writes.
 // The ranks are processes of a RankSupervisor (supervisor/rank_supervisor.h, the same as a
 // worker's ranks): each in its own process group with stdin from /dev/null, killed with SIGKILL
 // if the launcher dies (PR_SET_PDEATHSIG); signals ignored when Launch began stay ignored.

@@ -20,6 +20,7 @@
 #include "client/preflight.h"
 #include "client/report_printer.h"
 #include "common/atomic_file.h"
+#include "common/host_resources.h"
 #include "common/job_spec_yaml.h"
 #include "engine/data/token_stream.h"
 #include "engine/data/tokenizer.h"
@@ -152,7 +153,7 @@ int RunTrain(const TrainFlags& o) {
   // Ranks on one host share its cores: without a thread count in the spec or OMP_NUM_THREADS,
   // each rank takes an equal share (OpenMP threads that outnumber cores spin against each other).
   if (spec->resources.threads == 0 && std::getenv("OMP_NUM_THREADS") == nullptr) {
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    const int cores = ProbeHostResources().cores;
     spec->resources.threads = std::max(1, cores / std::max(1, o.nproc));
   }
   // One run per checkpoint.dir (rank/checkpoint_lock.h), held by this process until it ends,

@@ -47,21 +47,6 @@ std::string Join(const std::vector<std::string>& roots, const char* sep) {
   return out.empty() ? "none" : out;
 }
 
-std::vector<std::string> SplitLines(const char* value) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (const char* p = value; *p != '\0'; ++p) {
-    if (*p == '\n') {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else {
-      cur += *p;
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
-}
-
 Status PermissionDeniedError(std::string message) {
   return {StatusCode::kPermissionDenied, std::move(message)};
 }
@@ -181,17 +166,6 @@ Status RemoveEntry(int dfd, const std::string& name, const std::string& shown, i
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> FileRootsEnvironment(const PathPolicy& policy) {
-  if (!policy.confined()) return {};
-  auto lines = [](const std::vector<std::string>& roots) {
-    std::string out;
-    for (const std::string& r : roots) out += r + "\n";
-    return out;
-  };
-  return {{kEnvDataRoots, lines(policy.data_roots())},
-          {kEnvCheckpointRoots, lines(policy.checkpoint_roots())}};
-}
-
 void InstallFileRoots(FileRoots roots) {
   auto installed = std::make_shared<const FileRoots>(std::move(roots));
   std::lock_guard<std::mutex> lock(RootsMutex());
@@ -200,28 +174,6 @@ void InstallFileRoots(FileRoots roots) {
 
 FileRoots InstalledFileRoots() {
   return *Roots();
-}
-
-Status InstallFileRootsFromEnvironment() {
-  const char* data = std::getenv(kEnvDataRoots);
-  const char* checkpoint = std::getenv(kEnvCheckpointRoots);
-  if (data == nullptr && checkpoint == nullptr) return OkStatus();
-  FileRoots roots;
-  roots.confined = true;
-  if (data != nullptr) roots.data = SplitLines(data);
-  if (checkpoint != nullptr) roots.checkpoint = SplitLines(checkpoint);
-  for (const auto* list : {&roots.data, &roots.checkpoint}) {
-    for (const std::string& r : *list) {
-      if (r.front() != '/') {
-        return InvalidArgumentError(
-            std::string(list == &roots.data ? kEnvDataRoots : kEnvCheckpointRoots) + ": '" + r +
-            "' is not an absolute folder (hint: ranks get these from meshrun-worker's "
-            "--data-root and --checkpoint-root)");
-      }
-    }
-  }
-  InstallFileRoots(std::move(roots));
-  return OkStatus();
 }
 
 Status CheckDescriptorWithinRoots(int fd, const std::string& path, bool write) {

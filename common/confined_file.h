@@ -23,21 +23,12 @@ struct FileRoots {
   std::vector<std::string> checkpoint;
 };
 
-// Set by meshrun-worker for each rank when it runs with roots; newline-separated lists (a root
-// holding a newline is refused at the worker's start). Either one present means confined.
-inline constexpr char kEnvDataRoots[] = "MESHRUN_DATA_ROOTS";
-inline constexpr char kEnvCheckpointRoots[] = "MESHRUN_CHECKPOINT_ROOTS";
-
-// The two variables for `policy`; none when it is unconfined.
-std::vector<std::pair<std::string, std::string>> FileRootsEnvironment(const PathPolicy& policy);
-
-// Process-wide roots, installed once at rank start (before the engine opens anything) and read
-// by every call below. Thread-safe. Default: unconfined.
+// Process-wide roots, installed once at rank start (before the engine opens anything) from the
+// RankStart's file_roots, which meshrun-worker fills from its --data-root and --checkpoint-root
+// (rank/rank_main.h, InstallRankFileRoots), and read by every call below. Thread-safe. Default:
+// unconfined.
 void InstallFileRoots(FileRoots roots);
 FileRoots InstalledFileRoots();
-// Installs what kEnvDataRoots/kEnvCheckpointRoots say (nothing when neither is set). Errors:
-// a root that is not absolute (INVALID_ARGUMENT naming the variable).
-Status InstallFileRootsFromEnvironment();
 
 // open(2) confined. Returns the descriptor, or -1 with errno set when the open itself failed (the
 // caller reports that as before), or PERMISSION_DENIED when the object opened lies outside the

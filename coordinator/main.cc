@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "common/escaped_log.h"
+#include "common/exit_codes.h"
 #include "common/health_server.h"
 #include "coordinator/connection_limits.h"
 #include "coordinator/server.h"
@@ -178,7 +179,7 @@ int main(int argc, char** argv) {
   auto server = meshrun::coordinator::CoordinatorServer::Start(config);
   if (!server.ok()) {
     std::fprintf(stderr, "error: %s\n", server.status().message().c_str());
-    return server.status().code() == meshrun::StatusCode::kInvalidArgument ? 2 : 1;
+    return meshrun::ExitCodeFor(server.status());
   }
   spdlog::info("{}", open_files.message);
   spdlog::info("{}", accept_guard);
@@ -188,7 +189,7 @@ int main(int argc, char** argv) {
     if (!started.ok()) {
       std::fprintf(stderr, "error: %s\n", started.status().message().c_str());
       (*server)->Shutdown();
-      return started.status().code() == meshrun::StatusCode::kInvalidArgument ? 2 : 1;
+      return meshrun::ExitCodeFor(started.status());
     }
     health = std::move(started).value();
   }

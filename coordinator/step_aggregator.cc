@@ -46,11 +46,6 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
     p.scalars.set_loss(s.loss());
     p.scalars.set_lr(s.lr());
     p.scalars.set_grad_norm(s.grad_norm());
-    if (s.has_val_loss()) {
-      p.scalars.set_val_loss(s.val_loss());
-    } else {
-      p.scalars.clear_val_loss();
-    }
   }
   if (p.count == 1 || s.step_seconds() > p.slowest) {
     p.slowest = s.step_seconds();
@@ -79,7 +74,6 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
   job.set_loss(p.scalars.loss());
   job.set_lr(p.scalars.lr());
   job.set_grad_norm(p.scalars.grad_norm());
-  if (p.scalars.has_val_loss()) job.set_val_loss(p.scalars.val_loss());
   job.set_step_seconds(p.slowest);
   job.set_tokens_per_second(p.slowest > 0 ? tokens_per_step_ / p.slowest : 0);
   job.set_tflops(p.tflops);

@@ -1,5 +1,5 @@
 // Derives the job-level MetricsSample of each step from the ranks' own samples, as types.proto
-// defines it: loss, lr, grad_norm and val_loss of the global batch (from the lowest rank that
+// defines it: loss, lr and grad_norm of the global batch (from the lowest rank that
 // reported them; every rank computes the same values), step_seconds of the slowest rank,
 // tokens_per_second = global_batch_size·seq_len / step_seconds, tflops of the slowest rank (each
 // rank reports the job's model FLOP/s by its own step time), mfu averaged,
@@ -47,7 +47,7 @@ class StepAggregator {
   struct Partial {
     std::vector<bool> seen;
     int count = 0;
-    int scalar_rank = -1;  // the rank whose loss/lr/grad_norm/val_loss were taken
+    int scalar_rank = -1;  // the rank whose loss/lr/grad_norm were taken
     v1::MetricsSample scalars;
     double slowest = 0, fastest = 0;
     google::protobuf::Timestamp slowest_time;

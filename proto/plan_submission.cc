@@ -8,37 +8,15 @@
 #include <mutex>
 #include <set>
 
+#include "common/host_resources.h"
 #include "common/job_spec.h"
 #include "engine/calibration/calibration.h"
 #include "proto/spec_convert.h"
 
 namespace meshrun {
 
-namespace {
-
-double CgroupLimitBytes() {
-  for (const char* file :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    std::ifstream in(file);
-    std::string text;
-    if (in >> text && !text.empty() && text != "max") {
-      try {
-        return std::stod(text);
-      } catch (const std::exception&) {
-      }
-    }
-  }
-  return 0;
-}
-
-}  // namespace
-
 double HostMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  double bytes = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
-  const double limit = CgroupLimitBytes();
-  if (limit > 0 && (bytes == 0 || limit < bytes)) bytes = limit;
-  return bytes;
+  return ProbeHostResources().memory_bytes;  // cgroup-aware (common/host_resources.h)
 }
 
 PlanningHost ThisPlanningHost() {

@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "common/confined_file.h"
+#include "common/exit_codes.h"
 #include "common/job_spec.h"
 #include "common/job_spec_yaml.h"
 #include "engine/comm/backend_factory.h"
@@ -27,7 +28,6 @@ namespace meshrun::rank {
 namespace {
 
 constexpr int kReportFd = 3;
-constexpr int kExitInterrupted = 130;
 
 int ReportError(const Status& status) {
   std::string message(status.message());
@@ -36,7 +36,7 @@ int ReportError(const Status& status) {
   }
   while (!message.empty() && message.back() == ' ') message.pop_back();
   std::cerr << "error: " << message << std::endl;
-  return status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  return ExitCodeFor(status);
 }
 
 // Set by SIGINT/SIGTERM; the trainer stops at the next step boundary (all ranks at the same
@@ -174,6 +174,16 @@ int ReportRunEnd(const RunSummary& s, const JobSpec& spec, bool notes) {
 
 }  // namespace
 
+void InstallRankFileRoots(const v1::RankStart& start) {
+  if (!start.has_file_roots()) return;
+  FileRoots roots;
+  roots.confined = true;
+  roots.data.assign(start.file_roots().data().begin(), start.file_roots().data().end());
+  roots.checkpoint.assign(start.file_roots().checkpoint().begin(),
+                          start.file_roots().checkpoint().end());
+  InstallFileRoots(std::move(roots));
+}
+
 int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& options) {
   const v1::RankAssignment& a = start.assignment();
   // The spec's one conversion and one validation in the rank.
@@ -187,14 +197,7 @@ int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& 
                                             " is outside the mesh " + dims->ToString() +
                                             " (hint: ranks are numbered 0 … world size − 1)"));
   }
-  if (start.has_file_roots()) {
-    FileRoots roots;
-    roots.confined = true;
-    roots.data.assign(start.file_roots().data().begin(), start.file_roots().data().end());
-    roots.checkpoint.assign(start.file_roots().checkpoint().begin(),
-                            start.file_roots().checkpoint().end());
-    InstallFileRoots(std::move(roots));
-  }
+  InstallRankFileRoots(start);
   // Rank 0 of a cluster job holds checkpoint.dir while it runs (rank/checkpoint_lock.h); a
   // standalone run ("standalone", `meshrun train`) holds it in the launching process already.
   std::unique_ptr<CheckpointDirLock> checkpoint_lock;

@@ -20,6 +20,11 @@ struct RankRunOptions {
 // line on stderr).
 int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& options = {});
 
+// The worker's roots (RankStart.file_roots, from its --data-root and --checkpoint-root) as this
+// process's confinement (common/confined_file.h); nothing when the start has none. RunRank calls
+// it before anything is opened.
+void InstallRankFileRoots(const v1::RankStart& start);
+
 // `meshrun __rank`: reads the RankStart on stdin and reports on fd 3.
 int RankMain();
 

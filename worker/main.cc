@@ -15,7 +15,9 @@
 #include <thread>
 
 #include "common/escaped_log.h"
+#include "common/exit_codes.h"
 #include "common/health_server.h"
+#include "common/host_resources.h"
 #include "common/tls.h"
 #include "engine/calibration/calibration.h"
 #include "worker/gpu_inventory.h"
@@ -181,13 +183,11 @@ int main(int argc, char** argv) {
     }
   }
   config.metrics_address = metrics_listen;
-  if (config.cores < 1 || !app.count("--cores")) {
-    config.cores = std::max(1u, std::thread::hardware_concurrency());
-  }
-  if (!app.count("--memory-bytes")) {
-    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    config.memory_bytes = pages > 0 && page > 0 ? int64_t{pages} * page : 0;
-  }
+  // What this node offers unless told: the host's figures capped by its cgroup (a container's
+  // memory limit and CPU quota), the same probe the planner and the pre-flight checks read.
+  const meshrun::HostResources host = meshrun::ProbeHostResources();
+  if (config.cores < 1 || !app.count("--cores")) config.cores = host.cores;
+  if (!app.count("--memory-bytes")) config.memory_bytes = static_cast<int64_t>(host.memory_bytes);
   for (const std::string& name : config.rank_env_pass) {
     if (name.empty() || name.find('=') != std::string::npos || name.rfind("MESHRUN_", 0) == 0) {
       return Fail("--rank-env: '" + name +
@@ -231,8 +231,7 @@ int main(int argc, char** argv) {
   if (!health_listen.empty()) {
     auto started = meshrun::HealthServer::Start(health_listen, /*ready=*/false);
     if (!started.ok()) {
-      return Fail(started.status().message(),
-                  started.status().code() == meshrun::StatusCode::kInvalidArgument ? 2 : 1);
+      return Fail(started.status().message(), meshrun::ExitCodeFor(started.status()));
     }
     health = std::move(started).value();
   }

@@ -6,7 +6,7 @@
 #include "engine/comm/gloo_backend.h"
 #endif
 #ifdef MESHRUN_HAVE_NCCL
-#include "engine/cuda/nccl_communicator.h"
+#include "engine/comm/nccl_communicator.h"
 #endif
 
 namespace meshrun {

@@ -1,5 +1,5 @@
 // The one place that picks a communication backend: by resources.device, Gloo (TCP) for cpu and
-// NCCL for cuda. The rank's start (rank/rank_main.cc, tools/meshrun_train) calls ConnectMesh and
+// NCCL for cuda. The rank's start (rank/rank_main.cc, the one rank entry) calls ConnectMesh and
 // hands the MeshComms to the Trainer, which never names a backend. A build without the backend a
 // device needs says so (INVALID_ARGUMENT naming resources.device).
 #pragma once

@@ -12,7 +12,7 @@
 #if MESHRUN_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "engine/cuda/allocator.h"
+#include "engine/core/cuda_allocator.h"
 #endif
 
 namespace meshrun {

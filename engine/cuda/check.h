@@ -13,7 +13,8 @@ namespace meshrun::gpu {
 // OK for success; otherwise the error (INTERNAL, RESOURCE_EXHAUSTED for out-of-memory,
 // UNAVAILABLE for a missing or busy device) with "<expr> failed at <file>:<line>: <reason>".
 // A failure is also recorded as the process's first GPU error when it is the first.
-// (The ncclResult_t overload lives in nccl_communicator.cc, next to the only NCCL calls.)
+// (The ncclResult_t overload lives in engine/comm/nccl_communicator.cc, next to the only NCCL
+// calls.)
 Status ToStatus(cudaError_t result, const char* expr, const char* file, int line);
 Status ToStatus(cublasStatus_t result, const char* expr, const char* file, int line);
 

@@ -12,7 +12,7 @@
 #include <memory>
 
 #include "common/status.h"
-#include "engine/cuda/allocator.h"
+#include "engine/core/cuda_allocator.h"
 
 namespace meshrun::gpu {
 

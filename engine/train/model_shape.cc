@@ -10,6 +10,7 @@
 
 #include <algorithm>
 
+#include "common/mfu.h"
 #include "engine/model/gpt2.h"
 
 namespace meshrun {
@@ -141,7 +142,7 @@ ScalePrediction PredictAtScale(const ModelSpec& model, const ScaleConfig& c,
     out.step_seconds += out.comm_seconds[axis];
   }
   out.tokens_per_second_per_device = step_tokens / out.step_seconds / world;
-  out.mfu = out.tokens_per_second_per_device * model_flops / std::max(peak_flops, 1.0);
+  out.mfu = ModelFlopsUtilization(out.tokens_per_second_per_device, model_flops, peak_flops, 1);
   return out;
 }
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/mfu.h"
 #include "engine/model/gpt2.h"
 #include "engine/train/comm_volume.h"
 #include "engine/train/model_shape.h"
@@ -124,7 +125,7 @@ PlanRow Predict(const JobSpec& s, const ClusterShape& cluster, double model_flop
   if (row.step_seconds > 0) {
     row.tokens_per_second = tokens / row.step_seconds;
     // MFU counts model FLOPs only (recomputation is overhead, not progress).
-    row.mfu = row.tokens_per_second * model_flops_per_token / (world * dev.flops);
+    row.mfu = ModelFlopsUtilization(row.tokens_per_second, model_flops_per_token, dev.flops, world);
   }
   return row;
 }

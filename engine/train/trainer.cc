@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/mfu.h"
 #include "engine/comm/communicator.h"
 #include "engine/data/tokenizer.h"
 #include "engine/kernels/cpu/kernels.h"
@@ -56,7 +57,18 @@ StatusOr<int32_t> DocumentEndOf(const JobSpec& spec) {
 }  // namespace
 
 double MeasureCpuGemmPeakFlops() {
-  return cpu::MeasureMatmulFlops();
+  // One core's rate times the rank's threads: a small GEMM split over many threads (or measured
+  // while other ranks of the host start too) reads far below the cores' sum, and by how much
+  // depends on how the host is split into ranks, so the same job read a different MFU under
+  // `train`, `train --nproc` and a worker. Measured once per process.
+  static const double per_core = [] {
+    const int threads = cpu::NumThreads();
+    cpu::SetNumThreads(1);
+    const double flops = cpu::MeasureMatmulFlops();
+    cpu::SetNumThreads(threads);
+    return flops;
+  }();
+  return per_core * std::max(1, cpu::NumThreads());
 }
 
 Trainer::Trainer(JobSpec spec, TrainOptions options, RankContext context)
@@ -338,7 +350,6 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   GPT2Config global_cfg = model_->config();
   global_cfg.tp_size = 1;
   const double flops_per_token = GPT2FlopsPerToken(global_cfg, spec_.model.seq_len);
-  const double world_peak = peak_flops_ * dims_->world_size();
   double total_seconds = 0;
   // Memory is reported for the model's device (cpu, or the rank's GPU).
   const Device device = model_->config().device;
@@ -354,7 +365,8 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     m.step_seconds = Seconds(t0, Clock::now());
     m.tokens_per_second = tokens_per_step / m.step_seconds;
     m.tflops = m.tokens_per_second * flops_per_token / 1e12;
-    m.mfu = m.tflops * 1e12 / world_peak;
+    m.mfu = ModelFlopsUtilization(m.tokens_per_second, flops_per_token, peak_flops_,
+                                  dims_->world_size());
     const MemoryStats mem = AllocatorFor(device).Stats();
     m.allocated_memory_bytes = mem.allocated_bytes;
     m.peak_memory_bytes = mem.peak_bytes;
@@ -390,7 +402,8 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   if (total_seconds > 0) {
     summary.tokens_per_second =
         tokens_per_step * static_cast<double>(summary.steps) / total_seconds;
-    summary.mfu = summary.tokens_per_second * flops_per_token / world_peak;
+    summary.mfu = ModelFlopsUtilization(summary.tokens_per_second, flops_per_token, peak_flops_,
+                                        dims_->world_size());
   }
   // Bus bytes per rank per step, averaged over every rank of the job (docs/parallelism.md).
   for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kCp, MeshAxis::kDpShard, MeshAxis::kDpReplicate}) {

@@ -172,8 +172,8 @@ class Trainer {
   std::string resumed_source_;
 };
 
-// Float32 GEMM throughput of this machine with the current thread count (FLOP/s): the CPU
-// "peak" that MFU is measured against (docs/model.md).
+// The CPU "peak" of a rank that MFU is measured against (common/mfu.h): the float32 GEMM rate of
+// one core (measured once per process) times the current thread count, in FLOP/s.
 double MeasureCpuGemmPeakFlops();
 
 // Loads a Hugging Face folder (model.init_from) into this rank's shard after checking its

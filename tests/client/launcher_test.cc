@@ -81,14 +81,19 @@ class LauncherTest : public ::testing::Test {
     fs::remove_all(dir_, ignored);
   }
 
-  // The rank command: `sh -c SCRIPT` with @DIR@ replaced by the test's folder.
+  // The rank command: `sh -c SCRIPT` with @DIR@ replaced by the test's folder. As a meshrun rank
+  // reads its RankStart, each shell rank reads its place from its input (the launcher's one
+  // route to a rank): "RANK WORLD STORE_DIR" into $RANK, $WORLD and $STORE.
   LaunchOptions Shell(std::string script, int nproc) {
     for (size_t at; (at = script.find("@DIR@")) != std::string::npos;) {
       script.replace(at, 5, dir_.string());
     }
     LaunchOptions options;
-    options.argv = {"/bin/sh", "-c", script};
+    options.argv = {"/bin/sh", "-c", "read RANK WORLD STORE\n" + script};
     options.nproc = nproc;
+    options.rank_input = [nproc](int rank, const std::string& store_dir) {
+      return std::to_string(rank) + " " + std::to_string(nproc) + " " + store_dir + "\n";
+    };
     return options;
   }
 
@@ -163,12 +168,12 @@ class LauncherTest : public ::testing::Test {
 // most 10 s) until ranks 0..N-1 other than itself have recorded theirs.
 constexpr char kShellHelpers[] = R"sh(
 d=@DIR@
-record_pid() { echo $$ > $d/tmp.$MESHRUN_RANK; mv $d/tmp.$MESHRUN_RANK $d/pid.$MESHRUN_RANK; }
+record_pid() { echo $$ > $d/tmp.$RANK; mv $d/tmp.$RANK $d/pid.$RANK; }
 wait_for_pids() {
   for i in $(seq 200); do
     all=1
     for r in $(seq 0 $(($1 - 1))); do
-      [ "$r" = "$MESHRUN_RANK" ] || [ -f $d/pid.$r ] || all=0
+      [ "$r" = "$RANK" ] || [ -f $d/pid.$r ] || all=0
     done
     [ $all = 1 ] && return 0
     sleep 0.05
@@ -176,14 +181,13 @@ wait_for_pids() {
 }
 )sh";
 
-TEST_F(LauncherTest, SetsRankEnvironmentAndPrefixesEveryLineButRankZeroStdout) {
+TEST_F(LauncherTest, GivesEachRankItsInputAndPrefixesEveryLineButRankZeroStdout) {
   const Outcome o = Run(Shell(std::string(kShellHelpers) + R"sh(
-echo "out $MESHRUN_RANK of $MESHRUN_WORLD_SIZE"
-echo "err $MESHRUN_RANK" >&2
-echo "$MESHRUN_RUN_ID" > $d/id.$MESHRUN_RANK
-echo "$MESHRUN_STORE_DIR" > $d/store.$MESHRUN_RANK
-ls -A "$MESHRUN_STORE_DIR" | wc -l > $d/entries.$MESHRUN_RANK
-printf "no newline $MESHRUN_RANK" >&2
+echo "out $RANK of $WORLD"
+echo "err $RANK" >&2
+echo "$STORE" > $d/store.$RANK
+ls -A "$STORE" | wc -l > $d/entries.$RANK
+printf "no newline $RANK" >&2
 )sh",
                               3));
   ASSERT_FALSE(o.timed_out) << o.err;
@@ -197,13 +201,10 @@ printf "no newline $MESHRUN_RANK" >&2
   EXPECT_EQ(o.err.find("out 0 of 3"), std::string::npos) << o.err;
   EXPECT_TRUE(ErrorLines(o.err).empty()) << o.err;
 
-  const std::string run_id = ReadFile(dir_ / "id.0");
   const std::string store = ReadFile(dir_ / "store.0");
-  EXPECT_GT(run_id.size(), 1u);
   EXPECT_EQ(store.rfind("/tmp/meshrun-run-", 0), 0u) << store;
   for (int r = 0; r < 3; ++r) {
     const std::string suffix = "." + std::to_string(r);
-    EXPECT_EQ(ReadFile(dir_ / ("id" + suffix)), run_id);
     EXPECT_EQ(ReadFile(dir_ / ("store" + suffix)), store);
     EXPECT_EQ(std::atoi(ReadFile(dir_ / ("entries" + suffix)).c_str()), 0);
   }
@@ -217,7 +218,7 @@ TEST_F(LauncherTest, KeepsAGivenRunDirButStartsWithAnEmptyStore) {
   const fs::path run_dir = dir_ / "run";
   fs::create_directories(run_dir / "store");
   std::ofstream(run_dir / "store" / "stale-key") << "old";
-  LaunchOptions options = Shell(R"sh(ls -A "$MESHRUN_STORE_DIR" | wc -l >&2)sh", 2);
+  LaunchOptions options = Shell(R"sh(ls -A "$STORE" | wc -l >&2)sh", 2);
   options.run_dir = run_dir.string();
   const Outcome o = Run(options);
   ASSERT_FALSE(o.timed_out) << o.err;
@@ -231,7 +232,7 @@ TEST_F(LauncherTest, LongLinesFromManyRanksStayWhole) {
   const Outcome o = Run(Shell(R"sh(
 line=$(printf '%0800d' 0)
 i=0
-while [ $i -lt 300 ]; do echo "r$MESHRUN_RANK:$i:$line"; i=$((i + 1)); done
+while [ $i -lt 300 ]; do echo "r$RANK:$i:$line"; i=$((i + 1)); done
 )sh",
                               4));
   ASSERT_FALSE(o.timed_out) << o.err.substr(0, 2000);
@@ -257,7 +258,7 @@ while [ $i -lt 300 ]; do echo "r$MESHRUN_RANK:$i:$line"; i=$((i + 1)); done
 
 TEST_F(LauncherTest, AFailingRankStopsTheOthersAndIsNamedWithItsLastStderrLine) {
   LaunchOptions options = Shell(std::string(kShellHelpers) + R"sh(
-case $MESHRUN_RANK in
+case $RANK in
   1) wait_for_pids 3
      echo "loading data" >&2
      echo "error: data.train: /nope: no such file (hint: fix the path)" >&2
@@ -292,7 +293,7 @@ esac
 
 TEST_F(LauncherTest, ARankKilledBySignalIsReported) {
   LaunchOptions options = Shell(std::string(kShellHelpers) + R"sh(
-case $MESHRUN_RANK in
+case $RANK in
   0) wait_for_pids 3; echo "about to die" >&2; kill -9 $$ ;;
   *) record_pid; exec sleep 30 ;;
 esac
@@ -314,7 +315,7 @@ esac
 
 TEST_F(LauncherTest, SigtermToTheLauncherStopsEveryRank) {
   LaunchOptions options = Shell(std::string(kShellHelpers) + R"sh(
-[ $MESHRUN_RANK = 1 ] && trap "" TERM
+[ $RANK = 1 ] && trap "" TERM
 record_pid
 exec sleep 30
 )sh",
@@ -375,7 +376,7 @@ TEST_F(LauncherTest, RanksDieWithAKilledLauncher) {
 
 TEST_F(LauncherTest, InvalidInputFromARankExitsTwo) {
   LaunchOptions options = Shell(std::string(kShellHelpers) + R"sh(
-case $MESHRUN_RANK in
+case $RANK in
   1) wait_for_pids 2
      echo "error: model.n_head: 5 is not divisible by tp_size 2 (hint: pick 4)" >&2; exit 2 ;;
   *) record_pid; exec sleep 30 ;;
@@ -394,9 +395,8 @@ esac
 }
 
 TEST_F(LauncherTest, AnExecutableThatCannotRunFailsTheRank) {
-  LaunchOptions options;
+  LaunchOptions options = Shell("true", 2);
   options.argv = {(dir_ / "no-such-program").string()};
-  options.nproc = 2;
   const Outcome o = Run(options);
   ASSERT_FALSE(o.timed_out) << o.err;
   EXPECT_EQ(o.exit_code, 1) << o.err;
@@ -417,11 +417,18 @@ TEST_F(LauncherTest, InvalidOptionsExitTwo) {
   EXPECT_EQ(o.exit_code, 2);
   EXPECT_EQ(ErrorLines(o.err).size(), 1u) << o.err;
 
-  LaunchOptions not_in_path;
+  LaunchOptions not_in_path = Shell("true", 2);
   not_in_path.argv = {"meshrun-no-such-program-anywhere"};
   o = Run(not_in_path);
   EXPECT_EQ(o.exit_code, 2);
   EXPECT_NE(o.err.find("not found in PATH"), std::string::npos) << o.err;
+
+  // A rank learns its place only from its input: there is no environment-variable mode.
+  LaunchOptions no_input = Shell("true", 2);
+  no_input.rank_input = nullptr;
+  o = Run(no_input);
+  EXPECT_EQ(o.exit_code, 2);
+  EXPECT_EQ(o.err.rfind("error: launcher: no rank input (hint: ", 0), 0u) << o.err;
 }
 
 TEST(SelfExecutableTest, NamesThisTestBinary) {

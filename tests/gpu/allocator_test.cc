@@ -1,9 +1,8 @@
 // The caching device allocator: size rounding, reuse of freed blocks, and the allocated / peak /
 // reserved counters of docs/metrics.md.
-#include "engine/cuda/allocator.h"
-
 #include <vector>
 
+#include "engine/core/cuda_allocator.h"
 #include "tests/gpu/gpu_test.h"
 
 namespace meshrun {

@@ -3,7 +3,7 @@
 // path (a peer that never joins ends in DEADLINE_EXCEEDED within the timeout instead of a hang).
 // Collectives between two ranks need two GPUs (NCCL refuses two ranks on one device) and are not
 // exercised here.
-#include "engine/cuda/nccl_communicator.h"
+#include "engine/comm/nccl_communicator.h"
 
 #include <chrono>
 #include <memory>

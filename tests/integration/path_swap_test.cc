@@ -1,7 +1,7 @@
 // The check-then-open attack on confined paths (docs/security.md "Confined paths"): the worker
 // checks a path by name (PathPolicy), then someone who can write inside a root swaps a folder on
 // it for a symlink leading out, then the rank's engine opens it. With the worker's roots
-// installed (as a rank does from MESHRUN_DATA_ROOTS/MESHRUN_CHECKPOINT_ROOTS) every read, write
+// installed (as a rank does from the RankStart its worker writes) every read, write
 // and deletion of the engine must be refused, and nothing outside may be read, created or removed.
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -21,6 +21,9 @@
 #include "engine/data/token_stream.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
+#include "rank/rank_main.h"
+#include "rank/rank_reports.h"
+#include "worker/rank_protocol.h"
 
 namespace meshrun {
 namespace {
@@ -58,15 +61,27 @@ class PathSwapTest : public ::testing::Test {
     return s.str();
   }
 
-  // What a rank installs at start: the worker's roots through the environment it is given.
-  void InstallAsRank() {
-    for (const auto& [name, value] : FileRootsEnvironment(policy_)) {
-      ASSERT_EQ(::setenv(name.c_str(), value.c_str(), 1), 0);
-    }
-    ASSERT_TRUE(InstallFileRootsFromEnvironment().ok());
-    ::unsetenv(kEnvDataRoots);
-    ::unsetenv(kEnvCheckpointRoots);
+  // The product's seam: the worker's RankStart for a rank (worker/rank_protocol.h, its roots
+  // from `policy`), written to a pipe and read back as `meshrun __rank` reads its stdin.
+  static v1::RankStart StartFromWorker(const PathPolicy& policy) {
+    RankLaunchConfig launch;
+    launch.meshrun_binary = "meshrun";
+    launch.data_roots = policy.data_roots();
+    launch.checkpoint_roots = policy.checkpoint_roots();
+    const RankCommand command = BuildRankCommand(v1::RankAssignment(), launch);
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    EXPECT_EQ(::write(fds[1], command.input.data(), command.input.size()),
+              static_cast<ssize_t>(command.input.size()));
+    ::close(fds[1]);
+    StatusOr<v1::RankStart> start = rank::ReadRankStart(fds[0]);
+    ::close(fds[0]);
+    EXPECT_TRUE(start.ok()) << start.status().ToString();
+    return start.ok() ? *start : v1::RankStart();
   }
+
+  // What a rank installs at start: the roots of the RankStart its worker wrote.
+  void InstallAsRank() { rank::InstallRankFileRoots(StartFromWorker(policy_)); }
 
   // The attack: `dir` (checked by name) becomes a symlink to `target`.
   static void SwapForLink(const fs::path& dir, const fs::path& target) {
@@ -90,13 +105,18 @@ class PathSwapTest : public ::testing::Test {
   PathPolicy policy_;
 };
 
-TEST_F(PathSwapTest, EnvironmentCarriesTheWorkersRoots) {
+TEST_F(PathSwapTest, RankStartCarriesTheWorkersRoots) {
   InstallAsRank();
   const FileRoots roots = InstalledFileRoots();
   EXPECT_TRUE(roots.confined);
   EXPECT_EQ(roots.data, policy_.data_roots());
   EXPECT_EQ(roots.checkpoint, policy_.checkpoint_roots());
-  EXPECT_TRUE(FileRootsEnvironment(PathPolicy()).empty());  // unconfined workers set nothing
+  // An unconfined worker sends no roots, and its rank stays unconfined.
+  const v1::RankStart unconfined = StartFromWorker(PathPolicy());
+  EXPECT_FALSE(unconfined.has_file_roots());
+  InstallFileRoots(FileRoots{});
+  rank::InstallRankFileRoots(unconfined);
+  EXPECT_FALSE(InstalledFileRoots().confined);
 }
 
 TEST_F(PathSwapTest, DataFolderSwappedAfterTheCheckIsRefused) {

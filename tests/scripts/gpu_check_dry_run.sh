@@ -12,6 +12,7 @@ tmp="${TMPDIR:-/tmp}/meshrun-gpu-check-dry-run.$$"
 mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 GPU_CHECK_BUDGET=15 JOBS=1 GPU_CHECK_DIRECT=1 GPU_CHECK_BUILD_DIR="$tmp/build" OUT="$tmp/out" \
+  GPU_CHECK_CARRY="$tmp/no-carry" \
   bash "$root/scripts/gpu-check" > "$tmp/stdout" 2>&1
 rc=$?
 fail() { echo "FAIL: $*"; echo "--- output"; cat "$tmp/stdout"; exit 1; }
@@ -21,14 +22,16 @@ summary="$tmp/out/gpu-check/summary.txt"
 # The table is the last thing printed.
 [ "$(tail -n "$(wc -l < "$summary")" "$tmp/stdout")" = "$(cat "$summary")" ] ||
   fail "the summary is not the end of the output"
-for row in "gpu" "nccl" "build" "tests (ctest -L gpu)" "loss cuda bf16 vs cpu" \
-           "trainer run (cuda bf16)" "trainer tokens/s" "trainer MFU" "kernel bench tokens/s" \
+for row in "gpu" "nccl" "build" "tests (ctest -L gpu)" "rank (carried meshrun)" \
+           "loss cuda bf16 vs cpu" "rank run (cuda bf16)" "rank tokens/s" "rank MFU" \
+           "kernel bench tokens/s" \
            "torch tokens/s" "ratio meshrun/torch" "logs"; do
   grep -q "^$row " "$summary" || fail "no '$row' row in the summary"
 done
 grep -q "^build .*FAIL" "$summary" || fail "the build should fail here"
-grep -q "^loss cuda bf16 vs cpu .*not run" "$summary" || fail "the trainer comparison should not run"
-for step in "environment" "build" "tests (label gpu)" "product trainer" "bench/gpu_train_step" \
+grep -q "^rank (carried meshrun) .*none carried" "$summary" || fail "no rank was carried here"
+grep -q "^loss cuda bf16 vs cpu .*not run" "$summary" || fail "the rank comparison should not run"
+for step in "environment" "build" "tests (label gpu)" "product rank" "bench/gpu_train_step" \
             "bench/gpu_torch_baseline.py"; do
   grep -q "^=== \[ *[0-9]*s\] $step" "$tmp/stdout" || fail "step '$step' did not run"
 done

@@ -1,6 +1,6 @@
 // NcclBackend and NcclCommunicator: store bootstrap, ncclCommSplit, non-blocking init and
 // collectives with deadline polling and ncclCommAbort.
-#include "engine/cuda/nccl_communicator.h"
+#include "engine/comm/nccl_communicator.h"
 
 #include <nccl.h>
 
@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/cuda/allocator.h"
+#include "engine/core/cuda_allocator.h"
 #include "engine/cuda/check.h"
 
 namespace meshrun::gpu {

@@ -1,5 +1,5 @@
 // The caching device allocator and DeviceBuffer.
-#include "engine/cuda/allocator.h"
+#include "engine/core/cuda_allocator.h"
 
 #include <cuda_runtime_api.h>
 
@@ -7,8 +7,6 @@
 #include <memory>
 #include <new>
 #include <string>
-
-#include "engine/cuda/check.h"
 
 namespace meshrun::gpu {
 namespace {
