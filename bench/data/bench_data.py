@@ -7,7 +7,7 @@ first {"event":"step"} line; then the same job on a small dataset (one shard of 
 Prints a table and a JSON line {"bench":"data",...}; deletes the data it wrote unless --keep.
 Exits 1 when a run fails (never waiting longer than --timeout seconds per run).
 
-  python3 bench/data/bench_data.py [--meshrun build/bin/meshrun] [--dir /work/bigdata]
+  python3 bench/data/bench_data.py [--meshrun build/bin/meshrun] [--dir /tmp/meshrun-bench-data]
       [--tokens 5.5e9] [--shards 50] [--small-mb 10] [--steps 3] [--repeats 3]
       [--order sequential|shuffled] [--keep]
 """
@@ -139,7 +139,8 @@ def run_once(meshrun, data, steps, timeout, order):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--meshrun", default=os.path.join(ROOT, "build", "bin", "meshrun"))
-    ap.add_argument("--dir", default="/work/bigdata")
+    ap.add_argument("--dir", default="/tmp/meshrun-bench-data",
+                    help="where the data is written (never the repository); deleted afterwards")
     ap.add_argument("--tokens", type=float, default=5.5e9)
     ap.add_argument("--shards", type=int, default=50)
     ap.add_argument("--small-mb", type=float, default=10)
@@ -147,10 +148,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--order", default="sequential", choices=["sequential", "shuffled"],
-                    help="data.order (shuffled holds a permutation of every window: 8 bytes each)")
+                    help="data.order (shuffled computes each window's place: nothing stored)")
     ap.add_argument("--keep", action="store_true", help="leave the data on disk")
     a = ap.parse_args()
     big, small = os.path.join(a.dir, "big"), os.path.join(a.dir, "small")
+    load_start = os.getloadavg()
     try:
         t0 = time.monotonic()
         if not os.path.isdir(big):
@@ -171,8 +173,14 @@ def main():
     finally:
         if not a.keep:
             shutil.rmtree(a.dir, ignore_errors=True)
+    load_end = os.getloadavg()
     out = {"bench": "data", "nproc": NPROC, "steps": a.steps, "order": a.order,
-           "write_s": round(write_s, 1)}
+           "write_s": round(write_s, 1), "cores": os.cpu_count(),
+           "load_average_start": [round(x, 2) for x in load_start],
+           "load_average_end": [round(x, 2) for x in load_end]}
+    print(f"load average (1, 5, 15 min) at the start {load_start[0]:.2f} {load_start[1]:.2f} "
+          f"{load_start[2]:.2f}, at the end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}"
+          f" ({os.cpu_count()} cores)")
     print(f"{'dataset':<8} {'bytes':>15} {'first step ms (median)':>23} "
           f"{'peak rank RSS MiB (max over ranks, median of runs)':>52}")
     for name in ("small", "big"):
