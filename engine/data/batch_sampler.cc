@@ -52,7 +52,8 @@ uint64_t EpochShuffle::Encrypt(uint64_t x) const {
 
 int64_t EpochShuffle::At(int64_t i) const {
   // Cycle-walking: the cipher permutes [0, 4^h) ⊇ [0, n); following i's cycle until it is back
-  // inside [0, n) gives a permutation of [0, n). 4^h < 4n, so this takes under 4 steps on average.
+  // inside [0, n) gives a permutation of [0, n). 4^h ≤ 4n, so this takes about 4^h/n ≤ 4 steps on
+  // average.
   uint64_t y = Encrypt(static_cast<uint64_t>(i));
   while (y >= n_) y = Encrypt(y);
   return static_cast<int64_t>(y);

@@ -55,7 +55,7 @@ uint64_t EpochKey(uint64_t seed, int64_t epoch);
 // kRounds Feistel rounds (L, R) → (R, L XOR (Mix64(R XOR k_r) mod 2^h)) with k_r the first
 // kRounds outputs of splitmix64 started at EpochKey make a permutation of [0, 4^h); cycle-walking
 // (apply it again while the result is ≥ n) restricts it to [0, n). O(1) memory, and the expected
-// work per index is under 4·kRounds mixes.
+// work per index is about 4^h/n ≤ 4 cipher applications of kRounds mixes each.
 class EpochShuffle {
  public:
   static constexpr int kRounds = 6;
