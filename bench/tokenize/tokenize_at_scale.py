@@ -214,8 +214,13 @@ def main():
     start = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     rerun = time.perf_counter() - start
-    names = sorted(os.listdir(os.path.join(a.work, "all")))
-    same = r.returncode == 0 and names == sorted(os.listdir(out)) and all(
+    # The output: the shards and the manifest. `.meshrun.lock` (the folder's lock, which names the
+    # process that held it: its pid and start time) differs between any two runs by design.
+    def outputs(folder):
+        return sorted(n for n in os.listdir(folder) if not n.startswith("."))
+
+    names = outputs(os.path.join(a.work, "all"))
+    same = r.returncode == 0 and names == outputs(out) and all(
         filecmp.cmp(os.path.join(a.work, "all", n), os.path.join(out, n), shallow=False)
         for n in names)
 
