@@ -7,7 +7,7 @@ first {"event":"step"} line; then the same job on a small dataset (one shard of 
 Prints a table and a JSON line {"bench":"data",...}; deletes the data it wrote unless --keep.
 Exits 1 when a run fails (never waiting longer than --timeout seconds per run).
 
-  python3 bench/data/bench_data.py [--meshrun build/bin/meshrun] [--dir /work/bigdata]
+  python3 bench/data/bench_data.py [--meshrun build/bin/meshrun] [--dir /tmp/meshrun-bench-data]
       [--tokens 5.5e9] [--shards 50] [--small-mb 10] [--steps 3] [--repeats 3]
       [--order sequential|shuffled] [--keep]
 """
@@ -82,8 +82,25 @@ def vm_hwm_kb(pid):
     return None
 
 
+def rss_parts_kb(pid):
+    """(RssAnon, RssFile) now: the rank's own memory, and the page-cache pages it has mapped
+    (the mapped shards' pages, shared with every rank of the host)."""
+    anon = file = None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    anon = int(line.split()[1])
+                elif line.startswith("RssFile:"):
+                    file = int(line.split()[1])
+    except OSError:
+        return None
+    return None if anon is None or file is None else (anon, file)
+
+
 def run_once(meshrun, data, steps, timeout, order):
-    """(ms to the first step line, [peak RSS MiB of each rank]); RuntimeError on failure."""
+    """(ms to the first step line, [peak RSS MiB of each rank], [(peak RssAnon MiB, peak RssFile
+    MiB) of each rank]); RuntimeError on failure."""
     cmd = [meshrun, "train", "-f", os.path.join(ROOT, "examples", "tiny.yaml"),
            "--nproc", str(NPROC), "-o", "json",
            "--set", f"parallelism.dp_replicate_size={NPROC}", "--set", f"data.train={data}",
@@ -95,6 +112,7 @@ def run_once(meshrun, data, steps, timeout, order):
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
                                 stdin=subprocess.DEVNULL)
         first_ms, pending, peak, last_scan = None, b"", {}, 0.0
+        parts = {}  # pid -> [max RssAnon, max RssFile] seen while polling
         try:
             with selectors.DefaultSelector() as sel:
                 sel.register(proc.stdout, selectors.EVENT_READ)
@@ -111,6 +129,10 @@ def run_once(meshrun, data, steps, timeout, order):
                         v = vm_hwm_kb(p)
                         if v is not None:
                             peak[p] = max(peak[p], v)
+                        r = rss_parts_kb(p)
+                        if r is not None:
+                            m = parts.setdefault(p, [0, 0])
+                            m[0], m[1] = max(m[0], r[0]), max(m[1], r[1])
                     if sel.select(timeout=0.02):
                         chunk = os.read(proc.stdout.fileno(), 65536)
                         eof = not chunk
@@ -132,14 +154,17 @@ def run_once(meshrun, data, steps, timeout, order):
     if first_ms is None:
         raise RuntimeError("no step line")
     # The ranks: the descendants whose peak is a trainer's (the launcher's helpers are small).
-    ranks = sorted((kb / 1024 for kb in peak.values() if kb > 0), reverse=True)[:NPROC]
-    return first_ms, ranks
+    top = sorted((p for p in peak if peak[p] > 0), key=lambda p: -peak[p])[:NPROC]
+    ranks = [peak[p] / 1024 for p in top]
+    split = [tuple(x / 1024 for x in parts.get(p, (0, 0))) for p in top]
+    return first_ms, ranks, split
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--meshrun", default=os.path.join(ROOT, "build", "bin", "meshrun"))
-    ap.add_argument("--dir", default="/work/bigdata")
+    ap.add_argument("--dir", default="/tmp/meshrun-bench-data",
+                    help="where the data is written (never the repository); deleted afterwards")
     ap.add_argument("--tokens", type=float, default=5.5e9)
     ap.add_argument("--shards", type=int, default=50)
     ap.add_argument("--small-mb", type=float, default=10)
@@ -147,10 +172,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--order", default="sequential", choices=["sequential", "shuffled"],
-                    help="data.order (shuffled holds a permutation of every window: 8 bytes each)")
+                    help="data.order (shuffled computes each window's place: nothing stored)")
     ap.add_argument("--keep", action="store_true", help="leave the data on disk")
     a = ap.parse_args()
     big, small = os.path.join(a.dir, "big"), os.path.join(a.dir, "small")
+    load_start = os.getloadavg()
     try:
         t0 = time.monotonic()
         if not os.path.isdir(big):
@@ -171,8 +197,14 @@ def main():
     finally:
         if not a.keep:
             shutil.rmtree(a.dir, ignore_errors=True)
+    load_end = os.getloadavg()
     out = {"bench": "data", "nproc": NPROC, "steps": a.steps, "order": a.order,
-           "write_s": round(write_s, 1)}
+           "write_s": round(write_s, 1), "cores": os.cpu_count(),
+           "load_average_start": [round(x, 2) for x in load_start],
+           "load_average_end": [round(x, 2) for x in load_end]}
+    print(f"load average (1, 5, 15 min) at the start {load_start[0]:.2f} {load_start[1]:.2f} "
+          f"{load_start[2]:.2f}, at the end {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}"
+          f" ({os.cpu_count()} cores)")
     print(f"{'dataset':<8} {'bytes':>15} {'first step ms (median)':>23} "
           f"{'peak rank RSS MiB (max over ranks, median of runs)':>52}")
     for name in ("small", "big"):
@@ -181,11 +213,22 @@ def main():
         out[name] = {"bytes": sizes[name], "first_step_ms": [round(r[0]) for r in results[name]],
                      "rank_rss_mib": [[round(x, 1) for x in r[1]] for r in results[name]],
                      "median_first_step_ms": round(ms), "median_max_rank_rss_mib": round(rss, 1)}
-        print(f"{name:<8} {sizes[name]:>15,} {ms:>23,.0f} {rss:>52,.1f}")
+        anon = statistics.median(max(a for a, _ in r[2]) for r in results[name])
+        filed = statistics.median(max(f for _, f in r[2]) for r in results[name])
+        out[name]["median_max_rank_rss_anon_mib"] = round(anon, 1)
+        out[name]["median_max_rank_rss_file_mib"] = round(filed, 1)
+        print(f"{name:<8} {sizes[name]:>15,} {ms:>23,.0f} {rss:>52,.1f}   "
+              f"(anon {anon:,.1f}, file {filed:,.1f})")
     d_ms = out["big"]["median_first_step_ms"] - out["small"]["median_first_step_ms"]
     d_rss = out["big"]["median_max_rank_rss_mib"] - out["small"]["median_max_rank_rss_mib"]
     print(f"big − small: first step {d_ms:+,} ms, peak rank RSS {d_rss:+.1f} MiB")
     out["delta_first_step_ms"], out["delta_rss_mib"] = d_ms, round(d_rss, 1)
+    out["delta_rss_anon_mib"] = round(out["big"]["median_max_rank_rss_anon_mib"] -
+                                      out["small"]["median_max_rank_rss_anon_mib"], 1)
+    out["delta_rss_file_mib"] = round(out["big"]["median_max_rank_rss_file_mib"] -
+                                      out["small"]["median_max_rank_rss_file_mib"], 1)
+    print(f"of which anonymous (the rank's own) {out['delta_rss_anon_mib']:+.1f} MiB, "
+          f"file-backed (mapped page cache, shared) {out['delta_rss_file_mib']:+.1f} MiB")
     print(json.dumps(out))
     return 0
 

@@ -10,16 +10,54 @@
 #include "common/parallel_dims.h"
 
 namespace meshrun {
-namespace {
 
-// splitmix64's output function, used to derive the per-epoch seed.
 uint64_t Mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
 }
 
-}  // namespace
+uint64_t EpochKey(uint64_t seed, int64_t epoch) {
+  return Mix64(seed) ^ Mix64(static_cast<uint64_t>(epoch) + 0x632BE59BD9B4E019ULL);
+}
+
+const char* ShuffleRuleName(ShuffleRule rule) {
+  return rule == ShuffleRule::kFeistel ? "feistel" : "fisher-yates";
+}
+
+StatusOr<ShuffleRule> ParseShuffleRule(const std::string& name) {
+  if (name == "feistel") return ShuffleRule::kFeistel;
+  if (name == "fisher-yates") return ShuffleRule::kFisherYates;
+  return InvalidArgumentError("unknown shuffle rule '" + name + "'");
+}
+
+EpochShuffle::EpochShuffle(int64_t n, uint64_t seed, int64_t epoch)
+    : n_(static_cast<uint64_t>(std::max<int64_t>(n, 1))), half_bits_(1) {
+  while (half_bits_ < 32 && (uint64_t{1} << (2 * half_bits_)) < n_) ++half_bits_;
+  mask_ = half_bits_ == 32 ? 0xFFFFFFFFULL : (uint64_t{1} << half_bits_) - 1;
+  SplitMix64 rng(EpochKey(seed, epoch));
+  for (uint64_t& k : keys_) k = rng.Next();
+}
+
+uint64_t EpochShuffle::Encrypt(uint64_t x) const {
+  uint64_t left = x >> half_bits_;
+  uint64_t right = x & mask_;
+  for (uint64_t k : keys_) {
+    const uint64_t next = left ^ (Mix64(right ^ k) & mask_);
+    left = right;
+    right = next;
+  }
+  return (left << half_bits_) | right;
+}
+
+int64_t EpochShuffle::At(int64_t i) const {
+  // Cycle-walking: the cipher permutes [0, 4^h) ⊇ [0, n); following i's cycle until it is back
+  // inside [0, n) gives a permutation of [0, n). 4^h ≤ 4n, so this takes about 4^h/n ≤ 4 steps on
+  // average.
+  uint64_t y = Encrypt(static_cast<uint64_t>(i));
+  while (y >= n_) y = Encrypt(y);
+  return static_cast<int64_t>(y);
+}
 
 StatusOr<Order> ParseOrder(const std::string& order) {
   if (order == "sequential") return Order::kSequential;
@@ -50,7 +88,7 @@ uint64_t SplitMix64::Uniform(uint64_t bound) {
 std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> perm(static_cast<size_t>(std::max<int64_t>(n, 0)));
   std::iota(perm.begin(), perm.end(), int64_t{0});
-  SplitMix64 rng(Mix64(seed) ^ Mix64(static_cast<uint64_t>(epoch) + 0x632BE59BD9B4E019ULL));
+  SplitMix64 rng(EpochKey(seed, epoch));
   for (int64_t i = n - 1; i > 0; --i) {
     const auto j = static_cast<int64_t>(rng.Uniform(static_cast<uint64_t>(i) + 1));
     std::swap(perm[i], perm[j]);
@@ -73,7 +111,8 @@ StatusOr<SeqRange> DpRankRange(int global_batch, int dp_size, int dp_rank) {
   return SeqRange{dp_rank * per_rank, per_rank};
 }
 
-// The permutations of the two most recently used epochs (a step may straddle two epochs).
+// kFisherYates: the permutations of the two most recently used epochs (a step may straddle two
+// epochs). Empty under kFeistel.
 struct BatchSampler::PermCache {
   std::mutex mu;
   int64_t epochs[2] = {-1, -1};
@@ -118,6 +157,7 @@ int64_t BatchSampler::WindowOfSlot(int64_t slot) const {
   const int64_t pos = slot % num_windows_;
   if (order_ == Order::kSequential) return pos;
   const int64_t epoch = slot / num_windows_;
+  if (shuffle_ == ShuffleRule::kFeistel) return EpochShuffle(num_windows_, seed_, epoch).At(pos);
   std::lock_guard<std::mutex> lock(cache_->mu);
   for (int i = 0; i < 2; ++i) {
     if (cache_->epochs[i] == epoch) return cache_->perms[i][pos];

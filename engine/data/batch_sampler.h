@@ -32,8 +32,47 @@ class SplitMix64 {
   uint64_t state_;
 };
 
-// The permutation of [0, n) used for epoch `epoch` under `seed`: a Fisher–Yates shuffle driven
-// by SplitMix64 seeded from (seed, epoch).
+// Which rule `order: shuffled` follows (docs/data.md "Windows and order", decision 0042):
+//  - kFeistel (this version's): a keyed Feistel bijection over the window indices of an epoch,
+//    computed per window, nothing stored;
+//  - kFisherYates (checkpoints written before it): a stored Fisher–Yates permutation of the
+//    epoch's windows (8 bytes a window), kept only so such a checkpoint resumes the same stream.
+enum class ShuffleRule { kFeistel, kFisherYates };
+// "feistel" or "fisher-yates", as a checkpoint's data record holds them.
+const char* ShuffleRuleName(ShuffleRule rule);
+// The inverse of ShuffleRuleName; INVALID_ARGUMENT for any other name.
+StatusOr<ShuffleRule> ParseShuffleRule(const std::string& name);
+
+// splitmix64's output function (its "mix"), a bijection of 64-bit words.
+uint64_t Mix64(uint64_t z);
+
+// The 64-bit key of epoch `epoch` under `seed`: Mix64(Mix64(seed) XOR Mix64(epoch +
+// 0x632BE59BD9B4E019)), all mod 2^64.
+uint64_t EpochKey(uint64_t seed, int64_t epoch);
+
+// The shuffled order of one epoch (ShuffleRule::kFeistel): a bijection of [0, n), n ≥ 1, keyed
+// by (seed, epoch). Indices are cut into two halves of h bits (h the least ≥ 1 with 4^h ≥ n);
+// kRounds Feistel rounds (L, R) → (R, L XOR (Mix64(R XOR k_r) mod 2^h)) with k_r the first
+// kRounds outputs of splitmix64 started at EpochKey make a permutation of [0, 4^h); cycle-walking
+// (apply it again while the result is ≥ n) restricts it to [0, n). O(1) memory, and the expected
+// work per index is about 4^h/n ≤ 4 cipher applications of kRounds mixes each.
+class EpochShuffle {
+ public:
+  static constexpr int kRounds = 6;
+  EpochShuffle(int64_t n, uint64_t seed, int64_t epoch);
+  // The window at position `i` (0 ≤ i < n) of the epoch.
+  int64_t At(int64_t i) const;
+
+ private:
+  uint64_t Encrypt(uint64_t x) const;
+  uint64_t n_;
+  int half_bits_;
+  uint64_t mask_;
+  uint64_t keys_[kRounds];
+};
+
+// The permutation of [0, n) that ShuffleRule::kFisherYates uses for epoch `epoch` under `seed`:
+// a Fisher–Yates shuffle driven by SplitMix64 seeded with EpochKey(seed, epoch).
 std::vector<int64_t> EpochPermutation(int64_t n, uint64_t seed, int64_t epoch);
 
 // Sequences [first, first + count) of the global batch: what one dp rank takes (docs/data.md).
@@ -47,10 +86,11 @@ StatusOr<SeqRange> DpRankRange(int global_batch, int dp_size, int dp_rank);
 // Window sampler over one TokenStream. Window j is tokens [j·T, j·T + T + 1) (inputs and
 // next-token targets), j < N_w = ⌊(N − 1)/T⌋. Global slot s = k·B + i (step k, sequence i):
 //  - sequential: window s mod N_w;
-//  - shuffled: epoch e = ⌊s / N_w⌋ covers slots [e·N_w, (e+1)·N_w); window perm_e[s mod N_w]
-//    with perm_e = EpochPermutation(N_w, seed, e).
+//  - shuffled: epoch e = ⌊s / N_w⌋ covers slots [e·N_w, (e+1)·N_w); window
+//    EpochShuffle(N_w, seed, e).At(s mod N_w) (or, under ShuffleRule::kFisherYates,
+//    EpochPermutation(N_w, seed, e)[s mod N_w]).
 // Does not own the stream (which must outlive it). Thread-safe: Fill may be called
-// concurrently (the shuffled order caches the last two epoch permutations under a mutex).
+// concurrently (kFisherYates caches the last two epoch permutations under a mutex).
 // Called by the trainer (training batches) and the evaluator (all windows, sequential).
 class BatchSampler {
  public:
@@ -74,6 +114,10 @@ class BatchSampler {
   int global_batch() const { return global_batch_; }
   Order order() const { return order_; }
   uint64_t seed() const { return seed_; }
+  ShuffleRule shuffle() const { return shuffle_; }
+  // Chooses the shuffled rule (kFeistel unless a resumed checkpoint says otherwise); not to be
+  // called while another thread fills.
+  void set_shuffle(ShuffleRule rule) { shuffle_ = rule; }
 
  private:
   struct PermCache;
@@ -86,6 +130,7 @@ class BatchSampler {
   int global_batch_;
   uint64_t seed_;
   Order order_;
+  ShuffleRule shuffle_ = ShuffleRule::kFeistel;
   int64_t num_windows_;
   std::unique_ptr<PermCache> cache_;
 };

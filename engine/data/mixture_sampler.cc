@@ -139,6 +139,11 @@ std::vector<int64_t> MixtureSampler::CountsBefore(int64_t step) const {
   return schedule_->CountsBefore(step * global_batch_);
 }
 
+void MixtureSampler::set_shuffle(ShuffleRule rule) {
+  shuffle_ = rule;
+  for (BatchSampler& s : per_source_) s.set_shuffle(rule);
+}
+
 int64_t MixtureSampler::EpochOf(int source, int64_t count) const {
   return count / per_source_[source].num_windows();
 }

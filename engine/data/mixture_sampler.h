@@ -90,6 +90,10 @@ class MixtureSampler {
   int64_t num_windows(int source) const { return per_source_[source].num_windows(); }
   const std::vector<int64_t>& quotas() const { return quotas_; }
   int global_batch() const { return global_batch_; }
+  // The shuffled rule of every source (BatchSampler::set_shuffle): kFeistel unless a resumed
+  // checkpoint was written under kFisherYates. Not to be called while another thread fills.
+  ShuffleRule shuffle() const { return shuffle_; }
+  void set_shuffle(ShuffleRule rule);
 
  private:
   MixtureSampler() = default;
@@ -99,6 +103,7 @@ class MixtureSampler {
   std::unique_ptr<MixtureSchedule> schedule_;
   int seq_len_ = 0;
   int global_batch_ = 0;
+  ShuffleRule shuffle_ = ShuffleRule::kFeistel;
 };
 
 }  // namespace meshrun

@@ -43,6 +43,7 @@ nlohmann::json DataRecord(const JobSpec& spec, const MixtureSampler& sampler, in
   }
   return {{"mixture", !spec.data.train_sources.empty()},
           {"order", spec.data.order},
+          {"shuffle", ShuffleRuleName(sampler.shuffle())},
           {"slot", step * sampler.global_batch()},
           {"sources", std::move(list)}};
 }
@@ -246,6 +247,25 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
   }
   step_ = trainer["step"].get<int64_t>();
   MESHRUN_RETURN_IF_ERROR(CheckResumeData(trainer, spec_, step_dir));
+  // The shuffled rule the checkpoint was written under (decision 0042): a data record without
+  // "shuffle" predates the Feistel order, and its run continues with the stored Fisher–Yates
+  // permutation it was reading.
+  {
+    ShuffleRule rule = ShuffleRule::kFisherYates;
+    const auto it = trainer.find("data");
+    if (it != trainer.end() && it->is_object() && it->contains("shuffle")) {
+      const nlohmann::json& name = (*it)["shuffle"];
+      StatusOr<ShuffleRule> parsed = name.is_string() ? ParseShuffleRule(name.get<std::string>())
+                                                      : InvalidArgumentError("not a string");
+      if (!parsed.ok()) {
+        return DataLossError("checkpoint " + step_dir + ": data.shuffle " + name.dump() +
+                             " is not a shuffled order this meshrun knows (feistel, fisher-yates) "
+                             "(hint: resume with the meshrun version that wrote it)");
+      }
+      rule = *parsed;
+    }
+    sampler_->set_shuffle(rule);
+  }
   // The per-source counters the checkpoint recorded are the ones the order gives at this step
   // (when the global batch is the one it was written with: the slot is then the same).
   if (const auto it = trainer.find("data");
@@ -298,6 +318,13 @@ Status Trainer::ResumeFrom(const std::string& step_dir, TrainObserver* observer)
                   " (saved under dp_replicate=" + std::to_string(saved.dp_replicate) +
                   " dp_shard=" + std::to_string(saved.dp_shard) +
                   " cp=" + std::to_string(saved.cp) + " tp=" + std::to_string(saved.tp) + ")");
+  const StatusOr<Order> order = ParseOrder(spec_.data.order);
+  if (sampler_->shuffle() == ShuffleRule::kFisherYates && order.ok() &&
+      *order == Order::kShuffled) {
+    observer->OnLog("note: " + step_dir +
+                    " was written before the Feistel shuffled order; this run continues its "
+                    "stored Fisher-Yates order (8 bytes a window per rank; docs/data.md)");
+  }
   return OkStatus();
 }
 

@@ -88,12 +88,89 @@ TEST(BatchSamplerTest, ShuffledIsAPermutationPerEpoch) {
     std::vector<int64_t> identity(7);
     std::iota(identity.begin(), identity.end(), 0);
     EXPECT_EQ(sorted, identity) << "epoch " << e;
-    EXPECT_EQ(epoch, EpochPermutation(7, 42, static_cast<int64_t>(e)));
+    const EpochShuffle shuffle(7, 42, static_cast<int64_t>(e));
+    for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(epoch[i], shuffle.At(i)) << "epoch " << e;
     if (epoch != identity) some_epoch_not_identity = true;
   }
   EXPECT_TRUE(some_epoch_not_identity);
   // Epochs get different permutations.
-  EXPECT_NE(EpochPermutation(100, 42, 0), EpochPermutation(100, 42, 1));
+  const EpochShuffle e0(100, 42, 0), e1(100, 42, 1);
+  std::vector<int64_t> p0, p1;
+  for (int64_t i = 0; i < 100; ++i) {
+    p0.push_back(e0.At(i));
+    p1.push_back(e1.At(i));
+  }
+  EXPECT_NE(p0, p1);
+}
+
+// The Feistel order is a bijection of [0, n) for every n: small ones, each side of the powers of
+// 4 where the cipher's domain grows, and a few larger ones.
+TEST(EpochShuffleTest, IsABijectionForEverySize) {
+  std::vector<int64_t> sizes;
+  for (int64_t n = 1; n <= 300; ++n) sizes.push_back(n);
+  for (int64_t p = 16; p <= (int64_t{1} << 20); p *= 4) {
+    for (int64_t d : {-1, 0, 1}) sizes.push_back(p + d);
+  }
+  sizes.push_back(999983);
+  for (int64_t n : sizes) {
+    const EpochShuffle shuffle(n, 1337, 5);
+    std::vector<bool> seen(static_cast<size_t>(n), false);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t w = shuffle.At(i);
+      ASSERT_GE(w, 0) << "n " << n;
+      ASSERT_LT(w, n) << "n " << n;
+      ASSERT_FALSE(seen[static_cast<size_t>(w)]) << "n " << n << ": " << w << " twice";
+      seen[static_cast<size_t>(w)] = true;
+    }
+  }
+}
+
+// Nothing is stored, so an epoch of 2^40 windows (a petabyte-scale data set) costs what one of
+// ten does; its indices stay in range and distinct.
+TEST(EpochShuffleTest, HugeEpochsNeedNoTable) {
+  const int64_t n = (int64_t{1} << 40) + 12345;
+  const EpochShuffle shuffle(n, 7, 0);
+  std::set<int64_t> seen;
+  for (int64_t i = 0; i < 1000; ++i) {
+    const int64_t w = shuffle.At(i * 1000003);
+    EXPECT_GE(w, 0);
+    EXPECT_LT(w, n);
+    seen.insert(w);
+  }
+  EXPECT_EQ(seen.size(), 1000u);
+}
+
+// Over many epochs (keys), the window at a position is close to uniform: each of 10 windows comes
+// first 2,000 ± 300 times in 20,000 epochs (the standard deviation is 42).
+TEST(EpochShuffleTest, PositionsAreCloseToUniformOverKeys) {
+  std::vector<int> first(10, 0), last(10, 0);
+  for (int64_t e = 0; e < 20000; ++e) {
+    const EpochShuffle shuffle(10, 2024, e);
+    ++first[static_cast<size_t>(shuffle.At(0))];
+    ++last[static_cast<size_t>(shuffle.At(9))];
+  }
+  for (int w = 0; w < 10; ++w) {
+    EXPECT_NEAR(first[w], 2000, 300) << "window " << w;
+    EXPECT_NEAR(last[w], 2000, 300) << "window " << w;
+  }
+}
+
+// A checkpoint written before the Feistel order resumes with the stored Fisher–Yates
+// permutation it was reading (decision 0042): set_shuffle(kFisherYates) gives exactly it.
+TEST(BatchSamplerTest, FisherYatesRuleIsThePreviousOrder) {
+  const TokenStream s = Iota(7 * 8 + 1);  // N_w = 7
+  auto sampler = BatchSampler::Create(&s, 8, 3, 42, Order::kShuffled);
+  ASSERT_TRUE(sampler.ok());
+  EXPECT_EQ(sampler->shuffle(), ShuffleRule::kFeistel);
+  sampler->set_shuffle(ShuffleRule::kFisherYates);
+  for (int64_t slot = 0; slot < 7 * 5; ++slot) {
+    EXPECT_EQ(sampler->WindowOf(slot / 3, static_cast<int>(slot % 3)),
+              EpochPermutation(7, 42, slot / 7)[slot % 7])
+        << "slot " << slot;
+  }
+  EXPECT_EQ(*ParseShuffleRule(ShuffleRuleName(ShuffleRule::kFeistel)), ShuffleRule::kFeistel);
+  EXPECT_EQ(*ParseShuffleRule("fisher-yates"), ShuffleRule::kFisherYates);
+  EXPECT_FALSE(ParseShuffleRule("random").ok());
 }
 
 TEST(BatchSamplerTest, ShuffledIsDeterministicAndSeedDependent) {
@@ -116,8 +193,16 @@ TEST(BatchSamplerTest, ShuffledIsDeterministicAndSeedDependent) {
   }
   EXPECT_EQ(wa, wb);
   EXPECT_NE(wa, wc);
-  // Pinned values: the permutation must be identical on every machine and build.
-  // A change here changes every shuffled run: only on purpose, with a note in the changelog.
+  // Pinned values: the order must be identical on every machine and build. A change here
+  // changes every shuffled run: only on purpose, with a new ShuffleRule for old checkpoints.
+  std::vector<int64_t> feistel0, feistel3;
+  for (int64_t i = 0; i < 10; ++i) {
+    feistel0.push_back(EpochShuffle(10, 1337, 0).At(i));
+    feistel3.push_back(EpochShuffle(10, 1337, 3).At(i));
+  }
+  EXPECT_EQ(feistel0, (std::vector<int64_t>{7, 1, 2, 5, 6, 3, 9, 4, 0, 8}));
+  EXPECT_EQ(feistel3, (std::vector<int64_t>{4, 7, 8, 0, 2, 5, 1, 9, 6, 3}));
+  // The previous rule (ShuffleRule::kFisherYates), which old checkpoints resume with.
   EXPECT_EQ(EpochPermutation(10, 1337, 0), (std::vector<int64_t>{3, 0, 9, 6, 5, 1, 4, 7, 8, 2}));
   EXPECT_EQ(EpochPermutation(10, 1337, 3), (std::vector<int64_t>{5, 8, 3, 4, 2, 7, 6, 1, 0, 9}));
 }

@@ -213,7 +213,8 @@ TEST(MixtureSamplerTest, EverySourceHasItsOwnShuffledEpochs) {
   ASSERT_GE(windows_of_b.size(), 110u);
   for (size_t c = 0; c < windows_of_b.size(); ++c) {
     const int64_t epoch = static_cast<int64_t>(c) / 10;
-    EXPECT_EQ(windows_of_b[c], EpochPermutation(10, seed + 1, epoch)[c % 10]) << "counter " << c;
+    EXPECT_EQ(windows_of_b[c], EpochShuffle(10, seed + 1, epoch).At(static_cast<int64_t>(c % 10)))
+        << "counter " << c;
     EXPECT_EQ(sampler->EpochOf(1, static_cast<int64_t>(c)), epoch);
   }
 }
