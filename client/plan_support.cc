@@ -93,8 +93,4 @@ StatusOr<MeshChoice> ChooseMeshOnHost(const JobSpec& spec, int nproc, bool json_
   return choice;
 }
 
-Status PlanSubmission(CoordinatorClient& client, v1::JobSpec* proto, std::string* note) {
-  return meshrun::PlanSubmission(client.ListWorkers(), meshrun::ThisPlanningHost(), proto, note);
-}
-
 }  // namespace meshrun::client

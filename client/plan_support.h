@@ -14,7 +14,7 @@
 #include "engine/calibration/calibration.h"
 #include "engine/train/planner.h"
 #include "meshrun/v1/types.pb.h"
-#include "proto/plan_submission.h"
+#include "coordinator/plan_submission.h"
 
 namespace meshrun::client {
 
@@ -31,7 +31,7 @@ StatusOr<ClusterShape> CalibratedHostCluster(int per_node,
 // their median and spread (engine/calibration's Robust), e.g. for "0.41 s/step ±4%".
 RobustFigure PredictionSpread(const JobSpec& spec, const std::vector<ClusterShape>& rounds);
 
-// meshrun::ClusterOfWorkers (proto/plan_submission.h) planned from this host.
+// meshrun::ClusterOfWorkers (coordinator/plan_submission.h) planned from this host.
 StatusOr<ClusterShape> ClusterOfWorkers(const std::vector<v1::WorkerInfo>& workers,
                                         const std::string& device);
 
@@ -43,11 +43,5 @@ nlohmann::ordered_json MeshChoiceJson(const MeshChoice& choice);
 // (calibrated now), reported on stderr and, with `json`, as the line
 // {"event":"auto",…MeshChoiceJson} on stdout before the ranks start.
 StatusOr<MeshChoice> ChooseMeshOnHost(const JobSpec& spec, int nproc, bool json);
-
-// For `meshrun submit`: meshrun::PlanSubmission (proto/plan_submission.h, the function the
-// coordinator's SubmitJob also calls) for the workers the coordinator lists now: with
-// parallelism.auto the chosen mesh is written into `spec`, and the prediction of the spec as it
-// will run. `note` receives the line to print (the choice), empty without auto.
-Status PlanSubmission(CoordinatorClient& client, v1::JobSpec* spec, std::string* note);
 
 }  // namespace meshrun::client

@@ -15,7 +15,7 @@
 #include "engine/train/device.h"
 #include "engine/train/memory_model.h"
 #include "engine/train/trainer.h"
-#include "proto/plan_submission.h"
+#include "coordinator/plan_submission.h"
 
 namespace meshrun::client {
 namespace {

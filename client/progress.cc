@@ -209,7 +209,8 @@ StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& j
       case v1::JobEvent::kCheckpointSaved: {
         const v1::CheckpointSaved& c = e.checkpoint_saved();
         result.last_checkpoint = c.path();
-        view.Line("checkpoint at step " + std::to_string(c.step()) + ": " + c.path());
+        view.Line((c.resumed() ? "resumed from the checkpoint at step " : "checkpoint at step ") +
+                  std::to_string(c.step()) + ": " + c.path());
         break;
       }
       default: break;

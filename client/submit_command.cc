@@ -49,13 +49,18 @@ int RunSubmit(const SubmitFlags& f) {
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
   const bool as_json = f.output == "json";
-  // The planner: parallelism.auto's choice for the registered workers, and the prediction the
-  // coordinator exports beside the measurement (plan_support.h).
-  std::string auto_note;
-  if (Status planned = PlanSubmission(**client, &*spec, &auto_note); !planned.ok()) {
-    return ReportError(planned);
+  // The planner is the coordinator's (decision 0048): with parallelism.auto, a dry run answers
+  // its choice for the registered workers, which is checked here and then submitted as it is.
+  if (spec->parallelism().auto_()) {
+    v1::SubmitJobRequest ask;
+    *ask.mutable_spec() = *spec;
+    ask.set_dry_run(true);
+    ask.set_wait_for_capacity(f.wait_for_capacity);
+    StatusOr<v1::SubmitJobResponse> planned = (*client)->SubmitJob(ask);
+    if (!planned.ok()) return ReportError(planned.status());
+    *spec = planned->spec();
   }
-  if (!auto_note.empty()) {
+  if (const std::string& auto_note = spec->auto_choice(); !auto_note.empty()) {
     std::cerr << EscapeText(auto_note) << std::endl;
     if (!f.skip_local_checks) {
       StatusOr<JobSpec> chosen = JobSpecFromProto(*spec);
@@ -147,8 +152,8 @@ int RunSubmit(const SubmitFlags& f) {
 StatusOr<v1::JobSpec> PrepareSubmission(const std::string& file,
                                         const std::vector<std::string>& overrides,
                                         bool local_checks) {
+  // The client's one validation (LoadJobSpecFile validates what it reads).
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpecFile(file, overrides));
-  MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, 0));
   MakeAbsolute(spec.data.train);
   for (DataSource& source : spec.data.train_sources) MakeAbsolute(source.path);
   MakeAbsolute(spec.data.val);

@@ -60,24 +60,9 @@ StatusOr<JobSpec> LoadSpec(const std::string& file, const std::vector<std::strin
   return spec;
 }
 
-// The one decision of the resume checkpoint of a standalone run (there is no coordinator):
-// the newest complete checkpoint under checkpoint.dir by the engine's rule (FindLatestComplete,
-// the one the coordinator uses too), or "" to start fresh. Every rank is told the same.
-StatusOr<std::string> DecideResume(const JobSpec& spec) {
-  if (spec.checkpoint.dir.empty() || spec.checkpoint.resume != "auto") return std::string();
-  std::vector<std::string> warnings;
-  StatusOr<LatestCheckpoint> latest = FindLatestComplete(spec.checkpoint.dir, &warnings);
-  for (const std::string& w : warnings) std::cerr << "warning: " << w << std::endl;
-  if (!latest.ok()) {
-    if (latest.status().code() == StatusCode::kNotFound) return std::string();
-    return latest.status();
-  }
-  return latest->step_dir;
-}
-
 // The RankStart of rank `rank` of a standalone run of `spec` on this host.
 v1::RankStart StandaloneStart(const JobSpec& spec, const ParallelDims& dims, int rank,
-                              const std::string& resume, int64_t stop_after) {
+                              int64_t stop_after) {
   v1::RankStart start;
   v1::RankAssignment* a = start.mutable_assignment();
   a->set_job_id("standalone");
@@ -92,15 +77,13 @@ v1::RankStart StandaloneStart(const JobSpec& spec, const ParallelDims& dims, int
   a->set_local_rank(rank);
   a->set_local_world_size(dims.world_size());
   *a->mutable_spec() = JobSpecToProto(spec);
-  a->set_resume_checkpoint(resume);
   start.set_stop_after_step(stop_after);
   return start;
 }
 
 // The launcher's side of `--nproc N`: N `meshrun __rank` processes, each told its RankStart on
 // stdin; rank 0's reports are printed here, as the in-process rank's would be.
-int LaunchRanks(const TrainFlags& o, const JobSpec& spec, const ParallelDims& dims,
-                const std::string& resume) {
+int LaunchRanks(const TrainFlags& o, const JobSpec& spec, const ParallelDims& dims) {
   LaunchOptions launch;
   launch.nproc = o.nproc;
   launch.argv = {SelfExecutable(), "__rank"};
@@ -112,7 +95,7 @@ int LaunchRanks(const TrainFlags& o, const JobSpec& spec, const ParallelDims& di
         " tp=" + std::to_string(c.tp) + ")");
   }
   launch.rank_input = [&](int rank, const std::string& store_dir) {
-    v1::RankStart start = StandaloneStart(spec, dims, rank, resume, o.stop_after);
+    v1::RankStart start = StandaloneStart(spec, dims, rank, o.stop_after);
     start.set_store_dir(store_dir);
     return Frame(start.SerializeAsString());
   };
@@ -165,15 +148,14 @@ int RunTrain(const TrainFlags& o) {
     if (!lock.ok()) return ReportError(lock.status());
     checkpoint_lock = std::move(lock).value();
   }
-  StatusOr<std::string> resume = DecideResume(*spec);
-  if (!resume.ok()) return ReportError(resume.status());
-  if (o.nproc > 1) return LaunchRanks(o, *spec, *dims, *resume);
+  // Where it resumes is rank 0's decision, as in a cluster (Trainer::LoadLatestCheckpoint).
+  if (o.nproc > 1) return LaunchRanks(o, *spec, *dims);
 
   // One rank: it runs in this process, reporting straight to the printer.
   ReportPrinter printer(o.output == "json", spec->train.steps, StdoutIsTerminal());
   rank::RankRunOptions options;
   options.interactive = true;
-  return rank::RunRank(StandaloneStart(*spec, *dims, 0, *resume, o.stop_after), &printer, options);
+  return rank::RunRank(StandaloneStart(*spec, *dims, 0, o.stop_after), &printer, options);
 }
 
 }  // namespace

@@ -22,6 +22,8 @@
 #include <system_error>
 #include <type_traits>
 
+#include "common/hf_config.h"
+
 namespace meshrun {
 namespace {
 
@@ -627,74 +629,30 @@ Status CheckSingleDocument(const std::string& text, const std::string& source) {
   return OkStatus();
 }
 
-// With model.init_from set, copies each model field the tree does not have (after --set) from
-// the folder's config.json (JSON is YAML too); an unreadable config.json is left for the
-// weight loader to report. Fields the spec gives are kept (a contradiction fails the load).
-void FillModelFromInitFrom(YAML::Node& root) {
-  YAML::Node model = root["model"];
-  if (!model || !model.IsMap() || !model["init_from"] || !model["init_from"].IsScalar()) return;
-  const std::string dir = model["init_from"].as<std::string>();
-  if (dir.empty()) return;
-  YAML::Node config;
-  try {
-    config = YAML::LoadFile((std::filesystem::path(dir) / "config.json").string());
-  } catch (const std::exception&) {
-    return;
+// The model fields the tree gives (after --set): the rest are config.json's under init_from.
+std::vector<std::string> GivenModelFields(const YAML::Node& root) {
+  std::vector<std::string> given;
+  const YAML::Node model = root["model"];
+  if (!model || !model.IsMap()) return given;
+  for (const auto& kv : model) {
+    if (kv.first.IsScalar()) given.push_back(kv.first.Scalar());
   }
-  if (!config.IsMap()) return;
-  auto scalar = [](const YAML::Node& n) { return n && n.IsScalar(); };
-  // GPT2LMHeadModel, or the Llama family (LlamaForCausalLM, Mistral, Qwen2: docs/model.md).
-  const std::string type = scalar(config["model_type"]) ? config["model_type"].Scalar() : "gpt2";
-  const bool llama = type == "llama" || type == "mistral" || type == "qwen2";
-  if (!model["arch"]) model["arch"] = llama ? "llama" : "gpt2";
-  auto fill = [&](const char* field, const YAML::Node& value) {
-    if (!model[field] && scalar(value)) model[field] = value;
-  };
-  if (!llama) {
-    static constexpr std::pair<const char*, const char*> kGpt2[] = {
-        {"n_layer", "n_layer"},       {"n_head", "n_head"},
-        {"d_model", "n_embd"},        {"seq_len", "n_positions"},
-        {"vocab_size", "vocab_size"}, {"norm_eps", "layer_norm_epsilon"}};
-    for (const auto& [field, key] : kGpt2) fill(field, config[key]);
-    fill("tie_embeddings", config["tie_word_embeddings"]);
-    return;
-  }
-  static constexpr std::pair<const char*, const char*> kLlama[] = {
-      {"n_layer", "num_hidden_layers"},     {"n_head", "num_attention_heads"},
-      {"d_model", "hidden_size"},           {"vocab_size", "vocab_size"},
-      {"n_kv_head", "num_key_value_heads"}, {"d_ff", "intermediate_size"},
-      {"norm_eps", "rms_norm_eps"},         {"tie_embeddings", "tie_word_embeddings"},
-      {"attention_bias", "attention_bias"}};
-  for (const auto& [field, key] : kLlama) fill(field, config[key]);
-  if (type == "qwen2" && !model["attention_bias"]) model["attention_bias"] = true;
-  // Sliding windows: Mistral's sliding_window (null: none); Qwen2's only with use_sliding_window
-  // (on every layer when max_window_layers is 0; other layer splits are refused at load).
-  const bool qwen2_window = type == "qwen2" && scalar(config["use_sliding_window"]) &&
-                            config["use_sliding_window"].Scalar() == "true";
-  if (type == "mistral" || qwen2_window) {
-    const YAML::Node first = config["max_window_layers"];
-    if (!qwen2_window || !scalar(first) || first.Scalar() == "0") {
-      fill("sliding_window", config["sliding_window"]);
-    }
-  }
-  // The rotary settings: `rope_theta` + `rope_scaling` (transformers 4), or `rope_parameters`
-  // holding both (transformers 5).
-  const YAML::Node params = config["rope_parameters"];
-  const YAML::Node scaling = params && params.IsMap() ? params : config["rope_scaling"];
-  fill("rope_theta", params && params.IsMap() ? params["rope_theta"] : config["rope_theta"]);
-  if (!model["rope_scaling"] && scaling && scaling.IsMap()) {
-    const YAML::Node kind = scaling["rope_type"] ? scaling["rope_type"] : scaling["type"];
-    const std::string name = scalar(kind) ? kind.Scalar() : "default";
-    if (name != "default") {
-      YAML::Node out(YAML::NodeType::Map);
-      out["type"] = name;  // a type other than llama3 fails validation, naming it
-      for (const char* key :
-           {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
-        if (scalar(scaling[key])) out[key] = scaling[key];
-      }
-      model["rope_scaling"] = out;
-    }
-  }
+  return given;
+}
+
+// With model.init_from set, each model field the tree left out becomes config.json's
+// (common/hf_config.h, the one mapping); a folder that cannot be read is left for the rank's
+// loader to report.
+void FillModelFromInitFrom(const std::vector<std::string>& given, JobSpec* spec) {
+  if (spec->model.init_from.empty()) return;
+  StatusOr<ModelSpec> file = ReadInitFromConfig(spec->model.init_from);
+  if (!file.ok()) return;
+  FillModelFromConfig(
+      *file,
+      [&](std::string_view field) {
+        return std::find(given.begin(), given.end(), field) != given.end();
+      },
+      &spec->model);
 }
 
 // model.tie_embeddings left out: true for gpt2, false for llama (as their checkpoints are).
@@ -731,10 +689,11 @@ StatusOr<JobSpec> ParseUnguarded(const std::string& text, const std::vector<std:
   for (const std::string& assignment : overrides) {
     MESHRUN_RETURN_IF_ERROR(reader.ApplyOverride(root, assignment));
   }
-  if (fill_from_init_from) FillModelFromInitFrom(root);
+  const std::vector<std::string> given = GivenModelFields(root);
   DefaultTieEmbeddings(root);
   JobSpec spec;
   MESHRUN_RETURN_IF_ERROR(reader.ReadRoot(root, spec));
+  if (fill_from_init_from) FillModelFromInitFrom(given, &spec);
   if (Status status = ValidateJobSpec(spec, /*nproc=*/0); !status.ok()) {
     return reader.Locate(status, root);
   }

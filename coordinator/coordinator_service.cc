@@ -94,28 +94,28 @@ void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request
         " (hint: retry in " + Decimal(static_cast<double>(wait->count()) / 1000) +
         " s, or ask the operator to raise the coordinator's --submit-rate/--submit-burst)"));
   }
-  // A spec that says parallelism.auto reached us unresolved (a plain gRPC client; `meshrun
-  // submit` resolves before sending): the same function chooses for the same workers.
-  const bool unresolved = request.spec().parallelism().auto_();
-  if (!options_.paths.confined() && !unresolved) {
-    StatusOr<std::string> id = jobs_.Submit(request, caller);
-    if (id.ok()) request.dry_run() ? response->set_placement(*id) : response->set_job_id(*id);
-    return done(id.status());
-  }
+  // The one planning of a submission (decision 0048): parallelism.auto chosen for the
+  // registered workers when the spec leaves it unresolved, and the prediction of every spec
+  // whose sizes are known here.
   v1::SubmitJobRequest submitted = request;
   if (options_.paths.confined()) {
     Status paths = ConfineSpecPaths(options_.paths, submitted.mutable_spec());
     if (!paths.ok()) return done(paths);
   }
-  if (unresolved) {
-    std::string choice;
-    Status planned =
-        PlanSubmission(Workers(), options_.planning_host, submitted.mutable_spec(), &choice);
-    if (!planned.ok()) return done(planned);
-    spdlog::info("SubmitJob: {}", choice);
-  }
+  std::string choice;
+  Status planned =
+      PlanSubmission(Workers(), options_.planning_host, submitted.mutable_spec(), &choice);
+  if (!planned.ok()) return done(planned);
+  if (!choice.empty()) spdlog::info("SubmitJob: {}", choice);
   StatusOr<std::string> id = jobs_.Submit(submitted, caller);
-  if (id.ok()) request.dry_run() ? response->set_placement(*id) : response->set_job_id(*id);
+  if (id.ok()) {
+    if (request.dry_run()) {
+      response->set_placement(*id);
+      *response->mutable_spec() = submitted.spec();
+    } else {
+      response->set_job_id(*id);
+    }
+  }
   done(id.status());
 }
 

@@ -24,7 +24,7 @@
 #include "coordinator/streams.h"
 #include "coordinator/worker_manager.h"
 #include "meshrun/v1/coordinator.pb.h"
-#include "proto/plan_submission.h"
+#include "coordinator/plan_submission.h"
 
 namespace meshrun::coordinator {
 

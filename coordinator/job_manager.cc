@@ -11,7 +11,6 @@
 
 #include "common/escape.h"
 #include "common/job_spec.h"
-#include "common/job_spec_yaml.h"
 #include "coordinator/proto_time.h"
 #include "proto/spec_convert.h"
 
@@ -190,13 +189,6 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request,
   MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
   // Stored and sent to the ranks with the defaults applied: a client may leave fields unset.
   v1::JobSpec resolved = ResolvedJobSpecProto(request.spec(), spec);
-  // Checkpoints already under checkpoint.dir (an earlier run): found now, before the lock; the
-  // job's own CheckpointSaved reports move it on from here (ResumeCheckpoint, restart_policy.h).
-  std::string existing_checkpoint;
-  if (spec.checkpoint.resume == "auto" && !spec.checkpoint.dir.empty() && !request.dry_run()) {
-    existing_checkpoint = config_.find_checkpoint ? config_.find_checkpoint(spec.checkpoint.dir)
-                                                  : NewestCompleteCheckpoint(spec.checkpoint.dir);
-  }
 
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) return UnavailableError("the coordinator is stopping (hint: retry)");
@@ -235,11 +227,9 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request,
   row.name = spec.name;
   row.state = v1::JOB_STATE_UNSPECIFIED;
   row.spec = resolved.SerializeAsString();
-  row.resolved_yaml = JobSpecToYaml(spec);
   row.request_id = request.request_id();
   row.submitted_ms = ToMillis(clock_.Now());
   row.world_size = mesh.world_size();
-  row.last_checkpoint = existing_checkpoint;
   auto job = std::make_unique<Job>(std::move(row), std::move(resolved), mesh, config_.events);
   job->owner = caller;
   Txn txn(*job);

@@ -78,10 +78,6 @@ struct JobManagerConfig {
   // a `running` list naming more unknown attempts than this is refused.
   size_t max_stops_per_worker = 1'024;
   EventLimits events;
-  // The newest complete checkpoint folder under a checkpoint.dir, or "" (none, or not visible
-  // from the coordinator); asked once per job, at Submit, outside the lock. Default:
-  // NewestCompleteCheckpoint (the engine's completeness rule).
-  std::function<std::string(const std::string& dir)> find_checkpoint;
   // Receives every accepted rank sample with the rank's placement, and each job's end (the
   // coordinator's per-rank Prometheus series); null: none kept.
   std::shared_ptr<RankSeries> rank_series;

@@ -167,8 +167,8 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   *as->mutable_spec() = job.spec;
   as->mutable_store()->set_address(config_.store_address);
   as->mutable_store()->set_prefix(job_id + "/" + std::to_string(a.number) + "/");
-  // One decision of the resume checkpoint, made here without filesystem access.
-  as->set_resume_checkpoint(ResumeCheckpoint(job.spec, job.row.last_checkpoint));
+  // No resume decision here: rank 0 makes it where checkpoint.dir is readable and reports it
+  // (CheckpointSaved.resumed; decision 0048).
   for (const Rank& r : a.ranks) {
     as->set_rank(r.rank);
     as->mutable_coords()->set_dp_replicate(r.coords.dp_replicate);
@@ -482,6 +482,10 @@ void JobManager::OnCheckpointSaved(const std::string& worker_id, const v1::Check
   Txn txn(*job);
   job->row.last_checkpoint = saved.path();
   txn.job_dirty = true;
+  if (saved.resumed()) {
+    spdlog::info("job {}: attempt {} resumed from {} (step {})", job->row.job_id, saved.attempt(),
+                 saved.path(), saved.step());
+  }
   *journal_.AddEvent(txn)->mutable_checkpoint_saved() = saved;
   (void)journal_.Commit(txn, Durability::kDurable);
 }

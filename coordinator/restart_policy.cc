@@ -61,20 +61,6 @@ std::string FormatSeconds(std::chrono::milliseconds d) {
   return buf;
 }
 
-std::string ResumeCheckpoint(const v1::JobSpec& spec, const std::string& last_checkpoint) {
-  const v1::CheckpointSpec& ckpt = spec.checkpoint();
-  if (ckpt.resume() != "auto" || ckpt.dir().empty()) return "";
-  return last_checkpoint;
-}
-
-std::string NewestCompleteCheckpoint(const std::string& dir) {
-  // The engine's rule (engine/io/checkpoint.h), the one `meshrun train` decides with too.
-  std::vector<std::string> warnings;
-  StatusOr<LatestCheckpoint> latest = FindLatestComplete(dir, &warnings);
-  for (const std::string& w : warnings) spdlog::warn("checkpoint.dir {}: {}", dir, w);
-  return latest.ok() ? latest->step_dir : std::string();
-}
-
 Status CheckReportedCheckpoint(const v1::JobSpec& spec, int64_t step, const std::string& path) {
   namespace fs = std::filesystem;
   const std::string& dir = spec.checkpoint().dir();

@@ -1,9 +1,8 @@
 // The rules of an attempt's life that JobManager applies under its mutex: how long a restart
 // waits (exponential backoff), whether a failed attempt restarts or fails the job and with
-// what message, how a rank's exit reads, and which checkpoint the next attempt resumes from.
+// what message, and how a rank's exit reads.
 // StopLedger keeps the StopOrders sent to workers (resent at most every stop_resend, bounded
-// per worker). Pure values apart from NewestCompleteCheckpoint (the filesystem); none is
-// thread-safe.
+// per worker). Pure values; none is thread-safe.
 #pragma once
 
 #include <chrono>
@@ -45,15 +44,6 @@ std::string DescribeExit(const v1::RankExited& exited, const std::string& worker
 
 // "1.5 s", for messages.
 std::string FormatSeconds(std::chrono::milliseconds d);
-
-// The one decision of an attempt's resume checkpoint, with no filesystem access: for
-// checkpoint.resume "auto" with a dir, the job's last known checkpoint (found at Submit, moved
-// on by every CheckpointSaved of the job); else "" (start fresh).
-std::string ResumeCheckpoint(const v1::JobSpec& spec, const std::string& last_checkpoint);
-
-// The newest complete checkpoint folder under `dir` by the engine's rule (FindLatestComplete),
-// or "" (none, or not visible from the coordinator). Reads the filesystem: never under a lock.
-std::string NewestCompleteCheckpoint(const std::string& dir);
 
 // Whether `path`, reported by a worker as the checkpoint of `spec`'s job at `step`, is that
 // job's own: the step folder of `step` (StepDirName) directly in checkpoint.dir, compared

@@ -304,7 +304,9 @@ Status StateDb::CommitLocked(const WriteBatch& b) {
     MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kUpsertJob));
     Stmt q(s);
     q.Bind(1, j.job_id).Bind(2, j.seq).Bind(3, j.name).Bind(4, j.state).BindBlob(5, j.spec);
-    q.Bind(6, j.resolved_yaml).Bind(7, j.request_id).Bind(8, j.attempt).Bind(9, j.restarts);
+    // resolved_yaml: a copy of the spec that nothing read; schema version 1 keeps the column,
+    // written empty (the spec is `spec`, the one stored copy; decision 0048).
+    q.Bind(6, std::string()).Bind(7, j.request_id).Bind(8, j.attempt).Bind(9, j.restarts);
     q.Bind(10, j.message).Bind(11, j.submitted_ms).Bind(12, j.started_ms).Bind(13, j.finished_ms);
     q.Bind(14, j.world_size).Bind(15, j.step).Bind(16, j.loss).Bind(17, j.tokens_per_second);
     q.Bind(18, j.mfu).Bind(19, j.last_checkpoint).Bind(20, j.seq_reserved);
@@ -358,7 +360,6 @@ StatusOr<std::vector<JobRow>> StateDb::LoadJobs() {
     j.name = q.Text(2);
     j.state = static_cast<int>(q.Int(3));
     j.spec = q.Text(4);
-    j.resolved_yaml = q.Text(5);
     j.request_id = q.Text(6);
     j.attempt = static_cast<int>(q.Int(7));
     j.restarts = static_cast<int>(q.Int(8));

@@ -37,7 +37,6 @@ struct JobRow {
   std::string name;
   int state = 0;              // v1::JobState
   std::string spec;           // serialized v1::JobSpec (with source_yaml and set_overrides)
-  std::string resolved_yaml;  // JobSpecToYaml of the validated spec
   std::string request_id;
   int attempt = 0;
   int restarts = 0;

@@ -81,9 +81,9 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(par.has_auto_(), par.auto_(), &s.parallelism.auto_mesh);
 
   if (!s.model.init_from.empty()) {
-    // Sizes left out are read from init_from's config.json by the engine at rank start; until
-    // then they hold placeholders that satisfy every mesh rule, so that validation here checks
-    // the rest of the spec (the engine reports a contradiction with config.json).
+    // Sizes left out are read from init_from's config.json by the rank (rank/spec_intake.h);
+    // until then they hold placeholders that satisfy every mesh rule, so that validation here
+    // checks the rest of the spec.
     const int tp = s.parallelism.tp_size > 0 ? s.parallelism.tp_size : 1;
     const int cp = s.parallelism.cp_size > 0 ? s.parallelism.cp_size : 1;
     if (!m.has_n_layer()) s.model.n_layer = 1;

@@ -14,8 +14,8 @@ namespace meshrun {
 // naming the field when a value does not fit the common struct (an int64 above INT32_MAX).
 // With model.init_from set, missing model sizes are filled with placeholders that satisfy
 // every rule of the mesh (n_head = tp_size, d_model = n_head·tp_size, seq_len = 2·cp_size,
-// vocab_size = 256, n_layer = 1): the engine reads the real ones from config.json at rank
-// start and reports contradictions there.
+// vocab_size = 256, n_layer = 1): the rank replaces them with config.json's before it
+// validates (rank/spec_intake.h, decision 0048).
 StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& proto);
 
 // The other direction, every field set (the model sizes always present); source_yaml and

@@ -22,6 +22,7 @@
 #include "engine/train/rank_device.h"
 #include "proto/spec_convert.h"
 #include "rank/checkpoint_lock.h"
+#include "rank/spec_intake.h"
 #include "rpc/grpc_store.h"
 
 namespace meshrun::rank {
@@ -86,6 +87,13 @@ class ReportingObserver final : public TrainObserver {
     v1::RankReport r;
     r.mutable_checkpoint_saved()->set_step(step);
     r.mutable_checkpoint_saved()->set_path(step_dir);
+    sink_->Report(r);
+  }
+  void OnResumed(int64_t step, const std::string& step_dir) override {
+    v1::RankReport r;
+    r.mutable_checkpoint_saved()->set_step(step);
+    r.mutable_checkpoint_saved()->set_path(step_dir);
+    r.mutable_checkpoint_saved()->set_resumed(true);
     sink_->Report(r);
   }
 
@@ -186,10 +194,11 @@ void InstallRankFileRoots(const v1::RankStart& start) {
 
 int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& options) {
   const v1::RankAssignment& a = start.assignment();
-  // The spec's one conversion and one validation in the rank.
-  StatusOr<JobSpec> spec = JobSpecFromProto(a.spec());
+  // The roots first: the spec's intake already reads (init_from's config.json).
+  InstallRankFileRoots(start);
+  // The spec's one conversion and one validation in the rank (rank/spec_intake.h).
+  StatusOr<JobSpec> spec = SpecOfRankStart(start);
   if (!spec.ok()) return ReportError(spec.status());
-  if (Status s = ValidateJobSpec(*spec, a.world_size()); !s.ok()) return ReportError(s);
   StatusOr<ParallelDims> dims = MeshOf(*spec);
   if (!dims.ok()) return ReportError(dims.status());
   if (a.rank() < 0 || a.rank() >= dims->world_size()) {
@@ -197,7 +206,6 @@ int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& 
                                             " is outside the mesh " + dims->ToString() +
                                             " (hint: ranks are numbered 0 … world size − 1)"));
   }
-  InstallRankFileRoots(start);
   // Rank 0 of a cluster job holds checkpoint.dir while it runs (rank/checkpoint_lock.h); a
   // standalone run ("standalone", `meshrun train`) holds it in the launching process already.
   std::unique_ptr<CheckpointDirLock> checkpoint_lock;
@@ -229,9 +237,8 @@ int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& 
   train.peak_flops = *peak;
   train.stop_after_step = start.stop_after_step();
   train.spec_yaml = JobSpecToYaml(*spec);
-  // The resume checkpoint was chosen once, before any rank started: every rank loads it.
-  train.resume_decided = true;
-  train.resume_checkpoint = a.resume_checkpoint();
+  // The resume checkpoint is chosen once, by rank 0, where checkpoint.dir is readable, and
+  // every rank loads it (Trainer::Run; decision 0048).
   // A coordinator's job marks its checkpoints with its id; a standalone run (no store
   // address) leaves them unmarked, as it owns its folder.
   if (!a.store().address().empty()) train.checkpoint_owner = a.job_id();

@@ -29,6 +29,8 @@ RankCommand BuildRankCommand(const v1::RankAssignment& a, const RankLaunchConfig
   *start.mutable_assignment() = a;
   start.set_host(config.host);
   start.set_echo_reports(true);  // eval and summary lines stay in the job's logs
+  start.set_threads(config.threads);
+  start.set_memory_bytes(config.memory_bytes);
   start.mutable_tls()->set_cert(config.tls.cert);
   start.mutable_tls()->set_key(config.tls.key);
   start.mutable_tls()->set_ca(config.tls.ca);

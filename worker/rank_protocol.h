@@ -24,14 +24,16 @@ struct RankLaunchConfig {
   std::string working_dir;     // <work-dir>/<job>/<attempt>
   std::string host;            // this worker's address (where peers reach its ranks)
   int cores = 1;               // CPU cores of this host
+  int threads = 0;             // the rank's CPU threads (RankStart.threads); 0: not set
+  int64_t memory_bytes = 0;    // the worker's --memory-bytes (RankStart.memory_bytes)
   TlsFiles tls;                // the files ranks reach the coordinator's store with
   // --data-root / --checkpoint-root, resolved; both empty: unconfined.
   std::vector<std::string> data_roots;
   std::vector<std::string> checkpoint_roots;
 };
 
-// One assigned rank as a process: `meshrun __rank`, its RankStart (the assignment as the worker
-// resolved and checked it, with the host, TLS files and file roots) framed on its stdin, and
+// One assigned rank as a process: `meshrun __rank`, its RankStart (the assignment unchanged, with
+// the host, threads, TLS files and file roots beside it) framed on its stdin, and
 // the only variable it needs set: OMP_NUM_THREADS = max(1, cores / local_world_size), read by
 // OpenMP itself (on top of the allow-listed part of the worker's environment, see
 // MergeEnvironment).

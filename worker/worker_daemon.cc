@@ -11,10 +11,8 @@
 #include <fstream>
 #include <thread>
 
-#include "common/atomic_file.h"
 #include "common/confined_file.h"
 #include "common/escape.h"
-#include "common/job_spec_yaml.h"
 #include "common/memory_estimate.h"
 #include "common/parallel_dims.h"
 #include "proto/duration.h"
@@ -109,12 +107,10 @@ size_t WorkerDaemon::active_ranks() const {
 
 StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssignment& a) {
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromProto(a.spec()));
-  // Confined paths, checked again here whatever the coordinator checked: the spec the rank
-  // gets names the resolved paths, so neither a relative path nor a symlink leads elsewhere.
-  MESHRUN_RETURN_IF_ERROR(config_.paths.ConfineJobSpec(&spec, PathPolicy::Rewrite::kReal));
-  MESHRUN_ASSIGN_OR_RETURN(
-      PathPolicy::Resolved resume,
-      config_.paths.Resolve("resume_checkpoint", a.resume_checkpoint(), PathPolicy::Access::kRead));
+  // Confined paths, checked again here whatever the coordinator checked (symlinks followed);
+  // the rank checks each object it really opens against the same roots (common/confined_file.h).
+  JobSpec checked = spec;
+  MESHRUN_RETURN_IF_ERROR(config_.paths.ConfineJobSpec(&checked, PathPolicy::Rewrite::kReal));
   // The operator's limits win over the spec's: no rank runs more threads than this worker's
   // share of --cores, and none starts whose model cannot fit in its memory.
   const int local = std::max(1, a.local_world_size());
@@ -138,7 +134,12 @@ StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssi
                                 std::to_string(mesh.world_size()) +
                                 " (hint: a coordinator of another version sent it)");
   }
-  if (spec.resources.device == "cpu") {
+  // With model.init_from and sizes left out, the sizes are the rank's to read: the estimate
+  // would be of placeholders, so the rank checks its memory once it knows them.
+  const bool sizes_known = spec.model.init_from.empty() ||
+                           (a.spec().model().has_n_layer() && a.spec().model().has_d_model() &&
+                            a.spec().model().has_vocab_size() && a.spec().model().has_seq_len());
+  if (spec.resources.device == "cpu" && sizes_known) {
     MESHRUN_RETURN_IF_ERROR(CheckRankMemory(
         spec, mesh, local, static_cast<double>(config_.memory_bytes), "--memory-bytes"));
   }
@@ -146,9 +147,7 @@ StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssi
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create " + dir.string() + ": " + ec.message());
-  const fs::path spec_path = dir / "spec.yaml";
-  MESHRUN_RETURN_IF_ERROR(WriteFileAtomic(spec_path.string(), JobSpecToYaml(spec)));
-  return Prepared{dir.string(), a.resume_checkpoint().empty() ? "" : resume.real, std::move(spec)};
+  return Prepared{dir.string(), spec.resources.threads};
 }
 
 void WorkerDaemon::ReportNotStarted(const v1::RankAssignment& a, const std::string& error) {
@@ -203,10 +202,10 @@ void WorkerDaemon::OnAssign(const v1::RankAssignment& a) {
   // The rank re-checks what it really opens against the same roots (common/confined_file.h).
   launch.data_roots = config_.paths.data_roots();
   launch.checkpoint_roots = config_.paths.checkpoint_roots();
-  v1::RankAssignment resolved = a;  // the rank is told the spec and checkpoint as checked here
-  *resolved.mutable_spec() = JobSpecToProto(prepared->spec);
-  resolved.set_resume_checkpoint(prepared->resume_checkpoint);
-  RankCommand command = BuildRankCommand(resolved, launch);
+  launch.threads = prepared->threads;
+  launch.memory_bytes = static_cast<int64_t>(config_.memory_bytes);
+  // The assignment as the coordinator sent it: the spec is forwarded unchanged (decision 0048).
+  RankCommand command = BuildRankCommand(a, launch);
   int gpu = -1;
   if (config_.device == "cuda" && !config_.gpus.empty()) {
     std::optional<int> picked;
@@ -342,6 +341,7 @@ void WorkerDaemon::OnRankReport(const RankKey& key, const std::string& frame) {
     saved->set_attempt(key.attempt);
     saved->set_step(report.checkpoint_saved().step());
     saved->set_path(report.checkpoint_saved().path());
+    saved->set_resumed(report.checkpoint_saved().resumed());
   } else {
     return;
   }

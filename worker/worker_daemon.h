@@ -91,14 +91,13 @@ class WorkerDaemon : public SessionHandler {
     int gpu = -1;  // index into config_.gpus of a cuda rank
   };
   struct Prepared {
-    std::string dir;                // <work_dir>/<job>/<attempt>
-    std::string resume_checkpoint;  // the assignment's, resolved and checked ("" if none)
-    JobSpec spec;                   // with the resolved paths and the clamped threads
+    std::string dir;  // <work_dir>/<job>/<attempt>, the rank's working folder
+    int threads = 1;  // the rank's CPU threads (RankStart.threads)
   };
-  // Checks the assignment against this worker's limits (paths, threads, memory) and writes
-  // <work_dir>/<job>/<attempt>/spec.yaml, the spec its ranks get, for operators to read (the
-  // rank itself gets it in its RankStart). The spec is converted, not validated: the
-  // coordinator validated it and the rank validates it.
+  // Checks the assignment against this worker's limits (paths, threads, memory) and creates the
+  // rank's working folder. The spec is read, never re-encoded: the rank gets the coordinator's
+  // message unchanged, and this worker's facts (threads, roots) beside it in RankStart
+  // (decision 0048). Not validated here either: the coordinator and the rank validate it.
   StatusOr<Prepared> PrepareAttempt(const v1::RankAssignment& a);
   // Reports an assignment that never became a process (RankExited, exit_code −1).
   void ReportNotStarted(const v1::RankAssignment& a, const std::string& error);

@@ -419,10 +419,10 @@ class ChaosCluster {
     const int expected = t->fault == Fault::kKillRankInRestart ? 2 : 1;
     claim(t->restarts == expected,
           "restarts " + std::to_string(t->restarts) + ", expected " + std::to_string(expected));
-    // The coordinator resumes from the last checkpoint rank 0 reported saved
-    // (docs/coordinator.md): the newest complete one when the next attempt was placed, or the
-    // one before it when the fault hit rank 0 (or its worker) between completing the newest and
-    // its report leaving (CI saw step 12 complete at a worker kill and a resume from 8).
+    // Rank 0 of the next attempt resumes from the newest complete checkpoint it finds
+    // (decision 0048): the newest when the attempt was placed. One interval older is still
+    // accepted, as when the coordinator chose from rank 0's reports (a report could die with the
+    // killed process: CI saw step 12 complete at a worker kill and a resume from 8).
     // The survivors may have completed one after the fault (every shard was already written),
     // never a newer one.
     const int reported_floor = t->newest_at_restart - o_.every;

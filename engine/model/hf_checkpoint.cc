@@ -10,6 +10,7 @@
 
 #include "common/atomic_file.h"
 #include "common/confined_file.h"
+#include "common/hf_config.h"
 
 namespace meshrun {
 
@@ -48,135 +49,8 @@ bool IsConv1DWeight(const std::string& name) {
 }  // namespace
 
 StatusOr<GPT2Config> ReadHuggingFaceConfig(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "config.json").string();
-  MESHRUN_ASSIGN_OR_RETURN(nlohmann::json j, ReadJson(path, "model.init_from"));
-  if (j.contains("model_type") && !j["model_type"].is_string()) {
-    return InvalidArgumentError(
-        "model.init_from: " + path +
-        ": 'model_type' is not a string (hint: e.g. \"gpt2\" or \"llama\")");
-  }
-  const std::string type = j.value("model_type", std::string("gpt2"));
-  const std::string type_name = "model_type '" + type + "'";
-  auto refuse = [&](const std::string& what, const std::string& hint) {
-    return InvalidArgumentError("model.init_from: " + path + ": " + what + " (hint: " + hint + ")");
-  };
-  auto number = [&](const nlohmann::json& obj, const char* key, auto* out,
-                    bool required) -> Status {
-    if (!obj.contains(key) || obj[key].is_null()) {
-      if (!required) return OkStatus();
-      return InvalidArgumentError("model.init_from: " + path + " has no '" + key + "' (hint: a " +
-                                  type_name +
-                                  " config.json needs it; re-create the folder with "
-                                  "transformers' save_pretrained or `meshrun export`)");
-    }
-    if (!obj[key].is_number()) {
-      return InvalidArgumentError("model.init_from: " + path + ": '" + key +
-                                  "' is not a number (hint: write it as a number)");
-    }
-    *out = obj[key].get<std::remove_pointer_t<decltype(out)>>();
-    return OkStatus();
-  };
-  auto flag = [&](const char* key, bool fallback) {
-    return j.contains(key) && j[key].is_boolean() ? j[key].get<bool>() : fallback;
-  };
-  GPT2Config cfg;
-  if (type == "gpt2") {
-    MESHRUN_RETURN_IF_ERROR(number(j, "n_embd", &cfg.d_model, true));
-    MESHRUN_RETURN_IF_ERROR(number(j, "n_layer", &cfg.n_layer, true));
-    MESHRUN_RETURN_IF_ERROR(number(j, "n_head", &cfg.n_head, true));
-    MESHRUN_RETURN_IF_ERROR(number(j, "n_positions", &cfg.max_seq_len, true));
-    MESHRUN_RETURN_IF_ERROR(number(j, "vocab_size", &cfg.vocab_size, true));
-    MESHRUN_RETURN_IF_ERROR(number(j, "layer_norm_epsilon", &cfg.ln_eps, false));
-    cfg.n_kv_head = cfg.n_head;
-    cfg.d_ff = 4 * cfg.d_model;
-    cfg.tie_embeddings = flag("tie_word_embeddings", true);
-    if (j.contains("n_inner") && j["n_inner"].is_number() && j["n_inner"] != 4 * cfg.d_model) {
-      return refuse("n_inner " + j["n_inner"].dump() + " is not 4·n_embd",
-                    "meshrun's gpt2 has an MLP of 4·d_model");
-    }
-    return cfg;
-  }
-  if (type != "llama" && type != "mistral" && type != "qwen2") {
-    return refuse("model_type '" + type + "' is not one meshrun builds",
-                  "use a GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM or "
-                  "Qwen2ForCausalLM folder");
-  }
-  cfg.arch = Arch::kLlama;
-  MESHRUN_RETURN_IF_ERROR(number(j, "hidden_size", &cfg.d_model, true));
-  MESHRUN_RETURN_IF_ERROR(number(j, "num_hidden_layers", &cfg.n_layer, true));
-  MESHRUN_RETURN_IF_ERROR(number(j, "num_attention_heads", &cfg.n_head, true));
-  cfg.n_kv_head = cfg.n_head;
-  MESHRUN_RETURN_IF_ERROR(number(j, "num_key_value_heads", &cfg.n_kv_head, false));
-  MESHRUN_RETURN_IF_ERROR(number(j, "intermediate_size", &cfg.d_ff, true));
-  MESHRUN_RETURN_IF_ERROR(number(j, "vocab_size", &cfg.vocab_size, true));
-  cfg.ln_eps = 1e-6;  // transformers' default for the family
-  MESHRUN_RETURN_IF_ERROR(number(j, "rms_norm_eps", &cfg.ln_eps, false));
-  cfg.tie_embeddings = flag("tie_word_embeddings", false);
-  // The longest context it was made for (generation's window; training uses model.seq_len).
-  MESHRUN_RETURN_IF_ERROR(number(j, "max_position_embeddings", &cfg.max_seq_len, false));
-  const std::string act = j.value("hidden_act", std::string("silu"));
-  if (act != "silu") {
-    return refuse("hidden_act '" + act + "' is not silu", "meshrun's llama MLP is SwiGLU");
-  }
-  if (j.contains("head_dim") && j["head_dim"].is_number() &&
-      j["head_dim"].get<int64_t>() != cfg.d_model / std::max(1, cfg.n_head)) {
-    return refuse("head_dim " + j["head_dim"].dump() + " is not hidden_size/num_attention_heads",
-                  "meshrun's heads are d_model/n_head wide");
-  }
-  if (flag("mlp_bias", false)) {
-    return refuse("mlp_bias is true", "meshrun's llama MLP has no biases");
-  }
-  // Sliding windows (as transformers reads them): Mistral's sliding_window on every layer
-  // (null: none); Qwen2's only with use_sliding_window, on the layers from max_window_layers on.
-  const bool has_window = j.contains("sliding_window") && !j["sliding_window"].is_null();
-  if (type == "mistral" && has_window) {
-    MESHRUN_RETURN_IF_ERROR(number(j, "sliding_window", &cfg.sliding_window, false));
-  }
-  if (type == "qwen2" && flag("use_sliding_window", false) && has_window) {
-    int first = 28;  // transformers' default max_window_layers
-    MESHRUN_RETURN_IF_ERROR(number(j, "max_window_layers", &first, false));
-    if (first == 0) {
-      MESHRUN_RETURN_IF_ERROR(number(j, "sliding_window", &cfg.sliding_window, false));
-    } else if (first < cfg.n_layer) {
-      return refuse("use_sliding_window is true with max_window_layers " + std::to_string(first) +
-                        " of " + std::to_string(cfg.n_layer) + " layers",
-                    "meshrun applies a sliding window to every layer or to none; set "
-                    "max_window_layers to 0 (every layer) or to num_hidden_layers (none)");
-    }
-  }
-  if (cfg.sliding_window < 0) {
-    return refuse("sliding_window " + j["sliding_window"].dump() + " is negative",
-                  "use null (no window) or a positive number of keys");
-  }
-  if (type == "qwen2") {
-    cfg.attention_bias = true;  // Qwen2: biases on q, k and v, none on o_proj
-  } else if (flag("attention_bias", false)) {
-    return refuse("attention_bias is true, which in " + type + " also biases o_proj",
-                  "meshrun's attention_bias covers q, k and v only (as Qwen2 has)");
-  }
-  // rope_theta + rope_scaling (transformers 4) or rope_parameters holding both (transformers 5).
-  const bool v5 = j.contains("rope_parameters") && j["rope_parameters"].is_object();
-  const nlohmann::json& params = v5 ? j["rope_parameters"] : j;
-  MESHRUN_RETURN_IF_ERROR(number(params, "rope_theta", &cfg.rope_theta, false));
-  const nlohmann::json scaling =
-      v5 ? j["rope_parameters"] : j.value("rope_scaling", nlohmann::json());
-  if (scaling.is_object()) {
-    std::string kind = scaling.value("rope_type", std::string());
-    if (kind.empty()) kind = scaling.value("type", std::string("default"));
-    if (kind == "llama3") {
-      RopeScaling& r = cfg.rope_scaling;
-      r.llama3 = true;
-      MESHRUN_RETURN_IF_ERROR(number(scaling, "factor", &r.factor, true));
-      MESHRUN_RETURN_IF_ERROR(number(scaling, "low_freq_factor", &r.low_freq_factor, true));
-      MESHRUN_RETURN_IF_ERROR(number(scaling, "high_freq_factor", &r.high_freq_factor, true));
-      MESHRUN_RETURN_IF_ERROR(number(scaling, "original_max_position_embeddings",
-                                     &r.original_max_position_embeddings, true));
-    } else if (kind != "default") {
-      return refuse("rope scaling of type '" + kind + "' is not built",
-                    "meshrun knows rope_scaling type llama3");
-    }
-  }
-  return cfg;
+  MESHRUN_ASSIGN_OR_RETURN(ModelSpec model, ReadInitFromConfig(dir));
+  return GPT2ConfigOf(model);
 }
 
 Status CheckConfigMatches(const GPT2Config& model, const GPT2Config& file, const std::string& dir) {

@@ -303,11 +303,38 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
 }
 
 Status Trainer::LoadLatestCheckpoint(TrainObserver* observer) {
-  std::vector<std::string> warnings;
-  StatusOr<LatestCheckpoint> latest = FindLatestComplete(spec_.checkpoint.dir, &warnings);
-  for (const std::string& w : warnings) observer->OnLog("warning: " + w);
-  if (!latest.ok()) return latest.status();
-  return ResumeFrom(latest->step_dir, observer);
+  // Rank 0 decides; the others learn the step (rank 0's value summed over tp, then dp_cp: the
+  // whole world). Its code: step + 1 when found, 0 when there is none, −1 when it failed.
+  double code = 0;
+  Status failed;
+  if (ctx_.rank == 0) {
+    std::vector<std::string> warnings;
+    StatusOr<LatestCheckpoint> latest = FindLatestComplete(spec_.checkpoint.dir, &warnings);
+    for (const std::string& w : warnings) observer->OnLog("warning: " + w);
+    if (latest.ok()) {
+      code = static_cast<double>(latest->step) + 1;
+    } else if (latest.status().code() != StatusCode::kNotFound) {
+      failed = latest.status();
+      code = -1;
+    }
+  }
+  MESHRUN_ASSIGN_OR_RETURN(double over_tp,
+                           SumOverGroup(Comm(MeshAxis::kTp), code, CommCharge::Control()));
+  MESHRUN_ASSIGN_OR_RETURN(code,
+                           SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, CommCharge::Control()));
+  if (code < 0) {
+    if (!failed.ok()) return failed;
+    return FailedPreconditionError("checkpoint.dir: rank 0 could not choose a checkpoint in " +
+                                   spec_.checkpoint.dir + " (hint: see rank 0's log)");
+  }
+  if (code == 0) {
+    return NotFoundError("checkpoint.dir: no complete checkpoint in " + spec_.checkpoint.dir);
+  }
+  const int64_t step = static_cast<int64_t>(code) - 1;
+  const std::string step_dir = StepDir(spec_.checkpoint.dir, step);
+  MESHRUN_RETURN_IF_ERROR(ResumeFrom(step_dir, observer));
+  observer->OnResumed(step, step_dir);
+  return OkStatus();
 }
 
 Status Trainer::ResumeFrom(const std::string& step_dir, TrainObserver* observer) {

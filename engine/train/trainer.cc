@@ -332,11 +332,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   if (observer == nullptr) observer = &none;
   const TrainSpec& tr = spec_.train;
   const CheckpointSpec& ck = spec_.checkpoint;
-  if (options_.resume_decided) {
-    if (!options_.resume_checkpoint.empty()) {
-      MESHRUN_RETURN_IF_ERROR(ResumeFrom(options_.resume_checkpoint, observer));
-    }
-  } else if (!ck.dir.empty() && ck.resume == "auto") {
+  if (!ck.dir.empty() && ck.resume == "auto") {
     Status s = LoadLatestCheckpoint(observer);
     if (!s.ok() && s.code() != StatusCode::kNotFound) return s;
   }

@@ -79,6 +79,8 @@ class TrainObserver {
   virtual void OnLog(const std::string& /*line*/) {}
   // A complete checkpoint of `step` was written to `step_dir` (after its "checkpoint" log line).
   virtual void OnCheckpoint(int64_t /*step*/, const std::string& /*step_dir*/) {}
+  // Every rank loaded `step_dir` (of `step`) before its first step: rank 0 chose it.
+  virtual void OnResumed(int64_t /*step*/, const std::string& /*step_dir*/) {}
 };
 
 // Where this rank sits in the job. The default is a single rank with no communication.
@@ -99,11 +101,6 @@ struct TrainOptions {
   const volatile std::sig_atomic_t* stop_requested = nullptr;
   double peak_flops = 0;  // device peak for MFU; 0: measure a float32 GEMM at start
   std::string spec_yaml;  // the resolved spec, stored in checkpoint metadata
-  // The resume checkpoint was chosen before the rank started (by the coordinator, or by the
-  // standalone launcher, with FindLatestComplete): load resume_checkpoint when it is set and
-  // start fresh when it is empty, instead of looking under checkpoint.dir again.
-  bool resume_decided = false;
-  std::string resume_checkpoint;
   // Recorded in every checkpoint this run writes; checkpoint.keep prunes only folders with
   // the same owner (PruneCheckpoints). A cluster job's id; "" for a standalone run.
   std::string checkpoint_owner;
@@ -126,7 +123,10 @@ class Trainer {
   GPT2<float>& model() { return *model_; }
   int64_t step() const { return step_; }
   Status SaveCheckpoint();
-  // Loads the newest complete checkpoint under checkpoint.dir; NOT_FOUND when there is none.
+  // The one decision of where a run resumes (decision 0048): rank 0 finds the newest complete
+  // checkpoint under checkpoint.dir (FindLatestComplete, the one completeness rule), every rank
+  // learns its step over the world and loads it; OnResumed tells the observer. NOT_FOUND when
+  // there is none (then every rank starts fresh).
   Status LoadLatestCheckpoint(TrainObserver* observer);
   Status LoadCheckpoint(const std::string& step_dir);
   // LoadCheckpoint, then the "resumed from …" log line.

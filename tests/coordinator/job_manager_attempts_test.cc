@@ -164,47 +164,49 @@ TEST_F(JobManagerTest, FreshAssignmentsAreNotMissed) {
   EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
 }
 
-TEST_F(JobManagerTest, CheckpointIsPassedToTheNextAttempt) {
+TEST_F(JobManagerTest, CheckpointsAreRecordedNotDecided) {
   workers_.Add("a", 1);
   v1::SubmitJobRequest req = SubmitRequest(1, 1, 1, 1, 1);
   req.mutable_spec()->mutable_checkpoint()->set_dir("/ckpt");
   const std::string id = *jobs_->Submit(req);
   auto first = StartAll("a");
-  EXPECT_EQ(first[0].resume_checkpoint(), "");
-  CheckpointSaved("a", id, 1, 2, "/ckpt/step-00000002");
-  EXPECT_EQ(Get(id).last_checkpoint(), "/ckpt/step-00000002");
+  ASSERT_EQ(first.size(), 1u);
+  // Rank 0 chose where to resume (decision 0048) and says so: the coordinator records it.
+  CheckpointSaved("a", id, 1, 5, "/ckpt/step-00000005", /*resumed=*/true);
+  EXPECT_EQ(Get(id).last_checkpoint(), "/ckpt/step-00000005");
+  CheckpointSaved("a", id, 1, 6, "/ckpt/step-00000006");
+  EXPECT_EQ(Get(id).last_checkpoint(), "/ckpt/step-00000006");
   Exited("a", id, 1, 0, 1);
   auto second = workers_.TakeAssignments("a");
   ASSERT_EQ(second.size(), 1u);
   EXPECT_EQ(second[0].attempt(), 2);
-  EXPECT_EQ(second[0].resume_checkpoint(), "/ckpt/step-00000002");
 }
 
-// The resume checkpoint is decided once per job from what Submit found under checkpoint.dir
-// (outside the lock), then moved on by CheckpointSaved; placing an attempt reads no folder.
-
-TEST_F(JobManagerTest, ResumeIsDecidedFromWhatSubmitFoundWithoutScansAtPlacement) {
-  found_checkpoint_ = "/ckpt/step-00000005";
-  workers_.Add("a", 1);
-  v1::SubmitJobRequest req = SubmitRequest(1, 1, 1, 1, 1);
-  req.mutable_spec()->mutable_checkpoint()->set_dir("/ckpt");
+// Decision 0048: every assignment carries the spec exactly as the coordinator stored it, the
+// same bytes for every rank and attempt (what the worker forwards to the rank unchanged).
+TEST_F(JobManagerTest, AssignmentsCarryTheStoredSpecByteForByte) {
+  workers_.Add("a", 2);
+  v1::SubmitJobRequest req = SubmitRequest(1, 2, 1, 1, 1);
+  req.mutable_spec()->mutable_model()->set_init_from("/models/tiny");
+  req.mutable_spec()->mutable_model()->clear_d_model();
+  req.mutable_spec()->mutable_model()->clear_n_head();
+  req.mutable_spec()->set_source_yaml("name: bytes\n");
   const std::string id = *jobs_->Submit(req);
-  EXPECT_EQ(find_calls_, 1);
+  StatusOr<std::vector<JobRow>> rows = db_->LoadJobs();
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 1u);
+  const std::string stored = (*rows)[0].spec;
   auto first = StartAll("a");
-  ASSERT_EQ(first.size(), 1u);
-  EXPECT_EQ(first[0].resume_checkpoint(), "/ckpt/step-00000005");
+  ASSERT_EQ(first.size(), 2u);
+  for (const v1::RankAssignment& a : first) EXPECT_EQ(a.spec().SerializeAsString(), stored);
+  // The sizes left out under init_from stay unset: the ranks read them from config.json.
+  EXPECT_FALSE(first[0].spec().model().has_d_model());
+  EXPECT_FALSE(first[0].spec().model().has_n_head());
+  EXPECT_TRUE(first[0].spec().train().has_lr()) << "the defaults are filled in";
   Exited("a", id, 1, 0, 1);
   auto second = workers_.TakeAssignments("a");
-  ASSERT_EQ(second.size(), 1u);
-  EXPECT_EQ(second[0].resume_checkpoint(), "/ckpt/step-00000005");
-  EXPECT_EQ(find_calls_, 1) << "placing an attempt must not scan checkpoint.dir";
-
-  // checkpoint.resume: never asks nothing and resumes from nothing.
-  v1::SubmitJobRequest never = SubmitRequest(1, 1, 1, 1, 0);
-  never.mutable_spec()->mutable_checkpoint()->set_dir("/ckpt");
-  never.mutable_spec()->mutable_checkpoint()->set_resume("never");
-  ASSERT_TRUE(jobs_->Submit(never).ok());
-  EXPECT_EQ(find_calls_, 1);
+  ASSERT_FALSE(second.empty());
+  EXPECT_EQ(second[0].spec().SerializeAsString(), stored);
 }
 
 TEST_F(JobManagerTest, RestartsBackOffExponentially) {

@@ -32,10 +32,6 @@ class JobManagerTest : public ::testing::Test {
     }
     JobManagerConfig config;
     config.store_address = "coord:1234";
-    config.find_checkpoint = [this](const std::string&) {
-      ++find_calls_;
-      return found_checkpoint_;
-    };
     config.stop_resend = std::chrono::milliseconds(1000);
     // Restarts are placed at once unless a test sets a backoff (RestartsBackOffExponentially).
     config.restart_backoff = restart_backoff_;
@@ -96,8 +92,9 @@ class JobManagerTest : public ::testing::Test {
     return logs;
   }
   void CheckpointSaved(const std::string& worker, const std::string& job, int attempt, int step,
-                       const std::string& path) {
+                       const std::string& path, bool resumed = false) {
     v1::CheckpointSaved saved;
+    saved.set_resumed(resumed);
     saved.set_job_id(job);
     saved.set_attempt(attempt);
     saved.set_step(step);
@@ -123,8 +120,6 @@ class JobManagerTest : public ::testing::Test {
   testing::FakeWorkerView workers_;
   StoreManager store_{clock_, StoreLimits{}};
   bool persist_store_ = false;
-  int find_calls_ = 0;            // config.find_checkpoint calls
-  std::string found_checkpoint_;  // what it answers
   std::unique_ptr<StoreManager> persistent_store_;
   std::unique_ptr<StateDb> db_;
   std::unique_ptr<JobManager> jobs_;

@@ -57,23 +57,6 @@ TEST(RestartPolicyTest, DescribeExit) {
             std::string("rank 3 on worker a was stopped: ").size() + 512);
 }
 
-TEST(RestartPolicyTest, ResumeCheckpointOnlyForAutoWithADir) {
-  v1::JobSpec spec;
-  spec.mutable_checkpoint()->set_dir("/ckpt");
-  spec.mutable_checkpoint()->set_resume("auto");
-  EXPECT_EQ(ResumeCheckpoint(spec, "/ckpt/step-4"), "/ckpt/step-4");
-  EXPECT_EQ(ResumeCheckpoint(spec, ""), "");
-  spec.mutable_checkpoint()->set_resume("never");
-  EXPECT_EQ(ResumeCheckpoint(spec, "/ckpt/step-4"), "");
-  spec.mutable_checkpoint()->set_resume("auto");
-  spec.mutable_checkpoint()->clear_dir();
-  EXPECT_EQ(ResumeCheckpoint(spec, "/ckpt/step-4"), "");
-}
-
-TEST(RestartPolicyTest, NewestCompleteCheckpointOfAMissingDirIsNone) {
-  EXPECT_EQ(NewestCompleteCheckpoint("/nonexistent/meshrun-restart-policy-test"), "");
-}
-
 TEST(StopLedgerTest, ResendsOnlyAfterTheIntervalUnlessForced) {
   StopLedger stops(milliseconds(1000), 8);
   const MonoTime t0{std::chrono::seconds(100)};

@@ -23,7 +23,6 @@ TEST(StateDbTest, RowsSurviveReopen) {
     j.name = "n";
     j.state = 2;
     j.spec = std::string("\x0a\x00\x01", 3);  // binary-safe
-    j.resolved_yaml = "name: n\n";
     j.request_id = "req";
     j.attempt = 2;
     j.restarts = 1;

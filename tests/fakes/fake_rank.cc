@@ -1,5 +1,6 @@
 // A stand-in for `meshrun __rank` in the worker's tests: reads its RankStart on stdin, leaves
-// marks in its working folder (ran-R; env-R, its environment; start-R, what it was told),
+// marks in its working folder (ran-R; env-R, its environment; start-R, what it was told; spec-R,
+// the serialized spec it got),
 // reports one step and one checkpoint on fd 3, prints one "env …" line, and then does what
 // FAKE_RANK_MODE says: sleep (until SIGTERM, then exit 143), fail (exit 1), or bytes (a line
 // and an error line that are not UTF-8, then exit 1).
@@ -56,10 +57,12 @@ int main() {
     std::ofstream env("env-" + r);
     for (char** e = environ; *e != nullptr; ++e) env << *e << "\n";
   }
-  std::ofstream("start-" + r) << "resume=" << a.resume_checkpoint() << "\n"
-                              << "threads=" << a.spec().resources().threads() << "\n"
+  std::ofstream("start-" + r) << "threads=" << start.threads() << "\n"
                               << "data_roots=" << start.file_roots().data_size() << "\n"
                               << "tls_ca=" << start.tls().ca() << "\n";
+
+  // The spec as it arrived (decision 0048: the coordinator's bytes, forwarded unchanged).
+  std::ofstream("spec-" + r, std::ios::binary) << a.spec().SerializeAsString();
 
   meshrun::v1::RankReport step;
   step.mutable_step()->set_step(1);

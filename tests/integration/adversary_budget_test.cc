@@ -277,14 +277,8 @@ TEST_F(AdversaryBudgetTest, CheckpointReportsAreBoundedAndConfinedToTheJobsFolde
   EXPECT_EQ(j.last_checkpoint(), own_dir + "/step-00000002");
   EXPECT_LT(BudgetRssBytes() - rss, kBudgetGrowthBound);
   EXPECT_LT(DbBytes() - db, kBudgetGrowthBound);
-
-  // The next attempt resumes from the job's own checkpoint, never from the other folder.
-  ASSERT_TRUE(worker_->Exited(ranks[0], 1));
-  ASSERT_EQ(worker_->TakeStops(1, 10s).size(), 1u);
-  ASSERT_TRUE(worker_->Exited(ranks[1], 0, /*stopped=*/true));
-  std::vector<v1::RankAssignment> next = worker_->TakeAssignments(2, 20s);
-  ASSERT_EQ(next.size(), 2u);
-  for (const auto& a : next) EXPECT_EQ(a.resume_checkpoint(), own_dir + "/step-00000002");
+  // Where the next attempt resumes is rank 0's choice in checkpoint.dir (decision 0048): the
+  // coordinator only records the job's own reports, as above.
 }
 
 // Attack: rank samples carrying thousands of distinct out-of-range `op` values each (and a

@@ -223,7 +223,6 @@ TEST(WorkerSessionTest, UpAndDownMessagesCarryTheContractFields) {
   *assign->mutable_spec() = TinyDemoSpec();
   assign->mutable_store()->set_address("127.0.0.1:7070");
   assign->mutable_store()->set_prefix("job-1/2/");
-  assign->set_resume_checkpoint("/tmp/ckpt/step-00000010");
 
   WorkerSessionResponse parsed;
   ASSERT_TRUE(parsed.ParseFromString(down.SerializeAsString()));

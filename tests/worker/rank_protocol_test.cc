@@ -53,6 +53,7 @@ TEST(RankProtocol, CommandLineAndRankStart) {
   config.cores = 8;
   config.tls.ca = "/etc/meshrun/ca.pem";
   config.data_roots = {"/data"};
+  config.threads = 3;
   const RankCommand cmd = BuildRankCommand(Assignment(), config);
   EXPECT_EQ(cmd.argv, (std::vector<std::string>{"/opt/meshrun/bin/meshrun", "__rank"}));
   // Only what OpenMP itself reads travels in the environment: the threads, and the wait policy
@@ -66,7 +67,9 @@ TEST(RankProtocol, CommandLineAndRankStart) {
   EXPECT_EQ(start.assignment().job_id(), "job-7");
   EXPECT_EQ(start.assignment().attempt(), 2);
   EXPECT_EQ(start.assignment().store().address(), "127.0.0.1:5000");
-  EXPECT_EQ(start.assignment().resume_checkpoint(), "");
+  // The spec exactly as assigned; this worker's facts beside it (decision 0048).
+  EXPECT_EQ(start.assignment().spec().SerializeAsString(), Assignment().spec().SerializeAsString());
+  EXPECT_EQ(start.threads(), 3);
   EXPECT_EQ(start.host(), "10.0.0.5");
   EXPECT_EQ(start.tls().ca(), "/etc/meshrun/ca.pem");
   ASSERT_TRUE(start.has_file_roots());
@@ -104,14 +107,12 @@ TEST(RankProtocol, RanksWaitPassivelyUnlessTheWorkerWasToldOtherwise) {
 TEST(RankProtocol, ThreadsNeverBelowOne) {
   v1::RankAssignment a = Assignment();
   a.set_local_world_size(4);
-  a.set_resume_checkpoint("/ck/step-00000010");
   RankLaunchConfig config;
   config.meshrun_binary = "m";
   config.cores = 2;
   const RankCommand cmd = BuildRankCommand(a, config);
   EXPECT_EQ(EnvOf(cmd.env, "OMP_NUM_THREADS"), "1");
   const v1::RankStart start = StartOf(cmd);
-  EXPECT_EQ(start.assignment().resume_checkpoint(), "/ck/step-00000010");
   EXPECT_FALSE(start.has_file_roots());  // unconfined
 }
 

@@ -1,5 +1,5 @@
 // WorkerDaemon end to end against an in-process fake coordinator, with tests/fakes/fake_rank.cc
-// standing in for `meshrun __rank`: an assignment becomes spec.yaml + a process told its
+// standing in for `meshrun __rank`: an assignment becomes a process told its
 // RankStart; its step report becomes RankMetrics, its checkpoint report CheckpointSaved, its
 // output lines LogBatches, its end RankExited; stop orders, full slots, bad specs and shutdown.
 #include "worker/worker_daemon.h"
@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "common/job_spec_yaml.h"
 #include "proto/spec_convert.h"
@@ -129,12 +130,46 @@ TEST_F(WorkerDaemonTest, AssignmentRunsARankAndReportsItsLife) {
   EXPECT_NE(std::find(logs.begin(), logs.end(), "1:env 1 2 job-1 1 127.0.0.1:7777 127.0.0.9 4 -"),
             logs.end())
       << ::testing::PrintToString(logs);
-  const fs::path spec = dir_ / "work" / "job-1" / "1" / "spec.yaml";
-  ASSERT_TRUE(fs::exists(spec));
-  StatusOr<JobSpec> parsed = LoadJobSpecFile(spec.string(), {});
-  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
-  EXPECT_EQ(parsed->parallelism.tp_size, 2);
+  // Each rank got the spec exactly as the coordinator sent it (decision 0048): no second copy
+  // in the attempt's folder, the threads beside it in RankStart.
+  const fs::path attempt = dir_ / "work" / "job-1" / "1";
+  for (int r : {0, 1}) {
+    std::ifstream in(attempt / ("spec-" + std::to_string(r)), std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    EXPECT_EQ(bytes.str(), Assign(r).assign().spec().SerializeAsString()) << "rank " << r;
+  }
+  EXPECT_FALSE(fs::exists(attempt / "spec.yaml"));
   EXPECT_EQ(daemon_->active_ranks(), 0u);
+}
+
+// Decision 0048: the worker forwards the coordinator's spec byte for byte, whatever fields it
+// leaves unset (the model sizes under model.init_from, defaults a gRPC client left out); its own
+// facts (threads) travel beside it.
+TEST_F(WorkerDaemonTest, TheRankGetsTheCoordinatorsSpecByteForByte) {
+  StartDaemon();
+  v1::WorkerSessionResponse m = Assign(0, /*world=*/1);
+  m.mutable_assign()->set_local_world_size(1);
+  v1::JobSpec* spec = m.mutable_assign()->mutable_spec();
+  spec->mutable_parallelism()->set_tp_size(1);
+  spec->mutable_model()->set_init_from("/models/tiny");
+  spec->mutable_model()->clear_d_model();
+  spec->mutable_model()->clear_n_head();
+  spec->mutable_train()->clear_lr();
+  spec->mutable_resources()->set_threads(0);
+  spec->set_source_yaml("name: t\n");
+  fake_.SendDown(m);
+  ASSERT_TRUE(fake_.WaitFor([](const Ups& ups) { return ExitOf(ups, 0) != nullptr; }));
+  EXPECT_EQ(ExitOf(fake_.up(), 0)->exit_code(), 0) << ExitOf(fake_.up(), 0)->error();
+  const fs::path attempt = dir_ / "work" / "job-1" / "1";
+  std::ifstream in(attempt / "spec-0", std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  EXPECT_EQ(bytes.str(), spec->SerializeAsString());
+  std::ifstream start(attempt / "start-0");
+  std::stringstream told;
+  told << start.rdbuf();
+  EXPECT_NE(told.str().find("threads=8\n"), std::string::npos) << told.str();  // --cores 8
 }
 
 TEST_F(WorkerDaemonTest, StopOrderStopsTheAttemptsRanks) {

@@ -1,8 +1,8 @@
 // WorkerDaemon with confined paths (--data-root, --checkpoint-root) against the in-process fake
 // coordinator: an assignment naming a path outside the roots (absolute elsewhere, `..`, a
-// symlink out, a resume checkpoint elsewhere, a checkpoint.dir in a data root) is reported as
-// never started with the field in the error, and no process runs; one inside runs, and the
-// spec its rank is told (and the spec.yaml beside it) names the resolved paths.
+// symlink out, a checkpoint.dir in a data root) is reported as never started with the field in
+// the error, and no process runs; one inside runs, and its rank is told the spec as sent with
+// the roots beside it (decision 0048).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -71,8 +71,7 @@ class WorkerPathsTest : public ::testing::Test {
 
   // One rank of a 1-rank job `job_id` whose spec the caller adjusts.
   v1::WorkerSessionResponse Assign(const std::string& job_id,
-                                   const std::function<void(JobSpec&)>& adjust,
-                                   const std::string& resume = "") {
+                                   const std::function<void(JobSpec&)>& adjust) {
     JobSpec spec;
     spec.name = "t";
     spec.data.train = Real("data") + "/corpus/train.txt";
@@ -86,7 +85,6 @@ class WorkerPathsTest : public ::testing::Test {
     a->set_local_world_size(1);
     *a->mutable_spec() = JobSpecToProto(spec);
     a->mutable_store()->set_address("127.0.0.1:7777");
-    a->set_resume_checkpoint(resume);
     return m;
   }
 
@@ -123,46 +121,42 @@ TEST_F(WorkerPathsTest, EscapingPathsAreRefusedAndNoProcessStarts) {
   struct Case {
     std::string job_id, field;
     std::function<void(JobSpec&)> adjust;
-    std::string resume;
   };
   const std::vector<Case> cases = {
-      {"job-abs", "data.train", [](JobSpec& s) { s.data.train = "/etc/passwd"; }, ""},
-      {"job-dotdot", "data.val", [&](JobSpec& s) { s.data.val = Real("data") + "/../secret/key"; },
-       ""},
-      {"job-link", "data.train", [&](JobSpec& s) { s.data.train = Real("data") + "/out/key"; }, ""},
-      {"job-ckpt", "checkpoint.dir", [&](JobSpec& s) { s.checkpoint.dir = Real("data") + "/ckpt"; },
-       ""},
-      {"job-init", "model.init_from", [&](JobSpec& s) { s.model.init_from = Real("secret"); }, ""},
-      {"job-resume", "resume_checkpoint", [](JobSpec&) {}, Real("secret") + "/step-00000001"},
+      {"job-abs", "data.train", [](JobSpec& s) { s.data.train = "/etc/passwd"; }},
+      {"job-dotdot", "data.val", [&](JobSpec& s) { s.data.val = Real("data") + "/../secret/key"; }},
+      {"job-link", "data.train", [&](JobSpec& s) { s.data.train = Real("data") + "/out/key"; }},
+      {"job-ckpt", "checkpoint.dir", [&](JobSpec& s) { s.checkpoint.dir = Real("data") + "/ckpt"; }},
+      {"job-init", "model.init_from", [&](JobSpec& s) { s.model.init_from = Real("secret"); }},
   };
   for (const Case& c : cases) {
-    const v1::RankExited e = Run(Assign(c.job_id, c.adjust, c.resume));
+    const v1::RankExited e = Run(Assign(c.job_id, c.adjust));
     EXPECT_EQ(e.exit_code(), -1) << c.job_id;
     EXPECT_EQ(e.error().rfind(c.field + ": ", 0), 0u) << c.job_id << ": " << e.error();
     EXPECT_NE(e.error().find("is outside the allowed"), std::string::npos) << e.error();
     EXPECT_FALSE(Started(fake_.up(), c.job_id)) << c.job_id;
-    // Nothing was prepared for it: no attempt folder, so no spec.yaml and no process.
+    // Nothing was prepared for it: no attempt folder and no process.
     EXPECT_FALSE(fs::exists(dir_ / "work" / c.job_id)) << c.job_id;
   }
 }
 
-TEST_F(WorkerPathsTest, PathsInsideRunWithTheResolvedPathsInTheSpec) {
-  const v1::RankExited e = Run(Assign(
-      "job-ok",
-      [](JobSpec& s) {
-        s.data.train = "in/train.txt";  // relative: the first data root; via a link within
-        s.checkpoint.dir = "run-1";     // relative: the first checkpoint root
-      },
-      Real("ckpt") + "/run-1/step-00000002"));
+TEST_F(WorkerPathsTest, PathsInsideRunAndTheRankGetsTheSpecAsSent) {
+  const v1::WorkerSessionResponse m = Assign("job-ok", [](JobSpec& s) {
+    s.data.train = "in/train.txt";  // relative: the first data root; via a link within
+    s.checkpoint.dir = "run-1";     // relative: the first checkpoint root
+  });
+  const v1::RankExited e = Run(m);
   EXPECT_EQ(e.exit_code(), 0) << e.error();
   EXPECT_TRUE(Started(fake_.up(), "job-ok"));
   const fs::path attempt = dir_ / "work" / "job-ok" / "1";
   EXPECT_TRUE(fs::exists(attempt / "ran-0"));
-  std::ifstream in(attempt / "spec.yaml");
-  std::stringstream yaml;
-  yaml << in.rdbuf();
-  EXPECT_NE(yaml.str().find(Real("data") + "/corpus/train.txt"), std::string::npos) << yaml.str();
-  EXPECT_NE(yaml.str().find(Real("ckpt") + "/run-1"), std::string::npos) << yaml.str();
+  // Checked here, forwarded unchanged (decision 0048): the rank joins relative paths to the
+  // roots it is given beside the spec (rank/spec_intake.h).
+  std::ifstream in(attempt / "spec-0", std::ios::binary);
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  EXPECT_EQ(bytes.str(), m.assign().spec().SerializeAsString());
+  EXPECT_FALSE(fs::exists(attempt / "spec.yaml"));
 }
 
 // ---- What the spec may not override of the operator's limits ----
@@ -197,8 +191,8 @@ TEST_F(WorkerPathsTest, ThreadsAreClampedToTheWorkersCores) {
     const v1::RankExited e = Run(Assign(id, [&](JobSpec& s) { s.resources.threads = threads; }));
     EXPECT_EQ(e.exit_code(), 0) << e.error();
     const fs::path attempt = dir_ / "work" / id / "1";
-    EXPECT_NE(ReadFile(attempt / "spec.yaml").find("threads: 1\n"), std::string::npos)
-        << ReadFile(attempt / "spec.yaml");
+    EXPECT_NE(ReadFile(attempt / "start-0").find("threads=1\n"), std::string::npos)
+        << ReadFile(attempt / "start-0");
     EXPECT_NE(ReadFile(attempt / "env-0").find("OMP_NUM_THREADS=1\n"), std::string::npos);
   }
   // Over the spec's own bound (which the coordinator and the rank check; the worker does not
@@ -224,21 +218,15 @@ TEST_F(WorkerPathsTest, ModelThatCannotFitIsRefusedBeforeTheRankStarts) {
 }
 
 // Attack: a secret in the worker's environment reached its ranks.
-TEST_F(WorkerPathsTest, RanksGetAnAllowListedEnvironmentAndTheResolvedCheckpoint) {
-  fs::create_directories(dir_ / "ckpt" / "run-1" / "step-00000002");
-  fs::create_symlink(dir_ / "ckpt" / "run-1", dir_ / "ckpt" / "latest");
-  const v1::RankExited e = Run(Assign(
-      "job-env", [](JobSpec&) {}, Real("ckpt") + "/latest/step-00000002"));
+TEST_F(WorkerPathsTest, RanksGetAnAllowListedEnvironment) {
+  const v1::RankExited e = Run(Assign("job-env", [](JobSpec&) {}));
   EXPECT_EQ(e.exit_code(), 0) << e.error();
   const std::string env = ReadFile(dir_ / "work" / "job-env" / "1" / "env-0");
   EXPECT_EQ(env.find("CLOUD_SECRET_KEY"), std::string::npos) << env;
   EXPECT_NE(env.find("PASSED_BY_OPERATOR=yes\n"), std::string::npos) << env;
   EXPECT_NE(env.find("PATH="), std::string::npos) << env;
-  // The checkpoint the rank is told in its RankStart is the one the worker checked, links
-  // resolved; nothing of the protocol travels in the environment.
+  // The roots travel in RankStart; nothing of the protocol travels in the environment.
   const std::string start = ReadFile(dir_ / "work" / "job-env" / "1" / "start-0");
-  EXPECT_NE(start.find("resume=" + Real("ckpt") + "/run-1/step-00000002\n"), std::string::npos)
-      << start;
   EXPECT_NE(start.find("data_roots=1\n"), std::string::npos) << start;
   EXPECT_EQ(env.find("MESHRUN_"), std::string::npos) << env;
 }

@@ -1,5 +1,5 @@
 // The submission's plan (plan_submission.h).
-#include "proto/plan_submission.h"
+#include "coordinator/plan_submission.h"
 
 #include <unistd.h>
 
@@ -83,6 +83,17 @@ Status PlanSubmission(const StatusOr<std::vector<v1::WorkerInfo>>& workers,
                       const PlanningHost& host, v1::JobSpec* proto, std::string* note) {
   note->clear();
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, JobSpecFromProto(*proto));
+  // Under model.init_from the sizes left out are read by the ranks (decision 0048): nothing to
+  // predict from here, and nothing to choose a mesh for.
+  const v1::ModelSpec& m = proto->model();
+  if (!m.init_from().empty() && !(m.has_n_layer() && m.has_n_head() && m.has_d_model() &&
+                                  m.has_seq_len() && m.has_vocab_size())) {
+    if (!spec.parallelism.auto_mesh) return OkStatus();
+    return InvalidArgumentError(
+        "parallelism.auto: the planner needs the model sizes, which model.init_from's "
+        "config.json gives only where the ranks run (hint: give model.n_layer, n_head, "
+        "d_model, seq_len and vocab_size, or the parallelism sizes)");
+  }
   StatusOr<ClusterShape> cluster = workers.ok()
                                        ? ClusterOfWorkers(*workers, spec.resources.device, host)
                                        : StatusOr<ClusterShape>(workers.status());

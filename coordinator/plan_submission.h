@@ -1,8 +1,8 @@
 // The planner applied to a submission in its wire form: the registered workers as a cluster,
-// `parallelism.auto` resolved for them, and the prediction of the spec as it will run. One
-// function for both sides: `meshrun submit` resolves before it sends, and the coordinator's
-// SubmitJob resolves what a client sent unresolved (a plain gRPC client), so both make the same
-// choice for the same workers (docs/planning.md, decision 0022).
+// `parallelism.auto` resolved for them, and the prediction of the spec as it will run. Its one
+// caller for submissions is the coordinator's SubmitJob (decision 0048): `meshrun submit` and
+// any gRPC client send `parallelism.auto` unresolved, and `meshrun submit` sees the choice in a
+// dry run's answer (SubmitJobResponse.spec) before it submits that spec (docs/planning.md).
 #pragma once
 
 #include <functional>
