@@ -229,14 +229,10 @@ v1::JobSpec ResolvedJobSpecProto(const v1::JobSpec& submitted, const JobSpec& re
   p.set_predicted_step_seconds(submitted.predicted_step_seconds());
   p.set_predicted_peak_memory_bytes(submitted.predicted_peak_memory_bytes());
   if (!resolved.model.init_from.empty()) {
-    // Sizes the client left to config.json stay unset: the engine reads them at rank start.
-    const v1::ModelSpec& in = submitted.model();
-    v1::ModelSpec* out = p.mutable_model();
-    if (!in.has_n_layer()) out->clear_n_layer();
-    if (!in.has_n_head()) out->clear_n_head();
-    if (!in.has_d_model()) out->clear_d_model();
-    if (!in.has_seq_len()) out->clear_seq_len();
-    if (!in.has_vocab_size()) out->clear_vocab_size();
+    // The model fields the client left to config.json stay unset (arch and tie_embeddings
+    // included, whose defaults depend on it): each rank reads them (rank/spec_intake.h).
+    *p.mutable_model() = submitted.model();
+    p.mutable_model()->set_init_from(resolved.model.init_from);
   }
   return p;
 }

@@ -28,8 +28,8 @@ StatusOr<JobSpec> ValidateProtoJobSpec(const v1::JobSpec& proto);
 
 // What the coordinator stores and sends to the ranks for a submitted spec: `resolved` (the
 // result of ValidateProtoJobSpec) with every field set, the submitted source_yaml and
-// set_overrides, and, with model.init_from set, the model sizes the client left out still unset
-// (the engine reads them from config.json, not the placeholders).
+// set_overrides, and, with model.init_from set, the model section as the client sent it: the
+// fields it left out stay unset (each rank reads them from config.json, not the placeholders).
 v1::JobSpec ResolvedJobSpecProto(const v1::JobSpec& submitted, const JobSpec& resolved);
 
 }  // namespace meshrun

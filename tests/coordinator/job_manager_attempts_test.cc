@@ -204,6 +204,7 @@ TEST_F(JobManagerTest, AssignmentsCarryTheStoredSpecByteForByte) {
   EXPECT_FALSE(first[0].spec().model().has_n_head());
   EXPECT_TRUE(first[0].spec().train().has_lr()) << "the defaults are filled in";
   Exited("a", id, 1, 0, 1);
+  Exited("a", id, 1, 1, 0, /*stopped=*/true);
   auto second = workers_.TakeAssignments("a");
   ASSERT_FALSE(second.empty());
   EXPECT_EQ(second[0].spec().SerializeAsString(), stored);
