@@ -190,6 +190,9 @@ TEST_F(JobManagerTest, AssignmentsCarryTheStoredSpecByteForByte) {
   req.mutable_spec()->mutable_model()->set_init_from("/models/tiny");
   req.mutable_spec()->mutable_model()->clear_d_model();
   req.mutable_spec()->mutable_model()->clear_n_head();
+  req.mutable_spec()->mutable_model()->clear_arch();
+  req.mutable_spec()->mutable_model()->clear_tie_embeddings();
+  req.mutable_spec()->mutable_train()->clear_lr();
   req.mutable_spec()->set_source_yaml("name: bytes\n");
   const std::string id = *jobs_->Submit(req);
   StatusOr<std::vector<JobRow>> rows = db_->LoadJobs();
@@ -199,9 +202,12 @@ TEST_F(JobManagerTest, AssignmentsCarryTheStoredSpecByteForByte) {
   auto first = StartAll("a");
   ASSERT_EQ(first.size(), 2u);
   for (const v1::RankAssignment& a : first) EXPECT_EQ(a.spec().SerializeAsString(), stored);
-  // The sizes left out under init_from stay unset: the ranks read them from config.json.
+  // The model fields left out under init_from stay unset: the ranks read them from config.json
+  // (arch too: a Llama folder must not meet a stored default of gpt2).
   EXPECT_FALSE(first[0].spec().model().has_d_model());
   EXPECT_FALSE(first[0].spec().model().has_n_head());
+  EXPECT_FALSE(first[0].spec().model().has_arch());
+  EXPECT_FALSE(first[0].spec().model().has_tie_embeddings());
   EXPECT_TRUE(first[0].spec().train().has_lr()) << "the defaults are filled in";
   Exited("a", id, 1, 0, 1);
   Exited("a", id, 1, 1, 0, /*stopped=*/true);
