@@ -11,10 +11,10 @@
 
 #include "client/coordinator_client.h"
 #include "common/status.h"
+#include "coordinator/plan_submission.h"
 #include "engine/calibration/calibration.h"
 #include "engine/train/planner.h"
 #include "meshrun/v1/types.pb.h"
-#include "coordinator/plan_submission.h"
 
 namespace meshrun::client {
 

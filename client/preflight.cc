@@ -9,13 +9,13 @@
 #include <fstream>
 
 #include "common/memory_estimate.h"
+#include "coordinator/plan_submission.h"
 #include "engine/data/token_stream.h"
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/train/device.h"
 #include "engine/train/memory_model.h"
 #include "engine/train/trainer.h"
-#include "coordinator/plan_submission.h"
 
 namespace meshrun::client {
 namespace {

@@ -19,12 +19,12 @@
 #include "common/status.h"
 #include "coordinator/clock.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/plan_submission.h"
 #include "coordinator/rate_limiter.h"
 #include "coordinator/store_manager.h"
 #include "coordinator/streams.h"
 #include "coordinator/worker_manager.h"
 #include "meshrun/v1/coordinator.pb.h"
-#include "coordinator/plan_submission.h"
 
 namespace meshrun::coordinator {
 

@@ -35,8 +35,8 @@ struct JobRow {
   std::string job_id;
   int64_t seq = 0;  // submission order, 1, 2, …
   std::string name;
-  int state = 0;              // v1::JobState
-  std::string spec;           // serialized v1::JobSpec (with source_yaml and set_overrides)
+  int state = 0;     // v1::JobState
+  std::string spec;  // serialized v1::JobSpec (with source_yaml and set_overrides)
   std::string request_id;
   int attempt = 0;
   int restarts = 0;

@@ -43,10 +43,9 @@ StatusOr<JobSpec> SpecOfRankStart(const v1::RankStart& start) {
   // each path opens is checked again at the open (common/confined_file.h).
   if (start.has_file_roots()) {
     const v1::RankFileRoots& r = start.file_roots();
-    MESHRUN_ASSIGN_OR_RETURN(
-        PathPolicy paths,
-        PathPolicy::Create({r.data().begin(), r.data().end()},
-                           {r.checkpoint().begin(), r.checkpoint().end()}));
+    MESHRUN_ASSIGN_OR_RETURN(PathPolicy paths,
+                             PathPolicy::Create({r.data().begin(), r.data().end()},
+                                                {r.checkpoint().begin(), r.checkpoint().end()}));
     MESHRUN_RETURN_IF_ERROR(paths.ConfineJobSpec(&spec, PathPolicy::Rewrite::kAbsolute));
   }
   MESHRUN_RETURN_IF_ERROR(FillModelFromInitFrom(a.spec().model(), &spec));

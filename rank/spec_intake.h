@@ -1,8 +1,8 @@
 // The rank's one intake of its spec (decision 0048): the coordinator's message as the worker
 // forwarded it, unchanged, read once into the struct the engine runs, with what only this host
-// knows applied beside it (RankStart.threads, relative paths joined to its roots), the model sizes left out under model.init_from
-// read from that folder's config.json (here, where the files are readable), and then the one
-// validation of this process.
+// knows applied beside it (RankStart.threads, relative paths joined to its roots), the model sizes
+// left out under model.init_from read from that folder's config.json (here, where the files are
+// readable), and then the one validation of this process.
 #pragma once
 
 #include "common/job_spec.h"

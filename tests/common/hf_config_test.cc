@@ -65,7 +65,8 @@ TEST_F(HfConfigTest, LlamaKeepsTheSpecsSeqLenAndItsFamilysDefaults) {
   StatusOr<ModelSpec> file = ReadInitFromConfig(llama);
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   ModelSpec out;
-  FillModelFromConfig(*file, [](std::string_view) { return false; }, &out);
+  FillModelFromConfig(
+      *file, [](std::string_view) { return false; }, &out);
   EXPECT_EQ(out.arch, "llama");
   EXPECT_EQ(out.n_kv_head, 2);
   EXPECT_EQ(out.d_ff, 160);

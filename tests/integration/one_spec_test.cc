@@ -92,10 +92,10 @@ class OneSpecTest : public ::testing::Test {
     const std::string script = "mount -t tmpfs none '" + data_.string() + "' && exec '" +
                                (BinDir() / "meshrun-coordinator").string() + "' --listen " +
                                address_ + " --state-dir '" + (dir_ / "state").string() + "'";
-    coordinator_ = Spawn("coordinator",
-                         {"/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c",
-                          script},
-                         dir_ / "coordinator.log");
+    coordinator_ =
+        Spawn("coordinator",
+              {"/usr/bin/unshare", "-m", "--propagation", "private", "/bin/sh", "-c", script},
+              dir_ / "coordinator.log");
     auto worker = [&](const std::string& name) {
       return Spawn(name,
                    {(BinDir() / "meshrun-worker").string(), "--coordinator", address_, "--name",
@@ -165,8 +165,7 @@ TEST_F(OneSpecTest, InitFromWithoutSizesTrainsAndResumesWhereOnlyTheRanksSeeTheD
   EXPECT_NE(log.find("resumed from " + step2), std::string::npos) << log;
   const testing::CliResult logs = Cli({"logs", second.value("job_id", ""), "--rank", "0"});
   EXPECT_NE(logs.out.find("resumed from " + step2), std::string::npos) << logs.out << logs.err;
-  EXPECT_EQ(second.value("last_checkpoint", ""),
-            (data_ / "ckpt" / "step-00000004").string());
+  EXPECT_EQ(second.value("last_checkpoint", ""), (data_ / "ckpt" / "step-00000004").string());
 }
 
 }  // namespace

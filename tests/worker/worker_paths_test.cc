@@ -126,7 +126,8 @@ TEST_F(WorkerPathsTest, EscapingPathsAreRefusedAndNoProcessStarts) {
       {"job-abs", "data.train", [](JobSpec& s) { s.data.train = "/etc/passwd"; }},
       {"job-dotdot", "data.val", [&](JobSpec& s) { s.data.val = Real("data") + "/../secret/key"; }},
       {"job-link", "data.train", [&](JobSpec& s) { s.data.train = Real("data") + "/out/key"; }},
-      {"job-ckpt", "checkpoint.dir", [&](JobSpec& s) { s.checkpoint.dir = Real("data") + "/ckpt"; }},
+      {"job-ckpt", "checkpoint.dir",
+       [&](JobSpec& s) { s.checkpoint.dir = Real("data") + "/ckpt"; }},
       {"job-init", "model.init_from", [&](JobSpec& s) { s.model.init_from = Real("secret"); }},
   };
   for (const Case& c : cases) {
