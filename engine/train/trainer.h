@@ -20,6 +20,7 @@
 #include "engine/data/mixture_sampler.h"
 #include "engine/data/token_stream.h"
 #include "engine/model/gpt2.h"
+#include "engine/train/optimizer.h"
 #include "engine/train/sharding.h"
 
 namespace meshrun {
@@ -154,6 +155,7 @@ class Trainer {
   std::unique_ptr<GPT2<float>> model_;
   ModelParallel model_par_;
   std::unique_ptr<ShardedState> shards_;
+  std::unique_ptr<Optimizer> optimizer_;  // over shards_'s buffers (train.optimizer)
   std::vector<int32_t> local_in_, local_tg_, local_pos_;
   std::vector<std::unique_ptr<TokenStream>> train_data_;  // one per source of data.train
   std::unique_ptr<TokenStream> val_data_;
