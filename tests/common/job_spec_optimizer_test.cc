@@ -55,9 +55,9 @@ TEST(JobSpecOptimizerTest, DefaultsAreAdamWAndThePapersBetas) {
 }
 
 TEST(JobSpecOptimizerTest, UnknownOptimizersAndBadBetasAreRefusedNamingTheField) {
-  EXPECT_EQ(OptimizerSpecError({"train.optimizer=sgd"}),
-            "train.optimizer: 'sgd' is not one of 'adamw' or 'lion' (hint: use 'adamw' or "
-            "'lion')");
+  const std::string sgd = OptimizerSpecError({"train.optimizer=sgd"});
+  EXPECT_EQ(sgd.rfind("train.optimizer: 'sgd' is not one of 'adamw' or 'lion'", 0), 0u) << sgd;
+  EXPECT_NE(sgd.find("(hint: use 'adamw' or 'lion')"), std::string::npos) << sgd;
   EXPECT_EQ(OptimizerSpecError({"train.optimizer=Lion"}).substr(0, 40),
             "train.optimizer: 'Lion' is not one of 'a");
   EXPECT_EQ(OptimizerSpecError({"train.lion.beta1=1"}).rfind("train.lion.beta1: ", 0), 0u)
