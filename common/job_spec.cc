@@ -275,6 +275,10 @@ Status CheckTrain(const TrainSpec& t) {
       InRange("train.beta2", t.beta2, 0, false, 1, false, "use a value in [0, 1) such as 0.95"));
   MESHRUN_RETURN_IF_ERROR(
       InRange("train.eps", t.eps, 0, true, kInf, false, "use a small positive value such as 1e-8"));
+  MESHRUN_RETURN_IF_ERROR(InRange("train.lion.beta1", t.lion_beta1, 0, false, 1, false,
+                                  "use a value in [0, 1) such as 0.9"));
+  MESHRUN_RETURN_IF_ERROR(InRange("train.lion.beta2", t.lion_beta2, 0, false, 1, false,
+                                  "use a value in [0, 1) such as 0.99"));
   return AtLeast("train.seed", t.seed, 0, "use a non-negative seed such as 1337");
 }
 
@@ -521,6 +525,7 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
   if (path == "parallelism.cp_comm_strategy") return {"allgather", "ring"};
   if (path == "train.precision") return {"fp32", "bf16"};
   if (path == "train.activation_checkpointing") return {"none", "selective", "full"};
+  if (path == "train.optimizer") return {"adamw", "lion"};
   if (path == "data.format") return {"auto", "text", "llmc", "nanogpt"};
   if (path == "data.order") return {"sequential", "shuffled"};
   if (path == "data.attention") return {"causal", "document"};
@@ -531,6 +536,18 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
 
 AttentionMask AttentionMaskOf(const DataSpec& data) {
   return data.attention == "document" ? AttentionMask::kDocument : AttentionMask::kCausal;
+}
+
+OptimizerKind OptimizerOf(const TrainSpec& train) {
+  return train.optimizer == "lion" ? OptimizerKind::kLion : OptimizerKind::kAdamW;
+}
+
+const char* OptimizerName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdamW: return "adamw";
+    case OptimizerKind::kLion: return "lion";
+  }
+  return "adamw";
 }
 
 std::vector<DataSource> TrainSources(const DataSpec& data) {

@@ -81,9 +81,22 @@ struct TrainSpec {
   // none | selective (recompute the attention core and elementwise ops in backward) | full
   // (keep only each block's input, recompute the block).
   std::string activation_checkpointing = "none";
+  // adamw | lion: the update rule (docs/job-spec.md; engine code reads OptimizerOf(train)).
+  std::string optimizer = "adamw";
+  // Lion (train.optimizer: lion): the interpolation factor of the update's sign and the
+  // momentum's decay (Chen et al. 2023's defaults).
+  double lion_beta1 = 0.9;
+  double lion_beta2 = 0.99;
 
   bool operator==(const TrainSpec&) const = default;
 };
+
+// train.optimizer parsed once (ValidateJobSpec has checked its value): engine code switches on
+// this, never on the string.
+enum class OptimizerKind { kAdamW, kLion };
+OptimizerKind OptimizerOf(const TrainSpec& train);
+// The spec's spelling of a kind ("adamw", "lion").
+const char* OptimizerName(OptimizerKind kind);
 
 // One source of a weighted mixture (`data.train: [{path: PATH, weight: W}, …]`, docs/data.md).
 struct DataSource {
@@ -218,6 +231,9 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("train", "seed", t.seed);
   f("train", "precision", t.precision);
   f("train", "activation_checkpointing", t.activation_checkpointing);
+  f("train", "optimizer", t.optimizer);
+  f("train", "lion.beta1", t.lion_beta1);
+  f("train", "lion.beta2", t.lion_beta2);
   auto& d = spec.data;
   f("data", "train", d.train);
   f("data", "val", d.val);

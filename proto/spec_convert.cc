@@ -112,6 +112,9 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(t.has_precision(), t.precision(), &s.train.precision);
   SetIfPresent(t.has_activation_checkpointing(), t.activation_checkpointing(),
                &s.train.activation_checkpointing);
+  SetIfPresent(t.has_optimizer(), t.optimizer(), &s.train.optimizer);
+  SetIfPresent(t.has_lion_beta1(), t.lion_beta1(), &s.train.lion_beta1);
+  SetIfPresent(t.has_lion_beta2(), t.lion_beta2(), &s.train.lion_beta2);
 
   const v1::DataSpec& d = p.data();
   SetIfPresent(d.has_train(), d.train(), &s.data.train);
@@ -191,6 +194,9 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   t->set_seed(s.train.seed);
   t->set_precision(s.train.precision);
   t->set_activation_checkpointing(s.train.activation_checkpointing);
+  t->set_optimizer(s.train.optimizer);
+  t->set_lion_beta1(s.train.lion_beta1);
+  t->set_lion_beta2(s.train.lion_beta2);
   v1::DataSpec* d = p.mutable_data();
   d->set_train(s.data.train);
   for (const DataSource& source : s.data.train_sources) {

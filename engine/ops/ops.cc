@@ -628,6 +628,14 @@ Status AdamW(Device dev, T* param, const T* grad, T* m, T* v, int64_t n, double 
                 gpu::AdamW<float>(ctx, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
                                   step, 1.0f, nullptr)))}
 
+Status Lion(Device dev, float* param, const float* grad, float* m, int64_t n, double lr,
+            double beta1, double beta2, double weight_decay) {
+  using T = float;  // MESHRUN_CUDA_OP's type
+  MESHRUN_OP(
+      "Lion", cpu::Lion(param, grad, m, n, lr, beta1, beta2, weight_decay),
+      (ctx.InvalidateWeights(), gpu::Lion(ctx, param, grad, m, n, lr, beta1, beta2, weight_decay)))
+}
+
 #define MESHRUN_OPS_INSTANTIATE(T)                                                                 \
   template Status Fill<T>(Device, T*, double, int64_t);                                            \
   template Status MatmulForward<T>(Device, T*, const T*, const T*, const T*, int64_t, int64_t,     \

@@ -186,5 +186,8 @@ Status Scale(Device dev, T* x, int64_t n, double s);  // x *= s
 template <typename T>
 Status AdamW(Device dev, T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1,
              double beta2, double eps, double weight_decay, int64_t step);
+// Lion (Chen et al. 2023) on float32 master weights and momentum (engine/train/optimizer.h).
+Status Lion(Device dev, float* param, const float* grad, float* m, int64_t n, double lr,
+            double beta1, double beta2, double weight_decay);
 
 }  // namespace meshrun::ops

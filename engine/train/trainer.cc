@@ -18,6 +18,7 @@
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/ops/ops.h"
 #include "engine/train/device.h"
+#include "engine/train/update.h"
 
 namespace meshrun {
 
@@ -134,6 +135,8 @@ Status Trainer::Init() {
                                            Comm(MeshAxis::kDpReplicate), Comm(MeshAxis::kTp),
                                            spec_.parallelism.fsdp_reshard_after_forward);
   shards_->set_gather_bf16(bf16);
+  // The optimizer's state: as long as the shard, on its device (engine/train/optimizer.h).
+  optimizer_ = MakeOptimizer(OptimizerOf(spec_.train), shards_->size(), shards_->device());
   model_par_.tp = Comm(MeshAxis::kTp);
   model_par_.cp = Comm(MeshAxis::kCp);
   model_par_.cp_ring = spec_.parallelism.cp_comm_strategy == "ring";
@@ -245,7 +248,7 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   }
   // Replicas sum their gradients; then clip by the global norm and update the shard.
   MESHRUN_RETURN_IF_ERROR(shards_->FinishGradients());
-  MESHRUN_ASSIGN_OR_RETURN(UpdateResult update, shards_->ClipAndStep(tr, step_));
+  MESHRUN_ASSIGN_OR_RETURN(UpdateResult update, ClipAndStep(*shards_, *optimizer_, tr, step_));
   // The loss of the global batch: every token is on exactly one rank of dp_cp.
   MESHRUN_ASSIGN_OR_RETURN(double total,
                            SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, CommCharge::Metrics()));

@@ -20,6 +20,7 @@
 #include "engine/data/mixture_sampler.h"
 #include "engine/data/token_stream.h"
 #include "engine/model/gpt2.h"
+#include "engine/train/optimizer.h"
 #include "engine/train/sharding.h"
 
 namespace meshrun {
@@ -157,6 +158,7 @@ class Trainer {
   std::unique_ptr<GPT2<float>> model_;
   ModelParallel model_par_;
   std::unique_ptr<ShardedState> shards_;
+  std::unique_ptr<Optimizer> optimizer_;  // over shards_'s buffers (train.optimizer)
   std::vector<int32_t> local_in_, local_tg_, local_pos_;
   // data.attention: document: the end-of-text id that ends a document; -1: causal only.
   int32_t document_end_ = -1;

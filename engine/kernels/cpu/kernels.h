@@ -187,6 +187,10 @@ void VocabShardGrad(T* dlogits, const T* logits, const T* lse, const int32_t* ta
 template <typename T>
 void AdamW(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1, double beta2,
            double eps, double weight_decay, int64_t step);
+// Lion (Chen et al. 2023) for n float32 elements: p ← p·(1 − lr·wd);
+// p ← p − lr·sign(β1·m + (1−β1)·g); m ← β2·m + (1−β2)·g (engine/kernels/cpu/lion.cc).
+void Lion(float* param, const float* grad, float* m, int64_t n, double lr, double beta1,
+          double beta2, double weight_decay);
 // Σ x² in double, deterministic for a fixed thread count.
 template <typename T>
 double SumOfSquares(const T* x, int64_t n);
