@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "common/memory_estimate.h"
+#include "engine/data/instruction.h"
 #include "engine/data/token_stream.h"
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_checkpoint.h"
@@ -68,6 +69,7 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
       stream->max_token_id = *max_id;
     }
     MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*stream, spec, field));
+    MESHRUN_RETURN_IF_ERROR(CheckStreamLossMask(*stream, spec, field));
     return CheckStreamWindow(*stream, spec, field);
   }
   const bool fill = text && options.fill_token_cache && !spec.data.tokenizer.empty();
@@ -97,6 +99,7 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
                                              : "tokenized into the cache " + stream->cache_path));
   }
   MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*stream, spec, field));
+  MESHRUN_RETURN_IF_ERROR(CheckStreamLossMask(*stream, spec, field));
   return CheckStreamWindow(*stream, spec, field);
 }
 

@@ -111,6 +111,7 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(t.has_precision(), t.precision(), &s.train.precision);
   SetIfPresent(t.has_activation_checkpointing(), t.activation_checkpointing(),
                &s.train.activation_checkpointing);
+  SetIfPresent(t.has_loss_on(), t.loss_on(), &s.train.loss_on);
 
   const v1::DataSpec& d = p.data();
   SetIfPresent(d.has_train(), d.train(), &s.data.train);
@@ -124,6 +125,7 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(d.has_format(), d.format(), &s.data.format);
   SetIfPresent(d.has_order(), d.order(), &s.data.order);
   SetIfPresent(d.has_tokenizer(), d.tokenizer(), &s.data.tokenizer);
+  SetIfPresent(d.has_template_(), d.template_(), &s.data.chat_template);
   MESHRUN_RETURN_IF_ERROR(
       NarrowIfPresent("data.eval_every", d.has_eval_every(), d.eval_every(), &s.data.eval_every));
 
@@ -188,6 +190,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   t->set_seed(s.train.seed);
   t->set_precision(s.train.precision);
   t->set_activation_checkpointing(s.train.activation_checkpointing);
+  t->set_loss_on(s.train.loss_on);
   v1::DataSpec* d = p.mutable_data();
   d->set_train(s.data.train);
   for (const DataSource& source : s.data.train_sources) {
@@ -200,6 +203,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   d->set_order(s.data.order);
   d->set_eval_every(s.data.eval_every);
   d->set_tokenizer(s.data.tokenizer);
+  d->set_template_(s.data.chat_template);
   v1::CheckpointSpec* c = p.mutable_checkpoint();
   c->set_dir(s.checkpoint.dir);
   c->set_every(s.checkpoint.every);
