@@ -94,9 +94,11 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
   }
   if (fill && options.note) {
     options.note(std::string(field) + ": " + std::to_string(stream->size()) + " tokens " +
-                 (stream->cache_path.empty() ? "tokenized (no checkpoint.dir: not cached)"
-                  : stream->from_cache       ? "read from the cache " + stream->cache_path
-                                             : "tokenized into the cache " + stream->cache_path));
+                 (stream->format == "jsonl"    ? "rendered and tokenized (instruction data is "
+                                                 "not cached; meshrun tokenize prepares it once)"
+                  : stream->cache_path.empty() ? "tokenized (no checkpoint.dir: not cached)"
+                  : stream->from_cache         ? "read from the cache " + stream->cache_path
+                                               : "tokenized into the cache " + stream->cache_path));
   }
   MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*stream, spec, field));
   MESHRUN_RETURN_IF_ERROR(CheckStreamLossMask(*stream, spec, field));

@@ -35,12 +35,12 @@ std::string TokenText(const json& config, const char* key) {
   return "";
 }
 
-bool Has(std::string_view s, std::string_view what) {
+bool TemplateHas(std::string_view s, std::string_view what) {
   return s.find(what) != std::string_view::npos;
 }
 
 // Jinja's `trim` and Python's str.strip() on ASCII whitespace.
-std::string Strip(std::string_view s) {
+std::string StripAsciiSpace(std::string_view s) {
   const char* ws = " \t\n\r\f\v";
   const size_t b = s.find_first_not_of(ws);
   if (b == std::string_view::npos) return "";
@@ -78,20 +78,20 @@ std::string ChatmlDefaultSystem(const std::string& tmpl) {
 
 // The family a tokenizer_config.json chat_template renders as, or an error naming why not.
 Status RecogniseTemplate(const std::string& tmpl, const std::string& origin, ChatTemplate* out) {
-  if (Has(tmpl, "<|im_start|>") && Has(tmpl, "<|im_end|>")) {
-    if (Has(tmpl, "tool")) {
+  if (TemplateHas(tmpl, "<|im_start|>") && TemplateHas(tmpl, "<|im_end|>")) {
+    if (TemplateHas(tmpl, "tool")) {
       return TemplateError("the chat_template of " + origin +
                            " is ChatML with tool calls, which meshrun does not render without "
                            "a Jinja engine");
     }
     out->family = TemplateFamily::kChatml;
-    if (Has(tmpl, "!= 'system'") || Has(tmpl, "!= \"system\"")) {
+    if (TemplateHas(tmpl, "!= 'system'") || TemplateHas(tmpl, "!= \"system\"")) {
       out->default_system = ChatmlDefaultSystem(tmpl);
     }
     return OkStatus();
   }
-  if (Has(tmpl, "<|start_header_id|>") && Has(tmpl, "<|eot_id|>")) {
-    if (Has(tmpl, "Cutting Knowledge Date") || Has(tmpl, "tool")) {
+  if (TemplateHas(tmpl, "<|start_header_id|>") && TemplateHas(tmpl, "<|eot_id|>")) {
+    if (TemplateHas(tmpl, "Cutting Knowledge Date") || TemplateHas(tmpl, "tool")) {
       return TemplateError("the chat_template of " + origin +
                            " is Llama 3.1's or later (a dated system turn, tool calls), which "
                            "meshrun does not render without a Jinja engine");
@@ -99,8 +99,8 @@ Status RecogniseTemplate(const std::string& tmpl, const std::string& origin, Cha
     out->family = TemplateFamily::kLlama3;
     return OkStatus();
   }
-  if (Has(tmpl, "[INST]") && Has(tmpl, "[/INST]")) {
-    out->family = Has(tmpl, "<<SYS>>") ? TemplateFamily::kLlama2 : TemplateFamily::kMistral;
+  if (TemplateHas(tmpl, "[INST]") && TemplateHas(tmpl, "[/INST]")) {
+    out->family = TemplateHas(tmpl, "<<SYS>>") ? TemplateFamily::kLlama2 : TemplateFamily::kMistral;
     return OkStatus();
   }
   return TemplateError("the chat_template of " + origin +
@@ -246,7 +246,7 @@ StatusOr<std::vector<TextPart>> RenderChat(const std::vector<ChatMessage>& messa
         if (i == 0) head = t.bos + head;
         const bool target = m.role == "assistant";
         AddPart(&parts, head, false);
-        AddPart(&parts, Strip(m.content) + "<|eot_id|>", target);
+        AddPart(&parts, StripAsciiSpace(m.content) + "<|eot_id|>", target);
       }
       return parts;
     }
@@ -264,9 +264,9 @@ StatusOr<std::vector<TextPart>> RenderChat(const std::vector<ChatMessage>& messa
           content = "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content;
         }
         if (turns[i].role == "user") {
-          AddPart(&parts, t.bos + "[INST] " + Strip(content) + " [/INST]", false);
+          AddPart(&parts, t.bos + "[INST] " + StripAsciiSpace(content) + " [/INST]", false);
         } else {
-          AddPart(&parts, " " + Strip(content) + " " + t.eos, true);
+          AddPart(&parts, " " + StripAsciiSpace(content) + " " + t.eos, true);
         }
       }
       return parts;

@@ -15,6 +15,8 @@ CASE is one of:
              every mesh (dp, dp_shard, tp, cp allgather and ring, cp ring x tp, gradient
              accumulation) gives the losses of one rank; training from the token file and mask
              that `meshrun tokenize --seq-len` wrote gives the same losses as from the JSONL.
+  packed     samples packed into windows with data.attention: document give the first-step loss
+             of one sample per window (causal), on one rank and under cp (allgather, ring x tp).
 
 Exits 77 (skipped) when the virtual environment cannot be made.
 """
@@ -464,9 +466,45 @@ def case_loss(a, work):
     assert "train.loss_on" in r.stderr and "hint:" in r.stderr, r.stderr
 
 
+def case_packed(a, work):
+    """Packed samples with document attention give the loss of one sample per window."""
+    import transformers
+    base = make_tokenizer(work)
+    folder = family_folder(work, base, "chatml")
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    model_dir = make_model(work, (len(tok) + 7) // 8 * 8 + 8)
+    data = os.path.join(work, "sft.jsonl")
+    write_jsonl(data, loss_records())
+    counts = {}
+    for name, extra in (("unpacked", []), ("packed", ["--pack"])):
+        out = os.path.join(work, name + ".bin")
+        run([a.meshrun, "tokenize", "--tokenizer", folder, data, "-o", out, "--seq-len", str(SEQ),
+             "-q"] + extra)
+        counts[name] = (len(read_bin(out)) - 1) // SEQ
+    assert counts["packed"] < counts["unpacked"], counts
+    spec = spec_file(work, "packed", data, folder, model_dir)
+    losses = {}
+    for name, attention in (("unpacked", "causal"), ("packed", "document")):
+        B = counts[name]
+        losses[name] = train(a, spec, 1, ["data.attention=" + attention,
+                                          f"train.global_batch_size={B}",
+                                          f"train.micro_batch_size={B}"])
+        print(f"{name}: {B} windows, first-step loss {losses[name][0]:.7f}")
+    assert abs(losses["packed"][0] - losses["unpacked"][0]) <= 1e-5, losses
+    B = counts["packed"]
+    for sets in (["parallelism.cp_size=2", "parallelism.tp_size=2",
+                  "parallelism.cp_comm_strategy=ring"],
+                 ["parallelism.cp_size=2", "parallelism.cp_comm_strategy=allgather"]):
+        got = train(a, spec, 4 if "parallelism.tp_size=2" in sets else 2,
+                    sets + ["data.attention=document",
+                            f"train.global_batch_size={B}", f"train.micro_batch_size={B}"])
+        print(f"packed {sets}: {got[0]:.7f}")
+        assert abs(got[0] - losses["unpacked"][0]) <= 1e-5, (sets, got, losses)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("case", choices=["templates", "loss"])
+    p.add_argument("case", choices=["templates", "loss", "packed"])
     p.add_argument("--meshrun", required=True)
     p.add_argument("--source", required=True)
     p.add_argument("--venv", required=True)
@@ -482,7 +520,7 @@ def main():
         os.execv(python, [python] + sys.argv)
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
-    {"templates": case_templates, "loss": case_loss}[a.case](a, a.work)
+    {"templates": case_templates, "loss": case_loss, "packed": case_packed}[a.case](a, a.work)
     print("OK")
 
 

@@ -19,11 +19,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string Config(const std::string& tmpl, const std::string& eos = "</s>") {
+std::string InstrConfig(const std::string& tmpl, const std::string& eos = "</s>") {
   return nlohmann::json{{"chat_template", tmpl}, {"eos_token", eos}, {"bos_token", "<s>"}}.dump();
 }
 
-std::string Joined(const std::vector<TextPart>& parts, bool target) {
+std::string InstrJoined(const std::vector<TextPart>& parts, bool target) {
   std::string s;
   for (const TextPart& p : parts) {
     if (p.target == target) s += "[" + p.text + "]";
@@ -37,22 +37,23 @@ TEST(InstructionTemplates, FamiliesAreRecognisedOrRefusedWithTheFix) {
       "'<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_"
       "start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor "
       "%}";
-  StatusOr<ChatTemplate> t = ChatTemplateFromConfig("", Config(qwen), "tok/tokenizer_config.json");
+  StatusOr<ChatTemplate> t =
+      ChatTemplateFromConfig("", InstrConfig(qwen), "tok/tokenizer_config.json");
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_EQ(t->family, TemplateFamily::kChatml);
   EXPECT_EQ(t->default_system, "You are a helpful assistant.");
-  t = ChatTemplateFromConfig("", Config("{{ bos_token }}[INST] <<SYS>> [/INST]"), "c");
+  t = ChatTemplateFromConfig("", InstrConfig("{{ bos_token }}[INST] <<SYS>> [/INST]"), "c");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->family, TemplateFamily::kLlama2);
-  t = ChatTemplateFromConfig("", Config("{{ bos_token }}[INST] x [/INST]"), "c");
+  t = ChatTemplateFromConfig("", InstrConfig("{{ bos_token }}[INST] x [/INST]"), "c");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->family, TemplateFamily::kMistral);
-  t = ChatTemplateFromConfig("", Config("<|start_header_id|>…<|eot_id|>"), "c");
+  t = ChatTemplateFromConfig("", InstrConfig("<|start_header_id|>…<|eot_id|>"), "c");
   ASSERT_TRUE(t.ok());
   EXPECT_EQ(t->family, TemplateFamily::kLlama3);
   EXPECT_EQ(t->bos, "<s>");  // the config's bos_token
 
-  t = ChatTemplateFromConfig("", Config("{% for m in messages %}{{ m.content }}{% endfor %}"),
+  t = ChatTemplateFromConfig("", InstrConfig("{% for m in messages %}{{ m.content }}{% endfor %}"),
                              "tok/tokenizer_config.json");
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("data.template: the chat_template of "
@@ -60,7 +61,7 @@ TEST(InstructionTemplates, FamiliesAreRecognisedOrRefusedWithTheFix) {
             std::string::npos)
       << t.status().message();
   EXPECT_NE(t.status().message().find("(hint: set data.template to chatml"), std::string::npos);
-  t = ChatTemplateFromConfig("", Config("<|start_header_id|>Cutting Knowledge Date<|eot_id|>"),
+  t = ChatTemplateFromConfig("", InstrConfig("<|start_header_id|>Cutting Knowledge Date<|eot_id|>"),
                              "c");
   EXPECT_FALSE(t.ok());
   t = ChatTemplateFromConfig("", "{}", "c");
@@ -85,12 +86,12 @@ TEST(InstructionTemplates, EachFamilyMarksOnlyTheAssistantParts) {
   t.family = TemplateFamily::kChatml;
   StatusOr<std::vector<TextPart>> p = RenderChat(chat, t);
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(Joined(*p, true), "[ a1 <|im_end|>][a2<|im_end|>]");
+  EXPECT_EQ(InstrJoined(*p, true), "[ a1 <|im_end|>][a2<|im_end|>]");
   t.family = TemplateFamily::kLlama3;
   t.bos = "<|begin_of_text|>";
   p = RenderChat(chat, t);
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(Joined(*p, true), "[a1<|eot_id|>][a2<|eot_id|>]");
+  EXPECT_EQ(InstrJoined(*p, true), "[a1<|eot_id|>][a2<|eot_id|>]");
   EXPECT_EQ(p->front().text.rfind(
                 "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>", 0),
             0u);
@@ -99,23 +100,23 @@ TEST(InstructionTemplates, EachFamilyMarksOnlyTheAssistantParts) {
   t.eos = "</s>";
   p = RenderChat(chat, t);
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(Joined(*p, false),
+  EXPECT_EQ(InstrJoined(*p, false),
             "[<s>[INST] <<SYS>>\nS\n<</SYS>>\n\n u1 [/INST]][<s>[INST] u2 [/INST]]");
-  EXPECT_EQ(Joined(*p, true), "[ a1 </s>][ a2 </s>]");
+  EXPECT_EQ(InstrJoined(*p, true), "[ a1 </s>][ a2 </s>]");
   t.family = TemplateFamily::kMistral;
   EXPECT_FALSE(RenderChat(chat, t).ok());  // no system turn
   p = RenderChat({chat.begin() + 1, chat.end()}, t);
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(Joined(*p, true), "[ a1 </s>][a2</s>]");
+  EXPECT_EQ(InstrJoined(*p, true), "[ a1 </s>][a2</s>]");
   EXPECT_FALSE(RenderChat({{"assistant", "a"}, {"user", "u"}}, t).ok());  // must alternate
 
   StatusOr<std::vector<TextPart>> r =
       RecordParts(R"({"prompt": "p", "completion": "c"})", &t, "f.jsonl:3");
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(Joined(*r, true), "[c</s>]");
+  EXPECT_EQ(InstrJoined(*r, true), "[c</s>]");
   r = RecordParts(R"({"text": "all of it"})", nullptr, "f.jsonl:4");
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(Joined(*r, true), "[all of it]");
+  EXPECT_EQ(InstrJoined(*r, true), "[all of it]");
   r = RecordParts(R"({"prompt": "p"})", &t, "f.jsonl:5");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("f.jsonl:5: the record has \"prompt\" without"),
