@@ -127,6 +127,24 @@ TEST(InstructionTemplates, EachFamilyMarksOnlyTheAssistantParts) {
   EXPECT_FALSE(r.ok());
 }
 
+TEST(InstructionSpec, LossOnIsParsedOnceIntoAnEnum) {
+  EXPECT_EQ(*ParseLossOn("all"), LossOn::kAll);
+  EXPECT_EQ(*ParseLossOn("completion"), LossOn::kCompletion);
+  JobSpec spec;
+  spec.data.train = "x";
+  EXPECT_EQ(spec.train.loss_on_mode(), LossOn::kAll);
+  spec.train.loss_on = "completion";
+  EXPECT_EQ(spec.train.loss_on_mode(), LossOn::kCompletion);
+  spec.train.loss_on = "prompt";
+  const Status s = ValidateJobSpec(spec);
+  EXPECT_NE(s.message().find("train.loss_on: 'prompt' is not one of 'all' or 'completion'"),
+            std::string::npos)
+      << s.message();
+  spec.train.loss_on = "all";
+  spec.data.chat_template = "### Q:\n{prompt}\n### A:\n{completion}\n";  // newlines allowed
+  EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec).ToString();
+}
+
 TEST(InstructionWindows, OnePerWindowOrPackedALongOneRunsOn) {
   const int T = 4, pad = 9;
   auto sample = [](int n, int32_t v) {
