@@ -196,6 +196,8 @@ Status CheckModel(const ModelSpec& m) {
                                   "use a small positive value such as 1e-5"));
   MESHRUN_RETURN_IF_ERROR(InRange("model.rope_theta", m.rope_theta, 1, false, kInf, false,
                                   "use 10000 (Llama 2) or 500000 (Llama 3)"));
+  MESHRUN_RETURN_IF_ERROR(AtLeast("model.sliding_window", m.sliding_window, 0,
+                                  "use 0 (no window) or the keys each query sees, e.g. 4096"));
   const bool gpt2 = m.arch == "gpt2";
   if (gpt2) {
     // Fields of the Llama family only: a gpt2 spec that sets them means another architecture.
@@ -527,6 +529,7 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
   if (path == "train.loss_on") return {"all", "completion"};
   if (path == "data.format") return {"auto", "text", "llmc", "nanogpt"};
   if (path == "data.order") return {"sequential", "shuffled"};
+  if (path == "data.attention") return {"causal", "document"};
   if (path == "checkpoint.resume") return {"auto", "never"};
   if (path == "resources.device") return {"cpu", "cuda"};
   return {};
@@ -538,6 +541,10 @@ StatusOr<LossOn> ParseLossOn(std::string_view value) {
   return InvalidArgumentError("train.loss_on: " + QuoteForMessage(value) +
                               " is not one of all, completion (hint: loss_on: completion trains "
                               "only on completion / assistant tokens)");
+}
+
+AttentionMask AttentionMaskOf(const DataSpec& data) {
+  return data.attention == "document" ? AttentionMask::kDocument : AttentionMask::kCausal;
 }
 
 std::vector<DataSource> TrainSources(const DataSpec& data) {

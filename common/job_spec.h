@@ -44,6 +44,9 @@ struct ModelSpec {
   // The head reads the token embedding. Left out: true for gpt2, false for llama.
   bool tie_embeddings = true;
   bool attention_bias = false;  // llama: biases on q, k and v (as Qwen2 has)
+  // Sliding-window attention (Mistral's sliding_window): query i sees keys i − W < j ≤ i.
+  // 0: none (the whole causal prefix).
+  int sliding_window = 0;
 
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int ff() const { return arch == "llama" && d_ff > 0 ? d_ff : 4 * d_model; }
@@ -128,9 +131,18 @@ struct DataSpec {
   // of data.tokenizer's tokenizer_config.json), chatml | llama2 | mistral | llama3, or a template
   // spelled out with {prompt} and {completion}. YAML key `template`.
   std::string chat_template;
+  // causal | document: with document, no attention across the end-of-text tokens that separate
+  // documents, and positions restart at each document (docs/data.md "Documents"). Read it
+  // through AttentionMaskOf.
+  std::string attention = "causal";
 
   bool operator==(const DataSpec&) const = default;
 };
+
+// data.attention parsed (the spec boundary: the engine sees only the enum).
+enum class AttentionMask { kCausal, kDocument };
+// The mask of a validated spec's data.attention.
+AttentionMask AttentionMaskOf(const DataSpec& data);
 
 struct CheckpointSpec {
   std::string dir;              // empty: no checkpoints
@@ -200,6 +212,7 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
     m.rope_scaling_original_max_position_embeddings);
   f("model", "tie_embeddings", m.tie_embeddings);
   f("model", "attention_bias", m.attention_bias);
+  f("model", "sliding_window", m.sliding_window);
   auto& p = spec.parallelism;
   f("parallelism", "dp_replicate_size", p.dp_replicate_size);
   f("parallelism", "dp_shard_size", p.dp_shard_size);
@@ -233,6 +246,7 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("data", "eval_every", d.eval_every);
   f("data", "tokenizer", d.tokenizer);
   f("data", "template", d.chat_template);
+  f("data", "attention", d.attention);
   auto& c = spec.checkpoint;
   f("checkpoint", "dir", c.dir);
   f("checkpoint", "every", c.every);

@@ -667,6 +667,16 @@ void FillModelFromInitFrom(YAML::Node& root) {
       {"attention_bias", "attention_bias"}};
   for (const auto& [field, key] : kLlama) fill(field, config[key]);
   if (type == "qwen2" && !model["attention_bias"]) model["attention_bias"] = true;
+  // Sliding windows: Mistral's sliding_window (null: none); Qwen2's only with use_sliding_window
+  // (on every layer when max_window_layers is 0; other layer splits are refused at load).
+  const bool qwen2_window = type == "qwen2" && scalar(config["use_sliding_window"]) &&
+                            config["use_sliding_window"].Scalar() == "true";
+  if (type == "mistral" || qwen2_window) {
+    const YAML::Node first = config["max_window_layers"];
+    if (!qwen2_window || !scalar(first) || first.Scalar() == "0") {
+      fill("sliding_window", config["sliding_window"]);
+    }
+  }
   // The rotary settings: `rope_theta` + `rope_scaling` (transformers 4), or `rope_parameters`
   // holding both (transformers 5).
   const YAML::Node params = config["rope_parameters"];

@@ -65,6 +65,7 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   // Left out: true for gpt2, false for llama (as in YAML).
   s.model.tie_embeddings = m.has_tie_embeddings() ? m.tie_embeddings() : s.model.arch != "llama";
   SetIfPresent(m.has_attention_bias(), m.attention_bias(), &s.model.attention_bias);
+  SetIfPresent(m.has_sliding_window(), m.sliding_window(), &s.model.sliding_window);
 
   const v1::ParallelismSpec& par = p.parallelism();
   SetIfPresent(par.has_dp_replicate_size(), par.dp_replicate_size(),
@@ -126,6 +127,7 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(d.has_order(), d.order(), &s.data.order);
   SetIfPresent(d.has_tokenizer(), d.tokenizer(), &s.data.tokenizer);
   SetIfPresent(d.has_template_(), d.template_(), &s.data.chat_template);
+  SetIfPresent(d.has_attention(), d.attention(), &s.data.attention);
   MESHRUN_RETURN_IF_ERROR(
       NarrowIfPresent("data.eval_every", d.has_eval_every(), d.eval_every(), &s.data.eval_every));
 
@@ -166,6 +168,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
       s.model.rope_scaling_original_max_position_embeddings);
   m->set_tie_embeddings(s.model.tie_embeddings);
   m->set_attention_bias(s.model.attention_bias);
+  m->set_sliding_window(s.model.sliding_window);
   v1::ParallelismSpec* par = p.mutable_parallelism();
   par->set_dp_replicate_size(s.parallelism.dp_replicate_size);
   par->set_dp_shard_size(s.parallelism.dp_shard_size);
@@ -204,6 +207,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   d->set_eval_every(s.data.eval_every);
   d->set_tokenizer(s.data.tokenizer);
   d->set_template_(s.data.chat_template);
+  d->set_attention(s.data.attention);
   v1::CheckpointSpec* c = p.mutable_checkpoint();
   c->set_dir(s.checkpoint.dir);
   c->set_every(s.checkpoint.every);

@@ -4,8 +4,9 @@
 //
 // Generic kernels: one thread per query row (forward, dq) or key row (dk/dv); the row and its
 // accumulator live in shared memory, K/V (or Q/dO) tiles are staged through shared memory and
-// every score block lives in registers. A tile nobody in the block can see (by position) is
-// skipped, so a causal sequence does about half the work.
+// every score block lives in registers. A tile nobody in the block can see (by position, and by
+// the queries' lower bounds q_lo: sliding windows, documents) is skipped, so a causal sequence
+// does about half the work and a windowed one only the tiles near the diagonal.
 #include <climits>
 #include <cmath>
 #include <string>
@@ -48,14 +49,18 @@ __global__ void ForwardKernel(T* out, float* lse, const T* q, const T* k, const 
   float* ks = os + R * Dp;                           // [kTile][D]
   float* vs = ks + kTile * D;                        // [kTile][D]
   int* kp = reinterpret_cast<int*>(vs + kTile * D);  // [kTile]
-  __shared__ int q_max;
+  __shared__ int q_max, lo_min;
 
   const int64_t bh = blockIdx.y, b = bh / s.H, h = bh % s.H;
   const int tid = threadIdx.x;
   const int64_t i = blockIdx.x * int64_t{R} + tid;
   const bool valid = i < s.Tq;
   const int qp = valid ? q_pos[i] : INT_MIN;
-  if (tid == 0) q_max = INT_MIN;
+  const int lo = valid ? QueryLow(s, b, i) : INT_MAX;
+  if (tid == 0) {
+    q_max = INT_MIN;
+    lo_min = INT_MAX;
+  }
   float* qrow = qs + tid * Dp;
   float* orow = os + tid * Dp;
   for (int64_t d = 0; d < D; ++d) {
@@ -64,6 +69,7 @@ __global__ void ForwardKernel(T* out, float* lse, const T* q, const T* k, const 
   }
   __syncthreads();
   atomicMax(&q_max, qp);
+  atomicMin(&lo_min, lo);
 
   float m = -INFINITY, l = 0.0f;
   for (int64_t k0 = 0; k0 < s.Tk; k0 += kTile) {
@@ -72,7 +78,7 @@ __global__ void ForwardKernel(T* out, float* lse, const T* q, const T* k, const 
     if (tid < kTile) {
       const int64_t kj = k0 + tid;
       kp[tid] = kj < s.Tk ? k_pos[kj] : INT_MAX;
-      seen = kj < s.Tk && kp[tid] <= q_max;
+      seen = kj < s.Tk && kp[tid] <= q_max && kp[tid] >= lo_min;
     }
     if (!__syncthreads_or(seen)) continue;  // no row of the block sees a key of this tile
     for (int64_t e = tid; e < kTile * D; e += R) {
@@ -93,7 +99,7 @@ __global__ void ForwardKernel(T* out, float* lse, const T* q, const T* k, const 
     float tile_max = -INFINITY;
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
-      const bool visible = valid && k0 + j < s.Tk && kp[j] <= qp;
+      const bool visible = valid && k0 + j < s.Tk && kp[j] <= qp && kp[j] >= lo;
       sc[j] = visible ? sc[j] * s.scale : -INFINITY;
       tile_max = fmaxf(tile_max, sc[j]);
     }
@@ -150,17 +156,21 @@ __global__ void BackwardQueryKernel(T* dq, const T* dout, const T* q, const T* k
   float* ks = dqs + R * Dp;    // [kTile][D]
   float* vs = ks + kTile * D;  // [kTile][D]
   int* kp = reinterpret_cast<int*>(vs + kTile * D);
-  __shared__ int q_max;
+  __shared__ int q_max, lo_min;
 
   const int64_t bh = blockIdx.y, b = bh / s.H, h = bh % s.H;
   const int tid = threadIdx.x;
   const int64_t i = blockIdx.x * int64_t{R} + tid;
   const bool valid = i < s.Tq;
   const int qp = valid ? q_pos[i] : INT_MIN;
+  const int lo = valid ? QueryLow(s, b, i) : INT_MAX;
   const float row_lse = valid ? lse[bh * s.Tq + i] : -INFINITY;
   const float row_delta = valid ? delta[bh * s.Tq + i] : 0.0f;
   const bool any = valid && row_lse != -INFINITY;
-  if (tid == 0) q_max = INT_MIN;
+  if (tid == 0) {
+    q_max = INT_MIN;
+    lo_min = INT_MAX;
+  }
   float* qrow = qs + tid * Dp;
   float* dorow = dos + tid * Dp;
   float* dqrow = dqs + tid * Dp;
@@ -171,6 +181,7 @@ __global__ void BackwardQueryKernel(T* dq, const T* dout, const T* q, const T* k
   }
   __syncthreads();
   atomicMax(&q_max, qp);
+  atomicMin(&lo_min, lo);
 
   for (int64_t k0 = 0; k0 < s.Tk; k0 += kTile) {
     __syncthreads();
@@ -178,7 +189,7 @@ __global__ void BackwardQueryKernel(T* dq, const T* dout, const T* q, const T* k
     if (tid < kTile) {
       const int64_t kj = k0 + tid;
       kp[tid] = kj < s.Tk ? k_pos[kj] : INT_MAX;
-      seen = kj < s.Tk && kp[tid] <= q_max;
+      seen = kj < s.Tk && kp[tid] <= q_max && kp[tid] >= lo_min;
     }
     if (!__syncthreads_or(seen)) continue;  // no row of the block sees a key of this tile
     for (int64_t e = tid; e < kTile * D; e += R) {
@@ -202,7 +213,7 @@ __global__ void BackwardQueryKernel(T* dq, const T* dout, const T* q, const T* k
     }
 #pragma unroll
     for (int j = 0; j < kTile; ++j) {
-      const bool visible = k0 + j < s.Tk && kp[j] <= qp;
+      const bool visible = k0 + j < s.Tk && kp[j] <= qp && kp[j] >= lo;
       const float p = visible ? __expf(sc[j] * s.scale - row_lse) : 0.0f;
       sc[j] = p * (dp[j] - row_delta) * s.scale;  // dS·scale: the score's gradient wrt q·k
     }
@@ -238,14 +249,18 @@ __global__ void BackwardKeyValueKernel(T* dk, T* dv, const T* dout, const T* q, 
   float* ls = dos + kTile * D;                   // [kTile] lse
   float* dl = ls + kTile;                        // [kTile] delta
   int* qp = reinterpret_cast<int*>(dl + kTile);  // [kTile]
-  __shared__ int k_min;
+  int* ql = qp + kTile;                          // [kTile] the queries' lower bounds
+  __shared__ int k_min, k_max;
 
   const int64_t bh = blockIdx.y, b = bh / s.H, h = bh % s.H;
   const int tid = threadIdx.x;
   const int64_t j = blockIdx.x * int64_t{R} + tid;
   const bool valid = j < s.Tk;
   const int kpj = valid ? k_pos[j] : INT_MAX;
-  if (tid == 0) k_min = INT_MAX;
+  if (tid == 0) {
+    k_min = INT_MAX;
+    k_max = INT_MIN;
+  }
   float* krow = ks + tid * Dp;
   float* vrow = vs + tid * Dp;
   float* dkrow = dks + tid * Dp;
@@ -257,6 +272,7 @@ __global__ void BackwardKeyValueKernel(T* dk, T* dv, const T* dout, const T* q, 
   }
   __syncthreads();
   atomicMin(&k_min, kpj);
+  if (valid) atomicMax(&k_max, kpj);
 
   for (int64_t q0 = 0; q0 < s.Tq; q0 += kTile) {
     __syncthreads();
@@ -265,9 +281,10 @@ __global__ void BackwardKeyValueKernel(T* dk, T* dv, const T* dout, const T* q, 
       const int64_t qi = q0 + tid;
       const bool in = qi < s.Tq;
       qp[tid] = in ? q_pos[qi] : INT_MIN;
+      ql[tid] = in ? QueryLow(s, b, qi) : INT_MAX;
       ls[tid] = in ? lse[bh * s.Tq + qi] : -INFINITY;
       dl[tid] = in ? delta[bh * s.Tq + qi] : 0.0f;
-      seen = in && qp[tid] >= k_min;
+      seen = in && qp[tid] >= k_min && ql[tid] <= k_max;
     }
     if (!__syncthreads_or(seen)) continue;  // no query of the tile sees a key of the block
     for (int64_t e = tid; e < kTile * D; e += R) {
@@ -291,7 +308,7 @@ __global__ void BackwardKeyValueKernel(T* dk, T* dv, const T* dout, const T* q, 
     }
 #pragma unroll
     for (int r = 0; r < kTile; ++r) {
-      const bool visible = kpj <= qp[r] && ls[r] != -INFINITY;
+      const bool visible = kpj <= qp[r] && kpj >= ql[r] && ls[r] != -INFINITY;
       const float p = visible ? __expf(sc[r] * s.scale - ls[r]) : 0.0f;
       sc[r] = p;                              // P
       dp[r] = p * (dp[r] - dl[r]) * s.scale;  // dS·scale
@@ -369,7 +386,8 @@ AttentionShape MakeShape(int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D
                         internal::Resolve(o.q, H, Tq, D),
                         internal::Resolve(o.k, H, Tk, D),
                         internal::Resolve(o.v, H, Tk, D),
-                        internal::Resolve(o.out, H, Tq, D)};
+                        internal::Resolve(o.out, H, Tq, D),
+                        o.q_lo};
 }
 
 template <typename Kernel>
@@ -446,7 +464,7 @@ Status AttentionBackward(CudaContext& ctx, T* dq, T* dk, T* dv, const T* dout, c
   }
   if (Tk > 0) {
     const size_t smem =
-        sizeof(float) * (4 * R * (D + 1) + 2 * kTile * D + 2 * kTile) + sizeof(int) * kTile;
+        sizeof(float) * (4 * R * (D + 1) + 2 * kTile * D + 2 * kTile) + sizeof(int) * 2 * kTile;
     MESHRUN_RETURN_IF_ERROR(PrepareSharedMemory(BackwardKeyValueKernel<T>, smem));
     const dim3 grid(static_cast<unsigned>(CeilDiv(Tk, R)), static_cast<unsigned>(B * H));
     BackwardKeyValueKernel<T><<<grid, R, smem, ctx.stream()>>>(dk, dv, dout, q, k, v, lse, delta,

@@ -2,6 +2,7 @@
 // any D; attention_tc.cu: bf16 tensor-core kernels for D = 64). Internal to engine/cuda.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "common/status.h"
@@ -23,7 +24,15 @@ struct AttentionShape {
   int64_t B, H, Tq, Tk, D;
   float scale;
   Strides q, k, v, out;
+  const int32_t* q_lo;  // (B,Tq): the first key position each query sees; null: no lower bound
 };
+
+// Query i of sequence b sees keys at positions ≥ QueryLow(s, b, i) (and ≤ its own position).
+#ifdef __CUDACC__
+__device__ __forceinline__ int QueryLow(const AttentionShape& s, int64_t b, int64_t i) {
+  return s.q_lo != nullptr ? s.q_lo[b * s.Tq + i] : INT_MIN;
+}
+#endif
 
 // Tensor-core kernels (attention_tc.cu). Only called with bf16 and D == 64.
 Status AttentionForwardTensorCore(CudaContext& ctx, bf16* out, float* lse, const bf16* q,

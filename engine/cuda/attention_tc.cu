@@ -7,8 +7,9 @@
 // the softmax (the WMMA accumulator layout is opaque); two lanes own one row, 32 columns each.
 // The forward keeps its output accumulator in shared memory too, so that the online-softmax
 // rescale can be applied per row; the backward's accumulators (dv, dk, dq) need no rescale and
-// stay in registers. No T×T matrix exists anywhere; tiles that no row of the block can see are
-// skipped, so a causal sequence does about half the work.
+// stay in registers. No T×T matrix exists anywhere; tiles that no row of the block can see (by
+// position, and by the queries' lower bounds q_lo: sliding windows, documents) are skipped, so a
+// causal sequence does about half the work.
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -123,12 +124,12 @@ struct SharedLayout {
   static constexpr size_t kHalfBytes = sizeof(bf16) * kHalfTile;
   static constexpr size_t kFloatBytes = sizeof(float) * kFloatTile;
   static constexpr size_t kVecBytes = sizeof(float) * kRows;
-  static constexpr size_t kScalarBytes = 128;  // the block-wide position bound after the vectors
+  static constexpr size_t kScalarBytes = 128;  // the block-wide position bounds after the vectors
 };
 
 // ---- forward: grid (Tq/64, B·H); warp w owns queries [q0 + 16w, q0 + 16w + 16).
 constexpr size_t kForwardSmem = 4 * SharedLayout::kHalfBytes + 2 * SharedLayout::kFloatBytes +
-                                4 * SharedLayout::kVecBytes + SharedLayout::kScalarBytes;
+                                5 * SharedLayout::kVecBytes + SharedLayout::kScalarBytes;
 
 __global__ void __launch_bounds__(kThreads)
     ForwardKernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
@@ -144,22 +145,31 @@ __global__ void __launch_bounds__(kThreads)
   float* row_m = Os + kFloatTile;
   float* row_l = row_m + kRows;
   int* qp_s = reinterpret_cast<int*>(row_l + kRows);
-  int* kp_s = qp_s + kRows;
+  int* lo_s = qp_s + kRows;  // the queries' lower bounds
+  int* kp_s = lo_s + kRows;
   int& q_max = kp_s[kRows];  // in the dynamic block: no static shared memory shifts its base
+  int& lo_min = kp_s[kRows + 1];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t bh = blockIdx.y, b = bh / s.H, h = bh % s.H;
   const int64_t q0 = blockIdx.x * int64_t{kRows};
-  if (tid == 0) q_max = INT_MIN;
+  if (tid == 0) {
+    q_max = INT_MIN;
+    lo_min = INT_MAX;
+  }
   LoadTile(Qs, q, s.q, b, h, q0, s.Tq, vec);
   for (int e = tid; e < kFloatTile; e += kThreads) Os[e] = 0.0f;
   if (tid < kRows) {
     row_m[tid] = -INFINITY;
     row_l[tid] = 0.0f;
     qp_s[tid] = q0 + tid < s.Tq ? q_pos[q0 + tid] : INT_MIN;
+    lo_s[tid] = q0 + tid < s.Tq ? QueryLow(s, b, q0 + tid) : INT_MAX;
   }
   __syncthreads();
-  if (tid < kRows) atomicMax(&q_max, qp_s[tid]);
+  if (tid < kRows) {
+    atomicMax(&q_max, qp_s[tid]);
+    atomicMin(&lo_min, lo_s[tid]);
+  }
 
   // Lane pair (2r', 2r'+1) owns row r = 16·warp + lane/2, columns [32·half, 32·half + 32).
   const int r = 16 * warp + lane / 2, half = lane % 2, c0 = 32 * half;
@@ -168,7 +178,7 @@ __global__ void __launch_bounds__(kThreads)
     bool seen = false;
     if (tid < kRows) {
       kp_s[tid] = k0 + tid < s.Tk ? k_pos[k0 + tid] : INT_MAX;
-      seen = kp_s[tid] <= q_max;
+      seen = kp_s[tid] <= q_max && kp_s[tid] >= lo_min;
     }
     if (!__syncthreads_or(seen)) continue;  // no row of this block sees any key of the tile
     LoadTile(Ks, k, s.k, b, h, k0, s.Tk, vec);
@@ -178,12 +188,12 @@ __global__ void __launch_bounds__(kThreads)
     WarpRowsTimesTransposed(Ss, Qs, Ks, warp);  // S = Q·Kᵀ for this warp's rows
     __syncwarp();
 
-    const int qp = qp_s[r];
+    const int qp = qp_s[r], lo = lo_s[r];
     const float m_old = row_m[r], l_old = row_l[r];
     float* srow = Ss + r * kLdf;
     float mx = -INFINITY;
     for (int c = c0; c < c0 + 32; ++c) {
-      const float x = kp_s[c] <= qp ? srow[c] * s.scale : -INFINITY;
+      const float x = kp_s[c] <= qp && kp_s[c] >= lo ? srow[c] * s.scale : -INFINITY;
       srow[c] = x;
       mx = fmaxf(mx, x);
     }
@@ -239,7 +249,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- dk, dv: grid (Tk/64, B·H); warp w owns keys [j0 + 16w, j0 + 16w + 16).
 constexpr size_t kKeyValueSmem = 6 * SharedLayout::kHalfBytes + SharedLayout::kFloatBytes +
-                                 4 * SharedLayout::kVecBytes + SharedLayout::kScalarBytes;
+                                 5 * SharedLayout::kVecBytes + SharedLayout::kScalarBytes;
 
 __global__ void __launch_bounds__(kThreads)
     BackwardKeyValueKernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
@@ -258,18 +268,26 @@ __global__ void __launch_bounds__(kThreads)
   float* lse_s = St + kFloatTile;
   float* delta_s = lse_s + kRows;
   int* qp_s = reinterpret_cast<int*>(delta_s + kRows);
-  int* kp_s = qp_s + kRows;
+  int* lo_s = qp_s + kRows;  // the query tile's lower bounds
+  int* kp_s = lo_s + kRows;
   int& k_min = kp_s[kRows];
+  int& k_max = kp_s[kRows + 1];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t bh = blockIdx.y, b = bh / s.H, h = bh % s.H;
   const int64_t j0 = blockIdx.x * int64_t{kRows};
-  if (tid == 0) k_min = INT_MAX;
+  if (tid == 0) {
+    k_min = INT_MAX;
+    k_max = INT_MIN;
+  }
   LoadTile(Ks, k, s.k, b, h, j0, s.Tk, vec);
   LoadTile(Vs, v, s.v, b, h, j0, s.Tk, vec);
   if (tid < kRows) kp_s[tid] = j0 + tid < s.Tk ? k_pos[j0 + tid] : INT_MAX;
   __syncthreads();
-  if (tid < kRows) atomicMin(&k_min, kp_s[tid]);
+  if (tid < kRows) {
+    atomicMin(&k_min, kp_s[tid]);
+    if (j0 + tid < s.Tk) atomicMax(&k_max, kp_s[tid]);
+  }
 
   FragAcc dk_acc[4], dv_acc[4];
 #pragma unroll
@@ -285,9 +303,10 @@ __global__ void __launch_bounds__(kThreads)
     if (tid < kRows) {
       const bool in = q0 + tid < s.Tq;
       qp_s[tid] = in ? q_pos[q0 + tid] : INT_MIN;
+      lo_s[tid] = in ? QueryLow(s, b, q0 + tid) : INT_MAX;
       lse_s[tid] = in ? lse[bh * s.Tq + q0 + tid] : -INFINITY;
       delta_s[tid] = in ? delta[bh * s.Tq + q0 + tid] : 0.0f;
-      seen = in && qp_s[tid] >= k_min;
+      seen = in && qp_s[tid] >= k_min && lo_s[tid] <= k_max;
     }
     if (!__syncthreads_or(seen)) continue;  // no query of the tile sees a key of this block
     LoadTile(Qs, q, s.q, b, h, q0, s.Tq, vec);
@@ -302,7 +321,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < 32; ++c) {
       const int col = c0 + c;
-      const bool visible = kp <= qp_s[col] && lse_s[col] != -INFINITY;
+      const bool visible = kp <= qp_s[col] && kp >= lo_s[col] && lse_s[col] != -INFINITY;
       p[c] = visible ? __expf(srow[col] * s.scale - lse_s[col]) : 0.0f;
       prow[col] = __float2bfloat16_rn(p[c]);
     }
@@ -331,7 +350,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- dq: grid (Tq/64, B·H); warp w owns queries [q0 + 16w, q0 + 16w + 16).
 constexpr size_t kQuerySmem = 5 * SharedLayout::kHalfBytes + SharedLayout::kFloatBytes +
-                              4 * SharedLayout::kVecBytes + SharedLayout::kScalarBytes;
+                              5 * SharedLayout::kVecBytes + SharedLayout::kScalarBytes;
 
 __global__ void __launch_bounds__(kThreads)
     BackwardQueryKernel(bf16* dq, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
@@ -348,36 +367,45 @@ __global__ void __launch_bounds__(kThreads)
   float* lse_s = Ss + kFloatTile;
   float* delta_s = lse_s + kRows;
   int* qp_s = reinterpret_cast<int*>(delta_s + kRows);
-  int* kp_s = qp_s + kRows;
+  int* lo_s = qp_s + kRows;  // the queries' lower bounds
+  int* kp_s = lo_s + kRows;
   int& q_max = kp_s[kRows];
+  int& lo_min = kp_s[kRows + 1];
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int64_t bh = blockIdx.y, b = bh / s.H, h = bh % s.H;
   const int64_t q0 = blockIdx.x * int64_t{kRows};
-  if (tid == 0) q_max = INT_MIN;
+  if (tid == 0) {
+    q_max = INT_MIN;
+    lo_min = INT_MAX;
+  }
   LoadTile(Qs, q, s.q, b, h, q0, s.Tq, vec);
   LoadTile(dOs, dout, s.out, b, h, q0, s.Tq, vec);
   if (tid < kRows) {
     const bool in = q0 + tid < s.Tq;
     qp_s[tid] = in ? q_pos[q0 + tid] : INT_MIN;
+    lo_s[tid] = in ? QueryLow(s, b, q0 + tid) : INT_MAX;
     lse_s[tid] = in ? lse[bh * s.Tq + q0 + tid] : -INFINITY;
     delta_s[tid] = in ? delta[bh * s.Tq + q0 + tid] : 0.0f;
   }
   __syncthreads();
-  if (tid < kRows) atomicMax(&q_max, qp_s[tid]);
+  if (tid < kRows) {
+    atomicMax(&q_max, qp_s[tid]);
+    atomicMin(&lo_min, lo_s[tid]);
+  }
 
   FragAcc dq_acc[4];
 #pragma unroll
   for (int n = 0; n < 4; ++n) wmma::fill_fragment(dq_acc[n], 0.0f);
   const int r = 16 * warp + lane / 2, half = lane % 2, c0 = 32 * half;
-  const int qp = qp_s[r];
+  const int qp = qp_s[r], lo = lo_s[r];
   const float row_lse = lse_s[r], row_delta = delta_s[r];
   for (int64_t k0 = 0; k0 < s.Tk; k0 += kRows) {
     __syncthreads();
     bool seen = false;
     if (tid < kRows) {
       kp_s[tid] = k0 + tid < s.Tk ? k_pos[k0 + tid] : INT_MAX;
-      seen = kp_s[tid] <= q_max;
+      seen = kp_s[tid] <= q_max && kp_s[tid] >= lo_min;
     }
     if (!__syncthreads_or(seen)) continue;
     LoadTile(Ks, k, s.k, b, h, k0, s.Tk, vec);
@@ -391,7 +419,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < 32; ++c) {
       const int col = c0 + c;
-      const bool visible = kp_s[col] <= qp && row_lse != -INFINITY;
+      const bool visible = kp_s[col] <= qp && kp_s[col] >= lo && row_lse != -INFINITY;
       p[c] = visible ? __expf(srow[col] * s.scale - row_lse) : 0.0f;
     }
     __syncwarp();

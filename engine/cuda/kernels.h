@@ -83,9 +83,11 @@ Status ColumnSum(CudaContext& ctx, float* out, const T* x, int64_t N, int64_t C,
 
 // ---- causal multi-head attention, flash-attention style (no T×T matrix in memory).
 // Shapes as the CPU kernel: q (B,H,Tq,D), k and v (B,H,Tk,D), out (B,H,Tq,D), lse (B,H,Tq)
-// float32 contiguous. Query i sees key j iff k_pos[j] <= q_pos[i]; a row that sees no key gets
-// out = 0 and lse = -inf. Each tensor may instead be a strided view (HeadLayout) whose D
-// elements are contiguous, e.g. q, k and v read straight out of the fused qkv (B,T,3,H,D) rows.
+// float32 contiguous. Query i of sequence b sees key j iff q_lo[b·Tq + i] <= k_pos[j] <= q_pos[i]
+// (options.q_lo: the first position each query sees, a sliding window's or its document's start;
+// null: causal only); a row that sees no key gets out = 0 and lse = -inf. Each tensor may instead
+// be a strided view (HeadLayout) whose D elements are contiguous, e.g. q, k and v read straight out
+// of the fused qkv (B,T,3,H,D) rows.
 struct HeadLayout {
   int64_t batch = 0, head = 0, token = 0;  // element strides; all 0: contiguous (B,H,T,D)
 };
@@ -97,7 +99,8 @@ enum class AttentionAlgo {
 struct AttentionOptions {
   HeadLayout q, k, v, out;  // dq, dk, dv and dout share the layouts of q, k, v and out
   AttentionAlgo algo = AttentionAlgo::kAuto;
-  bool accumulate = true;  // backward: false overwrites dq, dk, dv
+  bool accumulate = true;         // backward: false overwrites dq, dk, dv
+  const int32_t* q_lo = nullptr;  // (B,Tq) on the device: each query's first visible position
 };
 // True when kAuto picks the tensor-core kernels for this element type and head size.
 template <typename T>

@@ -361,6 +361,8 @@ LoadOptions LoadOptionsOf(const JobSpec& spec) {
   o.vocab_size = spec.model.vocab_size;
   o.chat_template = spec.data.chat_template;
   o.seq_len = spec.model.seq_len;
+  // Samples are packed only where attention cannot cross them (docs/data.md "Windows of samples").
+  o.pack = AttentionMaskOf(spec.data) == AttentionMask::kDocument;
   return o;
 }
 

@@ -5,11 +5,24 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "engine/comm/communicator.h"
 #include "engine/ops/ops.h"
 
 namespace meshrun {
+
+void DocumentStarts(const int32_t* inputs, int B, int Tn, int32_t eot, int32_t* starts) {
+  for (int b = 0; b < B; ++b) {
+    const int32_t* in = inputs + static_cast<int64_t>(b) * Tn;
+    int32_t* out = starts + static_cast<int64_t>(b) * Tn;
+    int32_t start = 0;
+    for (int t = 0; t < Tn; ++t) {
+      out[t] = start;
+      if (in[t] == eot) start = t + 1;
+    }
+  }
+}
 
 template <typename T>
 GPT2<T>::GPT2(GPT2Config cfg, bool own_storage)
@@ -233,12 +246,16 @@ Status GPT2<T>::PrepareRope() {
       }
     }
   }
-  // [cos (T, D/2) | sin (T, D/2)], computed on the host, then on the model's device.
-  const int64_t n = static_cast<int64_t>(T_) * half;
+  // [cos (rows, D/2) | sin (rows, D/2)], computed on the host, then on the model's device: one
+  // row per local position, or with documents one per token (B·T, positions from the
+  // document's start).
+  const int64_t rows = row_rope_ ? static_cast<int64_t>(B_) * T_ : T_;
+  const int64_t n = rows * half;
   rope_host_.resize(static_cast<size_t>(2 * n));
-  for (int t = 0; t < T_; ++t) {
+  for (int64_t t = 0; t < rows; ++t) {
+    const int32_t pos = row_rope_ ? row_positions_[t] : seq_positions_[t];
     for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(seq_positions_[t]) * inv[i];
+      const float angle = static_cast<float>(pos) * inv[i];
       rope_host_[t * half + i] = static_cast<T>(std::cos(angle));
       rope_host_[n + t * half + i] = static_cast<T>(std::sin(angle));
     }
@@ -261,10 +278,33 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   MESHRUN_RETURN_IF_ERROR(Upload(tokens_, inputs, N));
   seq_positions_.resize(Tn);
   for (int t = 0; t < Tn; ++t) seq_positions_[t] = positions ? positions[t] : t;
-  std::vector<int32_t> row_positions(static_cast<size_t>(N));
-  for (int64_t i = 0; i < N; ++i) row_positions[i] = seq_positions_[i % Tn];
+  // Documents (SetDocumentStarts, this forward only): each row's position counts from its
+  // document's start, and its queries see nothing before it.
+  const std::vector<int32_t> docs = std::move(doc_starts_);
+  doc_starts_.clear();
+  if (!docs.empty() && static_cast<int64_t>(docs.size()) != N) {
+    return InvalidArgumentError("document starts for " + std::to_string(docs.size()) +
+                                " tokens, the batch has " + std::to_string(N));
+  }
+  row_positions_.resize(static_cast<size_t>(N));
+  for (int64_t i = 0; i < N; ++i) {
+    row_positions_[i] = seq_positions_[i % Tn] - (docs.empty() ? 0 : docs[i]);
+  }
   MESHRUN_RETURN_IF_ERROR(Upload(seq_positions_dev_, seq_positions_.data(), Tn));
-  MESHRUN_RETURN_IF_ERROR(Upload(positions_, row_positions.data(), N));
+  MESHRUN_RETURN_IF_ERROR(Upload(positions_, row_positions_.data(), N));
+  // The first key position each query sees: its window's and its document's start.
+  has_q_lo_ = !docs.empty() || cfg_.sliding_window > 0;
+  if (has_q_lo_) {
+    std::vector<int32_t> lo(static_cast<size_t>(N), std::numeric_limits<int32_t>::min());
+    for (int64_t i = 0; i < N; ++i) {
+      if (!docs.empty()) lo[i] = docs[i];
+      if (cfg_.sliding_window > 0) {
+        lo[i] = std::max(lo[i], seq_positions_[i % Tn] - cfg_.sliding_window + 1);
+      }
+    }
+    MESHRUN_RETURN_IF_ERROR(Upload(q_lo_, lo.data(), N));
+  }
+  row_rope_ = !docs.empty();
   if (cfg_.llama()) MESHRUN_RETURN_IF_ERROR(PrepareRope());
   MESHRUN_RETURN_IF_ERROR(PrepareCpPositions());
 

@@ -48,6 +48,8 @@ struct GPT2Config {
   RopeScaling rope_scaling;
   bool tie_embeddings = true;   // the head reads the token embedding (else its own lm_head)
   bool attention_bias = false;  // llama: biases on q, k and v (Qwen2); gpt2 always has biases
+  // Sliding-window attention on every layer: query i sees keys i − W < j ≤ i; 0: none.
+  int sliding_window = 0;
   // Tensor parallel: this rank holds 1/tp_size of the heads, MLP units and vocabulary rows.
   int tp_size = 1;
   int tp_rank = 0;
@@ -137,6 +139,12 @@ struct ModelParallel {
   UnitHooks* fsdp = nullptr;
 };
 
+// Document masking (data.attention: document): for each token of B sequences of T tokens, the
+// position in its sequence where its document starts. The end-of-text token `eot` is the last
+// token of the document it ends; the token after it starts the next one at position 0 of that
+// document. A sequence's first tokens belong to a document that started before it: position 0.
+void DocumentStarts(const int32_t* inputs, int B, int T, int32_t eot, int32_t* starts);
+
 // The parameter the head multiplies by: the token table when tied ("wte", "embed_tokens"),
 // else "lm_head".
 std::string HeadWeightName(const GPT2Config& cfg);
@@ -192,6 +200,11 @@ class GPT2 {
   void ZeroGrad();
   // Tensor/context parallel communicators and FSDP hooks (float only); null: single rank.
   void SetParallel(const ModelParallel* parallel) { par_ = parallel; }
+  // Document masking (data.attention: document) for the NEXT forward only: for each of its B·L
+  // tokens, the global position where the token's document starts (DocumentStarts). Queries
+  // then see only keys of their own document, and positions (learned or rotary) count from
+  // the document's start. Not called: one document per sequence.
+  void SetDocumentStarts(std::vector<int32_t> starts) { doc_starts_ = std::move(starts); }
 
   // Forward of B sequences of L tokens each (inputs: B·L token ids). positions: the global
   // position of each of the L tokens (the same for every sequence; context parallel passes
@@ -246,6 +259,8 @@ class GPT2 {
   }
   // The rotary cos/sin tables of this forward's positions (llama), on the device.
   Status PrepareRope();
+  // Rotary embedding of x (B, heads, T_, D) in place, or its backward (llama).
+  Status Rope(T* x, bool backward);
   // Context parallel: the global positions of every cp rank's tokens (cp_positions_, n·T_) and
   // of the gathered keys, on the device.
   Status PrepareCpPositions();
@@ -272,6 +287,14 @@ class GPT2 {
 
   int B_ = 0, T_ = 0, capacity_tokens_ = 0;
   std::vector<int32_t> seq_positions_;  // positions of one sequence's local tokens (host)
+  std::vector<int32_t> doc_starts_;     // SetDocumentStarts, consumed by the next forward
+  // Per row (B·T_), on the device: the first key position each query sees (sliding window and
+  // document start); undefined when neither applies. Every row's own position for rotary
+  // embeddings (document masking: from its document's start); empty: seq_positions_.
+  Tensor q_lo_;
+  bool has_q_lo_ = false;
+  bool row_rope_ = false;  // rope_ holds one table per row (B·T_) rather than per position
+  std::vector<int32_t> row_positions_;
   // On the device: this batch's token ids, every row's position, one sequence's positions, and
   // the targets of the loss.
   Tensor tokens_, positions_, seq_positions_dev_, targets_;

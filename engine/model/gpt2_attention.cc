@@ -1,7 +1,9 @@
 // GPT-2 attention on one rank: split heads, causal attention over this rank's queries and
-// (under context parallel) every rank's keys, merge heads. Context parallel has two strategies
-// (docs/job-spec.md cp_comm_strategy): `allgather` gathers K and V once per layer;
-// `ring` passes K/V blocks around the cp ring and merges partial results by log-sum-exp.
+// (under context parallel) every rank's keys, merge heads. Sliding windows and documents only
+// raise each query's first visible key position (q_lo_, by global positions), so both cp
+// strategies apply them unchanged: a K/V block of another rank is masked by its positions. Context
+// parallel has two strategies (docs/job-spec.md cp_comm_strategy): `allgather` gathers K and V once
+// per layer; `ring` passes K/V blocks around the cp ring and merges partial results by log-sum-exp.
 // docs/parallelism.md gives the bytes each moves. Every op runs on the model's device.
 #include <cmath>
 #include <cstring>
@@ -35,6 +37,27 @@ void EnsureSize(Tensor& t, int64_t n, ScalarType dt, Device dev,
 }  // namespace
 
 template <typename T>
+Status GPT2<T>::Rope(T* x, bool backward) {
+  const int64_t Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.head_dim(), half = D / 2;
+  const T* cos = rope_.template data<T>();
+  if (!row_rope_) {  // one table for every sequence
+    const T* sin = cos + static_cast<int64_t>(T_) * half;
+    return backward ? ops::RopeBackward(cfg_.device, x, cos, sin, B_ * Hl, T_, D)
+                    : ops::RopeForward(cfg_.device, x, cos, sin, B_ * Hl, T_, D);
+  }
+  // Documents: each sequence has its own positions, so its own rows of the table.
+  const T* sin = cos + static_cast<int64_t>(B_) * T_ * half;
+  for (int64_t b = 0; b < B_; ++b) {
+    T* xb = x + b * Hl * T_ * D;
+    const int64_t off = b * T_ * half;
+    MESHRUN_RETURN_IF_ERROR(
+        backward ? ops::RopeBackward(cfg_.device, xb, cos + off, sin + off, Hl, T_, D)
+                 : ops::RopeForward(cfg_.device, xb, cos + off, sin + off, Hl, T_, D));
+  }
+  return OkStatus();
+}
+
+template <typename T>
 Status GPT2<T>::PrepareCpPositions() {
   const Communicator* cp = nullptr;
   if constexpr (std::is_same_v<T, float>) {
@@ -55,6 +78,7 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
   const int64_t B = B_, Tn = T_, Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.d_model / cfg_.n_head;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const int32_t* pos = seq_positions_dev_.template data<int32_t>();
+  const int32_t* lo = has_q_lo_ ? q_lo_.template data<int32_t>() : nullptr;
   T* q = a.q.template data<T>();
   T* k = a.k.template data<T>();
   T* v = a.v.template data<T>();
@@ -64,11 +88,9 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
     const int64_t Kl = cfg_.kv_heads() / cfg_.tp_size;
     MESHRUN_RETURN_IF_ERROR(
         ops::SplitHeads(dev, q, k, v, qkv_.template data<T>(), B, Tn, Hl, Kl, D));
-    if (cfg_.llama()) {  // rotary embeddings at the tokens' global positions
-      const T* cos = rope_.template data<T>();
-      const T* sin = cos + static_cast<int64_t>(T_) * (D / 2);
-      MESHRUN_RETURN_IF_ERROR(ops::RopeForward(dev, q, cos, sin, B * Hl, Tn, D));
-      MESHRUN_RETURN_IF_ERROR(ops::RopeForward(dev, k, cos, sin, B * Hl, Tn, D));
+    if (cfg_.llama()) {  // rotary embeddings at the tokens' global (or document) positions
+      MESHRUN_RETURN_IF_ERROR(Rope(q, /*backward=*/false));
+      MESHRUN_RETURN_IF_ERROR(Rope(k, /*backward=*/false));
     }
   }
   Communicator* cp = nullptr;
@@ -77,7 +99,7 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
   }
   if (cp == nullptr) {
     MESHRUN_RETURN_IF_ERROR(
-        ops::AttentionForward(dev, att, lse, q, k, v, pos, pos, B, Hl, Tn, Tn, D, scale));
+        ops::AttentionForward(dev, att, lse, q, k, v, pos, pos, B, Hl, Tn, Tn, D, scale, lo));
   } else if constexpr (std::is_same_v<T, float>) {
     const int n = cp->size(), c = cp->rank();
     const int64_t count = B * Hl * Tn * D;
@@ -97,7 +119,7 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
       }
       MESHRUN_RETURN_IF_ERROR(ops::AttentionForward(dev, att, lse, q, a.k_all.template data<T>(),
                                                     a.v_all.template data<T>(), pos, cp_pos, B, Hl,
-                                                    Tn, n * Tn, D, scale));
+                                                    Tn, n * Tn, D, scale, lo));
     } else {
       // Ring: step s holds the K/V block of rank c − s; merge each partial by log-sum-exp.
       EnsureSize(cp_send_, 2 * count, dt, dev);
@@ -108,7 +130,7 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
       MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, cur, k, sizeof(T) * count));
       MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, cur + count, v, sizeof(T) * count));
       MESHRUN_RETURN_IF_ERROR(
-          ops::AttentionForward(dev, att, lse, q, k, v, pos, pos, B, Hl, Tn, Tn, D, scale));
+          ops::AttentionForward(dev, att, lse, q, k, v, pos, pos, B, Hl, Tn, Tn, D, scale, lo));
       T* part_out = cp_kv_.template data<T>();
       T* part_lse = part_out + count;
       for (int s = 1; s < n; ++s) {
@@ -117,7 +139,7 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
         std::swap(cur, nxt);
         const int32_t* kpos = cp_pos + static_cast<int64_t>((c - s + n) % n) * Tn;
         MESHRUN_RETURN_IF_ERROR(ops::AttentionForward(dev, part_out, part_lse, q, cur, cur + count,
-                                                      pos, kpos, B, Hl, Tn, Tn, D, scale));
+                                                      pos, kpos, B, Hl, Tn, Tn, D, scale, lo));
         MESHRUN_RETURN_IF_ERROR(
             ops::AttentionMerge(dev, att, lse, part_out, part_lse, B * Hl * Tn, D));
       }
@@ -132,6 +154,7 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
   const int64_t B = B_, Tn = T_, Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.d_model / cfg_.n_head;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const int32_t* pos = seq_positions_dev_.template data<int32_t>();
+  const int32_t* lo = has_q_lo_ ? q_lo_.template data<int32_t>() : nullptr;
   const int64_t count = B * Hl * Tn * D;
   T* datt = datt_.template data<T>();
   T* dq = dq_.template data<T>();
@@ -151,7 +174,7 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
   if (cp == nullptr) {
     MESHRUN_RETURN_IF_ERROR(ops::AttentionBackward(dev, dq, dk, dv, datt, q, a.k.template data<T>(),
                                                    a.v.template data<T>(), att, lse, pos, pos, B,
-                                                   Hl, Tn, Tn, D, scale));
+                                                   Hl, Tn, Tn, D, scale, lo));
   } else if constexpr (std::is_same_v<T, float>) {
     const int n = cp->size(), c = cp->rank();
     const ScalarType dt = ScalarTypeOf<T>();
@@ -165,7 +188,7 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
       MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dk_all, sizeof(T) * 2 * n * count));
       MESHRUN_RETURN_IF_ERROR(ops::AttentionBackward(
           dev, dq, dk_all, dv_all, datt, q, a.k_all.template data<T>(), a.v_all.template data<T>(),
-          att, lse, pos, cp_pos, B, Hl, Tn, n * Tn, D, scale));
+          att, lse, pos, cp_pos, B, Hl, Tn, n * Tn, D, scale, lo));
       EnsureSize(cp_kv_, n * count, dt, dev);
       for (auto [all, local] : {std::pair{dk_all, dk}, std::pair{dv_all, dv}}) {
         MESHRUN_RETURN_IF_ERROR(
@@ -188,7 +211,7 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
         const int32_t* kpos = cp_pos + static_cast<int64_t>((c - s + n) % n) * Tn;
         MESHRUN_RETURN_IF_ERROR(ops::AttentionBackward(dev, dq, cur + 2 * count, cur + 3 * count,
                                                        datt, q, cur, cur + count, att, lse, pos,
-                                                       kpos, B, Hl, Tn, Tn, D, scale));
+                                                       kpos, B, Hl, Tn, Tn, D, scale, lo));
         if (s + 1 < n) {
           MESHRUN_RETURN_IF_ERROR(
               cp->SendRecv(cur, 4 * count, (c + 1) % n, nxt, 4 * count, (c - 1 + n) % n, on_cp));
@@ -202,15 +225,15 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
     }
   }
   if (cfg_.llama()) {
-    const T* cos = rope_.template data<T>();
-    const T* sin = cos + static_cast<int64_t>(T_) * (D / 2);
-    MESHRUN_RETURN_IF_ERROR(ops::RopeBackward(dev, dq, cos, sin, B * Hl, Tn, D));
-    MESHRUN_RETURN_IF_ERROR(ops::RopeBackward(dev, dk, cos, sin, B * Hl, Tn, D));
+    MESHRUN_RETURN_IF_ERROR(Rope(dq, /*backward=*/true));
+    MESHRUN_RETURN_IF_ERROR(Rope(dk, /*backward=*/true));
   }
   return ops::MergeQkvGrads(dev, dqkv_.template data<T>(), dq, dk, dv, B, Tn, Hl,
                             cfg_.kv_heads() / cfg_.tp_size, D);
 }
 
+template Status GPT2<float>::Rope(float*, bool);
+template Status GPT2<double>::Rope(double*, bool);
 template Status GPT2<float>::PrepareCpPositions();
 template Status GPT2<double>::PrepareCpPositions();
 template Status GPT2<float>::AttentionForward(GPT2<float>::LayerActs&, bool);

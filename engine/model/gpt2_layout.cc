@@ -29,6 +29,7 @@ GPT2Config GPT2ConfigOf(const ModelSpec& model) {
       model.rope_scaling_original_max_position_embeddings;
   cfg.tie_embeddings = model.tie_embeddings;
   cfg.attention_bias = model.attention_bias;
+  cfg.sliding_window = model.sliding_window;
   return cfg;
 }
 

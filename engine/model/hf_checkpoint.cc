@@ -126,21 +126,33 @@ StatusOr<GPT2Config> ReadHuggingFaceConfig(const std::string& dir) {
   if (flag("mlp_bias", false)) {
     return refuse("mlp_bias is true", "meshrun's llama MLP has no biases");
   }
+  // Sliding windows (as transformers reads them): Mistral's sliding_window on every layer
+  // (null: none); Qwen2's only with use_sliding_window, on the layers from max_window_layers on.
+  const bool has_window = j.contains("sliding_window") && !j["sliding_window"].is_null();
+  if (type == "mistral" && has_window) {
+    MESHRUN_RETURN_IF_ERROR(number(j, "sliding_window", &cfg.sliding_window, false));
+  }
+  if (type == "qwen2" && flag("use_sliding_window", false) && has_window) {
+    int first = 28;  // transformers' default max_window_layers
+    MESHRUN_RETURN_IF_ERROR(number(j, "max_window_layers", &first, false));
+    if (first == 0) {
+      MESHRUN_RETURN_IF_ERROR(number(j, "sliding_window", &cfg.sliding_window, false));
+    } else if (first < cfg.n_layer) {
+      return refuse("use_sliding_window is true with max_window_layers " + std::to_string(first) +
+                        " of " + std::to_string(cfg.n_layer) + " layers",
+                    "meshrun applies a sliding window to every layer or to none; set "
+                    "max_window_layers to 0 (every layer) or to num_hidden_layers (none)");
+    }
+  }
+  if (cfg.sliding_window < 0) {
+    return refuse("sliding_window " + j["sliding_window"].dump() + " is negative",
+                  "use null (no window) or a positive number of keys");
+  }
   if (type == "qwen2") {
     cfg.attention_bias = true;  // Qwen2: biases on q, k and v, none on o_proj
-    if (flag("use_sliding_window", false)) {
-      return refuse("use_sliding_window is true",
-                    "meshrun attends over the whole sequence; use a checkpoint without "
-                    "sliding windows");
-    }
   } else if (flag("attention_bias", false)) {
     return refuse("attention_bias is true, which in " + type + " also biases o_proj",
                   "meshrun's attention_bias covers q, k and v only (as Qwen2 has)");
-  }
-  if (type == "mistral" && j.contains("sliding_window") && !j["sliding_window"].is_null()) {
-    return refuse("sliding_window " + j["sliding_window"].dump() + " is set",
-                  "meshrun attends over the whole sequence; set sliding_window to null if the "
-                  "model was trained without it");
   }
   // rope_theta + rope_scaling (transformers 4) or rope_parameters holding both (transformers 5).
   const bool v5 = j.contains("rope_parameters") && j["rope_parameters"].is_object();
@@ -234,6 +246,11 @@ Status CheckConfigMatches(const GPT2Config& model, const GPT2Config& file, const
   if (model.attention_bias != file.attention_bias) {
     return mismatch("attention_bias", "attention_bias", model.attention_bias ? "true" : "false",
                     file.attention_bias ? "true" : "false");
+  }
+  if (model.sliding_window != file.sliding_window) {
+    auto window = [](int w) { return w > 0 ? std::to_string(w) : std::string("null"); };
+    return mismatch("sliding_window", "sliding_window", window(model.sliding_window),
+                    window(file.sliding_window));
   }
   return OkStatus();
 }
@@ -682,11 +699,20 @@ nlohmann::json ExportConfig(const GPT2Config& cfg, const HuggingFaceExportOption
       it->get<int64_t>() > j["max_position_embeddings"].get<int64_t>()) {
     j["max_position_embeddings"] = *it;
   }
+  // A sliding window needs a class that has one: Mistral's (or Qwen2's, on every layer).
+  if (cfg.sliding_window > 0 && type == "llama") {
+    type = "mistral";
+    j["model_type"] = type;
+    j["architectures"] = {"MistralForCausalLM"};
+  }
+  const nlohmann::json window =
+      cfg.sliding_window > 0 ? nlohmann::json(cfg.sliding_window) : nlohmann::json(nullptr);
   if (type == "qwen2") {
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = nullptr;
+    j["use_sliding_window"] = cfg.sliding_window > 0;
+    j["sliding_window"] = window;
+    if (cfg.sliding_window > 0) j["max_window_layers"] = 0;
   } else if (type == "mistral") {
-    j["sliding_window"] = nullptr;  // meshrun attends over the whole sequence
+    j["sliding_window"] = window;
   } else {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;

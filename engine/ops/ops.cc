@@ -527,25 +527,35 @@ Status SequenceToBlocks(Device dev, T* blocks, const T* seq, int64_t n, int64_t 
              gpu::SequenceToBlocks(ctx, blocks, seq, n, BH, Tl, D))
 }
 
+#if MESHRUN_WITH_CUDA
+// The cuda attention options of a per-query lower bound (null: causal only).
+gpu::AttentionOptions MaskedAttention(const int32_t* q_lo) {
+  gpu::AttentionOptions o;
+  o.q_lo = q_lo;
+  return o;
+}
+#endif
+
 template <typename T>
 Status AttentionForward(Device dev, T* out, T* lse, const T* q, const T* k, const T* v,
                         const int32_t* q_pos, const int32_t* k_pos, int64_t B, int64_t H,
-                        int64_t Tq, int64_t Tk, int64_t D, double scale) {
+                        int64_t Tq, int64_t Tk, int64_t D, double scale, const int32_t* q_lo) {
   MESHRUN_OP("AttentionForward",
-             cpu::AttentionForward(out, lse, q, k, v, q_pos, k_pos, B, H, Tq, Tk, D, scale),
-             gpu::AttentionForward(ctx, out, lse, q, k, v, q_pos, k_pos, B, H, Tq, Tk, D, scale))
+             cpu::AttentionForward(out, lse, q, k, v, q_pos, k_pos, B, H, Tq, Tk, D, scale, q_lo),
+             gpu::AttentionForward(ctx, out, lse, q, k, v, q_pos, k_pos, B, H, Tq, Tk, D, scale,
+                                   MaskedAttention(q_lo)))
 }
 
 template <typename T>
 Status AttentionBackward(Device dev, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                          const T* v, const T* out, const T* lse, const int32_t* q_pos,
                          const int32_t* k_pos, int64_t B, int64_t H, int64_t Tq, int64_t Tk,
-                         int64_t D, double scale) {
+                         int64_t D, double scale, const int32_t* q_lo) {
   MESHRUN_OP("AttentionBackward",
              cpu::AttentionBackward(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, B, H, Tq, Tk,
-                                    D, scale),
+                                    D, scale, q_lo),
              gpu::AttentionBackward(ctx, dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, B, H,
-                                    Tq, Tk, D, scale))
+                                    Tq, Tk, D, scale, MaskedAttention(q_lo)))
 }
 
 template <typename T>
@@ -656,10 +666,11 @@ Status AdamW(Device dev, T* param, const T* grad, T* m, T* v, int64_t n, double 
   template Status SequenceToBlocks<T>(Device, T*, const T*, int64_t, int64_t, int64_t, int64_t);   \
   template Status AttentionForward<T>(Device, T*, T*, const T*, const T*, const T*,                \
                                       const int32_t*, const int32_t*, int64_t, int64_t, int64_t,   \
-                                      int64_t, int64_t, double);                                   \
+                                      int64_t, int64_t, double, const int32_t*);                   \
   template Status AttentionBackward<T>(Device, T*, T*, T*, const T*, const T*, const T*, const T*, \
                                        const T*, const T*, const int32_t*, const int32_t*,         \
-                                       int64_t, int64_t, int64_t, int64_t, int64_t, double);       \
+                                       int64_t, int64_t, int64_t, int64_t, int64_t, double,        \
+                                       const int32_t*);                                            \
   template Status AttentionMerge<T>(Device, T*, T*, const T*, const T*, int64_t, int64_t);         \
   template Status SoftmaxCrossEntropy<T>(Device, T*, T*, const T*, const int32_t*, int64_t,        \
                                          int64_t, double);                                         \

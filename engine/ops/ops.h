@@ -144,16 +144,18 @@ Status SequenceToBlocks(Device dev, T* blocks, const T* seq, int64_t n, int64_t 
                         int64_t D);
 
 // ---- causal attention (flash style) with log-sum-exp, its backward, and the lse merge of
-// partial results (context parallel ring). See cpu::AttentionForward.
+// partial results (context parallel ring). See cpu::AttentionForward (q_lo: the first key
+// position each query of each sequence sees, (B,Tq); null: causal only).
 template <typename T>
 Status AttentionForward(Device dev, T* out, T* lse, const T* q, const T* k, const T* v,
                         const int32_t* q_pos, const int32_t* k_pos, int64_t B, int64_t H,
-                        int64_t Tq, int64_t Tk, int64_t D, double scale);
+                        int64_t Tq, int64_t Tk, int64_t D, double scale,
+                        const int32_t* q_lo = nullptr);
 template <typename T>
 Status AttentionBackward(Device dev, T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k,
                          const T* v, const T* out, const T* lse, const int32_t* q_pos,
                          const int32_t* k_pos, int64_t B, int64_t H, int64_t Tq, int64_t Tk,
-                         int64_t D, double scale);
+                         int64_t D, double scale, const int32_t* q_lo = nullptr);
 template <typename T>
 Status AttentionMerge(Device dev, T* out_a, T* lse_a, const T* out_b, const T* lse_b, int64_t rows,
                       int64_t D);

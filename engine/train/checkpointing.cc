@@ -301,6 +301,14 @@ Status Trainer::ResumeFrom(const std::string& step_dir, TrainObserver* observer)
   return OkStatus();
 }
 
+int32_t HuggingFaceEosId(const std::string& dir) {
+  const nlohmann::json id = ReadHuggingFaceIdentity(dir);
+  const auto it = id.find("eos_token_id");
+  if (it == id.end()) return -1;
+  const nlohmann::json& eos = it->is_array() && !it->empty() ? (*it)[0] : *it;
+  return eos.is_number_integer() ? eos.get<int32_t>() : -1;
+}
+
 Status LoadHuggingFaceShard(const std::string& dir, const GPT2Config& cfg, ShardedState* shards) {
   MESHRUN_ASSIGN_OR_RETURN(HuggingFaceWeights weights, OpenHuggingFaceChecked(dir, cfg));
   return shards->LoadPieces(

@@ -31,6 +31,9 @@ Status Trainer::LoadLatestCheckpoint(TrainObserver*) {
 Status LoadHuggingFaceShard(const std::string&, const GPT2Config&, ShardedState*) {
   return Unavailable("model.init_from");
 }
+int32_t HuggingFaceEosId(const std::string&) {
+  return -1;
+}
 Status CheckResumeFits(const std::string&, const JobSpec&) {
   return Unavailable("checkpoint resume");
 }

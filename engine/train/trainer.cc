@@ -14,6 +14,7 @@
 
 #include "engine/comm/communicator.h"
 #include "engine/data/instruction.h"
+#include "engine/data/tokenizer.h"
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/ops/ops.h"
 #include "engine/train/device.h"
@@ -26,6 +27,31 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// data.attention: document: the id that ends a document, the tokenizer's end-of-text token
+// (data.tokenizer), else the eos_token_id of model.init_from's config.json.
+StatusOr<int32_t> DocumentEndOf(const JobSpec& spec) {
+  const std::string hint =
+      " (hint: set data.tokenizer to the tokenizer folder that made the data, or use "
+      "data.attention: causal)";
+  if (!spec.data.tokenizer.empty()) {
+    MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<const Tokenizer> tok,
+                             Tokenizer::Load(spec.data.tokenizer));
+    if (tok->end_of_text_id() < 0) {
+      return InvalidArgumentError("data.attention: 'document' needs an end-of-text token, and " +
+                                  spec.data.tokenizer + " has none" + hint);
+    }
+    return tok->end_of_text_id();
+  }
+  if (!spec.model.init_from.empty()) {
+    const int32_t eos = HuggingFaceEosId(spec.model.init_from);
+    if (eos >= 0) return eos;
+  }
+  return InvalidArgumentError(
+      "data.attention: 'document' needs the end-of-text token that separates documents, and "
+      "the job names no tokenizer (and no model.init_from with an eos_token_id)" +
+      hint);
 }
 
 }  // namespace
@@ -90,6 +116,9 @@ Status Trainer::Init() {
   // Under FSDP the model owns no full buffers: its units are gathered when used (sharding.h).
   const bool fsdp = cfg.fsdp_size > 1;
   model_ = std::make_unique<GPT2<float>>(cfg, /*own_storage=*/!fsdp);
+  if (AttentionMaskOf(spec_.data) == AttentionMask::kDocument) {
+    MESHRUN_ASSIGN_OR_RETURN(document_end_, DocumentEndOf(spec_));
+  }
   shards_ = std::make_unique<ShardedState>(model_.get(), Comm(MeshAxis::kDpShardCp),
                                            Comm(MeshAxis::kDpReplicate), Comm(MeshAxis::kTp),
                                            spec_.parallelism.fsdp_reshard_after_forward);
@@ -150,7 +179,21 @@ Status Trainer::Init() {
   return OkStatus();
 }
 
+void Trainer::LocalDocuments(const int32_t* inputs, int rows) {
+  const int T = spec_.model.seq_len, C = dims_->cp();
+  std::vector<int32_t> starts(static_cast<size_t>(rows) * T);
+  DocumentStarts(inputs, rows, T, document_end_, starts.data());
+  if (C == 1) {
+    model_->SetDocumentStarts(std::move(starts));
+    return;
+  }
+  std::vector<int32_t> local(starts.size() / C);
+  CpChunkBatch(starts.data(), rows, T, C, coords_.cp, local.data(), nullptr);
+  model_->SetDocumentStarts(std::move(local));
+}
+
 void Trainer::LocalTokens(const int32_t* inputs, const int32_t* targets, int rows) {
+  if (document_end_ >= 0) LocalDocuments(inputs, rows);
   const int T = spec_.model.seq_len, C = dims_->cp(), Tl = T / C;
   local_in_.resize(static_cast<size_t>(rows) * Tl);
   local_tg_.resize(local_in_.size());

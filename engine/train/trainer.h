@@ -138,6 +138,9 @@ class Trainer {
   Communicator* Comm(MeshAxis axis) const;
   // Inputs/targets/positions of this rank's tokens for `rows` full sequences (cp chunks).
   void LocalTokens(const int32_t* inputs, const int32_t* targets, int rows);
+  // data.attention: document: where each local token's document starts (from the whole
+  // sequences' ids, so every cp rank agrees), for the model's next forward.
+  void LocalDocuments(const int32_t* inputs, int rows);
   Status WaitForAllRanks(const std::string& key);
   // One optimizer step over the global batch of step_ (0-based); returns the mean loss.
   StatusOr<double> Step(StepMetrics* metrics);
@@ -155,6 +158,8 @@ class Trainer {
   ModelParallel model_par_;
   std::unique_ptr<ShardedState> shards_;
   std::vector<int32_t> local_in_, local_tg_, local_pos_;
+  // data.attention: document: the end-of-text id that ends a document; -1: causal only.
+  int32_t document_end_ = -1;
   std::vector<std::unique_ptr<TokenStream>> train_data_;  // one per source of data.train
   std::unique_ptr<TokenStream> val_data_;
   std::unique_ptr<MixtureSampler> sampler_;
@@ -177,6 +182,8 @@ double MeasureCpuGemmPeakFlops();
 // Loads a Hugging Face folder (model.init_from) into this rank's shard after checking its
 // config.json against `cfg`; each rank reads only its own slices (engine/model/hf_checkpoint.h).
 Status LoadHuggingFaceShard(const std::string& dir, const GPT2Config& cfg, ShardedState* shards);
+// The eos_token_id of a Hugging Face folder's config.json (the first of a list); -1: none.
+int32_t HuggingFaceEosId(const std::string& dir);
 
 // The resume check every rank runs when it loads a checkpoint, and `meshrun validate`/`train`
 // before any rank starts: every model tensor of `spec`'s model is in the checkpoint `step_dir`

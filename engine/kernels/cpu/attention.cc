@@ -1,8 +1,10 @@
 // Causal multi-head attention, flash-attention style: scores exist one kBQ×kBK block at a time,
 // the softmax is computed online (running max and sum per row), and the backward recomputes
 // the probabilities from the saved log-sum-exp (FlashAttention-2). Masking is by global
-// positions, so context-parallel chunk pairs and ring blocks need no special case; blocks
-// whose keys all lie after all of their queries are skipped without touching them.
+// positions, so context-parallel chunk pairs and ring blocks need no special case: query i of
+// sequence b sees key j iff q_lo[b,i] <= k_pos[j] <= q_pos[i] (q_lo: the first position a query
+// sees, for sliding windows and documents; null: 0). Blocks that no query of a block can see
+// are skipped without touching them, blocks that every query sees entirely are not masked.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -37,12 +39,33 @@ std::vector<PosRange> BlockRanges(const int32_t* pos, int64_t n, int64_t block) 
   return r;
 }
 
+// The range of q_lo over each query block of each sequence, B·nqb entries (b-major); with no
+// q_lo every entry is {INT32_MIN, INT32_MIN}: no lower bound.
+std::vector<PosRange> LowerBoundRanges(const int32_t* q_lo, int64_t B, int64_t Tq, int64_t block) {
+  const int64_t nqb = (Tq + block - 1) / block;
+  constexpr int32_t kNoBound = std::numeric_limits<int32_t>::min();
+  std::vector<PosRange> r(B * nqb, PosRange{kNoBound, kNoBound});
+  if (q_lo == nullptr) return r;
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<PosRange> rb = BlockRanges(q_lo + b * Tq, Tq, block);
+    std::copy(rb.begin(), rb.end(), r.begin() + b * nqb);
+  }
+  return r;
+}
+
 enum class Visibility { kNone, kPartial, kFull };
-inline Visibility BlockVisibility(const PosRange& q, const PosRange& k) {
-  if (k.lo > q.hi) return Visibility::kNone;   // every key after every query
-  if (k.hi <= q.lo) return Visibility::kFull;  // every key at or before every query
+// q: the block's query positions, lo: its queries' lower bounds, k: the key block's positions.
+inline Visibility BlockVisibility(const PosRange& q, const PosRange& lo, const PosRange& k) {
+  if (k.lo > q.hi || k.hi < lo.lo) return Visibility::kNone;    // every key after or below all
+  if (k.hi <= q.lo && k.lo >= lo.hi) return Visibility::kFull;  // every key inside every window
   return Visibility::kPartial;
 }
+
+// The mask of one element: key position kp outside [lo, qp].
+inline bool Masked(int32_t kp, int32_t qp, int32_t lo) {
+  return kp > qp || kp < lo;
+}
+constexpr int32_t kNoLowerBound = std::numeric_limits<int32_t>::min();
 
 template <typename T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
@@ -126,8 +149,9 @@ int64_t TransposedSize(int64_t rows, int64_t D) {
 // k_t holds the head's keys as TransposeBlocks; v is the head's V as it lies (Tk×D).
 template <typename T>
 void ForwardQueryBlock(T* out, T* lse, const T* q, const T* k_t, const T* v, const int32_t* q_pos,
-                       const int32_t* k_pos, int64_t nq, int64_t Tk, int64_t D, T scale,
-                       const PosRange& q_range, const std::vector<PosRange>& k_ranges) {
+                       const int32_t* k_pos, const int32_t* q_lo, int64_t nq, int64_t Tk, int64_t D,
+                       T scale, const PosRange& q_range, const PosRange& lo_range,
+                       const std::vector<PosRange>& k_ranges) {
   const internal::TileGemmFn<T> gemm = internal::TileGemm<T>(false);
   T* S = Scratch<T, 0>(kBQ * kBK);
   T* acc = Scratch<T, 1>(kBQ * D);
@@ -138,7 +162,7 @@ void ForwardQueryBlock(T* out, T* lse, const T* q, const T* k_t, const T* v, con
   std::fill(l, l + nq, T(0));
 
   for (size_t kb = 0; kb < k_ranges.size(); ++kb) {
-    const Visibility vis = BlockVisibility(q_range, k_ranges[kb]);
+    const Visibility vis = BlockVisibility(q_range, lo_range, k_ranges[kb]);
     if (vis == Visibility::kNone) continue;
     const int64_t j0 = kb * kBK;
     const int64_t nk = std::min(kBK, Tk - j0);
@@ -154,8 +178,9 @@ void ForwardQueryBlock(T* out, T* lse, const T* q, const T* k_t, const T* v, con
       T* s = S + i * kBK;
       if (vis == Visibility::kPartial) {
         const int32_t qp = q_pos[i];
+        const int32_t lo = q_lo != nullptr ? q_lo[i] : kNoLowerBound;
 #pragma omp simd
-        for (int64_t j = 0; j < nk; ++j) s[j] = kp[j] > qp ? kNegInf<T> : s[j];
+        for (int64_t j = 0; j < nk; ++j) s[j] = Masked(kp[j], qp, lo) ? kNegInf<T> : s[j];
       }
       T mx = kNegInf<T>;
       if constexpr (sizeof(T) == sizeof(float)) {
@@ -215,7 +240,8 @@ void ForwardQueryBlock(T* out, T* lse, const T* q, const T* k_t, const T* v, con
 template <typename T>
 void BackwardHead(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                   const T* out, const T* lse, const int32_t* q_pos, const int32_t* k_pos,
-                  int64_t Tq, int64_t Tk, int64_t D, T scale, const std::vector<PosRange>& q_ranges,
+                  const int32_t* q_lo, int64_t Tq, int64_t Tk, int64_t D, T scale,
+                  const std::vector<PosRange>& q_ranges, const PosRange* lo_ranges,
                   const std::vector<PosRange>& k_ranges) {
   const internal::TileGemmFn<T> gemm = internal::TileGemm<T>(false);
   const internal::TileGemmFn<T> gemm_ta = internal::TileGemm<T>(true);  // op(A) = Aᵀ
@@ -248,7 +274,7 @@ void BackwardHead(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, co
     const T* kt_b = k_t + kb * D * kBK;
     const T* vt_b = v_t + kb * D * kBK;
     for (int64_t qb = 0; qb < nqb; ++qb) {
-      const Visibility vis = BlockVisibility(q_ranges[qb], k_ranges[kb]);
+      const Visibility vis = BlockVisibility(q_ranges[qb], lo_ranges[qb], k_ranges[kb]);
       if (vis == Visibility::kNone) continue;
       const int64_t i0 = qb * kBQ;
       const int64_t nq = std::min(kBQ, Tq - i0);
@@ -269,14 +295,17 @@ void BackwardHead(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, co
         if constexpr (sizeof(T) == sizeof(float)) {
           if (vis == Visibility::kPartial) {
             const int32_t qp = q_pos[i0 + i];
+            const int32_t lo = q_lo != nullptr ? q_lo[i0 + i] : kNoLowerBound;
 #pragma omp simd
-            for (int64_t j = 0; j < nk; ++j) p[j] = kp[j] > qp ? kNegInf<T> : p[j];
+            for (int64_t j = 0; j < nk; ++j) p[j] = Masked(kp[j], qp, lo) ? kNegInf<T> : p[j];
           }
           simd::ExpShift(p, nk, L);  // masked: e^{-inf} = 0
         } else if (vis == Visibility::kPartial) {
           const int32_t qp = q_pos[i0 + i];
+          const int32_t lo = q_lo != nullptr ? q_lo[i0 + i] : kNoLowerBound;
 #pragma omp simd
-          for (int64_t j = 0; j < nk; ++j) p[j] = kp[j] > qp ? T(0) : internal::Exp(p[j] - L);
+          for (int64_t j = 0; j < nk; ++j)
+            p[j] = Masked(kp[j], qp, lo) ? T(0) : internal::Exp(p[j] - L);
         } else {
 #pragma omp simd
           for (int64_t j = 0; j < nk; ++j) p[j] = internal::Exp(p[j] - L);
@@ -321,8 +350,9 @@ void BackwardHead(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, co
 template <typename T>
 void AttentionForward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* q_pos,
                       const int32_t* k_pos, int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D,
-                      double scale) {
+                      double scale, const int32_t* q_lo) {
   const std::vector<PosRange> q_ranges = BlockRanges(q_pos, Tq, kBQ);
+  const std::vector<PosRange> lo_ranges = LowerBoundRanges(q_lo, B, Tq, kBQ);
   const std::vector<PosRange> k_ranges = BlockRanges(k_pos, Tk, kBK);
   const int64_t nqb = static_cast<int64_t>(q_ranges.size());
   const T sc = static_cast<T>(scale);
@@ -342,26 +372,33 @@ void AttentionForward(T* out, T* lse, const T* q, const T* k, const T* v, const 
     const int64_t qb = nqb - 1 - task % nqb;
     const int64_t i0 = qb * kBQ;
     const int64_t nq = std::min(kBQ, Tq - i0);
+    const int64_t b = bh / H;
     ForwardQueryBlock(out + (bh * Tq + i0) * D, lse + bh * Tq + i0, q + (bh * Tq + i0) * D,
-                      k_t + bh * k_head, v + bh * Tk * D, q_pos + i0, k_pos, nq, Tk, D, sc,
-                      q_ranges[qb], k_ranges);
+                      k_t + bh * k_head, v + bh * Tk * D, q_pos + i0, k_pos,
+                      q_lo != nullptr ? q_lo + b * Tq + i0 : nullptr, nq, Tk, D, sc, q_ranges[qb],
+                      lo_ranges[b * nqb + qb], k_ranges);
   }
 }
 
 template <typename T>
 void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                        const T* out, const T* lse, const int32_t* q_pos, const int32_t* k_pos,
-                       int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D, double scale) {
+                       int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D, double scale,
+                       const int32_t* q_lo) {
   const std::vector<PosRange> q_ranges = BlockRanges(q_pos, Tq, kBQ);
   const std::vector<PosRange> k_ranges = BlockRanges(k_pos, Tk, kBK);
+  const std::vector<PosRange> lo_ranges = LowerBoundRanges(q_lo, B, Tq, kBQ);
+  const int64_t nqb = static_cast<int64_t>(q_ranges.size());
   const T sc = static_cast<T>(scale);
   [[maybe_unused]] const double work = static_cast<double>(B) * H * Tq * Tk * D / 16;
 #pragma omp parallel for schedule(dynamic, 1) if (internal::WorthParallel(work))
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t qo = bh * Tq * D;
     const int64_t ko = bh * Tk * D;
+    const int64_t b = bh / H;
     BackwardHead(dq + qo, dk + ko, dv + ko, dout + qo, q + qo, k + ko, v + ko, out + qo,
-                 lse + bh * Tq, q_pos, k_pos, Tq, Tk, D, sc, q_ranges, k_ranges);
+                 lse + bh * Tq, q_pos, k_pos, q_lo != nullptr ? q_lo + b * Tq : nullptr, Tq, Tk, D,
+                 sc, q_ranges, lo_ranges.data() + b * nqb, k_ranges);
   }
 }
 
@@ -393,10 +430,10 @@ void AttentionMerge(T* out_a, T* lse_a, const T* out_b, const T* lse_b, int64_t 
 #define MESHRUN_INSTANTIATE(T)                                                                     \
   template void AttentionForward<T>(T*, T*, const T*, const T*, const T*, const int32_t*,          \
                                     const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t,   \
-                                    double);                                                       \
+                                    double, const int32_t*);                                       \
   template void AttentionBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, \
                                      const T*, const int32_t*, const int32_t*, int64_t, int64_t,   \
-                                     int64_t, int64_t, int64_t, double);                           \
+                                     int64_t, int64_t, int64_t, double, const int32_t*);           \
   template void AttentionMerge<T>(T*, T*, const T*, const T*, int64_t, int64_t);
 MESHRUN_INSTANTIATE(float)
 MESHRUN_INSTANTIATE(double)

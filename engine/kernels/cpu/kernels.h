@@ -89,20 +89,23 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
 // ---- causal multi-head attention, blocked with online softmax (flash-attention style):
 // never more than one block of scores per head in memory.
 // q: (B,H,Tq,D); k, v: (B,H,Tk,D); out: (B,H,Tq,D); lse: (B,H,Tq) log-sum-exp of the scaled
-// scores of each query row. Query i sees key j iff k_pos[j] <= q_pos[i] (global positions,
-// so context-parallel chunks and ring blocks work unchanged). A row that sees no key gets
-// out = 0 and lse = -inf. scale is usually 1/sqrt(D).
+// scores of each query row. Query i of sequence b sees key j iff
+// q_lo[b·Tq + i] <= k_pos[j] <= q_pos[i] (global positions, so context-parallel chunks and ring
+// blocks work unchanged; q_lo, (B,Tq), is the first position each query sees: a sliding window's
+// or its document's start; null: causal only). A row that sees no key gets out = 0 and
+// lse = -inf. scale is usually 1/sqrt(D).
 template <typename T>
 void AttentionForward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* q_pos,
                       const int32_t* k_pos, int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D,
-                      double scale);
+                      double scale, const int32_t* q_lo = nullptr);
 // Recomputes the scores block by block. out and lse are those of the FULL attention of each
 // query row (after any log-sum-exp merge across blocks), so calling this once per K/V block
 // with the merged out/lse yields exact gradients for a ring. dq, dk, dv are accumulated.
 template <typename T>
 void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                        const T* out, const T* lse, const int32_t* q_pos, const int32_t* k_pos,
-                       int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D, double scale);
+                       int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D, double scale,
+                       const int32_t* q_lo = nullptr);
 // Merges a partial attention result (out_b, lse_b) into (out_a, lse_a) in place:
 // lse = log(exp(lse_a) + exp(lse_b)); out = (exp(lse_a-lse)·out_a + exp(lse_b-lse)·out_b).
 // rows = B·H·Tq.
