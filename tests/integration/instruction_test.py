@@ -328,7 +328,7 @@ def make_model(work, vocab):
     cfg = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-        max_position_embeddings=64, tie_word_embeddings=False, rope_theta=10000.0)
+        max_position_embeddings=256, tie_word_embeddings=False, rope_theta=10000.0)
     model = transformers.LlamaForCausalLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -475,14 +475,15 @@ def case_packed(a, work):
     model_dir = make_model(work, (len(tok) + 7) // 8 * 8 + 8)
     data = os.path.join(work, "sft.jsonl")
     write_jsonl(data, loss_records())
+    seq = 128  # room for two or three samples per window
     counts = {}
     for name, extra in (("unpacked", []), ("packed", ["--pack"])):
         out = os.path.join(work, name + ".bin")
-        run([a.meshrun, "tokenize", "--tokenizer", folder, data, "-o", out, "--seq-len", str(SEQ),
+        run([a.meshrun, "tokenize", "--tokenizer", folder, data, "-o", out, "--seq-len", str(seq),
              "-q"] + extra)
-        counts[name] = (len(read_bin(out)) - 1) // SEQ
+        counts[name] = (len(read_bin(out)) - 1) // seq
     assert counts["packed"] < counts["unpacked"], counts
-    spec = spec_file(work, "packed", data, folder, model_dir)
+    spec = spec_file(work, "packed", data, folder, model_dir, model__seq_len=seq)
     losses = {}
     for name, attention in (("unpacked", "causal"), ("packed", "document")):
         B = counts[name]
