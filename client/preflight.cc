@@ -89,7 +89,9 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
   StatusOr<TokenStream> stream = LoadTokens(path, spec.data.format, load);
   if (!stream.ok()) {
     const std::string& m = stream.status().message();
-    if (m.rfind("data.tokenizer: ", 0) == 0) return stream.status();
+    if (m.rfind("data.tokenizer: ", 0) == 0 || m.rfind("data.template: ", 0) == 0) {
+      return stream.status();
+    }
     return InvalidArgumentError(prefix + m);
   }
   if (fill && options.note) {
