@@ -141,7 +141,12 @@ Status CheckStrings(const JobSpec& spec) {
     if constexpr (std::is_same_v<T, std::string>) {
       if (!status.ok() || section.empty()) return;
       const std::string path = std::string(section) + "." + std::string(key);
-      if (value.size() > 4096 || !IsValidUtf8WithoutControls(value)) {
+      // A template spelled out in the spec (data.template) may hold newlines and tabs.
+      std::string plain = value;
+      if (path == "data.template")
+        std::replace_if(
+            plain.begin(), plain.end(), [](char c) { return c == '\n' || c == '\t'; }, ' ');
+      if (value.size() > 4096 || !IsValidUtf8WithoutControls(plain)) {
         status = Invalid(path, "contains control characters, invalid UTF-8 or over 4096 bytes",
                          "write a plain path or word");
         return;
@@ -526,12 +531,21 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
   if (path == "train.precision") return {"fp32", "bf16"};
   if (path == "train.activation_checkpointing") return {"none", "selective", "full"};
   if (path == "train.optimizer") return {"adamw", "lion"};
+  if (path == "train.loss_on") return {"all", "completion"};
   if (path == "data.format") return {"auto", "text", "llmc", "nanogpt"};
   if (path == "data.order") return {"sequential", "shuffled"};
   if (path == "data.attention") return {"causal", "document"};
   if (path == "checkpoint.resume") return {"auto", "never"};
   if (path == "resources.device") return {"cpu", "cuda"};
   return {};
+}
+
+StatusOr<LossOn> ParseLossOn(std::string_view value) {
+  if (value == "all") return LossOn::kAll;
+  if (value == "completion") return LossOn::kCompletion;
+  return InvalidArgumentError("train.loss_on: " + QuoteForMessage(value) +
+                              " is not one of all, completion (hint: loss_on: completion trains "
+                              "only on completion / assistant tokens)");
 }
 
 AttentionMask AttentionMaskOf(const DataSpec& data) {

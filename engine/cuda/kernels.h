@@ -202,8 +202,8 @@ template <typename T>
 Status VocabShardStats(CudaContext& ctx, float* stats, const T* logits, const int32_t* targets,
                        int64_t first, int64_t N, int64_t V);
 template <typename T>
-Status VocabShardLoss(CudaContext& ctx, T* losses, T* lse, const T* all_stats, int64_t shards,
-                      int64_t N);
+Status VocabShardLoss(CudaContext& ctx, T* losses, T* lse, const T* all_stats,
+                      const int32_t* targets, int64_t shards, int64_t N);
 template <typename T>
 Status VocabShardGrad(CudaContext& ctx, T* dlogits, const T* logits, const T* lse,
                       const int32_t* targets, int64_t first, int64_t N, int64_t V,

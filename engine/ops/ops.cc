@@ -583,10 +583,10 @@ Status VocabShardStats(Device dev, T* stats, const T* logits, const int32_t* tar
 }
 
 template <typename T>
-Status VocabShardLoss(Device dev, T* losses, T* lse, const T* all_stats, int64_t shards,
-                      int64_t N) {
-  MESHRUN_OP("VocabShardLoss", cpu::VocabShardLoss(losses, lse, all_stats, shards, N),
-             gpu::VocabShardLoss(ctx, losses, lse, all_stats, shards, N))
+Status VocabShardLoss(Device dev, T* losses, T* lse, const T* all_stats, const int32_t* targets,
+                      int64_t shards, int64_t N) {
+  MESHRUN_OP("VocabShardLoss", cpu::VocabShardLoss(losses, lse, all_stats, targets, shards, N),
+             gpu::VocabShardLoss(ctx, losses, lse, all_stats, targets, shards, N))
 }
 
 template <typename T>
@@ -684,7 +684,7 @@ Status Lion(Device dev, float* param, const float* grad, float* m, int64_t n, do
                                          int64_t, double);                                         \
   template Status VocabShardStats<T>(Device, T*, const T*, const int32_t*, int64_t, int64_t,       \
                                      int64_t);                                                     \
-  template Status VocabShardLoss<T>(Device, T*, T*, const T*, int64_t, int64_t);                   \
+  template Status VocabShardLoss<T>(Device, T*, T*, const T*, const int32_t*, int64_t, int64_t);   \
   template Status VocabShardGrad<T>(Device, T*, const T*, const T*, const int32_t*, int64_t,       \
                                     int64_t, int64_t, double);                                     \
   template StatusOr<double> Sum<T>(Device, const T*, int64_t);                                     \

@@ -165,6 +165,9 @@ class Trainer {
   std::vector<std::unique_ptr<TokenStream>> train_data_;  // one per source of data.train
   std::unique_ptr<TokenStream> val_data_;
   std::unique_ptr<MixtureSampler> sampler_;
+  // Some target is ignored (train.loss_on completion, or a stream with flags): Step counts
+  // and masks the targets of each window.
+  bool masked_ = false;
   int64_t step_ = 0;                  // updates done so far
   std::vector<double> loss_history_;  // the loss of every step so far, resumed ones included
   double peak_flops_ = 0;
