@@ -177,7 +177,12 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   job.row.restarts = a.number - 1;
   Txn txn(job);
   txn.batch.attempts.push_back(ToAttemptRow(job, a));
-  for (Rank& r : a.ranks) SetRankStateLocked(txn, a, r, v1::RANK_STATE_ASSIGNED);
+  // One row per rank, ASSIGNED, and no event per rank: the job's change to RUNNING ("attempt N
+  // placed on K workers") stands for the assignments, ListRanks pages them (decision 0049).
+  // Their start, exit or loss are events as before.
+  txn.batch.ranks.reserve(a.ranks.size());
+  for (const Rank& r : a.ranks) txn.batch.ranks.push_back(ToRankRow(job, a, r));
+  ChangedLocked();
   const std::string reason = "attempt " + std::to_string(a.number) + " placed on " +
                              std::to_string(placement.workers_used) + " worker" +
                              (placement.workers_used == 1 ? "" : "s");
