@@ -85,11 +85,23 @@ size_t& JobEventLog::BytesOf(const std::deque<v1::JobEvent>& tier) {
 }
 
 void JobEventLog::Publish(const v1::JobEvent& event) {
+  Publish(v1::JobEvent(event));
+}
+
+void JobEventLog::Publish(v1::JobEvent&& event) {
   auto hold = Hold();
+  // Watchers first, then the event moves into its tier (no second copy on the ingest path).
+  if (!watchers_.empty()) {
+    v1::WatchJobResponse response;
+    *response.mutable_event() = event;
+    std::erase_if(watchers_, [&](const Watcher& w) {
+      return w.filter.Matches(event) && !w.stream->Send(response);
+    });
+  }
   std::deque<v1::JobEvent>& tier = TierOf(event);
   size_t& bytes = BytesOf(tier);
-  tier.push_back(event);
   bytes += event.ByteSizeLong();
+  tier.push_back(std::move(event));
   // By count and by bytes; the newest event always stays (one event is bounded by the
   // field limits checked on arrival).
   while (tier.size() > 1 && (tier.size() > LimitOf(tier) || bytes > ByteLimitOf(tier))) {
@@ -97,12 +109,6 @@ void JobEventLog::Publish(const v1::JobEvent& event) {
     bytes -= std::min(bytes, tier.front().ByteSizeLong());
     tier.pop_front();
   }
-  if (watchers_.empty()) return;
-  v1::WatchJobResponse response;
-  *response.mutable_event() = event;
-  std::erase_if(watchers_, [&](const Watcher& w) {
-    return w.filter.Matches(event) && !w.stream->Send(response);
-  });
 }
 
 uint64_t JobEventLog::first_retained_durable() const {

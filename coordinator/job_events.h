@@ -83,6 +83,7 @@ class JobEventLog {
   // Retains a stamped event in its tier and sends it to every watcher whose filter matches;
   // watchers whose stream refuses it are forgotten.
   void Publish(const v1::JobEvent& event);
+  void Publish(v1::JobEvent&& event);
 
   // Sends the retained events with sequence ≥ from that match, oldest first, merged with
   // `older` (events before the retained ones, e.g. read back from StateDb). Returns false if

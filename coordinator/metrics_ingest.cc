@@ -10,19 +10,42 @@
 
 namespace meshrun::coordinator {
 
+namespace {
+
+// Whether a sample carries fields this build does not know: on the sample, its time, or a comm
+// entry (its only message fields; a new message field of MetricsSample must be added here).
+bool HasUnknownFields(const v1::MetricsSample& s) {
+  auto unknown = [](const google::protobuf::Message& m) {
+    return !m.GetReflection()->GetUnknownFields(m).empty();
+  };
+  if (unknown(s)) return true;
+  if (s.has_time() && unknown(s.time())) return true;
+  for (const v1::CommStats& c : s.comm()) {
+    if (unknown(c)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 size_t MetricsIngest::Clean(v1::MetricsSample* sample) {
-  sample->DiscardUnknownFields();  // kept as the rank's latest sample otherwise
+  // Kept (and published) otherwise; the reflection pass only when there is something to drop.
+  if (HasUnknownFields(*sample)) sample->DiscardUnknownFields();
   auto* comm = sample->mutable_comm();
-  std::set<std::pair<int, int>> seen;
+  // (axis, op) pairs seen: axes 1..4 × ops 1..CommOp_MAX once IsSeriesComm accepted them.
+  uint64_t seen = 0;
   const int before = comm->size();
   int kept = 0;
   for (int i = 0; i < before; ++i) {
     const v1::CommStats& c = comm->Get(i);
-    if (!IsSeriesComm(c) || !seen.insert({c.axis(), c.op()}).second) continue;
+    if (!IsSeriesComm(c)) continue;
+    const uint64_t bit = uint64_t{1} << ((c.axis() - 1) * v1::CommOp_MAX + (c.op() - 1));
+    if (seen & bit) continue;
+    seen |= bit;
     if (kept != i) comm->SwapElements(kept, i);
     ++kept;
   }
-  comm->DeleteSubrange(kept, before - kept);
+  if (kept < before) comm->DeleteSubrange(kept, before - kept);
   return static_cast<size_t>(before - kept);
 }
 
@@ -135,8 +158,8 @@ bool IngestBook::Add(const std::string& worker_id, const v1::MetricsSample& s) {
       spdlog::error("job {}: cannot persist its progress: {}", job->job_id, st.ToString());
     }
   }
-  log.Publish(event);
-  if (job_event) log.Publish(*job_event);
+  log.Publish(std::move(event));
+  if (job_event) log.Publish(std::move(*job_event));
   return true;
 }
 
