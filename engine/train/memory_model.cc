@@ -119,20 +119,25 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
     const int micro_batches =
         spec.train.global_batch_size /
         (par.dp_replicate_size * par.dp_shard_size * spec.train.micro_batch_size);
+    // The next unit is prefetched only where the backend overlaps (NCCL, i.e. cuda); on a CPU
+    // backend each unit is gathered when it is needed (ShardedState::BeforeForward).
+    const bool prefetch = spec.resources.device == "cuda";
     for (int m = 0; m < micro_batches; ++m) {
       start_gather(0);
-      start_gather(1);  // prefetch (unit L+1 when L = 0)
+      if (prefetch) start_gather(1);  // prefetch (unit L+1 when L = 0)
       for (int l = 1; l <= L; ++l) {
-        start_gather(l + 1);
+        start_gather(l);
+        if (prefetch) start_gather(l + 1);
         if (par.fsdp_reshard_after_forward) params.Release(p_buf[l]);
       }
+      start_gather(L + 1);
       before_backward(0);
       before_backward(L + 1);
-      if (L >= 1) start_gather(L);
+      if (prefetch && L >= 1) start_gather(L);
       after_backward(L + 1);
       for (int l = L; l >= 1; --l) {
         before_backward(l);
-        if (l >= 2) start_gather(l - 1);
+        if (prefetch && l >= 2) start_gather(l - 1);
         after_backward(l);
       }
       after_backward(0);

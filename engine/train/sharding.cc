@@ -351,8 +351,10 @@ Status ShardedState::Gather(int unit) {
 Status ShardedState::BeforeForward(int unit) {
   if (!sharded()) return OkStatus();
   MESHRUN_RETURN_IF_ERROR(Gather(unit));
-  // Prefetch: the next unit's gather runs while this one computes.
-  if (unit + 1 < static_cast<int>(model_->units().size())) {
+  // Prefetch: the next unit's gather runs while this one computes. Only where the backend
+  // overlaps (NCCL): a CPU backend completes the gather inside Start, so a prefetch would only
+  // hold a second gathered block for nothing (decision 0052).
+  if (fsdp_->overlaps() && unit + 1 < static_cast<int>(model_->units().size())) {
     MESHRUN_RETURN_IF_ERROR(StartGather(unit + 1));
   }
   return OkStatus();
@@ -378,7 +380,9 @@ Status ShardedState::BeforeBackward(int unit) {
   // Prefetch the block the backward reaches next (units 0 and L+1 come first and stay).
   const int head = static_cast<int>(model_->units().size()) - 1;
   const int next = unit == head ? head - 1 : unit - 1;
-  if (unit != 0 && next >= 1 && next != unit) MESHRUN_RETURN_IF_ERROR(StartGather(next));
+  if (fsdp_->overlaps() && unit != 0 && next >= 1 && next != unit) {
+    MESHRUN_RETURN_IF_ERROR(StartGather(next));
+  }
   return OkStatus();
 }
 
