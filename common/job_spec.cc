@@ -565,6 +565,14 @@ std::optional<DataOrder> ParseDataOrder(std::string_view name) {
   return std::nullopt;
 }
 
+std::optional<DataFormat> ParseDataFormat(std::string_view name) {
+  if (name == "auto") return DataFormat::kAuto;
+  if (name == "text") return DataFormat::kText;
+  if (name == "llmc") return DataFormat::kLlmc;
+  if (name == "nanogpt") return DataFormat::kNanogpt;
+  return std::nullopt;
+}
+
 ComputeDevice DeviceOf(const ResourcesSpec& resources) {
   return ParseComputeDevice(resources.device).value_or(ComputeDevice::kCpu);
 }
@@ -585,8 +593,8 @@ ModelArch ArchOf(const ModelSpec& model) {
   return model.arch == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
 }
 
-RopeScaling RopeScalingOf(const ModelSpec& model) {
-  return model.rope_scaling_type == "llama3" ? RopeScaling::kLlama3 : RopeScaling::kNone;
+RopeScalingType RopeScalingOf(const ModelSpec& model) {
+  return model.rope_scaling_type == "llama3" ? RopeScalingType::kLlama3 : RopeScalingType::kNone;
 }
 
 ResumeMode ResumeOf(const CheckpointSpec& checkpoint) {

@@ -22,7 +22,7 @@ GPT2Config GPT2ConfigOf(const ModelSpec& model) {
   cfg.max_seq_len = model.seq_len;
   cfg.ln_eps = model.norm_eps;
   cfg.rope_theta = model.rope_theta;
-  cfg.rope_scaling.llama3 = RopeScalingOf(model) == RopeScaling::kLlama3;
+  cfg.rope_scaling.llama3 = RopeScalingOf(model) == RopeScalingType::kLlama3;
   cfg.rope_scaling.factor = model.rope_scaling_factor;
   cfg.rope_scaling.low_freq_factor = model.rope_scaling_low_freq_factor;
   cfg.rope_scaling.high_freq_factor = model.rope_scaling_high_freq_factor;

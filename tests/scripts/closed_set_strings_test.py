@@ -15,12 +15,6 @@ ROOT = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__)
 
 # (file under engine/, text the line contains): why it is not a spec closed set.
 ALLOWED = [
-    # The data.format strings of the token loaders: LoadTokens/ResolveDataFormat take the format
-    # as a string from client commands as well as the spec, and TokenStream.format records the
-    # resolved kind; converting them is left to a follow-up (decision 0050).
-    ("engine/data/token_stream.cc", "format"),
-    ("engine/data/token_stream.cc", "resolved"),
-    ("engine/data/mapped_tokens.cc", "format =="),
     # tokenizer.json's own pre_tokenizer prepend_scheme (always | first | never), read from the file.
     ("engine/data/sentencepiece_bpe.cc", "scheme"),
     # data.chat_template names and message roles of instruction data (not in AllowedValues yet).
