@@ -598,7 +598,7 @@ RopeScalingType RopeScalingOf(const ModelSpec& model) {
 }
 
 ResumeMode ResumeOf(const CheckpointSpec& checkpoint) {
-  return checkpoint.resume == "never" ? ResumeMode::kNever : ResumeMode::kAuto;
+  return checkpoint.resume == "auto" ? ResumeMode::kAuto : ResumeMode::kNever;
 }
 
 StatusOr<LossOn> ParseLossOn(std::string_view value) {

@@ -201,7 +201,8 @@ struct JobSpec {
 
 // The other closed sets of the spec parsed the same way (decision 0050): the string fields stay
 // for YAML, proto and JSON; the engine reads these enums and never compares the strings. Each
-// ...Of reads a validated spec; a value outside the set reads as the set's default (the first).
+// ...Of reads a validated spec; a value outside the set reads as the set's default (the first),
+// except checkpoint.resume, where it reads as never (no resume from an unknown mode).
 enum class ComputeDevice { kCpu, kCuda };                 // resources.device
 enum class TrainPrecision { kFp32, kBf16 };               // train.precision
 enum class Checkpointing { kNone, kSelective, kFull };    // train.activation_checkpointing
