@@ -540,6 +540,67 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
   return {};
 }
 
+std::optional<ComputeDevice> ParseComputeDevice(std::string_view name) {
+  if (name == "cpu") return ComputeDevice::kCpu;
+  if (name == "cuda") return ComputeDevice::kCuda;
+  return std::nullopt;
+}
+
+std::optional<TrainPrecision> ParseTrainPrecision(std::string_view name) {
+  if (name == "fp32") return TrainPrecision::kFp32;
+  if (name == "bf16") return TrainPrecision::kBf16;
+  return std::nullopt;
+}
+
+std::optional<Checkpointing> ParseCheckpointing(std::string_view name) {
+  if (name == "none") return Checkpointing::kNone;
+  if (name == "selective") return Checkpointing::kSelective;
+  if (name == "full") return Checkpointing::kFull;
+  return std::nullopt;
+}
+
+std::optional<DataOrder> ParseDataOrder(std::string_view name) {
+  if (name == "sequential") return DataOrder::kSequential;
+  if (name == "shuffled") return DataOrder::kShuffled;
+  return std::nullopt;
+}
+
+std::optional<DataFormat> ParseDataFormat(std::string_view name) {
+  if (name == "auto") return DataFormat::kAuto;
+  if (name == "text") return DataFormat::kText;
+  if (name == "llmc") return DataFormat::kLlmc;
+  if (name == "nanogpt") return DataFormat::kNanogpt;
+  return std::nullopt;
+}
+
+ComputeDevice DeviceOf(const ResourcesSpec& resources) {
+  return ParseComputeDevice(resources.device).value_or(ComputeDevice::kCpu);
+}
+
+TrainPrecision PrecisionOf(const TrainSpec& train) {
+  return ParseTrainPrecision(train.precision).value_or(TrainPrecision::kFp32);
+}
+
+Checkpointing CheckpointingOf(const TrainSpec& train) {
+  return ParseCheckpointing(train.activation_checkpointing).value_or(Checkpointing::kNone);
+}
+
+CpComm CpCommOf(const ParallelismSpec& parallelism) {
+  return parallelism.cp_comm_strategy == "ring" ? CpComm::kRing : CpComm::kAllgather;
+}
+
+ModelArch ArchOf(const ModelSpec& model) {
+  return model.arch == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
+}
+
+RopeScalingType RopeScalingOf(const ModelSpec& model) {
+  return model.rope_scaling_type == "llama3" ? RopeScalingType::kLlama3 : RopeScalingType::kNone;
+}
+
+ResumeMode ResumeOf(const CheckpointSpec& checkpoint) {
+  return checkpoint.resume == "auto" ? ResumeMode::kAuto : ResumeMode::kNever;
+}
+
 StatusOr<LossOn> ParseLossOn(std::string_view value) {
   if (value == "all") return LossOn::kAll;
   if (value == "completion") return LossOn::kCompletion;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -197,6 +198,33 @@ struct JobSpec {
 
   bool operator==(const JobSpec&) const = default;
 };
+
+// The other closed sets of the spec parsed the same way (decision 0050): the string fields stay
+// for YAML, proto and JSON; the engine reads these enums and never compares the strings. Each
+// ...Of reads a validated spec; a value outside the set reads as the set's default (the first),
+// except checkpoint.resume, where it reads as never (no resume from an unknown mode).
+enum class ComputeDevice { kCpu, kCuda };                 // resources.device
+enum class TrainPrecision { kFp32, kBf16 };               // train.precision
+enum class Checkpointing { kNone, kSelective, kFull };    // train.activation_checkpointing
+enum class CpComm { kAllgather, kRing };                  // parallelism.cp_comm_strategy
+enum class ModelArch { kGpt2, kLlama };                   // model.arch
+enum class RopeScalingType { kNone, kLlama3 };            // model.rope_scaling_type
+enum class ResumeMode { kAuto, kNever };                  // checkpoint.resume
+enum class DataOrder { kSequential, kShuffled };          // data.order
+enum class DataFormat { kAuto, kText, kLlmc, kNanogpt };  // data.format
+// A device name from outside a validated spec (a worker flag, an API field): nullopt if unknown.
+std::optional<ComputeDevice> ParseComputeDevice(std::string_view name);
+std::optional<TrainPrecision> ParseTrainPrecision(std::string_view name);
+std::optional<Checkpointing> ParseCheckpointing(std::string_view name);
+std::optional<DataOrder> ParseDataOrder(std::string_view name);
+std::optional<DataFormat> ParseDataFormat(std::string_view name);
+ComputeDevice DeviceOf(const ResourcesSpec& resources);
+TrainPrecision PrecisionOf(const TrainSpec& train);
+Checkpointing CheckpointingOf(const TrainSpec& train);
+CpComm CpCommOf(const ParallelismSpec& parallelism);
+ModelArch ArchOf(const ModelSpec& model);
+RopeScalingType RopeScalingOf(const ModelSpec& model);
+ResumeMode ResumeOf(const CheckpointSpec& checkpoint);
 
 // Calls f(section, key, member) for every field in spec order, section "" for the top-level
 // `name`; member is a bool&, int&, int64_t&, double& or std::string& (const when spec is const).

@@ -2,6 +2,8 @@
 // (MESHRUN_HAVE_GLOO, MESHRUN_HAVE_NCCL from engine/comm/CMakeLists.txt).
 #include "engine/comm/backend_factory.h"
 
+#include "common/job_spec.h"
+
 #ifdef MESHRUN_HAVE_GLOO
 #include "engine/comm/gloo_backend.h"
 #endif
@@ -11,25 +13,33 @@
 
 namespace meshrun {
 
+namespace {
+
+bool IsComputeDevice(const std::string& device, ComputeDevice kind) {
+  return ParseComputeDevice(device) == kind;
+}
+
+}  // namespace
+
 const char* CommBackendName(const std::string& device) {
-  if (device == "cpu") return "gloo";
-  if (device == "cuda") return "nccl";
+  if (IsComputeDevice(device, ComputeDevice::kCpu)) return "gloo";
+  if (IsComputeDevice(device, ComputeDevice::kCuda)) return "nccl";
   return "none";
 }
 
 bool HasCommBackend(const std::string& device) {
 #ifdef MESHRUN_HAVE_GLOO
-  if (device == "cpu") return true;
+  if (IsComputeDevice(device, ComputeDevice::kCpu)) return true;
 #endif
 #ifdef MESHRUN_HAVE_NCCL
-  if (device == "cuda") return true;
+  if (IsComputeDevice(device, ComputeDevice::kCuda)) return true;
 #endif
   return false;
 }
 
 StatusOr<std::shared_ptr<CommBackend>> CreateCommBackend(const std::string& device,
                                                          const CommBackendOptions& options) {
-  if (device != "cpu" && device != "cuda") {
+  if (!ParseComputeDevice(device)) {
     return InvalidArgumentError("resources.device: '" + device +
                                 "' is not a device (hint: use cpu or cuda)");
   }
@@ -37,12 +47,13 @@ StatusOr<std::shared_ptr<CommBackend>> CreateCommBackend(const std::string& devi
     return InvalidArgumentError(
         std::string("resources.device: ") + device + " trains over " + CommBackendName(device) +
         " across ranks, and this build has no " + CommBackendName(device) +
-        (device == "cpu" ? " (engine-only builds leave Gloo out)" : " (NCCL was not found)") +
+        (IsComputeDevice(device, ComputeDevice::kCpu) ? " (engine-only builds leave Gloo out)"
+                                                      : " (NCCL was not found)") +
         " (hint: run one rank, or use a full build" +
-        (device == "cuda" ? " with NCCL installed" : "") + ")");
+        (IsComputeDevice(device, ComputeDevice::kCuda) ? " with NCCL installed" : "") + ")");
   }
 #ifdef MESHRUN_HAVE_GLOO
-  if (device == "cpu") {
+  if (IsComputeDevice(device, ComputeDevice::kCpu)) {
     GlooOptions gloo;
     if (!options.hostname.empty()) gloo.hostname = options.hostname;
     MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<GlooBackend> backend, GlooBackend::Create(gloo));
@@ -50,7 +61,7 @@ StatusOr<std::shared_ptr<CommBackend>> CreateCommBackend(const std::string& devi
   }
 #endif
 #ifdef MESHRUN_HAVE_NCCL
-  if (device == "cuda") {
+  if (IsComputeDevice(device, ComputeDevice::kCuda)) {
     gpu::NcclOptions nccl;
     nccl.device = options.cuda_device;
     MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<gpu::NcclBackend> backend,
@@ -71,7 +82,7 @@ StatusOr<std::unique_ptr<MeshComms>> ConnectMesh(const std::string& device,
   MESHRUN_ASSIGN_OR_RETURN(std::shared_ptr<CommBackend> backend,
                            CreateCommBackend(device, backend_options));
 #ifdef MESHRUN_HAVE_NCCL
-  if (device == "cuda") {
+  if (IsComputeDevice(device, ComputeDevice::kCuda)) {
     if (!store) return InvalidArgumentError("mesh comms: no store");
     // One world communicator for the attempt; every axis group is split from it.
     auto* nccl = static_cast<gpu::NcclBackend*>(backend.get());

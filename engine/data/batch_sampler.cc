@@ -60,8 +60,7 @@ int64_t EpochShuffle::At(int64_t i) const {
 }
 
 StatusOr<Order> ParseOrder(const std::string& order) {
-  if (order == "sequential") return Order::kSequential;
-  if (order == "shuffled") return Order::kShuffled;
+  if (const std::optional<DataOrder> parsed = ParseDataOrder(order)) return *parsed;
   return InvalidArgumentError("unknown data order '" + order +
                               "' (hint: use sequential or shuffled)");
 }

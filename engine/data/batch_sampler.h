@@ -8,12 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "common/job_spec.h"
 #include "common/status.h"
 #include "engine/data/token_stream.h"
 
 namespace meshrun {
 
-enum class Order { kSequential, kShuffled };
+// data.order, parsed at the spec boundary (common/job_spec.h).
+using Order = DataOrder;
 
 // "sequential" or "shuffled"; anything else is INVALID_ARGUMENT.
 StatusOr<Order> ParseOrder(const std::string& order);

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "common/confined_file.h"
+#include "common/job_spec.h"
 #include "engine/data/token_stream.h"
 
 namespace meshrun {
@@ -37,7 +38,7 @@ Status ParseTokenShard(const std::string& path, const std::string& format, uint6
                        const unsigned char* head, TokenShard* out) {
   out->path = path;
   out->format = format;
-  if (format == "nanogpt") {
+  if (ParseDataFormat(format) == DataFormat::kNanogpt) {
     if (size == 0) {
       return InvalidArgumentError(
           path + ": the file is empty (hint: point data at a non-empty token file)");

@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "common/confined_file.h"
+#include "common/job_spec.h"
 #include "engine/data/instruction.h"
 #include "engine/data/tokenizer.h"
 
@@ -18,6 +19,11 @@ namespace meshrun {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A data.format name (the spec's or a resolved one) is `kind` (decision 0050).
+bool TokenFormatIs(const std::string& format, DataFormat kind) {
+  return ParseDataFormat(format) == kind;
+}
 
 constexpr const char* kFormatHint = "hint: use format auto, text, llmc or nanogpt";
 
@@ -193,7 +199,7 @@ bool IsTokenFolder(const fs::path& dir) {
 // The format one token file resolves to under `format` (auto: the llm.c magic → llmc, else a
 // `.bin` name → nanogpt, else text).
 StatusOr<std::string> ResolveFileFormat(const fs::path& p, const std::string& format) {
-  if (format != "auto") return format;
+  if (!TokenFormatIs(format, DataFormat::kAuto)) return format;
   std::error_code ec;
   const uint64_t size = fs::file_size(p, ec);
   if (ec) return NotFoundError(p.string() + ": cannot read the file size: " + ec.message());
@@ -212,15 +218,17 @@ StatusOr<std::string> ResolveFileFormat(const fs::path& p, const std::string& fo
 // magic (so a shard without it is reported as a bad header), else nanogpt when all are `.bin`.
 StatusOr<std::string> ShardsFormat(const std::vector<std::string>& files,
                                    const std::string& format) {
-  if (format != "auto") return format;
+  if (!TokenFormatIs(format, DataFormat::kAuto)) return format;
   std::vector<std::string> resolved;
   for (const std::string& f : files) {
     MESHRUN_ASSIGN_OR_RETURN(std::string r, ResolveFileFormat(f, format));
     resolved.push_back(r);
   }
-  if (std::count(resolved.begin(), resolved.end(), "llmc") > 0) return std::string("llmc");
+  if (std::any_of(resolved.begin(), resolved.end(),
+                  [](const std::string& r) { return TokenFormatIs(r, DataFormat::kLlmc); }))
+    return std::string("llmc");
   for (size_t i = 0; i < files.size(); ++i) {
-    if (resolved[i] == "text") {
+    if (TokenFormatIs(resolved[i], DataFormat::kText)) {
       return InvalidArgumentError(
           files[i] +
           ": not a token file (no llm.c magic at offset 0, no .bin name) (hint: a glob or "
@@ -341,8 +349,9 @@ StatusOr<std::string> ResolveDataFormat(const std::string& path, const std::stri
     return ShardsFormat(files, format);
   }
   if (fs::is_directory(p, ec)) {
-    if (format == "llmc" || format == "nanogpt") return format;
-    if (format == "auto" && IsTokenFolder(p)) {
+    if (TokenFormatIs(format, DataFormat::kLlmc) || TokenFormatIs(format, DataFormat::kNanogpt))
+      return format;
+    if (TokenFormatIs(format, DataFormat::kAuto) && IsTokenFolder(p)) {
       MESHRUN_ASSIGN_OR_RETURN(std::vector<std::string> files, TokenShardFiles(path));
       return ShardsFormat(files, format);
     }
@@ -417,7 +426,7 @@ Status CheckTextVocab(const JobSpec& spec, const std::string& field, std::string
 }
 
 Status CheckStreamVocab(const TokenStream& stream, const JobSpec& spec, const std::string& field) {
-  if (stream.format == "text" && !TextVocabFits(stream.vocab_size, spec)) {
+  if (TokenFormatIs(stream.format, DataFormat::kText) && !TextVocabFits(stream.vocab_size, spec)) {
     return TextVocabError(stream.vocab_size, spec, field);
   }
   if (stream.max_token_id >= spec.model.vocab_size) {
@@ -535,7 +544,7 @@ bool IsUtf8Text(const std::string& bytes, size_t* bad_offset) {
 
 StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& format,
                                  const LoadOptions& options) {
-  if (format != "auto" && format != "text" && format != "llmc" && format != "nanogpt") {
+  if (!ParseDataFormat(format)) {
     return InvalidArgumentError("unknown data format '" + format + "' for " + path + " (" +
                                 kFormatHint + ")");
   }
@@ -546,7 +555,7 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
   TokenStream s;
   s.path = path;
   if (IsDataGlob(path)) {
-    if (format == "text") {
+    if (TokenFormatIs(format, DataFormat::kText)) {
       return InvalidArgumentError(path +
                                   ": format text reads a file or a folder, not a glob "
                                   "(hint: for token shards set data.format auto, llmc or "
@@ -567,7 +576,7 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
 
   if (fs::is_directory(st)) {
     MESHRUN_ASSIGN_OR_RETURN(std::string resolved, ResolveDataFormat(path, format));
-    if (resolved != "text") {
+    if (!TokenFormatIs(resolved, DataFormat::kText)) {
       MESHRUN_ASSIGN_OR_RETURN(std::vector<std::string> files, TokenShardFiles(path));
       MESHRUN_RETURN_IF_ERROR(LoadTokenFiles(files, format, options, &s));
       return s;
@@ -584,7 +593,7 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
 
   MESHRUN_ASSIGN_OR_RETURN(std::string resolved, ResolveDataFormat(path, format));
   s.format = resolved;
-  if (resolved == "llmc" || resolved == "nanogpt") {
+  if (TokenFormatIs(resolved, DataFormat::kLlmc) || TokenFormatIs(resolved, DataFormat::kNanogpt)) {
     MESHRUN_RETURN_IF_ERROR(LoadTokenFiles({path}, resolved, options, &s));
   } else if (IsJsonlPath(path)) {
     return LoadInstructionData(path, options);

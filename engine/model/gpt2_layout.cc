@@ -6,12 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "common/job_spec.h"
 #include "engine/model/gpt2.h"
 
 namespace meshrun {
 GPT2Config GPT2ConfigOf(const ModelSpec& model) {
   GPT2Config cfg;
-  cfg.arch = model.arch == "llama" ? Arch::kLlama : Arch::kGpt2;
+  cfg.arch = ArchOf(model) == ModelArch::kLlama ? Arch::kLlama : Arch::kGpt2;
   cfg.vocab_size = model.vocab_size;
   cfg.n_layer = model.n_layer;
   cfg.n_head = model.n_head;
@@ -21,7 +22,7 @@ GPT2Config GPT2ConfigOf(const ModelSpec& model) {
   cfg.max_seq_len = model.seq_len;
   cfg.ln_eps = model.norm_eps;
   cfg.rope_theta = model.rope_theta;
-  cfg.rope_scaling.llama3 = model.rope_scaling_type == "llama3";
+  cfg.rope_scaling.llama3 = RopeScalingOf(model) == RopeScalingType::kLlama3;
   cfg.rope_scaling.factor = model.rope_scaling_factor;
   cfg.rope_scaling.low_freq_factor = model.rope_scaling_low_freq_factor;
   cfg.rope_scaling.high_freq_factor = model.rope_scaling_high_freq_factor;

@@ -18,9 +18,9 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
   // Activation checkpointing runs forward work again in backward: `full` a block's whole
   // forward (its two tp all-reduces and its cp exchange), `selective` the attention core (its
   // cp exchange).
-  const std::string& ac = spec.train.activation_checkpointing;
-  const double tp_forward_again = ac == "full" ? 1 : 0;
-  const double cp_forward_again = ac == "none" ? 0 : 1;
+  const Checkpointing ac = CheckpointingOf(spec.train);
+  const double tp_forward_again = ac == Checkpointing::kFull ? 1 : 0;
+  const double cp_forward_again = ac == Checkpointing::kNone ? 0 : 1;
 
   // tp: four all-reduces of the activations (mb·Tl·d) per layer and micro-batch (two forward
   // after the row-parallel layers, two backward after the column-parallel ones); the
@@ -39,7 +39,7 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
     // Forward: the ring passes K and V C−1 times; allgather gathers K and V once. Backward:
     // the ring passes K, V, dK, dV C−1 times and the accumulators one more hop; allgather
     // reduce-scatters dK and dV.
-    const bool ring = p.cp_comm_strategy == "ring";
+    const bool ring = CpCommOf(p) == CpComm::kRing;
     const double forward = ring ? (C - 1) * 2 * blk : 2 * blk * (C - 1);
     const double backward = ring ? (C - 1) * 4 * blk + 2 * blk : 2 * blk * (C - 1);
     bytes["cp"] = micro_batches * L * (forward * (1 + cp_forward_again) + backward);
@@ -51,8 +51,10 @@ std::map<std::string, double> ExpectedCommBytesPerStep(const JobSpec& spec) {
   // The tp ranks' units differ when tp splits the vocabulary unevenly: the figures are the
   // average over ranks, as comm_bytes is.
   double fsdp = 0, replicate = 0;
-  const double gather_factor =
-      spec.train.precision == "bf16" && spec.resources.device == "cuda" ? 0.5 : 1.0;
+  const double gather_factor = PrecisionOf(spec.train) == TrainPrecision::kBf16 &&
+                                       DeviceOf(spec.resources) == ComputeDevice::kCuda
+                                   ? 0.5
+                                   : 1.0;
   for (int t = 0; t < Tp; ++t) {
     GPT2Config cfg = GPT2ConfigOf(spec.model);
     cfg.tp_size = Tp;

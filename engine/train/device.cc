@@ -1,6 +1,8 @@
 // The device check of a rank's start (resources.device).
 #include "engine/train/device.h"
 
+#include "common/job_spec.h"
+
 #ifdef MESHRUN_HAVE_CUDA_RUNTIME
 #include <cuda_runtime_api.h>
 #endif
@@ -25,8 +27,9 @@ int VisibleCudaDevices(std::string* why_none) {
 }
 
 Status CheckTrainingDevice(const std::string& device) {
-  if (device == "cpu") return OkStatus();
-  if (device != "cuda") {
+  const std::optional<ComputeDevice> kind = ParseComputeDevice(device);
+  if (kind == ComputeDevice::kCpu) return OkStatus();
+  if (kind != ComputeDevice::kCuda) {
     return InvalidArgumentError("resources.device: '" + device +
                                 "' is not a device (hint: use cpu or cuda)");
   }

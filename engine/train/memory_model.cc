@@ -78,7 +78,8 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
     // with ShardedState's overlap: the next unit's gather starts when the current one is
     // needed, and a unit's reduce-scatter (holding its full gradients) is waited for at the
     // next unit's AfterBackward. Buffers other than unit 0's are at least the largest block.
-    const bool bf16_gather = spec.train.precision == "bf16" && spec.resources.device == "cuda";
+    const bool bf16_gather = PrecisionOf(spec.train) == TrainPrecision::kBf16 &&
+                             DeviceOf(spec.resources) == ComputeDevice::kCuda;
     int64_t block = 0;
     for (int l = 1; l <= L; ++l) block = std::max(block, units[l].padded);
     auto numel = [&](size_t u) {
@@ -165,25 +166,25 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
   const int64_t root = N * C * 2 + N * (1 + means) + HeadChunkRows(N, V) * V + N;
   const int64_t layer = N * C * 4 + N * 2 * (1 + means) + N * Cl * 5 + N * Hl + N * (Gl + Fl);
   const int64_t scratch = N * Wl * 2 + N * C * 2 + N * Cl * 5 + N * (Gl + Fl);
-  const std::string& ac = spec.train.activation_checkpointing;
+  const Checkpointing ac = CheckpointingOf(spec.train);
   int64_t acts = root + scratch;
-  if (ac == "none") {
+  if (ac == Checkpointing::kNone) {
     acts += L * layer;
   } else {
-    const int64_t kept = ac == "full" ? N * C : N * C * 2 + N * Cl * 3 + N * Gl;
+    const int64_t kept = ac == Checkpointing::kFull ? N * C : N * C * 2 + N * Cl * 3 + N * Gl;
     acts += layer + L * kept;
   }
   // Context parallel: one K or V block is c = N·Cl floats on this rank.
   const int64_t c = N * Cl;
   if (cp > 1) {
-    if (par.cp_comm_strategy == "ring") {
+    if (CpCommOf(par) == CpComm::kRing) {
       // Forward: 2c to send, 2c to receive, c + N·Hl for a partial output and its lse; the
       // backward grows both to 4c (each growth holds the old and the new buffer at once).
       add(MemoryKind::kCommunication, 10 * c + c + N * Hl);
     } else {
       // The gathered K and V (kept per layer, or once under recompute), the gather buffer,
       // and the backward's gathered dK and dV.
-      acts += (ac == "none" ? L : 1) * 2 * cp * c;
+      acts += (ac == Checkpointing::kNone ? L : 1) * 2 * cp * c;
       add(MemoryKind::kCommunication, cp * c + 2 * cp * c);
     }
   }

@@ -82,7 +82,8 @@ ScalePrediction PredictAtScale(const ModelSpec& model, const ScaleConfig& c,
   const GPT2Config m = GPT2ConfigOf(model);
   const double seq_len = model.seq_len;
   const DeviceProfile& dev = cluster.device;
-  const bool bf16 = c.precision == "bf16";
+  const bool bf16 = ParseTrainPrecision(c.precision) == TrainPrecision::kBf16;
+  const std::optional<Checkpointing> ac = ParseCheckpointing(c.activation_checkpointing);
   const double value = bf16 ? 2 : 4;                         // bytes of a parameter/activation
   const double state_per_param = bf16 ? 2 + 2 + 4 + 8 : 16;  // fp32: p, g, m, v
   const double n = static_cast<double>(ParameterCount(model));
@@ -98,7 +99,7 @@ ScalePrediction PredictAtScale(const ModelSpec& model, const ScaleConfig& c,
   // Replicated over tp: block input, two norm outputs, residual; split: q, k, v, attention
   // output, the MLP's hidden values.
   const double per_layer = (4 * d + (d + 2 * kv + d + mlp_values) / tp) * value;
-  const double kept_layer = c.activation_checkpointing == "full" ? d * value : per_layer;
+  const double kept_layer = ac == Checkpointing::kFull ? d * value : per_layer;
   // The head's logits of the micro-batch in fp32 (the loss), split over tp.
   const double logits = m.vocab_size / static_cast<double>(tp) * 4;
   out.activation_bytes = tokens * (m.n_layer * kept_layer + per_layer + logits);
@@ -109,9 +110,9 @@ ScalePrediction PredictAtScale(const ModelSpec& model, const ScaleConfig& c,
   const double step_tokens = tokens * c.cp * c.dp_replicate * c.dp_shard;  // global
   const double attention_forward = 4.0 * m.n_layer * d * seq_len;
   const double forward_blocks = 2.0 * m.n_layer * block;
-  const double recompute = c.activation_checkpointing == "full" ? forward_blocks + attention_forward
-                           : c.activation_checkpointing == "selective" ? attention_forward
-                                                                       : 0;
+  const double recompute = ac == Checkpointing::kFull        ? forward_blocks + attention_forward
+                           : ac == Checkpointing::kSelective ? attention_forward
+                                                             : 0;
   const double model_flops = FlopsPerToken(model);
   out.compute_seconds =
       step_tokens * (model_flops + recompute) / (world * dev.flops * dev.step_efficiency);
@@ -120,7 +121,7 @@ ScalePrediction PredictAtScale(const ModelSpec& model, const ScaleConfig& c,
   std::map<std::string, double> bytes = {
       {"tp", 0}, {"cp", 0}, {"dp_shard", 0}, {"dp_replicate", 0}};
   if (tp > 1) {
-    const double again = c.activation_checkpointing == "full" ? 2 : 0;
+    const double again = ac == Checkpointing::kFull ? 2 : 0;
     bytes["tp"] = m.n_layer * (4 + again) * tokens * d * value * 2.0 * (tp - 1) / tp;
   }
   if (c.cp > 1) {

@@ -45,9 +45,9 @@ double RecomputeFlopsPerToken(const JobSpec& spec) {
   const double L = spec.model.n_layer, T = spec.model.seq_len, d = spec.model.d_model;
   const double block_forward = 2.0 * static_cast<double>(BlockParameterCount(spec.model)) * L;
   const double attention_forward = 4.0 * L * d * T;
-  const std::string& ac = spec.train.activation_checkpointing;
-  if (ac == "full") return block_forward + attention_forward;
-  if (ac == "selective") return attention_forward;
+  const Checkpointing ac = CheckpointingOf(spec.train);
+  if (ac == Checkpointing::kFull) return block_forward + attention_forward;
+  if (ac == Checkpointing::kSelective) return attention_forward;
   return 0;
 }
 
@@ -137,15 +137,16 @@ std::map<std::string, double> ExpectedCommCallsPerStep(const JobSpec& spec) {
   const int R = p.dp_replicate_size, S = p.dp_shard_size, C = p.cp_size, Tp = p.tp_size;
   const int N = S * C, L = spec.model.n_layer;
   const double micro_batches = spec.train.global_batch_size / (R * S * spec.train.micro_batch_size);
-  const std::string& ac = spec.train.activation_checkpointing;
+  const Checkpointing ac = CheckpointingOf(spec.train);
   std::map<std::string, double> calls = {
       {"tp", 0}, {"cp", 0}, {"dp_shard", 0}, {"dp_replicate", 0}};
   // The same calls comm_volume.cc counts the bytes of, plus the vocab-parallel embedding and
   // cross-entropy's reductions (three per micro-batch) and the grad norm's gather.
-  if (Tp > 1) calls["tp"] = micro_batches * (L * (4 + (ac == "full" ? 2 : 0)) + 3) + 1;
+  if (Tp > 1)
+    calls["tp"] = micro_batches * (L * (4 + (ac == Checkpointing::kFull ? 2 : 0)) + 3) + 1;
   if (C > 1) {
-    const double again = ac == "none" ? 0 : 1;
-    const double per_layer = p.cp_comm_strategy == "ring"
+    const double again = ac == Checkpointing::kNone ? 0 : 1;
+    const double per_layer = CpCommOf(p) == CpComm::kRing
                                  ? (C - 1) * (1 + again) + (C - 1) + 1  // one exchange per hop
                                  : 2 * (1 + again) + 2;  // gather K, V; reduce-scatter dK, dV
     calls["cp"] = micro_batches * L * per_layer;
@@ -165,7 +166,7 @@ std::map<std::string, double> ExpectedCommHopsPerStep(const JobSpec& spec) {
   std::map<std::string, double> calls = ExpectedCommCallsPerStep(spec);
   std::map<std::string, double> hops = calls;
   hops["tp"] = calls["tp"] * 2 * (Tp - 1);  // all-reduces
-  if (C > 1 && p.cp_comm_strategy != "ring") hops["cp"] = calls["cp"] * (C - 1);
+  if (C > 1 && CpCommOf(p) != CpComm::kRing) hops["cp"] = calls["cp"] * (C - 1);
   if (N > 1) {
     // Every call but the grad norm's all-reduce is a gather or a reduce-scatter.
     hops["dp_shard"] = (calls["dp_shard"] - 1) * (N - 1) + 2 * (N - 1);

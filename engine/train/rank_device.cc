@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "common/gpu_peak.h"
+#include "common/job_spec.h"
 #include "engine/train/device.h"
 
 #ifdef MESHRUN_HAVE_CUDA_RUNTIME
@@ -35,7 +36,7 @@ std::string CudaDeviceName(int device) {
 StatusOr<double> RankPeakFlops(const std::string& device, int cuda_device, std::string* note) {
   MESHRUN_ASSIGN_OR_RETURN(std::optional<double> env, PeakTflopsFromEnv());
   if (env) return *env * 1e12;
-  if (device != "cuda") return 0.0;
+  if (ParseComputeDevice(device) != ComputeDevice::kCuda) return 0.0;
   const std::string name = CudaDeviceName(cuda_device);
   if (std::optional<double> tflops = DenseBf16PeakTflops(name)) return *tflops * 1e12;
   if (note != nullptr && !name.empty()) {

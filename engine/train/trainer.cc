@@ -104,10 +104,10 @@ Status Trainer::Init() {
   cfg.tp_size = dims.tp();
   cfg.tp_rank = coords_.tp;
   cfg.fsdp_size = dims.dp_shard() * dims.cp();
-  const std::string& ac = spec_.train.activation_checkpointing;
-  cfg.recompute = ac == "full"        ? Recompute::kFull
-                  : ac == "selective" ? Recompute::kSelective
-                                      : Recompute::kNone;
+  const Checkpointing ac = CheckpointingOf(spec_.train);
+  cfg.recompute = ac == Checkpointing::kFull        ? Recompute::kFull
+                  : ac == Checkpointing::kSelective ? Recompute::kSelective
+                                                    : Recompute::kNone;
   // The rank's device: every parameter, gradient, activation and AdamW moment lives there; the
   // host keeps the tokens, the scalars and the checkpoint files. On cuda a rank uses the GPU its
   // communicators use (RankContext::cuda_device; the worker gives each rank its own).
@@ -115,8 +115,9 @@ Status Trainer::Init() {
   // spec's validation refuses it on cpu) runs the GEMMs in bf16 with float32 accumulation and
   // gathers FSDP units in bf16; master weights, gradients, reductions and AdamW state stay
   // float32 (decision 0027).
-  const bool bf16 = spec_.train.precision == "bf16";
-  if (spec_.resources.device == "cuda") cfg.device = Device{DeviceType::kCuda, ctx_.cuda_device};
+  const bool bf16 = PrecisionOf(spec_.train) == TrainPrecision::kBf16;
+  if (DeviceOf(spec_.resources) == ComputeDevice::kCuda)
+    cfg.device = Device{DeviceType::kCuda, ctx_.cuda_device};
   if (bf16 && cfg.device.type != DeviceType::kCuda) {
     return InvalidArgumentError(
         "train.precision: 'bf16' needs resources.device: cuda; the CPU engine computes in float32 "
@@ -140,7 +141,7 @@ Status Trainer::Init() {
   optimizer_ = MakeOptimizer(OptimizerOf(spec_.train), shards_->size(), shards_->device());
   model_par_.tp = Comm(MeshAxis::kTp);
   model_par_.cp = Comm(MeshAxis::kCp);
-  model_par_.cp_ring = spec_.parallelism.cp_comm_strategy == "ring";
+  model_par_.cp_ring = CpCommOf(spec_.parallelism) == CpComm::kRing;
   // The hooks gather and reduce-scatter FSDP units and start dp_replicate's buckets.
   model_par_.fsdp = shards_->wants_hooks() ? shards_.get() : nullptr;
   model_->SetParallel(&model_par_);
@@ -371,7 +372,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
   if (observer == nullptr) observer = &none;
   const TrainSpec& tr = spec_.train;
   const CheckpointSpec& ck = spec_.checkpoint;
-  if (!ck.dir.empty() && ck.resume == "auto") {
+  if (!ck.dir.empty() && ResumeOf(ck) == ResumeMode::kAuto) {
     Status s = LoadLatestCheckpoint(observer);
     if (!s.ok() && s.code() != StatusCode::kNotFound) return s;
   }
