@@ -122,7 +122,7 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
         (par.dp_replicate_size * par.dp_shard_size * spec.train.micro_batch_size);
     // The next unit is prefetched only where the backend overlaps (NCCL, i.e. cuda); on a CPU
     // backend each unit is gathered when it is needed (ShardedState::BeforeForward).
-    const bool prefetch = spec.resources.device == "cuda";
+    const bool prefetch = DeviceOf(spec.resources) == ComputeDevice::kCuda;
     for (int m = 0; m < micro_batches; ++m) {
       start_gather(0);
       if (prefetch) start_gather(1);  // prefetch (unit L+1 when L = 0)
