@@ -30,7 +30,7 @@ v1::MetricsSample MfuRankSample(int rank, int64_t step, double seconds, double p
   return s;
 }
 
-void ExpectRelNear(double got, double want) {
+void ExpectMfuRelNear(double got, double want) {
   EXPECT_NEAR(got, want, 1e-9 * std::abs(want)) << "got " << got << ", want " << want;
 }
 
@@ -42,11 +42,11 @@ TEST(MfuAgreement, JobSampleIsTheMfuOfItsTokensPerSecond) {
   ASSERT_FALSE(agg.Add(MfuRankSample(0, 1, 1.0, peak, 2)).has_value());
   std::optional<v1::MetricsSample> job = agg.Add(MfuRankSample(1, 1, 1.6, peak, 2));
   ASSERT_TRUE(job.has_value());
-  ExpectRelNear(job->tokens_per_second(), kMfuTokensPerStep / 1.6);
-  ExpectRelNear(job->mfu(),
-                ModelFlopsUtilization(job->tokens_per_second(), kMfuFlopsPerToken, peak, 2));
+  ExpectMfuRelNear(job->tokens_per_second(), kMfuTokensPerStep / 1.6);
+  ExpectMfuRelNear(job->mfu(),
+                   ModelFlopsUtilization(job->tokens_per_second(), kMfuFlopsPerToken, peak, 2));
   // The same step through `meshrun train` (one process's view of the slowest time).
-  ExpectRelNear(job->mfu(), MfuRankSample(1, 1, 1.6, peak, 2).mfu());
+  ExpectMfuRelNear(job->mfu(), MfuRankSample(1, 1, 1.6, peak, 2).mfu());
 }
 
 TEST(MfuAgreement, UnequalPeaksSumToTheJobsPeak) {
@@ -57,7 +57,8 @@ TEST(MfuAgreement, UnequalPeaksSumToTheJobsPeak) {
   agg.Add(MfuRankSample(0, 1, 0.5, peaks[0], 2));
   std::optional<v1::MetricsSample> job = agg.Add(MfuRankSample(1, 1, 0.8, peaks[1], 2));
   ASSERT_TRUE(job.has_value());
-  ExpectRelNear(job->mfu(), job->tokens_per_second() * kMfuFlopsPerToken / (peaks[0] + peaks[1]));
+  ExpectMfuRelNear(job->mfu(),
+                   job->tokens_per_second() * kMfuFlopsPerToken / (peaks[0] + peaks[1]));
 }
 
 TEST(MfuAgreement, StepsWeightedByTimeMatchTheRunsRate) {
@@ -76,8 +77,8 @@ TEST(MfuAgreement, StepsWeightedByTimeMatchTheRunsRate) {
     tokens += job->tokens_per_second() * job->step_seconds();
     mfu_seconds += job->mfu() * job->step_seconds();
   }
-  ExpectRelNear(mfu_seconds / seconds,
-                ModelFlopsUtilization(tokens / seconds, kMfuFlopsPerToken, peak, 2));
+  ExpectMfuRelNear(mfu_seconds / seconds,
+                   ModelFlopsUtilization(tokens / seconds, kMfuFlopsPerToken, peak, 2));
 }
 
 TEST(MfuAgreement, ARankWithoutAPeakReadsZero) {
