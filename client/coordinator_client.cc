@@ -273,6 +273,34 @@ StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
   return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
 }
 
+StatusOr<v1::GetJobResponse> CoordinatorClient::GetJob(const v1::GetJobRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::GetJobResponse response;
+  const grpc::Status s = stub_->GetJob(&ctx, request, &response);
+  if (!s.ok()) return Convert(s);
+  return response;
+}
+
+StatusOr<v1::ListRanksResponse> CoordinatorClient::ListRanks(const v1::ListRanksRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::ListRanksResponse response;
+  const grpc::Status s = stub_->ListRanks(&ctx, request, &response);
+  if (!s.ok()) return Convert(s);
+  return response;
+}
+
+StatusOr<v1::ListWorkersResponse> CoordinatorClient::ListWorkers(
+    const v1::ListWorkersRequest& request) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::ListWorkersResponse response;
+  const grpc::Status s = stub_->ListWorkers(&ctx, request, &response);
+  if (!s.ok()) return Convert(s);
+  return response;
+}
+
 StatusOr<v1::GetJobLogsResponse> CoordinatorClient::GetJobLogs(const std::string& job_id,
                                                                std::optional<int> rank) {
   grpc::ClientContext ctx;
@@ -350,22 +378,24 @@ json JobListEntryJson(const v1::Job& job) {
               {"message", job.message()}};
 }
 
+json RankJson(const v1::RankInfo& r) {
+  return json{{"rank", r.rank()},
+              {"worker", r.worker_name().empty() ? r.worker_id() : r.worker_name()},
+              {"coords", json{{"dp_replicate", r.coords().dp_replicate()},
+                              {"dp_shard", r.coords().dp_shard()},
+                              {"cp", r.coords().cp()},
+                              {"tp", r.coords().tp()}}},
+              {"state", RankStateName(r.state())},
+              {"local_rank", r.local_rank()},
+              {"pid", r.pid()},
+              {"exit_code", r.exit_code()},
+              {"signal", r.signal()},
+              {"error", r.error()}};
+}
+
 json JobStatusJson(const v1::Job& job) {
   json ranks = json::array();
-  for (const v1::RankInfo& r : job.ranks()) {
-    ranks.push_back(json{{"rank", r.rank()},
-                         {"worker", r.worker_name().empty() ? r.worker_id() : r.worker_name()},
-                         {"coords", json{{"dp_replicate", r.coords().dp_replicate()},
-                                         {"dp_shard", r.coords().dp_shard()},
-                                         {"cp", r.coords().cp()},
-                                         {"tp", r.coords().tp()}}},
-                         {"state", RankStateName(r.state())},
-                         {"local_rank", r.local_rank()},
-                         {"pid", r.pid()},
-                         {"exit_code", r.exit_code()},
-                         {"signal", r.signal()},
-                         {"error", r.error()}});
-  }
+  for (const v1::RankInfo& r : job.ranks()) ranks.push_back(RankJson(r));
   return json{{"job_id", job.job_id()},
               {"name", job.name()},
               {"state", JobStateName(job.state())},

@@ -84,6 +84,11 @@ class CoordinatorClient {
   StatusOr<std::vector<v1::Job>> ListJobs();
   StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason = "");
   StatusOr<std::vector<v1::WorkerInfo>> ListWorkers();
+  // GetJob with the request as given (summary: no ranks, their counts instead).
+  StatusOr<v1::GetJobResponse> GetJob(const v1::GetJobRequest& request);
+  // One page of ranks, of workers.
+  StatusOr<v1::ListRanksResponse> ListRanks(const v1::ListRanksRequest& request);
+  StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request);
   StatusOr<v1::GetJobLogsResponse> GetJobLogs(const std::string& job_id, std::optional<int> rank);
 
   // Streams a job's events to on_event until the stream ends (OK: after the terminal state
@@ -121,6 +126,7 @@ std::string FormatDuration(double seconds);
 nlohmann::ordered_json JobListEntryJson(const v1::Job& job);  // jobs -o json, one entry
 nlohmann::ordered_json JobStatusJson(const v1::Job& job);     // status -o json
 nlohmann::ordered_json WorkerJson(const v1::WorkerInfo& w);   // workers -o json, one entry
+nlohmann::ordered_json RankJson(const v1::RankInfo& r);       // status -o json, one rank
 
 // A table for people: a header row and left-aligned columns two spaces apart; every cell
 // escaped with EscapeText (common/escape.h).

@@ -32,7 +32,67 @@ struct JobFlags {
   std::optional<int> rank;
   std::string reason;
   std::vector<std::string> states;  // jobs --state
+  // status: the ranks' page and filters.
+  int page_size = 100;
+  std::string page_token;
+  bool all_ranks = false;
+  std::vector<std::string> rank_states;
+  std::string worker;
+  std::string where;
 };
+
+// --where "dp_shard=3,tp=0" into a coordinates filter; INVALID_ARGUMENT naming the part.
+Status ParseWhere(const std::string& where, v1::MeshCoordsFilter* out) {
+  size_t begin = 0;
+  while (begin < where.size()) {
+    size_t end = where.find(',', begin);
+    if (end == std::string::npos) end = where.size();
+    const std::string part = where.substr(begin, end - begin);
+    begin = end + 1;
+    const size_t eq = part.find('=');
+    const std::string axis = part.substr(0, eq);
+    long long value = -1;
+    size_t used = 0;
+    try {
+      if (eq != std::string::npos) value = std::stoll(part.substr(eq + 1), &used, 10);
+    } catch (...) {
+      value = -1;
+    }
+    const bool number =
+        eq != std::string::npos && used == part.size() - eq - 1 && value >= 0 && value <= INT32_MAX;
+    if (!number || (axis != "dp_replicate" && axis != "dp_shard" && axis != "cp" && axis != "tp")) {
+      return InvalidArgumentError(
+          "--where: '" + part +
+          "' is not AXIS=N (hint: e.g. --where dp_shard=3,tp=0; axes dp_replicate, dp_shard, "
+          "cp, tp)");
+    }
+    const int v = static_cast<int>(value);
+    if (axis == "dp_replicate") out->set_dp_replicate(v);
+    if (axis == "dp_shard") out->set_dp_shard(v);
+    if (axis == "cp") out->set_cp(v);
+    if (axis == "tp") out->set_tp(v);
+  }
+  return OkStatus();
+}
+
+std::vector<std::string> RankRow(const v1::RankInfo& r) {
+  std::string exit = "-";
+  if (r.signal() != 0) {
+    exit = "signal " + std::to_string(r.signal());
+  } else if (r.state() == v1::RANK_STATE_SUCCEEDED || r.state() == v1::RANK_STATE_FAILED ||
+             r.state() == v1::RANK_STATE_STOPPED) {
+    exit = std::to_string(r.exit_code());
+  }
+  return {std::to_string(r.rank()),
+          r.worker_name().empty() ? r.worker_id() : r.worker_name(),
+          std::to_string(r.coords().dp_replicate()),
+          std::to_string(r.coords().dp_shard()),
+          std::to_string(r.coords().cp()),
+          std::to_string(r.coords().tp()),
+          RankStateName(r.state()),
+          r.pid() > 0 ? std::to_string(r.pid()) : "-",
+          exit};
+}
 
 void AddOutputOption(CLI::App* cmd, std::string* output) {
   cmd->add_option("-o,--output", *output, "output format: text or json")
@@ -137,15 +197,65 @@ std::string Sparkline(const std::map<int64_t, double>& losses, size_t width) {
 }
 
 int RunStatus(const JobFlags& f) {
+  v1::ListRanksRequest page_request;
+  page_request.set_job_id(f.job_id);
+  page_request.set_page_size(f.page_size);
+  page_request.set_page_token(f.page_token);
+  page_request.set_worker(f.worker);
+  for (const std::string& state : f.rank_states) {
+    v1::RankState value;
+    if (v1::RankState_Parse("RANK_STATE_" + state, &value)) page_request.add_states(value);
+  }
+  if (!f.where.empty()) {
+    if (Status s = ParseWhere(f.where, page_request.mutable_coords()); !s.ok()) {
+      return ReportError(s);
+    }
+  }
   StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(f.coordinator);
   if (!client.ok()) return ReportError(client.status());
-  StatusOr<v1::Job> job = (*client)->GetJob(f.job_id);
-  if (!job.ok()) return ReportError(job.status());
+  // The summary (no ranks: its size does not grow with the job), then the ranks a page at a
+  // time (ListRanks). A coordinator from before paging ignores `summary` and sends every rank.
+  v1::GetJobRequest summary_request;
+  summary_request.set_job_id(f.job_id);
+  summary_request.set_summary(true);
+  StatusOr<v1::GetJobResponse> summary = (*client)->GetJob(summary_request);
+  if (!summary.ok()) return ReportError(summary.status());
+  StatusOr<v1::Job> job = std::move(*summary->mutable_job());
+  const bool paged = job->ranks_size() == 0;
+  std::vector<v1::RankInfo> ranks;
+  std::string next_page_token;
+  // One page now; with --all-ranks the next ones as they are printed (JSON: collected).
+  auto next_page = [&]() -> Status {
+    StatusOr<v1::ListRanksResponse> page = (*client)->ListRanks(page_request);
+    if (!page.ok()) return page.status();
+    for (v1::RankInfo& r : *page->mutable_ranks()) ranks.push_back(std::move(r));
+    next_page_token = page->next_page_token();
+    page_request.set_page_token(next_page_token);
+    return OkStatus();
+  };
+  if (paged && job->attempt() > 0) {
+    if (Status s = next_page(); !s.ok()) return ReportError(s);
+    while (f.output == "json" && f.all_ranks && !next_page_token.empty()) {
+      if (Status s = next_page(); !s.ok()) return ReportError(s);
+    }
+  } else {
+    ranks.assign(job->ranks().begin(), job->ranks().end());
+  }
   Measured measured;
   const std::map<int64_t, double> losses = LossHistory(**client, f.job_id, &measured);
   const v1::JobSpec& planned = job->spec();
   if (f.output == "json") {
     json out = JobStatusJson(*job);
+    json page = json::array();
+    for (const v1::RankInfo& r : ranks) page.push_back(RankJson(r));
+    out["ranks"] = std::move(page);
+    json counts = json::object();
+    for (const v1::RankStateCount& c : summary->rank_states()) {
+      counts[RankStateName(c.state())] = c.ranks();
+    }
+    out["rank_states"] = std::move(counts);
+    out["workers_used"] = summary->workers_used();
+    out["next_page_token"] = next_page_token;
     // The planner's side (docs/planning.md "Checked while training").
     out["mesh"] = {{"dp_replicate", planned.parallelism().dp_replicate_size()},
                    {"dp_shard", planned.parallelism().dp_shard_size()},
@@ -186,6 +296,15 @@ int RunStatus(const JobFlags& f) {
       {"MFU (last step)", Fixed(100.0 * job->mfu(), 2) + "%"},
       {"submitted", FormatTime(job->submitted_at())},
   };
+  if (summary->rank_states_size() > 0) {
+    std::string counts;
+    for (const v1::RankStateCount& c : summary->rank_states()) {
+      counts +=
+          (counts.empty() ? "" : ", ") + std::to_string(c.ranks()) + " " + RankStateName(c.state());
+    }
+    info.push_back({"ranks", counts + " on " + std::to_string(summary->workers_used()) + " worker" +
+                                 (summary->workers_used() == 1 ? "" : "s")});
+  }
   if (!planned.auto_choice().empty()) info.push_back({"auto", planned.auto_choice().substr(6)});
   if (planned.predicted_step_seconds() > 0) {
     const double mib = 1024.0 * 1024.0;
@@ -204,25 +323,29 @@ int RunStatus(const JobFlags& f) {
   if (!job->last_checkpoint().empty()) info.push_back({"checkpoint", job->last_checkpoint()});
   for (auto& row : info) row[0] += ":";
   PrintTable(std::cout, info);
-  if (job->ranks_size() > 0) {
-    std::cout << '\n';
-    std::vector<std::vector<std::string>> rows = {
-        {"RANK", "WORKER", "DP_REPLICATE", "DP_SHARD", "CP", "TP", "STATE", "PID", "EXIT"}};
-    for (const v1::RankInfo& r : job->ranks()) {
-      std::string exit = "-";
-      if (r.signal() != 0) {
-        exit = "signal " + std::to_string(r.signal());
-      } else if (r.state() == v1::RANK_STATE_SUCCEEDED || r.state() == v1::RANK_STATE_FAILED ||
-                 r.state() == v1::RANK_STATE_STOPPED) {
-        exit = std::to_string(r.exit_code());
-      }
+  bool header_printed = false;
+  auto print_ranks = [&]() {
+    if (ranks.empty()) return;
+    std::vector<std::vector<std::string>> rows;
+    if (!header_printed) {
+      std::cout << '\n';
       rows.push_back(
-          {std::to_string(r.rank()), r.worker_name().empty() ? r.worker_id() : r.worker_name(),
-           std::to_string(r.coords().dp_replicate()), std::to_string(r.coords().dp_shard()),
-           std::to_string(r.coords().cp()), std::to_string(r.coords().tp()),
-           RankStateName(r.state()), r.pid() > 0 ? std::to_string(r.pid()) : "-", exit});
+          {"RANK", "WORKER", "DP_REPLICATE", "DP_SHARD", "CP", "TP", "STATE", "PID", "EXIT"});
+      header_printed = true;
     }
+    for (const v1::RankInfo& r : ranks) rows.push_back(RankRow(r));
     PrintTable(std::cout, rows);
+    ranks.clear();
+  };
+  print_ranks();
+  // --all-ranks: a page at a time, each printed before the next is asked for.
+  while (f.all_ranks && !next_page_token.empty()) {
+    if (Status s = next_page(); !s.ok()) return ReportError(s);
+    print_ranks();
+  }
+  if (!next_page_token.empty() && !f.all_ranks) {
+    std::cout << "\nmore ranks: meshrun status " << f.job_id << " --page-token " << next_page_token
+              << " (or --all-ranks)" << std::endl;
   }
   return kExitOk;
 }
@@ -379,6 +502,20 @@ void RegisterStatusCommand(CLI::App& app, CommandResult& result) {
   auto f = std::make_shared<JobFlags>();
   CLI::App* cmd = AddJobCommand(app, "status", "One job with its ranks (worker, coordinates)", f);
   AddOutputOption(cmd, &f->output);
+  cmd->add_option("--page-size", f->page_size, "ranks per page (at most 1000)")
+      ->check(WholeNumber(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--page-token", f->page_token, "the page that `more ranks:` named");
+  cmd->add_flag("--all-ranks", f->all_ranks, "every page of ranks, one page at a time");
+  cmd->add_option("--rank-state", f->rank_states, "only ranks in this state (repeatable)")
+      ->check(CLI::IsMember({"ASSIGNED", "RUNNING", "SUCCEEDED", "FAILED", "STOPPED", "LOST"},
+                            CLI::ignore_case))
+      ->transform([](std::string s) {
+        for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+        return s;
+      });
+  cmd->add_option("--worker", f->worker, "only ranks on this worker (name or id)");
+  cmd->add_option("--where", f->where, "only ranks at these coordinates, e.g. dp_shard=3,tp=0");
   cmd->callback([f, &result] { result.run = [f] { return RunStatus(*f); }; });
 }
 

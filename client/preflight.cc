@@ -10,6 +10,7 @@
 
 #include "common/memory_estimate.h"
 #include "coordinator/plan_submission.h"
+#include "engine/data/instruction.h"
 #include "engine/data/token_stream.h"
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_checkpoint.h"
@@ -68,6 +69,7 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
       stream->max_token_id = *max_id;
     }
     MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*stream, spec, field));
+    MESHRUN_RETURN_IF_ERROR(CheckStreamLossMask(*stream, spec, field));
     return CheckStreamWindow(*stream, spec, field);
   }
   const bool fill = text && options.fill_token_cache && !spec.data.tokenizer.empty();
@@ -87,16 +89,21 @@ Status CheckStream(const char* field, const std::string& path, const JobSpec& sp
   StatusOr<TokenStream> stream = LoadTokens(path, spec.data.format, load);
   if (!stream.ok()) {
     const std::string& m = stream.status().message();
-    if (m.rfind("data.tokenizer: ", 0) == 0) return stream.status();
+    if (m.rfind("data.tokenizer: ", 0) == 0 || m.rfind("data.template: ", 0) == 0) {
+      return stream.status();
+    }
     return InvalidArgumentError(prefix + m);
   }
   if (fill && options.note) {
     options.note(std::string(field) + ": " + std::to_string(stream->size()) + " tokens " +
-                 (stream->cache_path.empty() ? "tokenized (no checkpoint.dir: not cached)"
-                  : stream->from_cache       ? "read from the cache " + stream->cache_path
-                                             : "tokenized into the cache " + stream->cache_path));
+                 (stream->format == "jsonl"    ? "rendered and tokenized (instruction data is "
+                                                 "not cached; meshrun tokenize prepares it once)"
+                  : stream->cache_path.empty() ? "tokenized (no checkpoint.dir: not cached)"
+                  : stream->from_cache         ? "read from the cache " + stream->cache_path
+                                               : "tokenized into the cache " + stream->cache_path));
   }
   MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*stream, spec, field));
+  MESHRUN_RETURN_IF_ERROR(CheckStreamLossMask(*stream, spec, field));
   return CheckStreamWindow(*stream, spec, field);
 }
 

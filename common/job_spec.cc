@@ -141,7 +141,12 @@ Status CheckStrings(const JobSpec& spec) {
     if constexpr (std::is_same_v<T, std::string>) {
       if (!status.ok() || section.empty()) return;
       const std::string path = std::string(section) + "." + std::string(key);
-      if (value.size() > 4096 || !IsValidUtf8WithoutControls(value)) {
+      // A template spelled out in the spec (data.template) may hold newlines and tabs.
+      std::string plain = value;
+      if (path == "data.template")
+        std::replace_if(
+            plain.begin(), plain.end(), [](char c) { return c == '\n' || c == '\t'; }, ' ');
+      if (value.size() > 4096 || !IsValidUtf8WithoutControls(plain)) {
         status = Invalid(path, "contains control characters, invalid UTF-8 or over 4096 bytes",
                          "write a plain path or word");
         return;
@@ -275,6 +280,10 @@ Status CheckTrain(const TrainSpec& t) {
       InRange("train.beta2", t.beta2, 0, false, 1, false, "use a value in [0, 1) such as 0.95"));
   MESHRUN_RETURN_IF_ERROR(
       InRange("train.eps", t.eps, 0, true, kInf, false, "use a small positive value such as 1e-8"));
+  MESHRUN_RETURN_IF_ERROR(InRange("train.lion.beta1", t.lion_beta1, 0, false, 1, false,
+                                  "use a value in [0, 1) such as 0.9"));
+  MESHRUN_RETURN_IF_ERROR(InRange("train.lion.beta2", t.lion_beta2, 0, false, 1, false,
+                                  "use a value in [0, 1) such as 0.99"));
   return AtLeast("train.seed", t.seed, 0, "use a non-negative seed such as 1337");
 }
 
@@ -521,6 +530,8 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
   if (path == "parallelism.cp_comm_strategy") return {"allgather", "ring"};
   if (path == "train.precision") return {"fp32", "bf16"};
   if (path == "train.activation_checkpointing") return {"none", "selective", "full"};
+  if (path == "train.optimizer") return {"adamw", "lion"};
+  if (path == "train.loss_on") return {"all", "completion"};
   if (path == "data.format") return {"auto", "text", "llmc", "nanogpt"};
   if (path == "data.order") return {"sequential", "shuffled"};
   if (path == "data.attention") return {"causal", "document"};
@@ -529,8 +540,28 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
   return {};
 }
 
+StatusOr<LossOn> ParseLossOn(std::string_view value) {
+  if (value == "all") return LossOn::kAll;
+  if (value == "completion") return LossOn::kCompletion;
+  return InvalidArgumentError("train.loss_on: " + QuoteForMessage(value) +
+                              " is not one of all, completion (hint: loss_on: completion trains "
+                              "only on completion / assistant tokens)");
+}
+
 AttentionMask AttentionMaskOf(const DataSpec& data) {
   return data.attention == "document" ? AttentionMask::kDocument : AttentionMask::kCausal;
+}
+
+OptimizerKind OptimizerOf(const TrainSpec& train) {
+  return train.optimizer == "lion" ? OptimizerKind::kLion : OptimizerKind::kAdamW;
+}
+
+const char* OptimizerName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdamW: return "adamw";
+    case OptimizerKind::kLion: return "lion";
+  }
+  return "adamw";
 }
 
 std::vector<DataSource> TrainSources(const DataSpec& data) {

@@ -13,6 +13,14 @@
 
 namespace meshrun {
 
+// train.loss_on, parsed once here (ParseLossOn); the engine reads only the enum.
+enum class LossOn {
+  kAll,         // every token of the data is a target (padding and sample starts excepted)
+  kCompletion,  // only completion / assistant tokens (the others as transformers' -100)
+};
+// "all" or "completion"; anything else is INVALID_ARGUMENT naming train.loss_on.
+StatusOr<LossOn> ParseLossOn(std::string_view value);
+
 // Field names are the YAML keys, so the structs read like the spec.
 struct ModelSpec {
   std::string arch = "gpt2";  // gpt2 | llama
@@ -81,9 +89,29 @@ struct TrainSpec {
   // none | selective (recompute the attention core and elementwise ops in backward) | full
   // (keep only each block's input, recompute the block).
   std::string activation_checkpointing = "none";
+  // adamw | lion: the update rule (docs/job-spec.md; engine code reads OptimizerOf(train)).
+  std::string optimizer = "adamw";
+  // Lion (train.optimizer: lion): the interpolation factor of the update's sign and the
+  // momentum's decay (Chen et al. 2023's defaults).
+  double lion_beta1 = 0.9;
+  double lion_beta2 = 0.99;
+  // all | completion: which tokens the loss is the mean over (docs/data.md "Loss masks").
+  std::string loss_on = "all";
+  // The enum of loss_on (kAll for a value validation would refuse).
+  LossOn loss_on_mode() const {
+    StatusOr<LossOn> m = ParseLossOn(loss_on);
+    return m.ok() ? *m : LossOn::kAll;
+  }
 
   bool operator==(const TrainSpec&) const = default;
 };
+
+// train.optimizer parsed once (ValidateJobSpec has checked its value): engine code switches on
+// this, never on the string.
+enum class OptimizerKind { kAdamW, kLion };
+OptimizerKind OptimizerOf(const TrainSpec& train);
+// The spec's spelling of a kind ("adamw", "lion").
+const char* OptimizerName(OptimizerKind kind);
 
 // One source of a weighted mixture (`data.train: [{path: PATH, weight: W}, …]`, docs/data.md).
 struct DataSource {
@@ -112,6 +140,10 @@ struct DataSpec {
   // A Hugging Face tokenizer folder (tokenizer.json): text is tokenized with it instead of read
   // as bytes (docs/data.md "Tokenizers"). Empty: byte-level text.
   std::string tokenizer;
+  // How JSONL instruction records are rendered (docs/data.md "Templates"): "" (the chat template
+  // of data.tokenizer's tokenizer_config.json), chatml | llama2 | mistral | llama3, or a template
+  // spelled out with {prompt} and {completion}. YAML key `template`.
+  std::string chat_template;
   // causal | document: with document, no attention across the end-of-text tokens that separate
   // documents, and positions restart at each document (docs/data.md "Documents"). Read it
   // through AttentionMaskOf.
@@ -218,6 +250,10 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("train", "seed", t.seed);
   f("train", "precision", t.precision);
   f("train", "activation_checkpointing", t.activation_checkpointing);
+  f("train", "optimizer", t.optimizer);
+  f("train", "lion.beta1", t.lion_beta1);
+  f("train", "lion.beta2", t.lion_beta2);
+  f("train", "loss_on", t.loss_on);
   auto& d = spec.data;
   f("data", "train", d.train);
   f("data", "val", d.val);
@@ -225,6 +261,7 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("data", "order", d.order);
   f("data", "eval_every", d.eval_every);
   f("data", "tokenizer", d.tokenizer);
+  f("data", "template", d.chat_template);
   f("data", "attention", d.attention);
   auto& c = spec.checkpoint;
   f("checkpoint", "dir", c.dir);

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "engine/train/optimizer_states.h"  // header-only: the optimizers' state table
+
 namespace meshrun {
 namespace {
 
@@ -60,7 +62,9 @@ RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& m
   if (!m.tie_embeddings) e.parameters += V * C;  // the head's own matrix
   const double tp = mesh.tp(), cp = mesh.cp();
   const double shards = tp * mesh.dp_shard() * cp;
-  e.state_bytes = e.parameters / shards * 4 /*bytes*/ * 4 /*param, grad, m, v*/;
+  // Parameters, gradients and the optimizer's own state (engine/train/optimizer_states.h).
+  e.state_bytes = e.parameters / shards * 4 /*bytes*/ *
+                  (2 + static_cast<double>(OptimizerStateNames(OptimizerOf(spec.train)).size()));
   // One micro-batch's activations, buffer by buffer as the engine's memory model counts them
   // (engine/train/memory_model.cc; tests/engine/train/memory_estimate_model_test.cc holds the
   // two together): N tokens on this rank, the head's logits in chunks of 2^23 floats.
@@ -140,8 +144,7 @@ Status CheckJobFitsHost(const JobSpec& spec, const ParallelDims& mesh, int ranks
       (rank_bytes > 0
            ? Bytes(per_rank) + " (the engine's memory model over " + mesh.ToString() + ")"
            : "at least " + Bytes(e.total()) +
-                 " (float32 parameters, gradients and AdamW "
-                 "moments over " +
+                 " (float32 parameters, gradients and the optimizer's state over " +
                  mesh.ToString() +
                  ", and one micro-batch's "
                  "activations)");

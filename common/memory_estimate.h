@@ -17,7 +17,7 @@ namespace meshrun {
 
 struct RankMemoryEstimate {
   double parameters = 0;        // total parameters of the model (unsharded)
-  double state_bytes = 0;       // this rank's float32 parameters, gradients and AdamW moments
+  double state_bytes = 0;       // this rank's float32 parameters, gradients and optimizer state
   double activation_bytes = 0;  // one micro-batch's largest activations (logits, attention)
   double total() const { return state_bytes + activation_bytes; }
 };

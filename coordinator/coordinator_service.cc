@@ -4,7 +4,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <unordered_set>
 
 #include "coordinator/proto_time.h"
 
@@ -122,9 +124,13 @@ void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request
 void CoordinatorServiceImpl::HandleGetJob(const v1::GetJobRequest& request,
                                           v1::GetJobResponse* response, ReplyCallback done) {
   if (stopping_) return done(Stopping());
-  StatusOr<v1::Job> job = jobs_.Get(request.job_id());
-  if (job.ok()) *response->mutable_job() = std::move(*job);
-  done(job.status());
+  done(jobs_.Get(request, response));
+}
+
+void CoordinatorServiceImpl::HandleListRanks(const v1::ListRanksRequest& request,
+                                             v1::ListRanksResponse* response, ReplyCallback done) {
+  if (stopping_) return done(Stopping());
+  done(jobs_.ListRanks(request, response));
 }
 
 void CoordinatorServiceImpl::HandleListJobs(const v1::ListJobsRequest& request,
@@ -170,9 +176,53 @@ void CoordinatorServiceImpl::HandleListWorkers(const v1::ListWorkersRequest& req
                                                v1::ListWorkersResponse* response,
                                                ReplyCallback done) {
   if (stopping_) return done(Stopping());
+  if (request.page_size() < 0) {
+    return done(InvalidArgumentError("page_size: must be ≥ 0, got " +
+                                     std::to_string(request.page_size()) +
+                                     " (hint: 0 for every worker in one answer)"));
+  }
+  std::string after;
+  if (!request.page_token().empty()) {
+    if (request.page_token().rfind("after:", 0) != 0) {
+      return done(InvalidArgumentError("page_token: '" + request.page_token().substr(0, 64) +
+                                       "' was not issued by this coordinator (hint: leave it "
+                                       "empty for the first page)"));
+    }
+    after = request.page_token().substr(6);
+  }
   std::unordered_set<int> states(request.states().begin(), request.states().end());
-  for (v1::WorkerInfo& info : Workers()) {
-    if (states.empty() || states.count(info.state())) *response->add_workers() = std::move(info);
+  // 0: every worker (clients from before paging); else at most kMaxWorkersPage.
+  const size_t page = request.page_size() == 0
+                          ? SIZE_MAX
+                          : static_cast<size_t>(std::min(request.page_size(), kMaxWorkersPage));
+  // Workers are read a chunk at a time in name order, their slots asked for that chunk only,
+  // until the page is full: a page costs what it holds (plus the workers its filter skips).
+  const size_t chunk = page == SIZE_MAX ? SIZE_MAX : std::max<size_t>(page, 64);
+  while (true) {
+    std::vector<WorkerSnapshot> batch = workers_.List(after, chunk);
+    if (batch.empty()) break;
+    std::vector<std::string> ids;
+    ids.reserve(batch.size());
+    for (const WorkerSnapshot& s : batch) ids.push_back(s.info.worker_id());
+    const std::vector<int> used = jobs_.SlotsInUseOf(ids);
+    bool full = false;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      v1::WorkerInfo& info = batch[i].info;
+      after = info.name();
+      if (info.state() != v1::WORKER_STATE_LOST) {
+        info.set_slots_in_use(used[i]);
+        info.set_state(used[i] > 0 ? v1::WORKER_STATE_BUSY : v1::WORKER_STATE_READY);
+      }
+      if (!states.empty() && !states.count(info.state())) continue;
+      if (static_cast<size_t>(response->workers_size()) == page) {
+        // One more matches: the next page starts after the last one sent.
+        response->set_next_page_token("after:" + response->workers().rbegin()->name());
+        full = true;
+        break;
+      }
+      *response->add_workers() = std::move(info);
+    }
+    if (full || batch.size() < chunk) break;
   }
   done(OkStatus());
 }

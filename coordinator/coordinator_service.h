@@ -63,6 +63,11 @@ class CoordinatorServiceHandler {
                                  v1::ListWorkersResponse* response, ReplyCallback done) = 0;
   virtual void HandleGetJobLogs(const v1::GetJobLogsRequest& request,
                                 v1::GetJobLogsResponse* response, ReplyCallback done) = 0;
+  // A handler without paged ranks answers UNIMPLEMENTED.
+  virtual void HandleListRanks(const v1::ListRanksRequest& /*request*/,
+                               v1::ListRanksResponse* /*response*/, ReplyCallback done) {
+    done(Status(StatusCode::kUnimplemented, "ListRanks: not served here"));
+  }
 
   // Worker-facing. Each message of a session stream, in order; then Closed once.
   virtual void HandleRegisterWorker(const v1::RegisterWorkerRequest& request,
@@ -117,6 +122,8 @@ class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
                          ReplyCallback done) override;
   void HandleGetJobLogs(const v1::GetJobLogsRequest& request, v1::GetJobLogsResponse* response,
                         ReplyCallback done) override;
+  void HandleListRanks(const v1::ListRanksRequest& request, v1::ListRanksResponse* response,
+                       ReplyCallback done) override;
   void HandleRegisterWorker(const v1::RegisterWorkerRequest& request,
                             v1::RegisterWorkerResponse* response, ReplyCallback done) override;
   void HandleWorkerSessionRequest(const std::shared_ptr<WorkerSessionStream>& stream,
@@ -144,6 +151,8 @@ class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
   // The largest RegisterWorkerRequest.calibration accepted (its fields take about 40 bytes;
   // the registration is kept in memory and in the state database for as long as the worker).
   static constexpr size_t kMaxCalibrationBytes = 1024;
+  // The largest ListWorkers page (a larger page_size gets this many).
+  static constexpr int kMaxWorkersPage = 1000;
 
  private:
   // INVALID_ARGUMENT naming the first missing field of a session message, or OK.

@@ -92,6 +92,9 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   grpc::ServerUnaryReactor* GetJobLogs(grpc::CallbackServerContext* ctx,
                                        const v1::GetJobLogsRequest* request,
                                        v1::GetJobLogsResponse* response) override;
+  grpc::ServerUnaryReactor* ListRanks(grpc::CallbackServerContext* ctx,
+                                      const v1::ListRanksRequest* request,
+                                      v1::ListRanksResponse* response) override;
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* ctx,
                                            const v1::RegisterWorkerRequest* request,
                                            v1::RegisterWorkerResponse* response) override;

@@ -53,7 +53,8 @@ size_t JobEventLog::LimitOf(const std::deque<v1::JobEvent>& tier) const {
 }
 
 void JobEventLog::Stamp(v1::JobEvent* event, WallTime now) {
-  event->set_sequence(next_sequence_++);
+  auto hold = Hold();
+  event->set_sequence(next_sequence_.fetch_add(1, std::memory_order_acq_rel));
   event->set_job_id(job_id_);
   SetTimestamp(now, event->mutable_time());
 }
@@ -84,10 +85,23 @@ size_t& JobEventLog::BytesOf(const std::deque<v1::JobEvent>& tier) {
 }
 
 void JobEventLog::Publish(const v1::JobEvent& event) {
+  Publish(v1::JobEvent(event));
+}
+
+void JobEventLog::Publish(v1::JobEvent&& event) {
+  auto hold = Hold();
+  // Watchers first, then the event moves into its tier (no second copy on the ingest path).
+  if (!watchers_.empty()) {
+    v1::WatchJobResponse response;
+    *response.mutable_event() = event;
+    std::erase_if(watchers_, [&](const Watcher& w) {
+      return w.filter.Matches(event) && !w.stream->Send(response);
+    });
+  }
   std::deque<v1::JobEvent>& tier = TierOf(event);
   size_t& bytes = BytesOf(tier);
-  tier.push_back(event);
   bytes += event.ByteSizeLong();
+  tier.push_back(std::move(event));
   // By count and by bytes; the newest event always stays (one event is bounded by the
   // field limits checked on arrival).
   while (tier.size() > 1 && (tier.size() > LimitOf(tier) || bytes > ByteLimitOf(tier))) {
@@ -95,20 +109,16 @@ void JobEventLog::Publish(const v1::JobEvent& event) {
     bytes -= std::min(bytes, tier.front().ByteSizeLong());
     tier.pop_front();
   }
-  if (watchers_.empty()) return;
-  v1::WatchJobResponse response;
-  *response.mutable_event() = event;
-  std::erase_if(watchers_, [&](const Watcher& w) {
-    return w.filter.Matches(event) && !w.stream->Send(response);
-  });
 }
 
 uint64_t JobEventLog::first_retained_durable() const {
-  return durable_.empty() ? next_sequence_ : durable_.front().sequence();
+  auto hold = Hold();
+  return durable_.empty() ? next_sequence() : durable_.front().sequence();
 }
 
 bool JobEventLog::Replay(uint64_t from, const WatchFilter& filter,
                          const std::vector<v1::JobEvent>& older, WatchJobStream& stream) const {
+  auto hold = Hold();
   std::vector<const v1::JobEvent*> events;
   auto collect = [&](const auto& events_in) {
     for (const v1::JobEvent& e : events_in) {
@@ -131,6 +141,7 @@ bool JobEventLog::Replay(uint64_t from, const WatchFilter& filter,
 }
 
 void JobEventLog::ReleaseRetained() {
+  auto hold = Hold();
   if (!logs_.empty()) logs_dropped_ = true;
   durable_ = {};
   logs_ = {};
@@ -139,11 +150,13 @@ void JobEventLog::ReleaseRetained() {
 }
 
 void JobEventLog::ReleaseRankMetrics() {
+  auto hold = Hold();
   rank_metrics_ = {};
   rank_metrics_bytes_ = 0;
 }
 
 void JobEventLog::AddWatcher(std::shared_ptr<WatchJobStream> stream, WatchFilter filter) {
+  auto hold = Hold();
   // Streams that ended (cancelled, disconnected) since the last event go now: a job without
   // events must not collect them.
   std::erase_if(watchers_, [](const Watcher& w) { return w.stream->ended(); });
@@ -151,12 +164,14 @@ void JobEventLog::AddWatcher(std::shared_ptr<WatchJobStream> stream, WatchFilter
 }
 
 void JobEventLog::FinishWatchers(const Status& status) {
+  auto hold = Hold();
   for (Watcher& w : watchers_) w.stream->Finish(status);
   watchers_.clear();
 }
 
 v1::GetJobLogsResponse JobEventLog::Logs(std::optional<int> rank, int attempt,
                                          int tail_lines) const {
+  auto hold = Hold();
   v1::GetJobLogsResponse out;
   std::vector<const v1::LogLine*> lines;
   for (const v1::JobEvent& e : logs_) {

@@ -3,13 +3,17 @@
 // JobManager also writes them to StateDb), log lines, and per-rank metrics samples. Replay
 // merges the tiers by sequence number.
 //
-// Not thread-safe: each JobManager job owns one, guarded by JobManager's mutex.
+// Thread-safe: one (recursive) mutex per log, so that the ingest path (rank samples, without
+// JobManager's mutex) and JobManager's commits share it; Hold() keeps the log across a commit
+// (stamp, write, publish) so that events reach watchers in sequence order.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,6 +83,7 @@ class JobEventLog {
   // Retains a stamped event in its tier and sends it to every watcher whose filter matches;
   // watchers whose stream refuses it are forgotten.
   void Publish(const v1::JobEvent& event);
+  void Publish(v1::JobEvent&& event);
 
   // Sends the retained events with sequence ≥ from that match, oldest first, merged with
   // `older` (events before the retained ones, e.g. read back from StateDb). Returns false if
@@ -88,14 +93,25 @@ class JobEventLog {
   // Sequence of the oldest durable event still retained in memory (next_sequence() if none):
   // durable events before it must come from StateDb.
   uint64_t first_retained_durable() const;
-  uint64_t next_sequence() const { return next_sequence_; }
-  uint64_t last_sequence() const { return next_sequence_ - 1; }
+  uint64_t next_sequence() const { return next_sequence_.load(std::memory_order_acquire); }
+  // Read without the log's mutex (GetJob).
+  uint64_t last_sequence() const { return next_sequence() - 1; }
+  // Event sequences up to this one may have been handed out (the job row's seq_reserved).
+  int64_t reserved() const { return reserved_.load(std::memory_order_acquire); }
+  void set_reserved(int64_t reserved) { reserved_.store(reserved, std::memory_order_release); }
+  // Keeps the log to the caller (every method may still be called: the mutex is recursive).
+  std::unique_lock<std::recursive_mutex> Hold() const {
+    return std::unique_lock<std::recursive_mutex>(mu_);
+  }
 
   // Also forgets the watchers whose stream has finished.
   void AddWatcher(std::shared_ptr<WatchJobStream> stream, WatchFilter filter);
   // Ends every watch with `status` (OK after a terminal state; UNAVAILABLE at shutdown).
   void FinishWatchers(const Status& status);
-  size_t watcher_count() const { return watchers_.size(); }
+  size_t watcher_count() const {
+    auto hold = Hold();
+    return watchers_.size();
+  }
 
   // Drops every retained event (durable ones stay in StateDb and Replay's `older` brings them
   // back; log lines and rank samples are gone from memory: JobManager::Logs reads the lines
@@ -106,9 +122,15 @@ class JobEventLog {
   // Drops the rank samples only: JobJournal calls it when the job finishes (a finished job's
   // per-rank samples are in its Prometheus series; nothing reads them back from here).
   void ReleaseRankMetrics();
-  size_t retained_count() const { return durable_.size() + logs_.size() + rank_metrics_.size(); }
+  size_t retained_count() const {
+    auto hold = Hold();
+    return durable_.size() + logs_.size() + rank_metrics_.size();
+  }
   // Serialized bytes of the retained events (at most the three tiers' byte limits).
-  size_t retained_bytes() const { return durable_bytes_ + log_bytes_ + rank_metrics_bytes_; }
+  size_t retained_bytes() const {
+    auto hold = Hold();
+    return durable_bytes_ + log_bytes_ + rank_metrics_bytes_;
+  }
 
   // GetJobLogs over the retained log lines.
   v1::GetJobLogsResponse Logs(std::optional<int> rank, int attempt, int tail_lines) const;
@@ -123,8 +145,10 @@ class JobEventLog {
   size_t ByteLimitOf(const std::deque<v1::JobEvent>& tier) const;
   size_t& BytesOf(const std::deque<v1::JobEvent>& tier);
 
+  mutable std::recursive_mutex mu_;
   std::string job_id_;
-  uint64_t next_sequence_;
+  std::atomic<uint64_t> next_sequence_;
+  std::atomic<int64_t> reserved_{0};
   EventLimits limits_;
   std::deque<v1::JobEvent> durable_, logs_, rank_metrics_;
   size_t durable_bytes_ = 0, log_bytes_ = 0, rank_metrics_bytes_ = 0;  // serialized, per tier

@@ -5,25 +5,41 @@
 namespace meshrun::coordinator {
 
 v1::JobEvent* JobJournal::AddEvent(JobTxn& txn) {
-  txn.events.emplace_back();
-  v1::JobEvent* e = &txn.events.back();
-  txn.job.events.Stamp(e, clock_.Now());
-  if (static_cast<int64_t>(e->sequence()) > txn.job.row.seq_reserved) {
-    txn.job.row.seq_reserved = e->sequence() + kSequenceBlock;
-    txn.job_dirty = true;
-  }
-  return e;
+  // Stamped in Commit, under the log's mutex, so that events reach watchers in order.
+  return &txn.events.emplace_back();
+}
+
+bool JobJournal::StampReserving(JobEventLog& log, v1::JobEvent* event, WallTime now,
+                                int64_t block) {
+  log.Stamp(event, now);
+  if (static_cast<int64_t>(event->sequence()) <= log.reserved()) return false;
+  log.set_reserved(static_cast<int64_t>(event->sequence()) + std::max(kSequenceBlock, block));
+  return true;
 }
 
 Status JobJournal::Commit(JobTxn& txn, Durability durability) {
   JobRecord& job = txn.job;
-  if (txn.job_dirty) txn.batch.jobs.push_back(job.row);
+  // Stamp, write and publish under the log's mutex: the ingest path's rank samples (IngestBook)
+  // take it too, and no event may reach a watcher before one with a lower sequence.
+  auto hold = job.events.Hold();
+  const WallTime now = clock_.Now();
+  for (v1::JobEvent& e : txn.events) {
+    if (StampReserving(job.events, &e, now)) txn.job_dirty = true;
+  }
+  if (txn.job_dirty) {
+    job.SyncProgress();
+    txn.batch.jobs.push_back(job.row);
+  }
   bool finished = false;
   const size_t cut_before = job.cut_lines;
   const size_t unstored_before = job.unstored_lines + job.unstored_events;
   for (v1::JobEvent& e : txn.events) {
-    // Filled in by now: cut to the limits before anything keeps it.
-    if (job.events.Cut(&e)) ++job.cut_lines;
+    // Filled in by now: cut to the limits before anything keeps it. Only what a worker sent
+    // can carry unknown fields or long lines; the coordinator's own state and rank events
+    // (one per rank at a placement) skip the pass.
+    if ((e.has_log() || e.has_metrics() || e.has_checkpoint_saved()) && job.events.Cut(&e)) {
+      ++job.cut_lines;
+    }
     const size_t bytes = e.ByteSizeLong();
     bool store = false;
     if (e.has_log()) {
@@ -96,6 +112,15 @@ void JobJournal::WriteJobRow(const JobRow& row) {
   if (db_ == nullptr) return;
   WriteBatch batch;
   batch.jobs.push_back(row);
+  (void)db_->Commit(batch, Durability::kFast);
+}
+
+void JobJournal::WriteJobRow(JobRecord& job) {
+  if (db_ == nullptr) return;
+  auto hold = job.events.Hold();
+  job.SyncProgress();
+  WriteBatch batch;
+  batch.jobs.push_back(job.row);
   (void)db_->Commit(batch, Durability::kFast);
 }
 

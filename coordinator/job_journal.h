@@ -33,14 +33,20 @@ class JobJournal {
 
   StateDb* db() const { return db_; }
 
-  // A new event of txn's job with the next sequence and the current time.
+  // A new event of txn's job; Commit gives it the next sequence and the current time.
   v1::JobEvent* AddEvent(JobTxn& txn);
+  // Stamps `event` (JobEventLog::Stamp); true when its sequence passed the log's reservation,
+  // which then moves on by max(kSequenceBlock, block): the job row's seq_reserved must be
+  // written before the event is published. Call with the log held.
+  static bool StampReserving(JobEventLog& log, v1::JobEvent* event, WallTime now,
+                             int64_t block = 0);
   // Writes the rows and the durable events (and the job's first EventLimits::logs log lines),
   // then publishes the events; the watchers of a job that finished are finished. On a write
   // error nothing is published.
   Status Commit(JobTxn& txn, Durability durability);
   // Writes only the job row (a PENDING job's wait message); errors are ignored.
-  void WriteJobRow(const JobRow& row);
+  void WriteJobRow(JobRecord& job);
+  void WriteJobRow(const JobRow& row);  // the row as given
 
   // Durable events of `job_id` with sequences in [from, to) from StateDb, log lines left out
   // (WatchJob replays older than the memory tier); empty without a database.

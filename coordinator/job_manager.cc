@@ -6,8 +6,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cstdio>
+#include <unordered_set>
 
 #include "common/escape.h"
 #include "common/job_spec.h"
@@ -40,7 +42,8 @@ JobManager::JobManager(StateDb* db, WorkerView& workers, StoreManager& store, co
       journal_(db, clock, config_.events),
       restarts_(config_.restart_backoff, config_.restart_backoff_max),
       stops_(config_.stop_resend, config_.max_stops_per_worker),
-      metrics_(config_.rank_series) {}
+      metrics_(config_.rank_series),
+      ingest_(db, clock, config_.events, config_.rank_series) {}
 
 JobManager::~JobManager() = default;
 
@@ -79,7 +82,8 @@ std::optional<bool> JobManager::RunsOnWorker(const std::string& worker_name,
   return false;
 }
 
-v1::Job JobManager::ToProtoLocked(Job& job, bool detail) {
+v1::Job JobManager::ToProtoLocked(Job& job, bool detail, bool with_ranks) {
+  job.SyncProgress();  // the ingest path's figures
   const JobRow& row = job.row;
   v1::Job j;
   j.set_job_id(row.job_id);
@@ -110,11 +114,12 @@ v1::Job JobManager::ToProtoLocked(Job& job, bool detail) {
       auto attempt = std::make_unique<Attempt>();
       attempt->number = row.attempt;
       attempt->ranks = std::move(*ranks);
+      RecountLocked(*attempt);
       job.attempts[row.attempt] = std::move(attempt);
       job.ranks_loaded = true;
     }
   }
-  if (const Attempt* last = job.last()) {
+  if (const Attempt* last = job.last(); last != nullptr && with_ranks) {
     for (const Rank& r : last->ranks) FillRankInfo(r, j.add_ranks());
   }
   return j;
@@ -161,6 +166,9 @@ void JobManager::NoteFinishedLocked(const std::string& job_id) {
 }
 
 void JobManager::SetRankStateLocked(Txn& txn, Attempt& attempt, Rank& rank, v1::RankState state) {
+  --attempt.state_counts[static_cast<size_t>(rank.state) % attempt.state_counts.size()];
+  ++attempt.state_counts[static_cast<size_t>(state) % attempt.state_counts.size()];
+  ChangedLocked();
   rank.state = state;
   txn.batch.ranks.push_back(ToRankRow(txn.job, attempt, rank));
   v1::RankStateChanged* e = journal_.AddEvent(txn)->mutable_rank_state_changed();
@@ -260,6 +268,196 @@ StatusOr<v1::Job> JobManager::Get(const std::string& job_id) {
   return ToProtoLocked(*job, /*detail=*/true);
 }
 
+Status JobManager::Get(const v1::GetJobRequest& request, v1::GetJobResponse* response) {
+  if (request.job_id().empty()) {
+    return InvalidArgumentError("job_id: is empty (hint: pass a job id from `meshrun jobs`)");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Job* job = FindLocked(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  // The summary still loads a restored finished job's ranks once (their counts).
+  *response->mutable_job() =
+      ToProtoLocked(*job, /*detail=*/true, /*with_ranks=*/!request.summary());
+  if (const Attempt* last = job->last()) {
+    for (size_t state = 1; state < last->state_counts.size(); ++state) {
+      if (last->state_counts[state] <= 0) continue;
+      v1::RankStateCount* count = response->add_rank_states();
+      count->set_state(static_cast<v1::RankState>(state));
+      count->set_ranks(last->state_counts[state]);
+    }
+    response->set_workers_used(last->workers_used);
+  }
+  return OkStatus();
+}
+
+namespace {
+
+// The first rank ≥ `from` whose coordinates match `fixed` (-1: any) on a mesh of `sizes`,
+// outermost axis first (global rank order is lexicographic in the coordinates); -1 if none.
+int64_t NextMatchingRank(int64_t from, const std::array<int, 4>& sizes,
+                         const std::array<int, 4>& fixed) {
+  std::array<int64_t, 4> d{};
+  int64_t rest = from;
+  for (int i = 3; i >= 0; --i) {
+    d[i] = rest % sizes[i];
+    rest /= sizes[i];
+  }
+  if (rest > 0) return -1;  // past the last rank
+  auto lowest_from = [&](int i) {
+    for (int k = i; k < 4; ++k) d[k] = fixed[k] >= 0 ? fixed[k] : 0;
+  };
+  for (int i = 0; i < 4; ++i) {
+    if (fixed[i] < 0 || d[i] == fixed[i]) continue;
+    if (d[i] < fixed[i]) {
+      lowest_from(i);
+      break;
+    }
+    // d[i] > fixed[i]: carry into the nearest free axis before i that can still grow.
+    int j = i - 1;
+    while (j >= 0 && (fixed[j] >= 0 || d[j] + 1 >= sizes[j])) --j;
+    if (j < 0) return -1;
+    ++d[j];
+    lowest_from(j + 1);
+    break;
+  }
+  int64_t g = 0;
+  for (int i = 0; i < 4; ++i) g = g * sizes[i] + d[i];
+  return g;
+}
+
+Status BadRankToken(const std::string& token) {
+  return InvalidArgumentError("page_token: '" + token.substr(0, 64) +
+                              "' was not issued by this coordinator (hint: leave it empty for "
+                              "the first page)");
+}
+
+}  // namespace
+
+Status JobManager::ListRanks(const v1::ListRanksRequest& request, v1::ListRanksResponse* response) {
+  if (request.job_id().empty()) {
+    return InvalidArgumentError("job_id: is empty (hint: pass a job id from `meshrun jobs`)");
+  }
+  if (request.page_size() < 0) {
+    return InvalidArgumentError("page_size: must be ≥ 0, got " +
+                                std::to_string(request.page_size()) + " (hint: 0 for the default)");
+  }
+  const int page = request.page_size() == 0 ? config_.default_page_size
+                                            : std::min(request.page_size(), config_.max_page_size);
+  // "a<attempt>r<rank>": the next rank to look at, of that attempt.
+  int token_attempt = 0;
+  int64_t from = 0;
+  if (!request.page_token().empty()) {
+    long long a = 0, r = 0;
+    char tail = 0;
+    if (std::sscanf(request.page_token().c_str(), "a%lldr%lld%c", &a, &r, &tail) != 2 || a < 1 ||
+        r < 0) {
+      return BadRankToken(request.page_token());
+    }
+    token_attempt = static_cast<int>(a);
+    from = r;
+  }
+  std::unordered_set<int> states(request.states().begin(), request.states().end());
+  std::lock_guard<std::mutex> lock(mu_);
+  Job* job = FindLocked(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  if (!job->ranks_loaded) (void)ToProtoLocked(*job, /*detail=*/true, /*with_ranks=*/false);
+  Attempt* attempt = job->last();
+  if (attempt == nullptr) return OkStatus();
+  response->set_attempt(attempt->number);
+  if (token_attempt != 0 && token_attempt != attempt->number) {
+    return AbortedError("page_token: of attempt " + std::to_string(token_attempt) + "; job " +
+                        job->row.job_id + " runs attempt " + std::to_string(attempt->number) +
+                        " now (hint: list its ranks again from the first page)");
+  }
+  const std::array<int, 4> sizes = {job->mesh.dp_replicate(), job->mesh.dp_shard(), job->mesh.cp(),
+                                    job->mesh.tp()};
+  std::array<int, 4> fixed = {-1, -1, -1, -1};
+  if (request.has_coords()) {
+    const v1::MeshCoordsFilter& c = request.coords();
+    const char* names[] = {"coords.dp_replicate", "coords.dp_shard", "coords.cp", "coords.tp"};
+    const bool has[] = {c.has_dp_replicate(), c.has_dp_shard(), c.has_cp(), c.has_tp()};
+    const int values[] = {c.dp_replicate(), c.dp_shard(), c.cp(), c.tp()};
+    for (int i = 0; i < 4; ++i) {
+      if (!has[i]) continue;
+      if (values[i] < 0 || values[i] >= sizes[i]) {
+        return InvalidArgumentError(std::string(names[i]) + ": " + std::to_string(values[i]) +
+                                    " is outside the mesh (size " + std::to_string(sizes[i]) +
+                                    ") (hint: use 0 to " + std::to_string(sizes[i] - 1) + ")");
+      }
+      fixed[i] = values[i];
+    }
+  }
+  const int64_t world = static_cast<int64_t>(attempt->ranks.size());
+  // With a worker filter only that worker's ranks are visited (an index built once).
+  const std::vector<int>* on_worker = nullptr;
+  if (!request.worker().empty()) {
+    if (attempt->ranks_by_worker.empty()) {
+      for (const Rank& r : attempt->ranks) attempt->ranks_by_worker[r.worker_id].push_back(r.rank);
+    }
+    auto it = attempt->ranks_by_worker.find(request.worker());
+    if (it == attempt->ranks_by_worker.end()) {
+      // A worker name: its id from any of its ranks.
+      for (const auto& [id, ranks] : attempt->ranks_by_worker) {
+        if (!ranks.empty() && attempt->ranks[ranks.front()].worker_name == request.worker()) {
+          it = attempt->ranks_by_worker.find(id);
+          break;
+        }
+      }
+    }
+    if (it == attempt->ranks_by_worker.end()) return OkStatus();  // no rank there
+    on_worker = &it->second;
+  }
+  auto matches = [&](const Rank& r) {
+    if (!states.empty() && states.count(r.state) == 0) return false;
+    if (fixed[0] >= 0 && r.coords.dp_replicate != fixed[0]) return false;
+    if (fixed[1] >= 0 && r.coords.dp_shard != fixed[1]) return false;
+    if (fixed[2] >= 0 && r.coords.cp != fixed[2]) return false;
+    if (fixed[3] >= 0 && r.coords.tp != fixed[3]) return false;
+    return true;
+  };
+  size_t bytes = 0;
+  auto take = [&](const Rank& r) {
+    // Ends the page before it would pass its size or its bytes (at least one rank per page).
+    if (response->ranks_size() >= page) return false;
+    v1::RankInfo info;
+    FillRankInfo(r, &info);
+    const size_t size = info.ByteSizeLong() + 4;  // with its tag and length
+    if (response->ranks_size() > 0 && bytes + size > config_.max_page_bytes) return false;
+    bytes += size;
+    *response->add_ranks() = std::move(info);
+    return true;
+  };
+  auto next_token = [&](int64_t rank) {
+    response->set_next_page_token("a" + std::to_string(attempt->number) + "r" +
+                                  std::to_string(rank));
+  };
+  if (on_worker != nullptr) {
+    auto it = std::lower_bound(on_worker->begin(), on_worker->end(), from);
+    for (; it != on_worker->end(); ++it) {
+      const Rank& r = attempt->ranks[*it];
+      if (!matches(r)) continue;
+      if (!take(r)) {
+        next_token(*it);
+        break;
+      }
+    }
+    return OkStatus();
+  }
+  for (int64_t g = from; g < world;) {
+    if (fixed != std::array<int, 4>{-1, -1, -1, -1}) {
+      g = NextMatchingRank(g, sizes, fixed);
+      if (g < 0 || g >= world) break;
+    }
+    const Rank& r = attempt->ranks[static_cast<size_t>(g)];
+    if (matches(r) && !take(r)) {
+      next_token(g);
+      break;
+    }
+    ++g;
+  }
+  return OkStatus();
+}
+
 StatusOr<v1::ListJobsResponse> JobManager::List(const v1::ListJobsRequest& request) {
   int64_t before = INT64_MAX;
   if (!request.page_token().empty()) {
@@ -350,6 +548,9 @@ Status JobManager::Watch(const v1::WatchJobRequest& request,
   const bool keep = !job->terminal() && !request.replay_only();
   const uint64_t from = std::max<uint64_t>(1, request.from_sequence());
   const WatchFilter filter = WatchFilter::FromRequest(request);
+  // The log held from replay to AddWatcher: a rank sample published by the ingest path (which
+  // does not take mu_) in between would be missed otherwise.
+  auto hold = job->events.Hold();
   // Durable events older than the ones in memory come back from StateDb.
   const std::vector<v1::JobEvent> older =
       journal_.StoredEvents(job->row.job_id, from, job->events.first_retained_durable());
@@ -410,6 +611,7 @@ Status JobManager::Load() {
     if (!j.row.request_id.empty()) request_ids_[j.row.request_id] = job_id;
     // The sequences up to seq_reserved may have been handed out before the restart.
     j.row.seq_reserved += JobJournal::kSequenceBlock;
+    j.events.set_reserved(j.row.seq_reserved);
     if (j.row.state == v1::JOB_STATE_PENDING) queue_.Add(j.row.seq, job_id, j.device());
     j.ranks_loaded = j.row.attempt == 0;
     if (j.row.state != v1::JOB_STATE_RUNNING) continue;
@@ -429,9 +631,11 @@ Status JobManager::Load() {
       if (r.state == v1::RANK_STATE_SUCCEEDED) ++attempt->succeeded;
       attempt->ranks.push_back(std::move(r));
     }
+    RecountLocked(*attempt);
     j.attempts[attempt->number] = std::move(attempt);
     j.ranks_loaded = true;
     Attempt& a = *j.last();
+    StartIngestLocked(j, a);
     for (Rank& r : a.ranks) {
       if (r.state == v1::RANK_STATE_ASSIGNED || r.state == v1::RANK_STATE_RUNNING) {
         OccupyLocked(j, a, r);

@@ -18,6 +18,7 @@
 // RPCs and session messages) and by the server's ticker (Tick).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -63,6 +64,8 @@ struct JobManagerConfig {
   size_t max_spec_bytes = 256 * 1024;  // serialized spec, source_yaml included (--max-spec-bytes)
   int default_page_size = 100;
   int max_page_size = 1000;
+  // Serialized bytes of one ListRanks page at most (a page holds at least one rank).
+  size_t max_page_bytes = 1 << 20;
   // Between SIGTERM and SIGKILL when a CancelJob gives none, and for PEER_FAILED stops.
   std::chrono::milliseconds default_grace{10'000};
   // How often a StopOrder for ranks a worker still runs is repeated.
@@ -125,6 +128,20 @@ class JobManager {
   StatusOr<std::string> Submit(const v1::SubmitJobRequest& request,
                                const std::string& caller = std::string());
   StatusOr<v1::Job> Get(const std::string& job_id);
+  // GetJob: the job, with its ranks unless `summary`, and the current attempt's rank counts.
+  Status Get(const v1::GetJobRequest& request, v1::GetJobResponse* response);
+  // ListRanks: one page of the current attempt's ranks (errors in coordinator.proto).
+  Status ListRanks(const v1::ListRanksRequest& request, v1::ListRanksResponse* response);
+  // Slots held on each of `worker_ids` (SlotsInUse for a page of workers).
+  std::vector<int> SlotsInUseOf(const std::vector<std::string>& worker_ids) const;
+  // The ingest path's entry of a running job (tests: its mutex is the job's ingest lock).
+  std::shared_ptr<JobIngest> IngestOf(const std::string& job_id) const {
+    return ingest_.Find(job_id);
+  }
+  // The heartbeat fast path's lock (tests hold it to show that queries do not take it).
+  std::unique_lock<std::mutex> HoldHeartbeatCacheForTest() {
+    return std::unique_lock<std::mutex>(heartbeat_mu_);
+  }
   StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request);
   StatusOr<v1::Job> Cancel(const v1::CancelJobRequest& request);
   // Replays and, unless the job is finished or replay_only, keeps `stream` as a watcher.
@@ -139,7 +156,9 @@ class JobManager {
 
   // ---- Worker session messages (already validated by CoordinatorService) ----
   // `running` of an `open` or a heartbeat: confirms ranks, stops ranks of stale attempts,
-  // counts missing ones (see JobManagerConfig::max_missed_reports).
+  // counts missing ones (see JobManagerConfig::max_missed_reports). A list equal to the one
+  // the worker sent last, when nothing changed since for any job (generation_), is answered
+  // from the heartbeat cache without JobManager's mutex (the fast path, decision 0049).
   // RESOURCE_EXHAUSTED naming --max-stops-per-worker when the list would need more StopOrders
   // than the worker may have outstanding (nothing of the list is applied then).
   Status OnRunning(const std::string& worker_id,
@@ -175,7 +194,7 @@ class JobManager {
   // Job access and proto building (job_manager.cc).
   Job* FindLocked(const std::string& job_id) const;
   Attempt* FindAttemptLocked(Job& job, int attempt) const;
-  v1::Job ToProtoLocked(Job& job, bool detail);
+  v1::Job ToProtoLocked(Job& job, bool detail, bool with_ranks = true);
 
   // State changes within a transaction (job_manager.cc).
   void SetJobStateLocked(Txn& txn, v1::JobState state, const std::string& reason);
@@ -212,6 +231,13 @@ class JobManager {
   Rank* FindRankLocked(const std::string& worker_id, const std::string& job_id, int attempt,
                        int rank, Job** job_out, Attempt** attempt_out);
 
+  // The ingest path's view of a newly running (or restored) attempt.
+  void StartIngestLocked(Job& job, Attempt& attempt);
+  // Ranks per state and workers used, counted again (after ranks were read from StateDb).
+  static void RecountLocked(Attempt& attempt);
+  // Something a heartbeat's outcome depends on changed: every cached heartbeat is stale.
+  void ChangedLocked() { generation_.fetch_add(1, std::memory_order_acq_rel); }
+
   WorkerView& workers_;
   StoreManager& store_;
   const Clock& clock_;
@@ -235,6 +261,19 @@ class JobManager {
   std::set<std::string> active_;  // jobs with a RUNNING attempt or ranks holding slots
   int64_t next_seq_ = 1;
   bool shut_down_ = false;
+
+  // The ingest path: rank samples of running attempts, off mu_ (its own locks).
+  IngestBook ingest_;
+  // The heartbeat fast path: per worker, the running list of its last heartbeat that changed
+  // nothing, and the generation it was seen at. generation_ grows with every change of a
+  // rank, slot or attempt (ChangedLocked, under mu_).
+  struct CachedReport {
+    uint64_t generation = 0;
+    std::vector<RankRef> ranks;  // sorted
+  };
+  std::atomic<uint64_t> generation_{1};
+  std::mutex heartbeat_mu_;
+  std::unordered_map<std::string, CachedReport> heartbeats_;  // guarded by heartbeat_mu_
 };
 
 }  // namespace meshrun::coordinator

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <unordered_set>
 
 #include "common/escape.h"
 #include "coordinator/job_manager.h"
@@ -17,6 +18,7 @@ namespace meshrun::coordinator {
 
 void JobManager::OccupyLocked(const Job& job, const Attempt& attempt, Rank& rank) {
   if (rank.occupying) return;
+  ChangedLocked();
   rank.occupying = true;
   slots_.Occupy(rank.worker_id, {job.row.job_id, attempt.number, rank.rank});
   active_.insert(job.row.job_id);
@@ -24,6 +26,7 @@ void JobManager::OccupyLocked(const Job& job, const Attempt& attempt, Rank& rank
 
 void JobManager::ReleaseLocked(const Job& job, const Attempt& attempt, Rank& rank) {
   if (!rank.occupying) return;
+  ChangedLocked();
   rank.occupying = false;
   slots_.Release(rank.worker_id, {job.row.job_id, attempt.number, rank.rank});
 }
@@ -47,6 +50,41 @@ void JobManager::PruneAttemptsLocked(Job& job) {
 std::unordered_map<std::string, int> JobManager::SlotsInUse() const {
   std::lock_guard<std::mutex> lock(mu_);
   return slots_.InUse();
+}
+
+std::vector<int> JobManager::SlotsInUseOf(const std::vector<std::string>& worker_ids) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int> out;
+  out.reserve(worker_ids.size());
+  for (const std::string& id : worker_ids) out.push_back(slots_.Used(id));
+  return out;
+}
+
+void JobManager::RecountLocked(Attempt& attempt) {
+  attempt.state_counts.fill(0);
+  std::unordered_set<std::string> workers;
+  for (const Rank& r : attempt.ranks) {
+    ++attempt.state_counts[static_cast<size_t>(r.state) % attempt.state_counts.size()];
+    workers.insert(r.worker_id);
+  }
+  attempt.workers_used = static_cast<int>(workers.size());
+  attempt.ranks_by_worker.clear();
+}
+
+void JobManager::StartIngestLocked(Job& job, Attempt& attempt) {
+  auto in = std::make_shared<JobIngest>();
+  in->job_id = job.row.job_id;
+  in->attempt = attempt.number;
+  in->ranks.reserve(attempt.ranks.size());
+  for (const Rank& r : attempt.ranks) {
+    in->ranks.push_back({r.worker_id, {r.worker_name, r.coords, job.device(), r.local_rank}});
+  }
+  in->steps = attempt.aggregator ? std::move(attempt.aggregator)
+                                 : MetricsIngest::NewAggregator(job.spec, job.mesh.world_size());
+  in->tokens_per_step = static_cast<double>(job.spec.train().global_batch_size()) *
+                        static_cast<double>(job.spec.model().seq_len());
+  in->job = &job;
+  ingest_.Start(std::move(in));
 }
 
 JobManager::Rank* JobManager::FindRankLocked(const std::string& worker_id,
@@ -89,7 +127,7 @@ void JobManager::SetWaitMessageLocked(Job& job, const std::string& wait) {
       job.pending_reason == "submitted" ? wait : job.pending_reason + "; " + wait;
   if (job.row.message == message) return;
   job.row.message = message;
-  journal_.WriteJobRow(job.row);
+  journal_.WriteJobRow(job);
 }
 
 void JobManager::ScheduleLocked() {
@@ -123,6 +161,8 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   a.started_ms = ToMillis(clock_.Now());
   a.aggregator = MetricsIngest::NewAggregator(job.spec, job.mesh.world_size());
   a.ranks.resize(job.mesh.world_size());
+  a.state_counts[v1::RANK_STATE_ASSIGNED] = job.mesh.world_size();
+  a.workers_used = placement.workers_used;
   for (int g = 0; g < job.mesh.world_size(); ++g) {
     Rank& r = a.ranks[g];
     const RankPlacement& p = placement.ranks[g];
@@ -137,7 +177,12 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   job.row.restarts = a.number - 1;
   Txn txn(job);
   txn.batch.attempts.push_back(ToAttemptRow(job, a));
-  for (Rank& r : a.ranks) SetRankStateLocked(txn, a, r, v1::RANK_STATE_ASSIGNED);
+  // One row per rank, ASSIGNED, and no event per rank: the job's change to RUNNING ("attempt N
+  // placed on K workers") stands for the assignments, ListRanks pages them (decision 0049).
+  // Their start, exit or loss are events as before.
+  txn.batch.ranks.reserve(a.ranks.size());
+  for (const Rank& r : a.ranks) txn.batch.ranks.push_back(ToRankRow(job, a, r));
+  ChangedLocked();
   const std::string reason = "attempt " + std::to_string(a.number) + " placed on " +
                              std::to_string(placement.workers_used) + " worker" +
                              (placement.workers_used == 1 ? "" : "s");
@@ -150,6 +195,7 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   const std::string job_id = job.row.job_id;
   job.attempts[a.number] = std::move(attempt);
   for (Rank& r : a.ranks) OccupyLocked(job, a, r);
+  StartIngestLocked(job, a);
   store_.OpenAttempt(job_id, a.number);
   spdlog::info("job {}: {} ({} ranks)", job_id, reason, job.mesh.world_size());
 
@@ -189,6 +235,8 @@ void JobManager::EndAttemptLocked(Txn& txn, Attempt& attempt, AttemptState state
   attempt.state = state;
   attempt.reason = reason;
   attempt.ended_ms = ToMillis(clock_.Now());
+  ChangedLocked();
+  ingest_.Stop(txn.job.row.job_id, attempt.number);
   txn.batch.attempts.push_back(ToAttemptRow(txn.job, attempt));
   std::set<std::string> holders;
   for (const Rank& r : attempt.ranks) {
@@ -221,6 +269,8 @@ void JobManager::SucceedAttemptLocked(Txn& txn, Attempt& attempt) {
   attempt.state = AttemptState::kSucceeded;
   attempt.reason = "every rank exited 0";
   attempt.ended_ms = ToMillis(clock_.Now());
+  ChangedLocked();
+  ingest_.Stop(txn.job.row.job_id, attempt.number);
   txn.batch.attempts.push_back(ToAttemptRow(txn.job, attempt));
   store_.CloseAttempt(txn.job.row.job_id, attempt.number);
   SetJobStateLocked(txn, v1::JOB_STATE_SUCCEEDED,
@@ -233,7 +283,41 @@ void JobManager::SucceedAttemptLocked(Txn& txn, Attempt& attempt) {
 
 Status JobManager::OnRunning(const std::string& worker_id,
                              const google::protobuf::RepeatedPtrField<v1::RunningRank>& running) {
+  // The fast path: the same list as the last heartbeat that changed nothing, and nothing
+  // changed since: answered without mu_ (what the slow path would do is nothing).
+  std::vector<RankRef> listed;
+  listed.reserve(static_cast<size_t>(running.size()));
+  for (const v1::RunningRank& rr : running)
+    listed.push_back({rr.job_id(), rr.attempt(), rr.rank()});
+  std::sort(listed.begin(), listed.end());
+  {
+    std::lock_guard<std::mutex> cache(heartbeat_mu_);
+    auto it = heartbeats_.find(worker_id);
+    if (it != heartbeats_.end() && it->second.generation == generation_.load() &&
+        it->second.ranks == listed) {
+      return OkStatus();
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t generation = generation_.load();
+  // Whether this list changed nothing: every rank it names RUNNING in a running attempt,
+  // occupying its slot and confirmed, no other rank holding a slot on the worker.
+  bool clean = true;
+  struct Remember {
+    JobManager* self;
+    const std::string& worker_id;
+    std::vector<RankRef>& listed;
+    const bool& clean;
+    uint64_t generation;
+    ~Remember() {
+      std::lock_guard<std::mutex> cache(self->heartbeat_mu_);
+      if (clean && self->generation_.load() == generation) {
+        self->heartbeats_[worker_id] = {generation, std::move(listed)};
+      } else {
+        self->heartbeats_.erase(worker_id);
+      }
+    }
+  } remember{this, worker_id, listed, clean, generation};
   // Every (job, attempt) of the list this coordinator does not count gets a StopOrder and an
   // entry in the StopLedger; a worker naming made-up attempts must not grow it without bound.
   {
@@ -248,6 +332,7 @@ Status JobManager::OnRunning(const std::string& worker_id,
     }
     const size_t outstanding = stops_.OutstandingFor(worker_id);
     if (stops_.WouldExceed(worker_id, new_stops.size())) {
+      clean = false;
       spdlog::warn(
           "worker {} reports {} unknown attempts running ({} stop orders outstanding); "
           "refused",
@@ -269,6 +354,10 @@ Status JobManager::OnRunning(const std::string& worker_id,
     Attempt* a = nullptr;
     Rank* r = FindRankLocked(worker_id, rr.job_id(), rr.attempt(), rr.rank(), &job, &a);
     if (r != nullptr && r->occupying) {
+      if (r->misses != 0 || !r->confirmed || a->state != AttemptState::kRunning ||
+          r->state != v1::RANK_STATE_RUNNING) {
+        clean = false;
+      }
       r->misses = 0;
       r->confirmed = true;
       if (a->state == AttemptState::kRunning && r->state == v1::RANK_STATE_ASSIGNED) {
@@ -285,6 +374,7 @@ Status JobManager::OnRunning(const std::string& worker_id,
       continue;
     }
     // A rank this coordinator does not count: it holds a slot, and it must stop.
+    clean = false;
     ++foreign;
     SendStopLocked(worker_id, rr.job_id(), rr.attempt(), v1::STOP_REASON_SUPERSEDED,
                    "attempt " + std::to_string(rr.attempt()) + " of job " + rr.job_id() +
@@ -299,6 +389,7 @@ Status JobManager::OnRunning(const std::string& worker_id,
   bool released = false;
   for (const RankRef& ref : holders) {
     if (reported.count(ref)) continue;
+    clean = false;
     Job* job = nullptr;
     Attempt* a = nullptr;
     Rank* r = FindRankLocked(worker_id, ref.job_id, ref.attempt, ref.rank, &job, &a);
@@ -340,6 +431,7 @@ void JobManager::OnRankStarted(const std::string& worker_id, const v1::RankStart
                    config_.default_grace, /*force=*/false);
     return;
   }
+  ChangedLocked();
   r->pid = m.pid();
   r->confirmed = true;
   r->misses = 0;
@@ -394,37 +486,9 @@ void JobManager::OnRankExited(const std::string& worker_id, const v1::RankExited
 }
 
 void JobManager::OnRankMetrics(const std::string& worker_id, const v1::RankMetrics& m) {
-  const v1::MetricsSample& s = m.sample();
-  std::lock_guard<std::mutex> lock(mu_);
-  Job* job = nullptr;
-  Attempt* a = nullptr;
-  Rank* r = FindRankLocked(worker_id, s.job_id(), s.attempt(), s.rank(), &job, &a);
-  if (r == nullptr || a->state != AttemptState::kRunning) return;
-  // Label values from closed sets only (MetricsIngest::Clean): an op or axis outside them
-  // would be a new series, and a stored copy, per value.
-  auto clean = std::make_unique<v1::MetricsSample>(s);
-  if (const size_t dropped = MetricsIngest::Clean(clean.get()); dropped > 0) {
-    const size_t before = job->totals.dropped_comm;
-    job->totals.dropped_comm += dropped;
-    // Counted, and said at 1, 2, 4, … so that a flood cannot flood the log too.
-    if (std::bit_width(before) != std::bit_width(job->totals.dropped_comm)) {
-      spdlog::warn(
-          "worker {}: dropped {} comm entries of job {} so far whose axis or op is not one of "
-          "docs/metrics.md's (or repeats one): they make no series",
-          worker_id, job->totals.dropped_comm, job->row.job_id);
-    }
-  }
-  r->latest = std::move(clean);
-  const v1::MetricsSample& sample = *r->latest;
-  Txn txn(*job);
-  *journal_.AddEvent(txn)->mutable_metrics() = sample;
-  if (std::optional<v1::MetricsSample> step =
-          metrics_.Ingest({r->worker_name, r->coords, job->device(), r->local_rank}, sample,
-                          job->spec, *a->aggregator, job->row, job->totals)) {
-    txn.job_dirty = true;
-    *journal_.AddEvent(txn)->mutable_metrics() = std::move(*step);
-  }
-  (void)journal_.Commit(txn, Durability::kFast);
+  // The ingest path: matched, aggregated and published under the job's own ingest lock,
+  // never under mu_ (IngestBook).
+  (void)ingest_.Add(worker_id, m.sample());
 }
 
 void JobManager::OnLogs(const std::string& worker_id, const v1::LogBatch& logs) {
@@ -548,6 +612,7 @@ void JobManager::NameFirstCauseLocked(Txn& txn, Attempt& attempt, const std::str
 
 void JobManager::OnWorkerReregistered(const std::string& worker_id) {
   std::lock_guard<std::mutex> lock(mu_);
+  ChangedLocked();
   slots_.SetForeign(worker_id, 0);
   for (const RankRef& ref : slots_.Holders(worker_id)) {
     Job* job = nullptr;
@@ -581,9 +646,11 @@ JobsSnapshot JobManager::Snapshot() const {
     const auto state = static_cast<v1::JobState>(job.row.state);
     ++out.jobs_by_state[state];
     if (job.terminal() && ++finished_listed > 100) continue;
-    out.jobs.push_back({job.row.job_id, job.row.name, state, job.row.step,
-                        job.row.tokens_per_second, job.row.mfu, job.totals.step_time_skew,
-                        job.row.restarts, job.totals.tokens_total});
+    std::unique_lock<std::mutex> progress(job.progress.mu);
+    const JobProgress& p = job.progress;
+    out.jobs.push_back({job.row.job_id, job.row.name, state, p.step, p.tokens_per_second, p.mfu,
+                        p.step_time_skew, job.row.restarts, p.tokens_total});
+    progress.unlock();
     out.jobs.back().predicted_step_seconds = job.spec.predicted_step_seconds();
     out.jobs.back().predicted_peak_memory_bytes =
         static_cast<double>(job.spec.predicted_peak_memory_bytes());

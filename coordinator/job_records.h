@@ -4,10 +4,14 @@
 // RestartPolicy, MetricsIngest) see them only as JobManager hands them over under that lock.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/parallel_dims.h"
@@ -44,7 +48,6 @@ struct RankRecord {
   int misses = 0;
   // Holds a slot on its worker: from assignment until it exits or its worker is lost.
   bool occupying = false;
-  std::unique_ptr<v1::MetricsSample> latest;  // newest sample the rank sent
 };
 
 struct AttemptRecord {
@@ -53,8 +56,14 @@ struct AttemptRecord {
   int64_t started_ms = 0, ended_ms = 0;
   std::string reason;
   std::vector<RankRecord> ranks;
-  std::unique_ptr<StepAggregator> aggregator;  // fed by MetricsIngest
+  std::unique_ptr<StepAggregator> aggregator;  // handed to the ingest path (IngestBook) at start
   int succeeded = 0;
+  // Ranks per RankState (indexed by the enum's value), kept with every state change: the
+  // job summary of GetJob without a pass over the ranks.
+  std::array<int, 8> state_counts{};
+  int workers_used = 0;
+  // Ranks by worker id, built on the first ListRanks filtered by worker.
+  std::unordered_map<std::string, std::vector<int>> ranks_by_worker;
   // Failed on a rank's error exit while its peers ran elsewhere: possibly the echo ("Connection
   // reset by peer") of a cause not known yet, a lost worker or a killed rank, which then
   // replaces it as the reason (JobManager::NameFirstCauseLocked). failed_message: the job's
@@ -65,11 +74,22 @@ struct AttemptRecord {
 
 // What MetricsIngest keeps per job beside the JobRow's progress columns; in memory only.
 struct JobTotals {
+  // MetricsIngest::Ingest's (JobManager keeps these in JobProgress, off its mutex).
+  double step_time_skew = 0;
+  double tokens_total = 0;
+  // Refused on arrival and counted: checkpoint reports outside checkpoint.dir.
+  size_t refused_checkpoints = 0;
+};
+
+// The job's progress from its job-level samples, written by the ingest path (IngestBook)
+// without JobManager's mutex; `mu` is held only to copy these figures. JobManager copies them
+// into the JobRow (SyncProgress) before it writes or shows the row.
+struct JobProgress {
+  mutable std::mutex mu;
+  int64_t step = 0;
+  double loss = 0, tokens_per_second = 0, mfu = 0;
   double step_time_skew = 0;
   double tokens_total = 0;  // JobsSnapshot::JobLine::tokens_total
-  // Refused on arrival and counted: comm entries outside the closed label sets, checkpoint
-  // reports outside checkpoint.dir.
-  size_t dropped_comm = 0, refused_checkpoints = 0;
 };
 
 struct JobRecord {
@@ -77,7 +97,13 @@ struct JobRecord {
       : row(std::move(r)),
         spec(std::move(s)),
         mesh(m),
-        events(row.job_id, static_cast<uint64_t>(row.seq_reserved) + 1, limits) {}
+        events(row.job_id, static_cast<uint64_t>(row.seq_reserved) + 1, limits) {
+    events.set_reserved(row.seq_reserved);
+    progress.step = row.step;
+    progress.loss = row.loss;
+    progress.tokens_per_second = row.tokens_per_second;
+    progress.mfu = row.mfu;
+  }
 
   JobRow row;
   v1::JobSpec spec;
@@ -87,6 +113,7 @@ struct JobRecord {
   // False for a finished job restored from StateDb until GetJob reads its ranks.
   bool ranks_loaded = true;
   JobTotals totals;
+  JobProgress progress;
   // Why the job is PENDING ("submitted", or the failure that asked for a restart); the
   // message adds what it waits for.
   std::string pending_reason = "submitted";
@@ -110,6 +137,15 @@ struct JobRecord {
   const std::string& device() const { return spec.resources().device(); }
   AttemptRecord* last() const {
     return attempts.empty() ? nullptr : attempts.rbegin()->second.get();
+  }
+  // Copies `progress` (and the event log's reservation) into the row.
+  void SyncProgress() {
+    std::lock_guard<std::mutex> lock(progress.mu);
+    row.step = progress.step;
+    row.loss = progress.loss;
+    row.tokens_per_second = progress.tokens_per_second;
+    row.mfu = progress.mfu;
+    row.seq_reserved = std::max(row.seq_reserved, events.reserved());
   }
   bool terminal() const {
     return row.state == v1::JOB_STATE_SUCCEEDED || row.state == v1::JOB_STATE_FAILED ||

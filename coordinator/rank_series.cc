@@ -43,25 +43,35 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
   if (job.finished || s.attempt() < job.attempt) return;
   if (s.attempt() > job.attempt) {
     // A new attempt: its ranks count from 0 again, so what the last one reached becomes base.
-    for (auto& [rank, state] : job.ranks) {
-      for (const auto& [key, c] : state.current) {
-        state.base[key].seconds += c.seconds;
-        state.base[key].bytes += c.bytes;
-        state.base[key].overlapped_seconds += c.overlapped_seconds;
+    for (RankState& state : job.ranks) {
+      for (size_t i = 0; i < state.current.size(); ++i) {
+        const CommSlot& c = state.current[i];
+        if (!c.present) continue;
+        CommSlot& b = state.base[i];
+        b.present = true;
+        b.key = c.key;
+        b.totals.seconds += c.totals.seconds;
+        b.totals.bytes += c.totals.bytes;
+        b.totals.overlapped_seconds += c.totals.overlapped_seconds;
       }
-      state.current.clear();
+      state.current = {};
       state.served.step = 0;
       state.served.attempt = s.attempt();
     }
     job.attempt = s.attempt();
   }
+  if (static_cast<size_t>(s.rank()) >= job.ranks.size()) job.ranks.resize(s.rank() + 1);
   RankState& state = job.ranks[s.rank()];
   Rank& r = state.served;
   if (r.step_buckets.empty()) r.step_buckets.assign(StepSecondsBounds().size() + 1, 0);
   if (s.step() <= r.step) return;  // a step seen before
+  state.present = true;
   r.rank = s.rank();
   r.attempt = s.attempt();
-  r.placement = placement;
+  if (r.placement.worker != placement.worker || !(r.placement.coords == placement.coords) ||
+      r.placement.device != placement.device || r.placement.local_rank != placement.local_rank) {
+    r.placement = placement;
+  }
   r.step = s.step();
   r.loss = s.loss();
   r.tokens_per_second = s.tokens_per_second();
@@ -85,16 +95,15 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
   // Cumulative within the attempt: a sample never lowers a counter (samples may overtake).
   for (const v1::CommStats& c : s.comm()) {
     if (!IsSeriesComm(c)) continue;  // MetricsIngest::Clean dropped and counted these already
-    Comm& cur = state.current[{*MeshAxisFromProto(c.axis()), c.op()}];
-    cur.seconds = std::max(cur.seconds, c.seconds());
-    cur.bytes = std::max(cur.bytes, static_cast<double>(c.bytes()));
-    cur.overlapped_seconds = std::max(cur.overlapped_seconds, c.overlapped_seconds());
-  }
-  r.comm = state.base;
-  for (const auto& [key, c] : state.current) {
-    r.comm[key].seconds += c.seconds;
-    r.comm[key].bytes += c.bytes;
-    r.comm[key].overlapped_seconds += c.overlapped_seconds;
+    // Mesh axes 1..4 and ops 1..CommOp_MAX (IsSeriesComm): one slot each.
+    const size_t slot = static_cast<size_t>(c.axis() - 1) * v1::CommOp_MAX + (c.op() - 1);
+    if (slot >= state.current.size()) continue;
+    CommSlot& cur = state.current[slot];
+    cur.present = true;
+    cur.key = {*MeshAxisFromProto(c.axis()), c.op()};
+    cur.totals.seconds = std::max(cur.totals.seconds, c.seconds());
+    cur.totals.bytes = std::max(cur.totals.bytes, static_cast<double>(c.bytes()));
+    cur.totals.overlapped_seconds = std::max(cur.totals.overlapped_seconds, c.overlapped_seconds());
   }
 }
 
@@ -119,7 +128,19 @@ std::vector<RankSeries::Job> RankSeries::Snapshot() const {
     job.job_id = job_id;
     job.finished = state.finished;
     job.ranks.reserve(state.ranks.size());
-    for (const auto& [rank, r] : state.ranks) job.ranks.push_back(r.served);
+    for (const RankState& r : state.ranks) {
+      if (!r.present) continue;
+      Rank& served = job.ranks.emplace_back(r.served);
+      for (size_t i = 0; i < r.current.size(); ++i) {
+        const CommSlot& b = r.base[i];
+        const CommSlot& c = r.current[i];
+        if (!b.present && !c.present) continue;
+        Comm& out = served.comm[b.present ? b.key : c.key];
+        out.seconds = b.totals.seconds + c.totals.seconds;
+        out.bytes = b.totals.bytes + c.totals.bytes;
+        out.overlapped_seconds = b.totals.overlapped_seconds + c.totals.overlapped_seconds;
+      }
+    }
   }
   return out;
 }

@@ -15,6 +15,7 @@
 // scrape time.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -70,6 +71,7 @@ class RankSeries {
     std::vector<uint64_t> step_buckets;
     uint64_t step_count = 0;
     double step_sum = 0;
+    // Filled by Snapshot (Add keeps the fixed-size slots of RankState instead).
     std::map<std::pair<MeshAxis, v1::CommOp>, Comm> comm;
   };
   struct Job {
@@ -90,15 +92,23 @@ class RankSeries {
   std::vector<Job> Snapshot() const;
 
  private:
+  // One (axis, op) counter of a rank: a fixed slot per pair (CommSlotOf).
+  struct CommSlot {
+    bool present = false;
+    std::pair<MeshAxis, v1::CommOp> key{};
+    Comm totals;
+  };
+  // Per rank a fixed-size record once its first sample arrived: no allocation per sample.
   struct RankState {
-    Rank served;
+    bool present = false;
+    Rank served;  // without `comm` (Snapshot fills it)
     // The newest cumulative counters of the current attempt, and what earlier attempts left.
-    std::map<std::pair<MeshAxis, v1::CommOp>, Comm> current, base;
+    std::array<CommSlot, kMaxCommPairs> current, base;
   };
   struct JobState {
     bool finished = false;
     int attempt = 0;
-    std::map<int, RankState> ranks;
+    std::vector<RankState> ranks;  // by rank
   };
 
   mutable std::mutex mu_;

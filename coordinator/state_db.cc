@@ -86,6 +86,15 @@ class Stmt {
     sqlite3_bind_blob(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     return *this;
   }
+  // Without a copy: `v` must outlive the statement's step (CommitLocked's batch does).
+  Stmt& BindKept(int i, const std::string& v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
+    return *this;
+  }
+  Stmt& BindKeptBlob(int i, const std::string& v) {
+    sqlite3_bind_blob(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
+    return *this;
+  }
   int Step() { return sqlite3_step(s_); }
   int64_t Int(int col) const { return sqlite3_column_int64(s_, col); }
   double Real(int col) const { return sqlite3_column_double(s_, col); }
@@ -115,6 +124,9 @@ constexpr const char* kUpsertWorker =
     "INSERT OR REPLACE INTO workers(worker_id, name, session_token, slots, device, address, "
     "metrics_address, device_name, version, lost, registered_ms, last_heartbeat_ms, "
     "calibration) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)";
+constexpr const char* kUpdateProgress =
+    "UPDATE jobs SET step = ?2, loss = ?3, tokens_per_second = ?4, mfu = ?5, "
+    "seq_reserved = MAX(seq_reserved, ?6) WHERE job_id = ?1";
 constexpr const char* kInsertEvent =
     "INSERT OR REPLACE INTO events(job_id, sequence, event) VALUES(?1,?2,?3)";
 
@@ -322,11 +334,13 @@ Status StateDb::CommitLocked(const WriteBatch& b) {
   for (const RankRow& r : b.ranks) {
     MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kUpsertRank));
     Stmt q(s);
-    q.Bind(1, r.job_id).Bind(2, r.attempt).Bind(3, r.rank).Bind(4, r.worker_id);
-    q.Bind(5, r.worker_name).Bind(6, r.local_rank).Bind(7, r.local_world_size);
+    // The batch outlives each step: no copies of its strings (a placement writes one row per
+    // rank in this loop).
+    q.BindKept(1, r.job_id).Bind(2, r.attempt).Bind(3, r.rank).BindKept(4, r.worker_id);
+    q.BindKept(5, r.worker_name).Bind(6, r.local_rank).Bind(7, r.local_world_size);
     q.Bind(8, r.dp_replicate).Bind(9, r.dp_shard).Bind(10, r.cp).Bind(11, r.tp);
     q.Bind(12, r.state).Bind(13, r.pid).Bind(14, r.exit_code).Bind(15, r.signal);
-    q.Bind(16, r.error);
+    q.BindKept(16, r.error);
     if (q.Step() != SQLITE_DONE) return SqlError(db_, "write rank of " + r.job_id);
   }
   for (const WorkerRow& w : b.workers) {
@@ -341,8 +355,15 @@ Status StateDb::CommitLocked(const WriteBatch& b) {
   for (const EventRow& e : b.events) {
     MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kInsertEvent));
     Stmt q(s);
-    q.Bind(1, e.job_id).Bind(2, e.sequence).BindBlob(3, e.event);
+    q.BindKept(1, e.job_id).Bind(2, e.sequence).BindKeptBlob(3, e.event);
     if (q.Step() != SQLITE_DONE) return SqlError(db_, "write event of " + e.job_id);
+  }
+  for (const JobProgressRow& p : b.progress) {
+    MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kUpdateProgress));
+    Stmt q(s);
+    q.Bind(1, p.job_id).Bind(2, p.step).Bind(3, p.loss).Bind(4, p.tokens_per_second);
+    q.Bind(5, p.mfu).Bind(6, p.seq_reserved);
+    if (q.Step() != SQLITE_DONE) return SqlError(db_, "write the progress of " + p.job_id);
   }
   return OkStatus();
 }

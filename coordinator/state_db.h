@@ -78,6 +78,15 @@ struct WorkerRow {
   std::string calibration;  // serialized v1::HostCalibration of the registration ("": none)
 };
 
+// The progress columns of a job row, written by the ingest path without the rest of the row
+// (which JobManager owns); seq_reserved only ever grows.
+struct JobProgressRow {
+  std::string job_id;
+  int64_t step = 0;
+  double loss = 0, tokens_per_second = 0, mfu = 0;
+  int64_t seq_reserved = 0;
+};
+
 struct EventRow {
   std::string job_id;
   int64_t sequence = 0;
@@ -91,9 +100,11 @@ struct WriteBatch {
   std::vector<RankRow> ranks;
   std::vector<WorkerRow> workers;
   std::vector<EventRow> events;
+  std::vector<JobProgressRow> progress;  // applied after `jobs`
 
   bool empty() const {
-    return jobs.empty() && attempts.empty() && ranks.empty() && workers.empty() && events.empty();
+    return jobs.empty() && attempts.empty() && ranks.empty() && workers.empty() && events.empty() &&
+           progress.empty();
   }
 };
 

@@ -93,8 +93,9 @@ Status WorkerManager::Load() {
     if (!w.row.calibration.empty() && !w.calibration.ParseFromString(w.row.calibration)) {
       w.calibration.Clear();
     }
-    w.lease_deadline = clock_.Monotonic() + config_.lease_ttl + config_.restart_grace;
-    w.last_heartbeat = FromMillis(w.row.last_heartbeat_ms);
+    w.SetDeadline(clock_.Monotonic() + config_.lease_ttl + config_.restart_grace);
+    w.SetHeartbeat(FromMillis(w.row.last_heartbeat_ms));
+    w.lease->lost = w.row.lost;
     const std::string id = w.row.worker_id;
     if (id.rfind("wkr-", 0) == 0) {
       next_worker_number_ = std::max<int64_t>(next_worker_number_, std::atoll(id.c_str() + 4) + 1);
@@ -106,15 +107,15 @@ Status WorkerManager::Load() {
 }
 
 void WorkerManager::RenewLocked(Worker& w) {
-  w.lease_deadline = clock_.Monotonic() + config_.lease_ttl;
-  w.last_heartbeat = clock_.Now();
+  w.SetDeadline(clock_.Monotonic() + config_.lease_ttl);
+  w.SetHeartbeat(clock_.Now());
 }
 
 Status WorkerManager::PersistLocked(const Worker& w, Durability durability) {
   if (db_ == nullptr) return OkStatus();
   WriteBatch batch;
   batch.workers.push_back(w.row);
-  batch.workers.back().last_heartbeat_ms = ToMillis(w.last_heartbeat);
+  batch.workers.back().last_heartbeat_ms = ToMillis(w.heartbeat());
   return db_->Commit(batch, durability);
 }
 
@@ -132,12 +133,12 @@ StatusOr<WorkerManager::Registered> WorkerManager::Register(const v1::RegisterWo
     // another address) keeps the name: two processes under one name would take the
     // registration from each other forever. A restarted worker whose predecessor is gone (its
     // session closed, or its lease ran out) takes over.
-    const bool lease_live = !w->row.lost && w->lease_deadline > clock_.Monotonic();
+    const bool lease_live = !w->row.lost && w->deadline() > clock_.Monotonic();
     const bool holder_live = lease_live && (w->stream != nullptr ||
                                             (w->awaiting_session && w->row.address != r.address()));
     if (holder_live) {
       const auto seen =
-          std::chrono::duration_cast<std::chrono::milliseconds>(clock_.Now() - w->last_heartbeat);
+          std::chrono::duration_cast<std::chrono::milliseconds>(clock_.Now() - w->heartbeat());
       char ago[32];
       std::snprintf(ago, sizeof(ago), "%.1f s ago", std::max<int64_t>(0, seen.count()) / 1000.0);
       return Status(StatusCode::kAlreadyExists,
@@ -190,14 +191,16 @@ StatusOr<WorkerManager::Registered> WorkerManager::Register(const v1::RegisterWo
   if (w != &fresh) {
     // The worker restarted: its old session and undelivered orders belong to the old process.
     if (w->stream) {
+      std::lock_guard<std::mutex> sessions(sessions_mu_);
       streams_.erase(w->stream.get());
       w->stream->Finish(
           AbortedError("a newer registration of worker '" + r.name() + "' replaced this session"));
     }
     w->row = updated.row;
     w->calibration = updated.calibration;
-    w->lease_deadline = updated.lease_deadline;
-    w->last_heartbeat = updated.last_heartbeat;
+    w->SetDeadline(updated.deadline());
+    w->SetHeartbeat(updated.heartbeat());
+    w->lease->lost = false;
     w->stream.reset();
     w->outbox.clear();
     w->awaiting_session = true;
@@ -233,6 +236,7 @@ StatusOr<std::string> WorkerManager::OpenSession(
                   "open.session_token does not belong to worker " + open.worker_id() +
                       " (hint: use the token of the latest RegisterWorker)");
   }
+  std::lock_guard<std::mutex> sessions(sessions_mu_);
   if (w.stream && w.stream != stream) {
     streams_.erase(w.stream.get());
     w.stream->Finish(
@@ -240,7 +244,7 @@ StatusOr<std::string> WorkerManager::OpenSession(
   }
   w.stream = stream;
   w.awaiting_session = false;
-  streams_[stream.get()] = w.row.worker_id;
+  streams_[stream.get()] = {w.row.worker_id, w.lease};
   RenewLocked(w);
   v1::WorkerSessionResponse accepted;
   SetDuration(config_.lease_ttl, accepted.mutable_accepted()->mutable_lease_ttl());
@@ -254,25 +258,28 @@ StatusOr<std::string> WorkerManager::OpenSession(
 }
 
 StatusOr<std::string> WorkerManager::Touch(const WorkerSessionStream* stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  // The session lock only: every session message comes through here.
+  std::lock_guard<std::mutex> lock(sessions_mu_);
   auto s = streams_.find(stream);
   if (s == streams_.end()) {
     return AbortedError("this session is no longer the worker's current one");
   }
-  Worker& w = workers_.at(s->second);
-  if (w.row.lost) {
-    return NotFoundError("worker " + w.row.worker_id +
+  Lease& lease = *s->second.lease;
+  if (lease.lost) {
+    return NotFoundError("worker " + s->second.worker_id +
                          " was marked LOST (hint: call RegisterWorker again)");
   }
-  RenewLocked(w);
-  return w.row.worker_id;
+  lease.deadline.store((clock_.Monotonic() + config_.lease_ttl).time_since_epoch().count());
+  lease.heartbeat.store(clock_.Now().time_since_epoch().count());
+  return s->second.worker_id;
 }
 
 void WorkerManager::CloseSession(const WorkerSessionStream* stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<std::mutex> sessions(sessions_mu_);
   auto s = streams_.find(stream);
   if (s == streams_.end()) return;
-  Worker& w = workers_.at(s->second);
+  Worker& w = workers_.at(s->second.worker_id);
   if (w.stream.get() == stream) w.stream.reset();
   streams_.erase(s);
 }
@@ -283,9 +290,11 @@ std::vector<std::string> WorkerManager::ExpireLeases() {
   const MonoTime now = clock_.Monotonic();
   WriteBatch batch;
   for (auto& [id, w] : workers_) {
-    if (w.row.lost || w.lease_deadline > now) continue;
+    if (w.row.lost || w.deadline() > now) continue;
     w.row.lost = true;
+    w.lease->lost = true;
     if (w.stream) {
+      std::lock_guard<std::mutex> sessions(sessions_mu_);
       streams_.erase(w.stream.get());
       w.stream->Finish(NotFoundError("worker " + id + " missed its lease of " +
                                      std::to_string(config_.lease_ttl.count()) +
@@ -294,7 +303,7 @@ std::vector<std::string> WorkerManager::ExpireLeases() {
     }
     w.outbox.clear();
     batch.workers.push_back(w.row);
-    batch.workers.back().last_heartbeat_ms = ToMillis(w.last_heartbeat);
+    batch.workers.back().last_heartbeat_ms = ToMillis(w.heartbeat());
     lost.push_back(id);
   }
   if (db_ != nullptr && !batch.empty()) (void)db_->Commit(batch, Durability::kDurable);
@@ -302,12 +311,16 @@ std::vector<std::string> WorkerManager::ExpireLeases() {
 }
 
 std::vector<WorkerSnapshot> WorkerManager::List() const {
+  return List(std::string(), SIZE_MAX);
+}
+
+std::vector<WorkerSnapshot> WorkerManager::List(const std::string& after, size_t limit) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<WorkerSnapshot> out;
-  out.reserve(workers_.size());
-  for (const auto& [name, id] :
-       std::map<std::string, std::string>(by_name_.begin(), by_name_.end())) {
-    const Worker& w = workers_.at(id);
+  out.reserve(std::min(limit, workers_.size()));
+  for (auto it = after.empty() ? by_name_.begin() : by_name_.upper_bound(after);
+       it != by_name_.end() && out.size() < limit; ++it) {
+    const Worker& w = workers_.at(it->second);
     WorkerSnapshot s;
     v1::WorkerInfo& info = s.info;
     info.set_worker_id(w.row.worker_id);
@@ -318,7 +331,7 @@ std::vector<WorkerSnapshot> WorkerManager::List() const {
     info.set_address(w.row.address);
     info.set_metrics_address(w.row.metrics_address);
     SetTimestampMillis(w.row.registered_ms, info.mutable_registered_at());
-    SetTimestamp(w.last_heartbeat, info.mutable_last_heartbeat_at());
+    SetTimestamp(w.heartbeat(), info.mutable_last_heartbeat_at());
     *info.mutable_calibration() = w.calibration;
     s.has_session = w.stream != nullptr;
     out.push_back(std::move(s));
@@ -336,6 +349,7 @@ void WorkerManager::Shutdown() {
         "lease lasts)"));
     w.stream.reset();
   }
+  std::lock_guard<std::mutex> sessions(sessions_mu_);
   streams_.clear();
 }
 

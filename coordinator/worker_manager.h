@@ -4,10 +4,14 @@
 // attached. It knows nothing of jobs: JobManager sees workers through the WorkerView interface
 // and is told about lost and re-registered workers by CoordinatorService.
 //
-// Thread-safe (one mutex). Never calls into another manager; calls into streams (Send/Finish)
-// under its lock, which never block.
+// Thread-safe: one mutex over the registrations, and a second one (sessions_mu_) over the map
+// from session streams to their workers' leases, which is all that Touch (every session
+// message) takes: the ingest path renews leases without the mutex ListWorkers and SubmitJob
+// take (decision 0049). Lock order mu_ -> sessions_mu_. Never calls into another manager;
+// calls into streams (Send/Finish) under its lock, which never block.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -100,6 +104,12 @@ class WorkerManager final : public WorkerView {
   std::vector<std::string> ExpireLeases();
 
   std::vector<WorkerSnapshot> List() const;
+  // At most `limit` workers whose names sort after `after` (all: ""), by name.
+  std::vector<WorkerSnapshot> List(const std::string& after, size_t limit) const;
+  // Holds the session lock (tests: queries must answer while the ingest path holds it).
+  std::unique_lock<std::mutex> HoldSessionsForTest() const {
+    return std::unique_lock<std::mutex>(sessions_mu_);
+  }
   // Ends every stream with UNAVAILABLE: the coordinator is stopping.
   void Shutdown();
 
@@ -111,10 +121,19 @@ class WorkerManager final : public WorkerView {
   void Send(const std::string& worker_id, const v1::WorkerSessionResponse& message) override;
 
  private:
+  // What Touch renews without mu_.
+  struct Lease {
+    std::atomic<int64_t> deadline{0};   // MonoTime, in its clock's ticks
+    std::atomic<int64_t> heartbeat{0};  // WallTime, in its clock's ticks
+    std::atomic<bool> lost{false};      // mirrors row.lost
+  };
   struct Worker {
     WorkerRow row;
-    MonoTime lease_deadline;
-    WallTime last_heartbeat;
+    std::shared_ptr<Lease> lease = std::make_shared<Lease>();
+    MonoTime deadline() const { return MonoTime(MonoTime::duration(lease->deadline.load())); }
+    WallTime heartbeat() const { return WallTime(WallTime::duration(lease->heartbeat.load())); }
+    void SetDeadline(MonoTime t) { lease->deadline.store(t.time_since_epoch().count()); }
+    void SetHeartbeat(WallTime t) { lease->heartbeat.store(t.time_since_epoch().count()); }
     std::shared_ptr<WorkerSessionStream> stream;
     std::deque<v1::WorkerSessionResponse> outbox;
     v1::HostCalibration calibration;  // from the registration; persisted in row.calibration
@@ -130,9 +149,15 @@ class WorkerManager final : public WorkerView {
   const WorkerManagerConfig config_;
 
   mutable std::mutex mu_;
-  std::map<std::string, Worker> workers_;                 // by worker_id; guarded by mu_
-  std::unordered_map<std::string, std::string> by_name_;  // name -> worker_id
-  std::unordered_map<const WorkerSessionStream*, std::string> streams_;  // -> worker_id
+  std::map<std::string, Worker> workers_;       // by worker_id; guarded by mu_
+  std::map<std::string, std::string> by_name_;  // name -> worker_id
+  struct Session {
+    std::string worker_id;
+    std::shared_ptr<Lease> lease;
+  };
+  mutable std::mutex sessions_mu_;
+  // Written under mu_ and sessions_mu_; Touch reads it under sessions_mu_ only.
+  std::unordered_map<const WorkerSessionStream*, Session> streams_;
   int64_t next_worker_number_ = 1;
   bool shut_down_ = false;
 };

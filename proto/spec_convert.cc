@@ -112,6 +112,10 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(t.has_precision(), t.precision(), &s.train.precision);
   SetIfPresent(t.has_activation_checkpointing(), t.activation_checkpointing(),
                &s.train.activation_checkpointing);
+  SetIfPresent(t.has_optimizer(), t.optimizer(), &s.train.optimizer);
+  SetIfPresent(t.has_lion_beta1(), t.lion_beta1(), &s.train.lion_beta1);
+  SetIfPresent(t.has_lion_beta2(), t.lion_beta2(), &s.train.lion_beta2);
+  SetIfPresent(t.has_loss_on(), t.loss_on(), &s.train.loss_on);
 
   const v1::DataSpec& d = p.data();
   SetIfPresent(d.has_train(), d.train(), &s.data.train);
@@ -125,6 +129,7 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(d.has_format(), d.format(), &s.data.format);
   SetIfPresent(d.has_order(), d.order(), &s.data.order);
   SetIfPresent(d.has_tokenizer(), d.tokenizer(), &s.data.tokenizer);
+  SetIfPresent(d.has_template_(), d.template_(), &s.data.chat_template);
   SetIfPresent(d.has_attention(), d.attention(), &s.data.attention);
   MESHRUN_RETURN_IF_ERROR(
       NarrowIfPresent("data.eval_every", d.has_eval_every(), d.eval_every(), &s.data.eval_every));
@@ -191,6 +196,10 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   t->set_seed(s.train.seed);
   t->set_precision(s.train.precision);
   t->set_activation_checkpointing(s.train.activation_checkpointing);
+  t->set_optimizer(s.train.optimizer);
+  t->set_lion_beta1(s.train.lion_beta1);
+  t->set_lion_beta2(s.train.lion_beta2);
+  t->set_loss_on(s.train.loss_on);
   v1::DataSpec* d = p.mutable_data();
   d->set_train(s.data.train);
   for (const DataSource& source : s.data.train_sources) {
@@ -203,6 +212,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   d->set_order(s.data.order);
   d->set_eval_every(s.data.eval_every);
   d->set_tokenizer(s.data.tokenizer);
+  d->set_template_(s.data.chat_template);
   d->set_attention(s.data.attention);
   v1::CheckpointSpec* c = p.mutable_checkpoint();
   c->set_dir(s.checkpoint.dir);

@@ -1,21 +1,28 @@
 // Control-plane benchmark: a real meshrun-coordinator (the binary, as a child process) under
 // simulated workers. W workers × S slots register and open WorkerSession streams (gRPC callback
-// API, one connection each), an R-rank job is submitted and placed on all of them, and then
-// every worker heartbeats at --hz with one RankMetrics per rank per beat while a client probes
-// GetJob and ListWorkers and follows the job with WatchJob(rank_metrics).
+// API, one connection each), spread over --generators load-generator processes (this program
+// with --generator: several simulated workers per process, each with its own connection). An
+// R-rank job is submitted and placed on all of them, and then every worker heartbeats at --hz
+// with one RankMetrics per rank per beat while a client probes the job summary (GetJob with
+// summary), a page of 500 ranks (ListRanks), a page of 500 workers (ListWorkers) and follows
+// the job with WatchJob(rank_metrics).
 //
 //   control_plane [--workers 1024] [--slots 8] [--tp 8] [--seconds 15] [--hz 1]
-//                 [--coordinator PATH]
+//                 [--generators 0 (auto: one per 256 workers)] [--coordinator PATH] [--cli PATH]
 //
 // Reports: time to connect the workers; SubmitJob latency (placement and persistence happen
 // inside it) and the time until every assignment reached its worker and every rank was
-// reported RUNNING; p50/p99 of GetJob (with all ranks) and ListWorkers under load, and of the
-// forwarding delay of a rank's metrics sample from its worker to a WatchJob client; the
-// coordinator's CPU (from /proc during the steady state, and getrusage of the child in all)
-// and its RSS. A table, then one JSON line. Wall-clock figures from a shared machine: noisy.
+// reported RUNNING; p50/p99 of the summary, the rank page and the worker page under load, and
+// of the forwarding delay of a rank's metrics sample from its worker to a WatchJob client; the
+// wall time of `meshrun status JOB` (summary and first page); the coordinator's CPU over the
+// steady state (/proc/PID/stat before and after) divided by the session messages and by the
+// rank samples the generators sent in that window, and the generators' own CPU (getrusage in
+// each, same window) likewise; the coordinator's RSS. A table, then one JSON line.
+// Wall-clock figures from a shared machine: noisy.
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -26,6 +33,7 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -107,8 +115,28 @@ struct Config {
   int tp = 8;
   double seconds = 15;
   double hz = 1;
+  int generators = 0;
   std::string coordinator;
+  std::string cli;
+  // --generator: this process is a load generator for workers [first, first + count).
+  bool generator = false;
+  std::string address;
+  int first = 0;
+  int count = 0;
 };
+
+double SelfCpuSeconds() {
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);
+  return self.ru_utime.tv_sec + self.ru_utime.tv_usec / 1e6 + self.ru_stime.tv_sec +
+         self.ru_stime.tv_usec / 1e6;
+}
+
+// SIGUSR1 opens the measured window, SIGUSR2 closes it (the main process sends them).
+std::atomic<int> g_window_signal{0};
+void OnWindowSignal(int sig) {
+  g_window_signal = sig;
+}
 
 v1::SubmitJobRequest JobOfSize(int world, int tp) {
   // dp_replicate × dp_shard × tp with dp_shard up to 16: HSDP across workers.
@@ -129,59 +157,43 @@ v1::SubmitJobRequest JobOfSize(int world, int tp) {
   return req;
 }
 
-int Run(const Config& cfg) {
-  const int world = cfg.workers * cfg.slots;
-  if (world % cfg.tp != 0 || cfg.slots % cfg.tp != 0) {
-    std::fprintf(stderr, "error: --tp: %d must divide --slots (%d)\n", cfg.tp, cfg.slots);
-    return 2;
-  }
-  const std::string state =
-      (std::filesystem::temp_directory_path() / ("meshrun-bench-cp-" + std::to_string(getpid())))
-          .string();
-  std::filesystem::remove_all(state);
-  testing::Subprocess coord(
-      {cfg.coordinator, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--state-dir",
-       state, "--heartbeat-timeout", "10", "--log-level", "warn"},
-      state + ".stderr");
-  auto first = coord.ReadLine(seconds(30));
-  if (!first) {
-    std::fprintf(stderr, "error: --coordinator: %s did not start (see %s.stderr)\n",
-                 cfg.coordinator.c_str(), state.c_str());
-    return 1;
-  }
-  std::istringstream words(*first);
-  std::string w, address;
-  words >> w >> w >> w >> address;
-  std::printf("coordinator %s (pid %d), %d workers x %d slots, %d-rank job\n", address.c_str(),
-              coord.pid(), cfg.workers, cfg.slots, world);
+// ---- Load generator -------------------------------------------------------------------------
 
-  // ---- Connect the workers -----------------------------------------------------------------
+// Prints "ready", "assigned <ranks> <unix ns of the last>" once every worker got its ranks, and
+// "window sent=<messages> samples=<rank samples> cpu=<seconds>" after SIGUSR2.
+int RunGenerator(const Config& cfg) {
+  signal(SIGUSR1, OnWindowSignal);
+  signal(SIGUSR2, OnWindowSignal);
+  const int expected_ranks = cfg.count * cfg.slots;
   std::atomic<int> assigned{0};
-  std::atomic<int64_t> last_assign_ns{0};
-  std::vector<std::unique_ptr<SimWorker>> sims(cfg.workers);
-  const auto t_connect = Clock::now();
-  for (int i = 0; i < cfg.workers; ++i) {
+  std::vector<std::unique_ptr<SimWorker>> sims(cfg.count);
+  for (int i = 0; i < cfg.count; ++i) {
     auto sim = std::make_unique<SimWorker>();
     grpc::ChannelArguments args;
     args.SetInt("grpc.use_local_subchannel_pool", 1);  // one connection per worker
-    auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    auto channel = grpc::CreateCustomChannel(cfg.address, grpc::InsecureChannelCredentials(), args);
     char name[32];
-    std::snprintf(name, sizeof(name), "sim-%05d", i);
+    std::snprintf(name, sizeof(name), "sim-%05d", cfg.first + i);
     sim->worker = std::make_unique<testing::FakeGrpcWorker>(channel, name, cfg.slots);
     SimWorker* raw = sim.get();
     sim->worker->set_keep_messages(false);
-    sim->worker->set_on_message(
-        [raw, &assigned, &last_assign_ns](const v1::WorkerSessionResponse& m) {
-          if (!m.has_assign()) return;
-          {
-            std::lock_guard<std::mutex> lock(raw->mu);
-            raw->ranks.push_back(m.assign());
-          }
-          raw->worker->Started(m.assign(), 10'000 + m.assign().rank());
-          last_assign_ns = Clock::now().time_since_epoch().count();
-          ++assigned;
-        });
-    grpc::Status s = sim->worker->Register();
+    sim->worker->set_on_message([raw, &assigned,
+                                 expected_ranks](const v1::WorkerSessionResponse& m) {
+      if (!m.has_assign()) return;
+      {
+        std::lock_guard<std::mutex> lock(raw->mu);
+        raw->ranks.push_back(m.assign());
+      }
+      raw->worker->Started(m.assign(), 10'000 + m.assign().rank());
+      if (++assigned == expected_ranks) {
+        std::printf("assigned %d %lld\n", expected_ranks,
+                    static_cast<long long>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                               std::chrono::system_clock::now().time_since_epoch())
+                                               .count()));
+        std::fflush(stdout);
+      }
+    });
+    grpc::Status s = sim->worker->Register(seconds(60));
     if (!s.ok()) {
       std::fprintf(stderr, "error: register %s: %s\n", name, s.error_message().c_str());
       return 1;
@@ -189,35 +201,20 @@ int Run(const Config& cfg) {
     sim->worker->Open();
     sims[i] = std::move(sim);
   }
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-  auto stub = v1::CoordinatorService::NewStub(channel);
-  auto list_workers = [&](v1::ListWorkersResponse* out) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + seconds(30));
-    return stub->ListWorkers(&ctx, v1::ListWorkersRequest(), out);
-  };
-  while (true) {
-    v1::ListWorkersResponse resp;
-    if (list_workers(&resp).ok() && resp.workers_size() == cfg.workers) break;
-    if (Since(t_connect) > 60) {
-      std::fprintf(stderr, "error: workers did not all register within 60 s\n");
-      return 1;
-    }
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  const double connect_s = Since(t_connect);
+  std::printf("ready\n");
+  std::fflush(stdout);
 
-  // ---- Heartbeats and metrics, spread evenly over each period ------------------------------
   std::atomic<bool> stop{false};
-  std::atomic<bool> measuring{false};
-  std::atomic<int64_t> sent{0};
+  std::atomic<int64_t> sent{0}, samples{0};
   std::thread driver([&] {
     const auto period = std::chrono::duration<double>(1.0 / cfg.hz);
-    auto next = Clock::now();
+    // Generators start their periods at different offsets, as independent hosts would.
+    auto next = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   period * (static_cast<double>(cfg.first % 97) / 97.0));
     for (int64_t tick = 1; !stop; ++tick) {
-      for (int i = 0; i < cfg.workers && !stop; ++i) {
+      for (int i = 0; i < cfg.count && !stop; ++i) {
         std::this_thread::sleep_until(next + std::chrono::duration_cast<Clock::duration>(
-                                                 period * (static_cast<double>(i) / cfg.workers)));
+                                                 period * (static_cast<double>(i) / cfg.count)));
         SimWorker& sim = *sims[i];
         std::vector<v1::RankAssignment> ranks;
         {
@@ -242,55 +239,246 @@ int Run(const Config& cfg) {
           s->set_mfu(0.4);
           sim.worker->Send(m);
           ++sent;
+          ++samples;
         }
       }
       next += std::chrono::duration_cast<Clock::duration>(period);
     }
   });
+  int64_t sent0 = 0, samples0 = 0;
+  double cpu0 = 0;
+  while (true) {
+    const int sig = g_window_signal.exchange(0);
+    if (sig == SIGUSR1) {
+      sent0 = sent;
+      samples0 = samples;
+      cpu0 = SelfCpuSeconds();
+    } else if (sig == SIGUSR2) {
+      std::printf("window sent=%lld samples=%lld cpu=%.4f\n", static_cast<long long>(sent - sent0),
+                  static_cast<long long>(samples - samples0), SelfCpuSeconds() - cpu0);
+      std::fflush(stdout);
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  stop = true;
+  driver.join();
+  // The main process kills the generators after it stopped the coordinator.
+  while (true) std::this_thread::sleep_for(seconds(1));
+}
+
+// ---- Main: coordinator, generators, probes ----------------------------------------------------
+
+// Reads a generator's stdout lines on a thread of its own.
+struct Generator {
+  std::unique_ptr<testing::Subprocess> process;
+  std::thread reader;
+  std::mutex mu;
+  bool ready = false;
+  int64_t assigned_ns = 0;
+  int64_t window_sent = -1, window_samples = 0;
+  double window_cpu = 0;
+};
+
+int Run(const Config& cfg) {
+  const int world = cfg.workers * cfg.slots;
+  if (world % cfg.tp != 0 || cfg.slots % cfg.tp != 0) {
+    std::fprintf(stderr, "error: --tp: %d must divide --slots (%d)\n", cfg.tp, cfg.slots);
+    return 2;
+  }
+  // 2 descriptors per worker here and in the coordinator (which raises its own limit).
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &files);
+  }
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 &&
+      files.rlim_cur < static_cast<rlim_t>(cfg.workers) + 256) {
+    std::fprintf(stderr,
+                 "error: --workers: %d connections need more open files than the limit %llu "
+                 "(hint: raise `ulimit -n`, hard limit included)\n",
+                 cfg.workers, static_cast<unsigned long long>(files.rlim_cur));
+    return 2;
+  }
+  const int generators =
+      cfg.generators > 0 ? cfg.generators : std::max(1, (cfg.workers + 255) / 256);
+  const std::string state =
+      (std::filesystem::temp_directory_path() / ("meshrun-bench-cp-" + std::to_string(getpid())))
+          .string();
+  std::filesystem::remove_all(state);
+  testing::Subprocess coord(
+      {cfg.coordinator, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--state-dir",
+       state, "--heartbeat-timeout", "30", "--log-level", "warn"},
+      state + ".stderr");
+  auto first = coord.ReadLine(seconds(30));
+  if (!first) {
+    std::fprintf(stderr, "error: --coordinator: %s did not start (see %s.stderr)\n",
+                 cfg.coordinator.c_str(), state.c_str());
+    return 1;
+  }
+  std::istringstream words(*first);
+  std::string w, address;
+  words >> w >> w >> w >> address;
+  std::printf(
+      "coordinator %s (pid %d), %d workers x %d slots in %d generator processes, "
+      "%d-rank job\n",
+      address.c_str(), coord.pid(), cfg.workers, cfg.slots, generators, world);
+  std::fflush(stdout);
+
+  // ---- Connect the workers, a share per generator process ------------------------------------
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  std::vector<std::unique_ptr<Generator>> gens(generators);
+  const auto t_connect = Clock::now();
+  for (int g = 0; g < generators; ++g) {
+    const int begin = static_cast<int>(static_cast<int64_t>(cfg.workers) * g / generators);
+    const int end = static_cast<int>(static_cast<int64_t>(cfg.workers) * (g + 1) / generators);
+    auto gen = std::make_unique<Generator>();
+    char hz[32];
+    std::snprintf(hz, sizeof(hz), "%g", cfg.hz);
+    gen->process = std::make_unique<testing::Subprocess>(
+        std::vector<std::string>{self, "--generator", "--address", address, "--first",
+                                 std::to_string(begin), "--count", std::to_string(end - begin),
+                                 "--slots", std::to_string(cfg.slots), "--hz", hz},
+        state + ".gen" + std::to_string(g) + ".stderr");
+    Generator* raw = gen.get();
+    gen->reader = std::thread([raw] {
+      while (true) {
+        std::optional<std::string> line = raw->process->ReadLine(seconds(3600));
+        if (!line) return;
+        std::lock_guard<std::mutex> lock(raw->mu);
+        long long a = 0, b = 0;
+        double c = 0;
+        if (*line == "ready") {
+          raw->ready = true;
+        } else if (std::sscanf(line->c_str(), "assigned %lld %lld", &a, &b) == 2) {
+          raw->assigned_ns = b;
+        } else if (std::sscanf(line->c_str(), "window sent=%lld samples=%lld cpu=%lf", &a, &b,
+                               &c) == 3) {
+          raw->window_sent = a;
+          raw->window_samples = b;
+          raw->window_cpu = c;
+          return;
+        }
+      }
+    });
+    gens[g] = std::move(gen);
+  }
+  auto teardown = [&] {
+    for (auto& g : gens) g->process->Signal(SIGKILL);
+    for (auto& g : gens) {
+      g->process->Wait(seconds(10));
+      if (g->reader.joinable()) g->reader.join();
+    }
+  };
+  auto all = [&](auto pred) {
+    for (auto& g : gens) {
+      std::lock_guard<std::mutex> lock(g->mu);
+      if (!pred(*g)) return false;
+    }
+    return true;
+  };
+  while (!all([](const Generator& g) { return g.ready; })) {
+    if (Since(t_connect) > 300) {
+      std::fprintf(stderr, "error: workers did not all register within 300 s (see %s.gen*)\n",
+                   state.c_str());
+      teardown();
+      return 1;
+    }
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = v1::CoordinatorService::NewStub(channel);
+  auto list_workers = [&](const v1::ListWorkersRequest& req, v1::ListWorkersResponse* out) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(30));
+    return stub->ListWorkers(&ctx, req, out);
+  };
+  // Every worker's session open: count them a page at a time.
+  while (true) {
+    int n = 0;
+    v1::ListWorkersRequest req;
+    req.set_page_size(1000);
+    v1::ListWorkersResponse resp;
+    while (list_workers(req, &resp).ok()) {
+      n += resp.workers_size();
+      if (resp.next_page_token().empty()) break;
+      req.set_page_token(resp.next_page_token());
+      resp.Clear();
+    }
+    if (n == cfg.workers) break;
+    if (Since(t_connect) > 300) {
+      std::fprintf(stderr, "error: %d of %d workers registered after 300 s\n", n, cfg.workers);
+      teardown();
+      return 1;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  const double connect_s = Since(t_connect);
 
   // ---- Place and assign the job --------------------------------------------------------------
+  const auto submit_wall = std::chrono::system_clock::now();
   const auto t_submit = Clock::now();
   v1::SubmitJobResponse submitted;
   {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + seconds(60));
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(120));
     grpc::Status s = stub->SubmitJob(&ctx, JobOfSize(world, cfg.tp), &submitted);
     if (!s.ok()) {
       std::fprintf(stderr, "error: SubmitJob: %s\n", s.error_message().c_str());
-      stop = true;
-      driver.join();
+      teardown();
       return 1;
     }
   }
   const double submit_rpc_s = Since(t_submit);
-  auto get_job = [&](v1::GetJobResponse* out) {
+  auto get_summary = [&](v1::GetJobResponse* out) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(30));
     v1::GetJobRequest req;
     req.set_job_id(submitted.job_id());
+    req.set_summary(true);
     return stub->GetJob(&ctx, req, out);
   };
-  while (assigned < world && Since(t_submit) < 120) std::this_thread::sleep_for(milliseconds(5));
-  const double assign_s = std::chrono::duration<double>(
-                              Clock::time_point(Clock::duration(last_assign_ns.load())) - t_submit)
-                              .count();
+  auto list_ranks = [&](const std::string& token, v1::ListRanksResponse* out) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(30));
+    v1::ListRanksRequest req;
+    req.set_job_id(submitted.job_id());
+    req.set_page_size(500);
+    req.set_page_token(token);
+    return stub->ListRanks(&ctx, req, out);
+  };
+  auto running_ranks = [&](const v1::GetJobResponse& resp) {
+    for (const auto& c : resp.rank_states()) {
+      if (c.state() == v1::RANK_STATE_RUNNING) return c.ranks();
+    }
+    return 0;
+  };
   double running_s = -1;
-  while (Since(t_submit) < 120) {
+  while (Since(t_submit) < 300) {
     v1::GetJobResponse resp;
-    if (get_job(&resp).ok()) {
-      int n = 0;
-      for (const auto& r : resp.job().ranks()) n += r.state() == v1::RANK_STATE_RUNNING;
-      if (n == world) {
-        running_s = Since(t_submit);
-        break;
-      }
+    if (get_summary(&resp).ok() && running_ranks(resp) == world) {
+      running_s = Since(t_submit);
+      break;
     }
     std::this_thread::sleep_for(milliseconds(50));
   }
+  int64_t last_assign_ns = 0;
+  all([&](const Generator& g) {
+    last_assign_ns = std::max(last_assign_ns, g.assigned_ns);
+    return true;
+  });
+  const double assign_s =
+      last_assign_ns == 0
+          ? -1
+          : (last_assign_ns -
+             std::chrono::duration_cast<std::chrono::nanoseconds>(submit_wall.time_since_epoch())
+                 .count()) /
+                1e9;
 
   // ---- Steady state: probes and a watcher ------------------------------------------------------
-  std::vector<double> get_job_ms, list_workers_ms, forward_ms;
+  std::vector<double> summary_ms, rank_page_ms, worker_page_ms, forward_ms;
   std::mutex forward_mu;
+  std::atomic<bool> measuring{false};
   std::atomic<int64_t> job_samples{0};
   grpc::ClientContext watch_ctx;
   std::thread watcher([&] {
@@ -299,7 +487,7 @@ int Run(const Config& cfg) {
     req.set_rank_metrics(true);
     req.set_skip_logs(true);
     v1::GetJobResponse now;
-    if (get_job(&now).ok()) req.set_from_sequence(now.job().last_event_sequence() + 1);
+    if (get_summary(&now).ok()) req.set_from_sequence(now.job().last_event_sequence() + 1);
     auto reader = stub->WatchJob(&watch_ctx, req);
     v1::WatchJobResponse resp;
     while (reader->Read(&resp)) {
@@ -322,63 +510,111 @@ int Run(const Config& cfg) {
   });
 
   std::this_thread::sleep_for(milliseconds(static_cast<int>(1500 / cfg.hz)));  // settle
+  for (auto& g : gens) g->process->Signal(SIGUSR1);
   const ProcStats before = ReadProc(coord.pid());
-  const int64_t sent_before = sent;
   const auto t_steady = Clock::now();
   measuring = true;
+  std::mt19937 random(7);
+  const int pages = std::max(1, world / 500);
   while (Since(t_steady) < cfg.seconds) {
     auto t0 = Clock::now();
     v1::GetJobResponse job;
-    if (get_job(&job).ok()) get_job_ms.push_back(Since(t0) * 1000);
+    if (get_summary(&job).ok()) summary_ms.push_back(Since(t0) * 1000);
+    // A page of 500 ranks somewhere in the job (the token names the first rank of the page).
+    const int page = static_cast<int>(random() % pages);
+    t0 = Clock::now();
+    v1::ListRanksResponse ranks;
+    if (list_ranks(page == 0 ? "" : "a1r" + std::to_string(page * 500), &ranks).ok() &&
+        ranks.ranks_size() > 0) {
+      rank_page_ms.push_back(Since(t0) * 1000);
+    }
+    // A page of 500 workers after a random one.
+    char after[48];
+    std::snprintf(after, sizeof(after), "after:sim-%05d",
+                  static_cast<int>(random() % std::max(1, cfg.workers - 500)));
+    v1::ListWorkersRequest wreq;
+    wreq.set_page_size(500);
+    wreq.set_page_token(after);
     t0 = Clock::now();
     v1::ListWorkersResponse workers;
-    if (list_workers(&workers).ok()) list_workers_ms.push_back(Since(t0) * 1000);
+    if (list_workers(wreq, &workers).ok()) worker_page_ms.push_back(Since(t0) * 1000);
     std::this_thread::sleep_for(milliseconds(100));
   }
   measuring = false;
   const double steady_s = Since(t_steady);
   const ProcStats after = ReadProc(coord.pid());
-  const double msgs_per_s = (sent - sent_before) / steady_s;
+  for (auto& g : gens) g->process->Signal(SIGUSR2);
+  const auto t_window = Clock::now();
+  while (!all([](const Generator& g) { return g.window_sent >= 0; }) && Since(t_window) < 30) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  int64_t window_sent = 0, window_samples = 0;
+  double generators_cpu_s = 0;
+  all([&](const Generator& g) {
+    window_sent += std::max<int64_t>(0, g.window_sent);
+    window_samples += g.window_samples;
+    generators_cpu_s += g.window_cpu;
+    return true;
+  });
+
+  // `meshrun status JOB`: the summary and the first page of ranks, as a user runs it.
+  double status_s = -1;
+  if (!cfg.cli.empty() && std::filesystem::exists(cfg.cli)) {
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = Clock::now();
+      const std::string command = "'" + cfg.cli + "' status " + submitted.job_id() +
+                                  " --coordinator " + address + " --page-size 500 >/dev/null";
+      if (std::system(command.c_str()) == 0) status_s = std::max(status_s, Since(t0));
+    }
+  }
 
   // ---- Tear down and account the child ------------------------------------------------------
-  stop = true;
-  driver.join();
   watch_ctx.TryCancel();
   watcher.join();
   coord.Signal(SIGTERM);
-  auto exit_status = coord.Wait(seconds(30));
-  for (auto& sim : sims) sim->worker->Kill();
-  rusage children{};
-  getrusage(RUSAGE_CHILDREN, &children);
-  const double child_cpu_s = children.ru_utime.tv_sec + children.ru_utime.tv_usec / 1e6 +
-                             children.ru_stime.tv_sec + children.ru_stime.tv_usec / 1e6;
-  const double child_maxrss_mib = children.ru_maxrss / 1024.0;
+  auto exit_status = coord.Wait(seconds(60));
+  teardown();
   std::filesystem::remove_all(state);
   std::filesystem::remove(state + ".stderr");
+  for (int g = 0; g < generators; ++g) {
+    std::filesystem::remove(state + ".gen" + std::to_string(g) + ".stderr");
+  }
 
-  const Percentiles gj = Summarize(get_job_ms), lw = Summarize(list_workers_ms);
+  const Percentiles sm = Summarize(summary_ms), rp = Summarize(rank_page_ms),
+                    wp = Summarize(worker_page_ms);
   Percentiles fw;
   {
     std::lock_guard<std::mutex> lock(forward_mu);
     fw = Summarize(forward_ms);
   }
-  const double cpu_pct = 100.0 * (after.cpu_s - before.cpu_s) / steady_s;
+  const double coord_cpu_s = after.cpu_s - before.cpu_s;
+  const double cpu_pct = 100.0 * coord_cpu_s / steady_s;
+  const double msgs_per_s = window_sent / steady_s;
+  const double us_per_msg = window_sent > 0 ? 1e6 * coord_cpu_s / window_sent : 0;
+  const double us_per_sample = window_samples > 0 ? 1e6 * coord_cpu_s / window_samples : 0;
+  const double gen_us_per_msg = window_sent > 0 ? 1e6 * generators_cpu_s / window_sent : 0;
 
-  std::printf("\n%-44s %12s\n", "measure", "value");
-  std::printf("%-44s %12.2f\n", "connect workers (register+open) [s]", connect_s);
-  std::printf("%-44s %12.1f\n", "SubmitJob incl. placement [ms]", submit_rpc_s * 1000);
-  std::printf("%-44s %12.2f\n", "submit -> all assignments at workers [s]", assign_s);
-  std::printf("%-44s %12.2f\n", "submit -> all ranks RUNNING [s]", running_s);
-  std::printf("%-44s %12.0f\n", "session messages in [msg/s]", msgs_per_s);
-  std::printf("%-44s %6.1f / %5.1f\n", "GetJob (all ranks) p50 / p99 [ms]", gj.p50, gj.p99);
-  std::printf("%-44s %6.1f / %5.1f\n", "ListWorkers p50 / p99 [ms]", lw.p50, lw.p99);
-  std::printf("%-44s %6.1f / %5.1f\n", "metrics worker->watcher p50 / p99 [ms]", fw.p50, fw.p99);
-  std::printf("%-44s %12.1f\n", "coordinator CPU, steady state [% of a core]", cpu_pct);
-  std::printf("%-44s %12.1f\n", "coordinator RSS, end of steady state [MiB]", after.rss_mib);
-  std::printf("%-44s %12.1f\n", "coordinator peak RSS (getrusage) [MiB]", child_maxrss_mib);
-  std::printf("%-44s %12.1f\n", "coordinator CPU, whole run (getrusage) [s]", child_cpu_s);
-  std::printf("%-44s %12lld\n", "job-level samples streamed", static_cast<long long>(job_samples));
-  std::printf("%-44s %12s\n", "coordinator exit on SIGTERM",
+  std::printf("\n%-48s %12s\n", "measure", "value");
+  std::printf("%-48s %12.2f\n", "connect workers (register+open) [s]", connect_s);
+  std::printf("%-48s %12.1f\n", "SubmitJob incl. placement+persistence [ms]", submit_rpc_s * 1000);
+  std::printf("%-48s %12.2f\n", "submit -> all assignments at workers [s]", assign_s);
+  std::printf("%-48s %12.2f\n", "submit -> all ranks RUNNING [s]", running_s);
+  std::printf("%-48s %12.0f\n", "session messages in [msg/s]", msgs_per_s);
+  std::printf("%-48s %6.2f / %5.2f\n", "job summary (GetJob summary) p50 / p99 [ms]", sm.p50,
+              sm.p99);
+  std::printf("%-48s %6.2f / %5.2f\n", "page of 500 ranks (ListRanks) p50 / p99 [ms]", rp.p50,
+              rp.p99);
+  std::printf("%-48s %6.2f / %5.2f\n", "page of 500 workers (ListWorkers) p50/p99 [ms]", wp.p50,
+              wp.p99);
+  std::printf("%-48s %6.1f / %5.1f\n", "metrics worker->watcher p50 / p99 [ms]", fw.p50, fw.p99);
+  std::printf("%-48s %12.2f\n", "`meshrun status JOB` (slowest of 3) [s]", status_s);
+  std::printf("%-48s %12.1f\n", "coordinator CPU, steady state [% of a core]", cpu_pct);
+  std::printf("%-48s %12.2f\n", "coordinator CPU per session message [us]", us_per_msg);
+  std::printf("%-48s %12.2f\n", "coordinator CPU per rank sample [us]", us_per_sample);
+  std::printf("%-48s %12.2f\n", "load generators' CPU per session message [us]", gen_us_per_msg);
+  std::printf("%-48s %12.1f\n", "coordinator RSS, end of steady state [MiB]", after.rss_mib);
+  std::printf("%-48s %12lld\n", "job-level samples streamed", static_cast<long long>(job_samples));
+  std::printf("%-48s %12s\n", "coordinator exit on SIGTERM",
               exit_status && WIFEXITED(*exit_status) && WEXITSTATUS(*exit_status) == 0
                   ? "clean"
                   : "NOT clean");
@@ -388,6 +624,7 @@ int Run(const Config& cfg) {
       {"workers", cfg.workers},
       {"slots", cfg.slots},
       {"ranks", world},
+      {"generators", generators},
       {"hz", cfg.hz},
       {"steady_seconds", steady_s},
       {"connect_s", connect_s},
@@ -395,13 +632,16 @@ int Run(const Config& cfg) {
       {"place_assign_s", assign_s},
       {"all_running_s", running_s},
       {"session_msgs_per_s", msgs_per_s},
-      {"get_job_ms", {{"p50", gj.p50}, {"p99", gj.p99}, {"n", gj.n}}},
-      {"list_workers_ms", {{"p50", lw.p50}, {"p99", lw.p99}, {"n", lw.n}}},
+      {"summary_ms", {{"p50", sm.p50}, {"p99", sm.p99}, {"n", sm.n}}},
+      {"rank_page_ms", {{"p50", rp.p50}, {"p99", rp.p99}, {"n", rp.n}}},
+      {"worker_page_ms", {{"p50", wp.p50}, {"p99", wp.p99}, {"n", wp.n}}},
       {"metrics_forward_ms", {{"p50", fw.p50}, {"p99", fw.p99}, {"n", fw.n}}},
+      {"status_cli_s", status_s},
       {"coordinator_cpu_pct", cpu_pct},
+      {"coordinator_us_per_msg", us_per_msg},
+      {"coordinator_us_per_rank_sample", us_per_sample},
+      {"generators_us_per_msg", gen_us_per_msg},
       {"coordinator_rss_mib", after.rss_mib},
-      {"coordinator_peak_rss_mib", child_maxrss_mib},
-      {"coordinator_cpu_total_s", child_cpu_s},
       {"job_samples", job_samples.load()},
   };
   std::printf("%s\n", out.dump().c_str());
@@ -420,13 +660,22 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", cfg.seconds, "steady-state seconds")->capture_default_str();
   app.add_option("--hz", cfg.hz, "heartbeats (and metrics samples) per second per worker")
       ->capture_default_str();
+  app.add_option("--generators", cfg.generators,
+                 "load-generator processes (0: one per 256 workers)")
+      ->capture_default_str();
   app.add_option("--coordinator", cfg.coordinator,
                  "meshrun-coordinator binary (default: next to this program)");
+  app.add_option("--cli", cfg.cli,
+                 "meshrun binary timed for `status` (default: next to this program)");
+  // Internal: one load-generator process (started by the main process).
+  app.add_flag("--generator", cfg.generator)->group("");
+  app.add_option("--address", cfg.address)->group("");
+  app.add_option("--first", cfg.first)->group("");
+  app.add_option("--count", cfg.count)->group("");
   CLI11_PARSE(app, argc, argv);
-  if (cfg.coordinator.empty()) {
-    cfg.coordinator =
-        (std::filesystem::canonical("/proc/self/exe").parent_path() / "meshrun-coordinator")
-            .string();
-  }
+  if (cfg.generator) return meshrun::RunGenerator(cfg);
+  const auto here = std::filesystem::canonical("/proc/self/exe").parent_path();
+  if (cfg.coordinator.empty()) cfg.coordinator = (here / "meshrun-coordinator").string();
+  if (cfg.cli.empty()) cfg.cli = (here / "meshrun").string();
   return meshrun::Run(cfg);
 }

@@ -114,7 +114,7 @@ std::string JsonString(const std::string& s) {
 }
 
 // ‖g‖, torch's clip_grad_norm_ and AdamW over the flat buffers (one rank: what
-// ShardedState::ClipAndStep does without shards).
+// ClipAndStep (engine/train/update.h) does without shards).
 Status ClipAndStep(GPT2<float>& model, float* m, float* v, const TrainSpec& tr, int64_t step) {
   const Device dev = model.config().device;
   MESHRUN_ASSIGN_OR_RETURN(const double sq,

@@ -22,6 +22,15 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row = blockIdx.x;
   const T* x = logits + row * ld;
   const int64_t target = targets[row];
+  if (target < 0) {
+    // An ignored target (kIgnoreTarget, as transformers' -100): no loss and no gradient.
+    if (threadIdx.x == 0) losses[row] = 0.0f;
+    if (dlogits != nullptr) {
+      T* d = dlogits + row * ld;
+      for (int64_t j = threadIdx.x; j < ld; j += blockDim.x) d[j] = FromFloat<T>(0.0f);
+    }
+    return;
+  }
   // Read before any thread can overwrite it (dlogits may alias logits).
   const float x_target = ToFloat(x[target]);
 

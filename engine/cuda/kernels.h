@@ -154,6 +154,9 @@ template <typename T>
 Status AdamW(CudaContext& ctx, float* param, const float* grad, float* m, float* v, int64_t n,
              double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
              float grad_scale = 1.0f, T* param_copy = nullptr);
+// Lion on n elements, op for op as the CPU kernel (engine/cuda/lion.cu).
+Status Lion(CudaContext& ctx, float* param, const float* grad, float* m, int64_t n, double lr,
+            double beta1, double beta2, double weight_decay);
 // Σ x² accumulated in double, deterministic; synchronizes to return the value.
 StatusOr<double> SumOfSquares(CudaContext& ctx, const float* x, int64_t n);
 // Σ x in double (the loss sum); synchronizes.
@@ -199,8 +202,8 @@ template <typename T>
 Status VocabShardStats(CudaContext& ctx, float* stats, const T* logits, const int32_t* targets,
                        int64_t first, int64_t N, int64_t V);
 template <typename T>
-Status VocabShardLoss(CudaContext& ctx, T* losses, T* lse, const T* all_stats, int64_t shards,
-                      int64_t N);
+Status VocabShardLoss(CudaContext& ctx, T* losses, T* lse, const T* all_stats,
+                      const int32_t* targets, int64_t shards, int64_t N);
 template <typename T>
 Status VocabShardGrad(CudaContext& ctx, T* dlogits, const T* logits, const T* lse,
                       const int32_t* targets, int64_t first, int64_t N, int64_t V,

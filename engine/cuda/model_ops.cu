@@ -150,7 +150,7 @@ __global__ void VocabShardStatsKernel(float* stats, const float* logits, const i
 }
 
 __global__ void VocabShardLossKernel(float* losses, float* lse, const float* all_stats,
-                                     int64_t shards, int64_t N) {
+                                     const int32_t* targets, int64_t shards, int64_t N) {
   MESHRUN_GRID_LOOP(i, N) {
     float m = -INFINITY;
     for (int64_t s = 0; s < shards; ++s) m = fmaxf(m, all_stats[(s * N + i) * 2]);
@@ -162,7 +162,8 @@ __global__ void VocabShardLossKernel(float* losses, float* lse, const float* all
     }
     const double total = static_cast<double>(m) + log(sum);
     lse[i] = static_cast<float>(total);
-    losses[i] = static_cast<float>(total - target);
+    // A negative target (kIgnoreTarget) is ignored: no loss (and VocabShardGrad: no gradient).
+    losses[i] = targets[i] < 0 ? 0.0f : static_cast<float>(total - target);
   }
 }
 
@@ -171,6 +172,10 @@ __global__ void VocabShardGradKernel(float* dlogits, const float* logits, const 
                                      float grad_scale) {
   MESHRUN_GRID_LOOP(e, N * V) {
     const int64_t i = e / V, j = e % V;
+    if (targets[i] < 0) {
+      dlogits[e] = 0.0f;
+      continue;
+    }
     float d = grad_scale * expf(logits[e] - lse[i]);
     if (static_cast<int64_t>(targets[i]) - first == j) d -= grad_scale;
     dlogits[e] = d;
@@ -355,9 +360,10 @@ Status VocabShardStats<float>(CudaContext& ctx, float* stats, const float* logit
 
 template <>
 Status VocabShardLoss<float>(CudaContext& ctx, float* losses, float* lse, const float* all_stats,
-                             int64_t shards, int64_t N) {
+                             const int32_t* targets, int64_t shards, int64_t N) {
   if (N == 0) return OkStatus();
-  VocabShardLossKernel<<<Grid(N), kThreads, 0, ctx.stream()>>>(losses, lse, all_stats, shards, N);
+  VocabShardLossKernel<<<Grid(N), kThreads, 0, ctx.stream()>>>(losses, lse, all_stats, targets,
+                                                               shards, N);
   MESHRUN_GPU_TRY_LAUNCH();
   return OkStatus();
 }

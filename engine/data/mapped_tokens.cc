@@ -199,4 +199,105 @@ Status MappedTokens::Read(int64_t begin, int64_t count, int32_t* out, int32_t id
   return OkStatus();
 }
 
+// ---- mask files (flags beside token files).
+
+std::string MaskPathOf(const std::string& token_path) {
+  const size_t slash = token_path.find_last_of('/');
+  const size_t dot = token_path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) {
+    return token_path + ".mask";
+  }
+  return token_path.substr(0, dot) + ".mask";
+}
+
+StatusOr<std::shared_ptr<const MappedFlags>> MappedFlags::Open(
+    const std::vector<std::string>& files, const std::vector<int64_t>& counts) {
+  std::shared_ptr<MappedFlags> m(new MappedFlags());
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string& path = files[i];
+    MESHRUN_ASSIGN_OR_RETURN(int fd, OpenConfined(path, O_RDONLY));
+    if (fd < 0) {
+      return NotFoundError(path + ": cannot open for reading: " + std::strerror(errno) +
+                           " (hint: check the path and its permissions)");
+    }
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return InvalidArgumentError(path +
+                                  ": not a regular file (hint: remove it, or write it "
+                                  "again with meshrun tokenize --template)");
+    }
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    unsigned char head[kMaskHeaderBytes] = {};
+    if (size < static_cast<uint64_t>(kMaskHeaderBytes) ||
+        ::pread(fd, head, kMaskHeaderBytes, 0) != kMaskHeaderBytes ||
+        std::memcmp(head, kMaskMagic, sizeof(kMaskMagic)) != 0 || LeInt32(head + 8) != 1) {
+      ::close(fd);
+      return InvalidArgumentError(path +
+                                  ": not a meshrun mask file (magic MRMASK01, version 1 at "
+                                  "offset 0) (hint: write it again with meshrun tokenize "
+                                  "--template, or remove it)");
+    }
+    const int64_t want = counts[i];
+    if (size != static_cast<uint64_t>(kMaskHeaderBytes + want)) {
+      ::close(fd);
+      return InvalidArgumentError(
+          path + ": holds " + std::to_string(static_cast<int64_t>(size) - kMaskHeaderBytes) +
+          " flags after its header but its token file has " + std::to_string(want) +
+          " tokens (hint: write the token and mask files again with meshrun tokenize)");
+    }
+    const int seq_len = LeInt32(head + 12);
+    if (i > 0 && seq_len != m->seq_len_) {
+      ::close(fd);
+      return InvalidArgumentError(path + ": laid out for seq_len " + std::to_string(seq_len) +
+                                  ", the shards before it for " + std::to_string(m->seq_len_) +
+                                  " (hint: tokenize every shard with the same --seq-len)");
+    }
+    m->seq_len_ = seq_len;
+    void* base = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (base == MAP_FAILED) {
+      return InternalError(path + ": cannot map " + std::to_string(size) +
+                           " bytes: " + std::strerror(err));
+    }
+    Part part;
+    part.path = path;
+    part.base = static_cast<const unsigned char*>(base);
+    part.map_bytes = size;
+    part.first = m->size_;
+    part.count = want;
+    m->size_ += want;
+    m->parts_.push_back(std::move(part));
+  }
+  return std::shared_ptr<const MappedFlags>(std::move(m));
+}
+
+MappedFlags::~MappedFlags() {
+  for (const Part& p : parts_) {
+    if (p.base) ::munmap(const_cast<unsigned char*>(p.base), p.map_bytes);
+  }
+}
+
+Status MappedFlags::Read(int64_t begin, int64_t count, uint8_t* out) const {
+  if (begin < 0 || count < 0 || begin > size_ || count > size_ - begin) {
+    return OutOfRangeError("flags [" + std::to_string(begin) + ", " +
+                           std::to_string(begin + count) + ") lie outside a stream of " +
+                           std::to_string(size_) + " tokens");
+  }
+  auto it = std::upper_bound(parts_.begin(), parts_.end(), begin,
+                             [](int64_t b, const Part& p) { return b < p.first; });
+  size_t k = static_cast<size_t>(it - parts_.begin()) - 1;
+  int64_t done = 0;
+  while (done < count) {
+    const Part& p = parts_[k];
+    const int64_t at = begin + done - p.first;
+    const int64_t n = std::min(count - done, p.count - at);
+    std::memcpy(out + done, p.base + kMaskHeaderBytes + at, static_cast<size_t>(n));
+    done += n;
+    ++k;
+  }
+  return OkStatus();
+}
+
 }  // namespace meshrun

@@ -55,6 +55,40 @@ class MappedTokens {
   int64_t width_max_id_ = 0;
 };
 
+// The `.mask` files beside token shards (docs/data.md "Masks"): a 16-byte header (magic
+// "MRMASK01", uint32 version 1, uint32 window seq_len or 0), then one flag byte per token of the
+// shard. Mapped read-only like the ids; immutable, safe to read from several threads.
+inline constexpr char kMaskMagic[8] = {'M', 'R', 'M', 'A', 'S', 'K', '0', '1'};
+inline constexpr int kMaskHeaderBytes = 16;
+class MappedFlags {
+ public:
+  // Maps `files[i]`, which must hold `counts[i]` flags (its shard's token count). Errors name
+  // the file, the offset and a fix. All files must name the same seq_len.
+  static StatusOr<std::shared_ptr<const MappedFlags>> Open(const std::vector<std::string>& files,
+                                                           const std::vector<int64_t>& counts);
+  ~MappedFlags();
+  MappedFlags(const MappedFlags&) = delete;
+  MappedFlags& operator=(const MappedFlags&) = delete;
+
+  int64_t size() const { return size_; }
+  int seq_len() const { return seq_len_; }
+  Status Read(int64_t begin, int64_t count, uint8_t* out) const;
+
+ private:
+  MappedFlags() = default;
+  struct Part {
+    std::string path;
+    const unsigned char* base = nullptr;
+    uint64_t map_bytes = 0;
+    int64_t first = 0, count = 0;
+  };
+  std::vector<Part> parts_;
+  int64_t size_ = 0;
+  int seq_len_ = 0;
+};
+// The mask file of a token file: X.bin → X.mask.
+std::string MaskPathOf(const std::string& token_path);
+
 // Parses a shard's first bytes and size as `format` (no mapping): the width, data offset and
 // token count, or the error Open would give. `head` holds min(size, 1024) bytes of the file.
 Status ParseTokenShard(const std::string& path, const std::string& format, uint64_t size,

@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "common/confined_file.h"
+#include "engine/data/instruction.h"
 #include "engine/data/tokenizer.h"
 
 namespace meshrun {
@@ -171,7 +172,8 @@ bool IsBinName(const std::string& name) {
 }
 
 // A folder of token shards under format auto: at least one `*.bin` file, and every other
-// non-hidden regular file is manifest.json (what `meshrun tokenize` writes beside its shards).
+// non-hidden regular file is manifest.json or a `*.mask` (what `meshrun tokenize` writes beside
+// its shards).
 bool IsTokenFolder(const fs::path& dir) {
   std::error_code ec;
   bool any = false;
@@ -180,7 +182,8 @@ bool IsTokenFolder(const fs::path& dir) {
     if (name.empty() || name[0] == '.' || !it->is_regular_file(ec)) continue;
     if (IsBinName(name)) {
       any = true;
-    } else if (name != "manifest.json") {
+    } else if (name != "manifest.json" &&
+               !(name.size() > 5 && name.compare(name.size() - 5, 5, ".mask") == 0)) {
       return false;
     }
   }
@@ -237,6 +240,28 @@ Status LoadTokenFiles(const std::vector<std::string>& files, const std::string& 
   s->format = formats.front();
   s->files = files;
   s->id_limit = options.vocab_size;
+  // Flags beside the shards (X.bin → X.mask): all of them or none.
+  std::vector<std::string> masks;
+  std::vector<int64_t> counts;
+  for (size_t i = 0; i < files.size(); ++i) {
+    std::error_code ec;
+    const std::string mask = MaskPathOf(files[i]);
+    if (fs::exists(mask, ec)) {
+      masks.push_back(mask);
+      counts.push_back(s->mapped->shards()[i].count);
+    }
+  }
+  if (!masks.empty() && masks.size() != files.size()) {
+    return InvalidArgumentError(
+        files.front() + ": " + std::to_string(masks.size()) + " of " +
+        std::to_string(files.size()) +
+        " token files have a .mask file beside them (hint: every shard needs its mask, or none "
+        "does; tokenize the data again)");
+  }
+  if (!masks.empty()) {
+    MESHRUN_ASSIGN_OR_RETURN(s->mapped_flags, MappedFlags::Open(masks, counts));
+    s->window_seq_len = s->mapped_flags->seq_len();
+  }
   return OkStatus();
 }
 
@@ -334,6 +359,10 @@ LoadOptions LoadOptionsOf(const JobSpec& spec) {
   }
   if (spec.resources.threads > 0) o.threads = spec.resources.threads;
   o.vocab_size = spec.model.vocab_size;
+  o.chat_template = spec.data.chat_template;
+  o.seq_len = spec.model.seq_len;
+  // Samples are packed only where attention cannot cross them (docs/data.md "Windows of samples").
+  o.pack = AttentionMaskOf(spec.data) == AttentionMask::kDocument;
   return o;
 }
 
@@ -421,6 +450,22 @@ StatusOr<TokenStream> LoadLlmcFile(const std::string& path) {
   s.mapped.reset();
   for (int32_t t : s.tokens) s.max_token_id = std::max(s.max_token_id, t);
   return s;
+}
+
+Status TokenStream::ReadFlags(int64_t begin, int64_t count, uint8_t* out) const {
+  if (mapped_flags) return mapped_flags->Read(begin, count, out);
+  const int64_t n = size();
+  if (begin < 0 || count < 0 || begin > n || count > n - begin) {
+    return OutOfRangeError("flags [" + std::to_string(begin) + ", " +
+                           std::to_string(begin + count) + ") lie outside a stream of " +
+                           std::to_string(n) + " tokens");
+  }
+  if (flags.empty()) {
+    std::fill(out, out + count, uint8_t{1});  // kTokenTarget: every token
+  } else if (count > 0) {
+    std::memcpy(out, flags.data() + begin, static_cast<size_t>(count));
+  }
+  return OkStatus();
 }
 
 Status TokenStream::Read(int64_t begin, int64_t count, int32_t* out) const {
@@ -541,6 +586,8 @@ StatusOr<TokenStream> LoadTokens(const std::string& path, const std::string& for
   s.format = resolved;
   if (resolved == "llmc" || resolved == "nanogpt") {
     MESHRUN_RETURN_IF_ERROR(LoadTokenFiles({path}, resolved, options, &s));
+  } else if (IsJsonlPath(path)) {
+    return LoadInstructionData(path, options);
   } else if (!options.tokenizer.empty()) {
     return LoadTokenizedText(path, options);
   } else {

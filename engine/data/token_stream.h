@@ -50,6 +50,19 @@ struct TokenStream {
   // For a text folder: the files that were read, in order, and the ones skipped with why.
   std::vector<std::string> files;
   std::vector<std::string> skipped;
+  // One flag byte per token (kTokenTarget, kTokenDocStart, kTokenPad of
+  // engine/data/instruction.h): `flags` in memory (instruction JSONL), or `mapped_flags` (the
+  // `.mask` files beside token files that `meshrun tokenize --template` writes). Neither: every
+  // token is a loss target.
+  std::vector<uint8_t> flags;
+  std::shared_ptr<const MappedFlags> mapped_flags;
+  // > 0: the stream is laid out in windows of this model.seq_len (samples padded or packed).
+  int window_seq_len = 0;
+
+  bool has_flags() const { return mapped_flags != nullptr || !flags.empty(); }
+  // Flags of tokens [begin, begin + count) into `out` (OUT_OF_RANGE outside the stream; all
+  // kTokenTarget when the stream has none).
+  Status ReadFlags(int64_t begin, int64_t count, uint8_t* out) const;
 
   int64_t size() const { return mapped ? mapped->size() : static_cast<int64_t>(tokens.size()); }
   // Tokens [begin, begin + count) as int32 ids into `out`: the window access of the sampler
@@ -75,6 +88,11 @@ struct LoadOptions {
   std::function<void(int64_t, int64_t)> progress;
   // model.vocab_size: the id_limit of mapped token files; 0: none.
   int32_t vocab_size = 0;
+  // Instruction JSONL (engine/data/instruction.h): data.template, model.seq_len, and whether
+  // samples are packed (data.attention: document) or one per window.
+  std::string chat_template;
+  int seq_len = 0;
+  bool pack = false;
 };
 
 // Loads `path` as `format` ("auto", "text", "llmc" or "nanogpt").

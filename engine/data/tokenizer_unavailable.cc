@@ -1,4 +1,5 @@
 // Tokenizers in a build without nlohmann-json or PCRE2 (engine-only): refused at run time.
+#include "engine/data/instruction.h"
 #include "engine/data/token_stream.h"
 #include "engine/data/tokenizer.h"
 
@@ -23,6 +24,10 @@ StatusOr<TokenStream> TokenizeTexts(const std::vector<std::string>&,
 }
 
 Status WriteLlmcTokens(const std::string&, const std::vector<int32_t>&, int32_t) {
+  return Unavailable();
+}
+
+StatusOr<TokenStream> LoadInstructionData(const std::string&, const LoadOptions&) {
   return Unavailable();
 }
 

@@ -503,7 +503,8 @@ StatusOr<double> GPT2<T>::HeadLoss(const int32_t* host_targets, bool with_grad, 
           ops::VocabShardStats(dev, stats, logits, targets + r0, first, rows, V));
       MESHRUN_RETURN_IF_ERROR(tp->AllGather(stats, all_stats, static_cast<size_t>(2 * rows),
                                             CallOptions::Axis(MeshAxis::kTp)));
-      MESHRUN_RETURN_IF_ERROR(ops::VocabShardLoss(dev, losses + r0, lse, all_stats, n, rows));
+      MESHRUN_RETURN_IF_ERROR(
+          ops::VocabShardLoss(dev, losses + r0, lse, all_stats, targets + r0, n, rows));
       if (with_grad) {
         MESHRUN_RETURN_IF_ERROR(ops::VocabShardGrad(dev, logits, logits, lse, targets + r0, first,
                                                     rows, V, grad_scale));

@@ -583,10 +583,10 @@ Status VocabShardStats(Device dev, T* stats, const T* logits, const int32_t* tar
 }
 
 template <typename T>
-Status VocabShardLoss(Device dev, T* losses, T* lse, const T* all_stats, int64_t shards,
-                      int64_t N) {
-  MESHRUN_OP("VocabShardLoss", cpu::VocabShardLoss(losses, lse, all_stats, shards, N),
-             gpu::VocabShardLoss(ctx, losses, lse, all_stats, shards, N))
+Status VocabShardLoss(Device dev, T* losses, T* lse, const T* all_stats, const int32_t* targets,
+                      int64_t shards, int64_t N) {
+  MESHRUN_OP("VocabShardLoss", cpu::VocabShardLoss(losses, lse, all_stats, targets, shards, N),
+             gpu::VocabShardLoss(ctx, losses, lse, all_stats, targets, shards, N))
 }
 
 template <typename T>
@@ -627,6 +627,14 @@ Status AdamW(Device dev, T* param, const T* grad, T* m, T* v, int64_t n, double 
                (ctx.InvalidateWeights(),
                 gpu::AdamW<float>(ctx, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
                                   step, 1.0f, nullptr)))}
+
+Status Lion(Device dev, float* param, const float* grad, float* m, int64_t n, double lr,
+            double beta1, double beta2, double weight_decay) {
+  using T = float;  // MESHRUN_CUDA_OP's type
+  MESHRUN_OP(
+      "Lion", cpu::Lion(param, grad, m, n, lr, beta1, beta2, weight_decay),
+      (ctx.InvalidateWeights(), gpu::Lion(ctx, param, grad, m, n, lr, beta1, beta2, weight_decay)))
+}
 
 #define MESHRUN_OPS_INSTANTIATE(T)                                                                 \
   template Status Fill<T>(Device, T*, double, int64_t);                                            \
@@ -676,7 +684,7 @@ Status AdamW(Device dev, T* param, const T* grad, T* m, T* v, int64_t n, double 
                                          int64_t, double);                                         \
   template Status VocabShardStats<T>(Device, T*, const T*, const int32_t*, int64_t, int64_t,       \
                                      int64_t);                                                     \
-  template Status VocabShardLoss<T>(Device, T*, T*, const T*, int64_t, int64_t);                   \
+  template Status VocabShardLoss<T>(Device, T*, T*, const T*, const int32_t*, int64_t, int64_t);   \
   template Status VocabShardGrad<T>(Device, T*, const T*, const T*, const int32_t*, int64_t,       \
                                     int64_t, int64_t, double);                                     \
   template StatusOr<double> Sum<T>(Device, const T*, int64_t);                                     \

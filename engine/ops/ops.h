@@ -161,8 +161,8 @@ Status AttentionMerge(Device dev, T* out_a, T* lse_a, const T* out_b, const T* l
                       int64_t D);
 
 // ---- losses. SoftmaxCrossEntropy: losses[i] and (dlogits non-null) dlogits = grad_scale·
-// (softmax − onehot), overwritten, may alias logits. The vocab-shard trio: see
-// cpu::VocabShardStats.
+// (softmax − onehot), overwritten, may alias logits. A negative target (kIgnoreTarget) is
+// ignored: loss 0, gradient 0. The vocab-shard trio: see cpu::VocabShardStats.
 template <typename T>
 Status SoftmaxCrossEntropy(Device dev, T* losses, T* dlogits, const T* logits,
                            const int32_t* targets, int64_t N, int64_t V, double grad_scale);
@@ -170,7 +170,8 @@ template <typename T>
 Status VocabShardStats(Device dev, T* stats, const T* logits, const int32_t* targets, int64_t first,
                        int64_t N, int64_t V);
 template <typename T>
-Status VocabShardLoss(Device dev, T* losses, T* lse, const T* all_stats, int64_t shards, int64_t N);
+Status VocabShardLoss(Device dev, T* losses, T* lse, const T* all_stats, const int32_t* targets,
+                      int64_t shards, int64_t N);
 template <typename T>
 Status VocabShardGrad(Device dev, T* dlogits, const T* logits, const T* lse, const int32_t* targets,
                       int64_t first, int64_t N, int64_t V, double grad_scale);
@@ -186,5 +187,8 @@ Status Scale(Device dev, T* x, int64_t n, double s);  // x *= s
 template <typename T>
 Status AdamW(Device dev, T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1,
              double beta2, double eps, double weight_decay, int64_t step);
+// Lion (Chen et al. 2023) on float32 master weights and momentum (engine/train/optimizer.h).
+Status Lion(Device dev, float* param, const float* grad, float* m, int64_t n, double lr,
+            double beta1, double beta2, double weight_decay);
 
 }  // namespace meshrun::ops

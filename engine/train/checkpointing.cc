@@ -1,8 +1,9 @@
 // Saving and resuming the trainer's state under any mesh (docs/checkpoints.md). Tensors are saved
-// by their global names as boxes of the global tensor: "model/<param>", "optim/exp_avg/<param>",
-// "optim/exp_avg_sq/<param>". Every rank of replica 0 writes the boxes of its own shard (no rank
-// gathers anything); loading reads the boxes of this rank's shard from whatever mesh wrote them
-// (resharding).
+// by their global names as boxes of the global tensor: "model/<param>" and, for every state the
+// optimizer names, "optim/<state>/<param>" (AdamW: exp_avg and exp_avg_sq; Lion: exp_avg); the
+// metadata's trainer record names the optimizer ("optimizer"; absent before it was recorded:
+// adamw). Every rank of replica 0 writes the boxes of its own shard (no rank gathers anything);
+// loading reads the boxes of this rank's shard from whatever mesh wrote them (resharding).
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -20,8 +21,37 @@ namespace {
 std::string ModelKey(const ParamInfo& p) {
   return "model/" + p.name;
 }
-std::string MomentKey(const char* which, const ParamInfo& p) {
-  return std::string("optim/") + which + "/" + p.name;
+std::string StateKey(const std::string& state, const ParamInfo& p) {
+  return "optim/" + state + "/" + p.name;
+}
+
+// The optimizer a checkpoint's state belongs to (its trainer record's "optimizer"; checkpoints
+// written before it was recorded hold AdamW's). A resume continues with the same optimizer:
+// another one's state does not carry over (Lion's exp_avg is not AdamW's), so a different
+// train.optimizer is refused, naming the way to start it from the checkpoint's weights.
+Status CheckResumeOptimizer(const nlohmann::json& trainer, const JobSpec& spec,
+                            const std::string& step_dir) {
+  std::string saved = OptimizerName(OptimizerKind::kAdamW);
+  if (trainer.is_object()) {
+    const auto it = trainer.find("optimizer");
+    if (it != trainer.end()) {
+      if (!it->is_string()) {
+        return DataLossError("checkpoint " + step_dir + ": metadata's optimizer is not a name");
+      }
+      saved = it->get<std::string>();
+    }
+  }
+  const std::string want = OptimizerName(OptimizerOf(spec.train));
+  if (saved == want) return OkStatus();
+  const std::string hint = "resume with train.optimizer: " + EscapeForMessage(saved) +
+                           ", or export the checkpoint's weights (meshrun export " + step_dir +
+                           " -o DIR) and start " + want +
+                           " from them in another folder: model.init_from: DIR, "
+                           "--set checkpoint.dir=ANOTHER_DIR";
+  return InvalidArgumentError(
+      "train.optimizer: the checkpoint " + step_dir + " holds the state of '" +
+      EscapeForMessage(saved) + "', this spec asks for '" + want +
+      "'; one optimizer's state does not carry over to another (hint: " + hint + ")");
 }
 
 // The data position of a checkpoint (docs/checkpoints.md): the sources of data.train with
@@ -119,22 +149,23 @@ Status Trainer::SaveCheckpoint() {
   // holds a copy of replica 0's and writes an empty file; tp-replicated tensors come from tp
   // rank 0 only.
   std::vector<SliceRef> slices;
-  ShardedState::HostState host;  // a host copy when the shard lives on a device
+  ShardedState::HostState host;  // host copies when the shard lives on a device
+  Optimizer::HostState state;
+  const std::vector<std::string>& names = optimizer_->state_names();
   if (coords_.dp_replicate == 0) {
     MESHRUN_RETURN_IF_ERROR(shards_->ToHost(&host));
+    MESHRUN_RETURN_IF_ERROR(optimizer_->ToHost(&state));
     const float* params = host.params;
-    const float* m = host.exp_avg;
-    const float* v = host.exp_avg_sq;
     for (const ShardSegment& s : shards_->segments()) {
       const ParamInfo& p = model_->params()[s.param];
       if (!p.tp_sharded && coords_.tp != 0) continue;
       for (const ParamPiece& piece : PiecesOf(p, s.param_first, s.count)) {
         const int64_t at = s.shard_offset + (piece.local_first - s.param_first);
         slices.push_back({ModelKey(p), p.global_shape, piece.offset, piece.shape, params + at});
-        slices.push_back(
-            {MomentKey("exp_avg", p), p.global_shape, piece.offset, piece.shape, m + at});
-        slices.push_back(
-            {MomentKey("exp_avg_sq", p), p.global_shape, piece.offset, piece.shape, v + at});
+        for (size_t i = 0; i < names.size(); ++i) {
+          slices.push_back({StateKey(names[i], p), p.global_shape, piece.offset, piece.shape,
+                            state.states[i] + at});
+        }
       }
     }
   }
@@ -151,7 +182,10 @@ Status Trainer::SaveCheckpoint() {
   meta.job_spec_yaml = options_.spec_yaml;
   // The loss history travels with the checkpoint, so a resumed (or finished) run can report
   // the real loss of its last step.
-  nlohmann::json trainer = {{"step", step_}, {"optimizer_step", step_}, {"losses", loss_history_}};
+  nlohmann::json trainer = {{"step", step_},
+                            {"optimizer_step", step_},
+                            {"optimizer", OptimizerName(optimizer_->kind())},
+                            {"losses", loss_history_}};
   trainer["data"] = DataRecord(spec_, *sampler_, step_);
   // What the model trained from says of itself (its type, dtype and special token ids), so
   // `meshrun export` keeps it even when the folder is gone.
@@ -205,6 +239,7 @@ Status CheckResumeFits(const std::string& step_dir, const JobSpec& spec) {
                                               step_dir, spec.checkpoint.dir));
   const nlohmann::json trainer =
       nlohmann::json::parse(reader.metadata().trainer_json, nullptr, /*allow_exceptions=*/false);
+  MESHRUN_RETURN_IF_ERROR(CheckResumeOptimizer(trainer, spec, step_dir));
   return CheckResumeData(trainer, spec, step_dir);
 }
 
@@ -212,39 +247,40 @@ Status Trainer::LoadCheckpoint(const std::string& step_dir) {
   MESHRUN_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::Open(step_dir));
   MESHRUN_RETURN_IF_ERROR(
       CheckCheckpointFits(reader, model_->params(), step_dir, spec_.checkpoint.dir));
-  // Only the byte ranges of this rank's shard are read, whatever mesh wrote them.
-  ShardedState::HostState host;  // read on the host, then copied to the shard's device
-  MESHRUN_RETURN_IF_ERROR(shards_->ToHost(&host));
-  float* params = host.params;
-  float* m = host.exp_avg;
-  float* v = host.exp_avg_sq;
-  for (const ShardSegment& s : shards_->segments()) {
-    const ParamInfo& p = model_->params()[s.param];
-    // A checkpoint without optimizer state (e.g. converted weights) starts fresh moments.
-    const bool has_moments = reader.HasTensor(MomentKey("exp_avg", p));
-    for (const ParamPiece& piece : PiecesOf(p, s.param_first, s.count)) {
-      const int64_t at = s.shard_offset + (piece.local_first - s.param_first);
-      MESHRUN_RETURN_IF_ERROR(
-          reader.ReadSlice(ModelKey(p), piece.offset, piece.shape, params + at));
-      if (has_moments) {
-        MESHRUN_RETURN_IF_ERROR(
-            reader.ReadSlice(MomentKey("exp_avg", p), piece.offset, piece.shape, m + at));
-        MESHRUN_RETURN_IF_ERROR(
-            reader.ReadSlice(MomentKey("exp_avg_sq", p), piece.offset, piece.shape, v + at));
-      } else {
-        int64_t n = 1;
-        for (int64_t d : piece.shape) n *= d;
-        std::fill(m + at, m + at + n, 0.f);
-        std::fill(v + at, v + at + n, 0.f);
-      }
-    }
-  }
-  MESHRUN_RETURN_IF_ERROR(shards_->FromHost(host));
   nlohmann::json trainer =
       nlohmann::json::parse(reader.metadata().trainer_json, nullptr, /*allow_exceptions=*/false);
   if (trainer.is_discarded() || !trainer.contains("step") || !trainer["step"].is_number_integer()) {
     return DataLossError("checkpoint " + step_dir + ": metadata has no trainer step");
   }
+  MESHRUN_RETURN_IF_ERROR(CheckResumeOptimizer(trainer, spec_, step_dir));
+  // Only the byte ranges of this rank's shard are read, whatever mesh wrote them.
+  ShardedState::HostState host;  // read on the host, then copied to the shard's device
+  Optimizer::HostState state;
+  MESHRUN_RETURN_IF_ERROR(shards_->ToHost(&host));
+  MESHRUN_RETURN_IF_ERROR(optimizer_->ToHost(&state));
+  const std::vector<std::string>& names = optimizer_->state_names();
+  float* params = host.params;
+  for (const ShardSegment& s : shards_->segments()) {
+    const ParamInfo& p = model_->params()[s.param];
+    for (const ParamPiece& piece : PiecesOf(p, s.param_first, s.count)) {
+      const int64_t at = s.shard_offset + (piece.local_first - s.param_first);
+      MESHRUN_RETURN_IF_ERROR(
+          reader.ReadSlice(ModelKey(p), piece.offset, piece.shape, params + at));
+      int64_t n = 1;
+      for (int64_t d : piece.shape) n *= d;
+      for (size_t i = 0; i < names.size(); ++i) {
+        // A checkpoint without optimizer state (e.g. converted weights) starts it at zero.
+        if (reader.HasTensor(StateKey(names[i], p))) {
+          MESHRUN_RETURN_IF_ERROR(reader.ReadSlice(StateKey(names[i], p), piece.offset, piece.shape,
+                                                   state.states[i] + at));
+        } else {
+          std::fill(state.states[i] + at, state.states[i] + at + n, 0.f);
+        }
+      }
+    }
+  }
+  MESHRUN_RETURN_IF_ERROR(shards_->FromHost(host));
+  MESHRUN_RETURN_IF_ERROR(optimizer_->FromHost(state));
   step_ = trainer["step"].get<int64_t>();
   MESHRUN_RETURN_IF_ERROR(CheckResumeData(trainer, spec_, step_dir));
   // The shuffled rule the checkpoint was written under (decision 0042): a data record without

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/model/gpt2.h"
+#include "engine/train/optimizer_states.h"
 
 namespace meshrun {
 
@@ -59,7 +60,7 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
     out.bytes[static_cast<int>(kind)] += elements * f;
   };
 
-  // Parameters, gradients, AdamW moments.
+  // Parameters, gradients, the optimizer's state.
   int64_t total = 0, shard = 0, largest_shard = 0;
   for (const UnitInfo& u : units) {
     total += u.padded;
@@ -145,7 +146,9 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
       add(MemoryKind::kCommunication, staging.total());
     }
   }
-  add(MemoryKind::kOptimizer, 2 * shard);
+  // The optimizer's own state over the shard (engine/train/optimizer_states.h).
+  out.bytes[static_cast<int>(MemoryKind::kOptimizer)] +=
+      OptimizerStateBytes(OptimizerOf(spec.train), shard);
 
   // Activations of one micro-batch of this rank's tokens (GPT2::EnsureActivations).
   const int64_t N = static_cast<int64_t>(spec.train.micro_batch_size) * (spec.model.seq_len / cp);

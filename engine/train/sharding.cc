@@ -1,4 +1,4 @@
-// FSDP and replication of the parameters, gradients and optimizer state of one rank.
+// FSDP and replication of the parameters and gradients of one rank.
 #include "engine/train/sharding.h"
 
 #include <algorithm>
@@ -7,7 +7,6 @@
 
 #include "engine/comm/communicator.h"
 #include "engine/ops/ops.h"
-#include "engine/train/schedule.h"
 
 namespace meshrun {
 
@@ -119,9 +118,6 @@ ShardedState::ShardedState(GPT2<float>* model, Communicator* fsdp, Communicator*
     gather_work_.resize(units.size());
   }
   set_replicate_bucket_bytes(kReplicateBucketBytes);
-  MemoryKindScope kind(MemoryKind::kOptimizer);
-  m_ = Tensor::Zeros({size_}, ScalarType::kFloat32, device());
-  v_ = Tensor::Zeros({size_}, ScalarType::kFloat32, device());
 }
 
 void ShardedState::set_replicate_bucket_bytes(int64_t bucket_bytes) {
@@ -217,27 +213,19 @@ Status ShardedState::ToHost(HostState* host) {
   bf16_stale_ = true;  // the caller may write the shard through host
   if (device().type == DeviceType::kCpu) {
     host->params = params();
-    host->exp_avg = exp_avg();
-    host->exp_avg_sq = exp_avg_sq();
     return OkStatus();
   }
   const size_t n = static_cast<size_t>(size_);
-  host->copy.resize(3 * n);
+  host->copy.resize(n);
   host->params = host->copy.data();
-  host->exp_avg = host->params + n;
-  host->exp_avg_sq = host->exp_avg + n;
-  MESHRUN_RETURN_IF_ERROR(ops::CopyToHost(device(), host->params, params(), sizeof(float) * n));
-  MESHRUN_RETURN_IF_ERROR(ops::CopyToHost(device(), host->exp_avg, exp_avg(), sizeof(float) * n));
-  return ops::CopyToHost(device(), host->exp_avg_sq, exp_avg_sq(), sizeof(float) * n);
+  return ops::CopyToHost(device(), host->params, params(), sizeof(float) * n);
 }
 
 Status ShardedState::FromHost(const HostState& host) {
   bf16_stale_ = true;
   if (device().type == DeviceType::kCpu) return OkStatus();
   const size_t bytes = sizeof(float) * static_cast<size_t>(size_);
-  MESHRUN_RETURN_IF_ERROR(ops::CopyFromHost(device(), params(), host.params, bytes));
-  MESHRUN_RETURN_IF_ERROR(ops::CopyFromHost(device(), exp_avg(), host.exp_avg, bytes));
-  return ops::CopyFromHost(device(), exp_avg_sq(), host.exp_avg_sq, bytes);
+  return ops::CopyFromHost(device(), params(), host.params, bytes);
 }
 
 void ShardedState::ZeroGrad() {
@@ -487,27 +475,10 @@ StatusOr<double> ShardedState::GlobalGradNormSquared() {
   return SumOverGroup(sharded() ? fsdp_ : nullptr, over_tp, CommCharge::Axis(MeshAxis::kDpShard));
 }
 
-StatusOr<UpdateResult> ShardedState::ClipAndStep(const TrainSpec& tr, int64_t step) {
+Status ShardedState::BeginUpdate() {
   MESHRUN_RETURN_IF_ERROR(Drain());
   ReleaseAll();  // nothing gathered may outlive the update (it would be stale)
-  UpdateResult r;
-  MESHRUN_ASSIGN_OR_RETURN(double norm_sq, GlobalGradNormSquared());
-  r.grad_norm = std::sqrt(norm_sq);
-  float* g = grads();
-  // torch clip_grad_norm_: scale by max_norm / (norm + 1e-6) when the norm exceeds it.
-  if (tr.grad_clip > 0 && r.grad_norm > tr.grad_clip) {
-    MESHRUN_RETURN_IF_ERROR(ops::Scale(device(), g, size_, tr.grad_clip / (r.grad_norm + 1e-6)));
-  }
-  r.lr = LearningRate(tr.lr, tr.min_lr, tr.warmup_steps, tr.steps, step);
-  float* p = params();
-  for (const ShardSegment& s : segments_) {
-    MESHRUN_RETURN_IF_ERROR(ops::AdamW(device(), p + s.shard_offset, g + s.shard_offset,
-                                       exp_avg() + s.shard_offset, exp_avg_sq() + s.shard_offset,
-                                       s.count, r.lr, tr.beta1, tr.beta2, tr.eps,
-                                       s.decay ? tr.weight_decay : 0.0, step + 1));
-  }
-  bf16_stale_ = true;
-  return r;
+  return OkStatus();
 }
 
 }  // namespace meshrun

@@ -1,8 +1,9 @@
 // The data-parallel half of the parallel plans, applied after tensor and context parallel:
 // FSDP (ZeRO-3 over the dp_shard_cp group: parameters gathered per unit before forward and
-// again before backward, gradients reduce-scattered, AdamW state and the grad norm on shards)
-// and replication over dp_replicate (all-reduce; HSDP together with FSDP). On one rank
-// everything here degenerates to the model's own buffers and no communication.
+// again before backward, gradients reduce-scattered, the grad norm on shards) and replication
+// over dp_replicate (all-reduce; HSDP together with FSDP). On one rank everything here
+// degenerates to the model's own buffers and no communication. The optimizer's state lives in
+// the Optimizer (engine/train/optimizer.h), over the same shard: this file knows no optimizer.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +17,6 @@
 #include "engine/comm/communicator.h"
 #include "engine/core/tensor.h"
 #include "engine/model/gpt2.h"
-#include "engine/train/optimizer.h"
 
 namespace meshrun {
 
@@ -26,11 +26,11 @@ struct ShardSegment {
   int64_t count = 0;
   int param = 0;               // index into the model's params()
   int64_t param_first = 0;     // the parameter's (tp-local) element at shard_offset
-  bool decay = false;          // AdamW weight decay (2+-dim parameters)
+  bool decay = false;          // weight decay applies (2+-dim parameters)
   bool counts_in_norm = true;  // false for tp-replicated parameters on tp ranks > 0
 };
 
-// Owns this rank's shard of parameters, gradients and AdamW moments, and implements the FSDP
+// Owns this rank's shard of parameters and gradients, and implements the FSDP
 // unit hooks the model calls (docs/parallelism.md "What a rank holds"). Sharded (a dp_shard_cp
 // group of n > 1), the model owns no full buffers: each unit's parameters are all-gathered
 // into a transient buffer when the model needs them and freed after (after a block's forward,
@@ -70,20 +70,18 @@ class ShardedState final : public UnitHooks {
   // Whether the model must call the hooks: sharded, or replicated (the bucketed all-reduce
   // follows the backward).
   bool wants_hooks() const;
-  // The device of the model and of every buffer here (parameters, gradients, AdamW state).
+  // The device of the model and of every buffer here (parameters, gradients).
   Device device() const { return model_->config().device; }
   int64_t size() const { return size_; }
   // On device(); checkpoints copy them to the host (ops::CopyToHost).
   float* params() { return sharded() ? params_.data<float>() : model_->params_data(); }
   float* grads() { return sharded() ? grads_.data<float>() : model_->grads_data(); }
-  float* exp_avg() { return m_.data<float>(); }
-  float* exp_avg_sq() { return v_.data<float>(); }
   const std::vector<ShardSegment>& segments() const { return segments_; }
 
   // Mixed precision (train.precision: bf16): the all-gathers carry bf16 (a bf16 copy of the
   // float32 shard, refreshed after every update; half the bytes); the gathered unit is widened
-  // back to float32 for the model. Master weights, gradients, reduce-scatters, all-reduces and
-  // AdamW state stay float32. Set before the first gather.
+  // back to float32 for the model. Master weights, gradients, reduce-scatters and all-reduces
+  // stay float32. Set before the first gather.
   void set_gather_bf16(bool on) { gather_bf16_ = on; }
   bool gather_bf16() const { return gather_bf16_; }
   // Whether the coming micro-batch is the step's last (its gradients are then final unit by
@@ -91,13 +89,11 @@ class ShardedState final : public UnitHooks {
   // false, every bucket starts in FinishGradients.
   void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
 
-  // The shard's parameters and AdamW moments where the host can read and write them
-  // (checkpoints): on cpu the buffers themselves, on a device a copy (size() floats each).
+  // The shard's parameters where the host can read and write them (checkpoints): on cpu the
+  // buffer itself, on a device a copy (size() floats).
   struct HostState {
     float* params = nullptr;
-    float* exp_avg = nullptr;
-    float* exp_avg_sq = nullptr;
-    std::vector<float> copy;  // device only: [params | exp_avg | exp_avg_sq]
+    std::vector<float> copy;  // device only
   };
   Status ToHost(HostState* host);
   // After writing into a HostState: copies it back to the device (no-op on cpu).
@@ -117,8 +113,11 @@ class ShardedState final : public UnitHooks {
   Status FinishGradients();
   // ‖g‖² over the whole model: shards summed over dp_shard_cp and tp.
   StatusOr<double> GlobalGradNormSquared();
-  // Clip by the global norm and apply AdamW to the shard (docs/model.md).
-  StatusOr<UpdateResult> ClipAndStep(const TrainSpec& train, int64_t step);
+  // Before an update of the shard (engine/train/update.h): every call in flight waited for and
+  // every gathered unit freed (it would be stale after the update).
+  Status BeginUpdate();
+  // After the shard's parameters were updated: the bf16 copy the gathers send is stale.
+  void ParamsUpdated() { bf16_stale_ = true; }
   // Frees every gathered unit (after forwards without a backward, e.g. an evaluation), waiting
   // for any call still in flight.
   void ReleaseAll();
@@ -175,7 +174,7 @@ class ShardedState final : public UnitHooks {
   int64_t block_numel_ = 0;  // the largest block unit (padded)
   std::vector<int64_t> unit_shard_offset_;
   std::vector<ShardSegment> segments_;
-  Tensor params_, grads_, m_, v_, scratch_;
+  Tensor params_, grads_, scratch_;
   // Sharded: each unit's gathered parameters and full gradients while they exist, and the
   // free buffers they return to; a gather in flight holds its CommWork (and bf16 staging).
   std::vector<Tensor> gathered_, unit_grads_, staging_;

@@ -14,10 +14,12 @@
 
 #include "common/mfu.h"
 #include "engine/comm/communicator.h"
+#include "engine/data/instruction.h"
 #include "engine/data/tokenizer.h"
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/ops/ops.h"
 #include "engine/train/device.h"
+#include "engine/train/update.h"
 
 namespace meshrun {
 
@@ -134,6 +136,8 @@ Status Trainer::Init() {
                                            Comm(MeshAxis::kDpReplicate), Comm(MeshAxis::kTp),
                                            spec_.parallelism.fsdp_reshard_after_forward);
   shards_->set_gather_bf16(bf16);
+  // The optimizer's state: as long as the shard, on its device (engine/train/optimizer.h).
+  optimizer_ = MakeOptimizer(OptimizerOf(spec_.train), shards_->size(), shards_->device());
   model_par_.tp = Comm(MeshAxis::kTp);
   model_par_.cp = Comm(MeshAxis::kCp);
   model_par_.cp_ring = spec_.parallelism.cp_comm_strategy == "ring";
@@ -161,6 +165,7 @@ Status Trainer::Init() {
     train_data_.push_back(std::make_unique<TokenStream>(std::move(train)));
     MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*train_data_.back(), spec_, field));
     MESHRUN_RETURN_IF_ERROR(CheckStreamWindow(*train_data_.back(), spec_, field));
+    MESHRUN_RETURN_IF_ERROR(CheckStreamLossMask(*train_data_.back(), spec_, field));
     mixture.push_back({train_data_.back().get(), sources[i].weight});
   }
   if (!spec_.data.val.empty()) {
@@ -168,7 +173,10 @@ Status Trainer::Init() {
     val_data_ = std::make_unique<TokenStream>(std::move(val));
     MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*val_data_, spec_, "data.val"));
     MESHRUN_RETURN_IF_ERROR(CheckStreamWindow(*val_data_, spec_, "data.val"));
+    MESHRUN_RETURN_IF_ERROR(CheckStreamLossMask(*val_data_, spec_, "data.val"));
   }
+  masked_ = spec_.train.loss_on_mode() != LossOn::kAll;
+  for (const auto& stream : train_data_) masked_ = masked_ || stream->has_flags();
   MESHRUN_ASSIGN_OR_RETURN(Order order, ParseOrder(spec_.data.order));
   MESHRUN_ASSIGN_OR_RETURN(
       MixtureSampler sampler,
@@ -221,12 +229,29 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   const TrainSpec& tr = spec_.train;
   const int T = spec_.model.seq_len, B = tr.global_batch_size, mb = tr.micro_batch_size;
   const int Tl = T / dims_->cp();
-  const double grad_scale = 1.0 / (static_cast<double>(B) * T);
   std::vector<int32_t> inputs(static_cast<size_t>(mb) * T), targets(inputs.size());
   // This dp rank's sequences of the global batch (docs/data.md).
   const int dp = dims_->dp_replicate() * dims_->dp_shard();
   const int d = coords_.dp_replicate * dims_->dp_shard() + coords_.dp_shard;
   MESHRUN_ASSIGN_OR_RETURN(SeqRange range, DpRankRange(B, dp, d));
+  // The loss is the mean over the global batch's targets (docs/data.md "Loss masks"). The batch
+  // depends only on (data, seed, step), so every rank counts the targets of all B sequences
+  // itself: the same count, hence the same gradient scale, on every mesh, with no collective
+  // (decision 0044). Without flags every token is a target: B·T.
+  const LossOn loss_on = spec_.train.loss_on_mode();
+  std::vector<MixtureSampler::Window> windows(static_cast<size_t>(B));
+  int64_t batch_targets = int64_t{B} * T;
+  if (masked_) {
+    batch_targets = 0;
+    for (int i = 0; i < B; ++i) {
+      windows[i] = sampler_->WindowOf(step_, i);
+      MESHRUN_ASSIGN_OR_RETURN(int64_t n, CountTargets(*train_data_[windows[i].source],
+                                                       windows[i].window * T + 1, T, loss_on));
+      batch_targets += n;
+    }
+  }
+  // A batch without a single target (all prompt) has loss 0 and no gradient.
+  const double grad_scale = batch_targets > 0 ? 1.0 / static_cast<double>(batch_targets) : 0.0;
 
   // Forward and backward over the micro-batches; FSDP gathers and reduce-scatters per unit.
   shards_->ZeroGrad();
@@ -234,6 +259,12 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   for (int first = 0; first < range.count; first += mb) {
     MESHRUN_RETURN_IF_ERROR(
         sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
+    for (int r = 0; masked_ && r < mb; ++r) {
+      const MixtureSampler::Window& w = windows[range.first + first + r];
+      MESHRUN_RETURN_IF_ERROR(MaskTargets(*train_data_[w.source], w.window * T + 1, T, loss_on,
+                                          targets.data() + int64_t{r} * T)
+                                  .status());
+    }
     LocalTokens(inputs.data(), targets.data(), mb);
     // In the last micro-batch each unit's gradients are final after its backward: the
     // dp_replicate buckets start then, overlapping the rest of the backward.
@@ -245,11 +276,11 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   }
   // Replicas sum their gradients; then clip by the global norm and update the shard.
   MESHRUN_RETURN_IF_ERROR(shards_->FinishGradients());
-  MESHRUN_ASSIGN_OR_RETURN(UpdateResult update, shards_->ClipAndStep(tr, step_));
+  MESHRUN_ASSIGN_OR_RETURN(UpdateResult update, ClipAndStep(*shards_, *optimizer_, tr, step_));
   // The loss of the global batch: every token is on exactly one rank of dp_cp.
   MESHRUN_ASSIGN_OR_RETURN(double total,
                            SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, CommCharge::Metrics()));
-  const double loss = total / (static_cast<double>(B) * T);
+  const double loss = batch_targets > 0 ? total / static_cast<double>(batch_targets) : 0.0;
   ++step_;
   metrics->step = step_;
   metrics->loss = loss;
@@ -278,13 +309,17 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
                                 std::to_string(mb) + " (hint: use a longer validation stream)");
   }
   std::vector<int32_t> inputs(static_cast<size_t>(mb) * T), targets(inputs.size());
-  double loss_sum = 0;
+  double loss_sum = 0, target_count = 0;
+  const LossOn loss_on = spec_.train.loss_on_mode();
   // dp rank d takes batches d, d + dp, d + 2·dp, … of mb windows.
   for (int64_t w = static_cast<int64_t>(d) * mb; w < windows; w += static_cast<int64_t>(dp) * mb) {
     const int rows = static_cast<int>(std::min<int64_t>(mb, windows - w));
     for (int r = 0; r < rows; ++r) {
       MESHRUN_RETURN_IF_ERROR(stream.Read((w + r) * T, T, inputs.data() + int64_t{r} * T));
       MESHRUN_RETURN_IF_ERROR(stream.Read((w + r) * T + 1, T, targets.data() + int64_t{r} * T));
+      MESHRUN_ASSIGN_OR_RETURN(int64_t n, MaskTargets(stream, (w + r) * T + 1, T, loss_on,
+                                                      targets.data() + int64_t{r} * T));
+      target_count += static_cast<double>(n);
     }
     LocalTokens(inputs.data(), targets.data(), rows);
     MESHRUN_ASSIGN_OR_RETURN(double loss, model_->ForwardLoss(local_in_.data(), local_tg_.data(),
@@ -294,10 +329,14 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
   shards_->ReleaseAll();
   MESHRUN_ASSIGN_OR_RETURN(double total,
                            SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, CommCharge::Metrics()));
+  MESHRUN_ASSIGN_OR_RETURN(
+      double targets_all, SumOverGroup(Comm(MeshAxis::kDpCp), target_count, CommCharge::Metrics()));
+  // Each token is on one rank of dp_cp, but each rank of a cp group counted whole windows.
+  targets_all /= dims_->cp();
   EvalMetrics out;
   out.step = step_;
-  out.tokens = windows * T;
-  out.loss = total / static_cast<double>(out.tokens);
+  out.tokens = static_cast<int64_t>(std::llround(targets_all));
+  out.loss = out.tokens > 0 ? total / static_cast<double>(out.tokens) : 0.0;
   return out;
 }
 

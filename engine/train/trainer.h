@@ -20,6 +20,7 @@
 #include "engine/data/mixture_sampler.h"
 #include "engine/data/token_stream.h"
 #include "engine/model/gpt2.h"
+#include "engine/train/optimizer.h"
 #include "engine/train/sharding.h"
 
 namespace meshrun {
@@ -157,12 +158,16 @@ class Trainer {
   std::unique_ptr<GPT2<float>> model_;
   ModelParallel model_par_;
   std::unique_ptr<ShardedState> shards_;
+  std::unique_ptr<Optimizer> optimizer_;  // over shards_'s buffers (train.optimizer)
   std::vector<int32_t> local_in_, local_tg_, local_pos_;
   // data.attention: document: the end-of-text id that ends a document; -1: causal only.
   int32_t document_end_ = -1;
   std::vector<std::unique_ptr<TokenStream>> train_data_;  // one per source of data.train
   std::unique_ptr<TokenStream> val_data_;
   std::unique_ptr<MixtureSampler> sampler_;
+  // Some target is ignored (train.loss_on completion, or a stream with flags): Step counts
+  // and masks the targets of each window.
+  bool masked_ = false;
   int64_t step_ = 0;                  // updates done so far
   std::vector<double> loss_history_;  // the loss of every step so far, resumed ones included
   double peak_flops_ = 0;

@@ -37,18 +37,19 @@ class JobJournalTest : public ::testing::Test {
 };
 
 TEST_F(JobJournalTest, SequencesPastTheReservationRewriteTheRow) {
+  // Events are stamped at Commit (under the log's mutex, decision 0049).
   JobJournal journal(db_.get(), clock_, EventLimits{});
   auto job = NewJob();
   JobTxn txn(*job);
-  v1::JobEvent* e = journal.AddEvent(txn);
-  EXPECT_EQ(e->sequence(), 1u);
-  EXPECT_TRUE(txn.job_dirty);
-  EXPECT_EQ(job->row.seq_reserved, 1 + JobJournal::kSequenceBlock);
+  journal.AddEvent(txn);
   ASSERT_TRUE(journal.Commit(txn, Durability::kFast).ok());
+  EXPECT_EQ(job->events.last_sequence(), 1u);
+  EXPECT_EQ(job->row.seq_reserved, 1 + JobJournal::kSequenceBlock);
   EXPECT_FALSE(txn.job_dirty);
-  JobTxn next(*job);
-  EXPECT_EQ(journal.AddEvent(next)->sequence(), 2u);
-  EXPECT_FALSE(next.job_dirty) << "inside the reservation";
+  v1::JobEvent next;
+  EXPECT_FALSE(JobJournal::StampReserving(job->events, &next, clock_.Now()))
+      << "inside the reservation";
+  EXPECT_EQ(next.sequence(), 2u);
 }
 
 TEST_F(JobJournalTest, CommitPersistsDurableEventsThenPublishesAndFinishes) {

@@ -23,7 +23,8 @@ TEST_F(JobManagerTest, WatchReplaysResumesAndEndsWithTheJob) {
   req.set_job_id(id);
   ASSERT_TRUE(jobs_->Watch(req, all).ok());
   auto events = all->events();
-  ASSERT_GE(events.size(), 5u);  // PENDING, ASSIGNED, RUNNING, rank RUNNING, log
+  // PENDING, RUNNING, rank RUNNING, log (a placement sends no event per rank, decision 0049)
+  ASSERT_GE(events.size(), 4u);
   for (size_t i = 1; i < events.size(); ++i) {
     EXPECT_GT(events[i].sequence(), events[i - 1].sequence());
   }

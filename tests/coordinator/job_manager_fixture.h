@@ -36,6 +36,7 @@ class JobManagerTest : public ::testing::Test {
     // Restarts are placed at once unless a test sets a backoff (RestartsBackOffExponentially).
     config.restart_backoff = restart_backoff_;
     config.max_stops_per_worker = max_stops_per_worker_;
+    config.max_page_bytes = max_page_bytes_;
     jobs_ = std::make_unique<JobManager>(
         db_.get(), workers_, persist_store_ ? *persistent_store_ : store_, clock_, config);
     ASSERT_TRUE(jobs_->Load().ok());
@@ -115,6 +116,7 @@ class JobManagerTest : public ::testing::Test {
 
   std::chrono::milliseconds restart_backoff_{0};
   size_t max_stops_per_worker_ = 1024;
+  size_t max_page_bytes_ = 1 << 20;  // ListRanks
   testing::TempDir dir_;
   testing::FakeClock clock_;
   testing::FakeWorkerView workers_;

@@ -205,7 +205,7 @@ GPU_TEST(Bf16GradientsOfATinyModelWithinBf16Tolerance) {
   }
 }
 
-// AdamW on the float32 master weights, as ShardedState::ClipAndStep (one rank).
+// AdamW on the float32 master weights, as ClipAndStep (engine/train/update.h) (one rank).
 Status Step(GPT2<float>& m, Tensor& exp_avg, Tensor& exp_avg_sq, const TrainSpec& tr,
             int64_t step) {
   MESHRUN_ASSIGN_OR_RETURN(const double sq,

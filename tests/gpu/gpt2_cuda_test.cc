@@ -76,8 +76,8 @@ GPU_TEST(GradientsMatchCpuLlama) {
   CheckGradients(Arch::kLlama);
 }
 
-// One rank's update as ShardedState::ClipAndStep does it, through the same ops on either device
-// (the test links the model only, like bench/gpu_train_step).
+// One rank's update as ClipAndStep (engine/train/update.h) does it, through the same ops on either
+// device (the test links the model only, like bench/gpu_train_step).
 struct Optimizer {
   explicit Optimizer(GPT2<float>& m)
       : model(m),

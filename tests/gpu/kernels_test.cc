@@ -456,8 +456,9 @@ void CheckCrossEntropy(int64_t N, int64_t V, int64_t pad) {
   std::mt19937 rng(8);
   const int64_t ld = V + pad;
   const auto logits = RoundTo<T>(RandomVector(rng, N * V, -5.0f, 5.0f));
-  const auto targets = RandomInts(rng, N, 0, V - 1);
-  std::vector<float> padded(N * ld, 7.0f);  // pad columns: garbage that must be ignored
+  auto targets = RandomInts(rng, N, 0, V - 1);
+  if (N > 3) targets[N / 2] = targets[1] = -100;  // ignored (loss masks): no loss, no gradient
+  std::vector<float> padded(N * ld, 7.0f);        // pad columns: garbage that must be ignored
   for (int64_t i = 0; i < N; ++i) {
     for (int64_t j = 0; j < V; ++j) padded[i * ld + j] = logits[i * V + j];
   }
@@ -658,7 +659,8 @@ GPU_TEST(VocabShardCrossEntropyFloat) {
   std::mt19937 rng(26);
   const int64_t N = 19, V = 37, shards = 3, first = 37;
   const auto logits = RandomVector(rng, N * V, -5, 5);
-  const auto targets = RandomInts(rng, N, 0, static_cast<int32_t>(shards * V - 1));
+  auto targets = RandomInts(rng, N, 0, static_cast<int32_t>(shards * V - 1));
+  targets[5] = -100;  // ignored (loss masks): no loss, no gradient
   // Stats of this shard, then every shard's stats (the others random) as after the all-gather.
   std::vector<float> stats(2 * N), all = RandomVector(rng, shards * 2 * N, -3, 3);
   cpu::VocabShardStats(stats.data(), logits.data(), targets.data(), first, N, V);
@@ -669,12 +671,13 @@ GPU_TEST(VocabShardCrossEntropyFloat) {
   EXPECT_CLOSE("VocabShardStats", d_stats.Download(), stats, 2e-5);
   std::copy(stats.begin(), stats.end(), all.begin() + 2 * N);  // this rank is shard 1
   std::vector<float> losses(N), lse(N), dlogits(N * V);
-  cpu::VocabShardLoss(losses.data(), lse.data(), all.data(), shards, N);
+  cpu::VocabShardLoss(losses.data(), lse.data(), all.data(), targets.data(), shards, N);
   cpu::VocabShardGrad(dlogits.data(), logits.data(), lse.data(), targets.data(), first, N, V,
                       0.25f);
   auto d_all = DeviceArray<float>::FromHost(all);
   DeviceArray<float> d_losses(N), d_lse(N), d_dlogits(N * V);
-  ASSERT_OK(gpu::VocabShardLoss(Ctx(), d_losses.get(), d_lse.get(), d_all.get(), shards, N));
+  ASSERT_OK(
+      gpu::VocabShardLoss(Ctx(), d_losses.get(), d_lse.get(), d_all.get(), d_tg.get(), shards, N));
   ASSERT_OK(gpu::VocabShardGrad(Ctx(), d_dlogits.get(), d_logits.get(), d_lse.get(), d_tg.get(),
                                 first, N, V, 0.25f));
   EXPECT_CLOSE("VocabShardLoss", d_losses.Download(), losses, 2e-5);

@@ -140,7 +140,7 @@ TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
       {"train",
        {"steps", "global_batch_size", "micro_batch_size", "lr", "min_lr", "warmup_steps",
         "weight_decay", "grad_clip", "beta1", "beta2", "eps", "seed", "precision",
-        "activation_checkpointing"}},
+        "activation_checkpointing", "optimizer", "lion_beta1", "lion_beta2"}},
       // train_sources: data.train's list form (a weighted mixture), train its one-path form.
       {"data",
        {"train", "val", "format", "order", "eval_every", "tokenizer", "train_sources",

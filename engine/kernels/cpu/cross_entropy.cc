@@ -1,4 +1,5 @@
 // Fused softmax + cross-entropy over the vocabulary, with its gradient written in place.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -18,6 +19,12 @@ void SoftmaxCrossEntropy(T* losses, T* dlogits, const T* logits, const int32_t* 
   for (int64_t i = 0; i < N; ++i) {
     const T* x = logits + i * V;
     const int64_t target = targets[i];
+    if (target < 0) {
+      // An ignored target (kIgnoreTarget, as transformers' -100): no loss and no gradient.
+      losses[i] = T(0);
+      if (dlogits != nullptr) std::fill(dlogits + i * V, dlogits + (i + 1) * V, T(0));
+      continue;
+    }
     if constexpr (sizeof(T) == sizeof(float)) {
       // simd.h (AVX2 when the CPU has it). The row (200 KB at V = 50,257) stays in L2 across
       // the three passes, so memory sees one read and one write of it.

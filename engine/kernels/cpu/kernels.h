@@ -128,6 +128,7 @@ void Accumulate(T* dst, const T* src, int64_t n);  // dst += src
 // losses[i] = -log softmax(logits[i,:])[targets[i]], targets[i] in [0, V).
 // If dlogits is non-null: dlogits[i,:] = grad_scale·(softmax(logits[i,:]) − onehot(targets[i]))
 // (overwritten, not accumulated; dlogits may alias logits to save memory).
+// A negative target (kIgnoreTarget) is ignored: losses[i] = 0 and dlogits[i,:] = 0.
 template <typename T>
 void SoftmaxCrossEntropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
                          int64_t V, T grad_scale);
@@ -170,12 +171,13 @@ void EmbeddingRowsBackward(T* dtable, const T* dout, const int32_t* tokens, int6
 // logit if it holds the target else 0} (2·N values); after an all-gather of every shard's
 // stats (shards × 2N), VocabShardLoss gives each row's loss and whole-vocabulary log-sum-exp,
 // and VocabShardGrad dlogits = grad_scale·(softmax − onehot) over this shard (overwritten; may
-// alias logits).
+// alias logits). Rows with a negative target (ignored) get loss 0 and a zero gradient.
 template <typename T>
 void VocabShardStats(T* stats, const T* logits, const int32_t* targets, int64_t first, int64_t N,
                      int64_t V);
 template <typename T>
-void VocabShardLoss(T* losses, T* lse, const T* all_stats, int64_t shards, int64_t N);
+void VocabShardLoss(T* losses, T* lse, const T* all_stats, const int32_t* targets, int64_t shards,
+                    int64_t N);
 template <typename T>
 void VocabShardGrad(T* dlogits, const T* logits, const T* lse, const int32_t* targets,
                     int64_t first, int64_t N, int64_t V, T grad_scale);
@@ -187,6 +189,10 @@ void VocabShardGrad(T* dlogits, const T* logits, const T* lse, const int32_t* ta
 template <typename T>
 void AdamW(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double beta1, double beta2,
            double eps, double weight_decay, int64_t step);
+// Lion (Chen et al. 2023) for n float32 elements: p ← p·(1 − lr·wd);
+// p ← p − lr·sign(β1·m + (1−β1)·g); m ← β2·m + (1−β2)·g (engine/kernels/cpu/lion.cc).
+void Lion(float* param, const float* grad, float* m, int64_t n, double lr, double beta1,
+          double beta2, double weight_decay);
 // Σ x² in double, deterministic for a fixed thread count.
 template <typename T>
 double SumOfSquares(const T* x, int64_t n);

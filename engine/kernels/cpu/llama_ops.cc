@@ -182,7 +182,8 @@ void VocabShardStats(T* stats, const T* logits, const int32_t* targets, int64_t 
 }
 
 template <typename T>
-void VocabShardLoss(T* losses, T* lse, const T* all_stats, int64_t shards, int64_t N) {
+void VocabShardLoss(T* losses, T* lse, const T* all_stats, const int32_t* targets, int64_t shards,
+                    int64_t N) {
   for (int64_t i = 0; i < N; ++i) {
     T m = -std::numeric_limits<T>::infinity();
     for (int64_t s = 0; s < shards; ++s) m = std::max(m, all_stats[(s * N + i) * 2]);
@@ -194,7 +195,7 @@ void VocabShardLoss(T* losses, T* lse, const T* all_stats, int64_t shards, int64
     }
     const double total = static_cast<double>(m) + std::log(sum);
     lse[i] = static_cast<T>(total);
-    losses[i] = static_cast<T>(total - target);
+    losses[i] = targets[i] < 0 ? T(0) : static_cast<T>(total - target);
   }
 }
 
@@ -206,6 +207,10 @@ void VocabShardGrad(T* dlogits, const T* logits, const T* lse, const int32_t* ta
     const T* l = logits + i * V;
     T* d = dlogits + i * V;
     const T z = lse[i];
+    if (targets[i] < 0) {  // ignored: no gradient
+      for (int64_t j = 0; j < V; ++j) d[j] = T(0);
+      continue;
+    }
     for (int64_t j = 0; j < V; ++j) d[j] = grad_scale * std::exp(l[j] - z);
     const int64_t t = static_cast<int64_t>(targets[i]) - first;
     if (t >= 0 && t < V) d[t] -= grad_scale;
@@ -225,7 +230,7 @@ void VocabShardGrad(T* dlogits, const T* logits, const T* lse, const int32_t* ta
   template void EmbeddingRowsBackward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
                                          int64_t);                                                \
   template void VocabShardStats<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);      \
-  template void VocabShardLoss<T>(T*, T*, const T*, int64_t, int64_t);                            \
+  template void VocabShardLoss<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t);            \
   template void VocabShardGrad<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t,       \
                                   int64_t, T);
 MESHRUN_LLAMA_OPS(float)

@@ -1,0 +1,212 @@
+// Lion (train.optimizer: lion) on every mesh of the equivalence suite
+// (tests/integration/parallel_test.cc), in one process: the ranks are threads over the fake
+// backend, and every rank's loss and global grad norm at every step equal one rank's (within
+// float32 rounding). Lion's state is elementwise, so it follows the shard like AdamW's: nothing
+// of the mesh reaches the optimizer. Also: the optimizer's state is what the memory model
+// counts for both optimizers (engine/train/memory_model.cc and common/memory_estimate.cc).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/memory_estimate.h"
+#include "engine/comm/fake_backend.h"
+#include "engine/comm/store.h"
+#include "engine/train/memory_model.h"
+#include "engine/train/optimizer.h"
+#include "engine/train/trainer.h"
+
+namespace meshrun {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct OptimizerMesh {
+  int R = 1, S = 1, C = 1, T = 1;
+  std::string cp_strategy = "allgather";
+  std::string recompute = "none";
+  bool reshard = true;
+  std::string Name() const {
+    return "R" + std::to_string(R) + "S" + std::to_string(S) + "C" + std::to_string(C) + "T" +
+           std::to_string(T) + (C > 1 ? "_" + cp_strategy : "") +
+           (recompute != "none" ? "_ac_" + recompute : "") + (reshard ? "" : "_keep");
+  }
+};
+
+class OptimizerMeshTest : public ::testing::TestWithParam<OptimizerMesh> {
+ protected:
+  static void SetUpTestSuite() {
+    char pattern[] = "/tmp/meshrun_optimizer_mesh_XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = new fs::path(pattern);
+    std::ofstream out(*dir_ / "train.txt");
+    uint32_t x = 2468;
+    for (int line = 0; line < 200; ++line) {
+      out << "row " << line << ": ";
+      for (int w = 0; w < 8; ++w) {
+        x = x * 1664525u + 1013904223u;
+        out << "tok" << (x >> 24) % 41 << ' ';
+      }
+      out << '\n';
+    }
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    fs::remove_all(*dir_, ec);
+    delete dir_;
+    dir_ = nullptr;
+  }
+
+  static JobSpec LionSpec(const OptimizerMesh& m) {
+    JobSpec spec;
+    spec.name = "optimizer-mesh-test";
+    spec.model.n_layer = 2;
+    spec.model.n_head = 4;
+    spec.model.d_model = 32;
+    spec.model.seq_len = 32;
+    spec.model.vocab_size = 256;
+    spec.parallelism.dp_replicate_size = m.R;
+    spec.parallelism.dp_shard_size = m.S;
+    spec.parallelism.cp_size = m.C;
+    spec.parallelism.tp_size = m.T;
+    spec.parallelism.cp_comm_strategy = m.cp_strategy;
+    spec.parallelism.fsdp_reshard_after_forward = m.reshard;
+    spec.parallelism.comm_timeout_seconds = 60;
+    spec.train.activation_checkpointing = m.recompute;
+    spec.train.optimizer = "lion";
+    spec.train.steps = 5;
+    spec.train.global_batch_size = 4;
+    spec.train.micro_batch_size = 1;
+    spec.train.lr = 1e-3;
+    spec.train.min_lr = 1e-4;
+    spec.train.warmup_steps = 1;
+    spec.train.weight_decay = 0.3;
+    spec.data.train = (*dir_ / "train.txt").string();
+    spec.data.format = "text";
+    spec.resources.threads = 1;
+    return spec;
+  }
+
+  static TrainOptions FixedPeak() {
+    TrainOptions options;
+    options.peak_flops = 1e12;
+    return options;
+  }
+
+  static const RunSummary& OneRank() {
+    static RunSummary* alone = [] {
+      StatusOr<std::unique_ptr<Trainer>> t = Trainer::Create(LionSpec({}), FixedPeak());
+      EXPECT_TRUE(t.ok()) << t.status().ToString();
+      StatusOr<RunSummary> s = (*t)->Run(nullptr);
+      EXPECT_TRUE(s.ok()) << s.status().ToString();
+      return new RunSummary(std::move(s).value());
+    }();
+    return *alone;
+  }
+
+  static std::vector<StatusOr<RunSummary>> RanksAsThreads(const JobSpec& spec) {
+    StatusOr<ParallelDims> dims =
+        ParallelDims::Create(spec.parallelism.dp_replicate_size, spec.parallelism.dp_shard_size,
+                             spec.parallelism.cp_size, spec.parallelism.tp_size);
+    EXPECT_TRUE(dims.ok()) << dims.status().ToString();
+    if (!dims.ok()) return {};
+    const int world = dims->world_size();
+    auto backend = std::make_shared<FakeBackend>();
+    std::shared_ptr<Store> store = std::make_shared<InMemoryStore>();
+    std::vector<StatusOr<RunSummary>> results(world, InternalError("the rank did not run"));
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < world; ++rank) {
+      threads.emplace_back([&, rank] {
+        results[rank] = [&]() -> StatusOr<RunSummary> {
+          MeshCommsOptions comm_options;
+          comm_options.timeout = std::chrono::seconds(60);
+          MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
+                                   MeshComms::Create(*dims, rank, store, *backend,
+                                                     std::make_shared<CommStats>(), comm_options));
+          RankContext ctx;
+          ctx.rank = rank;
+          ctx.comms = std::move(comms);
+          ctx.store = store;
+          MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                                   Trainer::Create(spec, FixedPeak(), ctx));
+          return trainer->Run(nullptr);
+        }();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return results;
+  }
+
+  static fs::path* dir_;
+};
+
+fs::path* OptimizerMeshTest::dir_ = nullptr;
+
+TEST_P(OptimizerMeshTest, LionOnThisMeshTrainsLikeOneRank) {
+  const RunSummary& alone = OneRank();
+  ASSERT_EQ(alone.losses.size(), 5u);
+  EXPECT_LT(alone.losses.back(), alone.losses.front());
+  const std::vector<StatusOr<RunSummary>> ranks = RanksAsThreads(LionSpec(GetParam()));
+  ASSERT_FALSE(ranks.empty());
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    ASSERT_TRUE(ranks[rank].ok()) << ranks[rank].status().ToString();
+    const RunSummary& s = *ranks[rank];
+    ASSERT_EQ(s.losses.size(), alone.losses.size());
+    for (size_t k = 0; k < s.losses.size(); ++k) {
+      EXPECT_NEAR(s.losses[k], alone.losses[k], 1e-5 * alone.losses[k]) << "step " << k + 1;
+    }
+  }
+}
+
+// The meshes of tests/integration/parallel_test.cc's MeshEquivalence.
+INSTANTIATE_TEST_SUITE_P(
+    EquivalenceMeshes, OptimizerMeshTest,
+    ::testing::Values(OptimizerMesh{2, 1, 1, 1}, OptimizerMesh{1, 2, 1, 1},
+                      OptimizerMesh{1, 1, 2, 1, "allgather"}, OptimizerMesh{1, 1, 2, 1, "ring"},
+                      OptimizerMesh{1, 1, 1, 2}, OptimizerMesh{1, 2, 1, 2},
+                      OptimizerMesh{2, 2, 1, 1}, OptimizerMesh{1, 2, 2, 1},
+                      OptimizerMesh{1, 1, 2, 2, "ring"}, OptimizerMesh{2, 1, 2, 2, "allgather"},
+                      OptimizerMesh{1, 1, 1, 4}, OptimizerMesh{1, 4, 1, 1},
+                      OptimizerMesh{1, 1, 4, 1, "ring"},
+                      OptimizerMesh{1, 2, 1, 2, "allgather", "full"},
+                      OptimizerMesh{1, 1, 2, 2, "ring", "selective"},
+                      OptimizerMesh{1, 2, 2, 1, "allgather", "selective"},
+                      OptimizerMesh{1, 2, 1, 1, "allgather", "none", false}),
+    [](const ::testing::TestParamInfo<OptimizerMesh>& info) { return info.param.Name(); });
+
+// The optimizer term of both memory models is the optimizer's own: its state names times the
+// rank's shard (the engine's model) and times the parameters per shard (the worker's estimate).
+TEST(OptimizerMemoryTest, BothModelsCountTheOptimizersOwnState) {
+  for (const OptimizerKind kind : {OptimizerKind::kAdamW, OptimizerKind::kLion}) {
+    SCOPED_TRACE(OptimizerName(kind));
+    JobSpec spec;
+    spec.train.optimizer = OptimizerName(kind);
+    spec.parallelism.dp_shard_size = 2;
+    spec.parallelism.tp_size = 2;
+    ASSERT_EQ(OptimizerOf(spec.train), kind);
+    const MemoryPrediction p = PredictRankMemory(spec);
+    // The optimizer Trainer builds over the shard of rank 0 of this mesh.
+    std::unique_ptr<Optimizer> opt = MakeOptimizer(kind, 1000, Device{});
+    EXPECT_EQ(opt->state_bytes(), OptimizerStateBytes(kind, 1000));
+    EXPECT_EQ(opt->state_bytes(), opt->num_states() * 1000 * 4);
+    EXPECT_EQ(p.of(MemoryKind::kOptimizer) % (opt->num_states() * 4), 0);
+    const StatusOr<ParallelDims> mesh = MeshOf(spec);
+    ASSERT_TRUE(mesh.ok());
+    const RankMemoryEstimate e = EstimateRankMemory(spec, *mesh);
+    EXPECT_DOUBLE_EQ(e.state_bytes, e.parameters / 4 * 4 * (2 + opt->num_states()));
+  }
+  // Lion holds half of AdamW's optimizer memory.
+  JobSpec adamw, lion;
+  lion.train.optimizer = "lion";
+  EXPECT_EQ(2 * PredictRankMemory(lion).of(MemoryKind::kOptimizer),
+            PredictRankMemory(adamw).of(MemoryKind::kOptimizer));
+}
+
+}  // namespace
+}  // namespace meshrun
