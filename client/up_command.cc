@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "client/coordinator_client.h"
+#include "common/host_resources.h"
 
 namespace meshrun::client {
 namespace {
@@ -232,9 +233,9 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOp
     std::this_thread::sleep_for(milliseconds(50));
   }
 
-  // Several workers share this host's cores.
-  const int cores =
-      std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / options.workers);
+  // Several workers share this host's cores, counted as `train --nproc` counts them (cgroup
+  // quota included), so a rank's threads, and with them its MFU peak, match `train`'s.
+  const int cores = std::max(1, ProbeHostResources().cores / options.workers);
   for (int i = 1; i <= options.workers; ++i) {
     MESHRUN_ASSIGN_OR_RETURN(int worker_metrics_port, FreeLoopbackPort());
     Daemon worker{"worker-" + std::to_string(i), "",

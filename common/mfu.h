@@ -8,8 +8,9 @@
 // device's: on cuda the GPU's dense bf16 datasheet figure (common/gpu_peak.h), on cpu the
 // measured float32 GEMM rate of one core times the rank's threads (MeasureCpuGemmPeakFlops).
 // The trainer (every step and the summary, whichever command started the rank: `meshrun train`,
-// `--nproc`, a worker), the planner's estimates and the benches call this; the coordinator
-// averages the ranks' figures and the client weights steps by their time, which leave it as is.
+// `--nproc`, a worker), the planner's estimates and the benches call this; the coordinator's
+// job sample is this function of its own tokens/s (the slowest rank's time over the ranks'
+// summed peak) and the client weights steps by their time, which leave it as is.
 #pragma once
 
 namespace meshrun {

@@ -53,7 +53,15 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
     p.tflops = s.tflops();
   }
   p.fastest = p.count == 1 ? s.step_seconds() : std::min(p.fastest, s.step_seconds());
-  p.mfu += s.mfu();
+  // Each rank's mfu is ModelFlopsUtilization(tokens_per_step / its step_seconds, F, its peak,
+  // ranks); mfu·step_seconds = tokens_per_step·F / (its peak·ranks), so the sum of the inverses
+  // gives the job's summed peak, and the job's MFU is that of the job's tokens/s below (the
+  // slowest rank's time), not an average of per-rank rates (docs/metrics.md "MFU").
+  if (s.mfu() > 0 && s.step_seconds() > 0) {
+    p.mfu += 1.0 / (s.mfu() * s.step_seconds());
+  } else {
+    p.mfu_unknown = true;  // a rank without a peak (0): the job's MFU reads 0, as that rank's
+  }
   p.mem_allocated = std::max(p.mem_allocated, s.memory_allocated_bytes());
   p.mem_peak = std::max(p.mem_peak, s.memory_peak_bytes());
   p.mem_reserved = std::max(p.mem_reserved, s.memory_reserved_bytes());
@@ -77,7 +85,10 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
   job.set_step_seconds(p.slowest);
   job.set_tokens_per_second(p.slowest > 0 ? tokens_per_step_ / p.slowest : 0);
   job.set_tflops(p.tflops);
-  job.set_mfu(p.mfu / world_size_);
+  // ranks / Σ 1/(mfu·t) / slowest = tokens_per_step·F / (slowest · Σ peak): the job's MFU.
+  job.set_mfu(p.mfu_unknown || p.mfu <= 0 || p.slowest <= 0
+                  ? 0
+                  : static_cast<double>(world_size_) / p.mfu / p.slowest);
   job.set_memory_allocated_bytes(p.mem_allocated);
   job.set_memory_peak_bytes(p.mem_peak);
   job.set_memory_reserved_bytes(p.mem_reserved);

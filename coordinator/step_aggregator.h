@@ -2,7 +2,8 @@
 // defines it: loss, lr and grad_norm of the global batch (from the lowest rank that
 // reported them; every rank computes the same values), step_seconds of the slowest rank,
 // tokens_per_second = global_batch_size·seq_len / step_seconds, tflops of the slowest rank (each
-// rank reports the job's model FLOP/s by its own step time), mfu averaged,
+// rank reports the job's model FLOP/s by its own step time), mfu that of tokens_per_second over
+// the ranks' summed peak (the same ModelFlopsUtilization as `meshrun train`, docs/metrics.md),
 // memory the maximum, comm averaged over ranks. Also the step-time skew for
 // meshrun_job_step_time_skew: the slowest rank's recent step time over the median of the ranks'
 // recent step times (recent: the mean of a rank's last kSkewWindow reported steps); 1.0 when
@@ -51,7 +52,9 @@ class StepAggregator {
     v1::MetricsSample scalars;
     double slowest = 0, fastest = 0;
     google::protobuf::Timestamp slowest_time;
-    double tflops = 0, mfu = 0;
+    double tflops = 0;
+    double mfu = 0;  // sum over ranks of 1 / (mfu · step_seconds)
+    bool mfu_unknown = false;
     uint64_t mem_allocated = 0, mem_peak = 0, mem_reserved = 0;
     std::map<std::pair<int, int>, CommTotal> comm;  // (axis, op)
   };

@@ -83,7 +83,7 @@ TEST_F(JobManagerTest, JobLevelMetricsFromEveryRank) {
     s->set_step(1);
     s->set_loss(5.5);
     s->set_step_seconds(rank == 0 ? 0.5 : 1.0);
-    s->set_mfu(rank == 0 ? 0.2 : 0.4);
+    s->set_mfu(rank == 0 ? 0.4 : 0.2);     // the job's MFU by each rank's own step time
     s->set_tflops(rank == 0 ? 2.0 : 1.0);  // the job's FLOP/s as each rank's step time gives it
     jobs_->OnRankMetrics("a", m);
     if (rank == 0) {
@@ -94,7 +94,7 @@ TEST_F(JobManagerTest, JobLevelMetricsFromEveryRank) {
   EXPECT_EQ(job.step(), 1);
   EXPECT_DOUBLE_EQ(job.loss(), 5.5);
   EXPECT_DOUBLE_EQ(job.tokens_per_second(), 16 * 64 / 1.0);
-  EXPECT_DOUBLE_EQ(job.mfu(), 0.3);
+  EXPECT_DOUBLE_EQ(job.mfu(), 0.2) << "the MFU of the job's tokens/s (slowest rank), not the mean";
   auto events = watch->events();
   ASSERT_EQ(events.size(), 1u) << "rank samples only with rank_metrics";
   EXPECT_FALSE(events[0].metrics().has_rank());

@@ -17,7 +17,7 @@ v1::MetricsSample Sample(int rank, int64_t step, double seconds) {
   s.set_step(step);
   s.set_loss(4.0);
   s.set_step_seconds(seconds);
-  s.set_mfu(rank == 0 ? 0.2 : 0.4);
+  s.set_mfu(rank == 0 ? 0.4 : 0.2);  // the job's MFU by each rank's own step time
   return s;
 }
 
@@ -43,7 +43,7 @@ TEST(MetricsIngestTest, RankSeriesAtOnceJobRowWhenTheStepIsComplete) {
   EXPECT_EQ(row.step, 1);
   EXPECT_DOUBLE_EQ(row.loss, 4.0);
   EXPECT_DOUBLE_EQ(row.tokens_per_second, 16 * 64 / 1.0);
-  EXPECT_DOUBLE_EQ(row.mfu, 0.3);
+  EXPECT_DOUBLE_EQ(row.mfu, 0.2) << "the MFU of the job's tokens/s (slowest rank), not the mean";
   EXPECT_DOUBLE_EQ(totals.tokens_total, 16 * 64);
   EXPECT_DOUBLE_EQ(totals.step_time_skew, 1.0 / 0.75);
 
