@@ -140,10 +140,10 @@ TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
       {"train",
        {"steps", "global_batch_size", "micro_batch_size", "lr", "min_lr", "warmup_steps",
         "weight_decay", "grad_clip", "beta1", "beta2", "eps", "seed", "precision",
-        "activation_checkpointing", "optimizer", "lion_beta1", "lion_beta2"}},
+        "activation_checkpointing", "optimizer", "lion_beta1", "lion_beta2", "loss_on"}},
       // train_sources: data.train's list form (a weighted mixture), train its one-path form.
       {"data",
-       {"train", "val", "format", "order", "eval_every", "tokenizer", "train_sources",
+       {"train", "val", "format", "order", "eval_every", "tokenizer", "train_sources", "template",
         "attention"}},
       {"checkpoint", {"dir", "every", "keep", "resume"}},
       {"resources", {"device", "threads"}},
@@ -254,6 +254,7 @@ const std::vector<Rpc>& ContractRpcs() {
       {"CancelJob", false, false},  {"WatchJob", false, true},        {"ListWorkers", false, false},
       {"GetJobLogs", false, false}, {"RegisterWorker", false, false}, {"WorkerSession", true, true},
       {"StoreSet", false, false},   {"StoreGet", false, false},       {"StoreAdd", false, false},
+      {"ListRanks", false, false},
   };
   return rpcs;
 }
