@@ -85,6 +85,10 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
     auto numel = [&](size_t u) {
       return u == 0 ? units[u].padded : std::max(units[u].padded, block);
     };
+    // The next unit is prefetched, and a reduce-scatter left in flight, only where the backend
+    // overlaps (NCCL, i.e. cuda); on a CPU backend each unit is gathered when it is needed and
+    // its gradients freed when its reduce-scatter returns (ShardedState, decision 0052).
+    const bool prefetch = DeviceOf(spec.resources) == ComputeDevice::kCuda;
     PoolSimulation params, grads, staging;
     std::vector<int64_t> p_buf(units.size(), 0), g_buf(units.size(), 0);
     int64_t rs_buf = 0;
@@ -116,13 +120,11 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
       rs_buf = g_buf[u];
       g_buf[u] = 0;
       rs_unit = static_cast<int>(u);
+      if (!prefetch) drain();  // a CPU backend's reduce-scatter is done inside Start
     };
     const int micro_batches =
         spec.train.global_batch_size /
         (par.dp_replicate_size * par.dp_shard_size * spec.train.micro_batch_size);
-    // The next unit is prefetched only where the backend overlaps (NCCL, i.e. cuda); on a CPU
-    // backend each unit is gathered when it is needed (ShardedState::BeforeForward).
-    const bool prefetch = DeviceOf(spec.resources) == ComputeDevice::kCuda;
     for (int m = 0; m < micro_batches; ++m) {
       start_gather(0);
       if (prefetch) start_gather(1);  // prefetch (unit L+1 when L = 0)

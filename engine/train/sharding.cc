@@ -404,6 +404,9 @@ Status ShardedState::AfterBackward(int unit) {
   rs_work_ = std::move(*work);
   rs_unit_ = unit;
   rs_last_ = last_micro_batch_;
+  // A backend that completes the call inside Start (Gloo, fake) has nothing to overlap: free
+  // the unit's full gradients now instead of holding them through the next unit's backward.
+  if (!fsdp_->overlaps()) return DrainReduceScatter();
   return OkStatus();
 }
 
