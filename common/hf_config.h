@@ -27,8 +27,8 @@ StatusOr<ModelSpec> ReadInitFromConfig(const std::string& dir);
 // Copies into `out` each field of `file` (ReadInitFromConfig's) that config.json decides and
 // `given(field)` says the spec left out: arch, n_layer, n_head, d_model, vocab_size, norm_eps,
 // tie_embeddings; for gpt2 seq_len (n_positions); for the Llama family n_kv_head, d_ff,
-// attention_bias, rope_theta, sliding_window and rope_scaling (the field name "rope_scaling" stands for its five
-// rope_scaling_* fields). Field names are the YAML keys of `model:`.
+// attention_bias, rope_theta, sliding_window and rope_scaling (the field name "rope_scaling" stands
+// for its five rope_scaling_* fields). Field names are the YAML keys of `model:`.
 void FillModelFromConfig(const ModelSpec& file, const std::function<bool(std::string_view)>& given,
                          ModelSpec* out);
 

@@ -312,7 +312,8 @@ int main(int argc, char** argv) {
     std::printf("; %s: %s --mode %s", col.name.c_str(), col.python.c_str(), col.mode.c_str());
   }
   std::printf("\n");
-  const std::string log = "/tmp/meshrun-bench-train-step-torch." + std::to_string(getpid()) + ".log";
+  const std::string log =
+      "/tmp/meshrun-bench-train-step-torch." + std::to_string(getpid()) + ".log";
 
   std::ostringstream json;
   std::ostringstream table;
