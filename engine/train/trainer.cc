@@ -195,10 +195,14 @@ Status Trainer::Init() {
   return OkStatus();
 }
 
-void Trainer::LocalDocuments(const int32_t* inputs, int rows) {
+void Trainer::LocalDocuments(const int32_t* inputs, const int32_t* sample_starts, int rows) {
   const int T = spec_.model.seq_len, C = dims_->cp();
   std::vector<int32_t> starts(static_cast<size_t>(rows) * T);
-  DocumentStarts(inputs, rows, T, document_end_, starts.data());
+  if (sample_starts != nullptr) {
+    std::copy(sample_starts, sample_starts + starts.size(), starts.begin());
+  } else {
+    DocumentStarts(inputs, rows, T, document_end_, starts.data());
+  }
   if (C == 1) {
     model_->SetDocumentStarts(std::move(starts));
     return;
@@ -208,8 +212,9 @@ void Trainer::LocalDocuments(const int32_t* inputs, int rows) {
   model_->SetDocumentStarts(std::move(local));
 }
 
-void Trainer::LocalTokens(const int32_t* inputs, const int32_t* targets, int rows) {
-  if (document_end_ >= 0) LocalDocuments(inputs, rows);
+void Trainer::LocalTokens(const int32_t* inputs, const int32_t* targets, int rows,
+                          const int32_t* sample_starts) {
+  if (document_end_ >= 0) LocalDocuments(inputs, sample_starts, rows);
   const int T = spec_.model.seq_len, C = dims_->cp(), Tl = T / C;
   local_in_.resize(static_cast<size_t>(rows) * Tl);
   local_tg_.resize(local_in_.size());
@@ -257,16 +262,37 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   // Forward and backward over the micro-batches; FSDP gathers and reduce-scatters per unit.
   shards_->ZeroGrad();
   double loss_sum = 0;
+  std::vector<int32_t> sample_starts;
+  std::vector<uint8_t> window_flags;
   for (int first = 0; first < range.count; first += mb) {
     MESHRUN_RETURN_IF_ERROR(
         sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
+    // Documents of instruction data come from the stream's sample starts, not from the
+    // end-of-text token: a template's turns may end with that very token (ChatML whose eos is
+    // <|im_end|>, Llama 2's </s>), and a sample's turns are one document.
+    bool from_flags = document_end_ >= 0 && masked_;
     for (int r = 0; masked_ && r < mb; ++r) {
       const MixtureSampler::Window& w = windows[range.first + first + r];
       MESHRUN_RETURN_IF_ERROR(MaskTargets(*train_data_[w.source], w.window * T + 1, T, loss_on,
                                           targets.data() + int64_t{r} * T)
                                   .status());
+      from_flags = from_flags && train_data_[w.source]->has_flags();
     }
-    LocalTokens(inputs.data(), targets.data(), mb);
+    if (from_flags) {
+      sample_starts.resize(inputs.size());
+      window_flags.resize(static_cast<size_t>(T));
+      for (int r = 0; r < mb; ++r) {
+        const MixtureSampler::Window& w = windows[range.first + first + r];
+        MESHRUN_RETURN_IF_ERROR(
+            train_data_[w.source]->ReadFlags(w.window * T, T, window_flags.data()));
+        int32_t start = 0;
+        for (int t = 0; t < T; ++t) {
+          if (t > 0 && (window_flags[t] & kTokenDocStart) != 0) start = t;
+          sample_starts[static_cast<size_t>(r) * T + t] = start;
+        }
+      }
+    }
+    LocalTokens(inputs.data(), targets.data(), mb, from_flags ? sample_starts.data() : nullptr);
     // In the last micro-batch each unit's gradients are final after its backward: the
     // dp_replicate buckets start then, overlapping the rest of the backward.
     shards_->set_last_micro_batch(first + mb >= range.count);

@@ -138,10 +138,14 @@ class Trainer {
   Status Init();
   Communicator* Comm(MeshAxis axis) const;
   // Inputs/targets/positions of this rank's tokens for `rows` full sequences (cp chunks).
-  void LocalTokens(const int32_t* inputs, const int32_t* targets, int rows);
+  void LocalTokens(const int32_t* inputs, const int32_t* targets, int rows,
+                   const int32_t* sample_starts = nullptr);
   // data.attention: document: where each local token's document starts (from the whole
   // sequences' ids, so every cp rank agrees), for the model's next forward.
-  void LocalDocuments(const int32_t* inputs, int rows);
+  // `sample_starts` (rows·T, or null): each token's document start read from the stream's
+  // flags (a sample's first token starts a document), for instruction data whose turns may end
+  // with the end-of-text token itself; null: documents end at the end-of-text token.
+  void LocalDocuments(const int32_t* inputs, const int32_t* sample_starts, int rows);
   Status WaitForAllRanks(const std::string& key);
   // One optimizer step over the global batch of step_ (0-based); returns the mean loss.
   StatusOr<double> Step(StepMetrics* metrics);

@@ -110,9 +110,11 @@ def make_tokenizer(work):
     return folder
 
 
-def family_folder(work, base, family):
+def family_folder(work, base, family, eos_override=None):
     tmpl, bos, eos, _, _, _ = FAMILIES[family]
-    folder = os.path.join(work, "tok-" + family)
+    if eos_override:
+        eos = eos_override
+    folder = os.path.join(work, "tok-" + family + ("-eos" if eos_override else ""))
     os.makedirs(folder, exist_ok=True)
     shutil.copy(os.path.join(base, "tokenizer.json"), folder)
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": tmpl,
@@ -467,10 +469,19 @@ def case_loss(a, work):
 
 
 def case_packed(a, work):
-    """Packed samples with document attention give the loss of one sample per window."""
-    import transformers
+    """Packed samples with document attention give the loss of one sample per window, also
+    where the turns end with the end-of-text token itself (Qwen2.5-Instruct's eos is
+    <|im_end|>): a sample's turns are one document (its starts come from the flags)."""
     base = make_tokenizer(work)
-    folder = family_folder(work, base, "chatml")
+    for eos in (None, "<|im_end|>"):
+        sub = os.path.join(work, "eos-" + ("im_end" if eos else "default"))
+        os.makedirs(sub)
+        print(f"eos_token: {eos or FAMILIES['chatml'][2]}")
+        packed_case(a, sub, family_folder(sub, base, "chatml", eos))
+
+
+def packed_case(a, work, folder):
+    import transformers
     tok = transformers.AutoTokenizer.from_pretrained(folder)
     model_dir = make_model(work, (len(tok) + 7) // 8 * 8 + 8)
     data = os.path.join(work, "sft.jsonl")
