@@ -56,6 +56,28 @@ StatusOr<int32_t> DocumentEndOf(const JobSpec& spec) {
       hint);
 }
 
+// data.attention: document (docs/data.md "Documents"): for the T input tokens of the window
+// that starts at token `begin` of `stream`, the index in the window where each token's document
+// starts. Data with flags (instruction data, token files with a .mask) has its documents from
+// the sample starts: a template's turns may end with the end-of-text token itself (ChatML whose
+// eos_token is <|im_end|>, Llama 2's </s>), and a sample's turns are one document. Other data:
+// a document ends at each end-of-text token `eot`.
+Status WindowDocumentStarts(const TokenStream& stream, int64_t begin, int T, int32_t eot,
+                            const int32_t* inputs, std::vector<uint8_t>* flags, int32_t* starts) {
+  if (!stream.has_flags()) {
+    DocumentStarts(inputs, 1, T, eot, starts);
+    return OkStatus();
+  }
+  flags->resize(static_cast<size_t>(T));
+  MESHRUN_RETURN_IF_ERROR(stream.ReadFlags(begin, T, flags->data()));
+  int32_t start = 0;  // the first sample of a window may have begun before it
+  for (int t = 0; t < T; ++t) {
+    if (((*flags)[t] & kTokenDocStart) != 0) start = t;
+    starts[t] = start;
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 double MeasureCpuGemmPeakFlops() {
@@ -195,14 +217,9 @@ Status Trainer::Init() {
   return OkStatus();
 }
 
-void Trainer::LocalDocuments(const int32_t* inputs, const int32_t* sample_starts, int rows) {
+void Trainer::LocalDocuments(int rows) {
   const int T = spec_.model.seq_len, C = dims_->cp();
-  std::vector<int32_t> starts(static_cast<size_t>(rows) * T);
-  if (sample_starts != nullptr) {
-    std::copy(sample_starts, sample_starts + starts.size(), starts.begin());
-  } else {
-    DocumentStarts(inputs, rows, T, document_end_, starts.data());
-  }
+  std::vector<int32_t> starts(doc_starts_.begin(), doc_starts_.begin() + int64_t{rows} * T);
   if (C == 1) {
     model_->SetDocumentStarts(std::move(starts));
     return;
@@ -212,9 +229,8 @@ void Trainer::LocalDocuments(const int32_t* inputs, const int32_t* sample_starts
   model_->SetDocumentStarts(std::move(local));
 }
 
-void Trainer::LocalTokens(const int32_t* inputs, const int32_t* targets, int rows,
-                          const int32_t* sample_starts) {
-  if (document_end_ >= 0) LocalDocuments(inputs, sample_starts, rows);
+void Trainer::LocalTokens(const int32_t* inputs, const int32_t* targets, int rows) {
+  if (document_end_ >= 0) LocalDocuments(rows);
   const int T = spec_.model.seq_len, C = dims_->cp(), Tl = T / C;
   local_in_.resize(static_cast<size_t>(rows) * Tl);
   local_tg_.resize(local_in_.size());
@@ -262,37 +278,30 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   // Forward and backward over the micro-batches; FSDP gathers and reduce-scatters per unit.
   shards_->ZeroGrad();
   double loss_sum = 0;
-  std::vector<int32_t> sample_starts;
-  std::vector<uint8_t> window_flags;
   for (int first = 0; first < range.count; first += mb) {
     MESHRUN_RETURN_IF_ERROR(
         sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
-    // Documents of instruction data come from the stream's sample starts, not from the
-    // end-of-text token: a template's turns may end with that very token (ChatML whose eos is
-    // <|im_end|>, Llama 2's </s>), and a sample's turns are one document.
-    bool from_flags = document_end_ >= 0 && masked_;
     for (int r = 0; masked_ && r < mb; ++r) {
       const MixtureSampler::Window& w = windows[range.first + first + r];
       MESHRUN_RETURN_IF_ERROR(MaskTargets(*train_data_[w.source], w.window * T + 1, T, loss_on,
                                           targets.data() + int64_t{r} * T)
                                   .status());
-      from_flags = from_flags && train_data_[w.source]->has_flags();
     }
-    if (from_flags) {
-      sample_starts.resize(inputs.size());
-      window_flags.resize(static_cast<size_t>(T));
+    if (document_end_ >= 0) {
+      doc_starts_.resize(inputs.size());
       for (int r = 0; r < mb; ++r) {
-        const MixtureSampler::Window& w = windows[range.first + first + r];
-        MESHRUN_RETURN_IF_ERROR(
-            train_data_[w.source]->ReadFlags(w.window * T, T, window_flags.data()));
-        int32_t start = 0;
-        for (int t = 0; t < T; ++t) {
-          if (t > 0 && (window_flags[t] & kTokenDocStart) != 0) start = t;
-          sample_starts[static_cast<size_t>(r) * T + t] = start;
+        const int32_t* row = inputs.data() + int64_t{r} * T;
+        int32_t* out = doc_starts_.data() + int64_t{r} * T;
+        if (!masked_) {  // no stream has flags
+          DocumentStarts(row, 1, T, document_end_, out);
+          continue;
         }
+        const MixtureSampler::Window& w = windows[range.first + first + r];
+        MESHRUN_RETURN_IF_ERROR(WindowDocumentStarts(*train_data_[w.source], w.window * T, T,
+                                                     document_end_, row, &doc_flags_, out));
       }
     }
-    LocalTokens(inputs.data(), targets.data(), mb, from_flags ? sample_starts.data() : nullptr);
+    LocalTokens(inputs.data(), targets.data(), mb);
     // In the last micro-batch each unit's gradients are final after its backward: the
     // dp_replicate buckets start then, overlapping the rest of the backward.
     shards_->set_last_micro_batch(first + mb >= range.count);
@@ -347,6 +356,12 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
       MESHRUN_ASSIGN_OR_RETURN(int64_t n, MaskTargets(stream, (w + r) * T + 1, T, loss_on,
                                                       targets.data() + int64_t{r} * T));
       target_count += static_cast<double>(n);
+      if (document_end_ >= 0) {
+        doc_starts_.resize(inputs.size());
+        MESHRUN_RETURN_IF_ERROR(WindowDocumentStarts(stream, (w + r) * T, T, document_end_,
+                                                     inputs.data() + int64_t{r} * T, &doc_flags_,
+                                                     doc_starts_.data() + int64_t{r} * T));
+      }
     }
     LocalTokens(inputs.data(), targets.data(), rows);
     MESHRUN_ASSIGN_OR_RETURN(double loss, model_->ForwardLoss(local_in_.data(), local_tg_.data(),

@@ -138,14 +138,11 @@ class Trainer {
   Status Init();
   Communicator* Comm(MeshAxis axis) const;
   // Inputs/targets/positions of this rank's tokens for `rows` full sequences (cp chunks).
-  void LocalTokens(const int32_t* inputs, const int32_t* targets, int rows,
-                   const int32_t* sample_starts = nullptr);
-  // data.attention: document: where each local token's document starts (from the whole
-  // sequences' ids, so every cp rank agrees), for the model's next forward.
-  // `sample_starts` (rows·T, or null): each token's document start read from the stream's
-  // flags (a sample's first token starts a document), for instruction data whose turns may end
-  // with the end-of-text token itself; null: documents end at the end-of-text token.
-  void LocalDocuments(const int32_t* inputs, const int32_t* sample_starts, int rows);
+  // With data.attention: document, doc_starts_ holds the rows' document starts first.
+  void LocalTokens(const int32_t* inputs, const int32_t* targets, int rows);
+  // data.attention: document: where each local token's document starts (doc_starts_, of the
+  // whole sequences, so every cp rank agrees), for the model's next forward.
+  void LocalDocuments(int rows);
   Status WaitForAllRanks(const std::string& key);
   // One optimizer step over the global batch of step_ (0-based); returns the mean loss.
   StatusOr<double> Step(StepMetrics* metrics);
@@ -166,6 +163,11 @@ class Trainer {
   std::vector<int32_t> local_in_, local_tg_, local_pos_;
   // data.attention: document: the end-of-text id that ends a document; -1: causal only.
   int32_t document_end_ = -1;
+  // Per token of the current rows (rows·T): where its document starts in its window, from the
+  // stream's sample starts where it has flags, else from the end-of-text token (trainer.cc,
+  // WindowDocumentStarts); doc_flags_ is its scratch.
+  std::vector<int32_t> doc_starts_;
+  std::vector<uint8_t> doc_flags_;
   std::vector<std::unique_ptr<TokenStream>> train_data_;  // one per source of data.train
   std::unique_ptr<TokenStream> val_data_;
   std::unique_ptr<MixtureSampler> sampler_;

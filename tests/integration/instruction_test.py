@@ -15,8 +15,11 @@ CASE is one of:
              every mesh (dp, dp_shard, tp, cp allgather and ring, cp ring x tp, gradient
              accumulation) gives the losses of one rank; training from the token file and mask
              that `meshrun tokenize --seq-len` wrote gives the same losses as from the JSONL.
-  packed     samples packed into windows with data.attention: document give the first-step loss
-             of one sample per window (causal), on one rank and under cp (allgather, ring x tp).
+  packed     samples packed into windows with data.attention: document: the first-step loss
+             equals a PyTorch reference with a block-diagonal causal mask per sample and -100
+             targets (<= 1e-5) and the loss of one sample per window (causal), also with a
+             tokenizer whose eos_token (<|im_end|>) ends every turn: one rank, the .bin + .mask
+             of `meshrun tokenize --pack`, dp_shard 2 x tp 2, cp 2 ring x tp 2, cp 2 allgather.
 
 Exits 77 (skipped) when the virtual environment cannot be made.
 """
@@ -468,50 +471,154 @@ def case_loss(a, work):
     assert "train.loss_on" in r.stderr and "hint:" in r.stderr, r.stderr
 
 
+def packed_windows(samples, seq, eot):
+    """docs/data.md "Windows of samples", packed: a sample goes on in the current window when it
+    fits in what is left of it. Returns the ids, the flags (as windows_of) and per token the
+    index of its sample (-1 for padding)."""
+    ids, flags, sample_of = [], [], []
+    for n, (s_ids, s_targets) in enumerate(samples):
+        used = len(ids) % seq
+        if used and len(s_ids) > seq - used:
+            pad = seq - used
+            ids += [eot] * pad
+            flags += [None] * pad
+            sample_of += [-1] * pad
+        ids += s_ids
+        flags += [("start" if i == 0 else t) for i, t in enumerate(s_targets)]
+        sample_of += [n] * len(s_ids)
+    pad = (seq - len(ids) % seq) % seq + 1
+    ids += [eot] * pad
+    flags += [None] * pad
+    sample_of += [-1] * pad
+    return ids, flags, sample_of
+
+
+def masked_loss(model, ids, flags, seq, windows, docs=None):
+    """The mean cross-entropy over the completion targets (every other label -100) of the given
+    windows; with `docs` (per token, the index of its document) a block-diagonal causal mask
+    (4D, no attention across documents) and positions restarting at each document's first token
+    in the window, as transformers' packed position_ids do."""
+    import torch
+    import torch.nn.functional as F
+    x = torch.tensor([ids[j * seq:j * seq + seq] for j in windows])
+    labels = torch.tensor([[ids[j * seq + t + 1] if flags[j * seq + t + 1] is True else -100
+                            for t in range(seq)] for j in windows])
+    kwargs = {}
+    if docs is not None:
+        doc = torch.tensor([docs[j * seq:j * seq + seq] for j in windows])
+        causal = torch.tril(torch.ones(seq, seq, dtype=torch.bool))
+        allowed = causal[None] & (doc[:, :, None] == doc[:, None, :])
+        mask = torch.zeros(allowed.shape, dtype=torch.float32)
+        mask.masked_fill_(~allowed, torch.finfo(torch.float32).min)
+        first = torch.zeros_like(doc)  # each document's first position in the window
+        for b in range(len(windows)):
+            for t in range(1, seq):
+                first[b, t] = first[b, t - 1] if doc[b, t] == doc[b, t - 1] else t
+        kwargs = {"attention_mask": mask[:, None], "position_ids": torch.arange(seq)[None] - first}
+    with torch.no_grad():
+        logits = model(input_ids=x, **kwargs).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                           ignore_index=-100).item()
+
+
 def case_packed(a, work):
-    """Packed samples with document attention give the loss of one sample per window, also
-    where the turns end with the end-of-text token itself (Qwen2.5-Instruct's eos is
-    <|im_end|>): a sample's turns are one document (its starts come from the flags)."""
+    """Packed samples with document attention: a block-diagonal mask per sample, also where the
+    turns end with the end-of-text token itself (Qwen2.5-Instruct's eos is <|im_end|>): a
+    sample's turns are one document (its starts come from the flags, not the eos token)."""
     base = make_tokenizer(work)
     for eos in (None, "<|im_end|>"):
         sub = os.path.join(work, "eos-" + ("im_end" if eos else "default"))
         os.makedirs(sub)
         print(f"eos_token: {eos or FAMILIES['chatml'][2]}")
-        packed_case(a, sub, family_folder(sub, base, "chatml", eos))
+        packed_case(a, sub, family_folder(sub, base, "chatml", eos), meshes=eos is not None)
 
 
-def packed_case(a, work, folder):
+def packed_case(a, work, folder, meshes):
+    import torch
     import transformers
     tok = transformers.AutoTokenizer.from_pretrained(folder)
+    eot = tok.convert_tokens_to_ids(tok.eos_token)
     model_dir = make_model(work, (len(tok) + 7) // 8 * 8 + 8)
+    recs = loss_records()
     data = os.path.join(work, "sft.jsonl")
-    write_jsonl(data, loss_records())
+    write_jsonl(data, recs)
     seq = 128  # room for two or three samples per window
-    counts = {}
+    samples = [expected_sample(tok, "chatml", as_messages(r), eot) for r in recs]
+    # With eos <|im_end|> every turn of a sample ends with the eos token.
+    assert any(eot in s_ids[:-1] for s_ids, _ in samples) == meshes, "eos inside the samples"
+    packed_ids, packed_flags, sample_of = packed_windows(samples, seq, eot)
+    unpacked_ids, unpacked_flags = windows_of(samples, seq, eot)
+
+    # `meshrun tokenize` lays the samples out as the reference does, its .mask flagging each
+    # sample's first token.
+    outs = {}
     for name, extra in (("unpacked", []), ("packed", ["--pack"])):
         out = os.path.join(work, name + ".bin")
         run([a.meshrun, "tokenize", "--tokenizer", folder, data, "-o", out, "--seq-len", str(seq),
              "-q"] + extra)
-        counts[name] = (len(read_bin(out)) - 1) // seq
-    assert counts["packed"] < counts["unpacked"], counts
+        outs[name] = out
+    assert read_bin(outs["unpacked"]) == unpacked_ids, "unpacked layout"
+    assert read_bin(outs["packed"]) == packed_ids, "packed layout"
+    got_flags, _ = read_mask(outs["packed"][:-4] + ".mask")
+    assert [i for i, f in enumerate(got_flags) if f & 2] == \
+        [i for i, f in enumerate(packed_flags) if f == "start"], "sample starts"
+    n_packed, n_unpacked = (len(packed_ids) - 1) // seq, (len(unpacked_ids) - 1) // seq
+    assert n_packed < n_unpacked, (n_packed, n_unpacked)
+
+    # The references: packed windows with a block-diagonal mask per sample (padding tokens
+    # apart); the same samples one per window with causal attention; and, to show that the
+    # test can fail, the mask cut at every eos token.
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                              attn_implementation="eager")
+    model.eval()
+    per_sample = [d if d >= 0 else -2 - i for i, d in enumerate(sample_of)]
+
+    def reference(windows):
+        return masked_loss(model, packed_ids, packed_flags, seq, windows, per_sample)
+
+    want = reference(list(range(n_packed)))
+    unpacked_want = masked_loss(model, unpacked_ids, unpacked_flags, seq,
+                                list(range(n_unpacked)))
+    ends, count = [], 0  # per token, the eos tokens before it: its document cut at eos
+    for t in packed_ids:
+        ends.append(count)
+        count += t == eot
+    at_eos = masked_loss(model, packed_ids, packed_flags, seq, list(range(n_packed)), ends)
+    print(f"reference: packed per sample {want:.7f}, one sample per window {unpacked_want:.7f}, "
+          f"cut at every eos {at_eos:.7f}")
+    assert abs(want - unpacked_want) <= 1e-5, (want, unpacked_want)
+    if meshes:
+        assert abs(at_eos - want) > 1e-3, "the eos tokens inside the samples must matter"
+
     spec = spec_file(work, "packed", data, folder, model_dir, model__seq_len=seq)
-    losses = {}
-    for name, attention in (("unpacked", "causal"), ("packed", "document")):
-        B = counts[name]
-        losses[name] = train(a, spec, 1, ["data.attention=" + attention,
-                                          f"train.global_batch_size={B}",
-                                          f"train.micro_batch_size={B}"])
-        print(f"{name}: {B} windows, first-step loss {losses[name][0]:.7f}")
-    assert abs(losses["packed"][0] - losses["unpacked"][0]) <= 1e-5, losses
-    B = counts["packed"]
-    for sets in (["parallelism.cp_size=2", "parallelism.tp_size=2",
-                  "parallelism.cp_comm_strategy=ring"],
-                 ["parallelism.cp_size=2", "parallelism.cp_comm_strategy=allgather"]):
-        got = train(a, spec, 4 if "parallelism.tp_size=2" in sets else 2,
-                    sets + ["data.attention=document",
-                            f"train.global_batch_size={B}", f"train.micro_batch_size={B}"])
-        print(f"packed {sets}: {got[0]:.7f}")
-        assert abs(got[0] - losses["unpacked"][0]) <= 1e-5, (sets, got, losses)
+
+    def batch(n, micro=None):
+        return [f"train.global_batch_size={n}", f"train.micro_batch_size={micro or n}"]
+
+    unpacked = train(a, spec, 1, ["data.attention=causal"] + batch(n_unpacked))
+    print(f"unpacked, causal: {n_unpacked} windows, first-step loss {unpacked[0]:.7f}")
+    assert abs(unpacked[0] - unpacked_want) <= 1e-5, (unpacked, unpacked_want)
+    runs = [("packed, one rank", 1, [], n_packed, None),
+            ("packed, from tokenize's .bin + .mask", 1, ["data.train=" + outs["packed"]],
+             n_packed, None)]
+    if meshes:
+        even = n_packed + n_packed % 2  # dp 2 takes as many windows on each rank
+        runs += [
+            ("dp_shard 2 x tp 2", 4, ["parallelism.dp_shard_size=2", "parallelism.tp_size=2"],
+             even, even // 2),
+            ("cp 2 ring x tp 2", 4, ["parallelism.cp_size=2", "parallelism.tp_size=2",
+                                     "parallelism.cp_comm_strategy=ring"], n_packed, None),
+            ("cp 2 allgather", 2, ["parallelism.cp_size=2",
+                                   "parallelism.cp_comm_strategy=allgather"], n_packed, None),
+        ]
+    for name, nproc, sets, n, micro in runs:
+        got = train(a, spec, nproc, sets + ["data.attention=document"] + batch(n, micro))
+        # Sequential order: slot s reads window s mod N_w.
+        ref = want if n == n_packed else reference([s % n_packed for s in range(n)])
+        print(f"{name}: {n} windows, first-step loss {got[0]:.7f} (reference {ref:.7f})")
+        assert abs(got[0] - ref) <= 1e-5, (name, got, ref)
+        if n == n_packed:
+            assert abs(got[0] - unpacked[0]) <= 1e-5, (name, got, unpacked)
 
 
 def main():
