@@ -193,7 +193,9 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
                        "Tokens of the job's completed steps (global_batch_size*seq_len each, "
                        "repeated steps after a restart included) since the coordinator started.",
                        MetricType::Counter);
-  auto mfu = Family("meshrun_job_mfu_ratio", "Model FLOPs utilization averaged over ranks (0..1).",
+  auto mfu = Family("meshrun_job_mfu_ratio",
+                    "Model FLOPs utilization of the job's tokens/s (global_batch_size*seq_len / "
+                    "the slowest rank's step time) over the ranks' summed peak FLOP/s (0..1).",
                     MetricType::Gauge);
   auto restarts = Family("meshrun_job_restarts_total", "Attempts started after a failure.",
                          MetricType::Counter);
