@@ -4,6 +4,7 @@
 // that cannot change the ids (Tokenizer::SafeCut), a pool of threads encodes them, and the ids are
 // written in order into one llm.c file or into shards of --shard-tokens tokens with a
 // manifest.json that makes an interrupted run resumable (docs/data.md "Making token files").
+// Instruction data (--template, --masks, --seq-len) goes to client/tokenize_instruction.cc.
 #include "client/tokenize_command.h"
 
 #include <fcntl.h>
@@ -31,6 +32,7 @@
 
 #include "client/command.h"
 #include "client/coordinator_client.h"
+#include "client/tokenize_shared.h"
 #include "common/atomic_file.h"
 #include "common/crc32.h"
 #include "common/dir_lock.h"
@@ -48,30 +50,6 @@ using json = nlohmann::json;
 constexpr int64_t kMaxLlmcTokens = 0x7FFFFFFF;  // the llm.c header's int32 count
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kManifestFormat = "meshrun-tokens";
-
-struct TokenizeFlags {
-  std::string tokenizer, output;
-  std::vector<std::string> inputs;
-  std::string field = "text";
-  std::string prefix = "shard";
-  int64_t shard_tokens = 0;
-  int64_t chunk_bytes = 1 << 20;
-  int threads = 0;
-  bool quiet = false;
-  // Instruction data (docs/data.md "Making token files with masks"): records rendered with this
-  // template (as data.template), a .mask file beside the ids; --seq-len lays samples out in
-  // training windows (one per window, or packed with --pack).
-  std::string chat_template;
-  bool masks = false;
-  int seq_len = 0;
-  bool pack = false;
-};
-
-struct InputFile {
-  std::string path;
-  int64_t size = 0;
-  bool jsonl = false;
-};
 
 bool IsJsonl(const std::string& path) {
   std::string ext = fs::path(path).extension().string();
@@ -128,6 +106,8 @@ StatusOr<bool> FileIsUtf8(const std::string& path, size_t* bad) {
 bool HasGlobChars(const std::string& s) {
   return s.find_first_of("*?[") != std::string::npos;
 }
+
+}  // namespace
 
 // The inputs as files in stream order: folders as data.train lists them (name order, a folder's
 // files that are not UTF-8 skipped, JSONL files by their .jsonl extension), globs expanded in
@@ -213,6 +193,24 @@ Status ListInputs(const std::vector<std::string>& inputs, int threads,
   return OkStatus();
 }
 
+// The end-of-text error, as TokenizeTexts words it.
+Status NoEndOfTextError(const std::string& between) {
+  return InvalidArgumentError(
+      "data.tokenizer: the tokenizer has no end-of-text token to put between the " + between +
+      " (hint: set eos_token in tokenizer_config.json, or add <|endoftext|> as a special token)");
+}
+
+Status TokenizerError(const Status& s, const std::string& where) {
+  const std::string& m = s.message();
+  const std::string field = "data.tokenizer: ";
+  if (m.rfind(field, 0) == 0) {
+    return InvalidArgumentError(field + where + ": " + m.substr(field.size()));
+  }
+  return InvalidArgumentError(where + ": " + m);
+}
+
+namespace {
+
 // Where the reader starts: a chunk's first byte (a resumed run starts at the chunk that holds the
 // end of its last complete shard).
 struct Position {
@@ -234,22 +232,6 @@ struct Chunk {
   bool has_doc = false;     // holds (the start or a part of) a non-empty document
   bool starts_doc = false;  // its first document starts in this chunk
 };
-
-// The end-of-text error, as TokenizeTexts words it.
-Status NoEndOfTextError(const std::string& between) {
-  return InvalidArgumentError(
-      "data.tokenizer: the tokenizer has no end-of-text token to put between the " + between +
-      " (hint: set eos_token in tokenizer_config.json, or add <|endoftext|> as a special token)");
-}
-
-Status TokenizerError(const Status& s, const std::string& where) {
-  const std::string& m = s.message();
-  const std::string field = "data.tokenizer: ";
-  if (m.rfind(field, 0) == 0) {
-    return InvalidArgumentError(field + where + ": " + m.substr(field.size()));
-  }
-  return InvalidArgumentError(where + ": " + m);
-}
 
 // Encodes one chunk (a worker thread, with its own encoder).
 void EncodeChunk(Chunk* c, const InputFile& file, const std::string& field, int32_t eot,
@@ -664,122 +646,6 @@ class Progress {
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last_ = start_ - std::chrono::hours(1);
 };
-
-// Instruction data: every record rendered (JSONL) or every text file as one target document,
-// encoded in parallel over records, laid out (back to back, or in windows of --seq-len), and
-// written as OUT.bin with OUT.mask beside it (one flag byte per token). Held in memory.
-int RunInstructionTokenize(const TokenizeFlags& o, std::shared_ptr<const Tokenizer> tok,
-                           int threads) {
-  if (o.shard_tokens > 0) {
-    return ReportError(InvalidArgumentError(
-        "--shard-tokens: not with --template or --masks, which write one token file and its "
-        ".mask (hint: split the JSONL inputs over several runs, one -o file each)"));
-  }
-  if (tok->end_of_text_id() < 0) return ReportError(NoEndOfTextError("samples"));
-  if (o.pack && o.seq_len <= 0) {
-    return ReportError(InvalidArgumentError(
-        "--pack: packs samples into windows of --seq-len tokens (hint: add --seq-len N, "
-        "model.seq_len of the job)"));
-  }
-  std::vector<InputFile> files;
-  std::vector<std::string> skipped;
-  if (Status s = ListInputs(o.inputs, threads, &files, &skipped); !s.ok()) return ReportError(s);
-  StatusOr<ChatTemplate> tmpl = ResolveChatTemplate(o.chat_template, o.tokenizer);
-  if (!tmpl.ok() && !o.chat_template.empty() && o.chat_template != "tokenizer") {
-    std::string m = tmpl.status().message();
-    if (m.rfind("data.template: ", 0) == 0) m = "--template: " + m.substr(15);
-    return ReportError(InvalidArgumentError(m));
-  }
-  // Every record (JSONL line, or text file) with where it came from.
-  struct Record {
-    std::string where;
-    std::string text;  // the JSONL line, or the file's text
-    bool jsonl = true;
-  };
-  std::vector<Record> records;
-  for (const InputFile& f : files) {
-    std::string bytes;
-    if (Status s = ReadTextFile(f.path, &bytes); !s.ok()) return ReportError(s);
-    if (!f.jsonl) {
-      if (!bytes.empty()) records.push_back({f.path, std::move(bytes), false});
-      continue;
-    }
-    size_t pos = 0;
-    int64_t line = 0;
-    while (pos < bytes.size()) {
-      size_t end = bytes.find('\n', pos);
-      if (end == std::string::npos) end = bytes.size();
-      std::string rec = bytes.substr(pos, end - pos);
-      pos = end + 1;
-      ++line;
-      if (rec.find_first_not_of(" \t\r") == std::string::npos) continue;
-      records.push_back({f.path + ":" + std::to_string(line), std::move(rec), true});
-    }
-  }
-  std::vector<std::vector<int32_t>> ids(records.size());
-  std::vector<std::vector<uint8_t>> flags(records.size());
-  std::vector<Status> errors(records.size());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i; (i = next.fetch_add(1)) < records.size();) {
-      const Record& r = records[i];
-      StatusOr<std::vector<TextPart>> parts =
-          r.jsonl ? RecordParts(r.text, tmpl.ok() ? &*tmpl : nullptr, r.where)
-                  : StatusOr<std::vector<TextPart>>(std::vector<TextPart>{{r.text, true}});
-      if (!parts.ok()) {
-        errors[i] = parts.status();
-        continue;
-      }
-      if (Status s = EncodeSample(*tok, *parts, &ids[i], &flags[i]); !s.ok()) {
-        errors[i] = TokenizerError(s, r.where);
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads && t < static_cast<int>(records.size()); ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
-  for (size_t i = 0; i < records.size(); ++i) {
-    if (errors[i].ok()) continue;
-    if (!tmpl.ok() && errors[i].message().find("no chat template") != std::string::npos) {
-      return ReportError(InvalidArgumentError(records[i].where + ": " + tmpl.status().message()));
-    }
-    return ReportError(errors[i]);
-  }
-  std::vector<int32_t> all_ids;
-  std::vector<uint8_t> all_flags;
-  int64_t samples = 0;
-  if (o.seq_len > 0) {
-    WindowPacker packer(o.seq_len, o.pack, tok->end_of_text_id());
-    for (size_t i = 0; i < records.size(); ++i) packer.Add(ids[i], flags[i]);
-    samples = packer.samples();
-    packer.Finish();
-    all_ids = std::move(packer.tokens());
-    all_flags = std::move(packer.flags());
-  } else {
-    for (size_t i = 0; i < records.size(); ++i) {
-      if (ids[i].empty()) continue;
-      all_ids.insert(all_ids.end(), ids[i].begin(), ids[i].end());
-      all_flags.insert(all_flags.end(), flags[i].begin(), flags[i].end());
-      ++samples;
-    }
-  }
-  if (all_ids.empty()) return ReportError(InvalidArgumentError("no records to tokenize"));
-  if (Status s = WriteLlmcTokens(o.output, all_ids, tok->vocab_size()); !s.ok()) {
-    return ReportError(s);
-  }
-  const std::string mask = MaskPathOf(o.output);
-  if (Status s = WriteMaskFile(mask, all_flags, o.seq_len); !s.ok()) return ReportError(s);
-  int64_t targets = 0;
-  for (uint8_t f : all_flags) targets += IsLossTarget(f, LossOn::kCompletion) ? 1 : 0;
-  if (!o.quiet) {
-    std::fprintf(stderr,
-                 "tokenize: %lld samples, %lld tokens (%lld completion targets) into %s and %s\n",
-                 static_cast<long long>(samples), static_cast<long long>(all_ids.size()),
-                 static_cast<long long>(targets), o.output.c_str(), mask.c_str());
-  }
-  return kExitOk;
-}
 
 int RunTokenize(const TokenizeFlags& o) {
   StatusOr<std::shared_ptr<const Tokenizer>> loaded = Tokenizer::Load(o.tokenizer);
