@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tests/client/cli_runner.h"
+#include "tests/integration/reference_suite.h"
 
 namespace meshrun {
 namespace {
@@ -31,56 +32,12 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path MaskSourceDir() {
-  const char* dir = std::getenv("MESHRUN_SOURCE_DIR");
-  return dir != nullptr ? fs::path(dir) : fs::current_path();
-}
+class AttentionMasksTest : public testing::ReferenceSuite<AttentionMasksTest> {
+ public:
+  static constexpr const char* kReferenceScript = "mask_reference.py";
+  static constexpr const char* kTempPrefix = "meshrun_masks";
 
-fs::path MaskBuildDir() {
-  const char* dir = std::getenv("MESHRUN_BINARY_DIR");
-  return dir != nullptr ? fs::path(dir) : fs::path("build");
-}
-
-class AttentionMasksTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    python_ = testing::ModelVenvPython(MaskSourceDir(), &error_);
-    if (python_.empty()) return;
-    char pattern[] = "/tmp/meshrun_masks_XXXXXX";
-    if (mkdtemp(pattern) == nullptr) {
-      error_ = "mkdtemp failed";
-      return;
-    }
-    dir_ = pattern;
-    const fs::path reference = MaskSourceDir() / "tests" / "reference" / "mask_reference.py";
-    testing::CliResult r = testing::RunCli(python_, {reference.string(), "prepare", dir_.string()},
-                                           dir_ / "prepare.err", 600);
-    if (r.exit_code != 0) {
-      error_ = "mask_reference.py prepare failed: " + r.err;  // a failure, not a skip (below)
-      return;
-    }
-    reference_ = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
-  }
-
-  static void TearDownTestSuite() {
-    if (!dir_.empty() && !kept_) fs::remove_all(dir_);
-  }
-
-  void SetUp() override {
-    if (python_.empty()) GTEST_SKIP() << error_;
-    ASSERT_TRUE(error_.empty()) << error_;
-    ASSERT_TRUE(reference_.is_object()) << "the reference printed no JSON";
-    meshrun_ = MaskBuildDir() / "bin" / "meshrun";
-    ASSERT_TRUE(fs::exists(meshrun_)) << meshrun_;
-  }
-
-  void TearDown() override {
-    if (HasFailure()) {
-      kept_ = true;
-      std::cerr << "files kept in " << dir_ << std::endl;
-    }
-  }
-
   // The reference's schedule (lr 3e-3, warmup 2, 3 steps, batch 8 of 32 tokens), sequential
   // windows of data.bin.
   fs::path WriteSpec(const std::string& name, const std::string& model_dir,
@@ -95,43 +52,6 @@ class AttentionMasksTest : public ::testing::Test {
         << "}\n";
     return spec;
   }
-
-  std::vector<double> Train(const fs::path& spec, int nproc, const std::vector<std::string>& sets) {
-    std::vector<std::string> args = {
-        "train", "-f", spec.string(), "--nproc", std::to_string(nproc), "-o", "json"};
-    for (const std::string& s : sets) {
-      args.push_back("--set");
-      args.push_back(s);
-    }
-    const testing::CliResult r = testing::RunCli(meshrun_, args, dir_ / "train.err", 300);
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    for (const std::string& line : testing::Lines(r.out)) {
-      const json j = json::parse(line, nullptr, false);
-      if (j.is_object() && j.value("event", "") == "summary") {
-        return j["losses"].get<std::vector<double>>();
-      }
-    }
-    ADD_FAILURE() << "no summary in: " << r.out << r.err;
-    return {};
-  }
-
-  // got[k] against want[k]: the first step within first_tol (relative), later ones within
-  // later_tol (they also carry the updates' float32 rounding).
-  static void ExpectLosses(const std::vector<double>& got, const std::vector<double>& want,
-                           double first_tol, double later_tol, const std::string& what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    for (size_t k = 0; k < got.size(); ++k) {
-      const double tol = k == 0 ? first_tol : later_tol;
-      EXPECT_LE(std::fabs(got[k] - want[k]), tol * std::fabs(want[k]))
-          << what << " step " << k + 1 << ": meshrun " << got[k] << ", reference " << want[k];
-    }
-  }
-
-  static inline fs::path python_, dir_;
-  static inline std::string error_;
-  static inline json reference_;
-  static inline bool kept_ = false;
-  fs::path meshrun_;
 };
 
 TEST_F(AttentionMasksTest, MistralSlidingWindowMatchesTransformersOnOneRankAndUnderCp) {
@@ -201,7 +121,7 @@ TEST_F(AttentionMasksTest, DocumentMaskingMatchesABlockDiagonalReferenceOnEveryM
 
 // No venv needed: the refusals come before any model runs.
 TEST(AttentionMasksSpecTest, DocumentMaskingNeedsAnEndOfTextTokenAndAKnownValue) {
-  const fs::path meshrun = MaskBuildDir() / "bin" / "meshrun";
+  const fs::path meshrun = testing::TestBuildDir() / "bin" / "meshrun";
   ASSERT_TRUE(fs::exists(meshrun)) << meshrun;
   char pattern[] = "/tmp/meshrun_masks_spec_XXXXXX";
   ASSERT_NE(mkdtemp(pattern), nullptr);

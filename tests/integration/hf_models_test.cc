@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tests/client/cli_runner.h"
+#include "tests/integration/reference_suite.h"
 
 namespace meshrun {
 namespace {
@@ -30,60 +31,12 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path SourceDir() {
-  const char* dir = std::getenv("MESHRUN_SOURCE_DIR");
-  return dir != nullptr ? fs::path(dir) : fs::current_path();
-}
+class HfModelsTest : public testing::ReferenceSuite<HfModelsTest> {
+ public:
+  static constexpr const char* kReferenceScript = "hf_reference.py";
+  static constexpr const char* kTempPrefix = "meshrun_hf_models";
 
-fs::path BuildDir() {
-  const char* dir = std::getenv("MESHRUN_BINARY_DIR");
-  return dir != nullptr ? fs::path(dir) : fs::path("build");
-}
-
-class HfModelsTest : public ::testing::Test {
  protected:
-  // The venv and the reference folders are made once for the suite.
-  static void SetUpTestSuite() {
-    python_ = testing::ModelVenvPython(SourceDir(), &error_);
-    if (python_.empty()) return;
-    char pattern[] = "/tmp/meshrun_hf_models_XXXXXX";
-    if (mkdtemp(pattern) == nullptr) {
-      error_ = "mkdtemp failed";
-      return;
-    }
-    dir_ = pattern;
-    testing::CliResult r = testing::RunCli(python_, {Reference(), "prepare", dir_.string()},
-                                           dir_ / "prepare.err", 600);
-    if (r.exit_code != 0) {
-      error_ = "hf_reference.py prepare failed: " + r.err;  // a failure, not a skip (below)
-      return;
-    }
-    reference_ = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
-  }
-
-  static void TearDownTestSuite() {
-    if (!dir_.empty() && !kept_) fs::remove_all(dir_);
-  }
-
-  static std::string Reference() {
-    return (SourceDir() / "tests" / "reference" / "hf_reference.py").string();
-  }
-
-  void SetUp() override {
-    if (python_.empty()) GTEST_SKIP() << error_;
-    ASSERT_TRUE(error_.empty()) << error_;
-    ASSERT_TRUE(reference_.is_object()) << "the reference printed no JSON";
-    meshrun_ = BuildDir() / "bin" / "meshrun";
-    ASSERT_TRUE(fs::exists(meshrun_)) << meshrun_;
-  }
-
-  void TearDown() override {
-    if (HasFailure()) {
-      kept_ = true;
-      std::cerr << "files kept in " << dir_ << std::endl;
-    }
-  }
-
   // The spec of these runs: the reference's schedule (lr 3e-3, warmup 2, 4 steps, batch 8 of
   // 32 tokens), sequential windows of data.bin.
   fs::path WriteSpec(const std::string& name, const std::string& model_dir, int steps) {
@@ -98,47 +51,12 @@ class HfModelsTest : public ::testing::Test {
     return spec;
   }
 
-  // `meshrun train -o json` losses, with --set overrides; empty on failure (reported).
-  std::vector<double> Train(const fs::path& spec, int nproc, const std::vector<std::string>& sets) {
-    std::vector<std::string> args = {
-        "train", "-f", spec.string(), "--nproc", std::to_string(nproc), "-o", "json"};
-    for (const std::string& s : sets) {
-      args.push_back("--set");
-      args.push_back(s);
-    }
-    const testing::CliResult r = testing::RunCli(meshrun_, args, dir_ / "train.err", 300);
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    for (const std::string& line : testing::Lines(r.out)) {
-      const json j = json::parse(line, nullptr, false);
-      if (j.is_object() && j.value("event", "") == "summary") {
-        return j["losses"].get<std::vector<double>>();
-      }
-    }
-    ADD_FAILURE() << "no summary in: " << r.out << r.err;
-    return {};
-  }
-
+  // The first step is a pure forward of the loaded weights; later ones also carry the updates'
+  // float32 rounding.
   static void ExpectLosses(const std::vector<double>& got, const std::vector<double>& want,
                            const std::string& what) {
-    ASSERT_EQ(got.size(), want.size()) << what;
-    double worst = 0;
-    for (size_t k = 0; k < got.size(); ++k)
-      worst = std::max(worst, std::fabs(got[k] / want[k] - 1));
-    std::cout << what << ": largest relative difference " << worst << std::endl;
-    for (size_t k = 0; k < got.size(); ++k) {
-      // The first step is a pure forward of the loaded weights; later ones also carry the
-      // updates' float32 rounding.
-      const double tol = k == 0 ? 5e-6 : 1e-4;
-      EXPECT_LE(std::fabs(got[k] - want[k]), tol * std::fabs(want[k]))
-          << what << " step " << k + 1 << ": meshrun " << got[k] << ", transformers " << want[k];
-    }
+    ReferenceSuite::ExpectLosses(got, want, 5e-6, 1e-4, what);
   }
-
-  static inline fs::path python_, dir_;
-  static inline std::string error_;
-  static inline json reference_;
-  static inline bool kept_ = false;
-  fs::path meshrun_;
 };
 
 TEST_F(HfModelsTest, LlamaLossesMatchTransformersOnEveryMesh) {
@@ -201,7 +119,7 @@ TEST_F(HfModelsTest, ExportsAreReadByTransformersWithTheLossMeshrunEvalReports) 
     ASSERT_TRUE(g.is_object() && g.contains("tokens")) << r.out;
     generated.push_back(g["tokens"].get<std::vector<int>>());
   }
-  std::vector<std::string> args = {Reference(), "eval"};
+  std::vector<std::string> args = {ReferenceScript(), "eval"};
   args.insert(args.end(), exported.begin(), exported.end());
   args.insert(args.end(), {"--tokens", (dir_ / "data.bin").string(), "--seq", "32", "--prompt",
                            "hello", "--new-tokens", "8"});

@@ -20,6 +20,7 @@
 
 #include "tests/client/cli_runner.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/python_cluster.h"
 
 namespace meshrun {
 namespace {
@@ -33,22 +34,15 @@ using testing::FreePort;
 using testing::Spawn;
 
 fs::path OneSpecSourceDir() {
-  const char* dir = std::getenv("MESHRUN_SOURCE_DIR");
-  return dir != nullptr ? fs::path(dir) : fs::current_path();
+  return testing::TestSourceDir();
 }
 
 class OneSpecTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    venv_ = BinDir().parent_path() / "test-venv";
-    const fs::path log = BinDir().parent_path() / "test-venv.make.log";
-    const testing::CliResult r = testing::RunCli(
-        OneSpecSourceDir() / "tests" / "python" / "make-venv", {venv_.string()}, log, 900);
-    if (r.exit_code != 0) venv_error_ = "the tests' Python venv could not be made: " + r.err;
-  }
+  static void SetUpTestSuite() { venv_ = testing::TestPythonVenv(&venv_error_); }
 
   void SetUp() override {
-    if (!venv_error_.empty()) GTEST_SKIP() << venv_error_;
+    if (venv_.empty()) GTEST_SKIP() << venv_error_;
     if (geteuid() != 0) GTEST_SKIP() << "needs root for unshare -m and mount";
     for (const char* bin : {"meshrun", "meshrun-worker", "meshrun-coordinator"}) {
       if (!fs::exists(BinDir() / bin)) GTEST_SKIP() << (BinDir() / bin) << " is not built";
@@ -70,21 +64,12 @@ class OneSpecTest : public ::testing::Test {
     for (Daemon* d : {&worker1_, &worker2_, &coordinator_}) {
       if (d->pid > 0) testing::Stop(*d, 10s);
     }
-    if (dir_.empty()) return;
-    if (HasFailure()) {
-      std::cerr << "logs kept in " << dir_ << std::endl;
-      for (const char* name : {"coordinator.log", "worker-1.log", "worker-2.log", "python.err"}) {
-        std::cerr << "---- " << name << "\n" << testing::ReadFile(dir_ / name) << "\n";
-      }
-    } else {
-      fs::remove_all(dir_);
-    }
+    testing::KeepLogsOnFailure(HasFailure(), dir_,
+                               {"coordinator.log", "worker-1.log", "worker-2.log", "python.err"});
   }
 
   testing::CliResult Cli(std::vector<std::string> args, int timeout_s = 30) {
-    args.push_back("--coordinator");
-    args.push_back(address_);
-    return testing::RunCli(BinDir() / "meshrun", args, dir_ / "cli.err", timeout_s);
+    return testing::CoordinatorCli(address_, dir_, std::move(args), timeout_s);
   }
 
   void StartCluster() {
@@ -105,16 +90,8 @@ class OneSpecTest : public ::testing::Test {
     };
     worker1_ = worker("worker-1");
     worker2_ = worker("worker-2");
-    for (int i = 0; i < 300; ++i) {
-      const testing::CliResult r = Cli({"workers", "-o", "json"}, 5);
-      if (r.exit_code == 0) {
-        const json w = json::parse(r.out, nullptr, false);
-        if (w.is_array() && w.size() == 2 && w[0]["state"] == "READY" && w[1]["state"] == "READY")
-          return;
-      }
-      std::this_thread::sleep_for(100ms);
-    }
-    FAIL() << "the workers did not become READY on " << address_;
+    if (!testing::WaitForReadyWorkers(address_, dir_, 2))
+      FAIL() << "the workers did not become READY on " << address_;
   }
 
   static fs::path venv_;

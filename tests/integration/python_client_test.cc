@@ -19,6 +19,7 @@
 #include "common/job_spec.h"
 #include "tests/client/cli_runner.h"
 #include "tests/integration/daemons.h"
+#include "tests/integration/python_cluster.h"
 
 namespace meshrun {
 namespace {
@@ -34,26 +35,16 @@ using testing::Spawn;
 using testing::kCorpus;
 
 fs::path SourceDir() {
-  const char* dir = std::getenv("MESHRUN_SOURCE_DIR");
-  return dir != nullptr ? fs::path(dir) : fs::current_path();
+  return testing::TestSourceDir();
 }
 
 class PythonClientTest : public ::testing::Test {
  protected:
   // The venv is made once per build folder and reused by later runs (make-venv's stamp).
-  static void SetUpTestSuite() {
-    venv_ = BinDir().parent_path() / "test-venv";
-    const fs::path log = BinDir().parent_path() / "test-venv.make.log";
-    const testing::CliResult r =
-        testing::RunCli(SourceDir() / "tests" / "python" / "make-venv", {venv_.string()}, log, 900);
-    if (r.exit_code != 0) {
-      venv_error_ = "the tests' Python virtual environment could not be made (exit " +
-                    std::to_string(r.exit_code) + "): " + testing::ReadFile(log);
-    }
-  }
+  static void SetUpTestSuite() { venv_ = testing::TestPythonVenv(&venv_error_); }
 
   void SetUp() override {
-    if (!venv_error_.empty()) GTEST_SKIP() << venv_error_;
+    if (venv_.empty()) GTEST_SKIP() << venv_error_;
     for (const char* bin : {"meshrun", "meshrun-worker", "meshrun-coordinator"}) {
       if (!fs::exists(BinDir() / bin)) GTEST_SKIP() << (BinDir() / bin) << " is not built";
     }
@@ -68,21 +59,12 @@ class PythonClientTest : public ::testing::Test {
     for (Daemon* d : {&worker_, &coordinator_}) {
       if (d->pid > 0) testing::Stop(*d, 10s);
     }
-    if (dir_.empty()) return;
-    if (HasFailure()) {
-      std::cerr << "logs kept in " << dir_ << std::endl;
-      for (const char* name : {"coordinator.log", "worker-1.log", "python.err"}) {
-        std::cerr << "---- " << name << "\n" << testing::ReadFile(dir_ / name) << "\n";
-      }
-    } else {
-      fs::remove_all(dir_);
-    }
+    testing::KeepLogsOnFailure(HasFailure(), dir_,
+                               {"coordinator.log", "worker-1.log", "python.err"});
   }
 
   testing::CliResult Cli(std::vector<std::string> args, int timeout_s = 30) {
-    args.push_back("--coordinator");
-    args.push_back(address_);
-    return testing::RunCli(BinDir() / "meshrun", args, dir_ / "cli.err", timeout_s);
+    return testing::CoordinatorCli(address_, dir_, std::move(args), timeout_s);
   }
 
   void StartCluster() {
@@ -95,15 +77,8 @@ class PythonClientTest : public ::testing::Test {
         {(BinDir() / "meshrun-worker").string(), "--coordinator", address_, "--name", "worker-1",
          "--slots", "2", "--work-dir", (dir_ / "work").string(), "--cores", "1", "--grace", "2"},
         dir_ / "worker-1.log");
-    for (int i = 0; i < 300; ++i) {
-      const testing::CliResult r = Cli({"workers", "-o", "json"}, 5);
-      if (r.exit_code == 0) {
-        const json workers = json::parse(r.out, nullptr, false);
-        if (workers.is_array() && workers.size() == 1 && workers[0]["state"] == "READY") return;
-      }
-      std::this_thread::sleep_for(100ms);
-    }
-    FAIL() << "the worker did not become READY on " << address_;
+    if (!testing::WaitForReadyWorkers(address_, dir_, 1))
+      FAIL() << "the worker did not become READY on " << address_;
   }
 
   static fs::path venv_;

@@ -63,6 +63,17 @@ def load(dir_):
     return model
 
 
+def init_weights(model, std):
+    """Matrices N(0, std), vectors U(0.8, 1.2): larger than the 0.02 init, so that every path
+    matters."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, std)
+            else:
+                p.uniform_(0.8, 1.2)
+
+
 def make_llama(args):
     torch.manual_seed(args.seed)
     cfg = transformers.LlamaConfig(
@@ -73,12 +84,7 @@ def make_llama(args):
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
     model = transformers.LlamaForCausalLM(cfg)
-    with torch.no_grad():  # larger than the 0.02 init, so that every path matters
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.08)
-            else:
-                p.uniform_(0.8, 1.2)
+    init_weights(model, 0.08)
     model.save_pretrained(args.dir, safe_serialization=True)
 
 
@@ -123,7 +129,10 @@ def train(args):
     print()
 
 
-def train_losses(dir_, args):
+def train_losses(dir_, args, loss_fn=batch_loss, check_first_batch=None):
+    """Per-step losses of AdamW training from dir_ on args.tokens (the windows, schedule,
+    clipping and weight decay of docs/), with loss_fn(model, batch); check_first_batch(model,
+    batch), when given, runs on the first batch before any update."""
     torch.manual_seed(0)
     model = load(dir_)
     tokens = read_tokens(args.tokens)
@@ -136,8 +145,10 @@ def train_losses(dir_, args):
     losses = []
     for k in range(args.steps):
         batch = np.stack([window((k * args.batch + i) % n_windows) for i in range(args.batch)])
+        if k == 0 and check_first_batch is not None:
+            check_first_batch(model, batch)
         opt.zero_grad()
-        loss = batch_loss(model, batch)
+        loss = loss_fn(model, batch)
         loss.backward()
         if args.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -202,6 +213,21 @@ def prepare(args):
     print()
 
 
+def add_train_args(p, steps):
+    """The training options of train_losses (the schedule of the tests' specs)."""
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--min-lr", dest="min_lr", type=float, default=3e-5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--weight-decay", dest="weight_decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", dest="grad_clip", type=float, default=1.0)
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -229,17 +255,7 @@ def main():
             p.add_argument("dir")
         if name != "prepare":
             p.add_argument("--tokens", required=True)
-        p.add_argument("--seq", type=int, default=32)
-        p.add_argument("--batch", type=int, default=8)
-        p.add_argument("--steps", type=int, default=4)
-        p.add_argument("--lr", type=float, default=3e-3)
-        p.add_argument("--min-lr", dest="min_lr", type=float, default=3e-5)
-        p.add_argument("--warmup", type=int, default=2)
-        p.add_argument("--weight-decay", dest="weight_decay", type=float, default=0.1)
-        p.add_argument("--grad-clip", dest="grad_clip", type=float, default=1.0)
-        p.add_argument("--beta1", type=float, default=0.9)
-        p.add_argument("--beta2", type=float, default=0.95)
-        p.add_argument("--eps", type=float, default=1e-8)
+        add_train_args(p, steps=4)
     args = ap.parse_args()
     torch.set_num_threads(1)
     if args.cmd == "make-llama":

@@ -33,15 +33,6 @@ import hf_reference  # noqa: E402  (the data windows, schedule and AdamW setting
 EOT = 2
 
 
-def init_weights(model, std):
-    with torch.no_grad():  # larger than the 0.02 init, so that every path matters
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, std)
-            else:
-                p.uniform_(0.8, 1.2)
-
-
 def make_mistral(dir_):
     torch.manual_seed(5)
     cfg = transformers.MistralConfig(
@@ -50,7 +41,7 @@ def make_mistral(dir_):
         max_position_embeddings=128, tie_word_embeddings=False, rope_theta=10000.0,
         sliding_window=11, bos_token_id=1, eos_token_id=EOT)
     model = transformers.MistralForCausalLM(cfg)
-    init_weights(model, 0.08)
+    hf_reference.init_weights(model, 0.08)
     model.save_pretrained(dir_, safe_serialization=True)
 
 
@@ -62,7 +53,7 @@ def make_llama(dir_):
         max_position_embeddings=128, tie_word_embeddings=False, rope_theta=10000.0,
         bos_token_id=1, eos_token_id=EOT)
     model = transformers.LlamaForCausalLM(cfg)
-    init_weights(model, 0.08)
+    hf_reference.init_weights(model, 0.08)
     model.save_pretrained(dir_, safe_serialization=True)
 
 
@@ -121,34 +112,17 @@ def document_loss_split(model, batch):
     return total / count
 
 
+def check_document_loss(model, batch):
+    """The 4D mask gives the loss of running every document on its own."""
+    with torch.no_grad():
+        a, b = document_loss(model, batch).item(), document_loss_split(model, batch)
+    assert abs(a - b) <= 1e-6 * abs(b), f"4D mask {a} != documents one by one {b}"
+
+
 def train_losses(dir_, args, loss_fn):
     """hf_reference.train_losses with another loss (its windows, schedule and AdamW)."""
-    torch.manual_seed(0)
-    model = hf_reference.load(dir_)
-    tokens = hf_reference.read_tokens(args.tokens)
-    n_windows, window = hf_reference.windows(tokens, args.seq)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps)
-    losses = []
-    for k in range(args.steps):
-        batch = np.stack([window((k * args.batch + i) % n_windows) for i in range(args.batch)])
-        if k == 0 and loss_fn is document_loss:
-            with torch.no_grad():
-                a, b = document_loss(model, batch).item(), document_loss_split(model, batch)
-            assert abs(a - b) <= 1e-6 * abs(b), f"4D mask {a} != documents one by one {b}"
-        opt.zero_grad()
-        loss = loss_fn(model, batch)
-        loss.backward()
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        for g in opt.param_groups:
-            g["lr"] = hf_reference.lr_at(k, args)
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    check = check_document_loss if loss_fn is document_loss else None
+    return hf_reference.train_losses(dir_, args, loss_fn, check)
 
 
 def prepare(args):
@@ -180,17 +154,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("out")
-    p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--min-lr", dest="min_lr", type=float, default=3e-5)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--weight-decay", dest="weight_decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", dest="grad_clip", type=float, default=1.0)
-    p.add_argument("--beta1", type=float, default=0.9)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--eps", type=float, default=1e-8)
+    hf_reference.add_train_args(p, steps=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
     prepare(args)
