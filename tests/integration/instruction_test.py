@@ -19,7 +19,8 @@ CASE is one of:
              equals a PyTorch reference with a block-diagonal causal mask per sample and -100
              targets (<= 1e-5) and the loss of one sample per window (causal), also with a
              tokenizer whose eos_token (<|im_end|>) ends every turn: one rank, the .bin + .mask
-             of `meshrun tokenize --pack`, dp_shard 2 x tp 2, cp 2 ring x tp 2, cp 2 allgather.
+             of `meshrun tokenize --pack`, dp_shard 2 x tp 2, cp 2 ring x tp 2, cp 2 allgather;
+             evaluation of the packed .bin + .mask (data.val) equals the reference too.
 
 Exits 77 (skipped) when the virtual environment cannot be made.
 """
@@ -619,6 +620,24 @@ def packed_case(a, work, folder, meshes):
         assert abs(got[0] - ref) <= 1e-5, (name, got, ref)
         if n == n_packed:
             assert abs(got[0] - unpacked[0]) <= 1e-5, (name, got, unpacked)
+    if not meshes:
+        return
+    # Evaluation reads the documents from the flags too: data.val = the packed .bin + .mask,
+    # with lr 0 (the weights as loaded) the eval loss is the reference's over every window.
+    for name, nproc, sets in (("one rank", 1, []),
+                              ("cp 2 ring x tp 2", 4, ["parallelism.cp_size=2",
+                                                       "parallelism.tp_size=2",
+                                                       "parallelism.cp_comm_strategy=ring"])):
+        cmd = [a.meshrun, "train", "-f", spec, "--nproc", str(nproc), "-o", "json"]
+        for s in sets + ["data.attention=document", "data.val=" + outs["packed"],
+                         "data.eval_every=1", "train.steps=1", "train.lr=0", "train.min_lr=0"] + \
+                batch(n_packed):
+            cmd += ["--set", s]
+        events = [json.loads(line) for line in run(cmd, timeout=600).stdout.splitlines()
+                  if line.startswith("{")]
+        got = [e["loss"] for e in events if e.get("event") == "eval"]
+        print(f"eval, {name}: {got} (reference {want:.7f})")
+        assert len(got) == 1 and abs(got[0] - want) <= 1e-5, (name, got, want)
 
 
 def main():
