@@ -308,7 +308,7 @@ TEST(TypesTest, StateNamesMatchTheConventions) {
             (std::set<std::string>{"READY", "BUSY", "LOST"}));
   EXPECT_EQ(UnprefixedValues(MeshAxis_descriptor(), "MESH_AXIS_"),
             (std::set<std::string>{"DP_REPLICATE", "DP_SHARD", "CP", "TP", "DP", "DP_SHARD_CP",
-                                   "DP_CP"}));
+                                   "DP_CP", "PP"}));
 }
 
 // A peer's Duration of any size converts without overflow (StopOrder grace, StoreGet timeout,
