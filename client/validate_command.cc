@@ -138,6 +138,8 @@ nlohmann::ordered_json JobSpecToJson(const JobSpec& spec) {
       json[std::string(section)][std::string(key)] = value;
     }
   });
+  // parallelism.pp_layers: null when empty (split by the engine's cost).
+  if (spec.parallelism.pp_layers.empty()) json["parallelism"]["pp_layers"] = nullptr;
   // data.train as a list: [{"path","weight"}, ...] in place of the empty string.
   if (!spec.data.train_sources.empty()) {
     nlohmann::ordered_json sources = nlohmann::ordered_json::array();
