@@ -480,8 +480,10 @@ Status CheckMeshRules(const JobSpec& spec, const ParallelDims& mesh, int nproc) 
   return OkStatus();
 }
 
-// Whether this build's engine runs pipeline stages (pp_size > 1, and which schedules).
-constexpr bool kEngineRunsPipelines = false;
+// The pipeline schedules this build's engine runs (pp_size > 1).
+bool EngineRunsSchedule(PpSchedule schedule) {
+  return schedule == PpSchedule::k1F1B;
+}
 
 std::string JoinInts(const std::vector<int>& values) {
   std::string out = "[";
@@ -575,10 +577,11 @@ Status CheckPipeline(const JobSpec& spec, const ParallelDims& mesh) {
                    "use a global_batch_size that gives a multiple of " + Str(pp) +
                        " micro-batches, or pp_schedule: 1f1b");
   }
-  if (!kEngineRunsPipelines) {
-    return Invalid("parallelism.pp_size",
-                   Str(pp) + ": pipeline parallelism is not yet supported in this build",
-                   "use pp_size: 1");
+  if (!EngineRunsSchedule(schedule)) {
+    return Invalid(
+        "parallelism.pp_schedule",
+        std::string("'") + PpScheduleName(schedule) + "' is not yet supported in this build",
+        "use pp_schedule: 1f1b");
   }
   return OkStatus();
 }

@@ -59,7 +59,30 @@ struct GPT2Config {
   Recompute recompute = Recompute::kNone;
   // Where the parameters, gradients and activations live; every op runs there (engine/ops).
   Device device;
+  // Pipeline parallelism (docs/parallelism.md "Pipeline parallelism"): this rank's stage holds
+  // the transformer layers [layer_begin, layer_end) (layer_end −1: n_layer), the embedding when
+  // stage_first, the final norm, head and loss when stage_last. A last stage of a tied model
+  // also holds the embedding unit (its table is the head; decision 0054). Parameter names keep
+  // their global layer index, so checkpoints do not depend on the split.
+  int layer_begin = 0;
+  int layer_end = -1;
+  bool stage_first = true;
+  bool stage_last = true;
   bool operator==(const GPT2Config&) const = default;
+
+  // The layers of this stage: [layer_begin, stage_layer_end()).
+  int stage_layer_end() const { return layer_end < 0 ? n_layer : layer_end; }
+  int stage_layers() const { return stage_layer_end() - layer_begin; }
+  // Whether this stage holds the embedding unit (unit 0): the first stage, and a tied last one.
+  bool holds_embedding() const { return stage_first || (stage_last && tie_embeddings); }
+  // The same config as one whole model (every layer, embedding and head on one rank).
+  GPT2Config WholeModel() const {
+    GPT2Config c = *this;
+    c.layer_begin = 0;
+    c.layer_end = -1;
+    c.stage_first = c.stage_last = true;
+    return c;
+  }
 
   bool llama() const { return arch == Arch::kLlama; }
   int head_dim() const { return d_model / n_head; }
@@ -225,6 +248,28 @@ class GPT2 {
   StatusOr<double> ForwardLoss(const int32_t* inputs, const int32_t* targets, int B, int seq_len,
                                const int32_t* positions = nullptr);
 
+  // Pipeline stages (config().stage_first/stage_last). `inputs` are the micro-batch's token ids
+  // (every stage has them: positions and document masks come from them); `stage_input` is the
+  // previous stage's output, B·seq_len·d_model on the device (null on the first stage).
+  // StageForward runs the stage's layers without a backward and leaves their output in
+  // stage_output() (not on the last stage, whose forward is its loss: ForwardLoss).
+  Status StageForward(const int32_t* inputs, const T* stage_input, int B, int seq_len,
+                      const int32_t* positions = nullptr);
+  const T* stage_output() const;
+  // Forward and backward of the stage: the last from its loss over `targets` (returns the sum
+  // of per-token losses, as ForwardBackward), the others from `output_grad` (the gradient of
+  // their output, returning 0). Leaves the gradient of the stage's input in stage_input_grad()
+  // (not on the first stage). Gradients accumulate across calls.
+  StatusOr<double> StageForwardBackward(const int32_t* inputs, const T* stage_input,
+                                        const int32_t* targets, const T* output_grad, int B,
+                                        int seq_len, double grad_scale,
+                                        const int32_t* positions = nullptr);
+  const T* stage_input_grad() const { return dres_.template data<T>(); }
+  // Pipeline stages: the stage's forward for a loss-only pass (evaluation) on a last stage.
+  StatusOr<double> StageForwardLoss(const int32_t* inputs, const T* stage_input,
+                                    const int32_t* targets, int B, int seq_len,
+                                    const int32_t* positions = nullptr);
+
  private:
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd, q, k, v, att, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fch,
@@ -232,13 +277,19 @@ class GPT2 {
     Tensor k_all, v_all;  // context parallel (allgather): K and V of the whole sequence
   };
   void EnsureActivations(int B, int seq_len);
-  // Embedding, blocks and the final LayerNorm (everything but the head).
-  Status ForwardTrunk(const int32_t* inputs, int B, int seq_len, const int32_t* positions);
+  // Embedding, blocks and the final LayerNorm (everything but the head); on a pipeline stage
+  // its part: from stage_input (not the first stage) through its layers (and the final norm on
+  // the last).
+  Status ForwardTrunk(const int32_t* inputs, int B, int seq_len, const int32_t* positions,
+                      const T* stage_input = nullptr);
   // The head and cross-entropy over HeadChunkRows rows at a time; with_grad also leaves the
   // gradient of the final LayerNorm's output in dln_ and adds the head's to wte's gradient.
   StatusOr<double> HeadLoss(const int32_t* targets, bool with_grad, double grad_scale);
-  // The backward from the final LayerNorm down (after HeadLoss with_grad).
-  Status Backward();
+  // The backward from the final LayerNorm down (after HeadLoss with_grad); on a stage that is
+  // not the last, from output_grad.
+  Status Backward(const T* output_grad = nullptr);
+  // Whether unit u holds parameters on this stage (hooks are called only for those).
+  bool UnitUsed(int u) const { return units_[u].padded > 0; }
   // One block's forward from its input `residual` into acts_[l]; its backward from dres_
   // (the gradient of its output), leaving the gradient of its input in dres_.
   Status BlockForward(int l, const T* residual);

@@ -19,6 +19,7 @@
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/ops/ops.h"
 #include "engine/train/device.h"
+#include "engine/train/pipeline.h"
 #include "engine/train/update.h"
 
 namespace meshrun {
@@ -104,6 +105,16 @@ Status Trainer::Init() {
   cfg.tp_size = dims.tp();
   cfg.tp_rank = coords_.tp;
   cfg.fsdp_size = dims.dp_shard() * dims.cp();
+  // Pipeline parallelism: this stage's layers (engine/train/pipeline.h; every rank computes the
+  // same split).
+  stage_ = coords_.pp;
+  if (dims.pp() > 1) {
+    const std::vector<int> layers = PipelineLayers(spec_);
+    for (int p = 0; p < stage_; ++p) cfg.layer_begin += layers[p];
+    cfg.layer_end = cfg.layer_begin + layers[stage_];
+    cfg.stage_first = stage_ == 0;
+    cfg.stage_last = stage_ == dims.pp() - 1;
+  }
   const Checkpointing ac = CheckpointingOf(spec_.train);
   cfg.recompute = ac == Checkpointing::kFull        ? Recompute::kFull
                   : ac == Checkpointing::kSelective ? Recompute::kSelective
@@ -137,6 +148,10 @@ Status Trainer::Init() {
                                            Comm(MeshAxis::kDpReplicate), Comm(MeshAxis::kTp),
                                            spec_.parallelism.fsdp_reshard_after_forward);
   shards_->set_gather_bf16(bf16);
+  if (dims.pp() > 1) {
+    // A tied last stage's embedding unit is a copy of the first stage's: counted there only.
+    shards_->SetPipeline(Comm(MeshAxis::kPp), !(cfg.holds_embedding() && !cfg.stage_first));
+  }
   // The optimizer's state: as long as the shard, on its device (engine/train/optimizer.h).
   optimizer_ = MakeOptimizer(OptimizerOf(spec_.train), shards_->size(), shards_->device());
   model_par_.tp = Comm(MeshAxis::kTp);
@@ -257,7 +272,25 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   // Forward and backward over the micro-batches; FSDP gathers and reduce-scatters per unit.
   shards_->ZeroGrad();
   double loss_sum = 0;
-  for (int first = 0; first < range.count; first += mb) {
+  if (dims_->pp() > 1) {
+    // Every stage reads the tokens of each micro-batch itself (positions and document masks
+    // come from them); only activations and their gradients cross stages.
+    auto fill = [&](int m) -> Status {
+      const int first = m * mb;
+      MESHRUN_RETURN_IF_ERROR(
+          sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
+      for (int r = 0; masked_ && r < mb; ++r) {
+        const MixtureSampler::Window& w = windows[range.first + first + r];
+        MESHRUN_RETURN_IF_ERROR(MaskTargets(*train_data_[w.source], w.window * T + 1, T, loss_on,
+                                            targets.data() + int64_t{r} * T)
+                                    .status());
+      }
+      LocalTokens(inputs.data(), targets.data(), mb);
+      return OkStatus();
+    };
+    MESHRUN_RETURN_IF_ERROR(PipelineMicroBatches(range.count / mb, fill, grad_scale, &loss_sum));
+  }
+  for (int first = 0; dims_->pp() == 1 && first < range.count; first += mb) {
     MESHRUN_RETURN_IF_ERROR(
         sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
     for (int r = 0; masked_ && r < mb; ++r) {
@@ -277,10 +310,16 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   }
   // Replicas sum their gradients; then clip by the global norm and update the shard.
   MESHRUN_RETURN_IF_ERROR(shards_->FinishGradients());
+  MESHRUN_RETURN_IF_ERROR(SyncTiedEmbedding());
   MESHRUN_ASSIGN_OR_RETURN(UpdateResult update, ClipAndStep(*shards_, *optimizer_, tr, step_));
-  // The loss of the global batch: every token is on exactly one rank of dp_cp.
+  // The loss of the global batch: every token is on exactly one rank of dp_cp (of the last
+  // pipeline stage, which sums it to the others over pp).
   MESHRUN_ASSIGN_OR_RETURN(double total,
                            SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, CommCharge::Metrics()));
+  if (dims_->pp() > 1) {
+    MESHRUN_ASSIGN_OR_RETURN(total,
+                             SumOverGroup(Comm(MeshAxis::kPp), total, CommCharge::Metrics()));
+  }
   const double loss = batch_targets > 0 ? total / static_cast<double>(batch_targets) : 0.0;
   ++step_;
   metrics->step = step_;
@@ -323,6 +362,33 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
       target_count += static_cast<double>(n);
     }
     LocalTokens(inputs.data(), targets.data(), rows);
+    if (dims_->pp() > 1) {
+      // The pipeline's forward, one micro-batch through every stage in turn.
+      Communicator* pp = Comm(MeshAxis::kPp);
+      const GPT2Config& cfg = model_->config();
+      const size_t acts = static_cast<size_t>(rows) * Tl * cfg.d_model;
+      if (!cfg.stage_first) {
+        if (pipe_inputs_.empty()) pipe_inputs_.resize(1);
+        if (!pipe_inputs_[0].defined() || pipe_inputs_[0].numel() < static_cast<int64_t>(acts)) {
+          MemoryKindScope kind(MemoryKind::kActivations);
+          pipe_inputs_[0] =
+              Tensor::Empty({static_cast<int64_t>(acts)}, ScalarType::kFloat32, cfg.device);
+        }
+        MESHRUN_RETURN_IF_ERROR(pp->Recv(pipe_inputs_[0].data<float>(), acts, stage_ - 1));
+      }
+      const float* in = cfg.stage_first ? nullptr : pipe_inputs_[0].data<float>();
+      if (cfg.stage_last) {
+        MESHRUN_ASSIGN_OR_RETURN(
+            double loss, model_->StageForwardLoss(local_in_.data(), in, local_tg_.data(), rows, Tl,
+                                                  local_pos_.data()));
+        loss_sum += loss;
+      } else {
+        MESHRUN_RETURN_IF_ERROR(
+            model_->StageForward(local_in_.data(), in, rows, Tl, local_pos_.data()));
+        MESHRUN_RETURN_IF_ERROR(pp->Send(model_->stage_output(), acts, stage_ + 1));
+      }
+      continue;
+    }
     MESHRUN_ASSIGN_OR_RETURN(double loss, model_->ForwardLoss(local_in_.data(), local_tg_.data(),
                                                               rows, Tl, local_pos_.data()));
     loss_sum += loss;
@@ -330,6 +396,10 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
   shards_->ReleaseAll();
   MESHRUN_ASSIGN_OR_RETURN(double total,
                            SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, CommCharge::Metrics()));
+  if (dims_->pp() > 1) {
+    MESHRUN_ASSIGN_OR_RETURN(total,
+                             SumOverGroup(Comm(MeshAxis::kPp), total, CommCharge::Metrics()));
+  }
   MESHRUN_ASSIGN_OR_RETURN(
       double targets_all, SumOverGroup(Comm(MeshAxis::kDpCp), target_count, CommCharge::Metrics()));
   // Each token is on one rank of dp_cp, but each rank of a cp group counted whole windows.
@@ -343,7 +413,7 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
 
 StatusOr<std::vector<double>> Trainer::MaxOverRanks(std::vector<double> values) {
   const size_t n = values.size();
-  for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kDpCp}) {
+  for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kDpCp, MeshAxis::kPp}) {
     Communicator* comm = Comm(axis);
     if (comm == nullptr || comm->size() <= 1 || n == 0) continue;
     std::vector<double> all(n * comm->size());
@@ -356,14 +426,109 @@ StatusOr<std::vector<double>> Trainer::MaxOverRanks(std::vector<double> values) 
   return values;
 }
 
+StatusOr<double> Trainer::SumOverWorld(double value, CommCharge charge) {
+  MESHRUN_ASSIGN_OR_RETURN(double over_tp, SumOverGroup(Comm(MeshAxis::kTp), value, charge));
+  MESHRUN_ASSIGN_OR_RETURN(double stage, SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, charge));
+  return SumOverGroup(Comm(MeshAxis::kPp), stage, charge);
+}
+
+Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Status(int)>& fill,
+                                     double grad_scale, double* loss_sum) {
+  Communicator* pp = Comm(MeshAxis::kPp);
+  const GPT2Config& cfg = model_->config();
+  const int P = dims_->pp(), mb = spec_.train.micro_batch_size;
+  const int Tl = spec_.model.seq_len / dims_->cp();
+  const size_t acts = static_cast<size_t>(mb) * Tl * cfg.d_model;  // one activation, floats
+  const bool first = cfg.stage_first, last = cfg.stage_last;
+  auto buffer = [&](Tensor& t) {
+    if (!t.defined() || t.numel() < static_cast<int64_t>(acts)) {
+      MemoryKindScope kind(MemoryKind::kActivations);
+      t = Tensor::Empty({static_cast<int64_t>(acts)}, ScalarType::kFloat32, cfg.device);
+    }
+    return t.data<float>();
+  };
+  if (static_cast<int>(pipe_inputs_.size()) < micro_batches) pipe_inputs_.resize(micro_batches);
+  const std::vector<PipeOp> ops = OneFOneBSchedule(P, stage_, micro_batches);
+  // The send the previous operation left, fused with the next operation's receive.
+  const float* send = nullptr;
+  int send_peer = -1;
+  int backwards_left = micro_batches;
+  for (const PipeOp& op : ops) {
+    float* recv = nullptr;
+    int recv_peer = -1;
+    if (op.kind == PipeOpKind::kForward && !first) {
+      recv = buffer(pipe_inputs_[op.micro]);
+      recv_peer = stage_ - 1;
+    } else if (op.kind == PipeOpKind::kBackward && !last) {
+      recv = buffer(pipe_output_grad_);
+      recv_peer = stage_ + 1;
+    }
+    const CallOptions charge = CallOptions::Axis(MeshAxis::kPp);
+    if (send != nullptr && recv != nullptr) {
+      MESHRUN_RETURN_IF_ERROR(pp->SendRecv(send, acts, send_peer, recv, acts, recv_peer, charge));
+    } else if (send != nullptr) {
+      MESHRUN_RETURN_IF_ERROR(pp->Send(send, acts, send_peer, charge));
+    } else if (recv != nullptr) {
+      MESHRUN_RETURN_IF_ERROR(pp->Recv(recv, acts, recv_peer, charge));
+    }
+    send = nullptr;
+    const float* input = first ? nullptr : pipe_inputs_[op.micro].data<float>();
+    if (op.kind == PipeOpKind::kForward) {
+      // The last stage's forward runs with its backward (next in its schedule).
+      if (last) continue;
+      MESHRUN_RETURN_IF_ERROR(fill(op.micro));
+      MESHRUN_RETURN_IF_ERROR(
+          model_->StageForward(local_in_.data(), input, mb, Tl, local_pos_.data()));
+      send = model_->stage_output();
+      send_peer = stage_ + 1;
+      continue;
+    }
+    // The backward runs the stage's forward again from its kept input (the stage keeps only its
+    // inputs of the micro-batches in flight), then the backward.
+    MESHRUN_RETURN_IF_ERROR(fill(op.micro));
+    shards_->set_last_micro_batch(--backwards_left == 0);
+    MESHRUN_ASSIGN_OR_RETURN(
+        double loss, model_->StageForwardBackward(local_in_.data(), input, local_tg_.data(),
+                                                  last ? nullptr : pipe_output_grad_.data<float>(),
+                                                  mb, Tl, grad_scale, local_pos_.data()));
+    *loss_sum += loss;
+    if (!first) {
+      send = model_->stage_input_grad();
+      send_peer = stage_ - 1;
+    }
+  }
+  if (send != nullptr) {
+    MESHRUN_RETURN_IF_ERROR(pp->Send(send, acts, send_peer, CallOptions::Axis(MeshAxis::kPp)));
+  }
+  return OkStatus();
+}
+
+Status Trainer::SyncTiedEmbedding() {
+  const GPT2Config& cfg = model_->config();
+  const int P = dims_->pp();
+  if (P == 1 || !cfg.tie_embeddings || !(cfg.stage_first || cfg.stage_last)) return OkStatus();
+  // The same layout on both (pipeline.h): the shards line up element for element. Both add the
+  // other's gradient to their own, so both hold the same sum (a + b = b + a in float).
+  const auto [offset, count] = shards_->UnitShard(0);
+  if (count == 0) return OkStatus();
+  if (!pipe_tied_.defined() || pipe_tied_.numel() < count) {
+    MemoryKindScope kind(MemoryKind::kCommunication);
+    pipe_tied_ = Tensor::Empty({count}, ScalarType::kFloat32, cfg.device);
+  }
+  const int peer = cfg.stage_first ? P - 1 : 0;
+  float* grads = shards_->grads() + offset;
+  MESHRUN_RETURN_IF_ERROR(Comm(MeshAxis::kPp)
+                              ->SendRecv(grads, static_cast<size_t>(count), peer,
+                                         pipe_tied_.data<float>(), static_cast<size_t>(count), peer,
+                                         CallOptions::Axis(MeshAxis::kPp)));
+  return ops::Accumulate(cfg.device, grads, pipe_tied_.data<float>(), count);
+}
+
 StatusOr<bool> Trainer::StopAgreed() {
   if (options_.stop_requested == nullptr) return false;
   const double mine = *options_.stop_requested != 0 ? 1.0 : 0.0;
-  // Over tp, then over dp_cp: the whole world, in the groups every rank already has.
-  MESHRUN_ASSIGN_OR_RETURN(double over_tp,
-                           SumOverGroup(Comm(MeshAxis::kTp), mine, CommCharge::Control()));
-  MESHRUN_ASSIGN_OR_RETURN(double all,
-                           SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, CommCharge::Control()));
+  // Over tp, dp_cp and pp: the whole world, in the groups every rank already has.
+  MESHRUN_ASSIGN_OR_RETURN(double all, SumOverWorld(mine, CommCharge::Control()));
   return all > 0;
 }
 
@@ -442,13 +607,13 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
                                         dims_->world_size());
   }
   // Bus bytes per rank per step, averaged over every rank of the job (docs/parallelism.md).
-  for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kCp, MeshAxis::kDpShard, MeshAxis::kDpReplicate}) {
+  std::vector<MeshAxis> comm_axes = {MeshAxis::kTp, MeshAxis::kCp, MeshAxis::kDpShard,
+                                     MeshAxis::kDpReplicate};
+  if (dims_->pp() > 1) comm_axes.push_back(MeshAxis::kPp);
+  for (MeshAxis axis : comm_axes) {
     double mine = 0;
     if (stats && summary.steps > 0) mine = stats->AxisTotal(axis).bytes / summary.steps;
-    MESHRUN_ASSIGN_OR_RETURN(double over_tp,
-                             SumOverGroup(Comm(MeshAxis::kTp), mine, CommCharge::Metrics()));
-    MESHRUN_ASSIGN_OR_RETURN(double all,
-                             SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, CommCharge::Metrics()));
+    MESHRUN_ASSIGN_OR_RETURN(double all, SumOverWorld(mine, CommCharge::Metrics()));
     summary.comm_bytes[axis] = all / dims_->world_size();
   }
   // Memory: the largest rank's figures (every rank runs this, in the same order).

@@ -217,11 +217,13 @@ TEST(JobSpecPpTest, YamlReadsAndWritesTheLayerList) {
       << scalar.status().message();
 }
 
-TEST(JobSpecPpTest, AValidPipelineIsRefusedUntilTheEngineRunsIt) {
+TEST(JobSpecPpTest, OneFOneBRunsAndTheOtherSchedulesAreRefusedUntilTheEngineRunsThem) {
   JobSpec s = PpSpec(2);
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << Error(s);
+  s.parallelism.pp_schedule = "zero_bubble";
   EXPECT_EQ(Error(s),
-            "parallelism.pp_size: 2: pipeline parallelism is not yet supported in this build "
-            "(hint: use pp_size: 1)");
+            "parallelism.pp_schedule: 'zero_bubble' is not yet supported in this build (hint: "
+            "use pp_schedule: 1f1b)");
 }
 
 }  // namespace
