@@ -482,7 +482,7 @@ Status CheckMeshRules(const JobSpec& spec, const ParallelDims& mesh, int nproc) 
 
 // The pipeline schedules this build's engine runs (pp_size > 1).
 bool EngineRunsSchedule(PpSchedule schedule) {
-  return schedule == PpSchedule::k1F1B;
+  return schedule != PpSchedule::kZeroBubble;
 }
 
 std::string JoinInts(const std::vector<int>& values) {
@@ -581,7 +581,7 @@ Status CheckPipeline(const JobSpec& spec, const ParallelDims& mesh) {
     return Invalid(
         "parallelism.pp_schedule",
         std::string("'") + PpScheduleName(schedule) + "' is not yet supported in this build",
-        "use pp_schedule: 1f1b");
+        "use pp_schedule: 1f1b or interleaved_1f1b");
   }
   return OkStatus();
 }

@@ -274,7 +274,9 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   EnsureActivations(B, Tn);
   const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model;
-  const int L = cfg_.stage_layers();
+  // The active chunk's layers [lb, le) (every layer of a whole model).
+  const auto [lb, le] = ChunkLayers();
+  const bool first = ChunkFirst(), last_chunk = ChunkLast();
   // The batch's token ids and positions on the model's device (every call: the shape may
   // shrink and grow again, and every row is refilled).
   MESHRUN_RETURN_IF_ERROR(Upload(tokens_, inputs, N));
@@ -312,8 +314,8 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
 
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   T* x = encoded_.template data<T>();
-  if (UnitUsed(0)) MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 0));
-  if (cfg_.stage_first) {
+  if (ChunkUsesEmbedding()) MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 0));
+  if (first) {
     // The token embedding is vocab-parallel: each tp rank adds its rows, the all-reduce sums
     // them.
     const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
@@ -327,14 +329,15 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
     if (stage_input == nullptr) return InvalidArgumentError("pipeline stage without its input");
     MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, x, stage_input, sizeof(T) * N * C));
   }
-  for (int l = 0; l < L; ++l) {
+  for (int l = lb; l < le; ++l) {
     MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 1 + l));
-    MESHRUN_RETURN_IF_ERROR(BlockForward(l, l == 0 ? x : acts_[l - 1].res3.template data<T>()));
+    MESHRUN_RETURN_IF_ERROR(BlockForward(l, l == lb ? x : acts_[l - 1].res3.template data<T>()));
     MESHRUN_RETURN_IF_ERROR(Hook(kAfterForward, 1 + l));
   }
-  if (!cfg_.stage_last) return OkStatus();
+  if (!last_chunk) return OkStatus();
+  const int L = cfg_.stage_layers();
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, L + 1));
-  const T* last = L > 0 ? acts_.back().res3.template data<T>() : x;
+  const T* last = le > lb ? acts_[le - 1].res3.template data<T>() : x;
   if (cfg_.llama()) {
     return ops::RMSNormForward(dev, lnf_.template data<T>(), lnf_rstd_.template data<T>(), last,
                                P("norm.weight"), N, C, cfg_.ln_eps);
@@ -354,13 +357,13 @@ Status GPT2<T>::Norm(int l, int which, LayerActs& a, const T* inp) {
   Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
   if (cfg_.llama()) {
     const std::string w =
-        "layers." + std::to_string(cfg_.layer_begin + l) +
+        "layers." + std::to_string(cfg_.GlobalLayer(l)) +
         (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
     return ops::RMSNormForward(cfg_.device, out.template data<T>(), rstd.template data<T>(), inp,
                                P(w), N, C, cfg_.ln_eps);
   }
   const std::string h =
-      "h." + std::to_string(cfg_.layer_begin + l) + (which == 1 ? ".ln_1." : ".ln_2.");
+      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
   return ops::LayerNormForward(cfg_.device, out.template data<T>(), mean.template data<T>(),
                                rstd.template data<T>(), inp, P(h + "weight"), P(h + "bias"), N, C,
                                cfg_.ln_eps);
@@ -375,13 +378,13 @@ Status GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* di
   const Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
   if (cfg_.llama()) {
     const std::string w =
-        "layers." + std::to_string(cfg_.layer_begin + l) +
+        "layers." + std::to_string(cfg_.GlobalLayer(l)) +
         (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
     return ops::RMSNormBackward(cfg_.device, dinp, G(w), dout, inp, P(w), rstd.template data<T>(),
                                 N, C);
   }
   const std::string h =
-      "h." + std::to_string(cfg_.layer_begin + l) + (which == 1 ? ".ln_1." : ".ln_2.");
+      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
   return ops::LayerNormBackward(cfg_.device, dinp, G(h + "weight"), G(h + "bias"), dout, inp,
                                 P(h + "weight"), mean.template data<T>(), rstd.template data<T>(),
                                 N, C);
@@ -400,7 +403,7 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
     return p != nullptr ? param(*p) : nullptr;
   };
   LayerActs& a = acts_[l];
-  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.layer_begin + l) + ".";
+  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
   // Attention block: qkv is column parallel (this rank's heads), the output projection row
   // parallel.
   MESHRUN_RETURN_IF_ERROR(Norm(l, 1, a, residual));
@@ -554,7 +557,8 @@ Status GPT2<T>::StageForward(const int32_t* inputs, const T* stage_input, int B,
 
 template <typename T>
 const T* GPT2<T>::stage_output() const {
-  return acts_.empty() ? encoded_.template data<T>() : acts_.back().res3.template data<T>();
+  const auto [lb, le] = ChunkLayers();
+  return le > lb ? acts_[le - 1].res3.template data<T>() : encoded_.template data<T>();
 }
 
 template <typename T>
@@ -573,15 +577,15 @@ StatusOr<double> GPT2<T>::StageForwardBackward(const int32_t* inputs, const T* s
   MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions, stage_input));
   // The head's backward runs with its forward, chunk by chunk: units 0 and L+1 (still gathered
   // from the forward) get their gradient buffers first.
-  if (UnitUsed(0)) MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 0));
+  if (ChunkUsesEmbedding()) MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 0));
   double loss = 0;
-  if (cfg_.stage_last) {
+  if (ChunkLast()) {
     MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, cfg_.stage_layers() + 1));
     MESHRUN_ASSIGN_OR_RETURN(loss, HeadLoss(targets, /*with_grad=*/true, grad_scale));
   } else if (output_grad == nullptr) {
     return InvalidArgumentError("pipeline stage without the gradient of its output");
   }
-  MESHRUN_RETURN_IF_ERROR(Backward(cfg_.stage_last ? nullptr : output_grad));
+  MESHRUN_RETURN_IF_ERROR(Backward(ChunkLast() ? nullptr : output_grad));
   return loss;
 }
 
@@ -590,6 +594,8 @@ Status GPT2<T>::Backward(const T* output_grad) {
   const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
   const int L = cfg_.stage_layers();
+  const auto [lb, le] = ChunkLayers();
+  const bool last_chunk = ChunkLast();
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
   T* dres = dres_.template data<T>();
@@ -597,9 +603,9 @@ Status GPT2<T>::Backward(const T* output_grad) {
 
   // The head's backward is done (HeadLoss left the gradient of lnf in dln_); final norm. A
   // stage before the last starts from the gradient of its output instead.
-  const T* last = L > 0 ? acts_.back().res3.template data<T>() : encoded_.template data<T>();
+  const T* last = le > lb ? acts_[le - 1].res3.template data<T>() : encoded_.template data<T>();
   MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dres_.raw(), dres_.nbytes()));
-  if (!cfg_.stage_last) {
+  if (!last_chunk) {
     MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, dres, output_grad, sizeof(T) * N * C));
   } else if (cfg_.llama()) {
     MESHRUN_RETURN_IF_ERROR(ops::RMSNormBackward(dev, dres, G("norm.weight"), dln, last,
@@ -610,17 +616,18 @@ Status GPT2<T>::Backward(const T* output_grad) {
         dev, dres, G("ln_f.weight"), G("ln_f.bias"), dln, last, P("ln_f.weight"),
         lnf_mean_.template data<T>(), lnf_rstd_.template data<T>(), N, C));
   }
-  if (cfg_.stage_last) MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
+  if (last_chunk) MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
 
-  for (int l = L - 1; l >= 0; --l) {
+  for (int l = le - 1; l >= lb; --l) {
     MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 1 + l));
-    const T* residual = l == 0 ? encoded_.template data<T>() : acts_[l - 1].res3.template data<T>();
+    const T* residual =
+        l == lb ? encoded_.template data<T>() : acts_[l - 1].res3.template data<T>();
     MESHRUN_RETURN_IF_ERROR(RecomputeBlock(l, residual));
     MESHRUN_RETURN_IF_ERROR(BlockBackward(l, residual));
     MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, 1 + l));
   }
   // A later pipeline stage ends here: dres is the gradient of its input, sent upstream.
-  if (cfg_.stage_first) {
+  if (ChunkFirst()) {
     // dres is the same on every tp rank: each adds it to its own vocabulary rows.
     const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
     MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(
@@ -630,7 +637,7 @@ Status GPT2<T>::Backward(const T* output_grad) {
                                                          cfg_.max_seq_len, N, C));
     }
   }
-  return UnitUsed(0) ? Hook(kAfterBackward, 0) : OkStatus();
+  return ChunkUsesEmbedding() ? Hook(kAfterBackward, 0) : OkStatus();
 }
 
 template <typename T>
@@ -650,7 +657,7 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
   LayerActs& a = acts_[l];
-  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.layer_begin + l) + ".";
+  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
   // MLP block: res3 = res2 + proj(act(fc(norm2(res2)))); dres flows to res2 unchanged.
   MESHRUN_RETURN_IF_ERROR(zero(dfch_gelu_));
   MESHRUN_RETURN_IF_ERROR(zero(dfch_));

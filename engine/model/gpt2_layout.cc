@@ -102,7 +102,8 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   const std::vector<Box> vocab_rows = {rows(Vf, Vl, C)};
   // A pipeline stage holds its layers and, at the ends, the embedding unit and the final unit
   // (units stay numbered 0, 1 … layers, layers + 1; one a stage lacks is empty).
-  const int64_t l_begin = cfg.layer_begin, l_end = cfg.stage_layer_end();
+  std::vector<int64_t> stage_layers;  // the global index of each local layer, in order
+  for (int l = 0; l < cfg.stage_layers(); ++l) stage_layers.push_back(cfg.GlobalLayer(l));
   const bool embedding = cfg.holds_embedding(), last = cfg.stage_last;
   if (!cfg.llama()) {
     if (embedding) {
@@ -112,7 +113,7 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
       add("wpe", {cfg.max_seq_len, C}, {}, w_std, 0);
     }
     end_unit();
-    for (int64_t l = l_begin; l < l_end; ++l) {
+    for (int64_t l : stage_layers) {
       const std::string h = "h." + std::to_string(l) + ".";
       add(h + "ln_1.weight", {C}, {}, 0, 1);
       add(h + "ln_1.bias", {C}, {}, 0, 0);
@@ -135,7 +136,7 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   } else {
     if (embedding) add("embed_tokens", {V, C}, vocab_rows, w_std, 0);
     end_unit();
-    for (int64_t l = l_begin; l < l_end; ++l) {
+    for (int64_t l : stage_layers) {
       const std::string h = "layers." + std::to_string(l) + ".";
       add(h + "input_layernorm.weight", {C}, {}, 0, 1);
       add(h + "self_attn.qkv.weight", {Wqkv, C}, qkv_w, w_std, 0);

@@ -109,11 +109,16 @@ Status Trainer::Init() {
   // same split).
   stage_ = coords_.pp;
   if (dims.pp() > 1) {
+    // Rank p holds the pipeline's chunks k·P + p, k < v (one chunk without virtual stages).
     const std::vector<int> layers = PipelineLayers(spec_);
-    for (int p = 0; p < stage_; ++p) cfg.layer_begin += layers[p];
-    cfg.layer_end = cfg.layer_begin + layers[stage_];
+    const int P = dims.pp(), v = static_cast<int>(layers.size()) / P;
+    for (int k = 0; k < v; ++k) {
+      int begin = 0;
+      for (int g = 0; g < k * P + stage_; ++g) begin += layers[g];
+      cfg.chunks.emplace_back(begin, begin + layers[k * P + stage_]);
+    }
     cfg.stage_first = stage_ == 0;
-    cfg.stage_last = stage_ == dims.pp() - 1;
+    cfg.stage_last = stage_ == P - 1;
   }
   const Checkpointing ac = CheckpointingOf(spec_.train);
   cfg.recompute = ac == Checkpointing::kFull        ? Recompute::kFull
@@ -363,30 +368,39 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
     }
     LocalTokens(inputs.data(), targets.data(), rows);
     if (dims_->pp() > 1) {
-      // The pipeline's forward, one micro-batch through every stage in turn.
+      // The pipeline's forward, one micro-batch through every chunk in turn (rank 0's chunk 0,
+      // rank 1's chunk 0, …, rank P−1's chunk 0, rank 0's chunk 1, …).
       Communicator* pp = Comm(MeshAxis::kPp);
       const GPT2Config& cfg = model_->config();
+      const int P = dims_->pp(), v = cfg.num_chunks();
       const size_t acts = static_cast<size_t>(rows) * Tl * cfg.d_model;
-      if (!cfg.stage_first) {
-        if (pipe_inputs_.empty()) pipe_inputs_.resize(1);
-        if (!pipe_inputs_[0].defined() || pipe_inputs_[0].numel() < static_cast<int64_t>(acts)) {
-          MemoryKindScope kind(MemoryKind::kActivations);
-          pipe_inputs_[0] =
-              Tensor::Empty({static_cast<int64_t>(acts)}, ScalarType::kFloat32, cfg.device);
+      if (pipe_inputs_.empty()) pipe_inputs_.resize(1);
+      if (!pipe_inputs_[0].defined() || pipe_inputs_[0].numel() < static_cast<int64_t>(acts)) {
+        MemoryKindScope kind(MemoryKind::kActivations);
+        pipe_inputs_[0] =
+            Tensor::Empty({static_cast<int64_t>(acts)}, ScalarType::kFloat32, cfg.device);
+      }
+      float* in = pipe_inputs_[0].data<float>();
+      for (int k = 0; k < v; ++k) {
+        const int g = k * P + stage_;
+        model_->SetActiveChunk(k);
+        if (g > 0) {
+          MESHRUN_RETURN_IF_ERROR(pp->Recv(in, acts, (stage_ + P - 1) % P));
         }
-        MESHRUN_RETURN_IF_ERROR(pp->Recv(pipe_inputs_[0].data<float>(), acts, stage_ - 1));
+        if (g == P * v - 1) {
+          MESHRUN_ASSIGN_OR_RETURN(
+              double loss, model_->StageForwardLoss(local_in_.data(), in, local_tg_.data(), rows,
+                                                    Tl, local_pos_.data()));
+          loss_sum += loss;
+        } else {
+          MESHRUN_RETURN_IF_ERROR(model_->StageForward(local_in_.data(), g == 0 ? nullptr : in,
+                                                       rows, Tl, local_pos_.data()));
+          MESHRUN_RETURN_IF_ERROR(pp->Send(model_->stage_output(), acts, (stage_ + 1) % P));
+        }
+        // Document masks are consumed by each forward: set them again for the next chunk.
+        if (k + 1 < v) LocalTokens(inputs.data(), targets.data(), rows);
       }
-      const float* in = cfg.stage_first ? nullptr : pipe_inputs_[0].data<float>();
-      if (cfg.stage_last) {
-        MESHRUN_ASSIGN_OR_RETURN(
-            double loss, model_->StageForwardLoss(local_in_.data(), in, local_tg_.data(), rows, Tl,
-                                                  local_pos_.data()));
-        loss_sum += loss;
-      } else {
-        MESHRUN_RETURN_IF_ERROR(
-            model_->StageForward(local_in_.data(), in, rows, Tl, local_pos_.data()));
-        MESHRUN_RETURN_IF_ERROR(pp->Send(model_->stage_output(), acts, stage_ + 1));
-      }
+      model_->SetActiveChunk(0);
       continue;
     }
     MESHRUN_ASSIGN_OR_RETURN(double loss, model_->ForwardLoss(local_in_.data(), local_tg_.data(),
@@ -436,10 +450,16 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
                                      double grad_scale, double* loss_sum) {
   Communicator* pp = Comm(MeshAxis::kPp);
   const GPT2Config& cfg = model_->config();
-  const int P = dims_->pp(), mb = spec_.train.micro_batch_size;
+  const int P = dims_->pp(), M = micro_batches, mb = spec_.train.micro_batch_size;
+  pipe_wait_seconds_ = 0;
+  const int v = cfg.num_chunks(), G = P * v;
   const int Tl = spec_.model.seq_len / dims_->cp();
   const size_t acts = static_cast<size_t>(mb) * Tl * cfg.d_model;  // one activation, floats
-  const bool first = cfg.stage_first, last = cfg.stage_last;
+  const PpSchedule schedule = PpScheduleOf(spec_.parallelism);
+  // Every rank's operations and the timetable (pipeline.h): the same on every rank.
+  std::vector<std::vector<PipeOp>> ops(P);
+  for (int p = 0; p < P; ++p) ops[p] = PipelineOps(schedule, P, p, M, v);
+  MESHRUN_ASSIGN_OR_RETURN(const PipeTimetable table, BuildTimetable(ops, P, v, M));
   auto buffer = [&](Tensor& t) {
     if (!t.defined() || t.numel() < static_cast<int64_t>(acts)) {
       MemoryKindScope kind(MemoryKind::kActivations);
@@ -447,59 +467,78 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
     }
     return t.data<float>();
   };
-  if (static_cast<int>(pipe_inputs_.size()) < micro_batches) pipe_inputs_.resize(micro_batches);
-  const std::vector<PipeOp> ops = OneFOneBSchedule(P, stage_, micro_batches);
-  // The send the previous operation left, fused with the next operation's receive.
-  const float* send = nullptr;
-  int send_peer = -1;
-  int backwards_left = micro_batches;
-  for (const PipeOp& op : ops) {
-    float* recv = nullptr;
-    int recv_peer = -1;
-    if (op.kind == PipeOpKind::kForward && !first) {
-      recv = buffer(pipe_inputs_[op.micro]);
-      recv_peer = stage_ - 1;
-    } else if (op.kind == PipeOpKind::kBackward && !last) {
-      recv = buffer(pipe_output_grad_);
-      recv_peer = stage_ + 1;
-    }
-    const CallOptions charge = CallOptions::Axis(MeshAxis::kPp);
+  // Per (chunk, micro-batch): the input received from the previous chunk and the gradient of
+  // the output received from the next.
+  pipe_inputs_.resize(static_cast<size_t>(v) * M);
+  pipe_output_grads_.resize(pipe_inputs_.size());
+  auto slot_of = [&](int k, int m) { return static_cast<size_t>(k) * M + m; };
+  // The operation rank p runs in slot t (null: none).
+  auto op_at = [&](size_t t, int p) -> const PipeOp* {
+    const int i = table.slots[t][p];
+    return i < 0 ? nullptr : &ops[p][static_cast<size_t>(i)];
+  };
+  const int next = (stage_ + 1) % P, prev = (stage_ + P - 1) % P;
+  const CallOptions charge = CallOptions::Axis(MeshAxis::kPp);
+  auto exchange = [&](const float* send, int dst, float* recv, int src) -> Status {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = OkStatus();
     if (send != nullptr && recv != nullptr) {
-      MESHRUN_RETURN_IF_ERROR(pp->SendRecv(send, acts, send_peer, recv, acts, recv_peer, charge));
+      s = pp->SendRecv(send, acts, dst, recv, acts, src, charge);
     } else if (send != nullptr) {
-      MESHRUN_RETURN_IF_ERROR(pp->Send(send, acts, send_peer, charge));
+      s = pp->Send(send, acts, dst, charge);
     } else if (recv != nullptr) {
-      MESHRUN_RETURN_IF_ERROR(pp->Recv(recv, acts, recv_peer, charge));
+      s = pp->Recv(recv, acts, src, charge);
     }
-    send = nullptr;
-    const float* input = first ? nullptr : pipe_inputs_[op.micro].data<float>();
-    if (op.kind == PipeOpKind::kForward) {
-      // The last stage's forward runs with its backward (next in its schedule).
-      if (last) continue;
-      MESHRUN_RETURN_IF_ERROR(fill(op.micro));
-      MESHRUN_RETURN_IF_ERROR(
-          model_->StageForward(local_in_.data(), input, mb, Tl, local_pos_.data()));
-      send = model_->stage_output();
-      send_peer = stage_ + 1;
-      continue;
+    pipe_wait_seconds_ += Seconds(t0, std::chrono::steady_clock::now());
+    return s;
+  };
+  for (size_t t = 0; t < table.slots.size(); ++t) {
+    const PipeOp* op = op_at(t, stage_);
+    const float* send_forward = nullptr;
+    const float* send_backward = nullptr;
+    if (op != nullptr) {
+      const int g = op->chunk * P + stage_;
+      const float* input =
+          g == 0 ? nullptr : pipe_inputs_[slot_of(op->chunk, op->micro)].data<float>();
+      model_->SetActiveChunk(op->chunk);
+      MESHRUN_RETURN_IF_ERROR(fill(op->micro));
+      if (op->kind == PipeOpKind::kForward) {
+        MESHRUN_RETURN_IF_ERROR(
+            model_->StageForward(local_in_.data(), input, mb, Tl, local_pos_.data()));
+        send_forward = model_->stage_output();
+      } else {
+        // The backward runs the chunk's forward again from its kept input (a stage keeps only
+        // the inputs of its micro-batches in flight), then the backward. The step's last
+        // micro-batch makes each unit's gradients final.
+        shards_->set_last_micro_batch(op->micro == M - 1);
+        const float* output_grad =
+            g == G - 1 ? nullptr : pipe_output_grads_[slot_of(op->chunk, op->micro)].data<float>();
+        MESHRUN_ASSIGN_OR_RETURN(
+            double loss,
+            model_->StageForwardBackward(local_in_.data(), input, local_tg_.data(), output_grad, mb,
+                                         Tl, grad_scale, local_pos_.data()));
+        *loss_sum += loss;
+        if (g > 0) send_backward = model_->stage_input_grad();
+      }
     }
-    // The backward runs the stage's forward again from its kept input (the stage keeps only its
-    // inputs of the micro-batches in flight), then the backward.
-    MESHRUN_RETURN_IF_ERROR(fill(op.micro));
-    shards_->set_last_micro_batch(--backwards_left == 0);
-    MESHRUN_ASSIGN_OR_RETURN(
-        double loss, model_->StageForwardBackward(local_in_.data(), input, local_tg_.data(),
-                                                  last ? nullptr : pipe_output_grad_.data<float>(),
-                                                  mb, Tl, grad_scale, local_pos_.data()));
-    *loss_sum += loss;
-    if (!first) {
-      send = model_->stage_input_grad();
-      send_peer = stage_ - 1;
+    // Outputs move one rank on (pipeline.h): forwards' to the next rank, then input gradients
+    // to the previous one; each rank posts its send and its receive at once.
+    float* recv_forward = nullptr;
+    if (const PipeOp* from = op_at(t, prev);
+        from != nullptr && from->kind == PipeOpKind::kForward) {
+      const int k = stage_ == 0 ? from->chunk + 1 : from->chunk;  // the chunk it feeds here
+      recv_forward = buffer(pipe_inputs_[slot_of(k, from->micro)]);
     }
+    MESHRUN_RETURN_IF_ERROR(exchange(send_forward, next, recv_forward, prev));
+    float* recv_backward = nullptr;
+    if (const PipeOp* from = op_at(t, next);
+        from != nullptr && from->kind == PipeOpKind::kBackward && from->chunk * P + next > 0) {
+      const int k = stage_ == P - 1 ? from->chunk - 1 : from->chunk;
+      recv_backward = buffer(pipe_output_grads_[slot_of(k, from->micro)]);
+    }
+    MESHRUN_RETURN_IF_ERROR(exchange(send_backward, prev, recv_backward, next));
   }
-  if (send != nullptr) {
-    MESHRUN_RETURN_IF_ERROR(pp->Send(send, acts, send_peer, CallOptions::Axis(MeshAxis::kPp)));
-  }
+  model_->SetActiveChunk(0);
   return OkStatus();
 }
 
@@ -564,6 +603,10 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     const auto t0 = Clock::now();
     MESHRUN_ASSIGN_OR_RETURN(double loss, Step(&m));
     m.step_seconds = Seconds(t0, Clock::now());
+    // The measured bubble: the part of the step this rank spent waiting in the pipeline's
+    // sends and receives (the stage before or after it computing, or the transfer itself).
+    if (dims_->pp() > 1 && m.step_seconds > 0)
+      m.pipeline_bubble_ratio = pipe_wait_seconds_ / m.step_seconds;
     m.tokens_per_second = tokens_per_step / m.step_seconds;
     m.tflops = m.tokens_per_second * flops_per_token / 1e12;
     m.mfu = ModelFlopsUtilization(m.tokens_per_second, flops_per_token, peak_flops_,

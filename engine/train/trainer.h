@@ -40,6 +40,9 @@ struct StepMetrics {
   int64_t reserved_memory_bytes = 0;
   // Peak bytes of each MemoryKind on this rank since the run started (docs/parallelism.md).
   MemoryBreakdown memory;
+  // Pipeline parallelism: the part of the step this rank waited in its stage-to-stage sends
+  // and receives (the measured bubble; 0 without pp).
+  double pipeline_bubble_ratio = 0;
   // This rank's communication by (charge, op) since its first step: seconds, bus bytes
   // (docs/parallelism.md) and calls; cumulative, like the Prometheus counters they feed.
   std::map<CommStats::Key, CommCounter> comm;
@@ -175,8 +178,11 @@ class Trainer {
   // Pipeline parallelism: this rank's stage, each in-flight micro-batch's input (received from
   // the previous stage) and the gradient of this stage's output (from the next one).
   int stage_ = 0;
-  std::vector<Tensor> pipe_inputs_;
-  Tensor pipe_output_grad_, pipe_tied_;
+  std::vector<Tensor> pipe_inputs_, pipe_output_grads_;
+  Tensor pipe_tied_;
+  // Seconds this rank spent in the step's pipeline sends and receives (waiting on the stage
+  // before or after it included): the measured bubble, StepMetrics::pipeline_bubble_ratio.
+  double pipe_wait_seconds_ = 0;
   // data.attention: document: the end-of-text id that ends a document; -1: causal only.
   int32_t document_end_ = -1;
   std::vector<std::unique_ptr<TokenStream>> train_data_;  // one per source of data.train

@@ -217,13 +217,17 @@ TEST(JobSpecPpTest, YamlReadsAndWritesTheLayerList) {
       << scalar.status().message();
 }
 
-TEST(JobSpecPpTest, OneFOneBRunsAndTheOtherSchedulesAreRefusedUntilTheEngineRunsThem) {
+TEST(JobSpecPpTest, OneFOneBAndInterleavedRunZeroBubbleIsRefusedUntilTheEngineRunsIt) {
   JobSpec s = PpSpec(2);
   EXPECT_TRUE(ValidateJobSpec(s).ok()) << Error(s);
   s.parallelism.pp_schedule = "zero_bubble";
   EXPECT_EQ(Error(s),
             "parallelism.pp_schedule: 'zero_bubble' is not yet supported in this build (hint: "
-            "use pp_schedule: 1f1b)");
+            "use pp_schedule: 1f1b or interleaved_1f1b)");
+  s.parallelism.pp_schedule = "interleaved_1f1b";
+  s.parallelism.pp_virtual_stages = 3;
+  s.train.global_batch_size = 16;
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << Error(s);
 }
 
 }  // namespace

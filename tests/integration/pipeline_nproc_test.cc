@@ -106,5 +106,41 @@ TEST_F(PipelineNprocTest, TwoStagesTimesFsdpTrainLikeOneRankAndResumeUnderOne) {
   }
 }
 
+TEST_F(PipelineNprocTest, ValidateShowsThePpCoordinateAndRefusesZeroBubble) {
+  const fs::path binary = fs::path(std::getenv("MESHRUN_BINARY_DIR")) / "bin/meshrun";
+  const std::string tiny = (fs::path(std::getenv("MESHRUN_SOURCE_DIR")) / "examples/tiny.yaml");
+  const testing::CliResult json_out =
+      testing::RunCli(binary,
+                      {"validate", "-f", tiny, "-o", "json", "--set", "parallelism.pp_size=2",
+                       "--set", "parallelism.tp_size=2"},
+                      temp_ / "validate.stderr", 60);
+  ASSERT_EQ(json_out.exit_code, 0) << json_out.err;
+  const json report = json::parse(json_out.out);
+  EXPECT_EQ(report["mesh"]["pp"], 2);
+  EXPECT_EQ(report["mesh"]["world_size"], 4);
+  EXPECT_EQ(report["spec"]["parallelism"]["pp_schedule"], "1f1b");
+  EXPECT_TRUE(report["spec"]["parallelism"]["pp_layers"].is_null());
+  ASSERT_EQ(report["ranks"].size(), 4u);
+  EXPECT_EQ(report["ranks"][3]["coords"],
+            json::parse(R"({"pp":1,"dp_replicate":0,"dp_shard":0,"cp":0,"tp":1})"));
+  const testing::CliResult table = testing::RunCli(
+      binary, {"validate", "-f", tiny, "--set", "parallelism.pp_size=2"}, temp_ / "v2.stderr", 60);
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("rank  pp  dp_replicate  dp_shard  cp  tp\n"
+                           "   0   0             0         0   0   0\n"
+                           "   1   1             0         0   0   0\n"),
+            std::string::npos)
+      << table.out;
+  const testing::CliResult zb =
+      testing::RunCli(binary,
+                      {"validate", "-f", tiny, "--set", "parallelism.pp_size=2", "--set",
+                       "parallelism.pp_schedule=zero_bubble"},
+                      temp_ / "v3.stderr", 60);
+  EXPECT_EQ(zb.exit_code, 2);
+  EXPECT_EQ(zb.err,
+            "error: parallelism.pp_schedule: 'zero_bubble' is not yet supported in this build "
+            "(from --set) (hint: use pp_schedule: 1f1b or interleaved_1f1b)\n");
+}
+
 }  // namespace
 }  // namespace meshrun

@@ -52,6 +52,58 @@ TEST(PipelineScheduleTest, OneFOneBIsWarmupThenAlternationThenCooldown) {
   }
 }
 
+TEST(PipelineScheduleTest, InterleavedGoesRoundTheChunksInGroupsOfPMicroBatches) {
+  // Megatron's order, stage 0 of 2 with 2 chunks and 4 micro-batches: warm-up of
+  // (2 − 0 − 1)·2 + (2 − 1)·2 = 4 forwards.
+  EXPECT_EQ(ScheduleText(InterleavedSchedule(2, 0, 4, 2)),
+            "F0 F1 F0.1 F1.1 F2 B0.1 F3 B1.1 F2.1 B0 F3.1 B1 B2.1 B3.1 B2 B3");
+  EXPECT_EQ(ScheduleText(InterleavedSchedule(2, 1, 4, 2)),
+            "F0 F1 F0.1 B0.1 F1.1 B1.1 F2 B0 F3 B1 F2.1 B2.1 F3.1 B3.1 B2 B3");
+  // The last stage's forwards of the pipeline's last chunk run inside its backwards.
+  EXPECT_EQ(ScheduleText(PipelineOps(PpSchedule::kInterleaved1F1B, 2, 1, 4, 2)),
+            "F0 F1 B0.1 B1.1 F2 B0 F3 B1 B2.1 B3.1 B2 B3");
+  EXPECT_EQ(ScheduleText(PipelineOps(PpSchedule::k1F1B, 2, 1, 2, 1)), "B0 B1");
+}
+
+TEST(PipelineScheduleTest, EveryScheduleHasATimetableThatRunsEachOperationOnce) {
+  for (const auto& [schedule, v] :
+       std::vector<std::pair<PpSchedule, int>>{{PpSchedule::k1F1B, 1},
+                                               {PpSchedule::kInterleaved1F1B, 2},
+                                               {PpSchedule::kInterleaved1F1B, 3}}) {
+    for (int P = 2; P <= 4; ++P) {
+      for (int M = P; M <= 3 * P; M += (v > 1 ? P : 1)) {
+        SCOPED_TRACE("v " + std::to_string(v) + " P " + std::to_string(P) + " M " +
+                     std::to_string(M));
+        std::vector<std::vector<PipeOp>> ops(P);
+        for (int p = 0; p < P; ++p) ops[p] = PipelineOps(schedule, P, p, M, v);
+        StatusOr<PipeTimetable> table = BuildTimetable(ops, P, v, M);
+        ASSERT_TRUE(table.ok()) << table.status().ToString();
+        std::vector<size_t> seen(P, 0);
+        for (const std::vector<int>& slot : table->slots) {
+          for (int p = 0; p < P; ++p) {
+            if (slot[p] < 0) continue;
+            ASSERT_EQ(slot[p], static_cast<int>(seen[p]));  // in list order, each once
+            ++seen[p];
+          }
+        }
+        for (int p = 0; p < P; ++p) EXPECT_EQ(seen[p], ops[p].size());
+      }
+    }
+  }
+  // 1F1B on 4 stages and 8 micro-batches: 2·(M + P − 1) = 22 slots when the last stage's
+  // forwards take slots of their own; run inside its backwards, 20, of which stage 0 waits 4
+  // (the fill before its first backward can start, and the drain after its last forward).
+  std::vector<std::vector<PipeOp>> ops(4);
+  for (int p = 0; p < 4; ++p) ops[p] = PipelineOps(PpSchedule::k1F1B, 4, p, 8, 1);
+  const PipeTimetable table = BuildTimetable(ops, 4, 1, 8).value();
+  int idle = 0;
+  for (const std::vector<int>& slot : table.slots) idle += slot[0] < 0 ? 1 : 0;
+  EXPECT_EQ(table.slots.size(), 20u);
+  EXPECT_EQ(idle, 4);
+  EXPECT_DOUBLE_EQ(PipelineBubbleTheory(PpSchedule::k1F1B, 4, 8, 1), 3.0 / 11);
+  EXPECT_DOUBLE_EQ(PipelineBubbleTheory(PpSchedule::kInterleaved1F1B, 4, 8, 2), 3.0 / 19);
+}
+
 TEST(PipelineSplitTest, LayersSplitByCostCountingEmbeddingAndHead) {
   JobSpec spec;
   spec.model.n_layer = 6;
@@ -92,6 +144,8 @@ TEST(PipelineSplitTest, LayersSplitByCostCountingEmbeddingAndHead) {
 
 struct PipeStepRecord {
   std::vector<double> losses, grad_norms;
+  std::vector<double> evals;    // the validation loss every 5 steps
+  std::vector<double> bubbles;  // StepMetrics::pipeline_bubble_ratio
 };
 
 class PipeRecordSteps : public TrainObserver {
@@ -100,7 +154,9 @@ class PipeRecordSteps : public TrainObserver {
   void OnStep(const StepMetrics& m) override {
     out_->losses.push_back(m.loss);
     out_->grad_norms.push_back(m.grad_norm);
+    out_->bubbles.push_back(m.pipeline_bubble_ratio);
   }
+  void OnEval(const EvalMetrics& e) override { out_->evals.push_back(e.loss); }
 
  private:
   PipeStepRecord* out_;
@@ -163,6 +219,8 @@ class PipelineMeshTest : public ::testing::Test {
     spec.train.grad_clip = 1.0;
     spec.data.train = (*dir_ / "train.txt").string();
     spec.data.format = "text";
+    spec.data.val = spec.data.train;  // evaluated through the pipeline every 5 steps
+    spec.data.eval_every = 5;
     spec.resources.threads = 1;
     return spec;
   }
@@ -229,6 +287,17 @@ class PipelineMeshTest : public ::testing::Test {
         EXPECT_NEAR(got.losses[k], loss, 1e-5 * loss) << "step " << first_step + k + 1;
         EXPECT_NEAR(got.grad_norms[k], norm, 1e-5 * norm) << "step " << first_step + k + 1;
       }
+      // The measured bubble is a part of the step (0 without pp).
+      for (double b : got.bubbles) {
+        EXPECT_GE(b, 0.0);
+        EXPECT_LE(b, 1.0);
+      }
+      if (first_step == 0 && got.losses.size() == want.losses.size()) {
+        ASSERT_EQ(got.evals.size(), want.evals.size());
+        for (size_t e = 0; e < got.evals.size(); ++e) {
+          EXPECT_NEAR(got.evals[e], want.evals[e], 1e-5 * want.evals[e]) << "evaluation " << e;
+        }
+      }
     }
   }
 
@@ -243,6 +312,8 @@ class PipelineMeshTest : public ::testing::Test {
       (*cache)[key] = one[0].ok() ? *one[0] : PipeStepRecord();
       const PipeStepRecord& r = (*cache)[key];
       EXPECT_EQ(r.losses.size(), 10u);
+      EXPECT_EQ(r.evals.size(), 2u);
+      for (double b : r.bubbles) EXPECT_EQ(b, 0.0);
       if (!r.losses.empty()) {
         EXPECT_LT(r.losses.back(), r.losses.front());
       }
@@ -296,6 +367,35 @@ TEST_F(PipelineMeshTest, Gpt2TwoStagesTimesReplicasTimesCpTrainsLikeOneRank) {
   ExpectTrainsLike(Run(spec), OneRank("gpt2", 4));
 }
 
+TEST_F(PipelineMeshTest, Gpt2InterleavedTwoStagesOfTwoChunksTrainsLikeOneRank) {
+  JobSpec spec = Spec("gpt2", 4, {.P = 2});
+  spec.parallelism.pp_schedule = "interleaved_1f1b";
+  spec.parallelism.pp_virtual_stages = 2;
+  ExpectTrainsLike(Run(spec), OneRank("gpt2", 4));
+}
+
+TEST_F(PipelineMeshTest, LlamaInterleavedFourStagesOfTwoChunksTrainsLikeOneRank) {
+  JobSpec spec = Spec("llama", 8, {.P = 4});
+  spec.parallelism.pp_schedule = "interleaved_1f1b";
+  spec.parallelism.pp_virtual_stages = 2;
+  ExpectTrainsLike(Run(spec), OneRank("llama", 8));
+}
+
+TEST_F(PipelineMeshTest, Gpt2InterleavedTimesReplicasTimesCpTrainsLikeOneRank) {
+  JobSpec spec = Spec("gpt2", 4, {.P = 2, .R = 2, .C = 2});
+  spec.parallelism.pp_schedule = "interleaved_1f1b";
+  spec.parallelism.pp_virtual_stages = 2;
+  spec.parallelism.cp_comm_strategy = "ring";
+  ExpectTrainsLike(Run(spec), OneRank("gpt2", 4));
+}
+
+TEST_F(PipelineMeshTest, Gpt2InterleavedTimesFsdpTimesTpTrainsLikeOneRank) {
+  JobSpec spec = Spec("gpt2", 4, {.P = 2, .S = 2, .T = 2});
+  spec.parallelism.pp_schedule = "interleaved_1f1b";
+  spec.parallelism.pp_virtual_stages = 2;
+  ExpectTrainsLike(Run(spec), OneRank("gpt2", 4));
+}
+
 TEST_F(PipelineMeshTest, APipelineCheckpointResumesUnderFourStagesAndOneRank) {
   const PipeStepRecord& uninterrupted = OneRank("gpt2", 4);
   for (const PipeMesh resume : {PipeMesh{.P = 4}, PipeMesh{}}) {
@@ -304,11 +404,13 @@ TEST_F(PipelineMeshTest, APipelineCheckpointResumesUnderFourStagesAndOneRank) {
     JobSpec saved = Spec("gpt2", 4, {.P = 2});
     saved.checkpoint.dir = ckpt.string();
     std::vector<StatusOr<PipeStepRecord>> first = Run(saved, /*stop_after=*/5);
-    ExpectTrainsLike(first,
-                     PipeStepRecord{std::vector<double>(uninterrupted.losses.begin(),
-                                                        uninterrupted.losses.begin() + 5),
-                                    std::vector<double>(uninterrupted.grad_norms.begin(),
-                                                        uninterrupted.grad_norms.begin() + 5)});
+    // Its first 5 steps, and the evaluation after step 5, are the uninterrupted run's.
+    PipeStepRecord first_five;
+    first_five.losses.assign(uninterrupted.losses.begin(), uninterrupted.losses.begin() + 5);
+    first_five.grad_norms.assign(uninterrupted.grad_norms.begin(),
+                                 uninterrupted.grad_norms.begin() + 5);
+    first_five.evals.assign(uninterrupted.evals.begin(), uninterrupted.evals.begin() + 1);
+    ExpectTrainsLike(first, first_five);
     JobSpec resumed = Spec("gpt2", 4, resume);
     resumed.checkpoint.dir = ckpt.string();
     ExpectTrainsLike(Run(resumed), uninterrupted, /*first_step=*/5);
