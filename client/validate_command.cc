@@ -8,6 +8,7 @@
 #include <memory>
 #include <sstream>
 #include <type_traits>
+#include <vector>
 
 #include "client/preflight.h"
 #include "common/job_spec_yaml.h"
@@ -76,7 +77,8 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
   if (options.output == "json") {
     nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
     for (int rank = 0; rank < mesh->world_size(); ++rank) {
-      ranks.push_back({{"rank", rank}, {"coords", CoordsToJson(mesh->CoordsOf(rank))}});
+      ranks.push_back(
+          {{"rank", rank}, {"coords", CoordsToJson(mesh->CoordsOf(rank), mesh->pp() > 1)}});
     }
     const nlohmann::ordered_json report = {
         {"spec", JobSpecToJson(*spec)}, {"mesh", MeshToJson(*mesh)}, {"ranks", ranks}};
@@ -90,23 +92,32 @@ int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream&
 }
 
 std::string FormatMeshTable(const ParallelDims& mesh) {
-  static constexpr const char* kHeaders[] = {"rank", "dp_replicate", "dp_shard", "cp", "tp"};
-  const int max_values[] = {mesh.world_size() - 1, mesh.dp_replicate() - 1, mesh.dp_shard() - 1,
-                            mesh.cp() - 1, mesh.tp() - 1};
-  int widths[5];
-  for (int i = 0; i < 5; ++i) {
-    widths[i] =
-        std::max<int>(std::string(kHeaders[i]).size(), std::to_string(max_values[i]).size());
+  // The pp column only for a pipeline (pp_size > 1).
+  const bool pp = mesh.pp() > 1;
+  std::vector<std::string> headers = {"rank"};
+  if (pp) headers.push_back("pp");
+  for (const char* h : {"dp_replicate", "dp_shard", "cp", "tp"}) headers.push_back(h);
+  std::vector<int> max_values = {mesh.world_size() - 1};
+  if (pp) max_values.push_back(mesh.pp() - 1);
+  for (int v : {mesh.dp_replicate(), mesh.dp_shard(), mesh.cp(), mesh.tp()}) {
+    max_values.push_back(v - 1);
+  }
+  const size_t n = headers.size();
+  std::vector<int> widths(n);
+  for (size_t i = 0; i < n; ++i) {
+    widths[i] = std::max<int>(headers[i].size(), std::to_string(max_values[i]).size());
   }
   std::ostringstream table;
-  for (int i = 0; i < 5; ++i) {
-    table << (i ? "  " : "") << std::setw(widths[i]) << (i ? std::right : std::left) << kHeaders[i];
+  for (size_t i = 0; i < n; ++i) {
+    table << (i ? "  " : "") << std::setw(widths[i]) << (i ? std::right : std::left) << headers[i];
   }
   table << "\n";
   for (int rank = 0; rank < mesh.world_size(); ++rank) {
     const MeshCoords c = mesh.CoordsOf(rank);
-    const int values[] = {rank, c.dp_replicate, c.dp_shard, c.cp, c.tp};
-    for (int i = 0; i < 5; ++i) {
+    std::vector<int> values = {rank};
+    if (pp) values.push_back(c.pp);
+    for (int v : {c.dp_replicate, c.dp_shard, c.cp, c.tp}) values.push_back(v);
+    for (size_t i = 0; i < n; ++i) {
       table << (i ? "  " : "") << std::right << std::setw(widths[i]) << values[i];
     }
     table << "\n";
@@ -115,18 +126,24 @@ std::string FormatMeshTable(const ParallelDims& mesh) {
 }
 
 nlohmann::ordered_json MeshToJson(const ParallelDims& mesh) {
-  return {{"dp_replicate", mesh.dp_replicate()},
-          {"dp_shard", mesh.dp_shard()},
-          {"cp", mesh.cp()},
-          {"tp", mesh.tp()},
-          {"world_size", mesh.world_size()}};
+  nlohmann::ordered_json json = nlohmann::ordered_json::object();
+  if (mesh.pp() > 1) json["pp"] = mesh.pp();
+  json["dp_replicate"] = mesh.dp_replicate();
+  json["dp_shard"] = mesh.dp_shard();
+  json["cp"] = mesh.cp();
+  json["tp"] = mesh.tp();
+  json["world_size"] = mesh.world_size();
+  return json;
 }
 
-nlohmann::ordered_json CoordsToJson(const MeshCoords& coords) {
-  return {{"dp_replicate", coords.dp_replicate},
-          {"dp_shard", coords.dp_shard},
-          {"cp", coords.cp},
-          {"tp", coords.tp}};
+nlohmann::ordered_json CoordsToJson(const MeshCoords& coords, bool with_pp) {
+  nlohmann::ordered_json json = nlohmann::ordered_json::object();
+  if (with_pp) json["pp"] = coords.pp;
+  json["dp_replicate"] = coords.dp_replicate;
+  json["dp_shard"] = coords.dp_shard;
+  json["cp"] = coords.cp;
+  json["tp"] = coords.tp;
+  return json;
 }
 
 nlohmann::ordered_json JobSpecToJson(const JobSpec& spec) {
@@ -138,6 +155,8 @@ nlohmann::ordered_json JobSpecToJson(const JobSpec& spec) {
       json[std::string(section)][std::string(key)] = value;
     }
   });
+  // parallelism.pp_layers: null when empty (split by the engine's cost).
+  if (spec.parallelism.pp_layers.empty()) json["parallelism"]["pp_layers"] = nullptr;
   // data.train as a list: [{"path","weight"}, ...] in place of the empty string.
   if (!spec.data.train_sources.empty()) {
     nlohmann::ordered_json sources = nlohmann::ordered_json::array();

@@ -35,12 +35,13 @@ void RegisterValidateCommand(CLI::App& app, CommandResult& result);
 int RunValidate(const ValidateOptions& options, std::ostream& out, std::ostream& err);
 
 // Helpers other commands can print with.
-// "rank  dp_replicate  dp_shard  cp  tp" and one right-aligned line per rank.
+// "rank  dp_replicate  dp_shard  cp  tp" and one right-aligned line per rank (with a "pp"
+// column after "rank" when pp_size > 1).
 std::string FormatMeshTable(const ParallelDims& mesh);
-// {"dp_replicate":R,"dp_shard":S,"cp":C,"tp":T,"world_size":W}
+// {"dp_replicate":R,"dp_shard":S,"cp":C,"tp":T,"world_size":W}, led by "pp":P when P > 1.
 nlohmann::ordered_json MeshToJson(const ParallelDims& mesh);
-// {"dp_replicate":r,"dp_shard":s,"cp":c,"tp":t}
-nlohmann::ordered_json CoordsToJson(const MeshCoords& coords);
+// {"dp_replicate":r,"dp_shard":s,"cp":c,"tp":t}, led by "pp":p with with_pp.
+nlohmann::ordered_json CoordsToJson(const MeshCoords& coords, bool with_pp = false);
 // The spec as JSON with the YAML's sections and keys.
 nlohmann::ordered_json JobSpecToJson(const JobSpec& spec);
 

@@ -384,7 +384,8 @@ Status CheckOthers(const JobSpec& spec) {
 Status CheckAutoMesh(const ParallelismSpec& p) {
   if (!p.auto_mesh) return OkStatus();
   std::vector<std::string> given;
-  const std::pair<const char*, int> sizes[] = {{"dp_replicate_size", p.dp_replicate_size},
+  const std::pair<const char*, int> sizes[] = {{"pp_size", p.pp_size},
+                                               {"dp_replicate_size", p.dp_replicate_size},
                                                {"dp_shard_size", p.dp_shard_size},
                                                {"cp_size", p.cp_size},
                                                {"tp_size", p.tp_size}};
@@ -469,11 +470,118 @@ Status CheckMeshRules(const JobSpec& spec, const ParallelDims& mesh, int nproc) 
   // With auto the sizes are chosen later for the ranks available (the planner).
   if (nproc > 0 && !spec.parallelism.auto_mesh && mesh.world_size() != nproc) {
     return Invalid("parallelism",
-                   "dp_replicate_size(" + Str(mesh.dp_replicate()) + ")·dp_shard_size(" +
+                   (mesh.pp() > 1 ? "pp_size(" + Str(mesh.pp()) + ")·" : std::string()) +
+                       "dp_replicate_size(" + Str(mesh.dp_replicate()) + ")·dp_shard_size(" +
                        Str(mesh.dp_shard()) + ")·cp_size(" + Str(cp) + ")·tp_size(" + Str(tp) +
                        ") = world size " + Str(mesh.world_size()) + " but --nproc is " + Str(nproc),
                    "pass --nproc " + Str(mesh.world_size()) +
                        ", or choose sizes whose product is " + Str(nproc));
+  }
+  return OkStatus();
+}
+
+// The pipeline schedules this build's engine runs (pp_size > 1).
+bool EngineRunsSchedule(PpSchedule schedule) {
+  return schedule != PpSchedule::kZeroBubble;
+}
+
+std::string JoinInts(const std::vector<int>& values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + Str(values[i]);
+  return out + "]";
+}
+
+// The pipeline rules of docs/parallelism.md "Pipeline parallelism", after the batch rule (the
+// micro-batch count needs it).
+Status CheckPipeline(const JobSpec& spec, const ParallelDims& mesh) {
+  const ParallelismSpec& p = spec.parallelism;
+  const int n_layer = spec.model.n_layer;
+  const int64_t pp = mesh.pp();
+  MESHRUN_RETURN_IF_ERROR(AtLeast("parallelism.pp_virtual_stages", p.pp_virtual_stages, 1,
+                                  "use 1, or 2 or more with pp_schedule: interleaved_1f1b"));
+  const PpSchedule schedule = PpScheduleOf(p);
+  const int64_t chunks = pp * p.pp_virtual_stages;  // model chunks along the pipeline
+  if (pp > n_layer) {
+    return Invalid("parallelism.pp_size",
+                   "pp_size(" + Str(pp) + ") is more than model.n_layer(" + Str(n_layer) +
+                       "); every stage needs at least one transformer layer",
+                   "use a pp_size of at most " + Str(n_layer));
+  }
+  if (p.pp_virtual_stages > 1 && schedule != PpSchedule::kInterleaved1F1B) {
+    return Invalid("parallelism.pp_virtual_stages",
+                   Str(p.pp_virtual_stages) + " virtual stages with pp_schedule '" +
+                       PpScheduleName(schedule) + "'; only interleaved_1f1b runs virtual stages",
+                   "set pp_schedule: interleaved_1f1b, or pp_virtual_stages: 1");
+  }
+  if (schedule == PpSchedule::kInterleaved1F1B && p.pp_virtual_stages < 2) {
+    return Invalid("parallelism.pp_virtual_stages",
+                   Str(p.pp_virtual_stages) +
+                       " with pp_schedule 'interleaved_1f1b', which gives each rank 2 or more "
+                       "model chunks",
+                   "set pp_virtual_stages: 2 (or more), or pp_schedule: 1f1b");
+  }
+  if (chunks > n_layer) {
+    return Invalid("parallelism.pp_virtual_stages",
+                   "pp_size(" + Str(pp) + ")·pp_virtual_stages(" + Str(p.pp_virtual_stages) +
+                       ") = " + Str(chunks) + " model chunks but model.n_layer is " + Str(n_layer) +
+                       "; every chunk needs at least one layer",
+                   "use pp_size·pp_virtual_stages of at most " + Str(n_layer));
+  }
+  if (!p.pp_layers.empty()) {
+    int64_t sum = 0;
+    for (size_t i = 0; i < p.pp_layers.size(); ++i) {
+      if (p.pp_layers[i] < 1) {
+        return Invalid("parallelism.pp_layers",
+                       JoinInts(p.pp_layers) + " gives chunk " + Str(i) + " " +
+                           Str(p.pp_layers[i]) + " layers; every stage holds at least one",
+                       "give every entry 1 or more, or leave pp_layers out (null) to split "
+                       "by cost");
+      }
+      sum += p.pp_layers[i];
+    }
+    if (static_cast<int64_t>(p.pp_layers.size()) != chunks) {
+      return Invalid("parallelism.pp_layers",
+                     JoinInts(p.pp_layers) + " has " + Str(p.pp_layers.size()) +
+                         " entries but pp_size(" + Str(pp) + ")·pp_virtual_stages(" +
+                         Str(p.pp_virtual_stages) + ") = " + Str(chunks) + " chunks",
+                     "give one layer count per chunk (" + Str(chunks) +
+                         " entries), or leave pp_layers out (null) to split by cost");
+    }
+    if (sum != n_layer) {
+      return Invalid(
+          "parallelism.pp_layers",
+          JoinInts(p.pp_layers) + " sums to " + Str(sum) + " but model.n_layer is " + Str(n_layer),
+          "make the entries sum to " + Str(n_layer) +
+              ", or leave pp_layers out (null) to split by cost");
+    }
+  }
+  if (pp == 1) return OkStatus();
+  const int64_t micro = MicroBatchesPerStep(spec);
+  const std::string rule =
+      "global_batch_size(" + Str(spec.train.global_batch_size) + ") / (dp_replicate_size(" +
+      Str(mesh.dp_replicate()) + ")·dp_shard_size(" + Str(mesh.dp_shard()) + ")·micro_batch_size(" +
+      Str(spec.train.micro_batch_size) + ")) = " + Str(micro) + " micro-batches per step";
+  if (micro < pp) {
+    return Invalid(
+        "train.global_batch_size",
+        rule + ", fewer than pp_size(" + Str(pp) + "): the pipeline never fills, stages would idle",
+        "use a global_batch_size of at least " +
+            Str(pp * mesh.dp_replicate() * mesh.dp_shard() * spec.train.micro_batch_size) +
+            ", or a smaller micro_batch_size or pp_size");
+  }
+  if (schedule == PpSchedule::kInterleaved1F1B && micro % pp != 0) {
+    return Invalid("train.global_batch_size",
+                   rule + ", not a multiple of pp_size(" + Str(pp) +
+                       ") as interleaved_1f1b needs (micro-batches go round the stages in "
+                       "groups of pp_size)",
+                   "use a global_batch_size that gives a multiple of " + Str(pp) +
+                       " micro-batches, or pp_schedule: 1f1b");
+  }
+  if (!EngineRunsSchedule(schedule)) {
+    return Invalid(
+        "parallelism.pp_schedule",
+        std::string("'") + PpScheduleName(schedule) + "' is not yet supported in this build",
+        "use pp_schedule: 1f1b or interleaved_1f1b");
   }
   return OkStatus();
 }
@@ -528,6 +636,7 @@ std::vector<std::string> AllowedValues(std::string_view section, std::string_vie
   if (path == "model.arch") return {"gpt2", "llama"};
   if (path == "model.rope_scaling.type") return {"none", "llama3"};
   if (path == "parallelism.cp_comm_strategy") return {"allgather", "ring"};
+  if (path == "parallelism.pp_schedule") return {"1f1b", "interleaved_1f1b", "zero_bubble"};
   if (path == "train.precision") return {"fp32", "bf16"};
   if (path == "train.activation_checkpointing") return {"none", "selective", "full"};
   if (path == "train.optimizer") return {"adamw", "lion"};
@@ -571,6 +680,34 @@ std::optional<DataFormat> ParseDataFormat(std::string_view name) {
   if (name == "llmc") return DataFormat::kLlmc;
   if (name == "nanogpt") return DataFormat::kNanogpt;
   return std::nullopt;
+}
+
+std::optional<PpSchedule> ParsePpSchedule(std::string_view name) {
+  if (name == "1f1b") return PpSchedule::k1F1B;
+  if (name == "interleaved_1f1b") return PpSchedule::kInterleaved1F1B;
+  if (name == "zero_bubble") return PpSchedule::kZeroBubble;
+  return std::nullopt;
+}
+
+const char* PpScheduleName(PpSchedule schedule) {
+  switch (schedule) {
+    case PpSchedule::k1F1B: return "1f1b";
+    case PpSchedule::kInterleaved1F1B: return "interleaved_1f1b";
+    case PpSchedule::kZeroBubble: return "zero_bubble";
+  }
+  return "1f1b";
+}
+
+PpSchedule PpScheduleOf(const ParallelismSpec& parallelism) {
+  return ParsePpSchedule(parallelism.pp_schedule).value_or(PpSchedule::k1F1B);
+}
+
+int64_t MicroBatchesPerStep(const JobSpec& spec) {
+  const ParallelismSpec& p = spec.parallelism;
+  const int64_t per_step =
+      int64_t{p.dp_replicate_size} * p.dp_shard_size * spec.train.micro_batch_size;
+  if (p.dp_replicate_size < 1 || p.dp_shard_size < 1 || spec.train.micro_batch_size < 1) return 0;
+  return spec.train.global_batch_size / per_step;
 }
 
 ComputeDevice DeviceOf(const ResourcesSpec& resources) {
@@ -637,7 +774,8 @@ std::string TrainSourceField(const DataSpec& data, size_t index) {
 
 StatusOr<ParallelDims> MeshOf(const JobSpec& spec) {
   const ParallelismSpec& p = spec.parallelism;
-  return ParallelDims::Create(p.dp_replicate_size, p.dp_shard_size, p.cp_size, p.tp_size);
+  return ParallelDims::Create(p.pp_size, p.dp_replicate_size, p.dp_shard_size, p.cp_size,
+                              p.tp_size);
 }
 
 Status ValidateJobSpec(const JobSpec& spec, int nproc) {
@@ -657,7 +795,8 @@ Status ValidateJobSpec(const JobSpec& spec, int nproc) {
   MESHRUN_RETURN_IF_ERROR(CheckData(spec));
   MESHRUN_RETURN_IF_ERROR(CheckOthers(spec));
   MESHRUN_RETURN_IF_ERROR(CheckAutoMesh(spec.parallelism));
-  return CheckMeshRules(spec, mesh, nproc);
+  MESHRUN_RETURN_IF_ERROR(CheckMeshRules(spec, mesh, nproc));
+  return CheckPipeline(spec, mesh);
 }
 
 }  // namespace meshrun

@@ -69,6 +69,14 @@ struct ParallelismSpec {
   // `auto`: the planner chooses the four sizes (left out) for the ranks available
   // (docs/planning.md); a resolved spec has it false and the sizes set.
   bool auto_mesh = false;
+  // Pipeline parallelism (docs/parallelism.md "Pipeline parallelism"): stages, the schedule
+  // (1f1b | interleaved_1f1b | zero_bubble, PpScheduleOf), model chunks per rank for the
+  // interleaved schedule, and the layers of each stage (empty: null, split by the engine's cost;
+  // else pp_size·pp_virtual_stages entries, in pipeline order).
+  int pp_size = 1;
+  std::string pp_schedule = "1f1b";
+  int pp_virtual_stages = 1;
+  std::vector<int> pp_layers;
 
   bool operator==(const ParallelismSpec&) const = default;
 };
@@ -203,31 +211,41 @@ struct JobSpec {
 // for YAML, proto and JSON; the engine reads these enums and never compares the strings. Each
 // ...Of reads a validated spec; a value outside the set reads as the set's default (the first),
 // except checkpoint.resume, where it reads as never (no resume from an unknown mode).
-enum class ComputeDevice { kCpu, kCuda };                 // resources.device
-enum class TrainPrecision { kFp32, kBf16 };               // train.precision
-enum class Checkpointing { kNone, kSelective, kFull };    // train.activation_checkpointing
-enum class CpComm { kAllgather, kRing };                  // parallelism.cp_comm_strategy
-enum class ModelArch { kGpt2, kLlama };                   // model.arch
-enum class RopeScalingType { kNone, kLlama3 };            // model.rope_scaling_type
-enum class ResumeMode { kAuto, kNever };                  // checkpoint.resume
-enum class DataOrder { kSequential, kShuffled };          // data.order
-enum class DataFormat { kAuto, kText, kLlmc, kNanogpt };  // data.format
+enum class ComputeDevice { kCpu, kCuda };                        // resources.device
+enum class TrainPrecision { kFp32, kBf16 };                      // train.precision
+enum class Checkpointing { kNone, kSelective, kFull };           // train.activation_checkpointing
+enum class CpComm { kAllgather, kRing };                         // parallelism.cp_comm_strategy
+enum class ModelArch { kGpt2, kLlama };                          // model.arch
+enum class RopeScalingType { kNone, kLlama3 };                   // model.rope_scaling_type
+enum class ResumeMode { kAuto, kNever };                         // checkpoint.resume
+enum class DataOrder { kSequential, kShuffled };                 // data.order
+enum class DataFormat { kAuto, kText, kLlmc, kNanogpt };         // data.format
+enum class PpSchedule { k1F1B, kInterleaved1F1B, kZeroBubble };  // parallelism.pp_schedule
 // A device name from outside a validated spec (a worker flag, an API field): nullopt if unknown.
 std::optional<ComputeDevice> ParseComputeDevice(std::string_view name);
 std::optional<TrainPrecision> ParseTrainPrecision(std::string_view name);
 std::optional<Checkpointing> ParseCheckpointing(std::string_view name);
 std::optional<DataOrder> ParseDataOrder(std::string_view name);
 std::optional<DataFormat> ParseDataFormat(std::string_view name);
+std::optional<PpSchedule> ParsePpSchedule(std::string_view name);
+// "1f1b", "interleaved_1f1b", "zero_bubble".
+const char* PpScheduleName(PpSchedule schedule);
 ComputeDevice DeviceOf(const ResourcesSpec& resources);
 TrainPrecision PrecisionOf(const TrainSpec& train);
 Checkpointing CheckpointingOf(const TrainSpec& train);
 CpComm CpCommOf(const ParallelismSpec& parallelism);
+PpSchedule PpScheduleOf(const ParallelismSpec& parallelism);
+// Micro-batches per optimizer step on every dp rank (and so through every pipeline):
+// global_batch_size / (dp_replicate_size·dp_shard_size·micro_batch_size), the gradient
+// accumulation count. 0 when the spec's sizes are not ≥ 1.
+int64_t MicroBatchesPerStep(const JobSpec& spec);
 ModelArch ArchOf(const ModelSpec& model);
 RopeScalingType RopeScalingOf(const ModelSpec& model);
 ResumeMode ResumeOf(const CheckpointSpec& checkpoint);
 
 // Calls f(section, key, member) for every field in spec order, section "" for the top-level
-// `name`; member is a bool&, int&, int64_t&, double& or std::string& (const when spec is const).
+// `name`; member is a bool&, int&, int64_t&, double&, std::string& or std::vector<int>& (a list
+// of integers, empty meaning null: parallelism.pp_layers) (const when spec is const).
 // This is the one table of the schema: the YAML reader, the writer, --set and the JSON output
 // all walk it, so a new field is added here and in its struct, nowhere else.
 template <typename Spec, typename F>
@@ -263,6 +281,10 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("parallelism", "fsdp_reshard_after_forward", p.fsdp_reshard_after_forward);
   f("parallelism", "comm_timeout_seconds", p.comm_timeout_seconds);
   f("parallelism", "auto", p.auto_mesh);
+  f("parallelism", "pp_size", p.pp_size);
+  f("parallelism", "pp_schedule", p.pp_schedule);
+  f("parallelism", "pp_virtual_stages", p.pp_virtual_stages);
+  f("parallelism", "pp_layers", p.pp_layers);
   auto& t = spec.train;
   f("train", "steps", t.steps);
   f("train", "global_batch_size", t.global_batch_size);

@@ -210,6 +210,8 @@ std::string DefaultText(std::string_view section, std::string_view key) {
     using T = std::decay_t<decltype(value)>;
     if constexpr (std::is_same_v<T, std::string>) {
       text = value;
+    } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+      text = "null";  // the one list field (parallelism.pp_layers) defaults to null
     } else if constexpr (std::is_same_v<T, bool>) {
       text = value ? "true" : "false";
     } else if constexpr (std::is_floating_point_v<T>) {
@@ -239,6 +241,34 @@ Status ReadValue(const YAML::Node& node, std::string_view section, std::string_v
     return FieldError(path, "expected a string, got " + Describe(node), where,
                       allowed.empty() ? "write a single value, e.g. " + std::string(key) + ": ..."
                                       : "use one of " + JoinQuoted(allowed));
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    // A list of integers (parallelism.pp_layers); null or [] leaves it empty.
+    const std::string hint =
+        "write a list of whole numbers, e.g. " + std::string(key) + ": [3, 3], or null";
+    if (node.IsNull()) {
+      out.clear();
+      return OkStatus();
+    }
+    if (!node.IsSequence()) {
+      return FieldError(path, "expected a list of integers, got " + Describe(node), where, hint);
+    }
+    if (node.size() > 4096) {
+      return FieldError(path, "lists " + std::to_string(node.size()) + " entries, over 4096", where,
+                        hint);
+    }
+    std::vector<int> values;
+    for (size_t i = 0; i < node.size(); ++i) {
+      const YAML::Node item = node[i];
+      int v = 0;
+      bool out_of_range = false;
+      if (!item.IsScalar() || !ParseNumber(item.Scalar(), v, out_of_range)) {
+        return FieldError(path + "[" + std::to_string(i) + "]",
+                          "expected an integer, got " + Describe(item), where, hint);
+      }
+      values.push_back(v);
+    }
+    out = std::move(values);
+    return OkStatus();
   } else if constexpr (std::is_same_v<T, bool>) {
     if (node.IsScalar()) {
       const std::string& v = node.Scalar();
@@ -777,6 +807,14 @@ std::string JobSpecToYaml(const JobSpec& spec) {
                   << FormatDouble(source.weight) << YAML::EndMap;
             }
             out << YAML::EndSeq;
+          } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+            if (value.empty()) {
+              out << YAML::Null;
+            } else {
+              out << YAML::Flow << YAML::BeginSeq;
+              for (int v : value) out << v;
+              out << YAML::EndSeq;
+            }
           } else if constexpr (std::is_same_v<T, bool>) {
             out << (value ? "true" : "false");
           } else if constexpr (std::is_floating_point_v<T>) {

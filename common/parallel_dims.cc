@@ -1,6 +1,6 @@
 // Rank arithmetic of the device mesh (docs/parallelism.md). Axes are stored as an array indexed
-// 0..3 = (dp_replicate, dp_shard, cp, tp) so that single and flattened axes share one code path:
-// an axis is the set of mesh dims it spans.
+// 0..4 = (pp, dp_replicate, dp_shard, cp, tp) so that single and flattened axes share one code
+// path: an axis is the set of mesh dims it spans.
 #include "common/parallel_dims.h"
 
 #include <algorithm>
@@ -10,43 +10,51 @@
 namespace meshrun {
 namespace {
 
-constexpr int kNumDims = 4;
+constexpr int kNumDims = 5;
 using DimMask = std::array<bool, kNumDims>;
 
-// Which of the mesh dims (R, S, C, T) an axis spans.
+// Which of the mesh dims (P, R, S, C, T) an axis spans.
 DimMask SpannedDims(MeshAxis axis) {
   switch (axis) {
-    case MeshAxis::kDpReplicate: return {true, false, false, false};
-    case MeshAxis::kDpShard: return {false, true, false, false};
-    case MeshAxis::kCp: return {false, false, true, false};
-    case MeshAxis::kTp: return {false, false, false, true};
-    case MeshAxis::kDp: return {true, true, false, false};
-    case MeshAxis::kDpShardCp: return {false, true, true, false};
-    case MeshAxis::kDpCp: return {true, true, true, false};
+    case MeshAxis::kPp: return {true, false, false, false, false};
+    case MeshAxis::kDpReplicate: return {false, true, false, false, false};
+    case MeshAxis::kDpShard: return {false, false, true, false, false};
+    case MeshAxis::kCp: return {false, false, false, true, false};
+    case MeshAxis::kTp: return {false, false, false, false, true};
+    case MeshAxis::kDp: return {false, true, true, false, false};
+    case MeshAxis::kDpShardCp: return {false, false, true, true, false};
+    case MeshAxis::kDpCp: return {false, true, true, true, false};
   }
   assert(false && "unknown MeshAxis");
-  return {false, false, false, false};
+  return {false, false, false, false, false};
 }
 
 std::array<int, kNumDims> ToArray(const MeshCoords& c) {
-  return {c.dp_replicate, c.dp_shard, c.cp, c.tp};
+  return {c.pp, c.dp_replicate, c.dp_shard, c.cp, c.tp};
 }
 
 MeshCoords FromArray(const std::array<int, kNumDims>& a) {
-  return {a[0], a[1], a[2], a[3]};
+  MeshCoords c;
+  c.pp = a[0];
+  c.dp_replicate = a[1];
+  c.dp_shard = a[2];
+  c.cp = a[3];
+  c.tp = a[4];
+  return c;
 }
 
 // Field names and what size 1 means, for error messages.
-constexpr const char* kSizeFields[kNumDims] = {"dp_replicate_size", "dp_shard_size", "cp_size",
-                                               "tp_size"};
+constexpr const char* kSizeFields[kNumDims] = {"pp_size", "dp_replicate_size", "dp_shard_size",
+                                               "cp_size", "tp_size"};
 constexpr const char* kSizeOneMeaning[kNumDims] = {
-    "1 means no replication", "1 means no FSDP sharding", "1 means no context parallelism",
-    "1 means no tensor parallelism"};
+    "1 means no pipeline parallelism", "1 means no replication", "1 means no FSDP sharding",
+    "1 means no context parallelism", "1 means no tensor parallelism"};
 
 }  // namespace
 
 const char* MeshAxisName(MeshAxis axis) {
   switch (axis) {
+    case MeshAxis::kPp: return "pp";
     case MeshAxis::kDpReplicate: return "dp_replicate";
     case MeshAxis::kDpShard: return "dp_shard";
     case MeshAxis::kCp: return "cp";
@@ -65,8 +73,9 @@ std::optional<MeshAxis> MeshAxisFromName(std::string_view name) {
   return std::nullopt;
 }
 
-StatusOr<ParallelDims> ParallelDims::Create(int dp_replicate, int dp_shard, int cp, int tp) {
-  const std::array<int, kNumDims> sizes = {dp_replicate, dp_shard, cp, tp};
+StatusOr<ParallelDims> ParallelDims::Create(int pp, int dp_replicate, int dp_shard, int cp,
+                                            int tp) {
+  const std::array<int, kNumDims> sizes = {pp, dp_replicate, dp_shard, cp, tp};
   for (int d = 0; d < kNumDims; ++d) {
     if (sizes[d] < 1) {
       return InvalidArgumentError(std::string("parallelism.") + kSizeFields[d] +
@@ -79,7 +88,8 @@ StatusOr<ParallelDims> ParallelDims::Create(int dp_replicate, int dp_shard, int 
   for (int size : sizes) world = std::min<int64_t>(world * size, int64_t{kMaxWorldSize} + 1);
   if (world > kMaxWorldSize) {
     return InvalidArgumentError(
-        "parallelism: dp_replicate_size(" + std::to_string(dp_replicate) + ")·dp_shard_size(" +
+        "parallelism: " + (pp > 1 ? "pp_size(" + std::to_string(pp) + ")·" : std::string()) +
+        "dp_replicate_size(" + std::to_string(dp_replicate) + ")·dp_shard_size(" +
         std::to_string(dp_shard) + ")·cp_size(" + std::to_string(cp) + ")·tp_size(" +
         std::to_string(tp) + ") exceeds the largest supported world size " +
         std::to_string(kMaxWorldSize) + " (hint: use smaller parallelism sizes)");
@@ -162,7 +172,8 @@ std::vector<std::vector<int>> ParallelDims::Groups(MeshAxis axis) const {
 }
 
 std::string ParallelDims::ToString() const {
-  return "dp_replicate=" + std::to_string(dp_replicate()) +
+  return (pp() > 1 ? "pp=" + std::to_string(pp()) + " " : std::string()) +
+         "dp_replicate=" + std::to_string(dp_replicate()) +
          " dp_shard=" + std::to_string(dp_shard()) + " cp=" + std::to_string(cp()) +
          " tp=" + std::to_string(tp()) + " (world size " + std::to_string(world_size()) + ")";
 }

@@ -1,4 +1,4 @@
-// The device mesh of docs/parallelism.md: axis sizes (R, S, C, T), rank <-> coordinates, and the
+// The device mesh of docs/parallelism.md: axis sizes (P, R, S, C, T), rank <-> coordinates, and the
 // process groups of every axis (single and flattened). Pure arithmetic: no I/O, no threads.
 #pragma once
 
@@ -12,8 +12,10 @@
 
 namespace meshrun {
 
-// Mesh axes. The first four are the mesh's own axes, outermost to innermost; the last three
-// are flattened products of adjacent axes.
+// Mesh axes. kDpReplicate..kTp are the mesh's own inner axes, outermost to innermost; kDp,
+// kDpShardCp and kDpCp are flattened products of adjacent axes; kPp, the pipeline axis, is the
+// outermost axis of the mesh (listed first in kAllMeshAxes) but numbered last, so that the values
+// of the older axes stay what they were.
 enum class MeshAxis {
   kDpReplicate,  // "dp_replicate": full replicas, gradients all-reduced (HSDP outer axis)
   kDpShard,      // "dp_shard": FSDP sharding
@@ -22,28 +24,32 @@ enum class MeshAxis {
   kDp,           // "dp" = dp_replicate x dp_shard: ranks that see different data
   kDpShardCp,    // "dp_shard_cp" = dp_shard x cp: the group FSDP shards parameters over
   kDpCp,         // "dp_cp" = dp_replicate x dp_shard x cp: ranks that hold different tokens
+  kPp,           // "pp": pipeline stages (outermost); every other group lives inside one stage
 };
 
-inline constexpr std::array<MeshAxis, 7> kAllMeshAxes = {
-    MeshAxis::kDpReplicate, MeshAxis::kDpShard,   MeshAxis::kCp,  MeshAxis::kTp,
-    MeshAxis::kDp,          MeshAxis::kDpShardCp, MeshAxis::kDpCp};
+// Every axis: the five mesh axes outermost first, then the three flattened ones.
+inline constexpr std::array<MeshAxis, 8> kAllMeshAxes = {
+    MeshAxis::kPp, MeshAxis::kDpReplicate, MeshAxis::kDpShard,   MeshAxis::kCp,
+    MeshAxis::kTp, MeshAxis::kDp,          MeshAxis::kDpShardCp, MeshAxis::kDpCp};
 
 // Whether `axis` is one of the three flattened products (dp, dp_shard_cp, dp_cp).
 inline constexpr bool IsFlattenedAxis(MeshAxis axis) {
   return axis == MeshAxis::kDp || axis == MeshAxis::kDpShardCp || axis == MeshAxis::kDpCp;
 }
 
-// "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp".
+// "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp".
 const char* MeshAxisName(MeshAxis axis);
 // The inverse of MeshAxisName; nullopt for an unknown name.
 std::optional<MeshAxis> MeshAxisFromName(std::string_view name);
 
-// A rank's position on the four mesh axes (each in [0, size)).
+// A rank's position on the five mesh axes (each in [0, size)). `pp` is the outermost axis but the
+// last member, so that {r, s, c, t} still reads as a pp-0 coordinate.
 struct MeshCoords {
   int dp_replicate = 0;
   int dp_shard = 0;
   int cp = 0;
   int tp = 0;
+  int pp = 0;
 
   bool operator==(const MeshCoords&) const = default;
 };
@@ -58,18 +64,25 @@ class ParallelDims {
 
   // Fails with INVALID_ARGUMENT naming the field (e.g. `parallelism.cp_size`) when a size is
   // below 1, or naming `parallelism` when the product exceeds kMaxWorldSize.
-  static StatusOr<ParallelDims> Create(int dp_replicate, int dp_shard, int cp, int tp);
+  static StatusOr<ParallelDims> Create(int pp, int dp_replicate, int dp_shard, int cp, int tp);
+  // A mesh without pipeline parallelism (pp = 1).
+  static StatusOr<ParallelDims> Create(int dp_replicate, int dp_shard, int cp, int tp) {
+    return Create(1, dp_replicate, dp_shard, cp, tp);
+  }
 
-  int dp_replicate() const { return sizes_[0]; }
-  int dp_shard() const { return sizes_[1]; }
-  int cp() const { return sizes_[2]; }
-  int tp() const { return sizes_[3]; }
-  int world_size() const { return sizes_[0] * sizes_[1] * sizes_[2] * sizes_[3]; }
+  int pp() const { return sizes_[0]; }
+  int dp_replicate() const { return sizes_[1]; }
+  int dp_shard() const { return sizes_[2]; }
+  int cp() const { return sizes_[3]; }
+  int tp() const { return sizes_[4]; }
+  int world_size() const { return sizes_[0] * sizes_[1] * sizes_[2] * sizes_[3] * sizes_[4]; }
+  // Ranks per pipeline stage: R·S·C·T.
+  int stage_size() const { return world_size() / pp(); }
 
   // Number of ranks in one group of `axis` (the product for flattened axes).
   int AxisSize(MeshAxis axis) const;
 
-  // g = ((r·S + s)·C + c)·T + t and its inverse.
+  // g = (((p·R + r)·S + s)·C + c)·T + t and its inverse.
   MeshCoords CoordsOf(int rank) const;
   int RankOf(const MeshCoords& coords) const;
 
@@ -82,15 +95,15 @@ class ParallelDims {
   // e.g. d = r·S + s for dp and s·C + c for dp_shard_cp.
   int IndexInGroup(int rank, MeshAxis axis) const;
 
-  // "dp_replicate=1 dp_shard=2 cp=1 tp=2 (world size 4)".
+  // "dp_replicate=1 dp_shard=2 cp=1 tp=2 (world size 4)"; with pp > 1 prefixed "pp=2 ".
   std::string ToString() const;
 
   bool operator==(const ParallelDims&) const = default;
 
  private:
-  explicit ParallelDims(std::array<int, 4> sizes) : sizes_(sizes) {}
+  explicit ParallelDims(std::array<int, 5> sizes) : sizes_(sizes) {}
 
-  std::array<int, 4> sizes_;  // R, S, C, T
+  std::array<int, 5> sizes_;  // P, R, S, C, T
 };
 
 // The context-parallel layout of a sequence (docs/data.md), the one copy of its index math:

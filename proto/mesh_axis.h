@@ -22,6 +22,7 @@ inline v1::MeshAxis MeshAxisToProto(MeshAxis axis) {
     case MeshAxis::kDp: return v1::MESH_AXIS_DP;
     case MeshAxis::kDpShardCp: return v1::MESH_AXIS_DP_SHARD_CP;
     case MeshAxis::kDpCp: return v1::MESH_AXIS_DP_CP;
+    case MeshAxis::kPp: return v1::MESH_AXIS_PP;
   }
   return v1::MESH_AXIS_UNSPECIFIED;
 }
@@ -36,6 +37,7 @@ inline std::optional<MeshAxis> MeshAxisFromProto(v1::MeshAxis axis) {
     case v1::MESH_AXIS_DP: return MeshAxis::kDp;
     case v1::MESH_AXIS_DP_SHARD_CP: return MeshAxis::kDpShardCp;
     case v1::MESH_AXIS_DP_CP: return MeshAxis::kDpCp;
+    case v1::MESH_AXIS_PP: return MeshAxis::kPp;
     default: return std::nullopt;
   }
 }

@@ -79,6 +79,11 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   SetIfPresent(par.has_comm_timeout_seconds(), par.comm_timeout_seconds(),
                &s.parallelism.comm_timeout_seconds);
   SetIfPresent(par.has_auto_(), par.auto_(), &s.parallelism.auto_mesh);
+  SetIfPresent(par.has_pp_size(), par.pp_size(), &s.parallelism.pp_size);
+  SetIfPresent(par.has_pp_schedule(), par.pp_schedule(), &s.parallelism.pp_schedule);
+  SetIfPresent(par.has_pp_virtual_stages(), par.pp_virtual_stages(),
+               &s.parallelism.pp_virtual_stages);
+  s.parallelism.pp_layers.assign(par.pp_layers().begin(), par.pp_layers().end());
 
   if (!s.model.init_from.empty()) {
     // Sizes left out are read from init_from's config.json by the rank (rank/spec_intake.h);
@@ -86,7 +91,16 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
     // checks the rest of the spec.
     const int tp = s.parallelism.tp_size > 0 ? s.parallelism.tp_size : 1;
     const int cp = s.parallelism.cp_size > 0 ? s.parallelism.cp_size : 1;
-    if (!m.has_n_layer()) s.model.n_layer = 1;
+    if (!m.has_n_layer()) {
+      // One layer per pipeline chunk (or pp_layers' sum) until config.json says.
+      int64_t layers = int64_t{std::max(s.parallelism.pp_size, 1)} *
+                       std::max(s.parallelism.pp_virtual_stages, 1);
+      if (!s.parallelism.pp_layers.empty()) {
+        layers = 0;
+        for (int n : s.parallelism.pp_layers) layers += n;
+      }
+      s.model.n_layer = static_cast<int>(std::clamp<int64_t>(layers, 1, 1 << 20));
+    }
     if (!m.has_n_head()) s.model.n_head = tp;
     if (!m.has_d_model()) s.model.d_model = s.model.n_head * tp;
     if (!m.has_seq_len()) s.model.seq_len = 2 * cp;
@@ -181,6 +195,10 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   par->set_fsdp_reshard_after_forward(s.parallelism.fsdp_reshard_after_forward);
   par->set_comm_timeout_seconds(s.parallelism.comm_timeout_seconds);
   par->set_auto_(s.parallelism.auto_mesh);
+  par->set_pp_size(s.parallelism.pp_size);
+  par->set_pp_schedule(s.parallelism.pp_schedule);
+  par->set_pp_virtual_stages(s.parallelism.pp_virtual_stages);
+  for (int n : s.parallelism.pp_layers) par->add_pp_layers(n);
   v1::TrainSpec* t = p.mutable_train();
   t->set_steps(s.train.steps);
   t->set_global_batch_size(s.train.global_batch_size);

@@ -18,7 +18,7 @@ StatusOr<std::unique_ptr<MeshComms>> MeshComms::Create(const ParallelDims& dims,
   }
   if (!store) return InvalidArgumentError("mesh comms: no store");
   std::unique_ptr<MeshComms> mesh(new MeshComms(dims, rank, stats));
-  static_assert(static_cast<size_t>(MeshAxis::kDpCp) + 1 == kNumAxes,
+  static_assert(static_cast<size_t>(MeshAxis::kPp) + 1 == kNumAxes,
                 "MeshComms indexes its arrays by MeshAxis");
   for (MeshAxis axis : kAllMeshAxes) {
     const std::vector<std::vector<int>> groups = dims.Groups(axis);

@@ -1,6 +1,6 @@
-// One rank's communicators for every axis of the device mesh (docs/parallelism.md): dp_replicate,
-// dp_shard, cp, tp and the flattened dp, dp_shard_cp, dp_cp. Built once at rank start, before
-// the first step; the parallel plans (FSDP, tp, cp) take their groups from here.
+// One rank's communicators for every axis of the device mesh (docs/parallelism.md): pp,
+// dp_replicate, dp_shard, cp, tp and the flattened dp, dp_shard_cp, dp_cp. Built once at rank
+// start, before the first step; the parallel plans (FSDP, tp, cp) take their groups from here.
 #pragma once
 
 #include <array>
@@ -25,7 +25,7 @@ struct MeshCommsOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
 };
 
-// Owns this rank's seven communicators. Groups of size 1 get a size-1 communicator that never
+// Owns this rank's eight communicators. Groups of size 1 get a size-1 communicator that never
 // touches the backend. Not thread-safe to build; afterwards Get() is safe from any thread
 // (each Communicator itself is single-threaded, see communicator.h). Created by the rank's
 // main (trainer setup); every rank of the job must call Create with the same dims, store and

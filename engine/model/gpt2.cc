@@ -110,7 +110,8 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   lnf_mean_ = empty({llama ? 0 : N});
   lnf_rstd_ = empty({N});
   head_rows_ = HeadChunkRows(N, V);
-  head_logits_ = empty({head_rows_, V});
+  // Only the last pipeline stage computes the head.
+  head_logits_ = cfg_.stage_last ? empty({head_rows_, V}) : Tensor();
   logits_ = Tensor();  // the whole logits only for Forward() (allocated there)
   losses_ = empty({N});
   // One layer's full set of activations.
@@ -133,7 +134,7 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
     a.res3 = empty({N, C});
   };
   acts_.clear();
-  acts_.resize(cfg_.n_layer);
+  acts_.resize(cfg_.stage_layers());
   work_ = LayerActs();
   if (cfg_.recompute == Recompute::kNone) {
     for (LayerActs& a : acts_) allocate(a);
@@ -268,11 +269,14 @@ Status GPT2<T>::PrepareRope() {
 }
 
 template <typename T>
-Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t* positions) {
+Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t* positions,
+                             const T* stage_input) {
   EnsureActivations(B, Tn);
   const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model;
-  const int L = cfg_.n_layer;
+  // The active chunk's layers [lb, le) (every layer of a whole model).
+  const auto [lb, le] = ChunkLayers();
+  const bool first = ChunkFirst(), last_chunk = ChunkLast();
   // The batch's token ids and positions on the model's device (every call: the shape may
   // shrink and grow again, and every row is refilled).
   MESHRUN_RETURN_IF_ERROR(Upload(tokens_, inputs, N));
@@ -310,21 +314,30 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
 
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   T* x = encoded_.template data<T>();
-  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 0));
-  // The token embedding is vocab-parallel: each tp rank adds its rows, the all-reduce sums them.
-  const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
-  MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsForward(dev, x, tokens_data(), P(table),
-                                                    cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
-  MESHRUN_RETURN_IF_ERROR(TpAllReduce(x, N * C));
-  if (!cfg_.llama())
-    MESHRUN_RETURN_IF_ERROR(ops::AddRows(dev, x, P("wpe"), positions_data(), N, C));
-  for (int l = 0; l < L; ++l) {
+  if (ChunkUsesEmbedding()) MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 0));
+  if (first) {
+    // The token embedding is vocab-parallel: each tp rank adds its rows, the all-reduce sums
+    // them.
+    const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
+    MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsForward(dev, x, tokens_data(), P(table),
+                                                      cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
+    MESHRUN_RETURN_IF_ERROR(TpAllReduce(x, N * C));
+    if (!cfg_.llama())
+      MESHRUN_RETURN_IF_ERROR(ops::AddRows(dev, x, P("wpe"), positions_data(), N, C));
+  } else {
+    // A later pipeline stage starts from the previous stage's output.
+    if (stage_input == nullptr) return InvalidArgumentError("pipeline stage without its input");
+    MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, x, stage_input, sizeof(T) * N * C));
+  }
+  for (int l = lb; l < le; ++l) {
     MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 1 + l));
-    MESHRUN_RETURN_IF_ERROR(BlockForward(l, l == 0 ? x : acts_[l - 1].res3.template data<T>()));
+    MESHRUN_RETURN_IF_ERROR(BlockForward(l, l == lb ? x : acts_[l - 1].res3.template data<T>()));
     MESHRUN_RETURN_IF_ERROR(Hook(kAfterForward, 1 + l));
   }
+  if (!last_chunk) return OkStatus();
+  const int L = cfg_.stage_layers();
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, L + 1));
-  const T* last = L > 0 ? acts_.back().res3.template data<T>() : x;
+  const T* last = le > lb ? acts_[le - 1].res3.template data<T>() : x;
   if (cfg_.llama()) {
     return ops::RMSNormForward(dev, lnf_.template data<T>(), lnf_rstd_.template data<T>(), last,
                                P("norm.weight"), N, C, cfg_.ln_eps);
@@ -344,12 +357,13 @@ Status GPT2<T>::Norm(int l, int which, LayerActs& a, const T* inp) {
   Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
   if (cfg_.llama()) {
     const std::string w =
-        "layers." + std::to_string(l) +
+        "layers." + std::to_string(cfg_.GlobalLayer(l)) +
         (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
     return ops::RMSNormForward(cfg_.device, out.template data<T>(), rstd.template data<T>(), inp,
                                P(w), N, C, cfg_.ln_eps);
   }
-  const std::string h = "h." + std::to_string(l) + (which == 1 ? ".ln_1." : ".ln_2.");
+  const std::string h =
+      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
   return ops::LayerNormForward(cfg_.device, out.template data<T>(), mean.template data<T>(),
                                rstd.template data<T>(), inp, P(h + "weight"), P(h + "bias"), N, C,
                                cfg_.ln_eps);
@@ -364,12 +378,13 @@ Status GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* di
   const Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
   if (cfg_.llama()) {
     const std::string w =
-        "layers." + std::to_string(l) +
+        "layers." + std::to_string(cfg_.GlobalLayer(l)) +
         (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
     return ops::RMSNormBackward(cfg_.device, dinp, G(w), dout, inp, P(w), rstd.template data<T>(),
                                 N, C);
   }
-  const std::string h = "h." + std::to_string(l) + (which == 1 ? ".ln_1." : ".ln_2.");
+  const std::string h =
+      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
   return ops::LayerNormBackward(cfg_.device, dinp, G(h + "weight"), G(h + "bias"), dout, inp,
                                 P(h + "weight"), mean.template data<T>(), rstd.template data<T>(),
                                 N, C);
@@ -388,7 +403,7 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
     return p != nullptr ? param(*p) : nullptr;
   };
   LayerActs& a = acts_[l];
-  const std::string h = (llama ? "layers." : "h.") + std::to_string(l) + ".";
+  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
   // Attention block: qkv is column parallel (this rank's heads), the output projection row
   // parallel.
   MESHRUN_RETURN_IF_ERROR(Norm(l, 1, a, residual));
@@ -531,30 +546,68 @@ StatusOr<double> GPT2<T>::ForwardLoss(const int32_t* inputs, const int32_t* targ
 template <typename T>
 StatusOr<double> GPT2<T>::ForwardBackward(const int32_t* inputs, const int32_t* targets, int B,
                                           int Tn, double grad_scale, const int32_t* positions) {
-  MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions));
+  return StageForwardBackward(inputs, nullptr, targets, nullptr, B, Tn, grad_scale, positions);
+}
+
+template <typename T>
+Status GPT2<T>::StageForward(const int32_t* inputs, const T* stage_input, int B, int Tn,
+                             const int32_t* positions) {
+  return ForwardTrunk(inputs, B, Tn, positions, stage_input);
+}
+
+template <typename T>
+const T* GPT2<T>::stage_output() const {
+  const auto [lb, le] = ChunkLayers();
+  return le > lb ? acts_[le - 1].res3.template data<T>() : encoded_.template data<T>();
+}
+
+template <typename T>
+StatusOr<double> GPT2<T>::StageForwardLoss(const int32_t* inputs, const T* stage_input,
+                                           const int32_t* targets, int B, int Tn,
+                                           const int32_t* positions) {
+  MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions, stage_input));
+  return HeadLoss(targets, /*with_grad=*/false, 0.0);
+}
+
+template <typename T>
+StatusOr<double> GPT2<T>::StageForwardBackward(const int32_t* inputs, const T* stage_input,
+                                               const int32_t* targets, const T* output_grad, int B,
+                                               int Tn, double grad_scale,
+                                               const int32_t* positions) {
+  MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions, stage_input));
   // The head's backward runs with its forward, chunk by chunk: units 0 and L+1 (still gathered
   // from the forward) get their gradient buffers first.
-  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 0));
-  MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, cfg_.n_layer + 1));
-  MESHRUN_ASSIGN_OR_RETURN(const double loss, HeadLoss(targets, /*with_grad=*/true, grad_scale));
-  MESHRUN_RETURN_IF_ERROR(Backward());
+  if (ChunkUsesEmbedding()) MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 0));
+  double loss = 0;
+  if (ChunkLast()) {
+    MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, cfg_.stage_layers() + 1));
+    MESHRUN_ASSIGN_OR_RETURN(loss, HeadLoss(targets, /*with_grad=*/true, grad_scale));
+  } else if (output_grad == nullptr) {
+    return InvalidArgumentError("pipeline stage without the gradient of its output");
+  }
+  MESHRUN_RETURN_IF_ERROR(Backward(ChunkLast() ? nullptr : output_grad));
   return loss;
 }
 
 template <typename T>
-Status GPT2<T>::Backward() {
+Status GPT2<T>::Backward(const T* output_grad) {
   const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
-  const int L = cfg_.n_layer;
+  const int L = cfg_.stage_layers();
+  const auto [lb, le] = ChunkLayers();
+  const bool last_chunk = ChunkLast();
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
 
-  // The head's backward is done (HeadLoss left the gradient of lnf in dln_); final norm.
-  const T* last = L > 0 ? acts_.back().res3.template data<T>() : encoded_.template data<T>();
+  // The head's backward is done (HeadLoss left the gradient of lnf in dln_); final norm. A
+  // stage before the last starts from the gradient of its output instead.
+  const T* last = le > lb ? acts_[le - 1].res3.template data<T>() : encoded_.template data<T>();
   MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dres_.raw(), dres_.nbytes()));
-  if (cfg_.llama()) {
+  if (!last_chunk) {
+    MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, dres, output_grad, sizeof(T) * N * C));
+  } else if (cfg_.llama()) {
     MESHRUN_RETURN_IF_ERROR(ops::RMSNormBackward(dev, dres, G("norm.weight"), dln, last,
                                                  P("norm.weight"), lnf_rstd_.template data<T>(), N,
                                                  C));
@@ -563,24 +616,28 @@ Status GPT2<T>::Backward() {
         dev, dres, G("ln_f.weight"), G("ln_f.bias"), dln, last, P("ln_f.weight"),
         lnf_mean_.template data<T>(), lnf_rstd_.template data<T>(), N, C));
   }
-  MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
+  if (last_chunk) MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
 
-  for (int l = L - 1; l >= 0; --l) {
+  for (int l = le - 1; l >= lb; --l) {
     MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 1 + l));
-    const T* residual = l == 0 ? encoded_.template data<T>() : acts_[l - 1].res3.template data<T>();
+    const T* residual =
+        l == lb ? encoded_.template data<T>() : acts_[l - 1].res3.template data<T>();
     MESHRUN_RETURN_IF_ERROR(RecomputeBlock(l, residual));
     MESHRUN_RETURN_IF_ERROR(BlockBackward(l, residual));
     MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, 1 + l));
   }
-  // dres is the same on every tp rank: each adds it to its own vocabulary rows.
-  const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
-  MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(dev, G(table), dres, tokens_data(),
-                                                     cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
-  if (!cfg_.llama()) {
-    MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(dev, G("wpe"), dres, positions_data(), 0,
-                                                       cfg_.max_seq_len, N, C));
+  // A later pipeline stage ends here: dres is the gradient of its input, sent upstream.
+  if (ChunkFirst()) {
+    // dres is the same on every tp rank: each adds it to its own vocabulary rows.
+    const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
+    MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(
+        dev, G(table), dres, tokens_data(), cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
+    if (!cfg_.llama()) {
+      MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(dev, G("wpe"), dres, positions_data(), 0,
+                                                         cfg_.max_seq_len, N, C));
+    }
   }
-  return Hook(kAfterBackward, 0);
+  return ChunkUsesEmbedding() ? Hook(kAfterBackward, 0) : OkStatus();
 }
 
 template <typename T>
@@ -600,7 +657,7 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
   LayerActs& a = acts_[l];
-  const std::string h = (llama ? "layers." : "h.") + std::to_string(l) + ".";
+  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
   // MLP block: res3 = res2 + proj(act(fc(norm2(res2)))); dres flows to res2 unchanged.
   MESHRUN_RETURN_IF_ERROR(zero(dfch_gelu_));
   MESHRUN_RETURN_IF_ERROR(zero(dfch_));

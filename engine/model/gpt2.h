@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/job_spec.h"
@@ -59,7 +60,47 @@ struct GPT2Config {
   Recompute recompute = Recompute::kNone;
   // Where the parameters, gradients and activations live; every op runs there (engine/ops).
   Device device;
+  // Pipeline parallelism (docs/parallelism.md "Pipeline parallelism"): the global layers this
+  // rank holds as [begin, end) ranges, one per model chunk in pipeline order (interleaved 1F1B
+  // gives a rank several; empty: one chunk of every layer); the embedding when stage_first (with
+  // the first chunk), the final norm, head and loss when stage_last (with the last chunk). A last
+  // stage of a tied model also holds the embedding unit (its table is the head; decision 0054).
+  // Parameter names keep their global layer index, so checkpoints do not depend on the split.
+  std::vector<std::pair<int, int>> chunks;
+  bool stage_first = true;
+  bool stage_last = true;
   bool operator==(const GPT2Config&) const = default;
+
+  int num_chunks() const { return chunks.empty() ? 1 : static_cast<int>(chunks.size()); }
+  // The rank's layers, all chunks: local layer l is global layer GlobalLayer(l).
+  int stage_layers() const {
+    int n = chunks.empty() ? n_layer : 0;
+    for (const auto& [b, e] : chunks) n += e - b;
+    return n;
+  }
+  int GlobalLayer(int local) const {
+    for (const auto& [b, e] : chunks) {
+      if (local < e - b) return b + local;
+      local -= e - b;
+    }
+    return local;
+  }
+  // Chunk k's local layers [first, second).
+  std::pair<int, int> ChunkLocalLayers(int k) const {
+    if (chunks.empty()) return {0, n_layer};
+    int first = 0;
+    for (int i = 0; i < k; ++i) first += chunks[i].second - chunks[i].first;
+    return {first, first + chunks[k].second - chunks[k].first};
+  }
+  // Whether this stage holds the embedding unit (unit 0): the first stage, and a tied last one.
+  bool holds_embedding() const { return stage_first || (stage_last && tie_embeddings); }
+  // The same config as one whole model (every layer, embedding and head on one rank).
+  GPT2Config WholeModel() const {
+    GPT2Config c = *this;
+    c.chunks.clear();
+    c.stage_first = c.stage_last = true;
+    return c;
+  }
 
   bool llama() const { return arch == Arch::kLlama; }
   int head_dim() const { return d_model / n_head; }
@@ -225,6 +266,30 @@ class GPT2 {
   StatusOr<double> ForwardLoss(const int32_t* inputs, const int32_t* targets, int B, int seq_len,
                                const int32_t* positions = nullptr);
 
+  // Pipeline stages (config().stage_first/stage_last). `inputs` are the micro-batch's token ids
+  // (every stage has them: positions and document masks come from them); `stage_input` is the
+  // previous stage's output, B·seq_len·d_model on the device (null on the first stage).
+  // StageForward runs the stage's layers without a backward and leaves their output in
+  // stage_output() (not on the last stage, whose forward is its loss: ForwardLoss).
+  Status StageForward(const int32_t* inputs, const T* stage_input, int B, int seq_len,
+                      const int32_t* positions = nullptr);
+  // Which of the rank's model chunks the Stage* calls run (0 … config().num_chunks() − 1).
+  void SetActiveChunk(int chunk) { chunk_ = chunk; }
+  const T* stage_output() const;
+  // Forward and backward of the stage: the last from its loss over `targets` (returns the sum
+  // of per-token losses, as ForwardBackward), the others from `output_grad` (the gradient of
+  // their output, returning 0). Leaves the gradient of the stage's input in stage_input_grad()
+  // (not on the first stage). Gradients accumulate across calls.
+  StatusOr<double> StageForwardBackward(const int32_t* inputs, const T* stage_input,
+                                        const int32_t* targets, const T* output_grad, int B,
+                                        int seq_len, double grad_scale,
+                                        const int32_t* positions = nullptr);
+  const T* stage_input_grad() const { return dres_.template data<T>(); }
+  // Pipeline stages: the stage's forward for a loss-only pass (evaluation) on a last stage.
+  StatusOr<double> StageForwardLoss(const int32_t* inputs, const T* stage_input,
+                                    const int32_t* targets, int B, int seq_len,
+                                    const int32_t* positions = nullptr);
+
  private:
   struct LayerActs {
     Tensor ln1, ln1_mean, ln1_rstd, q, k, v, att, lse, atty, res2, ln2, ln2_mean, ln2_rstd, fch,
@@ -232,13 +297,28 @@ class GPT2 {
     Tensor k_all, v_all;  // context parallel (allgather): K and V of the whole sequence
   };
   void EnsureActivations(int B, int seq_len);
-  // Embedding, blocks and the final LayerNorm (everything but the head).
-  Status ForwardTrunk(const int32_t* inputs, int B, int seq_len, const int32_t* positions);
+  // Embedding, blocks and the final LayerNorm (everything but the head); on a pipeline stage
+  // its part: from stage_input (not the first stage) through its layers (and the final norm on
+  // the last).
+  Status ForwardTrunk(const int32_t* inputs, int B, int seq_len, const int32_t* positions,
+                      const T* stage_input = nullptr);
   // The head and cross-entropy over HeadChunkRows rows at a time; with_grad also leaves the
   // gradient of the final LayerNorm's output in dln_ and adds the head's to wte's gradient.
   StatusOr<double> HeadLoss(const int32_t* targets, bool with_grad, double grad_scale);
-  // The backward from the final LayerNorm down (after HeadLoss with_grad).
-  Status Backward();
+  // The backward from the final LayerNorm down (after HeadLoss with_grad); on a stage that is
+  // not the last, from output_grad.
+  Status Backward(const T* output_grad = nullptr);
+  // Whether unit u holds parameters on this stage (hooks are called only for those).
+  bool UnitUsed(int u) const { return units_[u].padded > 0; }
+  // The active chunk: its local layers, and whether it is the model's first / last chunk (then
+  // it runs the embedding / the final norm and head), and whether it reads the embedding unit.
+  std::pair<int, int> ChunkLayers() const { return cfg_.ChunkLocalLayers(chunk_); }
+  bool ChunkFirst() const { return cfg_.stage_first && chunk_ == 0; }
+  bool ChunkLast() const { return cfg_.stage_last && chunk_ == cfg_.num_chunks() - 1; }
+  bool ChunkUsesEmbedding() const {
+    return UnitUsed(0) && (ChunkFirst() || (ChunkLast() && cfg_.tie_embeddings));
+  }
+  int chunk_ = 0;  // SetActiveChunk
   // One block's forward from its input `residual` into acts_[l]; its backward from dres_
   // (the gradient of its output), leaving the gradient of its input in dres_.
   Status BlockForward(int l, const T* residual);

@@ -100,11 +100,20 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   }
   const int64_t Wqkv = Cq + 2 * Ck;
   const std::vector<Box> vocab_rows = {rows(Vf, Vl, C)};
+  // A pipeline stage holds its layers and, at the ends, the embedding unit and the final unit
+  // (units stay numbered 0, 1 … layers, layers + 1; one a stage lacks is empty).
+  std::vector<int64_t> stage_layers;  // the global index of each local layer, in order
+  for (int l = 0; l < cfg.stage_layers(); ++l) stage_layers.push_back(cfg.GlobalLayer(l));
+  const bool embedding = cfg.holds_embedding(), last = cfg.stage_last;
   if (!cfg.llama()) {
-    add("wte", {V, C}, vocab_rows, w_std, 0);
-    add("wpe", {cfg.max_seq_len, C}, {}, w_std, 0);
+    if (embedding) {
+      add("wte", {V, C}, vocab_rows, w_std, 0);
+      // A tied last stage holds the position table too (unused there), so that its embedding
+      // unit is laid out, sharded and updated exactly as the first stage's (decision 0054).
+      add("wpe", {cfg.max_seq_len, C}, {}, w_std, 0);
+    }
     end_unit();
-    for (int64_t l = 0; l < L; ++l) {
+    for (int64_t l : stage_layers) {
       const std::string h = "h." + std::to_string(l) + ".";
       add(h + "ln_1.weight", {C}, {}, 0, 1);
       add(h + "ln_1.bias", {C}, {}, 0, 0);
@@ -120,12 +129,14 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
       add(h + "mlp.c_proj.bias", {C}, {}, 0, 0);
       end_unit();
     }
-    add("ln_f.weight", {C}, {}, 0, 1);
-    add("ln_f.bias", {C}, {}, 0, 0);
+    if (last) {
+      add("ln_f.weight", {C}, {}, 0, 1);
+      add("ln_f.bias", {C}, {}, 0, 0);
+    }
   } else {
-    add("embed_tokens", {V, C}, vocab_rows, w_std, 0);
+    if (embedding) add("embed_tokens", {V, C}, vocab_rows, w_std, 0);
     end_unit();
-    for (int64_t l = 0; l < L; ++l) {
+    for (int64_t l : stage_layers) {
       const std::string h = "layers." + std::to_string(l) + ".";
       add(h + "input_layernorm.weight", {C}, {}, 0, 1);
       add(h + "self_attn.qkv.weight", {Wqkv, C}, qkv_w, w_std, 0);
@@ -137,16 +148,18 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
       add(h + "mlp.down_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std, 0);
       end_unit();
     }
-    add("norm.weight", {C}, {}, 0, 1);
+    if (last) add("norm.weight", {C}, {}, 0, 1);
   }
-  if (!cfg.tie_embeddings) add("lm_head", {V, C}, vocab_rows, w_std, 0);
+  if (last && !cfg.tie_embeddings) add("lm_head", {V, C}, vocab_rows, w_std, 0);
   end_unit();
   return out;
 }
 
 std::vector<UnitInfo> GPT2Units(const GPT2Config& cfg, const std::vector<ParamInfo>& layout) {
   const int64_t pad = std::max(1, cfg.fsdp_size);
-  std::vector<UnitInfo> units(static_cast<size_t>(layout.back().unit) + 1);
+  // The embedding unit, one per layer of the stage, the final unit (some may be empty on a
+  // pipeline stage: offset where the next would start, padded 0).
+  std::vector<UnitInfo> units(static_cast<size_t>(cfg.stage_layers()) + 2);
   std::vector<int64_t> end(units.size(), 0);
   for (size_t u = 0; u < units.size(); ++u) units[u].offset = -1;
   for (const ParamInfo& p : layout) {
@@ -154,8 +167,14 @@ std::vector<UnitInfo> GPT2Units(const GPT2Config& cfg, const std::vector<ParamIn
     if (u.offset < 0) u.offset = p.offset;
     end[p.unit] = p.offset + p.numel;
   }
+  int64_t next = 0;
   for (size_t u = 0; u < units.size(); ++u) {
+    if (units[u].offset < 0) {
+      units[u].offset = next;
+      end[u] = next;
+    }
     units[u].padded = (end[u] - units[u].offset + pad - 1) / pad * pad;
+    next = units[u].offset + units[u].padded;
   }
   return units;
 }
@@ -188,7 +207,7 @@ int64_t GlobalIndex(const ParamInfo& p, int64_t i) {
 
 double GPT2FlopsPerToken(const GPT2Config& cfg, int seq_len) {
   double n = 0;
-  GPT2Config global = cfg;
+  GPT2Config global = cfg.WholeModel();
   global.tp_size = 1;
   global.tp_rank = 0;
   // Every parameter but the position table and, with an untied head, the token table (a

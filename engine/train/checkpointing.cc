@@ -159,6 +159,8 @@ Status Trainer::SaveCheckpoint() {
     for (const ShardSegment& s : shards_->segments()) {
       const ParamInfo& p = model_->params()[s.param];
       if (!p.tp_sharded && coords_.tp != 0) continue;
+      // A tied last pipeline stage's embedding unit is a copy of the first stage's.
+      if (p.unit == 0 && !model_->config().stage_first) continue;
       for (const ParamPiece& piece : PiecesOf(p, s.param_first, s.count)) {
         const int64_t at = s.shard_offset + (piece.local_first - s.param_first);
         slices.push_back({ModelKey(p), p.global_shape, piece.offset, piece.shape, params + at});
@@ -354,10 +356,7 @@ Status Trainer::LoadLatestCheckpoint(TrainObserver* observer) {
       code = -1;
     }
   }
-  MESHRUN_ASSIGN_OR_RETURN(double over_tp,
-                           SumOverGroup(Comm(MeshAxis::kTp), code, CommCharge::Control()));
-  MESHRUN_ASSIGN_OR_RETURN(code,
-                           SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, CommCharge::Control()));
+  MESHRUN_ASSIGN_OR_RETURN(code, SumOverWorld(code, CommCharge::Control()));
   if (code < 0) {
     if (!failed.ok()) return failed;
     return FailedPreconditionError("checkpoint.dir: rank 0 could not choose a checkpoint in " +

@@ -473,13 +473,16 @@ StatusOr<double> ShardedState::GlobalGradNormSquared() {
   const float* g = grads();
   for (const ShardSegment& s : segments_) {
     if (!s.counts_in_norm) continue;
+    if (!count_embedding_unit_ && model_->params()[s.param].unit == 0) continue;
     MESHRUN_ASSIGN_OR_RETURN(const double sq,
                              ops::SumOfSquares(device(), g + s.shard_offset, s.count));
     local += sq;
   }
   MESHRUN_ASSIGN_OR_RETURN(double over_tp,
                            SumOverGroup(tp_, local, CommCharge::Axis(MeshAxis::kTp)));
-  return SumOverGroup(sharded() ? fsdp_ : nullptr, over_tp, CommCharge::Axis(MeshAxis::kDpShard));
+  MESHRUN_ASSIGN_OR_RETURN(double stage, SumOverGroup(sharded() ? fsdp_ : nullptr, over_tp,
+                                                      CommCharge::Axis(MeshAxis::kDpShard)));
+  return SumOverGroup(pp_, stage, CommCharge::Axis(MeshAxis::kPp));
 }
 
 Status ShardedState::BeginUpdate() {

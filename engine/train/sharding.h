@@ -111,8 +111,20 @@ class ShardedState final : public UnitHooks {
   // all-reduced (summed) over dp_replicate (the buckets not yet started start now; all are
   // waited for).
   Status FinishGradients();
-  // ‖g‖² over the whole model: shards summed over dp_shard_cp and tp.
+  // ‖g‖² over the whole model: shards summed over dp_shard_cp and tp (and over the pipeline's
+  // stages after SetPipeline).
   StatusOr<double> GlobalGradNormSquared();
+  // Pipeline parallelism: the norm also sums over `pp` (charged to pp); with
+  // count_embedding_unit false this stage's embedding unit (unit 0) is left out of it, because
+  // the stage holds a copy of the first stage's (a tied last stage, decision 0054).
+  void SetPipeline(Communicator* pp, bool count_embedding_unit) {
+    pp_ = pp;
+    count_embedding_unit_ = count_embedding_unit;
+  }
+  // Unit u's [offset, offset + count) in the shard buffers (params() and grads()).
+  std::pair<int64_t, int64_t> UnitShard(int unit) const {
+    return {ShardOffset(unit), ShardCount(unit)};
+  }
   // Before an update of the shard (engine/train/update.h): every call in flight waited for and
   // every gathered unit freed (it would be stale after the update).
   Status BeginUpdate();
@@ -167,6 +179,8 @@ class ShardedState final : public UnitHooks {
   Communicator* fsdp_;
   Communicator* replicate_;
   Communicator* tp_;
+  Communicator* pp_ = nullptr;
+  bool count_embedding_unit_ = true;
   bool reshard_after_forward_ = true;
   int n_ = 1;    // FSDP group size
   int idx_ = 0;  // this rank's index in it

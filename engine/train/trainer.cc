@@ -19,6 +19,7 @@
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/ops/ops.h"
 #include "engine/train/device.h"
+#include "engine/train/pipeline.h"
 #include "engine/train/update.h"
 
 namespace meshrun {
@@ -126,6 +127,21 @@ Status Trainer::Init() {
   cfg.tp_size = dims.tp();
   cfg.tp_rank = coords_.tp;
   cfg.fsdp_size = dims.dp_shard() * dims.cp();
+  // Pipeline parallelism: this stage's layers (engine/train/pipeline.h; every rank computes the
+  // same split).
+  stage_ = coords_.pp;
+  if (dims.pp() > 1) {
+    // Rank p holds the pipeline's chunks k·P + p, k < v (one chunk without virtual stages).
+    const std::vector<int> layers = PipelineLayers(spec_);
+    const int P = dims.pp(), v = static_cast<int>(layers.size()) / P;
+    for (int k = 0; k < v; ++k) {
+      int begin = 0;
+      for (int g = 0; g < k * P + stage_; ++g) begin += layers[g];
+      cfg.chunks.emplace_back(begin, begin + layers[k * P + stage_]);
+    }
+    cfg.stage_first = stage_ == 0;
+    cfg.stage_last = stage_ == P - 1;
+  }
   const Checkpointing ac = CheckpointingOf(spec_.train);
   cfg.recompute = ac == Checkpointing::kFull        ? Recompute::kFull
                   : ac == Checkpointing::kSelective ? Recompute::kSelective
@@ -159,6 +175,10 @@ Status Trainer::Init() {
                                            Comm(MeshAxis::kDpReplicate), Comm(MeshAxis::kTp),
                                            spec_.parallelism.fsdp_reshard_after_forward);
   shards_->set_gather_bf16(bf16);
+  if (dims.pp() > 1) {
+    // A tied last stage's embedding unit is a copy of the first stage's: counted there only.
+    shards_->SetPipeline(Comm(MeshAxis::kPp), !(cfg.holds_embedding() && !cfg.stage_first));
+  }
   // The optimizer's state: as long as the shard, on its device (engine/train/optimizer.h).
   optimizer_ = MakeOptimizer(OptimizerOf(spec_.train), shards_->size(), shards_->device());
   model_par_.tp = Comm(MeshAxis::kTp);
@@ -278,7 +298,25 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   // Forward and backward over the micro-batches; FSDP gathers and reduce-scatters per unit.
   shards_->ZeroGrad();
   double loss_sum = 0;
-  for (int first = 0; first < range.count; first += mb) {
+  if (dims_->pp() > 1) {
+    // Every stage reads the tokens of each micro-batch itself (positions and document masks
+    // come from them); only activations and their gradients cross stages.
+    auto fill = [&](int m) -> Status {
+      const int first = m * mb;
+      MESHRUN_RETURN_IF_ERROR(
+          sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
+      for (int r = 0; masked_ && r < mb; ++r) {
+        const MixtureSampler::Window& w = windows[range.first + first + r];
+        MESHRUN_RETURN_IF_ERROR(MaskTargets(*train_data_[w.source], w.window * T + 1, T, loss_on,
+                                            targets.data() + int64_t{r} * T)
+                                    .status());
+      }
+      LocalTokens(inputs.data(), targets.data(), mb);
+      return OkStatus();
+    };
+    MESHRUN_RETURN_IF_ERROR(PipelineMicroBatches(range.count / mb, fill, grad_scale, &loss_sum));
+  }
+  for (int first = 0; dims_->pp() == 1 && first < range.count; first += mb) {
     MESHRUN_RETURN_IF_ERROR(
         sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
     for (int r = 0; masked_ && r < mb; ++r) {
@@ -312,10 +350,16 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   }
   // Replicas sum their gradients; then clip by the global norm and update the shard.
   MESHRUN_RETURN_IF_ERROR(shards_->FinishGradients());
+  MESHRUN_RETURN_IF_ERROR(SyncTiedEmbedding());
   MESHRUN_ASSIGN_OR_RETURN(UpdateResult update, ClipAndStep(*shards_, *optimizer_, tr, step_));
-  // The loss of the global batch: every token is on exactly one rank of dp_cp.
+  // The loss of the global batch: every token is on exactly one rank of dp_cp (of the last
+  // pipeline stage, which sums it to the others over pp).
   MESHRUN_ASSIGN_OR_RETURN(double total,
                            SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, CommCharge::Metrics()));
+  if (dims_->pp() > 1) {
+    MESHRUN_ASSIGN_OR_RETURN(total,
+                             SumOverGroup(Comm(MeshAxis::kPp), total, CommCharge::Metrics()));
+  }
   const double loss = batch_targets > 0 ? total / static_cast<double>(batch_targets) : 0.0;
   ++step_;
   metrics->step = step_;
@@ -364,6 +408,42 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
       }
     }
     LocalTokens(inputs.data(), targets.data(), rows);
+    if (dims_->pp() > 1) {
+      // The pipeline's forward, one micro-batch through every chunk in turn (rank 0's chunk 0,
+      // rank 1's chunk 0, …, rank P−1's chunk 0, rank 0's chunk 1, …).
+      Communicator* pp = Comm(MeshAxis::kPp);
+      const GPT2Config& cfg = model_->config();
+      const int P = dims_->pp(), v = cfg.num_chunks();
+      const size_t acts = static_cast<size_t>(rows) * Tl * cfg.d_model;
+      if (pipe_inputs_.empty()) pipe_inputs_.resize(1);
+      if (!pipe_inputs_[0].defined() || pipe_inputs_[0].numel() < static_cast<int64_t>(acts)) {
+        MemoryKindScope kind(MemoryKind::kActivations);
+        pipe_inputs_[0] =
+            Tensor::Empty({static_cast<int64_t>(acts)}, ScalarType::kFloat32, cfg.device);
+      }
+      float* in = pipe_inputs_[0].data<float>();
+      for (int k = 0; k < v; ++k) {
+        const int g = k * P + stage_;
+        model_->SetActiveChunk(k);
+        if (g > 0) {
+          MESHRUN_RETURN_IF_ERROR(pp->Recv(in, acts, (stage_ + P - 1) % P));
+        }
+        if (g == P * v - 1) {
+          MESHRUN_ASSIGN_OR_RETURN(
+              double loss, model_->StageForwardLoss(local_in_.data(), in, local_tg_.data(), rows,
+                                                    Tl, local_pos_.data()));
+          loss_sum += loss;
+        } else {
+          MESHRUN_RETURN_IF_ERROR(model_->StageForward(local_in_.data(), g == 0 ? nullptr : in,
+                                                       rows, Tl, local_pos_.data()));
+          MESHRUN_RETURN_IF_ERROR(pp->Send(model_->stage_output(), acts, (stage_ + 1) % P));
+        }
+        // Document masks are consumed by each forward: set them again for the next chunk.
+        if (k + 1 < v) LocalTokens(inputs.data(), targets.data(), rows);
+      }
+      model_->SetActiveChunk(0);
+      continue;
+    }
     MESHRUN_ASSIGN_OR_RETURN(double loss, model_->ForwardLoss(local_in_.data(), local_tg_.data(),
                                                               rows, Tl, local_pos_.data()));
     loss_sum += loss;
@@ -371,6 +451,10 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
   shards_->ReleaseAll();
   MESHRUN_ASSIGN_OR_RETURN(double total,
                            SumOverGroup(Comm(MeshAxis::kDpCp), loss_sum, CommCharge::Metrics()));
+  if (dims_->pp() > 1) {
+    MESHRUN_ASSIGN_OR_RETURN(total,
+                             SumOverGroup(Comm(MeshAxis::kPp), total, CommCharge::Metrics()));
+  }
   MESHRUN_ASSIGN_OR_RETURN(
       double targets_all, SumOverGroup(Comm(MeshAxis::kDpCp), target_count, CommCharge::Metrics()));
   // Each token is on one rank of dp_cp, but each rank of a cp group counted whole windows.
@@ -384,7 +468,7 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
 
 StatusOr<std::vector<double>> Trainer::MaxOverRanks(std::vector<double> values) {
   const size_t n = values.size();
-  for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kDpCp}) {
+  for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kDpCp, MeshAxis::kPp}) {
     Communicator* comm = Comm(axis);
     if (comm == nullptr || comm->size() <= 1 || n == 0) continue;
     std::vector<double> all(n * comm->size());
@@ -397,14 +481,134 @@ StatusOr<std::vector<double>> Trainer::MaxOverRanks(std::vector<double> values) 
   return values;
 }
 
+StatusOr<double> Trainer::SumOverWorld(double value, CommCharge charge) {
+  MESHRUN_ASSIGN_OR_RETURN(double over_tp, SumOverGroup(Comm(MeshAxis::kTp), value, charge));
+  MESHRUN_ASSIGN_OR_RETURN(double stage, SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, charge));
+  return SumOverGroup(Comm(MeshAxis::kPp), stage, charge);
+}
+
+Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Status(int)>& fill,
+                                     double grad_scale, double* loss_sum) {
+  Communicator* pp = Comm(MeshAxis::kPp);
+  const GPT2Config& cfg = model_->config();
+  const int P = dims_->pp(), M = micro_batches, mb = spec_.train.micro_batch_size;
+  pipe_wait_seconds_ = 0;
+  const int v = cfg.num_chunks(), G = P * v;
+  const int Tl = spec_.model.seq_len / dims_->cp();
+  const size_t acts = static_cast<size_t>(mb) * Tl * cfg.d_model;  // one activation, floats
+  const PpSchedule schedule = PpScheduleOf(spec_.parallelism);
+  // Every rank's operations and the timetable (pipeline.h): the same on every rank.
+  std::vector<std::vector<PipeOp>> ops(P);
+  for (int p = 0; p < P; ++p) ops[p] = PipelineOps(schedule, P, p, M, v);
+  MESHRUN_ASSIGN_OR_RETURN(const PipeTimetable table, BuildTimetable(ops, P, v, M));
+  auto buffer = [&](Tensor& t) {
+    if (!t.defined() || t.numel() < static_cast<int64_t>(acts)) {
+      MemoryKindScope kind(MemoryKind::kActivations);
+      t = Tensor::Empty({static_cast<int64_t>(acts)}, ScalarType::kFloat32, cfg.device);
+    }
+    return t.data<float>();
+  };
+  // Per (chunk, micro-batch): the input received from the previous chunk and the gradient of
+  // the output received from the next.
+  pipe_inputs_.resize(static_cast<size_t>(v) * M);
+  pipe_output_grads_.resize(pipe_inputs_.size());
+  auto slot_of = [&](int k, int m) { return static_cast<size_t>(k) * M + m; };
+  // The operation rank p runs in slot t (null: none).
+  auto op_at = [&](size_t t, int p) -> const PipeOp* {
+    const int i = table.slots[t][p];
+    return i < 0 ? nullptr : &ops[p][static_cast<size_t>(i)];
+  };
+  const int next = (stage_ + 1) % P, prev = (stage_ + P - 1) % P;
+  const CallOptions charge = CallOptions::Axis(MeshAxis::kPp);
+  auto exchange = [&](const float* send, int dst, float* recv, int src) -> Status {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = OkStatus();
+    if (send != nullptr && recv != nullptr) {
+      s = pp->SendRecv(send, acts, dst, recv, acts, src, charge);
+    } else if (send != nullptr) {
+      s = pp->Send(send, acts, dst, charge);
+    } else if (recv != nullptr) {
+      s = pp->Recv(recv, acts, src, charge);
+    }
+    pipe_wait_seconds_ += Seconds(t0, std::chrono::steady_clock::now());
+    return s;
+  };
+  for (size_t t = 0; t < table.slots.size(); ++t) {
+    const PipeOp* op = op_at(t, stage_);
+    const float* send_forward = nullptr;
+    const float* send_backward = nullptr;
+    if (op != nullptr) {
+      const int g = op->chunk * P + stage_;
+      const float* input =
+          g == 0 ? nullptr : pipe_inputs_[slot_of(op->chunk, op->micro)].data<float>();
+      model_->SetActiveChunk(op->chunk);
+      MESHRUN_RETURN_IF_ERROR(fill(op->micro));
+      if (op->kind == PipeOpKind::kForward) {
+        MESHRUN_RETURN_IF_ERROR(
+            model_->StageForward(local_in_.data(), input, mb, Tl, local_pos_.data()));
+        send_forward = model_->stage_output();
+      } else {
+        // The backward runs the chunk's forward again from its kept input (a stage keeps only
+        // the inputs of its micro-batches in flight), then the backward. The step's last
+        // micro-batch makes each unit's gradients final.
+        shards_->set_last_micro_batch(op->micro == M - 1);
+        const float* output_grad =
+            g == G - 1 ? nullptr : pipe_output_grads_[slot_of(op->chunk, op->micro)].data<float>();
+        MESHRUN_ASSIGN_OR_RETURN(
+            double loss,
+            model_->StageForwardBackward(local_in_.data(), input, local_tg_.data(), output_grad, mb,
+                                         Tl, grad_scale, local_pos_.data()));
+        *loss_sum += loss;
+        if (g > 0) send_backward = model_->stage_input_grad();
+      }
+    }
+    // Outputs move one rank on (pipeline.h): forwards' to the next rank, then input gradients
+    // to the previous one; each rank posts its send and its receive at once.
+    float* recv_forward = nullptr;
+    if (const PipeOp* from = op_at(t, prev);
+        from != nullptr && from->kind == PipeOpKind::kForward) {
+      const int k = stage_ == 0 ? from->chunk + 1 : from->chunk;  // the chunk it feeds here
+      recv_forward = buffer(pipe_inputs_[slot_of(k, from->micro)]);
+    }
+    MESHRUN_RETURN_IF_ERROR(exchange(send_forward, next, recv_forward, prev));
+    float* recv_backward = nullptr;
+    if (const PipeOp* from = op_at(t, next);
+        from != nullptr && from->kind == PipeOpKind::kBackward && from->chunk * P + next > 0) {
+      const int k = stage_ == P - 1 ? from->chunk - 1 : from->chunk;
+      recv_backward = buffer(pipe_output_grads_[slot_of(k, from->micro)]);
+    }
+    MESHRUN_RETURN_IF_ERROR(exchange(send_backward, prev, recv_backward, next));
+  }
+  model_->SetActiveChunk(0);
+  return OkStatus();
+}
+
+Status Trainer::SyncTiedEmbedding() {
+  const GPT2Config& cfg = model_->config();
+  const int P = dims_->pp();
+  if (P == 1 || !cfg.tie_embeddings || !(cfg.stage_first || cfg.stage_last)) return OkStatus();
+  // The same layout on both (pipeline.h): the shards line up element for element. Both add the
+  // other's gradient to their own, so both hold the same sum (a + b = b + a in float).
+  const auto [offset, count] = shards_->UnitShard(0);
+  if (count == 0) return OkStatus();
+  if (!pipe_tied_.defined() || pipe_tied_.numel() < count) {
+    MemoryKindScope kind(MemoryKind::kCommunication);
+    pipe_tied_ = Tensor::Empty({count}, ScalarType::kFloat32, cfg.device);
+  }
+  const int peer = cfg.stage_first ? P - 1 : 0;
+  float* grads = shards_->grads() + offset;
+  MESHRUN_RETURN_IF_ERROR(Comm(MeshAxis::kPp)
+                              ->SendRecv(grads, static_cast<size_t>(count), peer,
+                                         pipe_tied_.data<float>(), static_cast<size_t>(count), peer,
+                                         CallOptions::Axis(MeshAxis::kPp)));
+  return ops::Accumulate(cfg.device, grads, pipe_tied_.data<float>(), count);
+}
+
 StatusOr<bool> Trainer::StopAgreed() {
   if (options_.stop_requested == nullptr) return false;
   const double mine = *options_.stop_requested != 0 ? 1.0 : 0.0;
-  // Over tp, then over dp_cp: the whole world, in the groups every rank already has.
-  MESHRUN_ASSIGN_OR_RETURN(double over_tp,
-                           SumOverGroup(Comm(MeshAxis::kTp), mine, CommCharge::Control()));
-  MESHRUN_ASSIGN_OR_RETURN(double all,
-                           SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, CommCharge::Control()));
+  // Over tp, dp_cp and pp: the whole world, in the groups every rank already has.
+  MESHRUN_ASSIGN_OR_RETURN(double all, SumOverWorld(mine, CommCharge::Control()));
   return all > 0;
 }
 
@@ -440,6 +644,10 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     const auto t0 = Clock::now();
     MESHRUN_ASSIGN_OR_RETURN(double loss, Step(&m));
     m.step_seconds = Seconds(t0, Clock::now());
+    // The measured bubble: the part of the step this rank spent waiting in the pipeline's
+    // sends and receives (the stage before or after it computing, or the transfer itself).
+    if (dims_->pp() > 1 && m.step_seconds > 0)
+      m.pipeline_bubble_ratio = pipe_wait_seconds_ / m.step_seconds;
     m.tokens_per_second = tokens_per_step / m.step_seconds;
     m.tflops = m.tokens_per_second * flops_per_token / 1e12;
     m.mfu = ModelFlopsUtilization(m.tokens_per_second, flops_per_token, peak_flops_,
@@ -483,13 +691,13 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
                                         dims_->world_size());
   }
   // Bus bytes per rank per step, averaged over every rank of the job (docs/parallelism.md).
-  for (MeshAxis axis : {MeshAxis::kTp, MeshAxis::kCp, MeshAxis::kDpShard, MeshAxis::kDpReplicate}) {
+  std::vector<MeshAxis> comm_axes = {MeshAxis::kTp, MeshAxis::kCp, MeshAxis::kDpShard,
+                                     MeshAxis::kDpReplicate};
+  if (dims_->pp() > 1) comm_axes.push_back(MeshAxis::kPp);
+  for (MeshAxis axis : comm_axes) {
     double mine = 0;
     if (stats && summary.steps > 0) mine = stats->AxisTotal(axis).bytes / summary.steps;
-    MESHRUN_ASSIGN_OR_RETURN(double over_tp,
-                             SumOverGroup(Comm(MeshAxis::kTp), mine, CommCharge::Metrics()));
-    MESHRUN_ASSIGN_OR_RETURN(double all,
-                             SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, CommCharge::Metrics()));
+    MESHRUN_ASSIGN_OR_RETURN(double all, SumOverWorld(mine, CommCharge::Metrics()));
     summary.comm_bytes[axis] = all / dims_->world_size();
   }
   // Memory: the largest rank's figures (every rank runs this, in the same order).

@@ -5,6 +5,7 @@
 
 #include <csignal>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,6 +40,9 @@ struct StepMetrics {
   int64_t reserved_memory_bytes = 0;
   // Peak bytes of each MemoryKind on this rank since the run started (docs/parallelism.md).
   MemoryBreakdown memory;
+  // Pipeline parallelism: the part of the step this rank waited in its stage-to-stage sends
+  // and receives (the measured bubble; 0 without pp).
+  double pipeline_bubble_ratio = 0;
   // This rank's communication by (charge, op) since its first step: seconds, bus bytes
   // (docs/parallelism.md) and calls; cumulative, like the Prometheus counters they feed.
   std::map<CommStats::Key, CommCounter> comm;
@@ -150,6 +154,17 @@ class Trainer {
   StatusOr<bool> StopAgreed();
   // The element-wise maximum of `values` over every rank of the job (the same on every rank).
   StatusOr<std::vector<double>> MaxOverRanks(std::vector<double> values);
+  // The sum of `value` over every rank of the job: over tp, dp_cp, then the pipeline's stages.
+  StatusOr<double> SumOverWorld(double value, CommCharge charge);
+  // Pipeline parallelism (decision 0054): this stage's 1F1B schedule over the step's
+  // micro-batches (engine/train/pipeline.h), activations and their gradients sent stage to stage
+  // over pp. fill(m) puts micro-batch m's tokens in local_in_/local_tg_/local_pos_. Adds the
+  // stage's loss sum (the last stage's; 0 elsewhere) to *loss_sum.
+  Status PipelineMicroBatches(int micro_batches, const std::function<Status(int)>& fill,
+                              double grad_scale, double* loss_sum);
+  // Tied embeddings across the first and last stage: their embedding units' gradient shards are
+  // summed between the two, so both copies take the same update (decision 0054).
+  Status SyncTiedEmbedding();
 
   JobSpec spec_;
   TrainOptions options_;
@@ -161,6 +176,14 @@ class Trainer {
   std::unique_ptr<ShardedState> shards_;
   std::unique_ptr<Optimizer> optimizer_;  // over shards_'s buffers (train.optimizer)
   std::vector<int32_t> local_in_, local_tg_, local_pos_;
+  // Pipeline parallelism: this rank's stage, each in-flight micro-batch's input (received from
+  // the previous stage) and the gradient of this stage's output (from the next one).
+  int stage_ = 0;
+  std::vector<Tensor> pipe_inputs_, pipe_output_grads_;
+  Tensor pipe_tied_;
+  // Seconds this rank spent in the step's pipeline sends and receives (waiting on the stage
+  // before or after it included): the measured bubble, StepMetrics::pipeline_bubble_ratio.
+  double pipe_wait_seconds_ = 0;
   // data.attention: document: the end-of-text id that ends a document; -1: causal only.
   int32_t document_end_ = -1;
   // Per token of the current rows (rows·T): where its document starts in its window, from the

@@ -50,6 +50,8 @@ std::string YamlText(const T& value) {
     return value ? "true" : "false";
   } else if constexpr (std::is_same_v<T, std::string>) {
     return value.empty() ? "\"\"" : value;
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    return "null";  // the one list field (parallelism.pp_layers) defaults to null
   } else {
     char buf[64];
     const auto result = std::to_chars(buf, buf + sizeof(buf), value);
@@ -83,7 +85,9 @@ void Leaves(const YAML::Node& node, const std::string& prefix,
       Leaves(kv.second, prefix.empty() ? key : prefix + "." + key, out);
     }
   } else {
-    out->push_back({prefix, node.IsScalar() ? node.Scalar() : std::string("(not a scalar)")});
+    out->push_back({prefix, node.IsScalar() ? node.Scalar()
+                            : node.IsNull() ? std::string("null")
+                                            : std::string("(not a scalar)")});
   }
 }
 

@@ -74,6 +74,7 @@ std::string TypeName(std::string_view section, std::string_view key) {
   if constexpr (std::is_same_v<T, int>) return "int";
   if constexpr (std::is_same_v<T, int64_t>) return "int64";
   if constexpr (std::is_same_v<T, double>) return "float";
+  if constexpr (std::is_same_v<T, std::vector<int>>) return "list of int";
   if constexpr (std::is_same_v<T, std::string>) {
     return AllowedValues(section, key).empty() ? "string" : "enum";
   }

@@ -72,7 +72,8 @@ TEST(JobSpecTest, SchemaListsEverySectionAndKey) {
   EXPECT_EQ(JobSpecKeys("parallelism"),
             (std::vector<std::string>{"dp_replicate_size", "dp_shard_size", "cp_size", "tp_size",
                                       "cp_comm_strategy", "fsdp_reshard_after_forward",
-                                      "comm_timeout_seconds", "auto"}));
+                                      "comm_timeout_seconds", "auto", "pp_size", "pp_schedule",
+                                      "pp_virtual_stages", "pp_layers"}));
   EXPECT_TRUE(JobSpecKeys("nope").empty());
   EXPECT_EQ(AllowedValues("data", "format"),
             (std::vector<std::string>{"auto", "text", "llmc", "nanogpt"}));

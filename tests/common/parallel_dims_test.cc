@@ -198,9 +198,9 @@ TEST(ParallelDimsTest, AxisNamesRoundTrip) {
     names.insert(MeshAxisName(axis));
     EXPECT_EQ(MeshAxisFromName(MeshAxisName(axis)), axis);
   }
-  EXPECT_EQ(names, (std::set<std::string>{"dp_replicate", "dp_shard", "cp", "tp", "dp",
+  EXPECT_EQ(names, (std::set<std::string>{"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp",
                                           "dp_shard_cp", "dp_cp"}));
-  EXPECT_EQ(MeshAxisFromName("pp"), std::nullopt);
+  EXPECT_EQ(MeshAxisFromName("ep"), std::nullopt);
 }
 
 }  // namespace

@@ -157,6 +157,8 @@ TEST(SpecConvertTest, EveryFieldHasPresenceAndSetsOnlyItself) {
     ++n;
     if constexpr (std::is_same_v<T, std::string>) {
       value = "x" + std::to_string(n);
+    } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+      value = {n, n + 1};  // a list (parallelism.pp_layers)
     } else if constexpr (std::is_same_v<T, bool>) {
       value = !value;
     } else {
@@ -182,11 +184,17 @@ TEST(SpecConvertTest, EveryFieldHasPresenceAndSetsOnlyItself) {
         for (char& ch : name) ch = ch == '.' ? '_' : ch;
         const FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(name);
         ASSERT_NE(f, nullptr) << path << " is not in the proto";
-        EXPECT_TRUE(f->has_presence()) << path << " must be `optional` so that unset is not 0";
-        const auto* r = msg->GetReflection();
         using T = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<T, std::vector<int>>) {
+          EXPECT_TRUE(f->is_repeated()) << path << " is a list: `repeated` (empty = null)";
+        } else {
+          EXPECT_TRUE(f->has_presence()) << path << " must be `optional` so that unset is not 0";
+        }
+        const auto* r = msg->GetReflection();
         if constexpr (std::is_same_v<T, std::string>) {
           r->SetString(msg, f, value);
+        } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+          for (int v : value) r->AddInt32(msg, f, v);
         } else if constexpr (std::is_same_v<T, bool>) {
           r->SetBool(msg, f, value);
         } else if constexpr (std::is_floating_point_v<T>) {

@@ -136,7 +136,8 @@ TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
         "sliding_window"}},
       {"parallelism",
        {"dp_replicate_size", "dp_shard_size", "cp_size", "tp_size", "cp_comm_strategy",
-        "fsdp_reshard_after_forward", "comm_timeout_seconds", "auto"}},
+        "fsdp_reshard_after_forward", "comm_timeout_seconds", "auto", "pp_size", "pp_schedule",
+        "pp_virtual_stages", "pp_layers"}},
       {"train",
        {"steps", "global_batch_size", "micro_batch_size", "lr", "min_lr", "warmup_steps",
         "weight_decay", "grad_clip", "beta1", "beta2", "eps", "seed", "precision",
@@ -308,7 +309,7 @@ TEST(TypesTest, StateNamesMatchTheConventions) {
             (std::set<std::string>{"READY", "BUSY", "LOST"}));
   EXPECT_EQ(UnprefixedValues(MeshAxis_descriptor(), "MESH_AXIS_"),
             (std::set<std::string>{"DP_REPLICATE", "DP_SHARD", "CP", "TP", "DP", "DP_SHARD_CP",
-                                   "DP_CP"}));
+                                   "DP_CP", "PP"}));
 }
 
 // A peer's Duration of any size converts without overflow (StopOrder grace, StoreGet timeout,

@@ -1,0 +1,191 @@
+// Stage split and schedules of pipeline parallelism (pipeline.h).
+#include "engine/train/pipeline.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace meshrun {
+
+PipelineCosts PipelineCostsOf(const GPT2Config& whole_cfg, int seq_len) {
+  GPT2Config whole = whole_cfg.WholeModel();
+  whole.tp_size = 1;
+  whole.tp_rank = 0;
+  whole.fsdp_size = 1;
+  PipelineCosts c;
+  const std::string first_layer = whole.llama() ? "layers.0." : "h.0.";
+  for (const ParamInfo& p : GPT2ParamLayout(whole)) {
+    const double n = static_cast<double>(p.numel);
+    if (p.unit == 0) {
+      c.embedding += 6 * n;
+      if (p.name == HeadWeightName(whole)) c.head += 6 * n;  // the tied head multiplies by it
+    } else if (p.name.rfind(first_layer, 0) == 0) {
+      c.layer += 6 * n;
+    } else if (p.unit == whole.n_layer + 1) {
+      c.head += 6 * n;
+    }
+  }
+  c.layer += 12.0 * whole.d_model * seq_len;
+  return c;
+}
+
+std::vector<int> SplitLayersByCost(const GPT2Config& whole, int seq_len, int chunks) {
+  const int L = whole.n_layer;
+  const PipelineCosts c = PipelineCostsOf(whole, seq_len);
+  // The cost of a chunk of layers [i, j) that is chunk k of `chunks`.
+  auto cost = [&](int i, int j, int k) {
+    double x = (j - i) * c.layer;
+    if (k == 0) x += c.embedding;
+    if (k == chunks - 1) x += c.head;
+    return x;
+  };
+  // best[k][i]: the least largest cost of the first i layers in chunks 0..k-1.
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(chunks + 1, std::vector<double>(L + 1, kInf));
+  std::vector<std::vector<int>> cut(chunks + 1, std::vector<int>(L + 1, -1));
+  best[0][0] = 0;
+  for (int k = 1; k <= chunks; ++k) {
+    for (int i = k; i <= L - (chunks - k); ++i) {
+      // The last of these k chunks holds layers [j, i); prefer the latest j among equals, which
+      // leaves the earlier chunks more layers.
+      for (int j = k - 1; j < i; ++j) {
+        if (best[k - 1][j] == kInf) continue;
+        const double v = std::max(best[k - 1][j], cost(j, i, k - 1));
+        if (v < best[k][i] * (1 - 1e-12) || (v <= best[k][i] * (1 + 1e-12) && j > cut[k][i])) {
+          best[k][i] = v;
+          cut[k][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<int> layers(chunks);
+  int i = L;
+  for (int k = chunks; k >= 1; --k) {
+    const int j = cut[k][i];
+    layers[k - 1] = i - j;
+    i = j;
+  }
+  return layers;
+}
+
+std::vector<int> PipelineLayers(const JobSpec& spec) {
+  const ParallelismSpec& p = spec.parallelism;
+  if (!p.pp_layers.empty()) return p.pp_layers;
+  const int chunks = std::max(1, p.pp_size) * std::max(1, p.pp_virtual_stages);
+  return SplitLayersByCost(GPT2ConfigOf(spec.model), spec.model.seq_len, chunks);
+}
+
+std::vector<PipeOp> OneFOneBSchedule(int stages, int stage, int micro_batches) {
+  std::vector<PipeOp> ops;
+  const int warmup = std::min(stages - stage - 1, micro_batches);
+  int forward = 0, backward = 0;
+  for (; forward < warmup; ++forward) ops.push_back({PipeOpKind::kForward, forward});
+  while (forward < micro_batches) {
+    ops.push_back({PipeOpKind::kForward, forward++});
+    ops.push_back({PipeOpKind::kBackward, backward++});
+  }
+  while (backward < micro_batches) ops.push_back({PipeOpKind::kBackward, backward++});
+  return ops;
+}
+
+std::vector<PipeOp> InterleavedSchedule(int stages, int stage, int micro_batches,
+                                        int virtual_stages) {
+  const int P = stages, v = virtual_stages, total = micro_batches * v;
+  // Megatron's order: the k-th forward (backward) of a rank runs chunk (k mod P·v) / P (reversed
+  // for backwards) on micro-batch (k / (P·v))·P + k mod P.
+  auto op = [&](PipeOpKind kind, int k) {
+    int chunk = (k % (P * v)) / P;
+    if (kind == PipeOpKind::kBackward) chunk = v - 1 - chunk;
+    return PipeOp{kind, (k / (P * v)) * P + k % P, chunk};
+  };
+  const int warmup = std::min((P - stage - 1) * 2 + (v - 1) * P, total);
+  std::vector<PipeOp> ops;
+  int forward = 0, backward = 0;
+  for (; forward < warmup; ++forward) ops.push_back(op(PipeOpKind::kForward, forward));
+  while (forward < total) {
+    ops.push_back(op(PipeOpKind::kForward, forward++));
+    ops.push_back(op(PipeOpKind::kBackward, backward++));
+  }
+  while (backward < total) ops.push_back(op(PipeOpKind::kBackward, backward++));
+  return ops;
+}
+
+std::vector<PipeOp> PipelineOps(PpSchedule schedule, int stages, int stage, int micro_batches,
+                                int virtual_stages) {
+  const int v = schedule == PpSchedule::kInterleaved1F1B ? virtual_stages : 1;
+  std::vector<PipeOp> ops = v > 1 ? InterleavedSchedule(stages, stage, micro_batches, v)
+                                  : OneFOneBSchedule(stages, stage, micro_batches);
+  if (stage != stages - 1) return ops;
+  std::vector<PipeOp> kept;
+  for (const PipeOp& op : ops) {
+    if (!(op.kind == PipeOpKind::kForward && op.chunk == v - 1)) kept.push_back(op);
+  }
+  return kept;
+}
+
+StatusOr<PipeTimetable> BuildTimetable(const std::vector<std::vector<PipeOp>>& ops, int stages,
+                                       int virtual_stages, int micro_batches) {
+  const int P = stages, G = stages * virtual_stages, M = micro_batches;
+  // The slot after which each (pipeline chunk, micro-batch)'s forward / backward was done; −1:
+  // not yet.
+  std::vector<int> fwd(static_cast<size_t>(G) * M, -1), bwd(fwd.size(), -1);
+  auto at = [&](int g, int m) { return static_cast<size_t>(g) * M + m; };
+  std::vector<size_t> next(P, 0);
+  PipeTimetable table;
+  size_t left = 0;
+  for (const auto& list : ops) left += list.size();
+  for (int t = 0; left > 0; ++t) {
+    std::vector<int> slot(P, -1);
+    for (int p = 0; p < P; ++p) {
+      if (next[p] >= ops[p].size()) continue;
+      const PipeOp& op = ops[p][next[p]];
+      const int g = op.chunk * P + p;
+      auto done = [&](const std::vector<int>& when, int chunk) {
+        return when[at(chunk, op.micro)] >= 0 && when[at(chunk, op.micro)] < t;
+      };
+      bool ready;
+      if (op.kind == PipeOpKind::kForward) {
+        ready = g == 0 || done(fwd, g - 1);
+      } else if (g == G - 1) {
+        ready = G == 1 || done(fwd, g - 1);
+      } else {
+        ready = done(bwd, g + 1);
+      }
+      if (!ready) continue;
+      slot[p] = static_cast<int>(next[p]);
+    }
+    bool progress = false;
+    for (int p = 0; p < P; ++p) {
+      if (slot[p] < 0) continue;
+      const PipeOp& op = ops[p][static_cast<size_t>(slot[p])];
+      (op.kind == PipeOpKind::kForward ? fwd : bwd)[at(op.chunk * P + p, op.micro)] = t;
+      ++next[p];
+      --left;
+      progress = true;
+    }
+    if (!progress) {
+      return InternalError("pipeline schedule: no rank can run its next operation at slot " +
+                           std::to_string(t) + " (a schedule whose operations wait on each other)");
+    }
+    table.slots.push_back(std::move(slot));
+  }
+  return table;
+}
+
+double PipelineBubbleTheory(PpSchedule schedule, int stages, int micro_batches,
+                            int virtual_stages) {
+  const double P = stages, M = micro_batches;
+  const double v = schedule == PpSchedule::kInterleaved1F1B ? virtual_stages : 1;
+  return (P - 1) / (v * M + P - 1);
+}
+
+std::string ScheduleText(const std::vector<PipeOp>& ops) {
+  std::string out;
+  for (const PipeOp& op : ops) {
+    if (!out.empty()) out += ' ';
+    out += (op.kind == PipeOpKind::kForward ? "F" : "B") + std::to_string(op.micro);
+    if (op.chunk > 0) out += "." + std::to_string(op.chunk);
+  }
+  return out;
+}
+
+}  // namespace meshrun

@@ -1,0 +1,86 @@
+// Pipeline parallelism as data (docs/parallelism.md "Pipeline parallelism", decision 0054): how
+// the layers split into stages, and each stage's schedule as a list of operations the trainer
+// executes in order. Pure functions: no I/O, no communication (the planner may call them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/job_spec.h"
+#include "common/status.h"
+#include "engine/model/gpt2.h"
+
+namespace meshrun {
+
+// The cost a stage is charged for each part of the model, per token: 6 × the parameters it
+// holds (the training FLOPs of their multiply-adds, or for the tables the weight of their
+// parameters, gradients and optimizer state), plus 12·d_model·seq_len for each layer's
+// attention scores. The embedding is charged to the first chunk, the final norm and the head
+// to the last (a tied head counts its table again: it multiplies by it).
+struct PipelineCosts {
+  double embedding = 0;
+  double layer = 0;  // every transformer layer costs the same
+  double head = 0;
+};
+PipelineCosts PipelineCostsOf(const GPT2Config& whole, int seq_len);
+
+// Layers of each of `chunks` contiguous chunks (each ≥ 1, summing to n_layer) that minimise the
+// largest chunk's cost; among equal splits, the one whose earlier chunks hold more layers.
+// chunks ≤ n_layer (the spec's validation).
+std::vector<int> SplitLayersByCost(const GPT2Config& whole, int seq_len, int chunks);
+
+// The layers of each pipeline chunk of a validated spec: parallelism.pp_layers when given, else
+// SplitLayersByCost over pp_size·pp_virtual_stages chunks.
+std::vector<int> PipelineLayers(const JobSpec& spec);
+
+// One operation of a rank's schedule: the forward (F) or the backward (B) of one micro-batch
+// through one of the rank's model chunks (`chunk` k is the pipeline's chunk k·P + p of rank p;
+// always 0 without virtual stages). The last chunk of the pipeline has no forward operation: its
+// backward runs its forward first (decision 0054).
+enum class PipeOpKind { kForward, kBackward };
+struct PipeOp {
+  PipeOpKind kind = PipeOpKind::kForward;
+  int micro = 0;
+  int chunk = 0;
+  bool operator==(const PipeOp&) const = default;
+};
+
+// 1F1B (PipeDream-flush, Megatron's default): stage p of P runs min(P − p − 1, M) forwards, then
+// alternates one forward and one backward, then the remaining backwards, so at most P − p
+// micro-batches are in flight on stage p. Lists the last stage's forwards too (the trainer drops
+// them: PipelineOps).
+std::vector<PipeOp> OneFOneBSchedule(int stages, int stage, int micro_batches);
+
+// Interleaved 1F1B (Megatron's virtual pipeline): each rank holds `virtual_stages` chunks;
+// forwards go through chunk 0 for P micro-batches, then chunk 1 for the same P, …, then the next
+// P micro-batches; backwards the same with the chunks reversed. Warm-up of
+// (P − p − 1)·2 + (v − 1)·P forwards (capped at M·v). M must be a multiple of P.
+std::vector<PipeOp> InterleavedSchedule(int stages, int stage, int micro_batches,
+                                        int virtual_stages);
+
+// The operations rank `stage` runs under `schedule`, without the pipeline's last chunk's
+// forwards (its backward runs it).
+std::vector<PipeOp> PipelineOps(PpSchedule schedule, int stages, int stage, int micro_batches,
+                                int virtual_stages);
+
+// When every rank runs what (decision 0054): slots[t][p] is the index of rank p's operation run
+// in slot t (−1: it waits). A rank runs its operations in order, each as soon as what it consumes
+// was produced in an earlier slot: a forward of pipeline chunk g needs the forward of g − 1, a
+// backward of g the backward of g + 1 (the last chunk's backward needs the forward of the chunk
+// before it). After each slot the outputs move one rank on: forwards' to the next rank, backwards'
+// input gradients to the previous one. Fails (INTERNAL) if the operations cannot all run.
+struct PipeTimetable {
+  std::vector<std::vector<int>> slots;
+};
+StatusOr<PipeTimetable> BuildTimetable(const std::vector<std::vector<PipeOp>>& ops, int stages,
+                                       int virtual_stages, int micro_batches);
+
+// The schedule's bubble in theory, with forward and backward of a chunk taking equal time and
+// no communication cost: (P − 1)/(M + P − 1) for 1F1B, (P − 1)/(v·M + P − 1) interleaved.
+double PipelineBubbleTheory(PpSchedule schedule, int stages, int micro_batches, int virtual_stages);
+
+// "F0 F1 B0 F2 B1 B2" (with chunks "F0.1"): a schedule as text (tests, logs).
+std::string ScheduleText(const std::vector<PipeOp>& ops);
+
+}  // namespace meshrun
