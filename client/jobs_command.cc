@@ -60,13 +60,15 @@ Status ParseWhere(const std::string& where, v1::MeshCoordsFilter* out) {
     }
     const bool number =
         eq != std::string::npos && used == part.size() - eq - 1 && value >= 0 && value <= INT32_MAX;
-    if (!number || (axis != "dp_replicate" && axis != "dp_shard" && axis != "cp" && axis != "tp")) {
+    if (!number || (axis != "pp" && axis != "dp_replicate" && axis != "dp_shard" && axis != "cp" &&
+                    axis != "tp")) {
       return InvalidArgumentError(
           "--where: '" + part +
-          "' is not AXIS=N (hint: e.g. --where dp_shard=3,tp=0; axes dp_replicate, dp_shard, "
-          "cp, tp)");
+          "' is not AXIS=N (hint: e.g. --where dp_shard=3,tp=0; axes pp, dp_replicate, "
+          "dp_shard, cp, tp)");
     }
     const int v = static_cast<int>(value);
+    if (axis == "pp") out->set_pp(v);
     if (axis == "dp_replicate") out->set_dp_replicate(v);
     if (axis == "dp_shard") out->set_dp_shard(v);
     if (axis == "cp") out->set_cp(v);
@@ -75,7 +77,16 @@ Status ParseWhere(const std::string& where, v1::MeshCoordsFilter* out) {
   return OkStatus();
 }
 
-std::vector<std::string> RankRow(const v1::RankInfo& r) {
+// Whether a rank's mesh has pipeline stages (its axes list a pp axis of size > 1): then the
+// rank table shows the PP column.
+bool Pipelined(const v1::RankInfo& r) {
+  for (const v1::MeshAxisCoord& a : r.axes()) {
+    if (a.axis() == v1::MESH_AXIS_PP && a.size() > 1) return true;
+  }
+  return r.coords().pp() > 0;
+}
+
+std::vector<std::string> RankRow(const v1::RankInfo& r, bool with_pp) {
   std::string exit = "-";
   if (r.signal() != 0) {
     exit = "signal " + std::to_string(r.signal());
@@ -83,15 +94,16 @@ std::vector<std::string> RankRow(const v1::RankInfo& r) {
              r.state() == v1::RANK_STATE_STOPPED) {
     exit = std::to_string(r.exit_code());
   }
-  return {std::to_string(r.rank()),
-          r.worker_name().empty() ? r.worker_id() : r.worker_name(),
-          std::to_string(r.coords().dp_replicate()),
-          std::to_string(r.coords().dp_shard()),
-          std::to_string(r.coords().cp()),
-          std::to_string(r.coords().tp()),
-          RankStateName(r.state()),
-          r.pid() > 0 ? std::to_string(r.pid()) : "-",
-          exit};
+  std::vector<std::string> row = {std::to_string(r.rank()),
+                                  r.worker_name().empty() ? r.worker_id() : r.worker_name()};
+  if (with_pp) row.push_back(std::to_string(r.coords().pp()));
+  for (std::string cell :
+       {std::to_string(r.coords().dp_replicate()), std::to_string(r.coords().dp_shard()),
+        std::to_string(r.coords().cp()), std::to_string(r.coords().tp()), RankStateName(r.state()),
+        r.pid() > 0 ? std::to_string(r.pid()) : "-", exit}) {
+    row.push_back(std::move(cell));
+  }
+  return row;
 }
 
 void AddOutputOption(CLI::App* cmd, std::string* output) {
@@ -260,7 +272,8 @@ int RunStatus(const JobFlags& f) {
     out["mesh"] = {{"dp_replicate", planned.parallelism().dp_replicate_size()},
                    {"dp_shard", planned.parallelism().dp_shard_size()},
                    {"cp", planned.parallelism().cp_size()},
-                   {"tp", planned.parallelism().tp_size()}};
+                   {"tp", planned.parallelism().tp_size()},
+                   {"pp", std::max(1, planned.parallelism().pp_size())}};
     out["auto_choice"] = planned.auto_choice();
     out["predicted"] = {{"step_seconds", planned.predicted_step_seconds()},
                         {"peak_memory_bytes", planned.predicted_peak_memory_bytes()}};
@@ -279,10 +292,12 @@ int RunStatus(const JobFlags& f) {
       {"state", JobStateName(job->state()) + (job->message().empty() ? "" : ": " + job->message())},
       {"attempt",
        std::to_string(job->attempt()) + " (restarts " + std::to_string(job->restarts()) + ")"},
-      {"mesh", "dp_replicate " + std::to_string(p.dp_replicate_size()) + " x dp_shard " +
-                   std::to_string(p.dp_shard_size()) + " x cp " + std::to_string(p.cp_size()) +
-                   " x tp " + std::to_string(p.tp_size()) + " = " +
-                   std::to_string(job->world_size()) + " ranks"},
+      {"mesh",
+       (p.pp_size() > 1 ? "pp " + std::to_string(p.pp_size()) + " (" + p.pp_schedule() + ") x "
+                        : std::string()) +
+           "dp_replicate " + std::to_string(p.dp_replicate_size()) + " x dp_shard " +
+           std::to_string(p.dp_shard_size()) + " x cp " + std::to_string(p.cp_size()) + " x tp " +
+           std::to_string(p.tp_size()) + " = " + std::to_string(job->world_size()) + " ranks"},
       {"step", std::to_string(job->step()) + "/" + std::to_string(job->steps())},
       {"loss", job->step() > 0 ? Fixed(job->loss(), 4) : "-"},
       {"loss history", losses.empty()
@@ -323,17 +338,23 @@ int RunStatus(const JobFlags& f) {
   if (!job->last_checkpoint().empty()) info.push_back({"checkpoint", job->last_checkpoint()});
   for (auto& row : info) row[0] += ":";
   PrintTable(std::cout, info);
-  bool header_printed = false;
+  bool header_printed = false, with_pp = false;
   auto print_ranks = [&]() {
     if (ranks.empty()) return;
     std::vector<std::vector<std::string>> rows;
+    // A pipelined job's table has a PP column (outermost, as the mesh orders its axes).
+    if (!header_printed) with_pp = Pipelined(ranks.front());
     if (!header_printed) {
       std::cout << '\n';
-      rows.push_back(
-          {"RANK", "WORKER", "DP_REPLICATE", "DP_SHARD", "CP", "TP", "STATE", "PID", "EXIT"});
+      std::vector<std::string> header = {"RANK", "WORKER"};
+      if (with_pp) header.push_back("PP");
+      for (const char* h : {"DP_REPLICATE", "DP_SHARD", "CP", "TP", "STATE", "PID", "EXIT"}) {
+        header.push_back(h);
+      }
+      rows.push_back(std::move(header));
       header_printed = true;
     }
-    for (const v1::RankInfo& r : ranks) rows.push_back(RankRow(r));
+    for (const v1::RankInfo& r : ranks) rows.push_back(RankRow(r, with_pp));
     PrintTable(std::cout, rows);
     ranks.clear();
   };

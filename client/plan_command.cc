@@ -119,10 +119,13 @@ int RunPlan(const PlanOptions& o) {
     for (const PlanRow& r : *rows) {
       const ParallelismSpec& p = r.spec.parallelism;
       out.push_back({{"mesh",
-                      {{"dp_replicate", p.dp_replicate_size},
+                      {{"pp", p.pp_size},
+                       {"dp_replicate", p.dp_replicate_size},
                        {"dp_shard", p.dp_shard_size},
                        {"cp", p.cp_size},
                        {"tp", p.tp_size}}},
+                     {"pp_schedule", p.pp_schedule},
+                     {"pp_virtual_stages", p.pp_virtual_stages},
                      {"cp_comm_strategy", p.cp_comm_strategy},
                      {"activation_checkpointing", r.spec.train.activation_checkpointing},
                      {"fsdp_reshard_after_forward", p.fsdp_reshard_after_forward},
@@ -133,7 +136,11 @@ int RunPlan(const PlanOptions& o) {
                      {"step_seconds", r.step_seconds},
                      {"tokens_per_second", r.tokens_per_second},
                      {"mfu", r.mfu},
-                     {"comm_seconds", r.comm_seconds}});
+                     {"comm_seconds", r.comm_seconds},
+                     {"bubble_seconds", r.bubble_seconds},
+                     {"pipeline_bubble_ratio", r.pipeline_bubble_ratio},
+                     {"peak_stage", r.peak_stage},
+                     {"engine_runs", r.engine_runs}});
     }
     std::printf("%s\n", out.dump().c_str());
     return kExitOk;
@@ -148,17 +155,33 @@ int RunPlan(const PlanOptions& o) {
       cluster.device.memory_bytes / (1024.0 * 1024 * 1024), cluster.device.flops / 1e12,
       cluster.device.intra_node_bw / 1e9, cluster.device.intra_node_latency * 1e6,
       cluster.device.inter_node_bw / 1e9, rows->size());
-  std::printf("%4s %12s %8s %3s %3s %9s %9s %7s %9s %4s %10s %11s %6s\n", "#", "DP_REPLICATE",
-              "DP_SHARD", "CP", "TP", "CP_COMM", "AC", "RESHARD", "PEAK_GIB", "FITS", "STEP_S",
-              "TOKENS/S", "MFU");
+  std::printf("%4s %4s %9s %6s %12s %8s %3s %3s %9s %9s %7s %9s %4s %10s %11s %6s\n", "#", "PP",
+              "PP_SCHED", "BUBBLE", "DP_REPLICATE", "DP_SHARD", "CP", "TP", "CP_COMM", "AC",
+              "RESHARD", "PEAK_GIB", "FITS", "STEP_S", "TOKENS/S", "MFU");
   const size_t shown = std::min(rows->size(), static_cast<size_t>(std::max(1, o.top)));
+  bool on_paper = false;
   for (size_t i = 0; i < shown; ++i) {
     const PlanRow& r = (*rows)[i];
     const ParallelismSpec& p = r.spec.parallelism;
+    // The schedule of a pipeline: 1f1b, zb (zero_bubble), int v2 (interleaved_1f1b, 2 virtual
+    // stages).
+    std::string sched = "-", bubble = "-";
+    if (p.pp_size > 1) {
+      const PpSchedule kind = PpScheduleOf(p);
+      sched = kind == PpSchedule::kZeroBubble        ? "zb"
+              : kind == PpSchedule::kInterleaved1F1B ? "int v" + std::to_string(p.pp_virtual_stages)
+                                                     : "1f1b";
+      char pct[16];
+      std::snprintf(pct, sizeof(pct), "%.1f%%", 100.0 * r.pipeline_bubble_ratio);
+      bubble = pct;
+    }
+    // `*`: a pipeline planned on paper, which this build's engine does not run yet.
+    const std::string pp = std::to_string(p.pp_size) + (r.engine_runs ? "" : "*");
+    on_paper = on_paper || !r.engine_runs;
     std::printf(
-        "%4zu %12d %8d %3d %3d %9s %9s %7s %9.3f %4s %10.4g %11.0f %5.1f%%\n", i + 1,
-        p.dp_replicate_size, p.dp_shard_size, p.cp_size, p.tp_size,
-        p.cp_size > 1 ? p.cp_comm_strategy.c_str() : "-",
+        "%4zu %4s %9s %6s %12d %8d %3d %3d %9s %9s %7s %9.3f %4s %10.4g %11.0f %5.1f%%\n", i + 1,
+        pp.c_str(), sched.c_str(), bubble.c_str(), p.dp_replicate_size, p.dp_shard_size, p.cp_size,
+        p.tp_size, p.cp_size > 1 ? p.cp_comm_strategy.c_str() : "-",
         r.spec.train.activation_checkpointing.c_str(),
         p.dp_shard_size * p.cp_size > 1 ? (p.fsdp_reshard_after_forward ? "true" : "false") : "-",
         static_cast<double>(r.memory.peak_bytes) / (1024.0 * 1024 * 1024), r.fits ? "yes" : "no",
@@ -166,6 +189,11 @@ int RunPlan(const PlanOptions& o) {
   }
   if (shown < rows->size())
     std::printf("… %zu more (--top N, or -o json for all)\n", rows->size() - shown);
+  if (on_paper) {
+    std::printf(
+        "* a pipeline (pp > 1) planned on paper: this build's engine does not run pipeline "
+        "stages yet, so parallelism.auto never chooses one\n");
+  }
   if (!rounds.empty()) {
     // How repeatable the calibrated prediction is: the best row on each measurement.
     const RobustFigure best = PredictionSpread(rows->front().spec, rounds);

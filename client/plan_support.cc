@@ -19,7 +19,8 @@ json MeshJson(const ParallelismSpec& p) {
   return {{"dp_replicate", p.dp_replicate_size},
           {"dp_shard", p.dp_shard_size},
           {"cp", p.cp_size},
-          {"tp", p.tp_size}};
+          {"tp", p.tp_size},
+          {"pp", p.pp_size}};
 }
 
 }  // namespace

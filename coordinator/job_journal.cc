@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "proto/mesh_axis.h"
+
 namespace meshrun::coordinator {
 
 v1::JobEvent* JobJournal::AddEvent(JobTxn& txn) {
@@ -181,7 +183,7 @@ StatusOr<std::vector<RankRecord>> JobJournal::LoadRanks(const std::string& job_i
 RankRecord RankFromRow(const RankRow& rr) {
   RankRecord r;
   r.rank = rr.rank;
-  r.coords = {rr.dp_replicate, rr.dp_shard, rr.cp, rr.tp};
+  r.coords = rr.coords;
   r.worker_id = rr.worker_id;
   r.worker_name = rr.worker_name;
   r.local_rank = rr.local_rank;
@@ -203,10 +205,7 @@ RankRow ToRankRow(const JobRecord& job, const AttemptRecord& attempt, const Rank
   row.worker_name = r.worker_name;
   row.local_rank = r.local_rank;
   row.local_world_size = r.local_world_size;
-  row.dp_replicate = r.coords.dp_replicate;
-  row.dp_shard = r.coords.dp_shard;
-  row.cp = r.coords.cp;
-  row.tp = r.coords.tp;
+  row.coords = r.coords;
   row.state = r.state;
   row.pid = r.pid;
   row.exit_code = r.exit_code;
@@ -219,12 +218,10 @@ AttemptRow ToAttemptRow(const JobRecord& job, const AttemptRecord& a) {
   return {job.row.job_id, a.number, static_cast<int>(a.state), a.started_ms, a.ended_ms, a.reason};
 }
 
-void FillRankInfo(const RankRecord& r, v1::RankInfo* info) {
+void FillRankInfo(const RankRecord& r, const ParallelDims& mesh, v1::RankInfo* info) {
   info->set_rank(r.rank);
-  info->mutable_coords()->set_dp_replicate(r.coords.dp_replicate);
-  info->mutable_coords()->set_dp_shard(r.coords.dp_shard);
-  info->mutable_coords()->set_cp(r.coords.cp);
-  info->mutable_coords()->set_tp(r.coords.tp);
+  SetProtoCoords(r.coords, info->mutable_coords());
+  AddMeshAxes(mesh, r.coords, info->mutable_axes());
   info->set_worker_id(r.worker_id);
   info->set_worker_name(r.worker_name);
   info->set_local_rank(r.local_rank);

@@ -69,6 +69,7 @@ class JobJournal {
 RankRow ToRankRow(const JobRecord& job, const AttemptRecord& attempt, const RankRecord& rank);
 AttemptRow ToAttemptRow(const JobRecord& job, const AttemptRecord& attempt);
 RankRecord RankFromRow(const RankRow& row);
-void FillRankInfo(const RankRecord& rank, v1::RankInfo* info);
+// With the mesh's own axes as the ordered list RankInfo.axes (`mesh`: the job's, for the sizes).
+void FillRankInfo(const RankRecord& rank, const ParallelDims& mesh, v1::RankInfo* info);
 
 }  // namespace meshrun::coordinator

@@ -120,7 +120,7 @@ v1::Job JobManager::ToProtoLocked(Job& job, bool detail, bool with_ranks) {
     }
   }
   if (const Attempt* last = job.last(); last != nullptr && with_ranks) {
-    for (const Rank& r : last->ranks) FillRankInfo(r, j.add_ranks());
+    for (const Rank& r : last->ranks) FillRankInfo(r, job.mesh, j.add_ranks());
   }
   return j;
 }
@@ -173,7 +173,7 @@ void JobManager::SetRankStateLocked(Txn& txn, Attempt& attempt, Rank& rank, v1::
   txn.batch.ranks.push_back(ToRankRow(txn.job, attempt, rank));
   v1::RankStateChanged* e = journal_.AddEvent(txn)->mutable_rank_state_changed();
   e->set_attempt(attempt.number);
-  FillRankInfo(rank, e->mutable_rank());
+  FillRankInfo(rank, txn.job.mesh, e->mutable_rank());
 }
 
 // ---- Client RPCs --------------------------------------------------------------------------------
@@ -294,19 +294,19 @@ namespace {
 
 // The first rank ≥ `from` whose coordinates match `fixed` (-1: any) on a mesh of `sizes`,
 // outermost axis first (global rank order is lexicographic in the coordinates); -1 if none.
-int64_t NextMatchingRank(int64_t from, const std::array<int, 4>& sizes,
-                         const std::array<int, 4>& fixed) {
-  std::array<int64_t, 4> d{};
+int64_t NextMatchingRank(int64_t from, const std::array<int, 5>& sizes,
+                         const std::array<int, 5>& fixed) {
+  std::array<int64_t, 5> d{};
   int64_t rest = from;
-  for (int i = 3; i >= 0; --i) {
+  for (int i = 4; i >= 0; --i) {
     d[i] = rest % sizes[i];
     rest /= sizes[i];
   }
   if (rest > 0) return -1;  // past the last rank
   auto lowest_from = [&](int i) {
-    for (int k = i; k < 4; ++k) d[k] = fixed[k] >= 0 ? fixed[k] : 0;
+    for (int k = i; k < 5; ++k) d[k] = fixed[k] >= 0 ? fixed[k] : 0;
   };
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 5; ++i) {
     if (fixed[i] < 0 || d[i] == fixed[i]) continue;
     if (d[i] < fixed[i]) {
       lowest_from(i);
@@ -321,7 +321,7 @@ int64_t NextMatchingRank(int64_t from, const std::array<int, 4>& sizes,
     break;
   }
   int64_t g = 0;
-  for (int i = 0; i < 4; ++i) g = g * sizes[i] + d[i];
+  for (int i = 0; i < 5; ++i) g = g * sizes[i] + d[i];
   return g;
 }
 
@@ -369,15 +369,17 @@ Status JobManager::ListRanks(const v1::ListRanksRequest& request, v1::ListRanksR
                         job->row.job_id + " runs attempt " + std::to_string(attempt->number) +
                         " now (hint: list its ranks again from the first page)");
   }
-  const std::array<int, 4> sizes = {job->mesh.dp_replicate(), job->mesh.dp_shard(), job->mesh.cp(),
-                                    job->mesh.tp()};
-  std::array<int, 4> fixed = {-1, -1, -1, -1};
+  // The mesh's own axes, outermost first (pp, dp_replicate, dp_shard, cp, tp).
+  const std::array<int, 5> sizes = {job->mesh.pp(), job->mesh.dp_replicate(), job->mesh.dp_shard(),
+                                    job->mesh.cp(), job->mesh.tp()};
+  std::array<int, 5> fixed = {-1, -1, -1, -1, -1};
   if (request.has_coords()) {
     const v1::MeshCoordsFilter& c = request.coords();
-    const char* names[] = {"coords.dp_replicate", "coords.dp_shard", "coords.cp", "coords.tp"};
-    const bool has[] = {c.has_dp_replicate(), c.has_dp_shard(), c.has_cp(), c.has_tp()};
-    const int values[] = {c.dp_replicate(), c.dp_shard(), c.cp(), c.tp()};
-    for (int i = 0; i < 4; ++i) {
+    const char* names[] = {"coords.pp", "coords.dp_replicate", "coords.dp_shard", "coords.cp",
+                           "coords.tp"};
+    const bool has[] = {c.has_pp(), c.has_dp_replicate(), c.has_dp_shard(), c.has_cp(), c.has_tp()};
+    const int values[] = {c.pp(), c.dp_replicate(), c.dp_shard(), c.cp(), c.tp()};
+    for (int i = 0; i < 5; ++i) {
       if (!has[i]) continue;
       if (values[i] < 0 || values[i] >= sizes[i]) {
         return InvalidArgumentError(std::string(names[i]) + ": " + std::to_string(values[i]) +
@@ -409,10 +411,11 @@ Status JobManager::ListRanks(const v1::ListRanksRequest& request, v1::ListRanksR
   }
   auto matches = [&](const Rank& r) {
     if (!states.empty() && states.count(r.state) == 0) return false;
-    if (fixed[0] >= 0 && r.coords.dp_replicate != fixed[0]) return false;
-    if (fixed[1] >= 0 && r.coords.dp_shard != fixed[1]) return false;
-    if (fixed[2] >= 0 && r.coords.cp != fixed[2]) return false;
-    if (fixed[3] >= 0 && r.coords.tp != fixed[3]) return false;
+    if (fixed[0] >= 0 && r.coords.pp != fixed[0]) return false;
+    if (fixed[1] >= 0 && r.coords.dp_replicate != fixed[1]) return false;
+    if (fixed[2] >= 0 && r.coords.dp_shard != fixed[2]) return false;
+    if (fixed[3] >= 0 && r.coords.cp != fixed[3]) return false;
+    if (fixed[4] >= 0 && r.coords.tp != fixed[4]) return false;
     return true;
   };
   size_t bytes = 0;
@@ -420,7 +423,7 @@ Status JobManager::ListRanks(const v1::ListRanksRequest& request, v1::ListRanksR
     // Ends the page before it would pass its size or its bytes (at least one rank per page).
     if (response->ranks_size() >= page) return false;
     v1::RankInfo info;
-    FillRankInfo(r, &info);
+    FillRankInfo(r, job->mesh, &info);
     const size_t size = info.ByteSizeLong() + 4;  // with its tag and length
     if (response->ranks_size() > 0 && bytes + size > config_.max_page_bytes) return false;
     bytes += size;
@@ -444,7 +447,7 @@ Status JobManager::ListRanks(const v1::ListRanksRequest& request, v1::ListRanksR
     return OkStatus();
   }
   for (int64_t g = from; g < world;) {
-    if (fixed != std::array<int, 4>{-1, -1, -1, -1}) {
+    if (fixed != std::array<int, 5>{-1, -1, -1, -1, -1}) {
       g = NextMatchingRank(g, sizes, fixed);
       if (g < 0 || g >= world) break;
     }

@@ -99,6 +99,7 @@ struct JobsSnapshot {
     double tokens_total = 0;
     // The client's planner's prediction for the job as it runs (JobSpec.predicted_*); 0: none.
     double predicted_step_seconds = 0, predicted_peak_memory_bytes = 0;
+    int world_size = 0;  // ranks of the job's mesh, P·R·S·C·T
   };
   std::map<v1::JobState, int> jobs_by_state;
   std::vector<JobLine> jobs;  // PENDING and RUNNING jobs, and the 100 newest finished ones

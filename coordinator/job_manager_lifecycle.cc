@@ -11,6 +11,7 @@
 #include "common/escape.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/proto_time.h"
+#include "proto/mesh_axis.h"
 
 namespace meshrun::coordinator {
 
@@ -210,6 +211,7 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   shape->set_dp_shard_size(job.mesh.dp_shard());
   shape->set_cp_size(job.mesh.cp());
   shape->set_tp_size(job.mesh.tp());
+  shape->set_pp_size(job.mesh.pp());
   *as->mutable_spec() = job.spec;
   as->mutable_store()->set_address(config_.store_address);
   as->mutable_store()->set_prefix(job_id + "/" + std::to_string(a.number) + "/");
@@ -217,10 +219,9 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   // (CheckpointSaved.resumed; decision 0048).
   for (const Rank& r : a.ranks) {
     as->set_rank(r.rank);
-    as->mutable_coords()->set_dp_replicate(r.coords.dp_replicate);
-    as->mutable_coords()->set_dp_shard(r.coords.dp_shard);
-    as->mutable_coords()->set_cp(r.coords.cp);
-    as->mutable_coords()->set_tp(r.coords.tp);
+    SetProtoCoords(r.coords, as->mutable_coords());
+    as->clear_axes();
+    AddMeshAxes(job.mesh, r.coords, as->mutable_axes());
     as->set_local_rank(r.local_rank);
     as->set_local_world_size(r.local_world_size);
     workers_.Send(r.worker_id, msg);
@@ -654,6 +655,7 @@ JobsSnapshot JobManager::Snapshot() const {
     out.jobs.back().predicted_step_seconds = job.spec.predicted_step_seconds();
     out.jobs.back().predicted_peak_memory_bytes =
         static_cast<double>(job.spec.predicted_peak_memory_bytes());
+    out.jobs.back().world_size = job.row.world_size;
   }
   return out;
 }

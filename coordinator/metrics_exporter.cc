@@ -96,6 +96,10 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
                            "Bus bytes (nccl-tests' measure) the rank moved, by axis and op "
                            "(earlier attempts included).",
                            MetricType::Counter);
+  auto bubble = Family("meshrun_rank_pipeline_bubble_ratio",
+                       "Pipeline parallelism: the fraction of the rank's newest step its stage "
+                       "waited for its neighbouring stages (0..1); only ranks that report it.",
+                       MetricType::Gauge);
   auto info = Family("meshrun_rank_info",
                      "1 per rank of a job's newest attempt: joins rank series to node series "
                      "(worker = DCGM's Hostname, gpu = its gpu).",
@@ -107,6 +111,7 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
       const Labels base = {{"job_id", job.job_id},
                            {"rank", std::to_string(r.rank)},
                            {"worker", r.placement.worker},
+                           {"pp", std::to_string(c.pp)},
                            {"dp_replicate", std::to_string(c.dp_replicate)},
                            {"dp_shard", std::to_string(c.dp_shard)},
                            {"cp", std::to_string(c.cp)},
@@ -134,6 +139,7 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
       AddGauge(steps_total, base, static_cast<double>(r.step_count));
       AddGauge(flops_total, base, r.model_flops_total);
       AddGauge(loss, base, r.loss);
+      if (r.pipeline_bubble_ratio >= 0) AddGauge(bubble, base, r.pipeline_bubble_ratio);
       AddGauge(memory, with({{"kind", "allocated"}}), static_cast<double>(r.memory_allocated));
       AddGauge(memory, with({{"kind", "peak"}}), static_cast<double>(r.memory_peak));
       AddGauge(memory, with({{"kind", "reserved"}}), static_cast<double>(r.memory_reserved));
@@ -154,8 +160,9 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
                1);
     }
   }
-  for (auto* f : {&step, &tps, &flops, &mfu, &tokens_total, &steps_total, &flops_total, &loss,
-                  &memory, &comm_seconds, &comm_exposed, &comm_overlapped, &comm_bytes, &info}) {
+  for (auto* f :
+       {&step, &tps, &flops, &mfu, &tokens_total, &steps_total, &flops_total, &loss, &memory,
+        &comm_seconds, &comm_exposed, &comm_overlapped, &comm_bytes, &bubble, &info}) {
     out.push_back(std::move(*f));
   }
 }
@@ -210,6 +217,10 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
   auto predicted_memory =
       Family("meshrun_job_predicted_peak_memory_bytes",
              "The planner's predicted peak memory of one rank of the job.", MetricType::Gauge);
+  auto world = Family("meshrun_job_world_size",
+                      "Ranks of the job's mesh: pp_size*dp_replicate_size*dp_shard_size*cp_size*"
+                      "tp_size.",
+                      MetricType::Gauge);
   for (const JobsSnapshot::JobLine& j : snap.jobs) {
     if (j.predicted_step_seconds > 0) {
       AddGauge(predicted_step, {{"job_id", j.job_id}}, j.predicted_step_seconds);
@@ -219,14 +230,15 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
       AddGauge(state, {{"job_id", j.job_id}, {"state", JobStateName(s)}}, s == j.state ? 1 : 0);
     }
     AddGauge(step, {{"job_id", j.job_id}}, static_cast<double>(j.step));
+    AddGauge(world, {{"job_id", j.job_id}}, j.world_size);
     AddGauge(tps, {{"job_id", j.job_id}}, j.tokens_per_second);
     AddGauge(tokens, {{"job_id", j.job_id}}, j.tokens_total);
     AddGauge(mfu, {{"job_id", j.job_id}}, j.mfu);
     AddGauge(restarts, {{"job_id", j.job_id}}, j.restarts);
     AddGauge(skew, {{"job_id", j.job_id}}, j.step_time_skew);
   }
-  for (auto* f :
-       {&state, &step, &tps, &tokens, &mfu, &restarts, &skew, &predicted_step, &predicted_memory}) {
+  for (auto* f : {&state, &step, &world, &tps, &tokens, &mfu, &restarts, &skew, &predicted_step,
+                  &predicted_memory}) {
     out.push_back(std::move(*f));
   }
   if (ranks != nullptr) AppendRankFamilies(*ranks, out);

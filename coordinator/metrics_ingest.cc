@@ -32,14 +32,14 @@ size_t MetricsIngest::Clean(v1::MetricsSample* sample) {
   // Kept (and published) otherwise; the reflection pass only when there is something to drop.
   if (HasUnknownFields(*sample)) sample->DiscardUnknownFields();
   auto* comm = sample->mutable_comm();
-  // (axis, op) pairs seen: axes 1..4 × ops 1..CommOp_MAX once IsSeriesComm accepted them.
+  // (axis, op) pairs seen: the five axes × ops 1..CommOp_MAX once IsSeriesComm accepted them.
   uint64_t seen = 0;
   const int before = comm->size();
   int kept = 0;
   for (int i = 0; i < before; ++i) {
     const v1::CommStats& c = comm->Get(i);
     if (!IsSeriesComm(c)) continue;
-    const uint64_t bit = uint64_t{1} << ((c.axis() - 1) * v1::CommOp_MAX + (c.op() - 1));
+    const uint64_t bit = uint64_t{1} << SeriesCommSlot(c);
     if (seen & bit) continue;
     seen |= bit;
     if (kept != i) comm->SwapElements(kept, i);

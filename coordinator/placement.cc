@@ -23,11 +23,14 @@ PlaceabilityVerdict CheckPlaceable(const ParallelDims& mesh, const std::vector<i
   }
   const int largest = *std::max_element(worker_slots.begin(), worker_slots.end());
   if (tp > largest) {
-    return {Placeability::kTpGroupTooLarge,
-            "parallelism.tp_size: a tp group of " + Str(tp) +
-                " ranks must run on one worker but the largest worker has " + Str(largest) +
-                " slots (hint: use a tp_size of at most " + Str(largest) +
-                ", or start a worker with --slots " + Str(tp) + " or more)"};
+    return {
+        Placeability::kTpGroupTooLarge,
+        "parallelism.tp_size: a tp group of " + Str(tp) +
+            " ranks must run on one worker but the largest worker has " + Str(largest) + " slots" +
+            (mesh.pp() > 1 ? " (a pipeline's stages spread across workers; a tp group never does)"
+                           : std::string()) +
+            " (hint: use a tp_size of at most " + Str(largest) +
+            ", or start a worker with --slots " + Str(tp) + " or more)"};
   }
   long long usable = 0;  // slots usable in whole tp groups
   for (int slots : worker_slots) usable += static_cast<long long>(slots / tp) * tp;
@@ -63,7 +66,8 @@ StatusOr<Placement> PlaceJob(const ParallelDims& mesh,
   // Unit sizes in tp groups, outermost first; each divides the one before it.
   const int cp_unit = mesh.cp();
   const int replica_unit = mesh.dp_shard() * mesh.cp();
-  std::vector<int> levels = {groups, replica_unit, cp_unit, 1};
+  const int stage_unit = mesh.dp_replicate() * replica_unit;
+  std::vector<int> levels = {groups, stage_unit, replica_unit, cp_unit, 1};
   levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
 
   // Best fit: the (capacity, index) pairs ordered, so the smallest capacity ≥ size is a

@@ -4,11 +4,14 @@
 // The unit is the tp group (T consecutive global ranks), which never spans workers. Groups are
 // placed hierarchically along the mesh's own nesting, largest unit first:
 //   1. the whole job on one worker, if one has room;
-//   2. else each dp_replicate replica (S·C·T consecutive ranks: its dp_shard and cp groups)
-//      whole on a worker: only dp_replicate crosses workers (HSDP);
-//   3. replicas that fit nowhere whole are split into cp groups (C·T consecutive ranks), so cp
+//   2. else each pipeline stage (R·S·C·T consecutive ranks: everything but pp) whole on a
+//      worker: only pp crosses workers, whose traffic is one activation per micro-batch;
+//   3. stages that fit nowhere whole are split into dp_replicate replicas (S·C·T consecutive
+//      ranks: its dp_shard and cp groups), so dp_replicate crosses workers next (HSDP);
+//   4. replicas that fit nowhere whole are split into cp groups (C·T consecutive ranks), so cp
 //      stays inside a worker and dp_shard crosses;
-//   4. cp groups that fit nowhere whole are split into tp groups.
+//   5. cp groups that fit nowhere whole are split into tp groups.
+// So tp, then cp, stay inside a worker, and a pipeline's stages spread across workers.
 // At every level a unit goes to the worker with the least free room that still holds it
 // (best fit), ties to the earlier worker, which keeps large holes for large units.
 #pragma once

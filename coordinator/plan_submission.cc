@@ -113,6 +113,10 @@ Status PlanSubmission(const StatusOr<std::vector<v1::WorkerInfo>>& workers,
     p->set_dp_shard_size(spec.parallelism.dp_shard_size);
     p->set_cp_size(spec.parallelism.cp_size);
     p->set_tp_size(spec.parallelism.tp_size);
+    p->set_pp_size(spec.parallelism.pp_size);
+    p->set_pp_schedule(spec.parallelism.pp_schedule);
+    p->set_pp_virtual_stages(spec.parallelism.pp_virtual_stages);
+    p->clear_pp_layers();
     proto->set_auto_choice(choice.text);
     *note = choice.text;
   }

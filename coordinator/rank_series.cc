@@ -26,6 +26,12 @@ bool IsSeriesComm(const v1::CommStats& c) {
          c.op() != v1::COMM_OP_UNSPECIFIED;
 }
 
+size_t SeriesCommSlot(const v1::CommStats& c) {
+  // MESH_AXIS_DP_REPLICATE..TP are 1..4 on the wire, MESH_AXIS_PP 8 (after the flattened three).
+  const size_t axis = c.axis() == v1::MESH_AXIS_PP ? 4 : static_cast<size_t>(c.axis() - 1);
+  return axis * v1::CommOp_MAX + static_cast<size_t>(c.op() - 1);
+}
+
 std::string OpLabel(v1::CommOp op) {
   return Unprefixed(v1::CommOp_Name(op), "COMM_OP_");
 }
@@ -80,6 +86,7 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
   r.memory_allocated = s.memory_allocated_bytes();
   r.memory_peak = s.memory_peak_bytes();
   r.memory_reserved = s.memory_reserved_bytes();
+  r.pipeline_bubble_ratio = s.has_pipeline_bubble_ratio() ? s.pipeline_bubble_ratio() : -1;
 
   const double seconds = std::max(0.0, s.step_seconds());
   const std::vector<double>& bounds = StepSecondsBounds();
@@ -95,8 +102,8 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
   // Cumulative within the attempt: a sample never lowers a counter (samples may overtake).
   for (const v1::CommStats& c : s.comm()) {
     if (!IsSeriesComm(c)) continue;  // MetricsIngest::Clean dropped and counted these already
-    // Mesh axes 1..4 and ops 1..CommOp_MAX (IsSeriesComm): one slot each.
-    const size_t slot = static_cast<size_t>(c.axis() - 1) * v1::CommOp_MAX + (c.op() - 1);
+    // The five mesh axes and ops 1..CommOp_MAX (IsSeriesComm): one slot each.
+    const size_t slot = SeriesCommSlot(c);
     if (slot >= state.current.size()) continue;
     CommSlot& cur = state.current[slot];
     cur.present = true;

@@ -41,9 +41,9 @@ class RankSeries {
  public:
   // Finished jobs whose series are still served.
   static constexpr size_t kMaxFinishedJobs = 32;
-  // (axis, op) pairs a rank can have series of: the four mesh axes × CommOp's named values
+  // (axis, op) pairs a rank can have series of: the five mesh axes × CommOp's named values
   // (IsSeriesComm); anything else is refused on arrival.
-  static constexpr size_t kMaxCommPairs = 4 * static_cast<size_t>(v1::CommOp_MAX);
+  static constexpr size_t kMaxCommPairs = 5 * static_cast<size_t>(v1::CommOp_MAX);
   // Upper bounds (seconds) of meshrun_rank_step_seconds' buckets: 1 ms … 60 s.
   static const std::vector<double>& StepSecondsBounds();
 
@@ -67,6 +67,9 @@ class RankSeries {
     // FLOPs; the step count is step_count below.
     double tokens_total = 0, model_flops_total = 0;
     uint64_t memory_allocated = 0, memory_peak = 0, memory_reserved = 0;
+    // The newest step's measured pipeline bubble (MetricsSample.pipeline_bubble_ratio); < 0:
+    // the rank reports none.
+    double pipeline_bubble_ratio = -1;
     // Per bucket of StepSecondsBounds() plus +Inf, not cumulative; count and sum.
     std::vector<uint64_t> step_buckets;
     uint64_t step_count = 0;
@@ -116,10 +119,13 @@ class RankSeries {
   std::deque<std::string> finished_;      // oldest first
 };
 
-// Whether `c` names a series: its axis one of the four mesh axes (not a flattened one) and its
+// Whether `c` names a series: its axis one of the five mesh axes (not a flattened one) and its
 // op one of CommOp's named values (not UNSPECIFIED). The label values are closed sets
 // (docs/metrics.md); anything else would be a new series per value, so it is refused.
 bool IsSeriesComm(const v1::CommStats& c);
+// The pair's index in [0, RankSeries::kMaxCommPairs) for an entry IsSeriesComm accepts: the
+// axis's place among dp_replicate, dp_shard, cp, tp, pp (its wire order) × CommOp_MAX + op − 1.
+size_t SeriesCommSlot(const v1::CommStats& c);
 
 // "all_reduce", "send_recv", …: the `op` label of a CommOp (the engine's names, CommOpName).
 // The `axis` label is MeshAxisName of the axis (common/parallel_dims.h).

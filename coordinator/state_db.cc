@@ -13,10 +13,14 @@
 #include <filesystem>
 #include <system_error>
 
+#include "proto/mesh_axis.h"
+
 namespace meshrun::coordinator {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+// 1: ranks with one column per axis (dp_replicate, dp_shard, cp, tp); 2: ranks with `coords`,
+// the ordered list of the mesh's own axes (pp first), migrated from 1 on open.
+constexpr int kSchemaVersion = 2;
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -35,9 +39,8 @@ CREATE TABLE IF NOT EXISTS attempts(
 CREATE TABLE IF NOT EXISTS ranks(
   job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,
   worker_id TEXT NOT NULL, worker_name TEXT NOT NULL, local_rank INTEGER NOT NULL,
-  local_world_size INTEGER NOT NULL, dp_replicate INTEGER NOT NULL, dp_shard INTEGER NOT NULL,
-  cp INTEGER NOT NULL, tp INTEGER NOT NULL, state INTEGER NOT NULL, pid INTEGER NOT NULL,
-  exit_code INTEGER NOT NULL, signal INTEGER NOT NULL, error TEXT NOT NULL,
+  local_world_size INTEGER NOT NULL, coords TEXT NOT NULL, state INTEGER NOT NULL,
+  pid INTEGER NOT NULL, exit_code INTEGER NOT NULL, signal INTEGER NOT NULL, error TEXT NOT NULL,
   PRIMARY KEY(job_id, attempt, rank));
 CREATE TABLE IF NOT EXISTS workers(
   worker_id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, session_token TEXT NOT NULL,
@@ -58,6 +61,45 @@ CREATE TABLE IF NOT EXISTS store_adds(
 
 Status SqlError(sqlite3* db, const std::string& what) {
   return InternalError("state database: " + what + ": " + sqlite3_errmsg(db));
+}
+
+// A rank's coordinates as stored: the mesh's own axes, outermost first, "pp=0,dp_replicate=1,
+// dp_shard=0,cp=0,tp=1" (an axis added later is one more pair, not one more column).
+std::string CoordsText(const MeshCoords& c) {
+  std::string out;
+  for (MeshAxis axis : kMeshOwnAxes) {
+    if (!out.empty()) out += ',';
+    out += MeshAxisName(axis);
+    out += '=';
+    out += std::to_string(CoordOn(c, axis));
+  }
+  return out;
+}
+
+// The inverse of CoordsText; an axis left out is 0 (a row written before it existed).
+StatusOr<MeshCoords> ParseCoordsText(const std::string& text) {
+  MeshCoords c;
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string pair = text.substr(begin, end - begin);
+    const size_t eq = pair.find('=');
+    const std::optional<MeshAxis> axis =
+        eq == std::string::npos ? std::nullopt : MeshAxisFromName(pair.substr(0, eq));
+    int value = -1;
+    if (axis && !IsFlattenedAxis(*axis) && eq + 1 < pair.size() && pair.size() - eq - 1 <= 9 &&
+        pair.find_first_not_of("0123456789", eq + 1) == std::string::npos) {
+      value = std::stoi(pair.substr(eq + 1));
+    }
+    if (value < 0) {
+      return InternalError("state database: rank coordinates '" + text +
+                           "' are not AXIS=N pairs of the mesh's axes");
+    }
+    SetCoordOn(c, *axis, value);
+    begin = end + 1;
+  }
+  return c;
 }
 
 // A prepared statement bound and stepped by position. Reset on destruction so the cached
@@ -118,8 +160,8 @@ constexpr const char* kUpsertAttempt =
     "VALUES(?1,?2,?3,?4,?5,?6)";
 constexpr const char* kUpsertRank =
     "INSERT OR REPLACE INTO ranks(job_id, attempt, rank, worker_id, worker_name, local_rank, "
-    "local_world_size, dp_replicate, dp_shard, cp, tp, state, pid, exit_code, signal, error) "
-    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)";
+    "local_world_size, coords, state, pid, exit_code, signal, error) "
+    "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)";
 constexpr const char* kUpsertWorker =
     "INSERT OR REPLACE INTO workers(worker_id, name, session_token, slots, device, address, "
     "metrics_address, device_name, version, lost, registered_ms, last_heartbeat_ms, "
@@ -151,7 +193,7 @@ constexpr const char* kSelectAttempts =
     "WHERE job_id = ?1 ORDER BY attempt";
 constexpr const char* kSelectRanks =
     "SELECT job_id, attempt, rank, worker_id, worker_name, local_rank, local_world_size, "
-    "dp_replicate, dp_shard, cp, tp, state, pid, exit_code, signal, error FROM ranks "
+    "coords, state, pid, exit_code, signal, error FROM ranks "
     "WHERE job_id = ?1 AND attempt = ?2 ORDER BY rank";
 constexpr const char* kSelectWorkers =
     "SELECT worker_id, name, session_token, slots, device, address, metrics_address, "
@@ -211,28 +253,63 @@ StatusOr<std::unique_ptr<StateDb>> StateDb::Open(const std::string& dir) {
   }
   MESHRUN_RETURN_IF_ERROR(state->Exec(kSchema));
   MESHRUN_RETURN_IF_ERROR(state->AddMissingColumns());
-  // Schema version: written on creation, checked on every open.
+  // Schema version: written on creation, migrated from 1, checked on every open.
+  std::optional<std::string> version;
   {
     static constexpr const char* kVersion = "SELECT value FROM meta WHERE key = 'schema_version'";
     auto stmt = state->Prepare(kVersion);
     if (!stmt.ok()) return stmt.status();
     Stmt q(*stmt);
-    if (q.Step() == SQLITE_ROW) {
-      const std::string version = q.Text(0);
-      if (version != std::to_string(kSchemaVersion)) {
-        return FailedPreconditionError("--state-dir: " + path + " has schema version " + version +
-                                       ", this coordinator reads " +
-                                       std::to_string(kSchemaVersion) +
-                                       " (hint: use the matching meshrun-coordinator, or a new "
-                                       "--state-dir)");
-      }
-    } else {
-      MESHRUN_RETURN_IF_ERROR(
-          state->Exec("INSERT INTO meta(key, value) VALUES('schema_version', '" +
-                      std::to_string(kSchemaVersion) + "')"));
-    }
+    if (q.Step() == SQLITE_ROW) version = q.Text(0);
+  }
+  if (version == "1") {
+    MESHRUN_RETURN_IF_ERROR(state->MigrateFromVersion1());
+    version = std::to_string(kSchemaVersion);
+  }
+  if (!version) {
+    MESHRUN_RETURN_IF_ERROR(state->Exec("INSERT INTO meta(key, value) VALUES('schema_version', '" +
+                                        std::to_string(kSchemaVersion) + "')"));
+  } else if (*version != std::to_string(kSchemaVersion)) {
+    return FailedPreconditionError("--state-dir: " + path + " has schema version " + *version +
+                                   ", this coordinator reads " + std::to_string(kSchemaVersion) +
+                                   " (and migrates 1) (hint: use the matching "
+                                   "meshrun-coordinator, or a new --state-dir)");
   }
   return state;
+}
+
+// Version 1 stored a rank's coordinates in four columns (dp_replicate, dp_shard, cp, tp); version 2
+// stores the ordered list of the mesh's own axes in one (`coords`, pp first: a version-1 rank is
+// at pp 0). SQLite cannot change a column in place, so the table is copied into the new shape,
+// the old one dropped and the copy renamed, and the version written, in one transaction: a crash
+// leaves either database whole.
+Status StateDb::MigrateFromVersion1() {
+  spdlog::info("state database {}: migrating from schema version 1 to {}", path_, kSchemaVersion);
+  static constexpr const char* kMigrate = R"sql(
+BEGIN IMMEDIATE;
+CREATE TABLE ranks_v2(
+  job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,
+  worker_id TEXT NOT NULL, worker_name TEXT NOT NULL, local_rank INTEGER NOT NULL,
+  local_world_size INTEGER NOT NULL, coords TEXT NOT NULL, state INTEGER NOT NULL,
+  pid INTEGER NOT NULL, exit_code INTEGER NOT NULL, signal INTEGER NOT NULL, error TEXT NOT NULL,
+  PRIMARY KEY(job_id, attempt, rank));
+INSERT INTO ranks_v2 SELECT job_id, attempt, rank, worker_id, worker_name, local_rank,
+  local_world_size, 'pp=0,dp_replicate=' || dp_replicate || ',dp_shard=' || dp_shard || ',cp=' ||
+  cp || ',tp=' || tp, state, pid, exit_code, signal, error FROM ranks;
+DROP TABLE ranks;
+ALTER TABLE ranks_v2 RENAME TO ranks;
+UPDATE meta SET value = '2' WHERE key = 'schema_version';
+COMMIT;
+)sql";
+  Status s = Exec(kMigrate);
+  if (!s.ok()) {
+    (void)Exec("ROLLBACK");
+    return FailedPreconditionError("--state-dir: " + path_ +
+                                   " could not be migrated from schema version 1: " + s.message() +
+                                   " (hint: keep a copy of the folder and report it; a new "
+                                   "--state-dir starts empty)");
+  }
+  return OkStatus();
 }
 
 // Columns added after schema version 1 was first written (additive, so the version stays: an
@@ -338,9 +415,9 @@ Status StateDb::CommitLocked(const WriteBatch& b) {
     // rank in this loop).
     q.BindKept(1, r.job_id).Bind(2, r.attempt).Bind(3, r.rank).BindKept(4, r.worker_id);
     q.BindKept(5, r.worker_name).Bind(6, r.local_rank).Bind(7, r.local_world_size);
-    q.Bind(8, r.dp_replicate).Bind(9, r.dp_shard).Bind(10, r.cp).Bind(11, r.tp);
-    q.Bind(12, r.state).Bind(13, r.pid).Bind(14, r.exit_code).Bind(15, r.signal);
-    q.BindKept(16, r.error);
+    q.Bind(8, CoordsText(r.coords));
+    q.Bind(9, r.state).Bind(10, r.pid).Bind(11, r.exit_code).Bind(12, r.signal);
+    q.BindKept(13, r.error);
     if (q.Step() != SQLITE_DONE) return SqlError(db_, "write rank of " + r.job_id);
   }
   for (const WorkerRow& w : b.workers) {
@@ -438,15 +515,17 @@ StatusOr<std::vector<RankRow>> StateDb::LoadRanks(const std::string& job_id, int
     r.worker_name = q.Text(4);
     r.local_rank = static_cast<int>(q.Int(5));
     r.local_world_size = static_cast<int>(q.Int(6));
-    r.dp_replicate = static_cast<int>(q.Int(7));
-    r.dp_shard = static_cast<int>(q.Int(8));
-    r.cp = static_cast<int>(q.Int(9));
-    r.tp = static_cast<int>(q.Int(10));
-    r.state = static_cast<int>(q.Int(11));
-    r.pid = static_cast<int>(q.Int(12));
-    r.exit_code = static_cast<int>(q.Int(13));
-    r.signal = static_cast<int>(q.Int(14));
-    r.error = q.Text(15);
+    StatusOr<MeshCoords> coords = ParseCoordsText(q.Text(7));
+    if (!coords.ok()) {
+      return InternalError(coords.status().message() + " (rank " + std::to_string(r.rank) + " of " +
+                           r.job_id + ")");
+    }
+    r.coords = *coords;
+    r.state = static_cast<int>(q.Int(8));
+    r.pid = static_cast<int>(q.Int(9));
+    r.exit_code = static_cast<int>(q.Int(10));
+    r.signal = static_cast<int>(q.Int(11));
+    r.error = q.Text(12);
     out.push_back(std::move(r));
   }
   if (rc != SQLITE_DONE) return SqlError(db_, "read ranks");

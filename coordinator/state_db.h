@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/parallel_dims.h"
 #include "common/status.h"
 
 struct sqlite3;
@@ -63,7 +64,9 @@ struct RankRow {
   int rank = 0;
   std::string worker_id, worker_name;
   int local_rank = 0, local_world_size = 0;
-  int dp_replicate = 0, dp_shard = 0, cp = 0, tp = 0;
+  // Stored as the ordered list of the mesh's own axes, "pp=0,dp_replicate=1,dp_shard=0,cp=0,tp=1"
+  // (schema version 2; version 1's four columns are migrated on open).
+  MeshCoords coords;
   int state = 0;  // v1::RankState
   int pid = 0, exit_code = 0, signal = 0;
   std::string error;
@@ -114,7 +117,8 @@ class StateDb {
  public:
   // Opens (creating the folder, the file and the schema as needed) `<dir>/coordinator.db`.
   // FAILED_PRECONDITION when the folder cannot be created or the file is not a coordinator
-  // database of a known schema version.
+  // database of a known schema version. A database of schema version 1 (ranks with one column
+  // per axis) is migrated to version 2 (ranks with the ordered list of axes) in one transaction.
   static StatusOr<std::unique_ptr<StateDb>> Open(const std::string& dir);
   ~StateDb();
   StateDb(const StateDb&) = delete;
@@ -151,6 +155,7 @@ class StateDb {
   StateDb(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   Status Exec(const std::string& sql);
   Status AddMissingColumns();
+  Status MigrateFromVersion1();
   Status CommitLocked(const WriteBatch& batch);
   // The cached prepared statement for `sql` (a string constant of state_db.cc).
   StatusOr<sqlite3_stmt*> Prepare(const char* sql);

@@ -65,8 +65,9 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
   p.mem_allocated = std::max(p.mem_allocated, s.memory_allocated_bytes());
   p.mem_peak = std::max(p.mem_peak, s.memory_peak_bytes());
   p.mem_reserved = std::max(p.mem_reserved, s.memory_reserved_bytes());
+  if (s.has_pipeline_bubble_ratio()) p.bubble = std::max(p.bubble, s.pipeline_bubble_ratio());
   for (const v1::CommStats& c : s.comm()) {
-    if (!IsSeriesComm(c)) continue;  // closed sets: at most 4 axes × 8 ops per step
+    if (!IsSeriesComm(c)) continue;  // closed sets: at most 5 axes × 8 ops per step
     CommTotal& t = p.comm[{c.axis(), c.op()}];
     t.seconds += c.seconds();
     t.bytes += c.bytes();
@@ -92,6 +93,7 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
   job.set_memory_allocated_bytes(p.mem_allocated);
   job.set_memory_peak_bytes(p.mem_peak);
   job.set_memory_reserved_bytes(p.mem_reserved);
+  if (p.bubble >= 0) job.set_pipeline_bubble_ratio(p.bubble);
   for (const auto& [key, t] : p.comm) {
     v1::CommStats* c = job.add_comm();
     c->set_axis(static_cast<v1::MeshAxis>(key.first));

@@ -56,6 +56,7 @@ class StepAggregator {
     double mfu = 0;  // sum over ranks of 1 / (mfu · step_seconds)
     bool mfu_unknown = false;
     uint64_t mem_allocated = 0, mem_peak = 0, mem_reserved = 0;
+    double bubble = -1;  // the largest pipeline_bubble_ratio of the ranks (< 0: none reported)
     std::map<std::pair<int, int>, CommTotal> comm;  // (axis, op)
   };
 

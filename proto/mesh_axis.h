@@ -4,7 +4,10 @@
 // Header-only, pure.
 #pragma once
 
+#include <array>
 #include <optional>
+#include <string>
+#include <string_view>
 
 #include "common/parallel_dims.h"
 #include "meshrun/v1/types.pb.h"
@@ -39,6 +42,56 @@ inline std::optional<MeshAxis> MeshAxisFromProto(v1::MeshAxis axis) {
     case v1::MESH_AXIS_DP_CP: return MeshAxis::kDpCp;
     case v1::MESH_AXIS_PP: return MeshAxis::kPp;
     default: return std::nullopt;
+  }
+}
+
+// The mesh's own axes, outermost first: the order of every list of axes the control plane
+// writes (the API's MeshAxisCoord lists, the coordinator's stored coordinates, labels).
+inline constexpr std::array<MeshAxis, 5> kMeshOwnAxes = {
+    MeshAxis::kPp, MeshAxis::kDpReplicate, MeshAxis::kDpShard, MeshAxis::kCp, MeshAxis::kTp};
+
+// A rank's coordinate on one of the mesh's own axes (0 for a flattened one).
+inline int CoordOn(const MeshCoords& c, MeshAxis axis) {
+  switch (axis) {
+    case MeshAxis::kPp: return c.pp;
+    case MeshAxis::kDpReplicate: return c.dp_replicate;
+    case MeshAxis::kDpShard: return c.dp_shard;
+    case MeshAxis::kCp: return c.cp;
+    case MeshAxis::kTp: return c.tp;
+    default: return 0;
+  }
+}
+
+// Sets a rank's coordinate on one of the mesh's own axes (a flattened one is ignored).
+inline void SetCoordOn(MeshCoords& c, MeshAxis axis, int value) {
+  switch (axis) {
+    case MeshAxis::kPp: c.pp = value; break;
+    case MeshAxis::kDpReplicate: c.dp_replicate = value; break;
+    case MeshAxis::kDpShard: c.dp_shard = value; break;
+    case MeshAxis::kCp: c.cp = value; break;
+    case MeshAxis::kTp: c.tp = value; break;
+    default: break;
+  }
+}
+
+// The wire's MeshCoords of a rank (every field, pp included).
+inline void SetProtoCoords(const MeshCoords& c, v1::MeshCoords* out) {
+  out->set_dp_replicate(c.dp_replicate);
+  out->set_dp_shard(c.dp_shard);
+  out->set_cp(c.cp);
+  out->set_tp(c.tp);
+  out->set_pp(c.pp);
+}
+
+// A rank's place on `mesh` as the ordered list of the mesh's own axes (kMeshOwnAxes), each with
+// its size: what RankInfo.axes and RankAssignment.axes carry.
+template <typename Repeated>
+void AddMeshAxes(const ParallelDims& mesh, const MeshCoords& c, Repeated* out) {
+  for (MeshAxis axis : kMeshOwnAxes) {
+    v1::MeshAxisCoord* a = out->Add();
+    a->set_axis(MeshAxisToProto(axis));
+    a->set_size(mesh.AxisSize(axis));
+    a->set_index(CoordOn(c, axis));
   }
 }
 

@@ -111,6 +111,11 @@ v1::MetricsSample SampleOfStep(const v1::RankStep& step, const std::string& job_
   s.set_memory_peak_bytes(static_cast<uint64_t>(std::max<int64_t>(0, step.peak_memory_bytes())));
   s.set_memory_reserved_bytes(
       static_cast<uint64_t>(std::max<int64_t>(0, step.reserved_memory_bytes())));
+  if (step.has_pipeline_bubble_ratio()) {
+    // A ratio of the step's time: outside 0 … 1 (or NaN) is a rank's bug, not a measurement.
+    const double bubble = step.pipeline_bubble_ratio();
+    if (bubble >= 0 && bubble <= 1) s.set_pipeline_bubble_ratio(bubble);
+  }
   for (const v1::RankCommCounter& c : step.comm()) {
     // Only parallelism traffic of the mesh's own four axes has a metric series (docs/metrics.md).
     if (c.kind() != v1::COMM_KIND_AXIS || c.op() == v1::COMM_OP_UNSPECIFIED) continue;

@@ -4,6 +4,7 @@
 #include "engine/train/memory_model.h"
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "engine/model/gpt2.h"
@@ -37,6 +38,12 @@ class PoolSimulation {
     buffer = 0;
   }
   int64_t total() const { return total_; }
+  // The free buffers' sizes, sorted: with total(), all that decides what Acquire does next.
+  std::vector<int64_t> Sizes() const {
+    std::vector<int64_t> sizes = free_;
+    std::sort(sizes.begin(), sizes.end());
+    return sizes;
+  }
 
  private:
   std::vector<int64_t> free_;
@@ -125,7 +132,20 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
     const int micro_batches =
         spec.train.global_batch_size /
         (par.dp_replicate_size * par.dp_shard_size * spec.train.micro_batch_size);
+    // Every micro-batch asks for the same buffers, so once one leaves the pools as it found
+    // them, so does every later one: the loop stops there (exact, and a pipeline of thousands
+    // of micro-batches costs two).
+    auto pool_state = [&] {
+      return std::make_tuple(params.Sizes(), params.total(), grads.Sizes(), grads.total(),
+                             staging.Sizes(), staging.total(), p_buf, g_buf, rs_buf, rs_unit);
+    };
+    auto before = pool_state();
     for (int m = 0; m < micro_batches; ++m) {
+      if (m > 0) {
+        auto now = pool_state();
+        if (now == before) break;
+        before = std::move(now);
+      }
       start_gather(0);
       if (prefetch) start_gather(1);  // prefetch (unit L+1 when L = 0)
       for (int l = 1; l <= L; ++l) {

@@ -3,8 +3,12 @@
 // each axis's bus bytes (engine/train/comm_volume.cc, the formulas the engine is tested
 // against) over the bandwidth of the link its group crosses: tp is innermost, so a tp group is
 // inside a node when tp ≤ ranks per node, a cp group when cp·tp is, a dp_shard_cp group when
-// dp_shard·cp·tp is; dp_replicate spans the rest. The engine does not overlap communication
-// with compute yet, so the step is their sum.
+// dp_shard·cp·tp is; dp_replicate spans the rest of a stage. Pipeline parallelism (pp
+// outermost): the layers split into stages by cost, the slowest stage's compute, the schedule's
+// bubble and the stages' sends over the link between stages; the memory of the stage with the
+// largest peak, with the micro-batches its schedule keeps in flight (engine/train/pipeline_cost.h,
+// docs/planning.md "Pipeline parallelism"). The engine does not overlap communication with
+// compute yet, so the step is their sum.
 #include "engine/train/planner.h"
 
 #include <algorithm>
@@ -15,6 +19,7 @@
 #include "engine/model/gpt2.h"
 #include "engine/train/comm_volume.h"
 #include "engine/train/model_shape.h"
+#include "engine/train/pipeline_cost.h"
 
 namespace meshrun {
 
@@ -52,29 +57,69 @@ double RecomputeFlopsPerToken(const JobSpec& spec) {
 }
 
 // The enumerated configurations of `spec` on `world` ranks that pass validation.
+// Whether the planner predicts `s` on `world` ranks, and whether this build runs it: a spec
+// ValidateJobSpec accepts; and a pipeline that passes every rule but the last, "pipeline
+// parallelism is not yet supported in this build" (CheckPipeline, the last check of
+// ValidateJobSpec), which is planned on paper, not run.
+enum class Plannable { kNo, kRuns, kOnPaper };
+Plannable PlannableOn(const JobSpec& s, int world) {
+  const Status v = ValidateJobSpec(s, world);
+  if (v.ok()) return Plannable::kRuns;
+  if (s.parallelism.pp_size > 1 &&
+      v.message().find("pipeline parallelism is not yet supported") != std::string::npos) {
+    return Plannable::kOnPaper;
+  }
+  return Plannable::kNo;
+}
+
+// The pipeline shapes tried at pp > 1: each schedule, interleaved with 2 and 4 model chunks
+// per stage (when every chunk keeps a layer).
+struct PipelineOption {
+  const char* schedule;
+  int virtual_stages;
+};
+std::vector<PipelineOption> PipelineOptions(int pp, int n_layer) {
+  if (pp == 1) return {{"1f1b", 1}};
+  std::vector<PipelineOption> out = {{"1f1b", 1}, {"zero_bubble", 1}};
+  for (int v : {2, 4}) {
+    if (pp * v <= n_layer) out.push_back({"interleaved_1f1b", v});
+  }
+  return out;
+}
+
 std::vector<JobSpec> Candidates(const JobSpec& spec, int world) {
   std::vector<JobSpec> out;
-  for (int tp : Divisors(world)) {
-    for (int cp : Divisors(world / tp)) {
-      for (int shard : Divisors(world / tp / cp)) {
-        JobSpec s = spec;
-        s.parallelism.auto_mesh = false;
-        s.parallelism.dp_replicate_size = world / tp / cp / shard;
-        s.parallelism.dp_shard_size = shard;
-        s.parallelism.cp_size = cp;
-        s.parallelism.tp_size = tp;
-        const std::vector<std::string> strategies =
-            cp > 1 ? std::vector<std::string>{"allgather", "ring"}
-                   : std::vector<std::string>{"allgather"};
-        const std::vector<bool> residencies =
-            shard * cp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{true};
-        for (const std::string& strategy : strategies) {
-          for (const char* ac : {"none", "selective", "full"}) {
-            for (bool reshard : residencies) {
-              s.parallelism.cp_comm_strategy = strategy;
-              s.parallelism.fsdp_reshard_after_forward = reshard;
-              s.train.activation_checkpointing = ac;
-              if (ValidateJobSpec(s, world).ok()) out.push_back(s);
+  for (int pp : Divisors(world)) {
+    if (pp > std::max(1, spec.model.n_layer)) break;  // a stage holds at least one layer
+    const int stage = world / pp;
+    for (const PipelineOption& pipe : PipelineOptions(pp, spec.model.n_layer)) {
+      for (int tp : Divisors(stage)) {
+        for (int cp : Divisors(stage / tp)) {
+          for (int shard : Divisors(stage / tp / cp)) {
+            JobSpec s = spec;
+            s.parallelism.auto_mesh = false;
+            s.parallelism.pp_size = pp;
+            s.parallelism.pp_schedule = pipe.schedule;
+            s.parallelism.pp_virtual_stages = pipe.virtual_stages;
+            s.parallelism.pp_layers.clear();  // the planner splits by cost
+            s.parallelism.dp_replicate_size = stage / tp / cp / shard;
+            s.parallelism.dp_shard_size = shard;
+            s.parallelism.cp_size = cp;
+            s.parallelism.tp_size = tp;
+            const std::vector<std::string> strategies =
+                cp > 1 ? std::vector<std::string>{"allgather", "ring"}
+                       : std::vector<std::string>{"allgather"};
+            const std::vector<bool> residencies =
+                shard * cp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{true};
+            for (const std::string& strategy : strategies) {
+              for (const char* ac : {"none", "selective", "full"}) {
+                for (bool reshard : residencies) {
+                  s.parallelism.cp_comm_strategy = strategy;
+                  s.parallelism.fsdp_reshard_after_forward = reshard;
+                  s.train.activation_checkpointing = ac;
+                  if (PlannableOn(s, world) != Plannable::kNo) out.push_back(s);
+                }
+              }
             }
           }
         }
@@ -84,8 +129,170 @@ std::vector<JobSpec> Candidates(const JobSpec& spec, int world) {
   return out;
 }
 
+// The job as one stage of its pipeline runs it: `layers` blocks, no pipeline. The memory and
+// collectives of a stage are those of this smaller model (with the embedding and the head: an
+// upper bound for the stages that hold neither).
+JobSpec StageSpec(const JobSpec& s, int layers) {
+  JobSpec stage = s;
+  stage.model.n_layer = layers;
+  stage.parallelism.pp_size = 1;
+  stage.parallelism.pp_schedule = "1f1b";
+  stage.parallelism.pp_virtual_stages = 1;
+  stage.parallelism.pp_layers.clear();
+  return stage;
+}
+
+// A pipeline's split: the layers of each of its P·v chunks (pp_layers, or balanced by the cost
+// of a layer, the embedding and the head per token) and each stage's cost.
+struct StageSplit {
+  PipelineShape shape;
+  std::vector<int> chunk_layers;
+  std::vector<int> stage_layers;
+  std::vector<double> stage_cost;
+};
+
+StageSplit SplitStages(const JobSpec& s) {
+  const ParallelismSpec& p = s.parallelism;
+  StageSplit out;
+  out.shape.schedule = PpScheduleOf(p);
+  out.shape.stages = p.pp_size;
+  out.shape.virtual_stages =
+      out.shape.schedule == PpSchedule::kInterleaved1F1B ? p.pp_virtual_stages : 1;
+  out.shape.micro_batches = s.train.global_batch_size / (p.dp_replicate_size * p.dp_shard_size *
+                                                         std::max(1, s.train.micro_batch_size));
+  // Per token: a block's GEMMs (6 FLOPs per parameter, forward and backward) and its attention
+  // (12·d·seq / L of the model's count); the head's GEMM 6·V·d; the embedding is a lookup.
+  const double layer = 6.0 * static_cast<double>(BlockParameterCount(s.model)) +
+                       12.0 * s.model.d_model * s.model.seq_len;
+  const double head = 6.0 * s.model.vocab_size * static_cast<double>(s.model.d_model);
+  const int chunks = out.shape.stages * out.shape.virtual_stages;
+  if (static_cast<int>(p.pp_layers.size()) == chunks) {
+    out.chunk_layers = p.pp_layers;
+  } else {
+    out.chunk_layers = BalancedLayerSplit(s.model.n_layer, chunks, layer, 0, head);
+  }
+  out.stage_cost = StageCosts(out.chunk_layers, out.shape.stages, layer, 0, head);
+  out.stage_layers.assign(out.shape.stages, 0);
+  for (size_t k = 0; k < out.chunk_layers.size(); ++k) {
+    out.stage_layers[k % out.shape.stages] += out.chunk_layers[k];
+  }
+  return out;
+}
+
 // One configuration's predictions; model_flops_per_token is the same for every row.
+PlanRow Predict(const JobSpec& s, const ClusterShape& cluster, double model_flops_per_token);
+
+// A pipelined configuration (pp_size > 1): the slowest stage's compute and collectives, the
+// schedule's bubble, the stages' sends, and the memory of the stage with the largest peak.
+PlanRow PredictPipeline(const JobSpec& s, const ClusterShape& cluster,
+                        double model_flops_per_token) {
+  const int world = cluster.world();
+  const DeviceProfile& dev = cluster.device;
+  const ParallelismSpec& p = s.parallelism;
+  const StageSplit split = SplitStages(s);
+  const int P = split.shape.stages;
+  PlanRow row;
+  row.spec = s;
+
+  // Memory: each stage is the model of its layers holding one micro-batch's activations
+  // (PredictRankMemory), plus the kept activations of the micro-batches its schedule has in
+  // flight beyond that one (a layer's kept activations: the model of one layer more, less it).
+  // Stage 0 holds the most micro-batches, the stage with the most layers the most per
+  // micro-batch; the peak is the larger of theirs.
+  int most_layers = 0;
+  for (int q = 1; q < P; ++q) {
+    if (split.stage_layers[q] > split.stage_layers[most_layers]) most_layers = q;
+  }
+  bool first = true;
+  for (int q : {0, most_layers}) {
+    const JobSpec stage = StageSpec(s, split.stage_layers[q]);
+    MemoryPrediction m = PredictRankMemory(stage);
+    const int64_t per_layer =
+        PredictRankMemory(StageSpec(s, split.stage_layers[q] + 1)).of(MemoryKind::kActivations) -
+        m.of(MemoryKind::kActivations);
+    const double extra = (PipelineActivationsInFlight(split.shape, q) - 1) * split.stage_layers[q] *
+                         static_cast<double>(per_layer);
+    m.bytes[static_cast<int>(MemoryKind::kActivations)] += static_cast<int64_t>(extra);
+    m.peak_bytes += static_cast<int64_t>(extra);
+    if (first || m.peak_bytes > row.memory.peak_bytes) {
+      row.memory = m;
+      row.peak_stage = q;
+    }
+    first = false;
+  }
+  const double usable = dev.memory_bytes * kUsableFraction;
+  row.fits = dev.memory_bytes <= 0 || row.memory.peak_bytes <= usable;
+  if (!row.fits) {
+    row.reason = "needs " + Gib(static_cast<double>(row.memory.peak_bytes)) +
+                 " per rank at stage " + std::to_string(row.peak_stage) + ", " + Gib(usable) +
+                 " usable of " + Gib(dev.memory_bytes);
+  }
+
+  // Compute: the slowest stage's share of the step's FLOPs (a balanced split gives every stage
+  // 1/P of them), then the bubble of its schedule on that stage's micro-batch time.
+  const double tokens = static_cast<double>(s.train.global_batch_size) * s.model.seq_len;
+  double total_cost = 0, slowest = 0;
+  for (double c : split.stage_cost) {
+    total_cost += c;
+    slowest = std::max(slowest, c);
+  }
+  const double recompute = RecomputeFlopsPerToken(s);
+  if (dev.flops > 0 && total_cost > 0) {
+    row.compute_seconds = tokens * (model_flops_per_token + recompute) /
+                          (world * dev.flops * dev.step_efficiency) * P * slowest / total_cost;
+    // One micro-batch on the stage: forward, backward for inputs (with what checkpointing
+    // recomputes), backward for weights: 1/3 of the model FLOPs each.
+    const double t = row.compute_seconds / std::max(1, split.shape.micro_batches);
+    const double f = model_flops_per_token + recompute;
+    MicroBatchTimes times;
+    times.forward = t * model_flops_per_token / 3 / f;
+    times.backward_input = t * (model_flops_per_token / 3 + recompute) / f;
+    times.backward_weight = t * model_flops_per_token / 3 / f;
+    row.bubble_seconds = PipelineBubbleSeconds(split.shape, times);
+    row.pipeline_bubble_ratio = PipelineBubbleFraction(split.shape, times);
+  }
+
+  // Communication: the collectives of the slowest stage (its model), each over the link its
+  // group crosses inside one stage (R·S·C·T ranks); the stages' sends over the link between
+  // stages, which is inside a node only when the whole pipeline is.
+  int slow_stage = 0;
+  for (int q = 1; q < P; ++q) {
+    if (split.stage_cost[q] > split.stage_cost[slow_stage]) slow_stage = q;
+  }
+  const JobSpec stage = StageSpec(s, split.stage_layers[slow_stage]);
+  const int stage_ranks = world / P;
+  const std::map<std::string, int> span = {{"tp", p.tp_size},
+                                           {"cp", p.tp_size * p.cp_size},
+                                           {"dp_shard", p.tp_size * p.cp_size * p.dp_shard_size},
+                                           {"dp_replicate", stage_ranks},
+                                           {"pp", world}};
+  const bool per_hop = dev.latency_ranks >= 2;
+  std::map<std::string, double> calls =
+      per_hop ? ExpectedCommHopsPerStep(stage) : ExpectedCommCallsPerStep(stage);
+  const double unit = per_hop ? 1.0 / (2.0 * (dev.latency_ranks - 1)) : 1.0;
+  std::map<std::string, double> bytes = ExpectedCommBytesPerStep(stage);
+  // Activations travel in float32 (the engine's, also under bf16 on cuda: decision 0027).
+  const double message = PipelineP2pBytesPerMicroBatch(
+      s.train.micro_batch_size, s.model.seq_len / p.cp_size, s.model.d_model, sizeof(float));
+  bytes["pp"] = PipelineP2pBytesPerStep(split.shape, message);
+  calls["pp"] = PipelineP2pCallsPerStep(split.shape);  // a send is one hop
+  row.step_seconds = row.compute_seconds + row.bubble_seconds;
+  for (const auto& [axis, b] : bytes) {
+    const bool inside = span.at(axis) <= cluster.per_node;
+    const double link = inside ? dev.intra_node_bw : dev.inter_node_bw;
+    const double latency = (inside ? dev.intra_node_latency : dev.inter_node_latency) * unit;
+    row.comm_seconds[axis] = (link > 0 ? b / link : 0) + calls.at(axis) * latency;
+    row.step_seconds += row.comm_seconds[axis];
+  }
+  if (row.step_seconds > 0) {
+    row.tokens_per_second = tokens / row.step_seconds;
+    row.mfu = ModelFlopsUtilization(row.tokens_per_second, model_flops_per_token, dev.flops, world);
+  }
+  return row;
+}
+
 PlanRow Predict(const JobSpec& s, const ClusterShape& cluster, double model_flops_per_token) {
+  if (s.parallelism.pp_size > 1) return PredictPipeline(s, cluster, model_flops_per_token);
   const int world = cluster.world();
   const DeviceProfile& dev = cluster.device;
   const ParallelismSpec& p = s.parallelism;
@@ -200,10 +407,18 @@ std::string MeshName(const ParallelismSpec& p) {
     if (size > 1)
       out += (out.empty() ? "" : " × ") + std::string(name) + " " + std::to_string(size);
   };
+  axis("pp", p.pp_size);
   axis("dp_replicate", p.dp_replicate_size);
   axis("dp_shard", p.dp_shard_size);
   axis("cp", p.cp_size);
   axis("tp", p.tp_size);
+  if (p.pp_size > 1) {
+    out += " (" + p.pp_schedule +
+           (PpScheduleOf(p) == PpSchedule::kInterleaved1F1B
+                ? ", " + std::to_string(p.pp_virtual_stages) + " virtual stages"
+                : std::string()) +
+           ")";
+  }
   return out.empty() ? "1 rank" : out;
 }
 
@@ -217,10 +432,17 @@ StatusOr<MeshChoice> ChooseMesh(const JobSpec& spec, const ClusterShape& cluster
   std::vector<const PlanRow*> same;
   for (const PlanRow& r : rows) {
     const ParallelismSpec& p = r.spec.parallelism;
+    if (!r.engine_runs) continue;  // a pipeline this build cannot run yet
     if (r.spec.train.activation_checkpointing != spec.train.activation_checkpointing) continue;
     if (p.cp_size > 1 && p.cp_comm_strategy != spec.parallelism.cp_comm_strategy) continue;
     if (p.dp_shard_size * p.cp_size > 1 &&
         p.fsdp_reshard_after_forward != spec.parallelism.fsdp_reshard_after_forward) {
+      continue;
+    }
+    // A pipeline runs the spec's own schedule (and its virtual stages when interleaved).
+    if (p.pp_size > 1 && (PpScheduleOf(p) != PpScheduleOf(spec.parallelism) ||
+                          (PpScheduleOf(p) == PpSchedule::kInterleaved1F1B &&
+                           p.pp_virtual_stages != spec.parallelism.pp_virtual_stages))) {
       continue;
     }
     same.push_back(&r);
@@ -252,6 +474,10 @@ StatusOr<MeshChoice> ChooseMesh(const JobSpec& spec, const ClusterShape& cluster
   choice.spec.parallelism.dp_shard_size = choice.best.spec.parallelism.dp_shard_size;
   choice.spec.parallelism.cp_size = choice.best.spec.parallelism.cp_size;
   choice.spec.parallelism.tp_size = choice.best.spec.parallelism.tp_size;
+  choice.spec.parallelism.pp_size = choice.best.spec.parallelism.pp_size;
+  choice.spec.parallelism.pp_schedule = choice.best.spec.parallelism.pp_schedule;
+  choice.spec.parallelism.pp_virtual_stages = choice.best.spec.parallelism.pp_virtual_stages;
+  choice.spec.parallelism.pp_layers.clear();
   char buf[160];
   const double peak = static_cast<double>(choice.best.memory.peak_bytes);
   std::snprintf(buf, sizeof(buf), "predicted %.3g s per step, %.3g %s per rank",
@@ -304,6 +530,7 @@ StatusOr<std::vector<PlanRow>> Plan(const JobSpec& spec, const ClusterShape& clu
   std::vector<PlanRow> rows;
   for (const JobSpec& s : Candidates(spec, cluster.world())) {
     rows.push_back(Predict(s, cluster, model_flops_per_token));
+    rows.back().engine_runs = PlannableOn(s, cluster.world()) == Plannable::kRuns;
   }
   std::stable_sort(rows.begin(), rows.end(), [](const PlanRow& a, const PlanRow& b) {
     if (a.fits != b.fits) return a.fits;
@@ -345,6 +572,17 @@ std::string ExplainBest(const std::vector<PlanRow>& rows, const ClusterShape& cl
                 best.step_seconds > 0 ? 100.0 * best.compute_seconds / best.step_seconds : 0.0,
                 best.tokens_per_second, Gib(static_cast<double>(best.memory.peak_bytes)).c_str());
   std::string text = buf;
+  if (p.pp_size > 1) {
+    std::snprintf(buf, sizeof(buf),
+                  " Pipeline: %d stages (%s%s), the bubble %.0f%% of the stage's time, the peak "
+                  "at stage %d.",
+                  p.pp_size, p.pp_schedule.c_str(),
+                  PpScheduleOf(p) == PpSchedule::kInterleaved1F1B
+                      ? (", " + std::to_string(p.pp_virtual_stages) + " virtual stages").c_str()
+                      : "",
+                  100.0 * best.pipeline_bubble_ratio, best.peak_stage);
+    text += buf;
+  }
   if (rows.size() > 1 && rows[1].fits) {
     const PlanRow& next = rows[1];
     std::snprintf(buf, sizeof(buf),

@@ -63,7 +63,17 @@ struct PlanRow {
   bool fits = false;
   std::string reason;  // why it does not fit (empty when it does)
   double compute_seconds = 0;
-  std::map<std::string, double> comm_seconds;  // per axis: tp, cp, dp_shard, dp_replicate
+  // per axis: tp, cp, dp_shard, dp_replicate (and pp: the stages' sends, when pp_size > 1)
+  std::map<std::string, double> comm_seconds;
+  // Pipeline parallelism (pp_size > 1): the stages' idle time in a step (the schedule's
+  // bubble, PipelineBubbleSeconds) and its fraction of the step's compute and bubble; the stage
+  // the memory figures are of (the one with the largest peak).
+  double bubble_seconds = 0;
+  double pipeline_bubble_ratio = 0;
+  int peak_stage = 0;
+  // Whether this build's engine runs the configuration (ValidateJobSpec accepts it); false for
+  // a pipeline planned on paper before the engine runs pipelines. `auto` chooses only these.
+  bool engine_runs = true;
   double step_seconds = 0;
   double tokens_per_second = 0;
   double mfu = 0;
@@ -100,7 +110,8 @@ struct MeshChoice {
 };
 StatusOr<MeshChoice> ChooseMesh(const JobSpec& spec, const ClusterShape& cluster);
 
-// "dp_shard 2 × tp 2": the axes of size > 1, outermost first; "1 rank" when there are none.
+// "pp 2 × dp_shard 2 × tp 2": the axes of size > 1, outermost first; "1 rank" when there are
+// none.
 std::string MeshName(const ParallelismSpec& p);
 
 // A few plain sentences about the first row (why it wins, what the runner-up trades).

@@ -34,8 +34,8 @@ TEST_F(PlanCommandTest, ListsEveryMeshOfTheClusterBestFirstAsJson) {
       EXPECT_TRUE(row.contains(key)) << key;
     }
     const json& m = row["mesh"];
-    EXPECT_EQ(m["dp_replicate"].get<int>() * m["dp_shard"].get<int>() * m["cp"].get<int>() *
-                  m["tp"].get<int>(),
+    EXPECT_EQ(m["pp"].get<int>() * m["dp_replicate"].get<int>() * m["dp_shard"].get<int>() *
+                  m["cp"].get<int>() * m["tp"].get<int>(),
               4);
     EXPECT_TRUE(row["fits"].get<bool>()) << "tiny fits an h100";
     EXPECT_LE(row["tokens_per_second"].get<double>(), previous);

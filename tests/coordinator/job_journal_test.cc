@@ -147,7 +147,7 @@ TEST_F(JobJournalTest, RanksRoundTripThroughTheirRows) {
   EXPECT_EQ(back.exit_code, 3);
   EXPECT_EQ(back.error, "bad");
   v1::RankInfo info;
-  FillRankInfo(back, &info);
+  FillRankInfo(back, *ParallelDims::Create(1, 1, 1, 2), &info);
   EXPECT_EQ(info.coords().tp(), 1);
   EXPECT_EQ(info.pid(), 42);
   auto attempts = db_->LoadAttempts(job->row.job_id);

@@ -28,8 +28,8 @@ namespace {
 
 using Labels = std::map<std::string, std::string>;
 
-const std::vector<std::string> kRankLabels = {"job_id",   "rank", "worker", "dp_replicate",
-                                              "dp_shard", "cp",   "tp"};
+const std::vector<std::string> kRankLabels = {"job_id",       "rank",     "worker", "pp",
+                                              "dp_replicate", "dp_shard", "cp",     "tp"};
 
 v1::MetricsSample Sample(const std::string& job, int attempt, int rank, int64_t step,
                          double seconds, uint64_t tp_bytes) {
@@ -164,6 +164,7 @@ TEST(RankSeriesExport, EverySeriesWithItsLabels) {
   EXPECT_EQ(LabelsOf(*loss1), (Labels{{"job_id", "job-1"},
                                       {"rank", "1"},
                                       {"worker", "node-1"},
+                                      {"pp", "0"},
                                       {"dp_replicate", "0"},
                                       {"dp_shard", "0"},
                                       {"cp", "0"},
@@ -460,7 +461,7 @@ TEST(MetricsEndpoint, ServesRankSeriesOverHttp) {
   ASSERT_TRUE(exporter.ok()) << exporter.status().ToString();
   const std::string body = HttpGet((*exporter)->port(), "/metrics");
   const std::string rank =
-      R"(job_id="job-7",rank="1",worker="node-1",dp_replicate="0",dp_shard="0",cp="0",tp="1")";
+      R"(job_id="job-7",rank="1",worker="node-1",pp="0",dp_replicate="0",dp_shard="0",cp="0",tp="1")";
   for (const std::string& line : std::vector<std::string>{
            "# TYPE meshrun_rank_step_seconds histogram",
            "meshrun_rank_step_seconds_bucket{" + rank + R"(,le="0.025"} 0)",

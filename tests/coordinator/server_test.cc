@@ -339,7 +339,8 @@ TEST_F(ServerTest, HealthReflectionAndMetrics) {
     return body;
   };
   const std::string rank1 =
-      "meshrun_rank_loss{job_id=\"job-000001\",rank=\"1\",worker=\"a\",dp_replicate=\"0\","
+      "meshrun_rank_loss{job_id=\"job-000001\",rank=\"1\",worker=\"a\",pp=\"0\","
+      "dp_replicate=\"0\","
       "dp_shard=\"1\",cp=\"0\",tp=\"0\"} 2.5";
   const std::string job_step = "meshrun_job_step{job_id=\"job-000001\"} 1";
   std::string body = scrape();

@@ -41,7 +41,7 @@ TEST(StateDbTest, RowsSurviveReopen) {
     r.rank = 3;
     r.worker_id = "wkr-1";
     r.worker_name = "a";
-    r.tp = 1;
+    r.coords.tp = 1;
     r.state = 2;
     r.pid = 77;
     b.ranks.push_back(r);
@@ -73,7 +73,7 @@ TEST(StateDbTest, RowsSurviveReopen) {
   ASSERT_TRUE(ranks.ok());
   ASSERT_EQ(ranks->size(), 1u);
   EXPECT_EQ((*ranks)[0].pid, 77);
-  EXPECT_EQ((*ranks)[0].tp, 1);
+  EXPECT_EQ((*ranks)[0].coords.tp, 1);
   auto workers = (*db)->LoadWorkers();
   ASSERT_TRUE(workers.ok());
   ASSERT_EQ(workers->size(), 1u);

@@ -501,7 +501,7 @@ TEST_F(PrometheusTest, RequiredSeriesAndEveryDashboardQueryHaveData) {
   for (const json& r : status["ranks"]) {
     RankPlace place;
     place.worker = r["worker"].get<std::string>();
-    for (const char* axis : {"dp_replicate", "dp_shard", "cp", "tp"}) {
+    for (const char* axis : {"pp", "dp_replicate", "dp_shard", "cp", "tp"}) {
       place.coords[axis] = r["coords"][axis].get<int>();
     }
     ranks.push_back(place);

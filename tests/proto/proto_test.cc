@@ -15,6 +15,7 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/job_spec.pb.h"
+#include "meshrun/v1/rank.pb.h"
 #include "meshrun/v1/store.pb.h"
 #include "meshrun/v1/types.pb.h"
 #include "meshrun/v1/worker.pb.h"
@@ -335,6 +336,58 @@ TEST(TypesTest, MeshAxisCrossesTheWireAtOneBoundary) {
       EXPECT_TRUE(MeshAxisFromProto(wire)) << e->value(i)->name();
     }
   }
+}
+
+// The mesh on the wire (decision 0055): the five coordinates and sizes (pp's fields numbered
+// after the four older ones, which keep theirs), and the ordered list of axes a rank's
+// assignment and its RankInfo carry; the measured pipeline bubble of a step.
+TEST(TypesTest, TheMeshTravelsAsCoordinatesAndAsAnOrderedListOfAxes) {
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(FieldNames(MeshCoords::descriptor()),
+            (Names{"dp_replicate", "dp_shard", "cp", "tp", "pp"}));
+  EXPECT_EQ(FieldNames(MeshShape::descriptor()),
+            (Names{"dp_replicate_size", "dp_shard_size", "cp_size", "tp_size", "pp_size"}));
+  EXPECT_EQ(MeshCoords::descriptor()->FindFieldByName("pp")->number(), 5);
+  EXPECT_EQ(FieldNames(MeshAxisCoord::descriptor()), (Names{"axis", "size", "index"}));
+  for (const Descriptor* d : {RankInfo::descriptor(), RankAssignment::descriptor()}) {
+    const FieldDescriptor* axes = d->FindFieldByName("axes");
+    ASSERT_NE(axes, nullptr) << d->full_name();
+    EXPECT_TRUE(axes->is_repeated()) << d->full_name();
+    EXPECT_EQ(axes->message_type(), MeshAxisCoord::descriptor()) << d->full_name();
+  }
+  EXPECT_NE(
+      ListRanksRequest::descriptor()->FindFieldByName("coords")->message_type()->FindFieldByName(
+          "pp"),
+      nullptr);
+  for (const Descriptor* d : {MetricsSample::descriptor(), RankStep::descriptor()}) {
+    const FieldDescriptor* bubble = d->FindFieldByName("pipeline_bubble_ratio");
+    ASSERT_NE(bubble, nullptr) << d->full_name();
+    EXPECT_TRUE(bubble->has_presence()) << d->full_name() << ": unset must read as not measured";
+  }
+}
+
+TEST(WorkerSessionTest, APipelinedRanksAssignmentNamesItsStage) {
+  // pp 2 × dp_shard 2 × tp 2: rank 5 is (p 1, s 0, t 1).
+  RankAssignment a;
+  a.set_rank(5);
+  a.mutable_coords()->set_pp(1);
+  a.mutable_coords()->set_tp(1);
+  a.mutable_mesh()->set_pp_size(2);
+  a.mutable_mesh()->set_dp_replicate_size(1);
+  a.mutable_mesh()->set_dp_shard_size(2);
+  a.mutable_mesh()->set_cp_size(1);
+  a.mutable_mesh()->set_tp_size(2);
+  RankAssignment parsed;
+  ASSERT_TRUE(parsed.ParseFromString(a.SerializeAsString()));
+  const MeshCoords& c = parsed.coords();
+  const MeshShape& m = parsed.mesh();
+  const int g =
+      (((c.pp() * m.dp_replicate_size() + c.dp_replicate()) * m.dp_shard_size() + c.dp_shard()) *
+           m.cp_size() +
+       c.cp()) *
+          m.tp_size() +
+      c.tp();
+  EXPECT_EQ(g, parsed.rank());
 }
 
 TEST(DurationTest, HugeDurationsSaturateInsteadOfOverflowing) {

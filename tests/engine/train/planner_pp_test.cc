@@ -1,0 +1,190 @@
+// The planner's pipeline rows (docs/planning.md "Pipeline parallelism"): every pp size and
+// schedule is listed, the memory of a stage holds the micro-batches its schedule keeps in flight,
+// the step adds the schedule's bubble and the stages' sends over the link between stages, and
+// `auto` chooses only what this build's engine runs. Worked out by hand on a 4-layer GPT-2.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <tuple>
+
+#include "common/job_spec.h"
+#include "engine/train/memory_model.h"
+#include "engine/train/pipeline_cost.h"
+#include "engine/train/planner.h"
+
+namespace meshrun {
+namespace {
+
+// 4 layers, d_model 64, 4 heads, seq 64, vocab 256; 8 sequences a step in micro-batches of 1.
+JobSpec FourLayers() {
+  JobSpec s;
+  s.model.n_layer = 4;
+  s.train.global_batch_size = 8;
+  s.train.micro_batch_size = 1;
+  s.data.train = "/dev/null";
+  return s;
+}
+
+ClusterShape PpCluster(int nodes, int per_node) {
+  ClusterShape c;
+  c.nodes = nodes;
+  c.per_node = per_node;
+  c.device = {"test", 1e12, 1e12, 100e9, 10e9, 0.5};  // no latency: bytes over links only
+  return c;
+}
+
+const PlanRow* FindRow(const std::vector<PlanRow>& rows, int pp, int dp_replicate,
+                       PpSchedule schedule, int v = 1, const char* ac = "none") {
+  for (const PlanRow& r : rows) {
+    const ParallelismSpec& p = r.spec.parallelism;
+    if (p.pp_size == pp && p.dp_replicate_size == dp_replicate && p.dp_shard_size == 1 &&
+        p.cp_size == 1 && p.tp_size == 1 && PpScheduleOf(p) == schedule &&
+        p.pp_virtual_stages == v && r.spec.train.activation_checkpointing == ac) {
+      return &r;
+    }
+  }
+  return nullptr;
+}
+
+TEST(PlannerPipelineTest, ListsEveryPipelineSizeAndScheduleOnce) {
+  StatusOr<std::vector<PlanRow>> rows = Plan(FourLayers(), PpCluster(2, 2));
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  std::set<std::tuple<int, int, int, int, int, std::string, int, std::string, bool, std::string>>
+      seen;
+  std::set<std::pair<int, std::string>> schedules;
+  for (const PlanRow& r : *rows) {
+    const ParallelismSpec& p = r.spec.parallelism;
+    EXPECT_EQ(p.pp_size * p.dp_replicate_size * p.dp_shard_size * p.cp_size * p.tp_size, 4);
+    EXPECT_TRUE(seen.insert({p.pp_size, p.dp_replicate_size, p.dp_shard_size, p.cp_size, p.tp_size,
+                             p.pp_schedule, p.pp_virtual_stages, p.cp_comm_strategy,
+                             p.fsdp_reshard_after_forward, r.spec.train.activation_checkpointing})
+                    .second)
+        << "listed twice: " << MeshName(p);
+    schedules.insert({p.pp_size, p.pp_schedule + "/" + std::to_string(p.pp_virtual_stages)});
+    // The engine runs exactly what ValidateJobSpec accepts; the rest is a pipeline on paper.
+    EXPECT_EQ(r.engine_runs, ValidateJobSpec(r.spec, 4).ok()) << MeshName(p);
+    if (p.pp_size == 1) EXPECT_TRUE(r.engine_runs);
+  }
+  // pp 2: 1f1b, zero_bubble, interleaved with 2 chunks per stage (2·2 ≤ 4 layers; 4 would not);
+  // pp 4: 1f1b and zero_bubble (4·2 > 4 layers).
+  EXPECT_EQ(schedules, (std::set<std::pair<int, std::string>>{{1, "1f1b/1"},
+                                                              {2, "1f1b/1"},
+                                                              {2, "zero_bubble/1"},
+                                                              {2, "interleaved_1f1b/2"},
+                                                              {4, "1f1b/1"},
+                                                              {4, "zero_bubble/1"}}));
+}
+
+TEST(PlannerPipelineTest, StageZeroHoldsTheMicroBatchesItsScheduleKeepsInFlight) {
+  StatusOr<std::vector<PlanRow>> rows = Plan(FourLayers(), PpCluster(1, 4));
+  ASSERT_TRUE(rows.ok());
+  // One micro-batch of one layer keeps, by hand (memory_model.cc, N = 1·64 tokens, d 64,
+  // 4 heads, d_ff 256, LayerNorm means): N·d·4 + N·2·2 + N·d·5 + N·4 + N·(256 + 256) floats.
+  const int64_t N = 64;
+  const int64_t layer_bytes = 4 * (N * 64 * 4 + N * 2 * 2 + N * 64 * 5 + N * 4 + N * 512);
+  EXPECT_EQ(layer_bytes, 280576);
+  JobSpec stage = FourLayers();  // a stage of 2 layers, one micro-batch
+  stage.model.n_layer = 2;
+  const int64_t one = PredictRankMemory(stage).of(MemoryKind::kActivations);
+  stage.model.n_layer = 3;
+  EXPECT_EQ(PredictRankMemory(stage).of(MemoryKind::kActivations) - one, layer_bytes);
+  // pp 2 × dp_replicate 2: 4 micro-batches per stage. 1F1B: stage 0 holds 2 micro-batches of its
+  // 2 layers, one more than the stage model's one.
+  const PlanRow* f = FindRow(*rows, 2, 2, PpSchedule::k1F1B);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->peak_stage, 0);
+  EXPECT_EQ(f->memory.of(MemoryKind::kActivations), one + 1 * 2 * layer_bytes);
+  // ZB-H1 keeps 1F1B's count.
+  const PlanRow* zb = FindRow(*rows, 2, 2, PpSchedule::kZeroBubble);
+  ASSERT_NE(zb, nullptr);
+  EXPECT_EQ(zb->memory.of(MemoryKind::kActivations), f->memory.of(MemoryKind::kActivations));
+  // Interleaved, 2 chunks of 1 layer per stage: (2−1)·2 + 2·(2−0−1) + 1 = 5 chunks = 2.5
+  // micro-batches of the stage's 2 layers: 1.5 more than one.
+  const PlanRow* in = FindRow(*rows, 2, 2, PpSchedule::kInterleaved1F1B, 2);
+  ASSERT_NE(in, nullptr);
+  EXPECT_EQ(in->memory.of(MemoryKind::kActivations), one + 3 * layer_bytes);
+  // pp 4: a layer per stage, stage 0 holds 4 micro-batches (8 per stage at dp 1).
+  const PlanRow* four = FindRow(*rows, 4, 1, PpSchedule::k1F1B);
+  ASSERT_NE(four, nullptr);
+  stage.model.n_layer = 1;
+  EXPECT_EQ(four->memory.of(MemoryKind::kActivations),
+            PredictRankMemory(stage).of(MemoryKind::kActivations) + 3 * layer_bytes);
+}
+
+TEST(PlannerPipelineTest, TheStepAddsTheSchedulesBubble) {
+  StatusOr<std::vector<PlanRow>> rows = Plan(FourLayers(), PpCluster(1, 4));
+  ASSERT_TRUE(rows.ok());
+  // pp 2 × dp_replicate 2, m = 4 micro-batches, no recomputation (F = B = W = t/3).
+  const PlanRow* f = FindRow(*rows, 2, 2, PpSchedule::k1F1B);
+  const PlanRow* zb = FindRow(*rows, 2, 2, PpSchedule::kZeroBubble);
+  const PlanRow* in = FindRow(*rows, 2, 2, PpSchedule::kInterleaved1F1B, 2);
+  ASSERT_TRUE(f && zb && in);
+  const double t = f->compute_seconds / 4;
+  EXPECT_NEAR(f->bubble_seconds, 1 * t, 1e-12 * t);
+  EXPECT_NEAR(f->pipeline_bubble_ratio, 1.0 / (4 + 1), 1e-12);       // (P−1)/(m+P−1)
+  EXPECT_NEAR(zb->bubble_seconds, t / 3, 1e-12 * t);                 // (P−1)(F+B−W)
+  EXPECT_NEAR(zb->pipeline_bubble_ratio, 1.0 / (3 * 4 + 1), 1e-12);  // (P−1)/(3m+P−1)
+  EXPECT_NEAR(in->pipeline_bubble_ratio, 1.0 / (2 * 4 + 1), 1e-12);  // (P−1)/(vm+P−1)
+  EXPECT_NEAR(f->step_seconds,
+              f->compute_seconds + f->bubble_seconds + f->comm_seconds.at("pp") +
+                  f->comm_seconds.at("dp_replicate") + f->comm_seconds.at("tp") +
+                  f->comm_seconds.at("cp") + f->comm_seconds.at("dp_shard"),
+              1e-12);
+  EXPECT_LT(zb->step_seconds, f->step_seconds);
+  // Without a pipeline there is no bubble.
+  const PlanRow* flat = FindRow(*rows, 1, 4, PpSchedule::k1F1B);
+  ASSERT_NE(flat, nullptr);
+  EXPECT_EQ(flat->bubble_seconds, 0);
+  EXPECT_EQ(flat->comm_seconds.count("pp"), 0u);
+}
+
+TEST(PlannerPipelineTest, StagesSendOverTheLinkBetweenThem) {
+  // B·T·d·4 bytes each way per micro-batch: 1·64·64·4 = 16 KiB; a stage sends 2·m = 8 of them.
+  const double bytes = 8 * 16384.0;
+  auto pp_seconds = [](int nodes, int per_node) {
+    StatusOr<std::vector<PlanRow>> rows = Plan(FourLayers(), PpCluster(nodes, per_node));
+    EXPECT_TRUE(rows.ok());
+    const PlanRow* r = FindRow(*rows, 2, 2, PpSchedule::k1F1B);
+    return r == nullptr ? -1.0 : r->comm_seconds.at("pp");
+  };
+  // The whole pipeline inside one node: NVLink-like 100 GB/s; across two nodes the stages sit
+  // on different nodes: 10 GB/s.
+  EXPECT_DOUBLE_EQ(pp_seconds(1, 4), bytes / 100e9);
+  EXPECT_DOUBLE_EQ(pp_seconds(2, 2), bytes / 10e9);
+  // dp_replicate's all-reduce stays inside a stage's node there (2 ranks per stage, 2 per node).
+  StatusOr<std::vector<PlanRow>> rows = Plan(FourLayers(), PpCluster(2, 2));
+  ASSERT_TRUE(rows.ok());
+  const PlanRow* r = FindRow(*rows, 2, 2, PpSchedule::k1F1B);
+  ASSERT_NE(r, nullptr);
+  JobSpec stage = r->spec;  // the stage's model: 2 layers, no pipeline
+  stage.model.n_layer = 2;
+  stage.parallelism.pp_size = 1;
+  stage.parallelism.pp_schedule = "1f1b";
+  EXPECT_DOUBLE_EQ(r->comm_seconds.at("dp_replicate"),
+                   PredictConfiguration(stage, PpCluster(1, 2)).comm_seconds.at("dp_replicate"));
+}
+
+TEST(PlannerPipelineTest, AutoChoosesOnlyWhatThisBuildRuns) {
+  JobSpec spec = FourLayers();
+  spec.parallelism.auto_mesh = true;
+  StatusOr<MeshChoice> choice = ChooseMesh(spec, PpCluster(2, 2));
+  ASSERT_TRUE(choice.ok()) << choice.status().ToString();
+  EXPECT_TRUE(ValidateJobSpec(choice->spec, 4).ok());
+  EXPECT_TRUE(choice->best.engine_runs);
+  if (choice->has_runner_up) EXPECT_TRUE(choice->runner_up.engine_runs);
+}
+
+TEST(PlannerPipelineTest, MeshNamesStartWithThePipeline) {
+  ParallelismSpec p;
+  p.pp_size = 4;
+  p.tp_size = 2;
+  p.pp_schedule = "interleaved_1f1b";
+  p.pp_virtual_stages = 2;
+  EXPECT_EQ(MeshName(p), "pp 4 × tp 2 (interleaved_1f1b, 2 virtual stages)");
+  p.pp_schedule = "zero_bubble";
+  p.pp_virtual_stages = 1;
+  EXPECT_EQ(MeshName(p), "pp 4 × tp 2 (zero_bubble)");
+}
+
+}  // namespace
+}  // namespace meshrun
