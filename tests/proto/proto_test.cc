@@ -146,7 +146,8 @@ TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
        {"train", "val", "format", "order", "eval_every", "tokenizer", "train_sources", "template",
         "attention"}},
       {"checkpoint", {"dir", "every", "keep", "resume"}},
-      {"resources", {"device", "threads"}},
+      {"resources",
+       {"device", "threads", "elastic_min_ranks", "elastic_max_ranks", "elastic_wait_seconds"}},
       {"restart", {"max_restarts"}},
   };
   for (const auto& [section, keys] : sections) {
