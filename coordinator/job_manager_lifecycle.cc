@@ -238,9 +238,11 @@ void JobManager::EndAttemptLocked(Txn& txn, Attempt& attempt, AttemptState state
   attempt.state = state;
   attempt.reason = reason;
   attempt.ended_ms = ToMillis(clock_.Now());
-  txn.job.SyncProgress();
-  txn.job.ended_step = txn.job.row.step;  // an elastic job's next mesh counts from here
-  txn.job.ended_ms = attempt.ended_ms;
+  if (txn.job.elastic()) {  // its next mesh counts steps lost and idle time from here
+    txn.job.SyncProgress();
+    txn.job.ended_step = txn.job.row.step;
+    txn.job.ended_ms = attempt.ended_ms;
+  }
   ChangedLocked();
   ingest_.Stop(txn.job.row.job_id, attempt.number);
   txn.batch.attempts.push_back(ToAttemptRow(txn.job, attempt));

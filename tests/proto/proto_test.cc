@@ -255,7 +255,7 @@ const std::vector<Rpc>& ContractRpcs() {
       {"CancelJob", false, false},  {"WatchJob", false, true},        {"ListWorkers", false, false},
       {"GetJobLogs", false, false}, {"RegisterWorker", false, false}, {"WorkerSession", true, true},
       {"StoreSet", false, false},   {"StoreGet", false, false},       {"StoreAdd", false, false},
-      {"ListRanks", false, false},
+      {"ListRanks", false, false},  {"DrainWorker", false, false},
   };
   return rpcs;
 }
