@@ -161,7 +161,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "error: --faults: unknown fault '%s' (hint: kill-rank, kill-worker, "
                    "kill-coordinator, stop-rank, kill-rank-in-restart, sigterm-coordinator, "
-                   "sigterm-coordinator-at-barrier)\n",
+                   "sigterm-coordinator-at-barrier; or the elastic worker-gone, worker-added, "
+                   "drain)\n",
                    f.c_str());
       return 2;
     }
