@@ -273,6 +273,19 @@ StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers() {
   return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
 }
 
+StatusOr<v1::DrainWorkerResponse> CoordinatorClient::DrainWorker(const std::string& name,
+                                                                 bool drain) {
+  grpc::ClientContext ctx;
+  Prepare(&ctx);
+  v1::DrainWorkerRequest request;
+  request.set_name(name);
+  request.set_drain(drain);
+  v1::DrainWorkerResponse response;
+  const grpc::Status s = stub_->DrainWorker(&ctx, request, &response);
+  if (!s.ok()) return Convert(s);
+  return response;
+}
+
 StatusOr<v1::GetJobResponse> CoordinatorClient::GetJob(const v1::GetJobRequest& request) {
   grpc::ClientContext ctx;
   Prepare(&ctx);
@@ -416,16 +429,37 @@ json JobStatusJson(const v1::Job& job) {
               {"ranks", ranks}};
 }
 
+json JobMeshesJson(const v1::Job& job) {
+  json out = json::array();
+  for (const v1::JobMesh& m : job.meshes()) {
+    out.push_back({{"attempt", m.attempt()},
+                   {"mesh",
+                    {{"dp_replicate", m.mesh().dp_replicate_size()},
+                     {"dp_shard", m.mesh().dp_shard_size()},
+                     {"cp", m.mesh().cp_size()},
+                     {"tp", m.mesh().tp_size()}}},
+                   {"world_size", m.world_size()},
+                   {"from_step", m.from_step()},
+                   {"cause", m.cause()},
+                   {"started_at", FormatTime(m.started_at())},
+                   {"steps_lost", m.steps_lost()},
+                   {"seconds_without_training", m.seconds_without_training()}});
+  }
+  return out;
+}
+
 json WorkerJson(const v1::WorkerInfo& w) {
-  return json{{"name", w.name()},
-              {"state", WorkerStateName(w.state())},
-              {"slots", w.slots()},
-              {"device", w.device()},
-              {"address", w.address()},
-              {"worker_id", w.worker_id()},
-              {"slots_in_use", w.slots_in_use()},
-              {"metrics_address", w.metrics_address()},
-              {"last_heartbeat_at", FormatTime(w.last_heartbeat_at())}};
+  json out{{"name", w.name()},
+           {"state", WorkerStateName(w.state())},
+           {"slots", w.slots()},
+           {"device", w.device()},
+           {"address", w.address()},
+           {"worker_id", w.worker_id()},
+           {"slots_in_use", w.slots_in_use()},
+           {"metrics_address", w.metrics_address()},
+           {"last_heartbeat_at", FormatTime(w.last_heartbeat_at())}};
+  if (w.drained()) out["drained"] = true;  // `meshrun workers drain NAME`
+  return out;
 }
 
 void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& cells) {

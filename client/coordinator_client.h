@@ -89,6 +89,8 @@ class CoordinatorClient {
   // One page of ranks, of workers.
   StatusOr<v1::ListRanksResponse> ListRanks(const v1::ListRanksRequest& request);
   StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request);
+  // `meshrun workers drain/undrain NAME` (DrainWorker).
+  StatusOr<v1::DrainWorkerResponse> DrainWorker(const std::string& name, bool drain);
   StatusOr<v1::GetJobLogsResponse> GetJobLogs(const std::string& job_id, std::optional<int> rank);
 
   // Streams a job's events to on_event until the stream ends (OK: after the terminal state
@@ -125,8 +127,11 @@ std::string FormatDuration(double seconds);
 // The JSON shapes of docs/cli.md (more fields than listed are welcome).
 nlohmann::ordered_json JobListEntryJson(const v1::Job& job);  // jobs -o json, one entry
 nlohmann::ordered_json JobStatusJson(const v1::Job& job);     // status -o json
-nlohmann::ordered_json WorkerJson(const v1::WorkerInfo& w);   // workers -o json, one entry
-nlohmann::ordered_json RankJson(const v1::RankInfo& r);       // status -o json, one rank
+// An elastic job's meshes (status -o json's "meshes"): attempt, mesh, world_size, from_step,
+// cause, started_at, steps_lost, seconds_without_training.
+nlohmann::ordered_json JobMeshesJson(const v1::Job& job);
+nlohmann::ordered_json WorkerJson(const v1::WorkerInfo& w);  // workers -o json, one entry
+nlohmann::ordered_json RankJson(const v1::RankInfo& r);      // status -o json, one rank
 
 // A table for people: a header row and left-aligned columns two spaces apart; every cell
 // escaped with EscapeText (common/escape.h).

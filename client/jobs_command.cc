@@ -282,6 +282,7 @@ int RunStatus(const JobFlags& f) {
     json history = json::array();
     for (const auto& [step, loss] : losses) history.push_back({{"step", step}, {"loss", loss}});
     out["loss_history"] = std::move(history);
+    if (job->meshes_size() > 0) out["meshes"] = JobMeshesJson(*job);  // elastic jobs
     std::cout << DumpJson(out) << std::endl;
     return kExitOk;
   }
@@ -333,10 +334,27 @@ int RunStatus(const JobFlags& f) {
              (measured.peak_memory_bytes > 0 ? Fixed(measured.peak_memory_bytes / mib, 1) : "-") +
              " MiB"});
   }
+  // An elastic job: every mesh it ran on, from which step, and why (decision 0056).
+  for (int i = 0; i < job->meshes_size(); ++i) {
+    const v1::JobMesh& m = job->meshes(i);
+    std::string text =
+        "dp_replicate " + std::to_string(m.mesh().dp_replicate_size()) + " x dp_shard " +
+        std::to_string(m.mesh().dp_shard_size()) + " x cp " + std::to_string(m.mesh().cp_size()) +
+        " x tp " + std::to_string(m.mesh().tp_size()) + " = " + std::to_string(m.world_size()) +
+        " ranks, attempt " + std::to_string(m.attempt()) + ", from step " +
+        (m.from_step() >= 0 ? std::to_string(m.from_step()) : "?") + " (" + m.cause() + ")";
+    if (m.steps_lost() >= 0) text += ", " + std::to_string(m.steps_lost()) + " steps lost";
+    if (m.seconds_without_training() >= 0) {
+      text += ", " + Fixed(m.seconds_without_training(), 1) + " s without training";
+    }
+    info.push_back({i == 0 ? "meshes" : "", text});
+  }
   if (job->has_started_at()) info.push_back({"started", FormatTime(job->started_at())});
   if (job->has_finished_at()) info.push_back({"finished", FormatTime(job->finished_at())});
   if (!job->last_checkpoint().empty()) info.push_back({"checkpoint", job->last_checkpoint()});
-  for (auto& row : info) row[0] += ":";
+  for (auto& row : info) {
+    if (!row[0].empty()) row[0] += ":";
+  }
   PrintTable(std::cout, info);
   bool header_printed = false, with_pp = false;
   auto print_ranks = [&]() {

@@ -206,6 +206,15 @@ StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& j
         }
         break;
       }
+      case v1::JobEvent::kRemeshed: {
+        const v1::JobRemeshed& r = e.remeshed();
+        const v1::MeshShape& m = r.mesh();
+        view.Line("re-meshed (" + r.cause() + ") at step " + std::to_string(r.step()) +
+                  ": dp_replicate " + std::to_string(m.dp_replicate_size()) + " x dp_shard " +
+                  std::to_string(m.dp_shard_size()) + " x cp " + std::to_string(m.cp_size()) +
+                  " x tp " + std::to_string(m.tp_size()));
+        break;
+      }
       case v1::JobEvent::kCheckpointSaved: {
         const v1::CheckpointSaved& c = e.checkpoint_saved();
         result.last_checkpoint = c.path();

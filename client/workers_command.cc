@@ -55,7 +55,7 @@ int RunWorkers(const WorkersFlags& f) {
       }
       for (const v1::WorkerInfo& w : page->workers()) {
         rows.push_back(
-            {w.name(), WorkerStateName(w.state()),
+            {w.name(), WorkerStateName(w.state()) + std::string(w.drained() ? " (drained)" : ""),
              std::to_string(w.slots_in_use()) + "/" + std::to_string(w.slots()) + " busy",
              w.device(), w.address(), w.metrics_address(), FormatTime(w.last_heartbeat_at())});
       }
@@ -86,6 +86,34 @@ int RunWorkers(const WorkersFlags& f) {
   return kExitOk;
 }
 
+// `meshrun workers drain NAME` / `undrain NAME`.
+int RunDrain(const std::string& coordinator, const std::string& name, bool drain,
+             const std::string& output) {
+  StatusOr<std::unique_ptr<CoordinatorClient>> client = CoordinatorClient::Connect(coordinator);
+  if (!client.ok()) return ReportError(client.status());
+  StatusOr<v1::DrainWorkerResponse> r = (*client)->DrainWorker(name, drain);
+  if (!r.ok()) return ReportError(r.status());
+  if (output == "json") {
+    nlohmann::ordered_json jobs = nlohmann::ordered_json::array();
+    for (const std::string& j : r->jobs()) jobs.push_back(j);
+    std::cout << DumpJson(
+                     nlohmann::ordered_json{{"worker", WorkerJson(r->worker())}, {"jobs", jobs}})
+              << std::endl;
+    return kExitOk;
+  }
+  std::string text = "worker " + EscapeControl(name) + (drain ? " drained" : " undrained");
+  if (drain) {
+    text += r->jobs_size() == 0 ? ": it takes no new ranks; no job runs on it"
+                                : ": it takes no new ranks; " + std::to_string(r->jobs_size()) +
+                                      " job(s) checkpoint now and move off it:";
+    for (const std::string& j : r->jobs()) text += " " + EscapeControl(j);
+  } else {
+    text += ": it takes ranks again";
+  }
+  std::cout << text << std::endl;
+  return kExitOk;
+}
+
 }  // namespace
 
 void RegisterWorkersCommand(CLI::App& app, CommandResult& result) {
@@ -105,7 +133,36 @@ void RegisterWorkersCommand(CLI::App& app, CommandResult& result) {
         return s;
       });
   AddCoordinatorOption(cmd, &f->coordinator);
-  cmd->callback([f, &result] { result.run = [f] { return RunWorkers(*f); }; });
+  // `workers drain NAME` / `workers undrain NAME` (docs/cli.md; decision 0056).
+  struct DrainFlags {
+    std::string name, coordinator, output = "text";
+  };
+  std::vector<CLI::App*> drains;
+  for (const bool drain : {true, false}) {
+    auto d = std::make_shared<DrainFlags>();
+    CLI::App* sub = cmd->add_subcommand(
+        drain ? "drain" : "undrain",
+        drain ? "Drain a worker: its jobs checkpoint now and re-mesh without it; it takes no "
+                "new ranks"
+              : "Undrain a worker: it takes ranks again");
+    sub->add_option("NAME", d->name, "the worker's name (meshrun workers lists them)")->required();
+    sub->add_option("-o,--output", d->output, "output format: text or json")
+        ->check(CLI::IsMember({"text", "json"}));
+    AddCoordinatorOption(sub, &d->coordinator);
+    sub->callback([d, drain, f, &result] {
+      const std::string coordinator = d->coordinator.empty() ? f->coordinator : d->coordinator;
+      result.run = [d, drain, coordinator] {
+        return RunDrain(coordinator, d->name, drain, d->output);
+      };
+    });
+    drains.push_back(sub);
+  }
+  cmd->callback([f, drains, &result] {
+    for (CLI::App* sub : drains) {
+      if (sub->parsed()) return;
+    }
+    result.run = [f] { return RunWorkers(*f); };
+  });
 }
 
 }  // namespace meshrun::client

@@ -586,7 +586,121 @@ Status CheckPipeline(const JobSpec& spec, const ParallelDims& mesh) {
   return OkStatus();
 }
 
+// A mesh of `world` ranks the planner could choose for an auto spec: any tp and cp that divide it.
+bool AnyMeshOfWorld(const JobSpec& spec, int world) {
+  for (int tp = 1; tp <= world; ++tp) {
+    if (world % tp != 0) continue;
+    for (int cp = 1; cp * tp <= world; ++cp) {
+      if ((world / tp) % cp != 0) continue;
+      JobSpec s = spec;
+      s.parallelism.auto_mesh = false;
+      s.parallelism.tp_size = tp;
+      s.parallelism.cp_size = cp;
+      if (ElasticDataAxesMesh(s, world).has_value()) return true;
+    }
+  }
+  return false;
+}
+
+// resources.elastic (decision 0056).
+Status CheckElastic(const JobSpec& spec) {
+  const ResourcesSpec& r = spec.resources;
+  if (!r.elastic()) {
+    if (r.elastic_wait_seconds != 60) {
+      return Invalid("resources.elastic.wait_seconds",
+                     Str(r.elastic_wait_seconds) + " is given without min_ranks and max_ranks",
+                     "write resources.elastic: {min_ranks: N, max_ranks: M, wait_seconds: " +
+                         Str(r.elastic_wait_seconds) + "}, or leave elastic out");
+    }
+    return OkStatus();
+  }
+  MESHRUN_RETURN_IF_ERROR(AtLeast("resources.elastic.min_ranks", r.elastic_min_ranks, 1,
+                                  "give the fewest ranks the job may run on, 1 or more"));
+  MESHRUN_RETURN_IF_ERROR(AtLeast("resources.elastic.max_ranks", r.elastic_max_ranks, 1,
+                                  "give the most ranks the job may run on, 1 or more"));
+  if (r.elastic_max_ranks > ParallelDims::kMaxWorldSize) {
+    return Invalid(
+        "resources.elastic.max_ranks",
+        Str(r.elastic_max_ranks) + " is over the limit of " + Str(ParallelDims::kMaxWorldSize),
+        "use at most " + Str(ParallelDims::kMaxWorldSize));
+  }
+  if (r.elastic_min_ranks > r.elastic_max_ranks) {
+    return Invalid(
+        "resources.elastic.min_ranks",
+        Str(r.elastic_min_ranks) + " is over max_ranks(" + Str(r.elastic_max_ranks) + ")",
+        "use min_ranks <= max_ranks, e.g. min_ranks: " + Str(r.elastic_max_ranks));
+  }
+  if (r.elastic_wait_seconds < 0 || r.elastic_wait_seconds > 86400) {
+    return Invalid("resources.elastic.wait_seconds",
+                   "must be in [0, 86400], got " + Str(r.elastic_wait_seconds),
+                   "use the seconds to wait for a lost worker's replacement, such as 60");
+  }
+  if (spec.checkpoint.dir.empty() || ResumeOf(spec.checkpoint) != ResumeMode::kAuto) {
+    return Invalid("resources.elastic",
+                   "an elastic job needs checkpoint.dir with checkpoint.resume: auto (each new "
+                   "mesh resumes from the newest complete checkpoint)",
+                   "set checkpoint.dir, or leave resources.elastic out");
+  }
+  if (spec.parallelism.pp_size > 1) {
+    return Invalid("resources.elastic",
+                   "an elastic job with parallelism.pp_size(" + Str(spec.parallelism.pp_size) +
+                       ") > 1: re-meshing keeps tp and cp and changes the data axes, and does not "
+                       "yet re-plan pipeline stages",
+                   "leave resources.elastic out, or use pp_size: 1");
+  }
+  const int world = spec.parallelism.dp_replicate_size * spec.parallelism.dp_shard_size *
+                    spec.parallelism.cp_size * spec.parallelism.tp_size;
+  if (!spec.parallelism.auto_mesh && (world < r.elastic_min_ranks || world > r.elastic_max_ranks)) {
+    return Invalid("resources.elastic.min_ranks",
+                   "the mesh's world size " + Str(world) + " is outside [min_ranks(" +
+                       Str(r.elastic_min_ranks) + "), max_ranks(" + Str(r.elastic_max_ranks) + ")]",
+                   "choose min_ranks <= " + Str(world) + " <= max_ranks");
+  }
+  for (const auto& [key, n] : {std::pair<const char*, int>{"min_ranks", r.elastic_min_ranks},
+                               std::pair<const char*, int>{"max_ranks", r.elastic_max_ranks}}) {
+    const bool ok = spec.parallelism.auto_mesh ? AnyMeshOfWorld(spec, n)
+                                               : ElasticDataAxesMesh(spec, n).has_value();
+    if (ok) continue;
+    std::vector<int64_t> valid;
+    for (int w = 1; w <= std::max(2 * r.elastic_max_ranks, 8) && w <= 4096; ++w) {
+      if (spec.parallelism.auto_mesh ? AnyMeshOfWorld(spec, w)
+                                     : ElasticDataAxesMesh(spec, w).has_value()) {
+        valid.push_back(w);
+      }
+    }
+    const std::string keeping = spec.parallelism.auto_mesh
+                                    ? std::string()
+                                    : " keeping tp_size(" + Str(spec.parallelism.tp_size) +
+                                          ") and cp_size(" + Str(spec.parallelism.cp_size) + ")";
+    return Invalid("resources.elastic." + std::string(key),
+                   "no valid mesh has " + Str(n) + " ranks" + keeping +
+                       " (the model, micro_batch_size and global_batch_size(" +
+                       Str(spec.train.global_batch_size) + ") must divide)",
+                   valid.empty() ? std::string("change global_batch_size or micro_batch_size")
+                                 : "use a world size with a valid mesh, such as " +
+                                       JoinOr(Closest(valid, n, 3)));
+  }
+  return OkStatus();
+}
+
 }  // namespace
+
+std::optional<ParallelismSpec> ElasticDataAxesMesh(const JobSpec& spec, int world) {
+  const ParallelismSpec& p = spec.parallelism;
+  const int tc = p.tp_size * p.cp_size;
+  if (world < 1 || tc < 1 || world % tc != 0) return std::nullopt;
+  const int dp = world / tc;
+  int replicate = std::max(1, std::min(p.dp_replicate_size, dp));
+  while (dp % replicate != 0) --replicate;
+  JobSpec s = spec;
+  s.resources.elastic_min_ranks = s.resources.elastic_max_ranks = 0;  // no recursion
+  s.resources.elastic_wait_seconds = 60;
+  s.parallelism.auto_mesh = false;
+  s.parallelism.dp_replicate_size = replicate;
+  s.parallelism.dp_shard_size = dp / replicate;
+  if (!ValidateJobSpec(s, world).ok()) return std::nullopt;
+  return s.parallelism;
+}
 
 std::string EscapeForMessage(std::string_view value) {
   constexpr size_t kMaxBytes = 80;
@@ -796,7 +910,8 @@ Status ValidateJobSpec(const JobSpec& spec, int nproc) {
   MESHRUN_RETURN_IF_ERROR(CheckOthers(spec));
   MESHRUN_RETURN_IF_ERROR(CheckAutoMesh(spec.parallelism));
   MESHRUN_RETURN_IF_ERROR(CheckMeshRules(spec, mesh, nproc));
-  return CheckPipeline(spec, mesh);
+  MESHRUN_RETURN_IF_ERROR(CheckPipeline(spec, mesh));
+  return CheckElastic(spec);
 }
 
 }  // namespace meshrun

@@ -178,6 +178,13 @@ struct CheckpointSpec {
 struct ResourcesSpec {
   std::string device = "cpu";  // cpu | cuda
   int threads = 0;             // per rank; 0: OMP_NUM_THREADS, else all cores; ≤ kMaxThreads
+  // resources.elastic (YAML `elastic: {min_ranks, max_ranks, wait_seconds}`; null: a fixed
+  // world): the coordinator re-meshes the job between min_ranks and max_ranks as capacity comes
+  // and goes (docs/job-spec.md "Elastic jobs", decision 0056). 0 and 0: not elastic.
+  int elastic_min_ranks = 0;
+  int elastic_max_ranks = 0;
+  int elastic_wait_seconds = 60;  // a lost worker's replacement is waited for this long
+  bool elastic() const { return elastic_min_ranks > 0 || elastic_max_ranks > 0; }
 
   bool operator==(const ResourcesSpec&) const = default;
 };
@@ -320,6 +327,9 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("checkpoint", "resume", c.resume);
   f("resources", "device", spec.resources.device);
   f("resources", "threads", spec.resources.threads);
+  f("resources", "elastic.min_ranks", spec.resources.elastic_min_ranks);
+  f("resources", "elastic.max_ranks", spec.resources.elastic_max_ranks);
+  f("resources", "elastic.wait_seconds", spec.resources.elastic_wait_seconds);
   f("restart", "max_restarts", spec.restart.max_restarts);
 }
 
@@ -351,5 +361,11 @@ Status ValidateJobSpec(const JobSpec& spec, int nproc = 0);
 
 // The mesh of a spec (only the sizes are checked here; ValidateJobSpec checks the rest).
 StatusOr<ParallelDims> MeshOf(const JobSpec& spec);
+
+// Elastic jobs (resources.elastic, decision 0056): the sizes `spec` runs with on `world` ranks
+// when it keeps its tp and cp and changes only the data axes: dp = world / (tp·cp), dp_replicate
+// the largest divisor of dp not over the spec's, dp_shard the rest; global_batch_size is kept
+// (more micro-batches per rank). nullopt when no such mesh passes ValidateJobSpec.
+std::optional<ParallelismSpec> ElasticDataAxesMesh(const JobSpec& spec, int world);
 
 }  // namespace meshrun

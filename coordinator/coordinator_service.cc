@@ -172,6 +172,27 @@ std::vector<v1::WorkerInfo> CoordinatorServiceImpl::Workers() const {
   return out;
 }
 
+void CoordinatorServiceImpl::HandleDrainWorker(const v1::DrainWorkerRequest& request,
+                                               v1::DrainWorkerResponse* response,
+                                               ReplyCallback done) {
+  if (stopping_) return done(Stopping());
+  if (request.name().empty()) {
+    return done(
+        InvalidArgumentError("name: is empty (hint: pass a worker's name from `meshrun workers`)"));
+  }
+  StatusOr<std::string> id = workers_.SetDrained(request.name(), request.drain());
+  if (!id.ok()) return done(id.status());
+  for (std::string& job : jobs_.OnWorkerDrained(*id, request.drain())) {
+    response->add_jobs(std::move(job));
+  }
+  for (v1::WorkerInfo& info : Workers()) {
+    if (info.worker_id() == *id) *response->mutable_worker() = std::move(info);
+  }
+  spdlog::info("worker {} {} ({} jobs move off it)", request.name(),
+               request.drain() ? "drained" : "undrained", response->jobs_size());
+  done(OkStatus());
+}
+
 void CoordinatorServiceImpl::HandleListWorkers(const v1::ListWorkersRequest& request,
                                                v1::ListWorkersResponse* response,
                                                ReplyCallback done) {

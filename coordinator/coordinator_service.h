@@ -63,6 +63,11 @@ class CoordinatorServiceHandler {
                                  v1::ListWorkersResponse* response, ReplyCallback done) = 0;
   virtual void HandleGetJobLogs(const v1::GetJobLogsRequest& request,
                                 v1::GetJobLogsResponse* response, ReplyCallback done) = 0;
+  // `meshrun workers drain/undrain` (decision 0056); a handler without it answers UNIMPLEMENTED.
+  virtual void HandleDrainWorker(const v1::DrainWorkerRequest& /*request*/,
+                                 v1::DrainWorkerResponse* /*response*/, ReplyCallback done) {
+    done(Status(StatusCode::kUnimplemented, "DrainWorker: not served here"));
+  }
   // A handler without paged ranks answers UNIMPLEMENTED.
   virtual void HandleListRanks(const v1::ListRanksRequest& /*request*/,
                                v1::ListRanksResponse* /*response*/, ReplyCallback done) {
@@ -119,6 +124,8 @@ class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
   void HandleWatchJob(const v1::WatchJobRequest& request,
                       std::shared_ptr<WatchJobStream> stream) override;
   void HandleListWorkers(const v1::ListWorkersRequest& request, v1::ListWorkersResponse* response,
+                         ReplyCallback done) override;
+  void HandleDrainWorker(const v1::DrainWorkerRequest& request, v1::DrainWorkerResponse* response,
                          ReplyCallback done) override;
   void HandleGetJobLogs(const v1::GetJobLogsRequest& request, v1::GetJobLogsResponse* response,
                         ReplyCallback done) override;

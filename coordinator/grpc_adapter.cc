@@ -393,6 +393,7 @@ MESHRUN_CLIENT_UNARY(CancelJob)
 MESHRUN_CLIENT_UNARY(ListWorkers)
 MESHRUN_CLIENT_UNARY(GetJobLogs)
 MESHRUN_CLIENT_UNARY(ListRanks)
+MESHRUN_CLIENT_UNARY(DrainWorker)
 #undef MESHRUN_CLIENT_UNARY
 
 // SubmitJob also names its caller for the rate limit: the accepted bearer token (parsed and

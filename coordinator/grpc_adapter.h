@@ -89,6 +89,9 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
                                         const v1::ListWorkersRequest* request,
                                         v1::ListWorkersResponse* response) override;
+  grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* ctx,
+                                        const v1::DrainWorkerRequest* request,
+                                        v1::DrainWorkerResponse* response) override;
   grpc::ServerUnaryReactor* GetJobLogs(grpc::CallbackServerContext* ctx,
                                        const v1::GetJobLogsRequest* request,
                                        v1::GetJobLogsResponse* response) override;

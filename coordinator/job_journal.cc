@@ -215,7 +215,9 @@ RankRow ToRankRow(const JobRecord& job, const AttemptRecord& attempt, const Rank
 }
 
 AttemptRow ToAttemptRow(const JobRecord& job, const AttemptRecord& a) {
-  return {job.row.job_id, a.number, static_cast<int>(a.state), a.started_ms, a.ended_ms, a.reason};
+  return {job.row.job_id, a.number,   static_cast<int>(a.state),
+          a.started_ms,   a.ended_ms, a.reason,
+          a.mesh_text,    a.cause,    a.spec_bytes};
 }
 
 void FillRankInfo(const RankRecord& r, const ParallelDims& mesh, v1::RankInfo* info) {

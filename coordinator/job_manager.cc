@@ -119,6 +119,7 @@ v1::Job JobManager::ToProtoLocked(Job& job, bool detail, bool with_ranks) {
       job.ranks_loaded = true;
     }
   }
+  FillMeshesLocked(job, &j);
   if (const Attempt* last = job.last(); last != nullptr && with_ranks) {
     for (const Rank& r : last->ranks) FillRankInfo(r, job.mesh, j.add_ranks());
   }
@@ -142,6 +143,7 @@ void JobManager::SetJobStateLocked(Txn& txn, v1::JobState state, const std::stri
   }
   txn.job_dirty = true;
   if (state == v1::JOB_STATE_PENDING) {
+    if (previous != v1::JOB_STATE_PENDING) txn.job.pending_since = clock_.Monotonic();
     txn.job.pending_reason = reason;
     queue_.Add(row.seq, row.job_id, txn.job.device(), txn.job.owner);
   } else {
@@ -219,8 +221,10 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request,
         "cancel some, or ask the operator to raise --max-pending-jobs-per-caller)");
   }
   const std::vector<LiveWorker> live = workers_.LiveWorkers();
-  MESHRUN_RETURN_IF_ERROR(
-      CheckAdmission(live, spec.resources.device, mesh, request.wait_for_capacity()));
+  // An elastic job starts on fewer ranks than its spec's world when only those fit (decision
+  // 0056): only a tp group wider than every worker is refused here.
+  MESHRUN_RETURN_IF_ERROR(CheckAdmission(live, spec.resources.device, mesh,
+                                         request.wait_for_capacity() || spec.resources.elastic()));
 
   if (request.dry_run()) {
     return DescribeDryRun(live, slots_, spec.resources.device, mesh,

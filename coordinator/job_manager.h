@@ -18,6 +18,7 @@
 // RPCs and session messages) and by the server's ticker (Tick).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -99,7 +100,13 @@ struct JobsSnapshot {
     double tokens_total = 0;
     // The client's planner's prediction for the job as it runs (JobSpec.predicted_*); 0: none.
     double predicted_step_seconds = 0, predicted_peak_memory_bytes = 0;
-    int world_size = 0;  // ranks of the job's mesh, P·R·S·C·T
+    // Elastic jobs (decision 0056): the current mesh's world size (every job), the re-meshes
+    // so far, and what they cost: steps done again and seconds without training, summed.
+    int world_size = 0;
+    bool elastic = false;
+    int remeshes = 0;
+    int64_t remesh_steps_lost = 0;
+    double remesh_seconds_without_training = 0;
   };
   std::map<v1::JobState, int> jobs_by_state;
   std::vector<JobLine> jobs;  // PENDING and RUNNING jobs, and the 100 newest finished ones
@@ -173,6 +180,10 @@ class JobManager {
   void OnWorkerLost(const std::string& worker_id);
   // The worker registered again (it restarted): its ranks must be reported by its new session.
   void OnWorkerReregistered(const std::string& worker_id);
+  // `meshrun workers drain/undrain` (WorkerManager already holds the flag): draining asks every
+  // job with ranks on the worker to checkpoint now and re-mesh without it (job_manager_elastic.cc);
+  // returns those jobs' ids.
+  std::vector<std::string> OnWorkerDrained(const std::string& worker_id, bool drained);
 
   // Places queued jobs in FIFO order (per device) while slots allow.
   void Schedule();
@@ -231,6 +242,32 @@ class JobManager {
   // The rank (job, attempt, rank) if it is known and placed on `worker_id`.
   Rank* FindRankLocked(const std::string& worker_id, const std::string& job_id, int attempt,
                        int rank, Job** job_out, Attempt** attempt_out);
+
+  // Elastic jobs and drains (job_manager_elastic.cc; decision 0056).
+  // Before a queued elastic job is considered: false (its wait message set) while an older
+  // attempt's ranks still hold slots (they may be writing the checkpoint the next attempt
+  // resumes from); else sets the mesh it is placed with now (grow at once, shrink after
+  // resources.elastic.wait_seconds, or at once after a drain).
+  bool ElasticPrepareLocked(Job& job);
+  // Each Tick: running attempts with ranks on a drained worker re-mesh; elastic jobs below
+  // max_ranks grow when the capacity allows a larger mesh.
+  void ElasticTickLocked();
+  // Asks the attempt's ranks to checkpoint now and stop (StopOrder REMESH).
+  void RemeshLocked(Job& job, Attempt& attempt, RemeshCause cause);
+  // Every rank of a re-meshing attempt exited after its checkpoint: the job is PENDING for its
+  // next mesh (no backoff, no restart used).
+  void FinishRemeshLocked(Txn& txn, Attempt& attempt);
+  // The largest mesh in [min_ranks, max_ranks] that places on the free slots of the job's
+  // device (drained workers left out; with `own`, the slots the job's ranks hold count as free).
+  std::optional<std::array<int, 4>> BestElasticMeshLocked(const Job& job, bool own) const;
+  // Sets the job's spec and mesh to `sizes` (persisted, with a `remeshed` event).
+  void SetJobMeshLocked(Job& job, const std::array<int, 4>& sizes, RemeshCause cause);
+  // At an attempt's start: its mesh, and a new MeshEpoch when the mesh changed.
+  void NoteAttemptMeshLocked(Job& job, Attempt& attempt);
+  // Fills Job.meshes.
+  void FillMeshesLocked(Job& job, v1::Job* out);
+  // Live workers that take ranks (not drained).
+  std::vector<LiveWorker> PlaceableWorkersLocked() const;
 
   // The ingest path's view of a newly running (or restored) attempt.
   void StartIngestLocked(Job& job, Attempt& attempt);

@@ -133,9 +133,11 @@ void JobManager::SetWaitMessageLocked(Job& job, const std::string& wait) {
 
 void JobManager::ScheduleLocked() {
   if (queue_.empty() || shut_down_) return;
-  SchedulingRound round(workers_.LiveWorkers(), slots_);
+  // Drained workers take no new ranks (decision 0056).
+  SchedulingRound round(PlaceableWorkersLocked(), slots_);
   for (const std::string& job_id : queue_.InOrder()) {
     Job& job = *jobs_.at(job_id);
+    if (job.elastic() && !ElasticPrepareLocked(job)) continue;
     const bool backing_off = clock_.Monotonic() < job.not_before;
     ScheduleDecision d = round.Consider(job_id, job.device(), job.mesh,
                                         backing_off ? job.backoff : std::chrono::milliseconds(0));
@@ -176,6 +178,7 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   }
   job.row.attempt = a.number;
   job.row.restarts = a.number - 1;
+  NoteAttemptMeshLocked(job, a);
   Txn txn(job);
   txn.batch.attempts.push_back(ToAttemptRow(job, a));
   // One row per rank, ASSIGNED, and no event per rank: the job's change to RUNNING ("attempt N
@@ -236,6 +239,11 @@ void JobManager::EndAttemptLocked(Txn& txn, Attempt& attempt, AttemptState state
   attempt.state = state;
   attempt.reason = reason;
   attempt.ended_ms = ToMillis(clock_.Now());
+  if (txn.job.elastic()) {  // its next mesh counts steps lost and idle time from here
+    txn.job.SyncProgress();
+    txn.job.ended_step = txn.job.row.step;
+    txn.job.ended_ms = attempt.ended_ms;
+  }
   ChangedLocked();
   ingest_.Stop(txn.job.row.job_id, attempt.number);
   txn.batch.attempts.push_back(ToAttemptRow(txn.job, attempt));
@@ -254,8 +262,8 @@ void JobManager::FailAttemptLocked(Txn& txn, Attempt& attempt, const std::string
   if (attempt.state != AttemptState::kRunning) return;
   EndAttemptLocked(txn, attempt, AttemptState::kFailed, reason, v1::STOP_REASON_PEER_FAILED,
                    config_.default_grace);
-  const RestartPolicy::Outcome next =
-      restarts_.AfterFailure(attempt.number, txn.job.spec.restart().max_restarts(), reason);
+  const RestartPolicy::Outcome next = restarts_.AfterFailure(
+      attempt.number, txn.job.spec.restart().max_restarts(), reason, txn.job.remesh_attempts);
   if (next.restart) {
     txn.job.not_before = clock_.Monotonic() + next.wait;
     txn.job.backoff = next.wait;
@@ -454,10 +462,25 @@ void JobManager::OnRankExited(const std::string& worker_id, const v1::RankExited
   r->signal = m.signal();
   r->error = std::string(CutUtf8(m.error(), 4096));  // cut whole: a proto3 string stays UTF-8
   const bool clean = m.exit_code() == 0 && m.signal() == 0 && !m.stopped();
-  if (a->state == AttemptState::kRunning) {
+  // A re-mesh's checkpoint-now stop: the rank checkpointed and exited 130 (decision 0008).
+  const bool remesh_stop = a->state == AttemptState::kRunning &&
+                           a->remeshing != RemeshCause::kNone && m.stopped() && m.signal() == 0 &&
+                           m.exit_code() == 130;
+  if (remesh_stop) {
+    SetRankStateLocked(txn, *a, *r, v1::RANK_STATE_STOPPED);
+    ++a->stopped_for_remesh;
+    if (a->succeeded + a->stopped_for_remesh == static_cast<int>(a->ranks.size())) {
+      FinishRemeshLocked(txn, *a);
+    }
+  } else if (a->state == AttemptState::kRunning) {
     if (clean) {
       SetRankStateLocked(txn, *a, *r, v1::RANK_STATE_SUCCEEDED);
-      if (++a->succeeded == static_cast<int>(a->ranks.size())) SucceedAttemptLocked(txn, *a);
+      if (++a->succeeded == static_cast<int>(a->ranks.size())) {
+        SucceedAttemptLocked(txn, *a);
+      } else if (a->remeshing != RemeshCause::kNone &&
+                 a->succeeded + a->stopped_for_remesh == static_cast<int>(a->ranks.size())) {
+        FinishRemeshLocked(txn, *a);
+      }
     } else {
       SetRankStateLocked(txn, *a, *r, v1::RANK_STATE_FAILED);
       FailAttemptLocked(txn, *a, DescribeExit(m, r->worker_name));
@@ -547,6 +570,9 @@ void JobManager::OnCheckpointSaved(const std::string& worker_id, const v1::Check
   Txn txn(*job);
   job->row.last_checkpoint = saved.path();
   txn.job_dirty = true;
+  if (saved.resumed() && !job->meshes.empty() && job->meshes.back().attempt == saved.attempt()) {
+    job->meshes.back().from_step = saved.step();
+  }
   if (saved.resumed()) {
     spdlog::info("job {}: attempt {} resumed from {} (step {})", job->row.job_id, saved.attempt(),
                  saved.path(), saved.step());
@@ -635,6 +661,7 @@ void JobManager::Tick() {
     if (!live.count(w)) WorkerLostLocked(w, "it is not registered");
   }
   stops_.Expire(clock_.Monotonic());
+  ElasticTickLocked();
   ScheduleLocked();
 }
 
@@ -655,7 +682,16 @@ JobsSnapshot JobManager::Snapshot() const {
     out.jobs.back().predicted_step_seconds = job.spec.predicted_step_seconds();
     out.jobs.back().predicted_peak_memory_bytes =
         static_cast<double>(job.spec.predicted_peak_memory_bytes());
-    out.jobs.back().world_size = job.row.world_size;
+    JobsSnapshot::JobLine& line = out.jobs.back();
+    line.world_size = job.mesh.world_size();
+    line.elastic = job.elastic();
+    line.remeshes = std::max(0, static_cast<int>(job.meshes.size()) - 1);
+    for (const MeshEpoch& e : job.meshes) {
+      if (e.from_step >= 0 && e.step_before >= 0) {
+        line.remesh_steps_lost += std::max<int64_t>(0, e.step_before - e.from_step);
+      }
+      if (e.idle_seconds > 0) line.remesh_seconds_without_training += e.idle_seconds;
+    }
   }
   return out;
 }

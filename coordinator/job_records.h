@@ -24,7 +24,28 @@
 namespace meshrun::coordinator {
 
 // State of one attempt, as stored in StateDb's attempts table.
-enum class AttemptState { kRunning = 1, kSucceeded = 2, kFailed = 3, kCancelled = 4 };
+// kRemeshed: an elastic re-mesh (grown, drained) stopped it after a checkpoint; not a failure.
+enum class AttemptState {
+  kRunning = 1,
+  kSucceeded = 2,
+  kFailed = 3,
+  kCancelled = 4,
+  kRemeshed = 5
+};
+
+// Why an elastic job's mesh changed (docs/job-spec.md "Elastic jobs", decision 0056).
+enum class RemeshCause { kNone, kSubmitted, kLostWorker, kGrown, kDrained, kCapacity };
+inline const char* RemeshCauseName(RemeshCause c) {
+  switch (c) {
+    case RemeshCause::kNone: return "";
+    case RemeshCause::kSubmitted: return "submitted";
+    case RemeshCause::kLostWorker: return "lost worker";
+    case RemeshCause::kGrown: return "grown";
+    case RemeshCause::kDrained: return "drained";
+    case RemeshCause::kCapacity: return "capacity";
+  }
+  return "";
+}
 
 // One rank of one attempt of one job: what holds a slot on a worker.
 struct RankRef {
@@ -70,6 +91,27 @@ struct AttemptRecord {
   // message that failure set.
   bool cause_may_follow = false;
   std::string failed_message;
+  // Elastic: a checkpoint-now stop is in flight (grown or drained); its ranks' stopped exits
+  // (130, after the checkpoint) end the attempt as kRemeshed instead of failing it.
+  RemeshCause remeshing = RemeshCause::kNone;
+  int stopped_for_remesh = 0;
+  // The mesh it ran on ("dp_shard 2 × tp 2") and why it was chosen; persisted with the attempt.
+  std::string mesh_text;
+  std::string cause;
+  std::string spec_bytes;  // elastic jobs: the spec the ranks got (serialized v1::JobSpec)
+};
+
+// One mesh an elastic job ran on (JobRecord::meshes; GetJob's Job.meshes).
+struct MeshEpoch {
+  int attempt = 0;
+  std::array<int, 4> sizes{1, 1, 1, 1};  // R, S, C, T
+  int64_t from_step = -1;
+  RemeshCause cause = RemeshCause::kSubmitted;
+  int64_t started_ms = 0;
+  // The job's step when the previous mesh's attempt ended, and when it ended (wall ms).
+  int64_t step_before = -1;
+  int64_t previous_end_ms = 0;
+  double idle_seconds = -1;  // previous_end_ms → the first step on this mesh, once seen
 };
 
 // What MetricsIngest keeps per job beside the JobRow's progress columns; in memory only.
@@ -90,6 +132,10 @@ struct JobProgress {
   double loss = 0, tokens_per_second = 0, mfu = 0;
   double step_time_skew = 0;
   double tokens_total = 0;  // JobsSnapshot::JobLine::tokens_total
+  // The first job-level step of the newest attempt that reported one, and when (wall ms): the
+  // end of an elastic job's time without training.
+  int first_step_attempt = 0;
+  int64_t first_step_ms = 0;
 };
 
 struct JobRecord {
@@ -133,6 +179,20 @@ struct JobRecord {
   // --max-pending-jobs-per-caller; not persisted: "" for jobs restored after a restart.
   std::string owner;
   JobEventLog events;
+  // Elastic jobs (resources.elastic; decision 0056). pending_since: when it last became
+  // PENDING (a shrink waits resources.elastic.wait_seconds from there); meshes: every mesh it
+  // ran on; remesh_attempts: attempts ended by a re-mesh (not failures: they use no restart);
+  // next_cause: why the next attempt's mesh changes (set by a grow or a drain); the step and time
+  // the last attempt ended at; next_grow_check throttles the grow check.
+  MonoTime pending_since{};
+  std::vector<MeshEpoch> meshes;
+  int remesh_attempts = 0;
+  RemeshCause next_cause = RemeshCause::kNone;
+  int64_t ended_step = -1, ended_ms = 0;
+  MonoTime next_grow_check{};
+  bool elastic() const {
+    return spec.resources().elastic_min_ranks() > 0 || spec.resources().elastic_max_ranks() > 0;
+  }
 
   const std::string& device() const { return spec.resources().device(); }
   AttemptRecord* last() const {

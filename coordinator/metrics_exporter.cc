@@ -167,6 +167,37 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
   }
 }
 
+// ---- Elastic jobs (decision 0056) -------------------------------------------------------------
+// meshrun_job_world_size (every job) and the re-mesh series of elastic jobs. Kept in this one
+// function so that another change exporting meshrun_job_world_size merges into it.
+void AppendElasticJobFamilies(const JobsSnapshot& snap,
+                              std::vector<prometheus::MetricFamily>& out) {
+  using prometheus::MetricType;
+  auto world = Family("meshrun_job_world_size",
+                      "Ranks of the mesh the job runs on (an elastic job's current mesh).",
+                      MetricType::Gauge);
+  auto remeshes = Family("meshrun_job_remeshes_total",
+                         "Mesh changes of an elastic job (shrunk after a lost worker, grown, "
+                         "drained).",
+                         MetricType::Counter);
+  auto lost = Family("meshrun_job_remesh_steps_lost_total",
+                     "Steps an elastic job did again after its mesh changes (the step reached "
+                     "minus the step resumed from, summed).",
+                     MetricType::Counter);
+  auto idle = Family("meshrun_job_remesh_seconds_without_training_total",
+                     "Seconds from the end of an elastic job's attempt on one mesh to its first "
+                     "step on the next, summed.",
+                     MetricType::Counter);
+  for (const JobsSnapshot::JobLine& j : snap.jobs) {
+    AddGauge(world, {{"job_id", j.job_id}}, j.world_size);
+    if (!j.elastic) continue;
+    AddGauge(remeshes, {{"job_id", j.job_id}}, j.remeshes);
+    AddGauge(lost, {{"job_id", j.job_id}}, static_cast<double>(j.remesh_steps_lost));
+    AddGauge(idle, {{"job_id", j.job_id}}, j.remesh_seconds_without_training);
+  }
+  for (auto* f : {&world, &remeshes, &lost, &idle}) out.push_back(std::move(*f));
+}
+
 }  // namespace
 
 std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
@@ -241,6 +272,7 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
                   &predicted_memory}) {
     out.push_back(std::move(*f));
   }
+  AppendElasticJobFamilies(snap, out);
   if (ranks != nullptr) AppendRankFamilies(*ranks, out);
   return out;
 }

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "coordinator/job_journal.h"
+#include "coordinator/proto_time.h"
 
 namespace meshrun::coordinator {
 
@@ -130,6 +131,10 @@ bool IngestBook::Add(const std::string& worker_id, const v1::MetricsSample& s) {
       p.mfu = step->mfu();
       p.step_time_skew = job->steps->last_skew();
       p.tokens_total += job->tokens_per_step;
+      if (p.first_step_attempt != job->attempt) {  // an elastic job's first step on a mesh
+        p.first_step_attempt = job->attempt;
+        p.first_step_ms = ToMillis(now);
+      }
     }
     job_event.emplace();
     *job_event->mutable_metrics() = std::move(*step);

@@ -23,9 +23,9 @@ std::chrono::milliseconds RestartPolicy::Backoff(int restart) const {
 }
 
 RestartPolicy::Outcome RestartPolicy::AfterFailure(int attempt, int max_restarts,
-                                                   const std::string& reason) const {
+                                                   const std::string& reason, int remeshes) const {
   Outcome out;
-  const int used = attempt - 1;
+  const int used = attempt - 1 - remeshes;
   if (used < max_restarts) {
     out.restart = true;
     out.wait = Backoff(used + 1);

@@ -33,7 +33,10 @@ class RestartPolicy {
     std::string message;                // the job's state-change reason
   };
   // What follows the failure of attempt `attempt` (1-based) of a job allowing `max_restarts`.
-  Outcome AfterFailure(int attempt, int max_restarts, const std::string& reason) const;
+  // `remeshes`: earlier attempts of the job that an elastic re-mesh ended (grown, drained):
+  // they are not failures and use no restart.
+  Outcome AfterFailure(int attempt, int max_restarts, const std::string& reason,
+                       int remeshes = 0) const;
 
  private:
   std::chrono::milliseconds backoff_, backoff_max_;

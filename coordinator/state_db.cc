@@ -156,8 +156,8 @@ constexpr const char* kUpsertJob =
     "tokens_per_second, mfu, last_checkpoint, seq_reserved) "
     "VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20)";
 constexpr const char* kUpsertAttempt =
-    "INSERT OR REPLACE INTO attempts(job_id, attempt, state, started_ms, ended_ms, reason) "
-    "VALUES(?1,?2,?3,?4,?5,?6)";
+    "INSERT OR REPLACE INTO attempts(job_id, attempt, state, started_ms, ended_ms, reason, "
+    "mesh, cause, spec) VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9)";
 constexpr const char* kUpsertRank =
     "INSERT OR REPLACE INTO ranks(job_id, attempt, rank, worker_id, worker_name, local_rank, "
     "local_world_size, coords, state, pid, exit_code, signal, error) "
@@ -189,7 +189,7 @@ constexpr const char* kSelectJobs =
     "message, submitted_ms, started_ms, finished_ms, world_size, step, loss, tokens_per_second, "
     "mfu, last_checkpoint, seq_reserved FROM jobs ORDER BY seq";
 constexpr const char* kSelectAttempts =
-    "SELECT job_id, attempt, state, started_ms, ended_ms, reason FROM attempts "
+    "SELECT job_id, attempt, state, started_ms, ended_ms, reason, mesh, cause, spec FROM attempts "
     "WHERE job_id = ?1 ORDER BY attempt";
 constexpr const char* kSelectRanks =
     "SELECT job_id, attempt, rank, worker_id, worker_name, local_rank, local_world_size, "
@@ -322,6 +322,10 @@ Status StateDb::AddMissingColumns() {
   };
   static constexpr Added kAdded[] = {
       {"workers", "calibration", "BLOB NOT NULL DEFAULT x''"},  // the worker's HostCalibration
+      // An elastic job's attempt: its mesh, why, and its spec (decision 0056).
+      {"attempts", "mesh", "TEXT NOT NULL DEFAULT ''"},
+      {"attempts", "cause", "TEXT NOT NULL DEFAULT ''"},
+      {"attempts", "spec", "BLOB NOT NULL DEFAULT x''"},
   };
   for (const Added& a : kAdded) {
     sqlite3_stmt* info = nullptr;
@@ -405,7 +409,7 @@ Status StateDb::CommitLocked(const WriteBatch& b) {
     MESHRUN_ASSIGN_OR_RETURN(sqlite3_stmt * s, Prepare(kUpsertAttempt));
     Stmt q(s);
     q.Bind(1, a.job_id).Bind(2, a.attempt).Bind(3, a.state).Bind(4, a.started_ms);
-    q.Bind(5, a.ended_ms).Bind(6, a.reason);
+    q.Bind(5, a.ended_ms).Bind(6, a.reason).Bind(7, a.mesh).Bind(8, a.cause).BindBlob(9, a.spec);
     if (q.Step() != SQLITE_DONE) return SqlError(db_, "write attempt of " + a.job_id);
   }
   for (const RankRow& r : b.ranks) {
@@ -493,6 +497,9 @@ StatusOr<std::vector<AttemptRow>> StateDb::LoadAttempts(const std::string& job_i
     a.started_ms = q.Int(3);
     a.ended_ms = q.Int(4);
     a.reason = q.Text(5);
+    a.mesh = q.Text(6);
+    a.cause = q.Text(7);
+    a.spec = q.Text(8);  // the bytes of a blob
     out.push_back(std::move(a));
   }
   if (rc != SQLITE_DONE) return SqlError(db_, "read attempts");

@@ -56,6 +56,11 @@ struct AttemptRow {
   int state = 0;  // AttemptState of job_records.h
   int64_t started_ms = 0, ended_ms = 0;
   std::string reason;
+  // Elastic jobs: the mesh the attempt ran on ("dp_shard 2 × tp 2 (world 4)"), why it was
+  // chosen ("submitted", "lost worker", "grown", "drained", "capacity"), and its spec as the
+  // ranks got it (empty for a fixed-world job: the jobs row's spec).
+  std::string mesh, cause;
+  std::string spec;
 };
 
 struct RankRow {

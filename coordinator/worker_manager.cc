@@ -333,10 +333,22 @@ std::vector<WorkerSnapshot> WorkerManager::List(const std::string& after, size_t
     SetTimestampMillis(w.row.registered_ms, info.mutable_registered_at());
     SetTimestamp(w.heartbeat(), info.mutable_last_heartbeat_at());
     *info.mutable_calibration() = w.calibration;
+    info.set_drained(w.drained);
     s.has_session = w.stream != nullptr;
     out.push_back(std::move(s));
   }
   return out;
+}
+
+StatusOr<std::string> WorkerManager::SetDrained(const std::string& name, bool drained) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) {
+    return NotFoundError("name: no worker named '" + EscapeText(CutUtf8(name, 128)) +
+                         "' is registered (hint: meshrun workers lists them)");
+  }
+  workers_.at(it->second).drained = drained;
+  return it->second;
 }
 
 void WorkerManager::Shutdown() {
@@ -357,7 +369,7 @@ std::vector<LiveWorker> WorkerManager::LiveWorkers() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<LiveWorker> out;
   for (const auto& [id, w] : workers_) {
-    if (!w.row.lost) out.push_back({id, w.row.name, w.row.device, w.row.slots});
+    if (!w.row.lost) out.push_back({id, w.row.name, w.row.device, w.row.slots, w.drained});
   }
   std::sort(out.begin(), out.end(),
             [](const LiveWorker& a, const LiveWorker& b) { return a.name < b.name; });

@@ -47,6 +47,8 @@ struct LiveWorker {
   std::string name;
   std::string device;
   int slots = 0;
+  // `meshrun workers drain NAME`: takes no new ranks (decision 0056).
+  bool drained = false;
 };
 
 // What JobManager needs of the workers: who is live, and a way to send them orders.
@@ -103,6 +105,10 @@ class WorkerManager final : public WorkerView {
   // NOT_FOUND, and returns their ids for JobManager.
   std::vector<std::string> ExpireLeases();
 
+  // `meshrun workers drain/undrain NAME`: the worker's id, NOT_FOUND for an unknown name.
+  // Kept in memory (a restarted coordinator forgets drains).
+  StatusOr<std::string> SetDrained(const std::string& name, bool drained);
+
   std::vector<WorkerSnapshot> List() const;
   // At most `limit` workers whose names sort after `after` (all: ""), by name.
   std::vector<WorkerSnapshot> List(const std::string& after, size_t limit) const;
@@ -137,6 +143,7 @@ class WorkerManager final : public WorkerView {
     std::shared_ptr<WorkerSessionStream> stream;
     std::deque<v1::WorkerSessionResponse> outbox;
     v1::HostCalibration calibration;  // from the registration; persisted in row.calibration
+    bool drained = false;             // SetDrained; in memory only
     // Registered by this coordinator and no session opened since: the process is starting.
     bool awaiting_session = false;
   };

@@ -158,6 +158,10 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
   const v1::ResourcesSpec& r = p.resources();
   SetIfPresent(r.has_device(), r.device(), &s.resources.device);
   SetIfPresent(r.has_threads(), r.threads(), &s.resources.threads);
+  SetIfPresent(r.has_elastic_min_ranks(), r.elastic_min_ranks(), &s.resources.elastic_min_ranks);
+  SetIfPresent(r.has_elastic_max_ranks(), r.elastic_max_ranks(), &s.resources.elastic_max_ranks);
+  SetIfPresent(r.has_elastic_wait_seconds(), r.elastic_wait_seconds(),
+               &s.resources.elastic_wait_seconds);
   SetIfPresent(p.restart().has_max_restarts(), p.restart().max_restarts(), &s.restart.max_restarts);
   return s;
 }
@@ -239,6 +243,11 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   c->set_resume(s.checkpoint.resume);
   p.mutable_resources()->set_device(s.resources.device);
   p.mutable_resources()->set_threads(s.resources.threads);
+  if (s.resources.elastic()) {  // a fixed-world spec's message stays as it was
+    p.mutable_resources()->set_elastic_min_ranks(s.resources.elastic_min_ranks);
+    p.mutable_resources()->set_elastic_max_ranks(s.resources.elastic_max_ranks);
+    p.mutable_resources()->set_elastic_wait_seconds(s.resources.elastic_wait_seconds);
+  }
   p.mutable_restart()->set_max_restarts(s.restart.max_restarts);
   return p;
 }

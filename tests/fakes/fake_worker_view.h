@@ -18,6 +18,11 @@ class FakeWorkerView final : public coordinator::WorkerView {
     std::lock_guard<std::mutex> lock(mu_);
     workers_[name] = {name, name, device, slots};
   }
+  // `meshrun workers drain NAME` as WorkerManager::SetDrained keeps it.
+  void SetDrained(const std::string& name, bool drained) {
+    std::lock_guard<std::mutex> lock(mu_);
+    workers_[name].drained = drained;
+  }
   void Remove(const std::string& name) {
     std::lock_guard<std::mutex> lock(mu_);
     workers_.erase(name);

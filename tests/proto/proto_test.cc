@@ -148,7 +148,8 @@ TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
        {"train", "val", "format", "order", "eval_every", "tokenizer", "train_sources", "template",
         "attention"}},
       {"checkpoint", {"dir", "every", "keep", "resume"}},
-      {"resources", {"device", "threads"}},
+      {"resources",
+       {"device", "threads", "elastic_min_ranks", "elastic_max_ranks", "elastic_wait_seconds"}},
       {"restart", {"max_restarts"}},
   };
   for (const auto& [section, keys] : sections) {
@@ -256,7 +257,7 @@ const std::vector<Rpc>& ContractRpcs() {
       {"CancelJob", false, false},  {"WatchJob", false, true},        {"ListWorkers", false, false},
       {"GetJobLogs", false, false}, {"RegisterWorker", false, false}, {"WorkerSession", true, true},
       {"StoreSet", false, false},   {"StoreGet", false, false},       {"StoreAdd", false, false},
-      {"ListRanks", false, false},
+      {"ListRanks", false, false},  {"DrainWorker", false, false},
   };
   return rpcs;
 }
