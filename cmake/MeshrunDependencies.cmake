@@ -20,6 +20,16 @@ else()
   endif()
 endif()
 
+# --- oneDNN (optional, decision 0057): its sgemm runs the float32 GEMMs where it is found; the
+# build works without it (OpenBLAS, or the fallback, then run them all).
+find_path(MESHRUN_DNNL_INCLUDE oneapi/dnnl/dnnl.h)
+find_library(MESHRUN_DNNL_LIB NAMES dnnl)
+if(MESHRUN_DNNL_INCLUDE AND MESHRUN_DNNL_LIB AND NOT MESHRUN_NO_DNNL)
+  set(MESHRUN_DNNL ON)
+else()
+  set(MESHRUN_DNNL OFF)
+endif()
+
 # --- nlohmann/json: header-only; required outside engine-only.
 find_package(nlohmann_json 3 QUIET)
 if(NOT nlohmann_json_FOUND AND NOT MESHRUN_ENGINE_ONLY)

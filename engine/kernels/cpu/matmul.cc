@@ -1,10 +1,12 @@
 // Linear layers: out = inp·weightᵀ + bias and its backward, as GEMMs on the buffers in place
-// (the transposes are BLAS flags, never copies). Gemm dispatches to OpenBLAS when the build has
+// (the transposes are BLAS flags, never copies). Gemm dispatches float32 to oneDNN's sgemm when
+// the build has oneDNN (decision 0057), else (and float64 always) to OpenBLAS when the build has
 // it and OpenBLAS runs kernels fit for this CPU, and to the built-in GemmFallback otherwise.
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine/kernels/cpu/kernel_internal.h"
@@ -15,12 +17,63 @@
 #include <cblas.h>
 #include <dlfcn.h>
 #endif
+#ifdef MESHRUN_HAVE_DNNL
+#include <oneapi/dnnl/dnnl.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 namespace meshrun::cpu {
 namespace {
+
+bool EnvIs1(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "1";
+}
+
+#ifdef MESHRUN_HAVE_DNNL
+// oneDNN's sgemm (decision 0057): one call threaded over the OpenMP team by oneDNN itself (the
+// same libgomp pool as every other kernel; inside a parallel region it runs on the calling
+// thread), JIT-compiled for the CPU's vector units. Used by default where oneDNN runs AVX-512
+// (ahead of OpenBLAS SkylakeX at the model shapes); on AVX2 (MESHRUN_NO_AVX512=1, or a CPU
+// without AVX-512) OpenBLAS's Haswell core was level or ahead, so OpenBLAS keeps those.
+// MESHRUN_GEMM=openblas or =onednn forces the choice (the benches' per-shape comparison).
+struct DnnlChoice {
+  bool use = false;
+  std::string isa;
+};
+
+const char* DnnlIsaName(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "";
+  }
+}
+
+DnnlChoice ChooseDnnl() {
+  DnnlChoice c;
+  const char* env = std::getenv("MESHRUN_GEMM");
+  const std::string want = env != nullptr ? env : "";
+  if (want == "openblas") return c;
+  if (EnvIs1("MESHRUN_NO_AVX512")) dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  c.isa = DnnlIsaName(isa);
+  const bool avx512 = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+  c.use = !c.isa.empty() && (avx512 || want == "onednn");
+  return c;
+}
+
+const DnnlChoice& Dnnl() {
+  static const DnnlChoice choice = ChooseDnnl();
+  return choice;
+}
+#endif
 
 #ifdef MESHRUN_HAVE_OPENBLAS
 // OpenBLAS (DYNAMIC_ARCH) picks its kernels from the CPU model when it loads; releases older than
@@ -59,11 +112,6 @@ bool SelectOpenBlasCore(const std::string& want) {
   init();
   ::unsetenv("OPENBLAS_CORETYPE");
   return want == openblas_get_corename();
-}
-
-bool EnvIs1(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == "1";
 }
 
 BlasChoice ChooseBlas() {
@@ -177,10 +225,21 @@ constexpr int64_t kBiasCols = 64;
 
 const char* GemmBackend() {
 #ifdef MESHRUN_HAVE_OPENBLAS
-  return Choice().description.c_str();
+  const std::string others = Choice().description;
 #else
-  return "fallback (built without BLAS)";
+  const std::string others = "fallback (built without BLAS)";
 #endif
+#ifdef MESHRUN_HAVE_DNNL
+  if (Dnnl().use) {
+    // OpenBLAS first: what runs float64 (and what the core-choice test looks for).
+    static const std::string both =
+        others + " for float64; onednn " + std::to_string(DNNL_VERSION_MAJOR) + "." +
+        std::to_string(DNNL_VERSION_MINOR) + " sgemm (" + Dnnl().isa + ") for float32";
+    return both.c_str();
+  }
+#endif
+  static const std::string only = others;
+  return only.c_str();
 }
 
 const char* OpenBlasCoreTypeHint() {
@@ -199,6 +258,20 @@ template <typename T>
 void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
           int64_t lda, const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M <= 0 || N <= 0) return;
+#ifdef MESHRUN_HAVE_DNNL
+  if constexpr (std::is_same_v<T, float>) {
+    if (Dnnl().use) {
+      // Row-major; oneDNN checks lda/ldb even when K == 0, as BLAS does.
+      const int64_t min_lda = std::max<int64_t>(trans_a ? M : K, 1);
+      const int64_t min_ldb = std::max<int64_t>(trans_b ? K : N, 1);
+      if (dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A,
+                     std::max(lda, min_lda), B, std::max(ldb, min_ldb), beta, C,
+                     ldc) == dnnl_success) {
+        return;
+      }
+    }
+  }
+#endif
 #ifdef MESHRUN_HAVE_OPENBLAS
   if (Choice().use_blas) {
     // BLAS checks lda/ldb even when K == 0; keep them valid.
