@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <unordered_set>
 
@@ -105,10 +106,14 @@ void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request
     if (!paths.ok()) return done(paths);
   }
   std::string choice;
+  const auto t_plan = std::chrono::steady_clock::now();
   Status planned =
       PlanSubmission(Workers(), options_.planning_host, submitted.mutable_spec(), &choice);
   if (!planned.ok()) return done(planned);
   if (!choice.empty()) spdlog::info("SubmitJob: {}", choice);
+  spdlog::info(
+      "SubmitJob: planning {:.1f} ms",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_plan).count());
   StatusOr<std::string> id = jobs_.Submit(submitted, caller);
   if (id.ok()) {
     if (request.dry_run()) {
