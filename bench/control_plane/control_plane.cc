@@ -178,6 +178,14 @@ int RunGenerator(const Config& cfg) {
     std::snprintf(name, sizeof(name), "sim-%05d", cfg.first + i);
     sim->worker = std::make_unique<testing::FakeGrpcWorker>(channel, name, cfg.slots);
     SimWorker* raw = sim.get();
+    // What meshrun-worker measures and registers (worker/main.cc): the planner's figures for
+    // the host, so that SubmitJob's prediction uses them (not a GEMM timed in the coordinator).
+    v1::HostCalibration calibration;
+    calibration.set_gemm_flops(2e10);
+    calibration.set_loopback_bus_bandwidth(5e9);
+    calibration.set_loopback_latency_seconds(2e-5);
+    calibration.set_loopback_ranks(4);
+    sim->worker->set_calibration(calibration);
     sim->worker->set_keep_messages(false);
     sim->worker->set_on_message([raw, &assigned,
                                  expected_ranks](const v1::WorkerSessionResponse& m) {
