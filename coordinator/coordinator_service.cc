@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <unordered_set>
 
@@ -105,10 +106,18 @@ void CoordinatorServiceImpl::HandleSubmitJob(const v1::SubmitJobRequest& request
     if (!paths.ok()) return done(paths);
   }
   std::string choice;
+  const auto t_plan = std::chrono::steady_clock::now();
+  StatusOr<std::vector<v1::WorkerInfo>> workers = Workers();
+  const auto t_workers = std::chrono::steady_clock::now();
   Status planned =
-      PlanSubmission(Workers(), options_.planning_host, submitted.mutable_spec(), &choice);
+      PlanSubmission(workers, options_.planning_host, submitted.mutable_spec(), &choice);
   if (!planned.ok()) return done(planned);
   if (!choice.empty()) spdlog::info("SubmitJob: {}", choice);
+  const auto ms = [](auto from, auto to) {
+    return std::chrono::duration<double, std::milli>(to - from).count();
+  };
+  spdlog::info("SubmitJob: planning {:.1f} ms (workers {:.1f} ms)",
+               ms(t_plan, std::chrono::steady_clock::now()), ms(t_plan, t_workers));
   StatusOr<std::string> id = jobs_.Submit(submitted, caller);
   if (id.ok()) {
     if (request.dry_run()) {

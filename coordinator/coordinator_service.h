@@ -147,6 +147,8 @@ class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
   // Periodic work (the server's ticker): expired leases fail their attempts; the queue is
   // retried; store waits time out.
   void Tick();
+  // The RankAssignments of SubmitJob's placements (JobManager::FlushAssignments); every tick.
+  void FlushAssignments() { jobs_.FlushAssignments(); }
   // Refuses new calls with UNAVAILABLE and ends every stream and wait.
   void Shutdown();
 

@@ -112,7 +112,8 @@ class WriteQueue {
   WriteQueue(Reactor* reactor, size_t max_queue) : reactor_(reactor), max_queue_(max_queue) {}
 
   // False once finishing; ends the stream with UNAVAILABLE when the queue overflows.
-  bool Send(const Response& message) {
+  template <typename Message>
+  bool Send(Message&& message) {
     const Response* start = nullptr;
     bool overflow = false;
     {
@@ -121,7 +122,7 @@ class WriteQueue {
       if (queue_.size() >= max_queue_) {
         overflow = true;
       } else {
-        queue_.push_back(message);
+        queue_.push_back(std::forward<Message>(message));
         if (!writing_) {
           writing_ = true;
           start = &queue_.front();
@@ -205,6 +206,7 @@ class WatchStream final : public WatchJobStream {
  public:
   WatchStream(WatchReactor* reactor, size_t max_queue);
   bool Send(const v1::WatchJobResponse& message) override;
+  bool Send(v1::WatchJobResponse&& message) override;
   void Finish(const Status& status) override;
   void OnWriteDone(bool ok) { queue_.OnWriteDone(ok); }
   void FinishGrpc(const grpc::Status& status) { queue_.Finish(status); }
@@ -266,6 +268,9 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
 WatchStream::WatchStream(WatchReactor* reactor, size_t max_queue) : queue_(reactor, max_queue) {}
 bool WatchStream::Send(const v1::WatchJobResponse& message) {
   return queue_.Send(message);
+}
+bool WatchStream::Send(v1::WatchJobResponse&& message) {
+  return queue_.Send(std::move(message));
 }
 void WatchStream::Finish(const Status& status) {
   queue_.Finish(ToGrpcStatus(status));

@@ -92,11 +92,22 @@ void JobEventLog::Publish(v1::JobEvent&& event) {
   auto hold = Hold();
   // Watchers first, then the event moves into its tier (no second copy on the ingest path).
   if (!watchers_.empty()) {
-    v1::WatchJobResponse response;
-    *response.mutable_event() = event;
-    std::erase_if(watchers_, [&](const Watcher& w) {
-      return w.filter.Matches(event) && !w.stream->Send(response);
-    });
+    // One copy of the event for its watchers: the last one that wants it takes it, the others
+    // get copies of that (decision 0058).
+    size_t last = watchers_.size();
+    for (size_t i = 0; i < watchers_.size(); ++i) {
+      if (watchers_[i].filter.Matches(event)) last = i;
+    }
+    if (last < watchers_.size()) {
+      v1::WatchJobResponse response;
+      *response.mutable_event() = event;
+      size_t i = 0;
+      std::erase_if(watchers_, [&](const Watcher& w) {
+        const size_t at = i++;
+        if (at > last || !w.filter.Matches(event)) return false;
+        return at == last ? !w.stream->Send(std::move(response)) : !w.stream->Send(response);
+      });
+    }
   }
   std::deque<v1::JobEvent>& tier = TierOf(event);
   size_t& bytes = BytesOf(tier);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <unordered_set>
 
@@ -195,6 +196,7 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request,
         "request_id: must be at most 128 printable characters without spaces (hint: use a "
         "UUID)");
   }
+  const auto t_start = std::chrono::steady_clock::now();
   MESHRUN_ASSIGN_OR_RETURN(JobSpec spec, ValidateProtoJobSpec(request.spec()));
   MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
   // Stored and sent to the ranks with the defaults applied: a client may leave fields unset.
@@ -246,19 +248,29 @@ StatusOr<std::string> JobManager::Submit(const v1::SubmitJobRequest& request,
   job->owner = caller;
   Txn txn(*job);
   SetJobStateLocked(txn, v1::JOB_STATE_PENDING, "submitted");
+  const auto t_commit = std::chrono::steady_clock::now();
   Status status = journal_.Commit(txn, Durability::kDurable);
   if (!status.ok()) {
     queue_.Remove(job->row.seq);
     return status;
   }
+  const auto t_committed = std::chrono::steady_clock::now();
   ++next_seq_;
   const std::string job_id = job->row.job_id;
   if (!job->row.request_id.empty()) request_ids_[job->row.request_id] = job_id;
   by_seq_[job->row.seq] = job_id;
   jobs_[job_id] = std::move(job);
-  spdlog::info("job {} ({}) submitted: {} ranks, {}", job_id, spec.name, mesh.world_size(),
-               mesh.ToString());
+  deferring_assignments_ = config_.defer_submit_assignments;
   ScheduleLocked();
+  deferring_assignments_ = false;
+  const auto ms = [](auto from, auto to) {
+    return std::chrono::duration<double, std::milli>(to - from).count();
+  };
+  spdlog::info(
+      "job {} ({}) submitted: {} ranks, {} (checks {:.1f} ms, commit {:.1f} ms, "
+      "scheduling {:.1f} ms)",
+      job_id, spec.name, mesh.world_size(), mesh.ToString(), ms(t_start, t_commit),
+      ms(t_commit, t_committed), ms(t_committed, std::chrono::steady_clock::now()));
   return job_id;
 }
 

@@ -85,6 +85,11 @@ struct JobManagerConfig {
   // Receives every accepted rank sample with the rank's placement, and each job's end (the
   // coordinator's per-rank Prometheus series); null: none kept.
   std::shared_ptr<RankSeries> rank_series;
+  // A placement made inside SubmitJob leaves its RankAssignments to FlushAssignments (the
+  // server's ticker, every tick) so that the call answers once the job is placed and stored,
+  // not after 32,768 messages were queued (decision 0058). False: sent within the call (unit
+  // tests without a ticker). Every other placement sends them at once, as does any stop.
+  bool defer_submit_assignments = false;
 };
 
 // What the metrics exporter reads (see metrics_exporter.h).
@@ -187,6 +192,9 @@ class JobManager {
 
   // Places queued jobs in FIFO order (per device) while slots allow.
   void Schedule();
+  // Sends the RankAssignments of placements SubmitJob deferred (config
+  // defer_submit_assignments); cheap when there are none.
+  void FlushAssignments();
   // Periodic work: ranks on workers that are gone, StopOrder bookkeeping, Schedule.
   void Tick();
   // Ends every watch with UNAVAILABLE.
@@ -220,6 +228,10 @@ class JobManager {
   void SetWaitMessageLocked(Job& job, const std::string& wait);
   void StartAttemptLocked(Job& job, const Placement& placement,
                           const std::vector<LiveWorker>& workers);
+  // One RankAssignment per rank of the attempt to its worker.
+  void SendAssignmentsLocked(const Job& job, const Attempt& attempt);
+  // Sends the deferred assignments, before any other message to a worker (ordering).
+  void FlushAssignmentsLocked();
   // Ends `attempt` (failed or cancelled): records it, stops its ranks, drops its key space.
   void EndAttemptLocked(Txn& txn, Attempt& attempt, AttemptState state, const std::string& reason,
                         v1::StopReason stop_reason, std::chrono::milliseconds grace);
@@ -299,6 +311,11 @@ class JobManager {
   std::set<std::string> active_;  // jobs with a RUNNING attempt or ranks holding slots
   int64_t next_seq_ = 1;
   bool shut_down_ = false;
+  // Placements whose assignments are not sent yet: (job_id, attempt), in placement order;
+  // set while Submit schedules (decision 0058).
+  std::vector<std::pair<std::string, int>> unsent_assignments_;
+  std::atomic<bool> has_unsent_assignments_{false};
+  bool deferring_assignments_ = false;
 
   // The ingest path: rank samples of running attempts, off mu_ (its own locks).
   IngestBook ingest_;

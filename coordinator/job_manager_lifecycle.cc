@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <unordered_set>
 
 #include "common/escape.h"
@@ -106,6 +107,8 @@ void JobManager::SendStopLocked(const std::string& worker_id, const std::string&
                                 int attempt, v1::StopReason reason, const std::string& message,
                                 std::chrono::milliseconds grace, bool force) {
   if (!stops_.ShouldSend(worker_id, job_id, attempt, clock_.Monotonic(), force)) return;
+  // An assignment a placement deferred goes first: a stop must never overtake it.
+  FlushAssignmentsLocked();
   v1::WorkerSessionResponse msg;
   v1::StopOrder* stop = msg.mutable_stop();
   stop->set_job_id(job_id);
@@ -132,6 +135,7 @@ void JobManager::SetWaitMessageLocked(Job& job, const std::string& wait) {
 }
 
 void JobManager::ScheduleLocked() {
+  if (!deferring_assignments_) FlushAssignmentsLocked();
   if (queue_.empty() || shut_down_) return;
   // Drained workers take no new ranks (decision 0056).
   SchedulingRound round(PlaceableWorkersLocked(), slots_);
@@ -157,6 +161,7 @@ void JobManager::ScheduleLocked() {
 
 void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
                                     const std::vector<LiveWorker>& workers) {
+  const auto t_start = std::chrono::steady_clock::now();
   const JobRow saved = job.row;
   auto attempt = std::make_unique<Attempt>();
   Attempt& a = *attempt;
@@ -191,23 +196,43 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
                              std::to_string(placement.workers_used) + " worker" +
                              (placement.workers_used == 1 ? "" : "s");
   SetJobStateLocked(txn, v1::JOB_STATE_RUNNING, reason);
+  const auto t_commit = std::chrono::steady_clock::now();
   if (!journal_.Commit(txn, Durability::kDurable).ok()) {
     job.row = saved;
     queue_.Add(job.row.seq, job.row.job_id, job.device(), job.owner);
     return;
   }
+  const auto t_committed = std::chrono::steady_clock::now();
   const std::string job_id = job.row.job_id;
   job.attempts[a.number] = std::move(attempt);
   for (Rank& r : a.ranks) OccupyLocked(job, a, r);
   StartIngestLocked(job, a);
   store_.OpenAttempt(job_id, a.number);
-  spdlog::info("job {}: {} ({} ranks)", job_id, reason, job.mesh.world_size());
+  const auto t_assign = std::chrono::steady_clock::now();
 
+  if (deferring_assignments_) {
+    unsent_assignments_.emplace_back(job_id, a.number);
+    has_unsent_assignments_ = true;
+  } else {
+    SendAssignmentsLocked(job, a);
+  }
+  const auto ms = [](auto from, auto to) {
+    return std::chrono::duration<double, std::milli>(to - from).count();
+  };
+  const auto t_end = std::chrono::steady_clock::now();
+  spdlog::info(
+      "job {}: {} ({} ranks; rows {:.1f} ms, commit {:.1f} ms, slots {:.1f} ms, "
+      "assignments {:.1f} ms)",
+      job_id, reason, job.mesh.world_size(), ms(t_start, t_commit), ms(t_commit, t_committed),
+      ms(t_committed, t_assign), ms(t_assign, t_end));
+}
+
+void JobManager::SendAssignmentsLocked(const Job& job, const Attempt& attempt) {
   // One assignment per rank; every rank of the attempt loads the same checkpoint.
   v1::WorkerSessionResponse msg;
   v1::RankAssignment* as = msg.mutable_assign();
-  as->set_job_id(job_id);
-  as->set_attempt(a.number);
+  as->set_job_id(job.row.job_id);
+  as->set_attempt(attempt.number);
   as->set_world_size(job.mesh.world_size());
   v1::MeshShape* shape = as->mutable_mesh();
   shape->set_dp_replicate_size(job.mesh.dp_replicate());
@@ -217,10 +242,10 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
   shape->set_pp_size(job.mesh.pp());
   *as->mutable_spec() = job.spec;
   as->mutable_store()->set_address(config_.store_address);
-  as->mutable_store()->set_prefix(job_id + "/" + std::to_string(a.number) + "/");
+  as->mutable_store()->set_prefix(job.row.job_id + "/" + std::to_string(attempt.number) + "/");
   // No resume decision here: rank 0 makes it where checkpoint.dir is readable and reports it
   // (CheckpointSaved.resumed; decision 0048).
-  for (const Rank& r : a.ranks) {
+  for (const Rank& r : attempt.ranks) {
     as->set_rank(r.rank);
     SetProtoCoords(r.coords, as->mutable_coords());
     as->clear_axes();
@@ -228,6 +253,25 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
     as->set_local_rank(r.local_rank);
     as->set_local_world_size(r.local_world_size);
     workers_.Send(r.worker_id, msg);
+  }
+}
+
+void JobManager::FlushAssignments() {
+  if (!has_unsent_assignments_) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  FlushAssignmentsLocked();
+}
+
+void JobManager::FlushAssignmentsLocked() {
+  if (unsent_assignments_.empty()) return;
+  std::vector<std::pair<std::string, int>> unsent = std::move(unsent_assignments_);
+  unsent_assignments_.clear();
+  has_unsent_assignments_ = false;
+  for (const auto& [job_id, number] : unsent) {
+    Job* job = FindLocked(job_id);
+    if (job == nullptr) continue;
+    const Attempt* a = FindAttemptLocked(*job, number);
+    if (a != nullptr) SendAssignmentsLocked(*job, *a);
   }
 }
 

@@ -233,6 +233,8 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   jcfg.restart_backoff = config.restart_backoff;
   jcfg.restart_backoff_max = config.restart_backoff_max;
   jcfg.rank_series = std::make_shared<RankSeries>();
+  // The ticker sends what SubmitJob placed (TickLoop; decision 0058).
+  jcfg.defer_submit_assignments = true;
   s->jobs_ = std::make_unique<JobManager>(s->db_.get(), *s->workers_, *s->store_, *s->clock_, jcfg);
   if (paths.confined()) {
     spdlog::info("confined paths: {}", paths.ToString());
@@ -332,6 +334,7 @@ void CoordinatorServer::TickLoop() {
     cv_.wait_for(lock, config_.tick);
     if (stopping_) break;
     lock.unlock();
+    service_->FlushAssignments();
     if (n % 5 == 0) {
       service_->Tick();
     } else {

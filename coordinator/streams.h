@@ -33,6 +33,10 @@ class WatchJobStream {
   // Queues an event; false once the stream is finished or the client fell too far behind (the
   // stream then ends itself with UNAVAILABLE): the caller forgets the watcher.
   virtual bool Send(const v1::WatchJobResponse& message) = 0;
+  // The same, taking the message (the last watcher of an event: no copy; decision 0058).
+  virtual bool Send(v1::WatchJobResponse&& message) {
+    return Send(static_cast<const v1::WatchJobResponse&>(message));
+  }
   virtual void Finish(const Status& status) = 0;
   // True once the stream is finishing or finished (the client cancelled, went away or was
   // ended): a job's watcher list drops such streams without waiting for its next event.

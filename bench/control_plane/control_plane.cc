@@ -9,6 +9,7 @@
 //
 //   control_plane [--workers 1024] [--slots 8] [--tp 8] [--seconds 15] [--hz 1]
 //                 [--generators 0 (auto: one per 256 workers)] [--coordinator PATH] [--cli PATH]
+//                 [--coordinator-log FILE (its log at info: SubmitJob's phases)]
 //
 // Reports: time to connect the workers; SubmitJob latency (placement and persistence happen
 // inside it) and the time until every assignment reached its worker and every rank was
@@ -118,6 +119,7 @@ struct Config {
   int generators = 0;
   std::string coordinator;
   std::string cli;
+  std::string coordinator_log;  // kept here, at --log-level info, when set
   // --generator: this process is a load generator for workers [first, first + count).
   bool generator = false;
   std::string address;
@@ -176,6 +178,14 @@ int RunGenerator(const Config& cfg) {
     std::snprintf(name, sizeof(name), "sim-%05d", cfg.first + i);
     sim->worker = std::make_unique<testing::FakeGrpcWorker>(channel, name, cfg.slots);
     SimWorker* raw = sim.get();
+    // What meshrun-worker measures and registers (worker/main.cc): the planner's figures for
+    // the host, so that SubmitJob's prediction uses them (not a GEMM timed in the coordinator).
+    v1::HostCalibration calibration;
+    calibration.set_gemm_flops(2e10);
+    calibration.set_loopback_bus_bandwidth(5e9);
+    calibration.set_loopback_latency_seconds(2e-5);
+    calibration.set_loopback_ranks(4);
+    sim->worker->set_calibration(calibration);
     sim->worker->set_keep_messages(false);
     sim->worker->set_on_message([raw, &assigned,
                                  expected_ranks](const v1::WorkerSessionResponse& m) {
@@ -306,10 +316,10 @@ int Run(const Config& cfg) {
       (std::filesystem::temp_directory_path() / ("meshrun-bench-cp-" + std::to_string(getpid())))
           .string();
   std::filesystem::remove_all(state);
-  testing::Subprocess coord(
-      {cfg.coordinator, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--state-dir",
-       state, "--heartbeat-timeout", "30", "--log-level", "warn"},
-      state + ".stderr");
+  testing::Subprocess coord({cfg.coordinator, "--listen", "127.0.0.1:0", "--metrics-listen",
+                             "127.0.0.1:0", "--state-dir", state, "--heartbeat-timeout", "30",
+                             "--log-level", cfg.coordinator_log.empty() ? "warn" : "info"},
+                            state + ".stderr");
   auto first = coord.ReadLine(seconds(30));
   if (!first) {
     std::fprintf(stderr, "error: --coordinator: %s did not start (see %s.stderr)\n",
@@ -575,6 +585,10 @@ int Run(const Config& cfg) {
   auto exit_status = coord.Wait(seconds(60));
   teardown();
   std::filesystem::remove_all(state);
+  if (!cfg.coordinator_log.empty()) {
+    std::filesystem::copy_file(state + ".stderr", cfg.coordinator_log,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
   std::filesystem::remove(state + ".stderr");
   for (int g = 0; g < generators; ++g) {
     std::filesystem::remove(state + ".gen" + std::to_string(g) + ".stderr");
@@ -667,6 +681,8 @@ int main(int argc, char** argv) {
                  "meshrun-coordinator binary (default: next to this program)");
   app.add_option("--cli", cfg.cli,
                  "meshrun binary timed for `status` (default: next to this program)");
+  app.add_option("--coordinator-log", cfg.coordinator_log,
+                 "keep the coordinator's log (at --log-level info) in this file");
   // Internal: one load-generator process (started by the main process).
   app.add_flag("--generator", cfg.generator)->group("");
   app.add_option("--address", cfg.address)->group("");

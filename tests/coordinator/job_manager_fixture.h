@@ -37,6 +37,7 @@ class JobManagerTest : public ::testing::Test {
     config.restart_backoff = restart_backoff_;
     config.max_stops_per_worker = max_stops_per_worker_;
     config.max_page_bytes = max_page_bytes_;
+    config.defer_submit_assignments = defer_submit_assignments_;
     jobs_ = std::make_unique<JobManager>(
         db_.get(), workers_, persist_store_ ? *persistent_store_ : store_, clock_, config);
     ASSERT_TRUE(jobs_->Load().ok());
@@ -116,7 +117,8 @@ class JobManagerTest : public ::testing::Test {
 
   std::chrono::milliseconds restart_backoff_{0};
   size_t max_stops_per_worker_ = 1024;
-  size_t max_page_bytes_ = 1 << 20;  // ListRanks
+  size_t max_page_bytes_ = 1 << 20;        // ListRanks
+  bool defer_submit_assignments_ = false;  // as server.cc sets it: true
   testing::TempDir dir_;
   testing::FakeClock clock_;
   testing::FakeWorkerView workers_;

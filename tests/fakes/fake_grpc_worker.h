@@ -32,6 +32,9 @@ class FakeGrpcWorker {
         device_(std::move(device)) {}
   ~FakeGrpcWorker() { Kill(); }
 
+  // Registers with this host calibration, as meshrun-worker does (control_plane bench).
+  void set_calibration(const v1::HostCalibration& c) { calibration_ = c; }
+
   grpc::Status Register(std::chrono::milliseconds deadline = std::chrono::seconds(10)) {
     v1::RegisterWorkerRequest req;
     req.set_name(name_);
@@ -39,6 +42,7 @@ class FakeGrpcWorker {
     req.set_device(device_);
     req.set_address("127.0.0.1");
     req.set_version("test");
+    if (calibration_) *req.mutable_calibration() = *calibration_;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + deadline);
     v1::RegisterWorkerResponse resp;
@@ -272,6 +276,7 @@ class FakeGrpcWorker {
   const std::string name_;
   const int slots_;
   const std::string device_;
+  std::optional<v1::HostCalibration> calibration_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   v1::RegisterWorkerResponse registration_;
