@@ -191,8 +191,8 @@ int RunPlan(const PlanOptions& o) {
     std::printf("… %zu more (--top N, or -o json for all)\n", rows->size() - shown);
   if (on_paper) {
     std::printf(
-        "* a pipeline (pp > 1) planned on paper: this build's engine does not run pipeline "
-        "stages yet, so parallelism.auto never chooses one\n");
+        "* a pipeline schedule planned on paper: this build's engine does not run it yet "
+        "(zero_bubble), so parallelism.auto never chooses it\n");
   }
   if (!rounds.empty()) {
     // How repeatable the calibrated prediction is: the best row on each measurement.

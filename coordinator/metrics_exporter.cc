@@ -174,7 +174,8 @@ void AppendElasticJobFamilies(const JobsSnapshot& snap,
                               std::vector<prometheus::MetricFamily>& out) {
   using prometheus::MetricType;
   auto world = Family("meshrun_job_world_size",
-                      "Ranks of the mesh the job runs on (an elastic job's current mesh).",
+                      "Ranks of the mesh the job runs on, pp_size*dp_replicate_size*dp_shard_size*"
+                      "cp_size*tp_size (an elastic job's current mesh).",
                       MetricType::Gauge);
   auto remeshes = Family("meshrun_job_remeshes_total",
                          "Mesh changes of an elastic job (shrunk after a lost worker, grown, "
@@ -248,10 +249,6 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
   auto predicted_memory =
       Family("meshrun_job_predicted_peak_memory_bytes",
              "The planner's predicted peak memory of one rank of the job.", MetricType::Gauge);
-  auto world = Family("meshrun_job_world_size",
-                      "Ranks of the job's mesh: pp_size*dp_replicate_size*dp_shard_size*cp_size*"
-                      "tp_size.",
-                      MetricType::Gauge);
   for (const JobsSnapshot::JobLine& j : snap.jobs) {
     if (j.predicted_step_seconds > 0) {
       AddGauge(predicted_step, {{"job_id", j.job_id}}, j.predicted_step_seconds);
@@ -261,15 +258,14 @@ std::vector<prometheus::MetricFamily> MetricsExporter::Collect(
       AddGauge(state, {{"job_id", j.job_id}, {"state", JobStateName(s)}}, s == j.state ? 1 : 0);
     }
     AddGauge(step, {{"job_id", j.job_id}}, static_cast<double>(j.step));
-    AddGauge(world, {{"job_id", j.job_id}}, j.world_size);
     AddGauge(tps, {{"job_id", j.job_id}}, j.tokens_per_second);
     AddGauge(tokens, {{"job_id", j.job_id}}, j.tokens_total);
     AddGauge(mfu, {{"job_id", j.job_id}}, j.mfu);
     AddGauge(restarts, {{"job_id", j.job_id}}, j.restarts);
     AddGauge(skew, {{"job_id", j.job_id}}, j.step_time_skew);
   }
-  for (auto* f : {&state, &step, &world, &tps, &tokens, &mfu, &restarts, &skew, &predicted_step,
-                  &predicted_memory}) {
+  for (auto* f :
+       {&state, &step, &tps, &tokens, &mfu, &restarts, &skew, &predicted_step, &predicted_memory}) {
     out.push_back(std::move(*f));
   }
   AppendElasticJobFamilies(snap, out);

@@ -92,6 +92,10 @@ v1::RankStep StepReport(const StepMetrics& m) {
   r.set_allocated_memory_bytes(m.allocated_memory_bytes);
   r.set_peak_memory_bytes(m.peak_memory_bytes);
   r.set_reserved_memory_bytes(m.reserved_memory_bytes);
+  // Measured only under pipeline parallelism (the trainer leaves it 0 without pp).
+  if (m.pipeline_bubble_ratio > 0) {
+    r.set_pipeline_bubble_ratio(std::min(1.0, m.pipeline_bubble_ratio));
+  }
   *r.mutable_memory() = MemoryReport(m.memory);
   for (const auto& [key, c] : m.comm) {
     v1::RankCommCounter* out = r.add_comm();
@@ -171,6 +175,7 @@ std::string StepLineJson(const v1::RankStep& m) {
                {"reserved_memory_bytes", m.reserved_memory_bytes()},
                {"memory", MemoryJson(m.memory())},
                {"comm", std::move(comm)}};
+  if (m.has_pipeline_bubble_ratio()) line["pipeline_bubble_ratio"] = m.pipeline_bubble_ratio();
   return line.dump();
 }
 

@@ -284,13 +284,18 @@ class PrometheusTest : public ::testing::Test {
     FAIL() << "Prometheus was not ready on port " << prometheus_port_ << " within 30 s";
   }
 
-  std::string Submit() {
+  // The test job on `parallelism` (default: dp_shard 2 x tp 2).
+  std::string Submit(std::string parallelism = "") {
+    if (parallelism.empty()) {
+      parallelism = "dp_replicate_size: 1, dp_shard_size: " + std::to_string(kDpShard) +
+                    ", cp_size: 1, tp_size: " + std::to_string(kTp);
+    }
     const fs::path spec = dir_ / "job.yaml";
     std::ofstream(spec)
         << "name: prometheus-test\n"
            "model: {arch: gpt2, n_layer: 2, n_head: 4, d_model: 64, seq_len: 64, vocab_size: 256}\n"
-           "parallelism: {dp_replicate_size: 1, dp_shard_size: "
-        << kDpShard << ", cp_size: 1, tp_size: " << kTp
+           "parallelism: {"
+        << parallelism
         << "}\n"
            // Long enough to outlive the test; the workers stop its ranks at the end.
            "train: {steps: 100000, global_batch_size: 8, micro_batch_size: 2, lr: 1.0e-3, "
@@ -621,6 +626,68 @@ TEST_F(PrometheusTest, RequiredSeriesAndEveryDashboardQueryHaveData) {
         << " bus bytes per rank per step, meshrun train -o json reports " << reported;
   }
   EXPECT_TRUE(axes.count("tp") && axes.count("dp_shard")) << per_step.dump();
+}
+
+// A pipeline job on the cluster (pp 2 x tp 2 over the two workers of two slots): each stage's tp
+// pair on one worker and the stages on different workers; `status` and Prometheus carry every
+// rank's pp coordinate, and the measured bubble of each rank reaches Prometheus.
+TEST_F(PrometheusTest, PipelineJobCarriesItsStagesToStatusAndPrometheus) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster());
+  ASSERT_NO_FATAL_FAILURE(StartPrometheus());
+  const std::string job =
+      Submit("pp_size: 2, dp_replicate_size: 1, dp_shard_size: 1, cp_size: 1, tp_size: 2");
+  ASSERT_FALSE(job.empty());
+  json status;
+  const Clock::time_point started_by = Clock::now() + 60s;
+  while (Clock::now() < started_by) {
+    testing::CliResult r = Cli({"status", job, "-o", "json"}, 10);
+    status = json::parse(r.out, nullptr, false);
+    if (status.is_object() && status["state"] == "RUNNING" && status["step"].get<int>() >= 2) break;
+    std::this_thread::sleep_for(200ms);
+  }
+  ASSERT_TRUE(status.is_object() && status["state"] == "RUNNING" && status["step"].get<int>() >= 2)
+      << "the pipeline job did not start: " << status.dump();
+  ASSERT_EQ(status["ranks"].size(), 4u) << status.dump();
+  std::map<int, std::set<std::string>> workers_of_stage;
+  for (const json& r : status["ranks"]) {
+    const int g = r["rank"].get<int>();
+    EXPECT_EQ(r["coords"]["pp"].get<int>(), g / 2) << r.dump();  // g = p·T + t
+    EXPECT_EQ(r["coords"]["tp"].get<int>(), g % 2) << r.dump();
+    workers_of_stage[r["coords"]["pp"].get<int>()].insert(r["worker"].get<std::string>());
+  }
+  ASSERT_EQ(workers_of_stage.size(), 2u) << status.dump();
+  EXPECT_EQ(workers_of_stage[0].size(), 1u) << "stage 0's tp group spans workers";
+  EXPECT_EQ(workers_of_stage[1].size(), 1u) << "stage 1's tp group spans workers";
+  EXPECT_NE(*workers_of_stage[0].begin(), *workers_of_stage[1].begin())
+      << "both stages on one worker";
+
+  // Every rank's step series and measured bubble, labelled with its stage, through Prometheus.
+  const std::set<std::pair<std::string, std::string>> want = {
+      {"0", "0"}, {"1", "0"}, {"2", "1"}, {"3", "1"}};  // (rank, pp)
+  std::string missing;
+  const Clock::time_point scraped_by = Clock::now() + 30s;
+  do {
+    missing.clear();
+    for (const std::string series :
+         {"meshrun_rank_step_seconds_count", "meshrun_rank_pipeline_bubble_ratio"}) {
+      const json data = Query(series + "{job_id=\"" + job + "\",rank!=\"\"}", series);
+      std::set<std::pair<std::string, std::string>> seen;
+      if (data.is_object()) {
+        for (const json& r : data["result"]) {
+          const json& m = r["metric"];
+          if (m.contains("rank") && m.contains("pp")) {
+            seen.insert({m["rank"].get<std::string>(), m["pp"].get<std::string>()});
+          }
+        }
+      }
+      if (seen != want) {
+        missing += series + " has " + std::to_string(seen.size()) + " of the 4 (rank, pp); ";
+      }
+    }
+    if (missing.empty()) break;
+    std::this_thread::sleep_for(1s);
+  } while (Clock::now() < scraped_by);
+  EXPECT_TRUE(missing.empty()) << missing;
 }
 
 }  // namespace
