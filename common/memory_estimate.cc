@@ -39,7 +39,8 @@ RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& m
   // Every size in double: a field of 2^31−1 gives a huge figure, never a wrapped one.
   const ModelSpec& m = spec.model;
   const bool llama = m.arch == "llama";
-  const double C = std::max(0, m.d_model), L = std::max(0, m.n_layer);
+  const double C = std::max(0, m.d_model);
+  double L = std::max(0, m.n_layer);
   const double V = std::max(0, m.vocab_size), S = std::max(0, m.seq_len);
   const double H = std::max(1, m.n_head), K = m.n_kv_head > 0 ? m.n_kv_head : H;
   const double F =
@@ -61,7 +62,11 @@ RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& m
   }
   if (!m.tie_embeddings) e.parameters += V * C;  // the head's own matrix
   const double tp = mesh.tp(), cp = mesh.cp();
-  const double shards = tp * mesh.dp_shard() * cp;
+  // Under pipeline parallelism a rank holds one stage: an average stage's share of the
+  // parameters and layers (the largest stage holds at least that much, so the figure stays a
+  // lower bound).
+  const double pp = mesh.pp();
+  const double shards = tp * mesh.dp_shard() * cp * pp;
   // Parameters, gradients and the optimizer's own state (engine/train/optimizer_states.h).
   e.state_bytes = e.parameters / shards * 4 /*bytes*/ *
                   (2 + static_cast<double>(OptimizerStateNames(OptimizerOf(spec.train)).size()));
@@ -77,6 +82,7 @@ RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& m
   const double layer = N * C * 4 + N * 2 * (1 + means) + N * Cl * 5 + N * Hl + N * (Gl + Fl);
   const double scratch = N * Wl * 2 + N * C * 2 + N * Cl * 5 + N * (Gl + Fl);
   const std::string& ac = spec.train.activation_checkpointing;
+  L /= pp;  // the layers of an average stage
   double acts = root + scratch;
   if (ac == "full") {
     acts += layer + L * N * C;

@@ -124,10 +124,7 @@ StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssi
     }
     spec.resources.threads = share;
   }
-  MESHRUN_ASSIGN_OR_RETURN(
-      ParallelDims mesh,
-      ParallelDims::Create(spec.parallelism.dp_replicate_size, spec.parallelism.dp_shard_size,
-                           spec.parallelism.cp_size, spec.parallelism.tp_size));
+  MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
   if (mesh.world_size() != a.world_size()) {
     return InvalidArgumentError("assignment.world_size: " + std::to_string(a.world_size()) +
                                 " ranks for the mesh " + mesh.ToString() + " of " +
