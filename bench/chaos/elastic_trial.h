@@ -63,12 +63,12 @@ class ElasticCluster {
     fs::path bin_dir;
     fs::path dir;
     std::string corpus = "/usr/share/games/fortunes/cookie";
-    int steps = 24;
+    int steps = 60;
     int every = 4;
     int wait_seconds = 1;
     int heartbeat_timeout_s = 2;
     int comm_timeout_s = 10;
-    std::chrono::seconds trial_timeout{50};
+    std::chrono::seconds trial_timeout{60};
   };
 
   explicit ElasticCluster(Options o) : o_(std::move(o)) {}
@@ -155,7 +155,9 @@ class ElasticCluster {
     const auto begin = Clock::now();
     const auto give_up = begin + o_.trial_timeout;
     std::mt19937_64 rng(seed);
-    const int target = std::uniform_int_distribution<int>(2, o_.steps / 2)(rng);
+    // A worker added late would find the job done before it registers: the first quarter.
+    const int last = fault == ElasticFault::kWorkerAdded ? o_.steps / 8 : o_.steps / 2;
+    const int target = std::uniform_int_distribution<int>(2, std::max(2, last))(rng);
     const int delay_ms = std::uniform_int_distribution<int>(0, 300)(rng);
     const std::string n = std::to_string(++trials_);
     const std::string a = "t" + n + "a", b = "t" + n + "b";
@@ -229,7 +231,7 @@ class ElasticCluster {
           break;
         }
       }
-      if (s.is_object() && s["state"] == "FAILED") break;
+      if (s.is_object() && (s["state"] == "FAILED" || s["state"] == "SUCCEEDED")) break;
       std::this_thread::sleep_for(50ms);
     }
     while (Clock::now() < give_up) {
@@ -308,9 +310,21 @@ class ElasticCluster {
                        o_.dir / (name + ".log")));
   }
 
+  // Stops the trial's workers and waits (bounded) until the coordinator has them LOST, so the
+  // next trial's job is never placed on a stopped worker whose lease still runs.
   void StopWorkers() {
     for (testing::Daemon& w : workers_) testing::Stop(w, 5s);
     workers_.clear();
+    const auto give_up = Clock::now() + 20s;
+    while (Clock::now() < give_up) {
+      json list = json::parse(Cli({"workers", "-o", "json"}).out, nullptr, false);
+      bool live = false;
+      if (list.is_array()) {
+        for (const json& w : list) live = live || w["state"] != "LOST";
+      }
+      if (!live) return;
+      std::this_thread::sleep_for(100ms);
+    }
   }
 
   bool WaitReady(const std::vector<std::string>& names, std::chrono::seconds timeout) const {

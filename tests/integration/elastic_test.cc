@@ -4,7 +4,7 @@
 // and SUCCEEDS with the undisturbed final loss (1e-5 relative). A worker added: the job that
 // started on 2 ranks grows to 4 from a checkpoint it asked for, losing no step. A drain: the
 // job checkpoints now and moves to the other worker; its step never goes back. Each trial is
-// bounded (50 s); bench/chaos runs many (--faults worker-gone,worker-added,drain).
+// bounded (60 s); bench/chaos runs many (--faults worker-gone,worker-added,drain).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
