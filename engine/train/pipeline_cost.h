@@ -20,8 +20,9 @@ struct PipelineShape {
   int micro_batches = 1;
 };
 
-// The activations stage `stage` (0-based) holds at its peak, in units of one micro-batch's
-// activations of all the stage's layers:
+// The micro-batches stage `stage` (0-based) has in flight at its peak (forward run, backward
+// not yet), in micro-batches of the whole stage (a chunk is 1/v of one): what it keeps for them
+// (the engine: each one's input; Megatron: each one's activations) is that many times one's:
 //   1F1B and zero-bubble (ZB-H1):  min(P − p, m)   (ZB-H1 keeps 1F1B's in-flight count; its
 //                                                    deferred weight gradients fill the bubble)
 //   interleaved 1F1B:              min((v − 1)·P + 2·(P − p − 1) + 1, m·v) / v

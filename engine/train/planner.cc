@@ -194,24 +194,23 @@ PlanRow PredictPipeline(const JobSpec& s, const ClusterShape& cluster,
   PlanRow row;
   row.spec = s;
 
-  // Memory: each stage is the model of its layers holding one micro-batch's activations
-  // (PredictRankMemory), plus the kept activations of the micro-batches its schedule has in
-  // flight beyond that one (a layer's kept activations: the model of one layer more, less it).
-  // Stage 0 holds the most micro-batches, the stage with the most layers the most per
-  // micro-batch; the peak is the larger of theirs.
+  // Memory, as the engine runs a stage (decision 0054): the model of its layers holding one
+  // micro-batch's activations (PredictRankMemory; the micro-batch being run again in its
+  // backward), plus the input it received for every micro-batch its schedule has in flight (a
+  // stage keeps its inputs, not its activations): a_p of them (a_p·v chunk inputs interleaved),
+  // micro_batch_size · seq_len/cp · d_model floats each. Stage 0 holds the most, the stage with
+  // the most layers the largest model; the peak is the larger of theirs.
   int most_layers = 0;
   for (int q = 1; q < P; ++q) {
     if (split.stage_layers[q] > split.stage_layers[most_layers]) most_layers = q;
   }
+  const double input_bytes = PipelineP2pBytesPerMicroBatch(
+      s.train.micro_batch_size, s.model.seq_len / p.cp_size, s.model.d_model, sizeof(float));
   bool first = true;
   for (int q : {0, most_layers}) {
-    const JobSpec stage = StageSpec(s, split.stage_layers[q]);
-    MemoryPrediction m = PredictRankMemory(stage);
-    const int64_t per_layer =
-        PredictRankMemory(StageSpec(s, split.stage_layers[q] + 1)).of(MemoryKind::kActivations) -
-        m.of(MemoryKind::kActivations);
-    const double extra = (PipelineActivationsInFlight(split.shape, q) - 1) * split.stage_layers[q] *
-                         static_cast<double>(per_layer);
+    MemoryPrediction m = PredictRankMemory(StageSpec(s, split.stage_layers[q]));
+    const double extra =
+        PipelineActivationsInFlight(split.shape, q) * split.shape.virtual_stages * input_bytes;
     m.bytes[static_cast<int>(MemoryKind::kActivations)] += static_cast<int64_t>(extra);
     m.peak_bytes += static_cast<int64_t>(extra);
     if (first || m.peak_bytes > row.memory.peak_bytes) {
@@ -229,25 +228,35 @@ PlanRow PredictPipeline(const JobSpec& s, const ClusterShape& cluster,
   }
 
   // Compute: the slowest stage's share of the step's FLOPs (a balanced split gives every stage
-  // 1/P of them), then the bubble of its schedule on that stage's micro-batch time.
+  // 1/P of them), where every stage but the last runs its forward again before each backward
+  // (from the input it kept: a third of the model FLOPs more), then the bubble of its schedule
+  // on that stage's micro-batch time.
   const double tokens = static_cast<double>(s.train.global_batch_size) * s.model.seq_len;
-  double total_cost = 0, slowest = 0;
-  for (double c : split.stage_cost) {
-    total_cost += c;
-    slowest = std::max(slowest, c);
-  }
   const double recompute = RecomputeFlopsPerToken(s);
+  const double f = model_flops_per_token + recompute;
+  double total_cost = 0;
+  for (double c : split.stage_cost) total_cost += c;
+  int slow_stage = 0;
+  double slowest = 0;  // of the stages' FLOPs per token, the largest
+  for (int q = 0; q < P && total_cost > 0; ++q) {
+    const double again = q + 1 < P ? model_flops_per_token / 3 : 0;
+    const double work = split.stage_cost[q] / total_cost * (f + again);
+    if (work > slowest) {
+      slowest = work;
+      slow_stage = q;
+    }
+  }
   if (dev.flops > 0 && total_cost > 0) {
-    row.compute_seconds = tokens * (model_flops_per_token + recompute) /
-                          (world * dev.flops * dev.step_efficiency) * P * slowest / total_cost;
-    // One micro-batch on the stage: forward, backward for inputs (with what checkpointing
-    // recomputes), backward for weights: 1/3 of the model FLOPs each.
+    row.compute_seconds = tokens * slowest / (world * dev.flops * dev.step_efficiency) * P;
+    // One micro-batch on that stage: forward, backward for inputs (with the forward run again
+    // and what checkpointing recomputes), backward for weights: 1/3 of the model FLOPs each.
     const double t = row.compute_seconds / std::max(1, split.shape.micro_batches);
-    const double f = model_flops_per_token + recompute;
+    const double again = slow_stage + 1 < P ? model_flops_per_token / 3 : 0;
+    const double all = f + again;
     MicroBatchTimes times;
-    times.forward = t * model_flops_per_token / 3 / f;
-    times.backward_input = t * (model_flops_per_token / 3 + recompute) / f;
-    times.backward_weight = t * model_flops_per_token / 3 / f;
+    times.forward = t * model_flops_per_token / 3 / all;
+    times.backward_input = t * (model_flops_per_token / 3 + recompute + again) / all;
+    times.backward_weight = t * model_flops_per_token / 3 / all;
     row.bubble_seconds = PipelineBubbleSeconds(split.shape, times);
     row.pipeline_bubble_ratio = PipelineBubbleFraction(split.shape, times);
   }
@@ -255,10 +264,6 @@ PlanRow PredictPipeline(const JobSpec& s, const ClusterShape& cluster,
   // Communication: the collectives of the slowest stage (its model), each over the link its
   // group crosses inside one stage (R·S·C·T ranks); the stages' sends over the link between
   // stages, which is inside a node only when the whole pipeline is.
-  int slow_stage = 0;
-  for (int q = 1; q < P; ++q) {
-    if (split.stage_cost[q] > split.stage_cost[slow_stage]) slow_stage = q;
-  }
   const JobSpec stage = StageSpec(s, split.stage_layers[slow_stage]);
   const int stage_ranks = world / P;
   const std::map<std::string, int> span = {{"tp", p.tp_size},

@@ -9,6 +9,7 @@
 
 #include "common/job_spec.h"
 #include "engine/train/memory_model.h"
+#include "engine/train/model_shape.h"
 #include "engine/train/pipeline_cost.h"
 #include "engine/train/planner.h"
 
@@ -75,56 +76,63 @@ TEST(PlannerPipelineTest, ListsEveryPipelineSizeAndScheduleOnce) {
                                                               {4, "zero_bubble/1"}}));
 }
 
-TEST(PlannerPipelineTest, StageZeroHoldsTheMicroBatchesItsScheduleKeepsInFlight) {
+TEST(PlannerPipelineTest, StageZeroHoldsTheInputsOfTheMicroBatchesInFlight) {
   StatusOr<std::vector<PlanRow>> rows = Plan(FourLayers(), PpCluster(1, 4));
   ASSERT_TRUE(rows.ok());
-  // One micro-batch of one layer keeps, by hand (memory_model.cc, N = 1·64 tokens, d 64,
-  // 4 heads, d_ff 256, LayerNorm means): N·d·4 + N·2·2 + N·d·5 + N·4 + N·(256 + 256) floats.
-  const int64_t N = 64;
-  const int64_t layer_bytes = 4 * (N * 64 * 4 + N * 2 * 2 + N * 64 * 5 + N * 4 + N * 512);
-  EXPECT_EQ(layer_bytes, 280576);
-  JobSpec stage = FourLayers();  // a stage of 2 layers, one micro-batch
+  // A stage keeps the input of each micro-batch in flight (decision 0054): 1 sequence × 64
+  // tokens × d_model 64 floats = 16 KiB, beside one micro-batch's activations of its layers.
+  const int64_t input = 1 * 64 * 64 * 4;
+  JobSpec stage = FourLayers();  // a stage of 2 layers
   stage.model.n_layer = 2;
   const int64_t one = PredictRankMemory(stage).of(MemoryKind::kActivations);
-  stage.model.n_layer = 3;
-  EXPECT_EQ(PredictRankMemory(stage).of(MemoryKind::kActivations) - one, layer_bytes);
-  // pp 2 × dp_replicate 2: 4 micro-batches per stage. 1F1B: stage 0 holds 2 micro-batches of its
-  // 2 layers, one more than the stage model's one.
+  // pp 2 × dp_replicate 2: 4 micro-batches per stage. 1F1B: stage 0 holds P − 0 = 2 inputs.
   const PlanRow* f = FindRow(*rows, 2, 2, PpSchedule::k1F1B);
   ASSERT_NE(f, nullptr);
   EXPECT_EQ(f->peak_stage, 0);
-  EXPECT_EQ(f->memory.of(MemoryKind::kActivations), one + 1 * 2 * layer_bytes);
+  EXPECT_EQ(f->memory.of(MemoryKind::kActivations), one + 2 * input);
   // ZB-H1 keeps 1F1B's count.
   const PlanRow* zb = FindRow(*rows, 2, 2, PpSchedule::kZeroBubble);
   ASSERT_NE(zb, nullptr);
   EXPECT_EQ(zb->memory.of(MemoryKind::kActivations), f->memory.of(MemoryKind::kActivations));
-  // Interleaved, 2 chunks of 1 layer per stage: (2−1)·2 + 2·(2−0−1) + 1 = 5 chunks = 2.5
-  // micro-batches of the stage's 2 layers: 1.5 more than one.
+  // Interleaved, 2 chunks of 1 layer per stage: (2−1)·2 + 2·(2−0−1) + 1 = 5 chunk inputs.
   const PlanRow* in = FindRow(*rows, 2, 2, PpSchedule::kInterleaved1F1B, 2);
   ASSERT_NE(in, nullptr);
-  EXPECT_EQ(in->memory.of(MemoryKind::kActivations), one + 3 * layer_bytes);
-  // pp 4: a layer per stage, stage 0 holds 4 micro-batches (8 per stage at dp 1).
+  EXPECT_EQ(in->memory.of(MemoryKind::kActivations), one + 5 * input);
+  // pp 4: a layer per stage, stage 0 holds 4 inputs (8 micro-batches per stage at dp 1).
   const PlanRow* four = FindRow(*rows, 4, 1, PpSchedule::k1F1B);
   ASSERT_NE(four, nullptr);
   stage.model.n_layer = 1;
   EXPECT_EQ(four->memory.of(MemoryKind::kActivations),
-            PredictRankMemory(stage).of(MemoryKind::kActivations) + 3 * layer_bytes);
+            PredictRankMemory(stage).of(MemoryKind::kActivations) + 4 * input);
 }
 
 TEST(PlannerPipelineTest, TheStepAddsTheSchedulesBubble) {
   StatusOr<std::vector<PlanRow>> rows = Plan(FourLayers(), PpCluster(1, 4));
   ASSERT_TRUE(rows.ok());
-  // pp 2 × dp_replicate 2, m = 4 micro-batches, no recomputation (F = B = W = t/3).
+  // pp 2 × dp_replicate 2, m = 4 micro-batches, no checkpointing. The slowest stage is stage 0
+  // (2 layers and the forward again before each backward, against 2 layers and the head): F =
+  // W = t/4, B = t/2 (its input gradients and the forward run again).
   const PlanRow* f = FindRow(*rows, 2, 2, PpSchedule::k1F1B);
   const PlanRow* zb = FindRow(*rows, 2, 2, PpSchedule::kZeroBubble);
   const PlanRow* in = FindRow(*rows, 2, 2, PpSchedule::kInterleaved1F1B, 2);
   ASSERT_TRUE(f && zb && in);
   const double t = f->compute_seconds / 4;
   EXPECT_NEAR(f->bubble_seconds, 1 * t, 1e-12 * t);
-  EXPECT_NEAR(f->pipeline_bubble_ratio, 1.0 / (4 + 1), 1e-12);       // (P−1)/(m+P−1)
-  EXPECT_NEAR(zb->bubble_seconds, t / 3, 1e-12 * t);                 // (P−1)(F+B−W)
-  EXPECT_NEAR(zb->pipeline_bubble_ratio, 1.0 / (3 * 4 + 1), 1e-12);  // (P−1)/(3m+P−1)
+  EXPECT_NEAR(f->pipeline_bubble_ratio, 1.0 / (4 + 1), 1e-12);  // (P−1)/(m+P−1)
+  EXPECT_NEAR(zb->bubble_seconds, t / 2, 1e-12 * t);            // (P−1)(F+B−W)
+  EXPECT_NEAR(zb->pipeline_bubble_ratio, 0.5 / (0.5 + 4), 1e-12);
   EXPECT_NEAR(in->pipeline_bubble_ratio, 1.0 / (2 * 4 + 1), 1e-12);  // (P−1)/(vm+P−1)
+  // Stage 0's compute: its share of the stages' cost, 2 layers of 4 (a layer 6 FLOPs per block
+  // parameter plus 12·d·seq, the head 6·V·d on stage 1), × 4/3 for the forward run again, × P of
+  // the flat mesh's step (which spreads all FLOPs over all 4 ranks).
+  const double layer = 6.0 * static_cast<double>(BlockParameterCount(FourLayers().model)) +
+                       12.0 * 64 * 64,
+               head = 6.0 * 256 * 64;
+  const PlanRow* flat4 = FindRow(*rows, 1, 4, PpSchedule::k1F1B);
+  ASSERT_NE(flat4, nullptr);
+  EXPECT_NEAR(f->compute_seconds,
+              flat4->compute_seconds * 2 * (2 * layer / (4 * layer + head)) * 4 / 3,
+              1e-9 * f->compute_seconds);
   EXPECT_NEAR(f->step_seconds,
               f->compute_seconds + f->bubble_seconds + f->comm_seconds.at("pp") +
                   f->comm_seconds.at("dp_replicate") + f->comm_seconds.at("tp") +
