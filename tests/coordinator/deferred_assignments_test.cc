@@ -37,6 +37,11 @@ TEST_F(DeferredAssignmentsTest, AStopSendsThemFirst) {
   cancel.set_job_id(id);
   ASSERT_TRUE(jobs_->Cancel(cancel).ok());
   // The cancel's stop orders went out, and the assignments before them.
+  using K = v1::WorkerSessionResponse;
+  const std::vector<K::KindCase> sent = workers_.Kinds("a");
+  const std::vector<K::KindCase> expected = {K::kAssign, K::kAssign, K::kAssign, K::kAssign,
+                                             K::kStop};
+  EXPECT_EQ(sent, expected);
   EXPECT_EQ(workers_.TakeAssignments("a").size(), 4u);
   EXPECT_EQ(workers_.TakeStops("a").size(), 1u);
   EXPECT_EQ(workers_.TakeAssignments("b").size(), 4u);

@@ -48,6 +48,13 @@ class FakeWorkerView final : public coordinator::WorkerView {
     sent_[worker] = std::move(keep);
     return out;
   }
+  // The kinds of the messages sent to `worker` not yet taken, in the order they were sent.
+  std::vector<v1::WorkerSessionResponse::KindCase> Kinds(const std::string& worker) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<v1::WorkerSessionResponse::KindCase> out;
+    for (const auto& m : sent_[worker]) out.push_back(m.kind_case());
+    return out;
+  }
   std::vector<v1::RankAssignment> TakeAssignments(const std::string& worker) {
     std::vector<v1::RankAssignment> out;
     for (auto& m : Take(worker, v1::WorkerSessionResponse::kAssign)) out.push_back(m.assign());
