@@ -49,12 +49,8 @@ const char* MemoryKindName(MemoryKind kind) {
   return "other";
 }
 
-namespace {
-
-thread_local MemoryKind current_kind = MemoryKind::kOther;
-
-// The per-kind ledger of one device type.
-struct Ledger {
+// The per-kind ledger of one device type (of the process, or of a MemoryAccount).
+struct MemoryLedger {
   std::mutex mu;
   MemoryBreakdown counts;
   void Add(MemoryKind kind, int64_t bytes) {
@@ -65,12 +61,43 @@ struct Ledger {
   }
 };
 
-Ledger& LedgerOf(DeviceType device) {
-  static Ledger* ledgers = new Ledger[2];  // never destroyed (tensors may outlive main)
+namespace {
+
+thread_local MemoryKind current_kind = MemoryKind::kOther;
+
+MemoryLedger& LedgerOf(DeviceType device) {
+  static MemoryLedger* ledgers = new MemoryLedger[2];  // never destroyed (tensors may outlive main)
   return ledgers[device == DeviceType::kCpu ? 0 : 1];
 }
 
+int LedgerIndex(DeviceType device) {
+  return device == DeviceType::kCpu ? 0 : 1;
+}
+
 }  // namespace
+
+// A MemoryAccountScope's ledgers; kept alive by every tensor counted in it.
+struct MemoryAccount {
+  MemoryLedger ledgers[2];
+};
+
+namespace {
+
+thread_local std::shared_ptr<MemoryAccount> current_account;
+
+// What MemoryBreakdownOf and ResetMemoryBreakdownPeak read on this thread.
+MemoryLedger& ThreadLedgerOf(DeviceType device) {
+  return current_account ? current_account->ledgers[LedgerIndex(device)] : LedgerOf(device);
+}
+
+}  // namespace
+
+MemoryAccountScope::MemoryAccountScope() : previous_(current_account) {
+  current_account = std::make_shared<MemoryAccount>();
+}
+MemoryAccountScope::~MemoryAccountScope() {
+  current_account = previous_;
+}
 
 MemoryKindScope::MemoryKindScope(MemoryKind kind) : previous_(current_kind) {
   current_kind = kind;
@@ -83,13 +110,13 @@ MemoryKind CurrentMemoryKind() {
 }
 
 MemoryBreakdown MemoryBreakdownOf(DeviceType device) {
-  Ledger& l = LedgerOf(device);
+  MemoryLedger& l = ThreadLedgerOf(device);
   std::lock_guard<std::mutex> lock(l.mu);
   return l.counts;
 }
 
 void ResetMemoryBreakdownPeak(DeviceType device) {
-  Ledger& l = LedgerOf(device);
+  MemoryLedger& l = ThreadLedgerOf(device);
   std::lock_guard<std::mutex> lock(l.mu);
   for (int k = 0; k < kNumMemoryKinds; ++k) l.counts.peak[k] = l.counts.allocated[k];
 }
@@ -159,7 +186,9 @@ Allocator& AllocatorFor(Device device) {
 Tensor::Storage::~Storage() {
   if (allocator == nullptr) return;
   allocator->Free(ptr, bytes);
-  LedgerOf(allocator->device().type).Add(kind, -static_cast<int64_t>(bytes));
+  const DeviceType type = allocator->device().type;
+  LedgerOf(type).Add(kind, -static_cast<int64_t>(bytes));
+  if (account) account->ledgers[LedgerIndex(type)].Add(kind, -static_cast<int64_t>(bytes));
 }
 
 int64_t Tensor::numel() const {
@@ -179,6 +208,11 @@ Tensor Tensor::Empty(std::vector<int64_t> shape, ScalarType dtype, Device device
   storage->ptr = storage->allocator->Allocate(storage->bytes);
   storage->kind = current_kind;
   LedgerOf(device.type).Add(storage->kind, static_cast<int64_t>(storage->bytes));
+  storage->account = current_account;
+  if (current_account) {
+    current_account->ledgers[LedgerIndex(device.type)].Add(storage->kind,
+                                                           static_cast<int64_t>(storage->bytes));
+  }
   t.storage_ = std::move(storage);
   return t;
 }

@@ -57,10 +57,30 @@ class MemoryKindScope {
 };
 MemoryKind CurrentMemoryKind();
 
-// The per-kind counts of every tensor of a device type (process-wide, thread-safe).
+// The per-kind counts of every tensor of a device type (process-wide, thread-safe); on a thread
+// inside a MemoryAccountScope, of its account's tensors only.
 MemoryBreakdown MemoryBreakdownOf(DeviceType device);
-// Starts a new high-water mark for every kind of `device` (at the live bytes).
+// Starts a new high-water mark for every kind of `device` (at the live bytes); on a thread inside
+// a MemoryAccountScope, of its account only.
 void ResetMemoryBreakdownPeak(DeviceType device);
+
+// A part of the process counted on its own: while the scope is open on a thread, the tensors
+// created there are counted in its account as well as the process's (until they are freed, on
+// whatever thread), and MemoryBreakdownOf / ResetMemoryBreakdownPeak called there read and reset
+// the account. In-process meshes (tests run each rank as a thread) open one per rank thread, so a
+// rank's figures are what a process of its own would show. Scopes nest: an inner one replaces the
+// outer one until it closes.
+struct MemoryAccount;
+class MemoryAccountScope {
+ public:
+  MemoryAccountScope();
+  ~MemoryAccountScope();
+  MemoryAccountScope(const MemoryAccountScope&) = delete;
+  MemoryAccountScope& operator=(const MemoryAccountScope&) = delete;
+
+ private:
+  std::shared_ptr<MemoryAccount> previous_;
+};
 
 // One allocator per device. Thread-safe. Owned by the process (see CpuAllocator()).
 class Allocator {
@@ -110,6 +130,7 @@ class Tensor {
     size_t bytes = 0;
     Allocator* allocator = nullptr;
     MemoryKind kind = MemoryKind::kOther;
+    std::shared_ptr<MemoryAccount> account;  // the creating thread's (MemoryAccountScope)
     ~Storage();
   };
   std::vector<int64_t> shape_;

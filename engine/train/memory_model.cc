@@ -1,14 +1,21 @@
 // The memory model, buffer by buffer, in the order of engine/model/gpt2.cc (EnsureActivations,
-// the attention's exchange buffers) and engine/train/sharding.cc (shards, the gathered-unit
-// pool). A change to what either allocates belongs here too; bench/memory shows the difference.
+// the attention's exchange buffers, the FSDP hooks a stage's forward and backward call),
+// engine/train/sharding.cc (shards, the gathered-unit pool) and engine/train/trainer.cc (the
+// pipeline's receive buffers, the tied embedding's exchange). A change to what any of them
+// allocates belongs here too; bench/memory and tests/engine/train/pipeline_memory_test.cc show
+// the difference.
 #include "engine/train/memory_model.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "engine/model/gpt2.h"
 #include "engine/train/optimizer_states.h"
+#include "engine/train/pipeline.h"
 
 namespace meshrun {
 
@@ -50,16 +57,216 @@ class PoolSimulation {
   int64_t total_ = 0;
 };
 
-}  // namespace
+// ShardedState's hooks (engine/train/sharding.cc) on buffer sizes only: the gathered units'
+// parameters, their full gradients and the bf16 staging of a gather, from the same free lists.
+// prefetch: the backend overlaps (NCCL, i.e. cuda; decision 0052), so the next unit's gather
+// starts early and a reduce-scatter stays in flight until the next unit's AfterBackward.
+class FsdpSimulation {
+ public:
+  FsdpSimulation(const std::vector<UnitInfo>& units, bool prefetch, bool bf16, bool reshard)
+      : units_(units),
+        prefetch_(prefetch),
+        bf16_(bf16),
+        reshard_(reshard),
+        p_buf_(units.size(), 0),
+        g_buf_(units.size(), 0),
+        staging_(units.size(), 0) {
+    for (size_t u = 1; u + 1 < units.size(); ++u) block_ = std::max(block_, units[u].padded);
+    for (size_t u = 0; u < units.size(); ++u) largest_ = std::max(largest_, Numel(u));
+  }
 
-MemoryPrediction PredictRankMemory(const JobSpec& spec) {
+  void BeforeForward(int u) {
+    Gather(u);
+    if (prefetch_ && u + 1 < Units()) StartGather(u + 1);
+  }
+  void AfterForward(int u) {
+    if (reshard_) params_.Release(p_buf_[u]);
+  }
+  void BeforeBackward(int u) {
+    if (rs_unit_ == u) DrainReduceScatter();
+    Gather(u);
+    if (g_buf_[u] == 0) g_buf_[u] = grads_.Acquire(Numel(u));
+    const int head = Units() - 1;
+    const int next = u == head ? head - 1 : u - 1;
+    if (prefetch_ && u != 0 && next >= 1 && next != u) StartGather(next);
+  }
+  void AfterBackward(int u) {
+    DrainReduceScatter();
+    params_.Release(p_buf_[u]);
+    rs_buf_ = g_buf_[u];
+    g_buf_[u] = 0;
+    rs_unit_ = u;
+    if (!prefetch_) DrainReduceScatter();  // done inside Start: freed at once
+  }
+  void DrainReduceScatter() {
+    if (rs_unit_ < 0) return;
+    rs_unit_ = -1;
+    grads_.Release(rs_buf_);
+  }
+  // Drain, then every gathered unit freed (ReleaseAll: after the update, after an evaluation).
+  void ReleaseAll() {
+    DrainReduceScatter();
+    for (int u = 0; u < Units(); ++u) {
+      WaitGather(u);
+      params_.Release(p_buf_[u]);
+      grads_.Release(g_buf_[u]);
+    }
+  }
+
+  int64_t params_total() const { return params_.total(); }
+  int64_t grads_total() const { return grads_.total(); }
+  int64_t staging_total() const { return staging_pool_.total(); }
+  // Everything that decides what the next calls allocate.
+  auto State() const {
+    return std::make_tuple(params_.Sizes(), params_.total(), grads_.Sizes(), grads_.total(),
+                           staging_pool_.Sizes(), staging_pool_.total(), p_buf_, g_buf_, staging_,
+                           rs_buf_, rs_unit_);
+  }
+
+ private:
+  int Units() const { return static_cast<int>(units_.size()); }
+  // ShardedState::BufferNumel: at least the largest block but for unit 0.
+  int64_t Numel(size_t u) const {
+    return u == 0 ? units_[u].padded : std::max(units_[u].padded, block_);
+  }
+  void StartGather(int u) {
+    if (p_buf_[u] != 0) return;
+    p_buf_[u] = params_.Acquire(Numel(u));
+    // bf16 in float elements, always of the largest unit; widened (and freed) when waited for.
+    if (bf16_) staging_[u] = staging_pool_.Acquire((largest_ + 1) / 2);
+  }
+  void WaitGather(int u) { staging_pool_.Release(staging_[u]); }
+  void Gather(int u) {
+    StartGather(u);
+    WaitGather(u);
+  }
+
+  const std::vector<UnitInfo>& units_;
+  const bool prefetch_, bf16_, reshard_;
+  int64_t block_ = 0, largest_ = 0;
+  PoolSimulation params_, grads_, staging_pool_;
+  std::vector<int64_t> p_buf_, g_buf_, staging_;
+  int64_t rs_buf_ = 0;
+  int rs_unit_ = -1;
+};
+
+// The model of one stage as the trainer builds it (Trainer::Init).
+GPT2Config StageConfig(const JobSpec& spec, int stage) {
+  const ParallelismSpec& par = spec.parallelism;
+  GPT2Config cfg = GPT2ConfigOf(spec.model);
+  cfg.tp_size = par.tp_size;
+  cfg.fsdp_size = par.dp_shard_size * par.cp_size;
+  if (par.pp_size > 1) {
+    const std::vector<int> layers = PipelineLayers(spec);
+    const int P = par.pp_size, v = static_cast<int>(layers.size()) / P;
+    for (int k = 0; k < v; ++k) {
+      int begin = 0;
+      for (int g = 0; g < k * P + stage; ++g) begin += layers[g];
+      cfg.chunks.emplace_back(begin, begin + layers[k * P + stage]);
+    }
+    cfg.stage_first = stage == 0;
+    cfg.stage_last = stage == P - 1;
+  }
+  return cfg;
+}
+
+// The rank's schedule: its operations in the order it runs them (one backward of the whole
+// model per micro-batch without pp).
+std::vector<PipeOp> StageOps(const JobSpec& spec, int stage, int micro_batches) {
+  const ParallelismSpec& par = spec.parallelism;
+  if (par.pp_size <= 1) {
+    std::vector<PipeOp> ops;
+    for (int m = 0; m < micro_batches; ++m) ops.push_back({PipeOpKind::kBackward, m, 0});
+    return ops;
+  }
+  return PipelineOps(PpScheduleOf(par), par.pp_size, stage, micro_batches,
+                     std::max(1, par.pp_virtual_stages));
+}
+
+// The FSDP hooks the model calls (engine/model/gpt2.cc) for one operation of the rank's
+// schedule, or (eval) for the loss-only forward of chunk `op.chunk`.
+void SimulateOp(const GPT2Config& cfg, const std::vector<UnitInfo>& units, const PipeOp& op,
+                bool eval, FsdpSimulation& fsdp) {
+  const int v = cfg.num_chunks(), L = cfg.stage_layers();
+  const auto [lb, le] = cfg.ChunkLocalLayers(op.chunk);
+  const bool first = cfg.stage_first && op.chunk == 0;
+  const bool last = cfg.stage_last && op.chunk == v - 1;
+  const bool uses_embedding = units[0].padded > 0 && (first || (last && cfg.tie_embeddings));
+  // ForwardTrunk.
+  if (uses_embedding) fsdp.BeforeForward(0);
+  for (int l = lb; l < le; ++l) {
+    fsdp.BeforeForward(1 + l);
+    fsdp.AfterForward(1 + l);
+  }
+  if (last) fsdp.BeforeForward(L + 1);
+  if (eval || op.kind == PipeOpKind::kForward) return;
+  // StageForwardBackward, then Backward.
+  if (uses_embedding) fsdp.BeforeBackward(0);
+  if (last) {
+    fsdp.BeforeBackward(L + 1);
+    fsdp.AfterBackward(L + 1);
+  }
+  for (int l = le - 1; l >= lb; --l) {
+    fsdp.BeforeBackward(1 + l);
+    fsdp.AfterBackward(1 + l);
+  }
+  if (uses_embedding) fsdp.AfterBackward(0);
+}
+
+int MicroBatchesOf(const JobSpec& spec) {
+  const ParallelismSpec& par = spec.parallelism;
+  return spec.train.global_batch_size /
+         (par.dp_replicate_size * par.dp_shard_size * spec.train.micro_batch_size);
+}
+
+// The receive buffers every stage holds at its peak (PipelineBuffersAtPeak), from one timetable.
+std::vector<int> PipelineBuffersOfEveryStage(const JobSpec& spec) {
+  const ParallelismSpec& par = spec.parallelism;
+  const int P = par.pp_size;
+  if (P <= 1) return {0};
+  const PpSchedule schedule = PpScheduleOf(par);
+  const int M = MicroBatchesOf(spec);
+  const int v = schedule == PpSchedule::kInterleaved1F1B ? std::max(1, par.pp_virtual_stages) : 1;
+  std::vector<std::vector<PipeOp>> ops(P);
+  for (int p = 0; p < P; ++p) ops[p] = PipelineOps(schedule, P, p, M, v);
+  const StatusOr<PipeTimetable> table = BuildTimetable(ops, P, v, M);
+  // A schedule without a timetable does not run (the trainer refuses it the same way); bound it
+  // by every micro-batch's input and output gradient through every chunk.
+  if (!table.ok()) return std::vector<int>(P, 2 * v * M);
+  std::vector<int> most(P, 0);
+  auto op_at = [&](size_t t, int p) -> const PipeOp* {
+    const int i = table->slots[t][p];
+    return i < 0 ? nullptr : &ops[p][static_cast<size_t>(i)];
+  };
+  for (int p = 0; p < P; ++p) {
+    const int next = (p + 1) % P, prev = (p + P - 1) % P;
+    // (chunk, micro-batch) of the inputs and output gradients held (Trainer::PipelineMicroBatches).
+    std::set<std::pair<int, int>> inputs, grads;
+    for (size_t t = 0; t < table->slots.size(); ++t) {
+      if (const PipeOp* op = op_at(t, p); op != nullptr && op->kind == PipeOpKind::kBackward) {
+        inputs.erase({op->chunk, op->micro});
+        grads.erase({op->chunk, op->micro});
+      }
+      if (const PipeOp* from = op_at(t, prev);
+          from != nullptr && from->kind == PipeOpKind::kForward) {
+        inputs.insert({p == 0 ? from->chunk + 1 : from->chunk, from->micro});
+      }
+      if (const PipeOp* from = op_at(t, next);
+          from != nullptr && from->kind == PipeOpKind::kBackward && from->chunk * P + next > 0) {
+        grads.insert({p == P - 1 ? from->chunk - 1 : from->chunk, from->micro});
+      }
+      most[p] = std::max(most[p], static_cast<int>(inputs.size() + grads.size()));
+    }
+  }
+  return most;
+}
+
+MemoryPrediction PredictStage(const JobSpec& spec, int stage, int pipe_buffers) {
   const ParallelismSpec& par = spec.parallelism;
   const int tp = par.tp_size, cp = par.cp_size, n = par.dp_shard_size * par.cp_size;
-  GPT2Config cfg = GPT2ConfigOf(spec.model);
-  cfg.tp_size = tp;
-  cfg.fsdp_size = n;
+  const GPT2Config cfg = StageConfig(spec, stage);
   const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));
-  const int L = cfg.n_layer;
+  const int L = cfg.stage_layers();
   const int64_t f = sizeof(float);
 
   MemoryPrediction out;
@@ -74,6 +281,7 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
     shard += u.padded / n;
     largest_shard = std::max(largest_shard, u.padded / n);
   }
+  const int micro_batches = MicroBatchesOf(spec);
   if (n == 1) {
     add(MemoryKind::kParameters, total);
     add(MemoryKind::kGradients, total);
@@ -81,97 +289,52 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
     add(MemoryKind::kParameters, shard);
     add(MemoryKind::kGradients, shard);
     add(MemoryKind::kCommunication, largest_shard);  // the reduce-scatter's output
-    // The gathered units of each micro-batch, in the order the model's hooks ask for them,
-    // with ShardedState's overlap: the next unit's gather starts when the current one is
-    // needed, and a unit's reduce-scatter (holding its full gradients) is waited for at the
-    // next unit's AfterBackward. Buffers other than unit 0's are at least the largest block.
+    // The gathered units, in the order the model's hooks ask for them over the rank's schedule
+    // (ShardedState's overlap where the backend overlaps), a step at a time: ZeroGrad, the
+    // operations, FinishGradients, the update's ReleaseAll (and an evaluation's forward and
+    // ReleaseAll when the run evaluates).
     const bool bf16_gather = PrecisionOf(spec.train) == TrainPrecision::kBf16 &&
                              DeviceOf(spec.resources) == ComputeDevice::kCuda;
-    int64_t block = 0;
-    for (int l = 1; l <= L; ++l) block = std::max(block, units[l].padded);
-    auto numel = [&](size_t u) {
-      return u == 0 ? units[u].padded : std::max(units[u].padded, block);
-    };
-    // The next unit is prefetched, and a reduce-scatter left in flight, only where the backend
-    // overlaps (NCCL, i.e. cuda); on a CPU backend each unit is gathered when it is needed and
-    // its gradients freed when its reduce-scatter returns (ShardedState, decision 0052).
     const bool prefetch = DeviceOf(spec.resources) == ComputeDevice::kCuda;
-    PoolSimulation params, grads, staging;
-    std::vector<int64_t> p_buf(units.size(), 0), g_buf(units.size(), 0);
-    int64_t rs_buf = 0;
-    int rs_unit = -1;
-    auto start_gather = [&](size_t u) {
-      if (p_buf[u] != 0) return;
-      p_buf[u] = params.Acquire(numel(u));
-      if (bf16_gather) {
-        // bf16 in float elements, always of the largest unit; widened when waited for, before
-        // the next gather starts.
-        int64_t largest = 0;
-        for (size_t v = 0; v < units.size(); ++v) largest = std::max(largest, numel(v));
-        int64_t st = staging.Acquire((largest + 1) / 2);
-        staging.Release(st);
+    FsdpSimulation fsdp(units, prefetch, bf16_gather, par.fsdp_reshard_after_forward);
+    const std::vector<PipeOp> ops = StageOps(spec, stage, micro_batches);
+    const bool evaluates = !spec.data.val.empty() && spec.data.eval_every > 0;
+    // Without pp every micro-batch asks for the same buffers, so once one leaves the pools as
+    // it found them, so does every later one: the loop stops there (exact, and thousands of
+    // micro-batches cost two). Steps repeat from the pools the last one left until one
+    // allocates nothing more.
+    for (int step = 0; step < 8; ++step) {
+      const auto start = fsdp.State();
+      fsdp.DrainReduceScatter();
+      auto before = fsdp.State();
+      for (size_t i = 0; i < ops.size(); ++i) {
+        if (par.pp_size <= 1 && i > 0) {
+          auto now = fsdp.State();
+          if (now == before) break;
+          before = std::move(now);
+        }
+        SimulateOp(cfg, units, ops[i], /*eval=*/false, fsdp);
       }
-    };
-    auto drain = [&] {
-      if (rs_unit >= 0) grads.Release(rs_buf);
-      rs_unit = -1;
-    };
-    auto before_backward = [&](size_t u) {
-      if (rs_unit == static_cast<int>(u)) drain();
-      start_gather(u);
-      if (g_buf[u] == 0) g_buf[u] = grads.Acquire(numel(u));
-    };
-    auto after_backward = [&](size_t u) {
-      drain();
-      params.Release(p_buf[u]);
-      rs_buf = g_buf[u];
-      g_buf[u] = 0;
-      rs_unit = static_cast<int>(u);
-      if (!prefetch) drain();  // a CPU backend's reduce-scatter is done inside Start
-    };
-    const int micro_batches =
-        spec.train.global_batch_size /
-        (par.dp_replicate_size * par.dp_shard_size * spec.train.micro_batch_size);
-    // Every micro-batch asks for the same buffers, so once one leaves the pools as it found
-    // them, so does every later one: the loop stops there (exact, and a pipeline of thousands
-    // of micro-batches costs two).
-    auto pool_state = [&] {
-      return std::make_tuple(params.Sizes(), params.total(), grads.Sizes(), grads.total(),
-                             staging.Sizes(), staging.total(), p_buf, g_buf, rs_buf, rs_unit);
-    };
-    auto before = pool_state();
-    for (int m = 0; m < micro_batches; ++m) {
-      if (m > 0) {
-        auto now = pool_state();
-        if (now == before) break;
-        before = std::move(now);
+      fsdp.ReleaseAll();
+      if (evaluates) {
+        // Two batches: the second finds the final unit still gathered from the first (units 0
+        // and L+1 stay gathered until the evaluation's ReleaseAll), and later ones ask for
+        // nothing more.
+        for (int batch = 0; batch < 2; ++batch) {
+          for (int k = 0; k < cfg.num_chunks(); ++k) {
+            SimulateOp(cfg, units, PipeOp{PipeOpKind::kForward, 0, k}, /*eval=*/true, fsdp);
+          }
+        }
+        fsdp.ReleaseAll();
       }
-      start_gather(0);
-      if (prefetch) start_gather(1);  // prefetch (unit L+1 when L = 0)
-      for (int l = 1; l <= L; ++l) {
-        start_gather(l);
-        if (prefetch) start_gather(l + 1);
-        if (par.fsdp_reshard_after_forward) params.Release(p_buf[l]);
-      }
-      start_gather(L + 1);
-      before_backward(0);
-      before_backward(L + 1);
-      if (prefetch && L >= 1) start_gather(L);
-      after_backward(L + 1);
-      for (int l = L; l >= 1; --l) {
-        before_backward(l);
-        if (prefetch && l >= 2) start_gather(l - 1);
-        after_backward(l);
-      }
-      after_backward(0);
+      if (fsdp.State() == start) break;
     }
-    drain();
-    add(MemoryKind::kParameters, params.total());
-    add(MemoryKind::kGradients, grads.total());
+    add(MemoryKind::kParameters, fsdp.params_total());
+    add(MemoryKind::kGradients, fsdp.grads_total());
     if (bf16_gather) {
       // The bf16 copy of the shard the gathers send, and the bf16 staging of a gathered unit.
       out.bytes[static_cast<int>(MemoryKind::kParameters)] += shard * 2;
-      add(MemoryKind::kCommunication, staging.total());
+      add(MemoryKind::kCommunication, fsdp.staging_total());
     }
   }
   // The optimizer's own state over the shard (engine/train/optimizer_states.h).
@@ -184,8 +347,10 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
                 Fl = cfg.ff() / tp, Wl = (Hl + 2 * (cfg.kv_heads() / tp)) * cfg.head_dim(),
                 Gl = cfg.llama() ? 2 * Fl : Fl;  // the fc output: gate|up under llama
   const int64_t means = cfg.llama() ? 0 : 1;     // RMSNorm keeps no mean
-  // The head computes its logits HeadChunkRows rows at a time (of this rank's vocabulary).
-  const int64_t root = N * C * 2 + N * (1 + means) + HeadChunkRows(N, V) * V + N;
+  // The head computes its logits HeadChunkRows rows at a time (of this rank's vocabulary), on
+  // the last pipeline stage only.
+  const int64_t head = cfg.stage_last ? HeadChunkRows(N, V) * V : 0;
+  const int64_t root = N * C * 2 + N * (1 + means) + head + N;
   const int64_t layer = N * C * 4 + N * 2 * (1 + means) + N * Cl * 5 + N * Hl + N * (Gl + Fl);
   const int64_t scratch = N * Wl * 2 + N * C * 2 + N * Cl * 5 + N * (Gl + Fl);
   const Checkpointing ac = CheckpointingOf(spec.train);
@@ -198,20 +363,59 @@ MemoryPrediction PredictRankMemory(const JobSpec& spec) {
   }
   // Context parallel: one K or V block is c = N·Cl floats on this rank.
   const int64_t c = N * Cl;
+  // Pipeline parallelism: on the ends of a tied pipeline, the embedding unit's gradient shard
+  // received from the other end (allocated after the first backward, and kept).
+  const int64_t tied = par.pp_size > 1 && cfg.tie_embeddings && (cfg.stage_first || cfg.stage_last)
+                           ? units[0].padded / n
+                           : 0;
   if (cp > 1) {
     if (CpCommOf(par) == CpComm::kRing) {
       // Forward: 2c to send, 2c to receive, c + N·Hl for a partial output and its lse; the
-      // backward grows both to 4c (each growth holds the old and the new buffer at once).
-      add(MemoryKind::kCommunication, 10 * c + c + N * Hl);
+      // backward grows both to 4c, each growth holding the old and the new buffer at once (a
+      // peak of 11c + N·Hl during the first backward, 9c + N·Hl after, beside the tied shard).
+      add(MemoryKind::kCommunication, std::max(11 * c + N * Hl, 9 * c + N * Hl + tied));
     } else {
       // The gathered K and V (kept per layer, or once under recompute), the gather buffer,
       // and the backward's gathered dK and dV.
       acts += (ac == Checkpointing::kNone ? L : 1) * 2 * cp * c;
-      add(MemoryKind::kCommunication, cp * c + 2 * cp * c);
+      add(MemoryKind::kCommunication, cp * c + 2 * cp * c + tied);
     }
+  } else {
+    add(MemoryKind::kCommunication, tied);
   }
+  // Pipeline parallelism: the received inputs and output gradients held at once, one
+  // micro-batch's activation each (an evaluation reuses one of them).
+  acts += int64_t{pipe_buffers} * N * C;
   add(MemoryKind::kActivations, acts);
   for (int k = 0; k < kNumMemoryKinds; ++k) out.peak_bytes += out.bytes[k];
+  return out;
+}
+
+}  // namespace
+
+int PipelineBuffersAtPeak(const JobSpec& spec, int pp_stage) {
+  if (spec.parallelism.pp_size <= 1) return 0;
+  return PipelineBuffersOfEveryStage(spec)[static_cast<size_t>(pp_stage)];
+}
+
+MemoryPrediction PredictRankMemory(const JobSpec& spec, int pp_stage) {
+  return PredictStage(spec, pp_stage, PipelineBuffersAtPeak(spec, pp_stage));
+}
+
+std::vector<MemoryPrediction> PredictStagesMemory(const JobSpec& spec) {
+  const int P = std::max(1, spec.parallelism.pp_size);
+  const std::vector<int> buffers = PipelineBuffersOfEveryStage(spec);
+  std::vector<MemoryPrediction> out;
+  for (int p = 0; p < P; ++p) out.push_back(PredictStage(spec, p, buffers[static_cast<size_t>(p)]));
+  return out;
+}
+
+MemoryPrediction PredictRankMemory(const JobSpec& spec) {
+  MemoryPrediction out;
+  for (const MemoryPrediction& stage : PredictStagesMemory(spec)) {
+    for (int k = 0; k < kNumMemoryKinds; ++k) out.bytes[k] = std::max(out.bytes[k], stage.bytes[k]);
+    out.peak_bytes = std::max(out.peak_bytes, stage.peak_bytes);
+  }
   return out;
 }
 

@@ -194,30 +194,17 @@ PlanRow PredictPipeline(const JobSpec& s, const ClusterShape& cluster,
   PlanRow row;
   row.spec = s;
 
-  // Memory, as the engine runs a stage (decision 0054): the model of its layers holding one
-  // micro-batch's activations (PredictRankMemory; the micro-batch being run again in its
-  // backward), plus the input it received for every micro-batch its schedule has in flight (a
-  // stage keeps its inputs, not its activations): a_p of them (a_p·v chunk inputs interleaved),
-  // micro_batch_size · seq_len/cp · d_model floats each. Stage 0 holds the most, the stage with
-  // the most layers the largest model; the peak is the larger of theirs.
-  int most_layers = 0;
-  for (int q = 1; q < P; ++q) {
-    if (split.stage_layers[q] > split.stage_layers[most_layers]) most_layers = q;
-  }
-  const double input_bytes = PipelineP2pBytesPerMicroBatch(
-      s.train.micro_batch_size, s.model.seq_len / p.cp_size, s.model.d_model, sizeof(float));
-  bool first = true;
-  for (int q : {0, most_layers}) {
-    MemoryPrediction m = PredictRankMemory(StageSpec(s, split.stage_layers[q]));
-    const double extra =
-        PipelineActivationsInFlight(split.shape, q) * split.shape.virtual_stages * input_bytes;
-    m.bytes[static_cast<int>(MemoryKind::kActivations)] += static_cast<int64_t>(extra);
-    m.peak_bytes += static_cast<int64_t>(extra);
-    if (first || m.peak_bytes > row.memory.peak_bytes) {
-      row.memory = m;
+  // Memory, as the engine runs each stage (the memory model, decision 0061): its own layers,
+  // the embedding on the first stage (and on a tied last one), the final norm and head on the
+  // last, FSDP, tp and cp inside it, one micro-batch's activations of its layers and the
+  // activations and gradients it has received for the micro-batches in flight, counted on the
+  // schedule's timetable. The row shows the stage with the largest peak.
+  const std::vector<MemoryPrediction> stages = PredictStagesMemory(s);
+  for (int q = 0; q < static_cast<int>(stages.size()); ++q) {
+    if (q == 0 || stages[q].peak_bytes > row.memory.peak_bytes) {
+      row.memory = stages[q];
       row.peak_stage = q;
     }
-    first = false;
   }
   const double usable = dev.memory_bytes * kUsableFraction;
   row.fits = dev.memory_bytes <= 0 || row.memory.peak_bytes <= usable;

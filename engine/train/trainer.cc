@@ -415,13 +415,9 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
       const GPT2Config& cfg = model_->config();
       const int P = dims_->pp(), v = cfg.num_chunks();
       const size_t acts = static_cast<size_t>(rows) * Tl * cfg.d_model;
-      if (pipe_inputs_.empty()) pipe_inputs_.resize(1);
-      if (!pipe_inputs_[0].defined() || pipe_inputs_[0].numel() < static_cast<int64_t>(acts)) {
-        MemoryKindScope kind(MemoryKind::kActivations);
-        pipe_inputs_[0] =
-            Tensor::Empty({static_cast<int64_t>(acts)}, ScalarType::kFloat32, cfg.device);
-      }
-      float* in = pipe_inputs_[0].data<float>();
+      // A buffer of the pipeline's free list (training left one there: no new memory).
+      Tensor eval_input;
+      float* in = TakePipeBuffer(eval_input, acts);
       for (int k = 0; k < v; ++k) {
         const int g = k * P + stage_;
         model_->SetActiveChunk(k);
@@ -441,6 +437,7 @@ StatusOr<EvalMetrics> Trainer::Evaluate(const TokenStream& stream, int64_t max_w
         // Document masks are consumed by each forward: set them again for the next chunk.
         if (k + 1 < v) LocalTokens(inputs.data(), targets.data(), rows);
       }
+      GivePipeBuffer(eval_input);
       model_->SetActiveChunk(0);
       continue;
     }
@@ -501,15 +498,10 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
   std::vector<std::vector<PipeOp>> ops(P);
   for (int p = 0; p < P; ++p) ops[p] = PipelineOps(schedule, P, p, M, v);
   MESHRUN_ASSIGN_OR_RETURN(const PipeTimetable table, BuildTimetable(ops, P, v, M));
-  auto buffer = [&](Tensor& t) {
-    if (!t.defined() || t.numel() < static_cast<int64_t>(acts)) {
-      MemoryKindScope kind(MemoryKind::kActivations);
-      t = Tensor::Empty({static_cast<int64_t>(acts)}, ScalarType::kFloat32, cfg.device);
-    }
-    return t.data<float>();
-  };
+  auto buffer = [&](Tensor& t) { return TakePipeBuffer(t, acts); };
   // Per (chunk, micro-batch): the input received from the previous chunk and the gradient of
-  // the output received from the next.
+  // the output received from the next, each in a buffer of pipe_free_ from its receive until
+  // the micro-batch's backward through the chunk ran.
   pipe_inputs_.resize(static_cast<size_t>(v) * M);
   pipe_output_grads_.resize(pipe_inputs_.size());
   auto slot_of = [&](int k, int m) { return static_cast<size_t>(k) * M + m; };
@@ -560,6 +552,8 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
                                          Tl, grad_scale, local_pos_.data()));
         *loss_sum += loss;
         if (g > 0) send_backward = model_->stage_input_grad();
+        GivePipeBuffer(pipe_inputs_[slot_of(op->chunk, op->micro)]);
+        GivePipeBuffer(pipe_output_grads_[slot_of(op->chunk, op->micro)]);
       }
     }
     // Outputs move one rank on (pipeline.h): forwards' to the next rank, then input gradients
@@ -581,6 +575,33 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
   }
   model_->SetActiveChunk(0);
   return OkStatus();
+}
+
+float* Trainer::TakePipeBuffer(Tensor& t, size_t floats) {
+  if (!t.defined()) {
+    // Every buffer holds one micro-batch's activation: any free one fits (an evaluation's rows
+    // are at most a micro-batch's).
+    for (auto it = pipe_free_.end(); it != pipe_free_.begin();) {
+      --it;
+      if (it->numel() >= static_cast<int64_t>(floats)) {
+        t = *it;
+        pipe_free_.erase(it);
+        break;
+      }
+    }
+  }
+  if (!t.defined() || t.numel() < static_cast<int64_t>(floats)) {
+    MemoryKindScope kind(MemoryKind::kActivations);
+    t = Tensor::Empty({static_cast<int64_t>(floats)}, ScalarType::kFloat32,
+                      model_->config().device);
+  }
+  return t.data<float>();
+}
+
+void Trainer::GivePipeBuffer(Tensor& t) {
+  if (!t.defined()) return;
+  pipe_free_.push_back(t);
+  t = Tensor();
 }
 
 Status Trainer::SyncTiedEmbedding() {

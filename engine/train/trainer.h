@@ -180,6 +180,12 @@ class Trainer {
   // the previous stage) and the gradient of this stage's output (from the next one).
   int stage_ = 0;
   std::vector<Tensor> pipe_inputs_, pipe_output_grads_;
+  // The buffers those come in: taken from this free list when a receive is posted and given back
+  // once the backward that reads them ran, so a stage holds only its micro-batches in flight
+  // (the memory model counts them: engine/train/memory_model.h).
+  std::vector<Tensor> pipe_free_;
+  float* TakePipeBuffer(Tensor& t, size_t floats);
+  void GivePipeBuffer(Tensor& t);
   Tensor pipe_tied_;
   // Seconds this rank spent in the step's pipeline sends and receives (waiting on the stage
   // before or after it included): the measured bubble, StepMetrics::pipeline_bubble_ratio.

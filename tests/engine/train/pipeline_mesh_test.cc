@@ -13,10 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/comm/fake_backend.h"
-#include "engine/comm/store.h"
 #include "engine/train/pipeline.h"
 #include "engine/train/trainer.h"
+#include "tests/engine/train/pipeline_mesh_runner.h"
 
 namespace meshrun {
 namespace {
@@ -142,26 +141,6 @@ TEST(PipelineSplitTest, LayersSplitByCostCountingEmbeddingAndHead) {
   }
 }
 
-struct PipeStepRecord {
-  std::vector<double> losses, grad_norms;
-  std::vector<double> evals;    // the validation loss every 5 steps
-  std::vector<double> bubbles;  // StepMetrics::pipeline_bubble_ratio
-};
-
-class PipeRecordSteps : public TrainObserver {
- public:
-  explicit PipeRecordSteps(PipeStepRecord* out) : out_(out) {}
-  void OnStep(const StepMetrics& m) override {
-    out_->losses.push_back(m.loss);
-    out_->grad_norms.push_back(m.grad_norm);
-    out_->bubbles.push_back(m.pipeline_bubble_ratio);
-  }
-  void OnEval(const EvalMetrics& e) override { out_->evals.push_back(e.loss); }
-
- private:
-  PipeStepRecord* out_;
-};
-
 struct PipeMesh {
   int P = 1, S = 1, T = 1, R = 1, C = 1;
 };
@@ -210,7 +189,7 @@ class PipelineMeshTest : public ::testing::Test {
     spec.parallelism.cp_size = m.C;
     spec.parallelism.tp_size = m.T;
     spec.parallelism.comm_timeout_seconds = 60;
-    spec.train.steps = 10;
+    spec.train.steps = 20;
     spec.train.global_batch_size = 8;
     spec.train.micro_batch_size = 2;
     spec.train.lr = 3e-3;
@@ -225,51 +204,9 @@ class PipelineMeshTest : public ::testing::Test {
     return spec;
   }
 
-  static TrainOptions FixedPeak() {
-    TrainOptions options;
-    options.peak_flops = 1e12;
-    return options;
-  }
-
   // Every rank of `spec`'s mesh as a thread; each rank's per-step losses and grad norms.
   static std::vector<StatusOr<PipeStepRecord>> Run(const JobSpec& spec, int64_t stop_after = 0) {
-    const StatusOr<ParallelDims> dims = MeshOf(spec);
-    EXPECT_TRUE(dims.ok()) << dims.status().ToString();
-    if (!dims.ok()) return {};
-    EXPECT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec).ToString();
-    const int world = dims->world_size();
-    auto backend = std::make_shared<FakeBackend>();
-    std::shared_ptr<Store> store = std::make_shared<InMemoryStore>();
-    std::vector<StatusOr<PipeStepRecord>> results(world, InternalError("the rank did not run"));
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < world; ++rank) {
-      threads.emplace_back([&, rank] {
-        results[rank] = [&]() -> StatusOr<PipeStepRecord> {
-          RankContext ctx;
-          ctx.rank = rank;
-          if (world > 1) {
-            MeshCommsOptions comm_options;
-            comm_options.timeout = std::chrono::seconds(60);
-            MESHRUN_ASSIGN_OR_RETURN(
-                std::unique_ptr<MeshComms> comms,
-                MeshComms::Create(*dims, rank, store, *backend, std::make_shared<CommStats>(),
-                                  comm_options));
-            ctx.comms = std::move(comms);
-            ctx.store = store;
-          }
-          TrainOptions options = FixedPeak();
-          options.stop_after_step = stop_after;
-          MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                                   Trainer::Create(spec, options, ctx));
-          PipeStepRecord record;
-          PipeRecordSteps observer(&record);
-          MESHRUN_RETURN_IF_ERROR(trainer->Run(&observer).status());
-          return record;
-        }();
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    return results;
+    return RunMeshInProcess(spec, stop_after);
   }
 
   // Every rank's losses and grad norms equal the reference's (1e-5 relative).
@@ -311,8 +248,8 @@ class PipelineMeshTest : public ::testing::Test {
       EXPECT_TRUE(one[0].ok()) << one[0].status().ToString();
       (*cache)[key] = one[0].ok() ? *one[0] : PipeStepRecord();
       const PipeStepRecord& r = (*cache)[key];
-      EXPECT_EQ(r.losses.size(), 10u);
-      EXPECT_EQ(r.evals.size(), 2u);
+      EXPECT_EQ(r.losses.size(), 20u);
+      EXPECT_EQ(r.evals.size(), 4u);
       for (double b : r.bubbles) EXPECT_EQ(b, 0.0);
       if (!r.losses.empty()) {
         EXPECT_LT(r.losses.back(), r.losses.front());

@@ -76,34 +76,54 @@ TEST(PlannerPipelineTest, ListsEveryPipelineSizeAndScheduleOnce) {
                                                               {4, "zero_bubble/1"}}));
 }
 
-TEST(PlannerPipelineTest, StageZeroHoldsTheInputsOfTheMicroBatchesInFlight) {
+TEST(PlannerPipelineTest, EachStageIsPredictedAsTheEngineRunsIt) {
   StatusOr<std::vector<PlanRow>> rows = Plan(FourLayers(), PpCluster(1, 4));
   ASSERT_TRUE(rows.ok());
-  // A stage keeps the input of each micro-batch in flight (decision 0054): 1 sequence × 64
-  // tokens × d_model 64 floats = 16 KiB, beside one micro-batch's activations of its layers.
-  const int64_t input = 1 * 64 * 64 * 4;
-  JobSpec stage = FourLayers();  // a stage of 2 layers
-  stage.model.n_layer = 2;
-  const int64_t one = PredictRankMemory(stage).of(MemoryKind::kActivations);
-  // pp 2 × dp_replicate 2: 4 micro-batches per stage. 1F1B: stage 0 holds P − 0 = 2 inputs.
-  const PlanRow* f = FindRow(*rows, 2, 2, PpSchedule::k1F1B);
-  ASSERT_NE(f, nullptr);
-  EXPECT_EQ(f->peak_stage, 0);
-  EXPECT_EQ(f->memory.of(MemoryKind::kActivations), one + 2 * input);
-  // ZB-H1 keeps 1F1B's count.
-  const PlanRow* zb = FindRow(*rows, 2, 2, PpSchedule::kZeroBubble);
-  ASSERT_NE(zb, nullptr);
-  EXPECT_EQ(zb->memory.of(MemoryKind::kActivations), f->memory.of(MemoryKind::kActivations));
-  // Interleaved, 2 chunks of 1 layer per stage: (2−1)·2 + 2·(2−0−1) + 1 = 5 chunk inputs.
-  const PlanRow* in = FindRow(*rows, 2, 2, PpSchedule::kInterleaved1F1B, 2);
-  ASSERT_NE(in, nullptr);
-  EXPECT_EQ(in->memory.of(MemoryKind::kActivations), one + 5 * input);
-  // pp 4: a layer per stage, stage 0 holds 4 inputs (8 micro-batches per stage at dp 1).
+  // A row's memory is the memory model's for the stage with the largest peak (decision 0061).
+  for (const PlanRow& r : *rows) {
+    if (r.spec.parallelism.pp_size == 1) continue;
+    SCOPED_TRACE(MeshName(r.spec.parallelism));
+    const std::vector<MemoryPrediction> stages = PredictStagesMemory(r.spec);
+    ASSERT_EQ(stages.size(), static_cast<size_t>(r.spec.parallelism.pp_size));
+    ASSERT_GE(r.peak_stage, 0);
+    for (int k = 0; k < kNumMemoryKinds; ++k) {
+      EXPECT_EQ(r.memory.bytes[k], stages[static_cast<size_t>(r.peak_stage)].bytes[k]);
+    }
+    for (const MemoryPrediction& m : stages) EXPECT_LE(m.peak_bytes, r.memory.peak_bytes);
+  }
+  // pp 4: a layer per stage. The middle stages hold that layer's parameters only (no embedding,
+  // no head); the first adds the token and position tables, the last (tied) their copy and the
+  // final norm.
   const PlanRow* four = FindRow(*rows, 4, 1, PpSchedule::k1F1B);
   ASSERT_NE(four, nullptr);
-  stage.model.n_layer = 1;
-  EXPECT_EQ(four->memory.of(MemoryKind::kActivations),
-            PredictRankMemory(stage).of(MemoryKind::kActivations) + 4 * input);
+  const int64_t layer = 4 * BlockParameterCount(FourLayers().model);
+  const std::vector<MemoryPrediction> s = PredictStagesMemory(four->spec);
+  EXPECT_EQ(s[1].of(MemoryKind::kParameters), layer);
+  EXPECT_EQ(s[2].of(MemoryKind::kParameters), layer);
+  const int64_t tables = 4 * (256 + 64) * 64;  // wte and wpe
+  EXPECT_EQ(s[0].of(MemoryKind::kParameters), layer + tables);
+  EXPECT_EQ(s[3].of(MemoryKind::kParameters), layer + tables + 4 * 2 * 64);
+  // Beside one micro-batch's activations, a stage holds what it received for the micro-batches
+  // in flight (1 sequence × 64 tokens × d_model 64 floats = 16 KiB each): under 1F1B, P − p + 2
+  // on a middle stage p (its P − p in flight, the next one's input, an output gradient).
+  const int64_t input = 1 * 64 * 64 * 4;
+  EXPECT_EQ(PipelineBuffersAtPeak(four->spec, 1), 5);
+  EXPECT_EQ(PipelineBuffersAtPeak(four->spec, 2), 4);
+  EXPECT_EQ(s[1].of(MemoryKind::kActivations) - s[2].of(MemoryKind::kActivations), input);
+  // Stage 0 reads tokens: it holds output gradients only, one at a time.
+  EXPECT_EQ(PipelineBuffersAtPeak(four->spec, 0), 1);
+  // ZB-H1 keeps 1F1B's count.
+  const PlanRow* f = FindRow(*rows, 2, 2, PpSchedule::k1F1B);
+  const PlanRow* zb = FindRow(*rows, 2, 2, PpSchedule::kZeroBubble);
+  ASSERT_TRUE(f && zb);
+  EXPECT_EQ(zb->memory.of(MemoryKind::kActivations), f->memory.of(MemoryKind::kActivations));
+  // Interleaved (2 chunks of a layer per stage, 4 micro-batches) holds more: 4 received buffers
+  // on each stage against 1F1B's 1.
+  const PlanRow* in = FindRow(*rows, 2, 2, PpSchedule::kInterleaved1F1B, 2);
+  ASSERT_NE(in, nullptr);
+  EXPECT_EQ(PipelineBuffersAtPeak(f->spec, 0), 1);
+  EXPECT_EQ(PipelineBuffersAtPeak(in->spec, 0), 4);
+  EXPECT_EQ(PipelineBuffersAtPeak(in->spec, 1), 4);
 }
 
 TEST(PlannerPipelineTest, TheStepAddsTheSchedulesBubble) {
