@@ -21,8 +21,9 @@ struct PipelineShape {
 };
 
 // The micro-batches stage `stage` (0-based) has in flight at its peak (forward run, backward
-// not yet), in micro-batches of the whole stage (a chunk is 1/v of one): what it keeps for them
-// (the engine: each one's input; Megatron: each one's activations) is that many times one's:
+// not yet), in micro-batches of the whole stage (a chunk is 1/v of one): what a Megatron-style
+// stage keeps for them (each one's activations) is that many times one's (the engine keeps
+// inputs instead, counted exactly on the timetable by the memory model: PipelineBuffersAtPeak):
 //   1F1B and zero-bubble (ZB-H1):  min(P − p, m)   (ZB-H1 keeps 1F1B's in-flight count; its
 //                                                    deferred weight gradients fill the bubble)
 //   interleaved 1F1B:              min((v − 1)·P + 2·(P − p − 1) + 1, m·v) / v
