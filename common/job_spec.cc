@@ -480,11 +480,6 @@ Status CheckMeshRules(const JobSpec& spec, const ParallelDims& mesh, int nproc) 
   return OkStatus();
 }
 
-// The pipeline schedules this build's engine runs (pp_size > 1).
-bool EngineRunsSchedule(PpSchedule schedule) {
-  return schedule != PpSchedule::kZeroBubble;
-}
-
 std::string JoinInts(const std::vector<int>& values) {
   std::string out = "[";
   for (size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + Str(values[i]);
@@ -576,12 +571,6 @@ Status CheckPipeline(const JobSpec& spec, const ParallelDims& mesh) {
                        "groups of pp_size)",
                    "use a global_batch_size that gives a multiple of " + Str(pp) +
                        " micro-batches, or pp_schedule: 1f1b");
-  }
-  if (!EngineRunsSchedule(schedule)) {
-    return Invalid(
-        "parallelism.pp_schedule",
-        std::string("'") + PpScheduleName(schedule) + "' is not yet supported in this build",
-        "use pp_schedule: 1f1b or interleaved_1f1b");
   }
   return OkStatus();
 }

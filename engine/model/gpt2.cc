@@ -179,7 +179,16 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
 
 namespace {
 
-enum HookKind { kBeforeForward, kAfterForward, kBeforeBackward, kAfterBackward };
+enum HookKind {
+  kBeforeForward,
+  kAfterForward,
+  kBeforeBackward,
+  kAfterBackward,
+  kBeforeInputGrad,
+  kAfterInputGrad,
+  kBeforeWeightGrad,
+  kAfterWeightGrad
+};
 
 }  // namespace
 
@@ -190,6 +199,10 @@ Status GPT2<T>::Hook(int which, int unit) {
     case kBeforeForward: return par_->fsdp->BeforeForward(unit);
     case kAfterForward: return par_->fsdp->AfterForward(unit);
     case kBeforeBackward: return par_->fsdp->BeforeBackward(unit);
+    case kBeforeInputGrad: return par_->fsdp->BeforeInputGrad(unit);
+    case kAfterInputGrad: return par_->fsdp->AfterInputGrad(unit);
+    case kBeforeWeightGrad: return par_->fsdp->BeforeWeightGrad(unit);
+    case kAfterWeightGrad: return par_->fsdp->AfterWeightGrad(unit);
     default: return par_->fsdp->AfterBackward(unit);
   }
 }
@@ -370,24 +383,26 @@ Status GPT2<T>::Norm(int l, int which, LayerActs& a, const T* inp) {
 }
 
 template <typename T>
-Status GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout) {
+Status GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout,
+                             T* dweight, T* dbias) {
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
+  const bool to_model = dweight == nullptr;
   const Tensor& mean = which == 1 ? a.ln1_mean : a.ln2_mean;
   const Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
   if (cfg_.llama()) {
     const std::string w =
         "layers." + std::to_string(cfg_.GlobalLayer(l)) +
         (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
-    return ops::RMSNormBackward(cfg_.device, dinp, G(w), dout, inp, P(w), rstd.template data<T>(),
-                                N, C);
+    return ops::RMSNormBackward(cfg_.device, dinp, to_model ? G(w) : dweight, dout, inp, P(w),
+                                rstd.template data<T>(), N, C);
   }
   const std::string h =
       "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
-  return ops::LayerNormBackward(cfg_.device, dinp, G(h + "weight"), G(h + "bias"), dout, inp,
-                                P(h + "weight"), mean.template data<T>(), rstd.template data<T>(),
-                                N, C);
+  return ops::LayerNormBackward(cfg_.device, dinp, to_model ? G(h + "weight") : dweight,
+                                to_model ? G(h + "bias") : dbias, dout, inp, P(h + "weight"),
+                                mean.template data<T>(), rstd.template data<T>(), N, C);
 }
 
 template <typename T>
@@ -619,6 +634,18 @@ Status GPT2<T>::Backward(const T* output_grad) {
   if (last_chunk) MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
 
   for (int l = le - 1; l >= lb; --l) {
+    if (stash_ != nullptr) {
+      // Zero-bubble's B (decision 0059): the block's parameters, none of its gradients; what
+      // its weight gradients need goes to the stash for its W.
+      const T* residual =
+          l == lb ? encoded_.template data<T>() : acts_[l - 1].res3.template data<T>();
+      MESHRUN_RETURN_IF_ERROR(Hook(kBeforeInputGrad, 1 + l));
+      MESHRUN_RETURN_IF_ERROR(RecomputeBlock(l, residual));
+      MESHRUN_RETURN_IF_ERROR(
+          BlockBackwardInput(l, residual, stash_ + (l - lb) * LayerStashLayout(N).numel));
+      MESHRUN_RETURN_IF_ERROR(Hook(kAfterInputGrad, 1 + l));
+      continue;
+    }
     MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 1 + l));
     const T* residual =
         l == lb ? encoded_.template data<T>() : acts_[l - 1].res3.template data<T>();
@@ -701,6 +728,213 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
                                               P(qkv + "weight"), N, C, QkvWidth()));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
   return NormBackward(l, 1, a, residual, dres, dln);
+}
+
+template <typename T>
+typename GPT2<T>::LayerStash GPT2<T>::LayerStashLayout(int64_t N) const {
+  const int64_t C = cfg_.d_model, Cl = C / cfg_.tp_size, Fl = cfg_.ff() / cfg_.tp_size;
+  const bool llama = cfg_.llama();
+  LayerStash s;
+  int64_t at = 0;
+  auto take = [&](int64_t n) {
+    const int64_t first = at;
+    at += n;
+    return first;
+  };
+  s.ln1 = take(N * C);
+  s.dqkv = take(N * QkvWidth());
+  s.atty = take(N * Cl);
+  s.dattn = take(N * C);
+  s.ln2 = take(N * C);
+  s.dfc = take(N * (llama ? 2 * Fl : Fl));
+  s.act = take(N * Fl);
+  s.dmlp = take(N * C);
+  s.norms = take((llama ? 2 : 4) * C);
+  s.numel = at;
+  return s;
+}
+
+template <typename T>
+int64_t GPT2<T>::WeightStashNumel(int B, int Tn) const {
+  const auto [lb, le] = ChunkLayers();
+  return (le - lb) * LayerStashLayout(static_cast<int64_t>(B) * Tn).numel;
+}
+
+template <typename T>
+StatusOr<double> GPT2<T>::StageBackwardInput(int key, const int32_t* inputs, const T* stage_input,
+                                             const int32_t* targets, const T* output_grad, int B,
+                                             int Tn, double grad_scale, const int32_t* positions) {
+  for (const WeightStash& s : stashes_) {
+    if (s.key == key) {
+      return FailedPreconditionError("the input gradients of stash " + std::to_string(key) +
+                                     " ran twice before its weight gradients");
+    }
+  }
+  if (static_cast<int>(stashes_.size()) >= stash_limit_) {
+    return FailedPreconditionError("a weight-gradient stash beyond the limit of " +
+                                   std::to_string(stash_limit_) +
+                                   " pending micro-batches (the schedule's bound)");
+  }
+  WeightStash stash;
+  stash.key = key;
+  stash.chunk = chunk_;
+  stash.tokens = static_cast<int64_t>(B) * Tn;
+  const int64_t numel = WeightStashNumel(B, Tn);
+  {
+    MemoryKindScope kind(MemoryKind::kActivations);
+    stash.data = Tensor::Empty({std::max<int64_t>(numel, 1)}, ScalarTypeOf<T>(), cfg_.device);
+  }
+  stash_ = stash.data.template data<T>();
+  StatusOr<double> loss =
+      StageForwardBackward(inputs, stage_input, targets, output_grad, B, Tn, grad_scale, positions);
+  stash_ = nullptr;
+  if (loss.ok()) stashes_.push_back(std::move(stash));
+  return loss;
+}
+
+template <typename T>
+Status GPT2<T>::StageBackwardWeight(int key) {
+  auto it = std::find_if(stashes_.begin(), stashes_.end(),
+                         [&](const WeightStash& s) { return s.key == key; });
+  if (it == stashes_.end()) {
+    return FailedPreconditionError("the weight gradients of stash " + std::to_string(key) +
+                                   " before its input gradients");
+  }
+  const int active = chunk_;
+  chunk_ = it->chunk;
+  const auto [lb, le] = ChunkLayers();
+  chunk_ = active;
+  const int64_t per_layer = LayerStashLayout(it->tokens).numel;
+  const T* data = it->data.template data<T>();
+  Status status = OkStatus();
+  for (int l = le - 1; l >= lb && status.ok(); --l) {
+    status = Hook(kBeforeWeightGrad, 1 + l);
+    if (status.ok()) status = BlockBackwardWeight(l, it->tokens, data + (l - lb) * per_layer);
+    if (status.ok()) status = Hook(kAfterWeightGrad, 1 + l);
+  }
+  stashes_.erase(it);  // freed: its W is done
+  return status;
+}
+
+template <typename T>
+Status GPT2<T>::BlockBackwardInput(int l, const T* residual, T* stash) {
+  // BlockBackward's order and kernels, with every weight and bias gradient left out (dweight,
+  // dbias null) and the norms' gradients sent to the stash.
+  const Device dev = cfg_.device;
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
+                Fl = cfg_.ff() / cfg_.tp_size;
+  const bool llama = cfg_.llama();
+  const int64_t Gl = llama ? 2 * Fl : Fl;
+  const LayerStash s = LayerStashLayout(N);
+  T* const none = nullptr;
+  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  auto zero = [&](const Tensor& t) { return ops::Zero(dev, t.raw(), t.nbytes()); };
+  auto keep = [&](int64_t at, const T* src, int64_t n) {
+    return ops::Copy(dev, stash + at, src, sizeof(T) * n);
+  };
+  T* dres = dres_.template data<T>();
+  T* dln = dln_.template data<T>();
+  LayerActs& a = acts_[l];
+  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
+  MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, stash + s.norms, sizeof(T) * (s.numel - s.norms)));
+  // MLP block: the proj's (down's) output gradient is dres, its input the activation.
+  MESHRUN_RETURN_IF_ERROR(keep(s.dmlp, dres, N * C));
+  MESHRUN_RETURN_IF_ERROR(keep(s.act, a.fch_gelu.template data<T>(), N * Fl));
+  MESHRUN_RETURN_IF_ERROR(zero(dfch_gelu_));
+  MESHRUN_RETURN_IF_ERROR(zero(dfch_));
+  MESHRUN_RETURN_IF_ERROR(zero(dln_));
+  const std::string down = h + (llama ? "mlp.down_proj.weight" : "mlp.c_proj.weight");
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dfch_gelu_.template data<T>(), none, none, dres,
+                                              a.fch_gelu.template data<T>(), P(down), N, Fl, C));
+  if (llama) {
+    MESHRUN_RETURN_IF_ERROR(ops::SwiGLUBackward(dev, dfch_.template data<T>(),
+                                                a.fch.template data<T>(),
+                                                dfch_gelu_.template data<T>(), N, Fl));
+  } else {
+    MESHRUN_RETURN_IF_ERROR(ops::GeluBackward(dev, dfch_.template data<T>(),
+                                              a.fch.template data<T>(),
+                                              dfch_gelu_.template data<T>(), N * Fl));
+  }
+  const std::string up = h + (llama ? "mlp.gate_up.weight" : "mlp.c_fc.weight");
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dfch_.template data<T>(),
+                                              a.ln2.template data<T>(), P(up), N, C, Gl));
+  MESHRUN_RETURN_IF_ERROR(keep(s.dfc, dfch_.template data<T>(), N * Gl));
+  MESHRUN_RETURN_IF_ERROR(keep(s.ln2, a.ln2.template data<T>(), N * C));
+  MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
+  T* norm2 = stash + s.norms + (llama ? C : 2 * C);
+  MESHRUN_RETURN_IF_ERROR(
+      NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln, norm2, llama ? none : norm2 + C));
+  // Attention block: the output projection's output gradient is dres now.
+  MESHRUN_RETURN_IF_ERROR(keep(s.dattn, dres, N * C));
+  MESHRUN_RETURN_IF_ERROR(keep(s.atty, a.atty.template data<T>(), N * Cl));
+  MESHRUN_RETURN_IF_ERROR(zero(datty_));
+  const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, datty_.template data<T>(), none, none, dres,
+                                              a.atty.template data<T>(), P(o), N, Cl, C));
+  MESHRUN_RETURN_IF_ERROR(AttentionBackward(a));
+  MESHRUN_RETURN_IF_ERROR(zero(dln_));
+  const std::string qkv = h + (llama ? "self_attn.qkv." : "attn.c_attn.");
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dqkv_.template data<T>(),
+                                              a.ln1.template data<T>(), P(qkv + "weight"), N, C,
+                                              QkvWidth()));
+  MESHRUN_RETURN_IF_ERROR(keep(s.dqkv, dqkv_.template data<T>(), N * QkvWidth()));
+  MESHRUN_RETURN_IF_ERROR(keep(s.ln1, a.ln1.template data<T>(), N * C));
+  MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
+  T* norm1 = stash + s.norms;
+  return NormBackward(l, 1, a, residual, dres, dln, norm1, llama ? none : norm1 + C);
+}
+
+template <typename T>
+Status GPT2<T>::BlockBackwardWeight(int l, int64_t N, const T* stash) {
+  // The gradients BlockBackward computes beside the input gradient, from what B kept; the
+  // weights are not read (MatmulBackward without dinp).
+  const Device dev = cfg_.device;
+  const int64_t C = cfg_.d_model, Cl = C / cfg_.tp_size, Fl = cfg_.ff() / cfg_.tp_size;
+  const bool llama = cfg_.llama();
+  const int64_t Gl = llama ? 2 * Fl : Fl;
+  const LayerStash s = LayerStashLayout(N);
+  T* const none = nullptr;
+  const T* no_weight = nullptr;
+  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
+  auto Gopt = [&](const std::string& name) -> T* {
+    const ParamInfo* p = FindParam(name);
+    return p != nullptr ? grad(*p) : nullptr;
+  };
+  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
+  // MLP block.
+  if (!llama)
+    MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "mlp.c_proj.bias"), stash + s.dmlp, N, C));
+  const std::string down = h + (llama ? "mlp.down_proj.weight" : "mlp.c_proj.weight");
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(down), none, stash + s.dmlp,
+                                              stash + s.act, no_weight, N, Fl, C));
+  const std::string up = h + (llama ? "mlp.gate_up.weight" : "mlp.c_fc.weight");
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(up),
+                                              llama ? none : G(h + "mlp.c_fc.bias"), stash + s.dfc,
+                                              stash + s.ln2, no_weight, N, C, Gl));
+  const T* norms = stash + s.norms;
+  if (llama) {
+    MESHRUN_RETURN_IF_ERROR(
+        ops::Accumulate(dev, G(h + "post_attention_layernorm.weight"), norms + C, C));
+  } else {
+    MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, G(h + "ln_2.weight"), norms + 2 * C, C));
+    MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, G(h + "ln_2.bias"), norms + 3 * C, C));
+  }
+  // Attention block.
+  if (!llama)
+    MESHRUN_RETURN_IF_ERROR(
+        ops::BiasBackward(dev, G(h + "attn.c_proj.bias"), stash + s.dattn, N, C));
+  const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(o), none, stash + s.dattn,
+                                              stash + s.atty, no_weight, N, Cl, C));
+  const std::string qkv = h + (llama ? "self_attn.qkv." : "attn.c_attn.");
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(qkv + "weight"), Gopt(qkv + "bias"),
+                                              stash + s.dqkv, stash + s.ln1, no_weight, N, C,
+                                              QkvWidth()));
+  if (llama) {
+    return ops::Accumulate(dev, G(h + "input_layernorm.weight"), norms, C);
+  }
+  MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, G(h + "ln_1.weight"), norms, C));
+  return ops::Accumulate(dev, G(h + "ln_1.bias"), norms + C, C);
 }
 
 template class GPT2<float>;

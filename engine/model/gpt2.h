@@ -169,6 +169,14 @@ class UnitHooks {
   virtual Status AfterForward(int unit) = 0;
   virtual Status BeforeBackward(int unit) = 0;
   virtual Status AfterBackward(int unit) = 0;
+  // Zero-bubble's split backward of a block (decision 0059): the input-gradient pass (B) reads
+  // the unit's parameters and writes no gradient (BeforeInputGrad … AfterInputGrad); the
+  // weight-gradient pass (W) writes its gradients and reads no parameter (BeforeWeightGrad …
+  // AfterWeightGrad, which ends the unit's gradients for that micro-batch as AfterBackward does).
+  virtual Status BeforeInputGrad(int unit) = 0;
+  virtual Status AfterInputGrad(int unit) = 0;
+  virtual Status BeforeWeightGrad(int unit) = 0;
+  virtual Status AfterWeightGrad(int unit) = 0;
 };
 
 // The collectives the model issues itself (tensor and context parallel) and the FSDP hooks.
@@ -285,6 +293,25 @@ class GPT2 {
                                         int seq_len, double grad_scale,
                                         const int32_t* positions = nullptr);
   const T* stage_input_grad() const { return dres_.template data<T>(); }
+  // Zero-bubble's split backward (decision 0059). StageBackwardInput is StageForwardBackward
+  // with each block's weight gradients deferred: it computes the gradients of the stage's input
+  // (every block's input-gradient path, tp all-reduces, norms, attention, cp), and the gradients
+  // of the embedding, the final norm and the head; for each block it stashes, under `key` (one
+  // per pending micro-batch and chunk), what the block's weight gradients need: each linear
+  // layer's input and output gradient, and its norms' weight (and bias) gradients.
+  // StageBackwardWeight(key) computes those blocks' weight and bias gradients from the stash,
+  // adds the norms', and frees the stash. At most set_weight_stash_limit() stashes exist at once
+  // (FAILED_PRECONDITION beyond).
+  StatusOr<double> StageBackwardInput(int key, const int32_t* inputs, const T* stage_input,
+                                      const int32_t* targets, const T* output_grad, int B,
+                                      int seq_len, double grad_scale,
+                                      const int32_t* positions = nullptr);
+  Status StageBackwardWeight(int key);
+  void set_weight_stash_limit(int stashes) { stash_limit_ = stashes; }
+  int pending_weight_stashes() const { return static_cast<int>(stashes_.size()); }
+  // Elements of one stash of the active chunk for B·seq_len tokens (all its layers; see
+  // LayerStashLayout): the memory a pending micro-batch holds between its B and its W.
+  int64_t WeightStashNumel(int B, int seq_len) const;
   // Pipeline stages: the stage's forward for a loss-only pass (evaluation) on a last stage.
   StatusOr<double> StageForwardLoss(const int32_t* inputs, const T* stage_input,
                                     const int32_t* targets, int B, int seq_len,
@@ -323,6 +350,21 @@ class GPT2 {
   // (the gradient of its output), leaving the gradient of its input in dres_.
   Status BlockForward(int l, const T* residual);
   Status BlockBackward(int l, const T* residual);
+  // Zero-bubble's split of BlockBackward (decision 0059): the input gradient into dres_, with
+  // what the weight gradients need written to `stash` (one layer's, LayerStashLayout); then,
+  // later, the weight and bias gradients of N tokens from it.
+  Status BlockBackwardInput(int l, const T* residual, T* stash);
+  Status BlockBackwardWeight(int l, int64_t N, const T* stash);
+  // One layer's stash for N tokens, as element offsets: each linear layer's input and output
+  // gradient (attention qkv: ln1 and dqkv; output projection: atty and d(its output); MLP fc
+  // (gate|up): ln2 and d(its output); proj (down): the activation and d(its output)), then the
+  // norms' parameter gradients (gpt2: ln_1 weight, bias, ln_2 weight, bias; llama: the two
+  // RMSNorm weights), C each.
+  struct LayerStash {
+    int64_t ln1 = 0, dqkv = 0, atty = 0, dattn = 0, ln2 = 0, dfc = 0, act = 0, dmlp = 0, norms = 0;
+    int64_t numel = 0;
+  };
+  LayerStash LayerStashLayout(int64_t N) const;
   // What activation checkpointing dropped from acts_[l], computed again before its backward.
   Status RecomputeBlock(int l, const T* residual);
   // Attention of one layer over local queries and (under cp) every rank's keys; split_qkv
@@ -350,7 +392,10 @@ class GPT2 {
   const int32_t* positions_data() const { return positions_.template data<int32_t>(); }
   // Layer l's norm before attention (which 1) or the MLP (2): LayerNorm or RMSNorm by arch.
   Status Norm(int l, int which, LayerActs& a, const T* inp);
-  Status NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout);
+  // The parameter gradients go to the model's gradients, or (zero-bubble's B) to dweight and
+  // dbias when given (dbias: LayerNorm only).
+  Status NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout,
+                      T* dweight = nullptr, T* dbias = nullptr);
 
   GPT2Config cfg_;
   std::vector<ParamInfo> layout_;
@@ -385,6 +430,17 @@ class GPT2 {
   LayerActs work_;               // under recompute: the dropped tensors of one layer
   // Backward scratch.
   Tensor dres_, dln_, dqkv_, dq_, dk_, dv_, datt_, datty_, dfch_, dfch_gelu_, qkv_;
+  // Zero-bubble's weight-gradient stashes, one per pending (micro-batch, chunk) `key`, freed by
+  // its W; stash_ is the one the running B fills (null: an unsplit backward).
+  struct WeightStash {
+    int key = 0;
+    int chunk = 0;
+    int64_t tokens = 0;
+    Tensor data;
+  };
+  std::vector<WeightStash> stashes_;
+  int stash_limit_ = 0;
+  T* stash_ = nullptr;
 };
 
 extern template class GPT2<float>;

@@ -58,7 +58,8 @@ Status CastToBf16(Device dev, uint16_t* dst, const float* src, int64_t n);
 Status CastFromBf16(Device dev, float* dst, const uint16_t* src, int64_t n);
 
 // ---- linear layers: out[N,OC] = inp[N,C]·weight[OC,C]ᵀ + bias (bias may be null);
-// dinp += dout·weight; dweight += doutᵀ·inp; dbias += Σ_rows dout (dinp, dbias may be null).
+// dinp += dout·weight; dweight += doutᵀ·inp; dbias += Σ_rows dout (each may be null; without
+// dinp the weight is not read and may be null).
 template <typename T>
 Status MatmulForward(Device dev, T* out, const T* inp, const T* weight, const T* bias, int64_t N,
                      int64_t C, int64_t OC);

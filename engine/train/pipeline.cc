@@ -87,6 +87,37 @@ std::vector<PipeOp> OneFOneBSchedule(int stages, int stage, int micro_batches) {
   return ops;
 }
 
+std::vector<PipeOp> ZeroBubbleSchedule(int stages, int stage, int micro_batches) {
+  std::vector<PipeOp> ops;
+  const int warmup = std::min(stages - stage - 1, micro_batches);
+  int forward = 0, backward = 0, weight = 0;
+  // Each B is followed by the W of the micro-batch `stage` backwards before it.
+  auto input_grad = [&] {
+    ops.push_back({PipeOpKind::kBackward, backward++});
+    if (backward - weight > stage) ops.push_back({PipeOpKind::kWeight, weight++});
+  };
+  for (; forward < warmup; ++forward) ops.push_back({PipeOpKind::kForward, forward});
+  while (forward < micro_batches) {
+    ops.push_back({PipeOpKind::kForward, forward++});
+    input_grad();
+  }
+  while (backward < micro_batches) input_grad();
+  while (weight < micro_batches) ops.push_back({PipeOpKind::kWeight, weight++});
+  return ops;
+}
+
+int MaxPendingWeightGrads(const std::vector<PipeOp>& ops) {
+  int pending = 0, most = 0;
+  bool split = false;
+  for (const PipeOp& op : ops) split = split || op.kind == PipeOpKind::kWeight;
+  if (!split) return 0;
+  for (const PipeOp& op : ops) {
+    if (op.kind == PipeOpKind::kBackward) most = std::max(most, ++pending);
+    if (op.kind == PipeOpKind::kWeight) --pending;
+  }
+  return most;
+}
+
 std::vector<PipeOp> InterleavedSchedule(int stages, int stage, int micro_batches,
                                         int virtual_stages) {
   const int P = stages, v = virtual_stages, total = micro_batches * v;
@@ -113,7 +144,9 @@ std::vector<PipeOp> PipelineOps(PpSchedule schedule, int stages, int stage, int 
                                 int virtual_stages) {
   const int v = schedule == PpSchedule::kInterleaved1F1B ? virtual_stages : 1;
   std::vector<PipeOp> ops = v > 1 ? InterleavedSchedule(stages, stage, micro_batches, v)
-                                  : OneFOneBSchedule(stages, stage, micro_batches);
+                            : schedule == PpSchedule::kZeroBubble
+                                ? ZeroBubbleSchedule(stages, stage, micro_batches)
+                                : OneFOneBSchedule(stages, stage, micro_batches);
   if (stage != stages - 1) return ops;
   std::vector<PipeOp> kept;
   for (const PipeOp& op : ops) {
@@ -143,7 +176,9 @@ StatusOr<PipeTimetable> BuildTimetable(const std::vector<std::vector<PipeOp>>& o
         return when[at(chunk, op.micro)] >= 0 && when[at(chunk, op.micro)] < t;
       };
       bool ready;
-      if (op.kind == PipeOpKind::kForward) {
+      if (op.kind == PipeOpKind::kWeight) {
+        ready = done(bwd, g);
+      } else if (op.kind == PipeOpKind::kForward) {
         ready = g == 0 || done(fwd, g - 1);
       } else if (g == G - 1) {
         ready = G == 1 || done(fwd, g - 1);
@@ -157,7 +192,9 @@ StatusOr<PipeTimetable> BuildTimetable(const std::vector<std::vector<PipeOp>>& o
     for (int p = 0; p < P; ++p) {
       if (slot[p] < 0) continue;
       const PipeOp& op = ops[p][static_cast<size_t>(slot[p])];
-      (op.kind == PipeOpKind::kForward ? fwd : bwd)[at(op.chunk * P + p, op.micro)] = t;
+      if (op.kind != PipeOpKind::kWeight) {
+        (op.kind == PipeOpKind::kForward ? fwd : bwd)[at(op.chunk * P + p, op.micro)] = t;
+      }
       ++next[p];
       --left;
       progress = true;
@@ -174,6 +211,7 @@ StatusOr<PipeTimetable> BuildTimetable(const std::vector<std::vector<PipeOp>>& o
 double PipelineBubbleTheory(PpSchedule schedule, int stages, int micro_batches,
                             int virtual_stages) {
   const double P = stages, M = micro_batches;
+  if (schedule == PpSchedule::kZeroBubble) return (P - 1) / (3 * M + P - 1);
   const double v = schedule == PpSchedule::kInterleaved1F1B ? virtual_stages : 1;
   return (P - 1) / (v * M + P - 1);
 }
@@ -182,7 +220,10 @@ std::string ScheduleText(const std::vector<PipeOp>& ops) {
   std::string out;
   for (const PipeOp& op : ops) {
     if (!out.empty()) out += ' ';
-    out += (op.kind == PipeOpKind::kForward ? "F" : "B") + std::to_string(op.micro);
+    out += (op.kind == PipeOpKind::kForward    ? "F"
+            : op.kind == PipeOpKind::kBackward ? "B"
+                                               : "W") +
+           std::to_string(op.micro);
     if (op.chunk > 0) out += "." + std::to_string(op.chunk);
   }
   return out;

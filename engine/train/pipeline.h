@@ -37,8 +37,11 @@ std::vector<int> PipelineLayers(const JobSpec& spec);
 // One operation of a rank's schedule: the forward (F) or the backward (B) of one micro-batch
 // through one of the rank's model chunks (`chunk` k is the pipeline's chunk k·P + p of rank p;
 // always 0 without virtual stages). The last chunk of the pipeline has no forward operation: its
-// backward runs its forward first (decision 0054).
-enum class PipeOpKind { kForward, kBackward };
+// backward runs its forward first (decision 0054). Zero-bubble splits the backward (decision
+// 0059): its B computes the input gradients only and keeps what the weight gradients need, and
+// a third kind, W, computes the blocks' weight gradients from that later; W depends only on the
+// same rank's B of the same micro-batch and chunk, and sends nothing.
+enum class PipeOpKind { kForward, kBackward, kWeight };
 struct PipeOp {
   PipeOpKind kind = PipeOpKind::kForward;
   int micro = 0;
@@ -59,6 +62,19 @@ std::vector<PipeOp> OneFOneBSchedule(int stages, int stage, int micro_batches);
 std::vector<PipeOp> InterleavedSchedule(int stages, int stage, int micro_batches,
                                         int virtual_stages);
 
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023; decision 0059): 1F1B's order of
+// forwards and backwards, each backward a B, and each B followed by the W of the micro-batch
+// `stage` backwards before it, so stage p defers p W passes: warm-up of min(P − p − 1, M)
+// forwards, then F B W triples, then B W pairs, then the p deferred W passes, which fill the
+// cool-down bubble. At most P micro-batches are between their F and their W on any stage (1F1B's
+// count on stage 0), and at most p + 1 between their B and their W (the weight-gradient stashes).
+// Lists the last stage's forwards too (the trainer drops them: PipelineOps).
+std::vector<PipeOp> ZeroBubbleSchedule(int stages, int stage, int micro_batches);
+
+// The most micro-batches of `ops` whose B has run and whose W has not, at once: the
+// weight-gradient stashes a rank keeps (0 for schedules without W).
+int MaxPendingWeightGrads(const std::vector<PipeOp>& ops);
+
 // The operations rank `stage` runs under `schedule`, without the pipeline's last chunk's
 // forwards (its backward runs it).
 std::vector<PipeOp> PipelineOps(PpSchedule schedule, int stages, int stage, int micro_batches,
@@ -68,8 +84,9 @@ std::vector<PipeOp> PipelineOps(PpSchedule schedule, int stages, int stage, int 
 // in slot t (−1: it waits). A rank runs its operations in order, each as soon as what it consumes
 // was produced in an earlier slot: a forward of pipeline chunk g needs the forward of g − 1, a
 // backward of g the backward of g + 1 (the last chunk's backward needs the forward of the chunk
-// before it). After each slot the outputs move one rank on: forwards' to the next rank, backwards'
-// input gradients to the previous one. Fails (INTERNAL) if the operations cannot all run.
+// before it), a W the same rank's B of its micro-batch and chunk. After each slot the outputs
+// move one rank on: forwards' to the next rank, backwards' input gradients to the previous one
+// (a W sends nothing). Fails (INTERNAL) if the operations cannot all run.
 struct PipeTimetable {
   std::vector<std::vector<int>> slots;
 };
@@ -77,10 +94,13 @@ StatusOr<PipeTimetable> BuildTimetable(const std::vector<std::vector<PipeOp>>& o
                                        int virtual_stages, int micro_batches);
 
 // The schedule's bubble in theory, with forward and backward of a chunk taking equal time and
-// no communication cost: (P − 1)/(M + P − 1) for 1F1B, (P − 1)/(v·M + P − 1) interleaved.
+// no communication cost: (P − 1)/(M + P − 1) for 1F1B, (P − 1)/(v·M + P − 1) interleaved. For
+// zero_bubble, with F, B and W taking equal time t (a stage's work 3·M·t; ZB-H1's bubble
+// (P − 1)·(t_F + t_B − t_W) = (P − 1)·t): (P − 1)/(3·M + P − 1).
 double PipelineBubbleTheory(PpSchedule schedule, int stages, int micro_batches, int virtual_stages);
 
-// "F0 F1 B0 F2 B1 B2" (with chunks "F0.1"): a schedule as text (tests, logs).
+// "F0 F1 B0 F2 B1 B2" (with chunks "F0.1"; W for weight passes): a schedule as text (tests,
+// logs).
 std::string ScheduleText(const std::vector<PipeOp>& ops);
 
 }  // namespace meshrun

@@ -57,19 +57,11 @@ double RecomputeFlopsPerToken(const JobSpec& spec) {
 }
 
 // The enumerated configurations of `spec` on `world` ranks that pass validation.
-// Whether the planner predicts `s` on `world` ranks, and whether this build runs it: a spec
-// ValidateJobSpec accepts; and a pipeline that passes every rule but "… is not yet supported in
-// this build" (CheckPipeline's last check: a schedule the engine does not run, zero_bubble
-// today), which is planned on paper, not run.
-enum class Plannable { kNo, kRuns, kOnPaper };
+// Whether the planner predicts `s` on `world` ranks: a spec ValidateJobSpec accepts (the engine
+// runs every schedule it accepts, zero_bubble included).
+enum class Plannable { kNo, kRuns };
 Plannable PlannableOn(const JobSpec& s, int world) {
-  const Status v = ValidateJobSpec(s, world);
-  if (v.ok()) return Plannable::kRuns;
-  if (s.parallelism.pp_size > 1 &&
-      v.message().find("is not yet supported in this build") != std::string::npos) {
-    return Plannable::kOnPaper;
-  }
-  return Plannable::kNo;
+  return ValidateJobSpec(s, world).ok() ? Plannable::kRuns : Plannable::kNo;
 }
 
 // The pipeline shapes tried at pp > 1: each schedule, interleaved with 2 and 4 model chunks

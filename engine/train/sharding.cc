@@ -392,6 +392,51 @@ Status ShardedState::AfterBackward(int unit) {
   MESHRUN_RETURN_IF_ERROR(DrainReduceScatter());
   Release(free_params_, gathered_[unit]);
   model_->BindUnit(unit, nullptr, nullptr);
+  return ReduceScatterUnitGrads(unit);
+}
+
+Status ShardedState::BeforeInputGrad(int unit) {
+  if (!sharded()) return OkStatus();
+  MESHRUN_RETURN_IF_ERROR(Gather(unit));
+  // Prefetch the block the backward reaches next, as BeforeBackward.
+  const int head = static_cast<int>(model_->units().size()) - 1;
+  const int next = unit == head ? head - 1 : unit - 1;
+  if (fsdp_->overlaps() && unit != 0 && next >= 1 && next != unit) {
+    MESHRUN_RETURN_IF_ERROR(StartGather(next));
+  }
+  return OkStatus();
+}
+
+Status ShardedState::AfterInputGrad(int unit) {
+  if (sharded()) ReleaseParams(unit);
+  return OkStatus();
+}
+
+Status ShardedState::BeforeWeightGrad(int unit) {
+  if (!sharded()) return OkStatus();
+  // The previous micro-batch's reduce-scatter of this unit frees its gradient buffer.
+  if (rs_unit_ == unit) MESHRUN_RETURN_IF_ERROR(DrainReduceScatter());
+  if (!unit_grads_[unit].defined()) {
+    unit_grads_[unit] = Acquire(free_grads_, BufferNumel(unit), MemoryKind::kGradients);
+    MESHRUN_RETURN_IF_ERROR(
+        ops::Zero(device(), unit_grads_[unit].raw(),
+                  sizeof(float) * static_cast<size_t>(model_->units()[unit].padded)));
+  }
+  model_->BindUnit(unit, gathered_[unit].defined() ? gathered_[unit].data<float>() : nullptr,
+                   unit_grads_[unit].data<float>());
+  return OkStatus();
+}
+
+Status ShardedState::AfterWeightGrad(int unit) {
+  if (!sharded()) return last_micro_batch_ ? UnitFinal(unit) : OkStatus();
+  MESHRUN_RETURN_IF_ERROR(DrainReduceScatter());
+  // Parameters a later forward gathered stay (W did not read them).
+  model_->BindUnit(unit, gathered_[unit].defined() ? gathered_[unit].data<float>() : nullptr,
+                   nullptr);
+  return ReduceScatterUnitGrads(unit);
+}
+
+Status ShardedState::ReduceScatterUnitGrads(int unit) {
   rs_grads_ = unit_grads_[unit];
   unit_grads_[unit] = Tensor();
   StatusOr<CommWork> work = fsdp_->StartReduceScatter(

@@ -147,6 +147,14 @@ class ShardedState final : public UnitHooks {
   Status AfterForward(int unit) override;
   Status BeforeBackward(int unit) override;
   Status AfterBackward(int unit) override;
+  // Zero-bubble's split backward (decision 0059): B gathers the unit (prefetching the block
+  // before it, as BeforeBackward) and frees it after; W takes its full gradient buffer and, at
+  // AfterWeightGrad, reduce-scatters it as AfterBackward does (and its last micro-batch makes
+  // the unit final for the dp_replicate buckets).
+  Status BeforeInputGrad(int unit) override;
+  Status AfterInputGrad(int unit) override;
+  Status BeforeWeightGrad(int unit) override;
+  Status AfterWeightGrad(int unit) override;
 
  private:
   struct Bucket {
@@ -165,6 +173,9 @@ class ShardedState final : public UnitHooks {
   Status DrainReduceScatter();
   // Everything in flight: the reduce-scatter, gathers, started buckets.
   Status Drain();
+  // Starts the reduce-scatter of unit's full gradients (one in flight: the previous one is
+  // waited for first) and frees them once it is done.
+  Status ReduceScatterUnitGrads(int unit);
   // Unit's shard gradients are final for this step (last micro-batch): its bucket may start.
   Status UnitFinal(int unit);
   Tensor Acquire(std::vector<Tensor>& pool, int64_t numel, MemoryKind kind);

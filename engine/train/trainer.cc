@@ -498,6 +498,9 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
   std::vector<std::vector<PipeOp>> ops(P);
   for (int p = 0; p < P; ++p) ops[p] = PipelineOps(schedule, P, p, M, v);
   MESHRUN_ASSIGN_OR_RETURN(const PipeTimetable table, BuildTimetable(ops, P, v, M));
+  // Zero-bubble (decision 0059): B keeps each micro-batch's weight-gradient stash until its W,
+  // at most as many at once as the schedule has pending.
+  model_->set_weight_stash_limit(MaxPendingWeightGrads(ops[stage_]));
   auto buffer = [&](Tensor& t) { return TakePipeBuffer(t, acts); };
   // Per (chunk, micro-batch): the input received from the previous chunk and the gradient of
   // the output received from the next, each in a buffer of pipe_free_ from its receive until
@@ -529,7 +532,14 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
     const PipeOp* op = op_at(t, stage_);
     const float* send_forward = nullptr;
     const float* send_backward = nullptr;
-    if (op != nullptr) {
+    if (op != nullptr && op->kind == PipeOpKind::kWeight) {
+      // The deferred weight gradients of a micro-batch whose B ran (nothing to send); the
+      // step's last micro-batch makes each block's gradients final.
+      shards_->set_last_micro_batch(op->micro == M - 1);
+      model_->SetActiveChunk(op->chunk);
+      MESHRUN_RETURN_IF_ERROR(
+          model_->StageBackwardWeight(static_cast<int>(slot_of(op->chunk, op->micro))));
+    } else if (op != nullptr) {
       const int g = op->chunk * P + stage_;
       const float* input =
           g == 0 ? nullptr : pipe_inputs_[slot_of(op->chunk, op->micro)].data<float>();
@@ -546,10 +556,18 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
         shards_->set_last_micro_batch(op->micro == M - 1);
         const float* output_grad =
             g == G - 1 ? nullptr : pipe_output_grads_[slot_of(op->chunk, op->micro)].data<float>();
-        MESHRUN_ASSIGN_OR_RETURN(
-            double loss,
-            model_->StageForwardBackward(local_in_.data(), input, local_tg_.data(), output_grad, mb,
-                                         Tl, grad_scale, local_pos_.data()));
+        double loss = 0;
+        if (schedule == PpSchedule::kZeroBubble) {
+          // B: input gradients now, the blocks' weight gradients at this micro-batch's W.
+          MESHRUN_ASSIGN_OR_RETURN(
+              loss, model_->StageBackwardInput(static_cast<int>(slot_of(op->chunk, op->micro)),
+                                               local_in_.data(), input, local_tg_.data(),
+                                               output_grad, mb, Tl, grad_scale, local_pos_.data()));
+        } else {
+          MESHRUN_ASSIGN_OR_RETURN(loss, model_->StageForwardBackward(
+                                             local_in_.data(), input, local_tg_.data(), output_grad,
+                                             mb, Tl, grad_scale, local_pos_.data()));
+        }
         *loss_sum += loss;
         if (g > 0) send_backward = model_->stage_input_grad();
         GivePipeBuffer(pipe_inputs_[slot_of(op->chunk, op->micro)]);
@@ -574,6 +592,10 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
     MESHRUN_RETURN_IF_ERROR(exchange(send_backward, prev, recv_backward, next));
   }
   model_->SetActiveChunk(0);
+  if (model_->pending_weight_stashes() != 0) {
+    return InternalError("pipeline schedule: " + std::to_string(model_->pending_weight_stashes()) +
+                         " micro-batches' weight gradients never ran");
+  }
   return OkStatus();
 }
 

@@ -217,13 +217,15 @@ TEST(JobSpecPpTest, YamlReadsAndWritesTheLayerList) {
       << scalar.status().message();
 }
 
-TEST(JobSpecPpTest, OneFOneBAndInterleavedRunZeroBubbleIsRefusedUntilTheEngineRunsIt) {
+TEST(JobSpecPpTest, OneFOneBInterleavedAndZeroBubbleAllRun) {
   JobSpec s = PpSpec(2);
   EXPECT_TRUE(ValidateJobSpec(s).ok()) << Error(s);
+  // Zero-bubble (ZB-H1, decision 0059) runs, with one model chunk per stage.
   s.parallelism.pp_schedule = "zero_bubble";
-  EXPECT_EQ(Error(s),
-            "parallelism.pp_schedule: 'zero_bubble' is not yet supported in this build (hint: "
-            "use pp_schedule: 1f1b or interleaved_1f1b)");
+  EXPECT_TRUE(ValidateJobSpec(s).ok()) << Error(s);
+  s.parallelism.pp_virtual_stages = 2;
+  EXPECT_NE(Error(s).find("only interleaved_1f1b runs virtual stages"), std::string::npos)
+      << Error(s);
   s.parallelism.pp_schedule = "interleaved_1f1b";
   s.parallelism.pp_virtual_stages = 3;
   s.train.global_batch_size = 16;

@@ -1,7 +1,7 @@
 // Pipeline parallelism as real processes (decision 0054): `meshrun train --nproc 4` of the tiny
 // example under pp 2 × dp_shard 2 (Gloo on loopback) trains the single-rank run's losses and grad
 // norms, charges its stage-to-stage traffic to the pp axis, and its checkpoint resumes under one
-// rank.
+// rank; zero_bubble under pp 2 × tp 2 (decision 0059) trains the same losses.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -106,7 +106,25 @@ TEST_F(PipelineNprocTest, TwoStagesTimesFsdpTrainLikeOneRankAndResumeUnderOne) {
   }
 }
 
-TEST_F(PipelineNprocTest, ValidateShowsThePpCoordinateAndRefusesZeroBubble) {
+TEST_F(PipelineNprocTest, ZeroBubbleTwoStagesTimesTpTrainLikeOneRank) {
+  // ZB-H1 (decision 0059): B and W passes as real processes, the tp all-reduces inside B.
+  const PipeRun one = Train(1, "one", {});
+  ASSERT_EQ(one.cli.exit_code, 0) << one.cli.err;
+  ASSERT_EQ(one.losses.size(), 6u) << one.cli.out;
+  const PipeRun zb = Train(
+      4, "zb",
+      {"parallelism.pp_size=2", "parallelism.tp_size=2", "parallelism.pp_schedule=zero_bubble"});
+  ASSERT_EQ(zb.cli.exit_code, 0) << zb.cli.err;
+  ASSERT_EQ(zb.losses.size(), 6u) << zb.cli.out;
+  for (size_t k = 0; k < 6; ++k) {
+    EXPECT_NEAR(zb.losses[k], one.losses[k], 1e-5 * one.losses[k]) << "step " << k + 1;
+    EXPECT_NEAR(zb.grad_norms[k], one.grad_norms[k], 1e-5 * one.grad_norms[k])
+        << "grad norm of step " << k + 1;
+  }
+  EXPECT_GT(zb.pp_bytes, 0.0) << zb.cli.out;
+}
+
+TEST_F(PipelineNprocTest, ValidateShowsThePpCoordinateAndAcceptsZeroBubble) {
   const fs::path binary = fs::path(std::getenv("MESHRUN_BINARY_DIR")) / "bin/meshrun";
   const std::string tiny = (fs::path(std::getenv("MESHRUN_SOURCE_DIR")) / "examples/tiny.yaml");
   const testing::CliResult json_out =
@@ -136,10 +154,7 @@ TEST_F(PipelineNprocTest, ValidateShowsThePpCoordinateAndRefusesZeroBubble) {
                       {"validate", "-f", tiny, "--set", "parallelism.pp_size=2", "--set",
                        "parallelism.pp_schedule=zero_bubble"},
                       temp_ / "v3.stderr", 60);
-  EXPECT_EQ(zb.exit_code, 2);
-  EXPECT_EQ(zb.err,
-            "error: parallelism.pp_schedule: 'zero_bubble' is not yet supported in this build "
-            "(from --set) (hint: use pp_schedule: 1f1b or interleaved_1f1b)\n");
+  EXPECT_EQ(zb.exit_code, 0) << zb.err;
 }
 
 }  // namespace

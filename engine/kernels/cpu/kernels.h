@@ -81,7 +81,7 @@ template <typename T>
 void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
                    int64_t OC);
 // dinp[N,C] += dout·weight; dweight[OC,C] += doutᵀ·inp; dbias[OC] += Σ_rows dout.
-// dinp and dbias may be null (skipped).
+// dinp, dweight and dbias may be null (skipped).
 template <typename T>
 void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                     int64_t N, int64_t C, int64_t OC);

@@ -300,7 +300,7 @@ template <typename T>
 void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
                     int64_t N, int64_t C, int64_t OC) {
   if (dinp != nullptr) Gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
-  Gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
+  if (dweight != nullptr) Gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
   if (dbias == nullptr) return;
   // Parallel over columns, rows summed in order: deterministic for any thread count.
   const int64_t n_tasks = (OC + kBiasCols - 1) / kBiasCols;

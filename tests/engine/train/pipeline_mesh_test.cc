@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "engine/train/pipeline.h"
-#include "engine/train/trainer.h"
 #include "tests/engine/train/pipeline_mesh_runner.h"
 
 namespace meshrun {
@@ -141,127 +140,7 @@ TEST(PipelineSplitTest, LayersSplitByCostCountingEmbeddingAndHead) {
   }
 }
 
-struct PipeMesh {
-  int P = 1, S = 1, T = 1, R = 1, C = 1;
-};
-
-class PipelineMeshTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    char pattern[] = "/tmp/meshrun_pipeline_mesh_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = new fs::path(pattern);
-    std::ofstream out(*dir_ / "train.txt");
-    uint32_t x = 1357;
-    for (int line = 0; line < 400; ++line) {
-      out << "row " << line << ": ";
-      for (int w = 0; w < 8; ++w) {
-        x = x * 1664525u + 1013904223u;
-        out << "tok" << (x >> 24) % 37 << ' ';
-      }
-      out << '\n';
-    }
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(*dir_, ec);
-    delete dir_;
-    dir_ = nullptr;
-  }
-
-  static JobSpec Spec(const std::string& arch, int n_layer, const PipeMesh& m) {
-    JobSpec spec;
-    spec.name = "pipeline-mesh-test";
-    spec.model.arch = arch;
-    spec.model.n_layer = n_layer;
-    spec.model.n_head = 4;
-    spec.model.d_model = 32;
-    spec.model.seq_len = 16;
-    spec.model.vocab_size = 256;
-    if (arch == "llama") {
-      spec.model.n_kv_head = 2;
-      spec.model.d_ff = 64;
-      spec.model.tie_embeddings = false;
-    }
-    spec.parallelism.pp_size = m.P;
-    spec.parallelism.dp_replicate_size = m.R;
-    spec.parallelism.dp_shard_size = m.S;
-    spec.parallelism.cp_size = m.C;
-    spec.parallelism.tp_size = m.T;
-    spec.parallelism.comm_timeout_seconds = 60;
-    spec.train.steps = 20;
-    spec.train.global_batch_size = 8;
-    spec.train.micro_batch_size = 2;
-    spec.train.lr = 3e-3;
-    spec.train.min_lr = 3e-4;
-    spec.train.warmup_steps = 2;
-    spec.train.grad_clip = 1.0;
-    spec.data.train = (*dir_ / "train.txt").string();
-    spec.data.format = "text";
-    spec.data.val = spec.data.train;  // evaluated through the pipeline every 5 steps
-    spec.data.eval_every = 5;
-    spec.resources.threads = 1;
-    return spec;
-  }
-
-  // Every rank of `spec`'s mesh as a thread; each rank's per-step losses and grad norms.
-  static std::vector<StatusOr<PipeStepRecord>> Run(const JobSpec& spec, int64_t stop_after = 0) {
-    return RunMeshInProcess(spec, stop_after);
-  }
-
-  // Every rank's losses and grad norms equal the reference's (1e-5 relative).
-  static void ExpectTrainsLike(const std::vector<StatusOr<PipeStepRecord>>& ranks,
-                               const PipeStepRecord& want, size_t first_step = 0) {
-    ASSERT_FALSE(ranks.empty());
-    for (size_t rank = 0; rank < ranks.size(); ++rank) {
-      SCOPED_TRACE("rank " + std::to_string(rank));
-      ASSERT_TRUE(ranks[rank].ok()) << ranks[rank].status().ToString();
-      const PipeStepRecord& got = *ranks[rank];
-      ASSERT_EQ(got.losses.size() + first_step, want.losses.size());
-      for (size_t k = 0; k < got.losses.size(); ++k) {
-        const double loss = want.losses[first_step + k];
-        const double norm = want.grad_norms[first_step + k];
-        EXPECT_NEAR(got.losses[k], loss, 1e-5 * loss) << "step " << first_step + k + 1;
-        EXPECT_NEAR(got.grad_norms[k], norm, 1e-5 * norm) << "step " << first_step + k + 1;
-      }
-      // The measured bubble is a part of the step (0 without pp).
-      for (double b : got.bubbles) {
-        EXPECT_GE(b, 0.0);
-        EXPECT_LE(b, 1.0);
-      }
-      if (first_step == 0 && got.losses.size() == want.losses.size()) {
-        ASSERT_EQ(got.evals.size(), want.evals.size());
-        for (size_t e = 0; e < got.evals.size(); ++e) {
-          EXPECT_NEAR(got.evals[e], want.evals[e], 1e-5 * want.evals[e]) << "evaluation " << e;
-        }
-      }
-    }
-  }
-
-  static const PipeStepRecord& OneRank(const std::string& arch, int n_layer) {
-    static std::map<std::string, PipeStepRecord>* cache =
-        new std::map<std::string, PipeStepRecord>();
-    const std::string key = arch + std::to_string(n_layer);
-    if (!cache->count(key)) {
-      std::vector<StatusOr<PipeStepRecord>> one = Run(Spec(arch, n_layer, {}));
-      EXPECT_EQ(one.size(), 1u);
-      EXPECT_TRUE(one[0].ok()) << one[0].status().ToString();
-      (*cache)[key] = one[0].ok() ? *one[0] : PipeStepRecord();
-      const PipeStepRecord& r = (*cache)[key];
-      EXPECT_EQ(r.losses.size(), 20u);
-      EXPECT_EQ(r.evals.size(), 4u);
-      for (double b : r.bubbles) EXPECT_EQ(b, 0.0);
-      if (!r.losses.empty()) {
-        EXPECT_LT(r.losses.back(), r.losses.front());
-      }
-    }
-    return (*cache)[key];
-  }
-
-  static fs::path* dir_;
-};
-
-fs::path* PipelineMeshTest::dir_ = nullptr;
+class PipelineMeshTest : public PipelineMeshRunner {};
 
 TEST_F(PipelineMeshTest, Gpt2TwoStagesTrainsLikeOneRank) {
   ExpectTrainsLike(Run(Spec("gpt2", 4, {.P = 2})), OneRank("gpt2", 4));
