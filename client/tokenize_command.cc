@@ -3,15 +3,14 @@
 // documents), streamed: a reader cuts the inputs into chunks at document boundaries or at cuts
 // that cannot change the ids (Tokenizer::SafeCut), a pool of threads encodes them, and the ids are
 // written in order into one llm.c file or into shards of --shard-tokens tokens with a
-// manifest.json that makes an interrupted run resumable (docs/data.md "Making token files").
+// manifest.json that makes an interrupted run resumable (docs/data.md "Making token files"; the
+// shard writer and the manifest are client/tokenize_shards.cc).
 // Instruction data (--template, --masks, --seq-len) goes to client/tokenize_instruction.cc.
 #include "client/tokenize_command.h"
 
-#include <fcntl.h>
 #include <glob.h>
 #include <openssl/evp.h>
 #include <sched.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -23,19 +22,15 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <thread>
 
 #include "client/command.h"
 #include "client/coordinator_client.h"
+#include "client/tokenize_shards.h"
 #include "client/tokenize_shared.h"
-#include "common/atomic_file.h"
-#include "common/crc32.h"
-#include "common/dir_lock.h"
 #include "engine/data/instruction.h"
 #include "engine/data/mapped_tokens.h"
 #include "engine/data/token_stream.h"
@@ -48,8 +43,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 constexpr int64_t kMaxLlmcTokens = 0x7FFFFFFF;  // the llm.c header's int32 count
-constexpr const char* kManifest = "manifest.json";
-constexpr const char* kManifestFormat = "meshrun-tokens";
 
 bool IsJsonl(const std::string& path) {
   std::string ext = fs::path(path).extension().string();
@@ -211,18 +204,10 @@ Status TokenizerError(const Status& s, const std::string& where) {
 
 namespace {
 
-// Where the reader starts: a chunk's first byte (a resumed run starts at the chunk that holds the
-// end of its last complete shard).
-struct Position {
-  int file = 0;
-  int64_t offset = 0;
-  int64_t line = 1;  // JSONL: the line number of `offset`
-};
-
 // A unit of work: bytes of one file, cut at a document boundary or a safe cut.
 struct Chunk {
   uint64_t seq = 0;
-  Position at;
+  InputPosition at;
   std::string bytes;
   int64_t length = 0;  // bytes.size() as read (bytes is freed once encoded)
   bool eof = false;    // the end of the inputs (no bytes)
@@ -313,7 +298,7 @@ void EncodeChunk(Chunk* c, const InputFile& file, const std::string& field, int3
 class ChunkReader {
  public:
   ChunkReader(const std::vector<InputFile>& files, const Tokenizer& tokenizer, int64_t chunk_bytes,
-              Position start)
+              InputPosition start)
       : files_(files), tok_(tokenizer), chunk_(static_cast<size_t>(chunk_bytes)), at_(start) {}
   ~ChunkReader() {
     if (f_ != nullptr) std::fclose(f_);
@@ -374,7 +359,7 @@ class ChunkReader {
       if (cut == 0) {                                       // the file is done
         std::fclose(f_);
         f_ = nullptr;
-        at_ = Position{at_.file + 1, 0, 1};
+        at_ = InputPosition{at_.file + 1, 0, 1};
         continue;
       }
       c.at = at_;
@@ -392,18 +377,12 @@ class ChunkReader {
   const std::vector<InputFile>& files_;
   const Tokenizer& tok_;
   const size_t chunk_;
-  Position at_;
+  InputPosition at_;
   std::FILE* f_ = nullptr;
   std::string pending_;
   bool eof_ = false;
   size_t searched_ = 0;
 };
-
-std::string Hex32(uint32_t v) {
-  char b[9];
-  std::snprintf(b, sizeof(b), "%08x", v);
-  return b;
-}
 
 StatusOr<std::string> Sha256OfFile(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -426,175 +405,6 @@ StatusOr<std::string> Sha256OfFile(const std::string& path) {
   }
   return hex;
 }
-
-// Where a shard ends in the input: the chunk that holds its last token, and how many tokens of
-// that chunk's output (the end-of-text token before it included) are in this or earlier shards.
-struct ShardEnd {
-  Position chunk;
-  int64_t skip = 0;
-  bool emitted_before = false;  // whether a document was written before that chunk
-};
-
-struct ShardRecord {
-  std::string file;
-  int64_t tokens = 0;
-  uint64_t bytes = 0;
-  uint32_t crc32 = 0;
-  ShardEnd end;
-};
-
-json ShardJson(const ShardRecord& s) {
-  return {{"file", s.file},
-          {"tokens", s.tokens},
-          {"bytes", s.bytes},
-          {"crc32", Hex32(s.crc32)},
-          {"resume",
-           {{"input", s.end.chunk.file},
-            {"offset", s.end.chunk.offset},
-            {"line", s.end.chunk.line},
-            {"skip", s.end.skip},
-            {"after_document", s.end.emitted_before}}}};
-}
-
-std::optional<ShardRecord> ShardFromJson(const json& j) {
-  try {
-    ShardRecord s;
-    s.file = j.at("file").get<std::string>();
-    s.tokens = j.at("tokens").get<int64_t>();
-    s.bytes = j.at("bytes").get<uint64_t>();
-    s.crc32 = static_cast<uint32_t>(std::stoul(j.at("crc32").get<std::string>(), nullptr, 16));
-    const json& r = j.at("resume");
-    s.end.chunk.file = r.at("input").get<int>();
-    s.end.chunk.offset = r.at("offset").get<int64_t>();
-    s.end.chunk.line = r.at("line").get<int64_t>();
-    s.end.skip = r.at("skip").get<int64_t>();
-    s.end.emitted_before = r.at("after_document").get<bool>();
-    if (s.file.find('/') != std::string::npos || s.file.empty() || s.file[0] == '.') {
-      return std::nullopt;
-    }
-    return s;
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
-// Writes the ids in order into llm.c files of at most `max_tokens` ids each: `.NAME.partial`
-// while written, renamed to NAME when full (or at the end), then `on_shard` (the manifest).
-class ShardWriter {
- public:
-  ShardWriter(int32_t vocab_size, int64_t max_tokens, std::function<std::string(int)> name,
-              std::function<Status(const ShardRecord&)> on_shard, int first_index)
-      : wide_(vocab_size > 65535),
-        max_(max_tokens),
-        name_(std::move(name)),
-        on_shard_(std::move(on_shard)),
-        index_(first_index) {}
-  ~ShardWriter() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
-  int64_t written() const { return total_; }
-  int shards() const { return index_; }
-  bool open() const { return fd_ >= 0; }
-
-  // Appends ids[0, n), cutting shards as they fill; `end` says where the current chunk starts and
-  // `chunk_done` how many of its output tokens were written before ids[0].
-  Status Write(const int32_t* ids, int64_t n, const ShardEnd& chunk_start, int64_t chunk_done) {
-    int64_t i = 0;
-    while (i < n) {
-      if (fd_ < 0) MESHRUN_RETURN_IF_ERROR(Open());
-      const int64_t take = std::min(n - i, max_ - count_);
-      const int width = wide_ ? 4 : 2;
-      for (int64_t k = 0; k < take; ++k) {
-        const uint32_t v = static_cast<uint32_t>(ids[i + k]);
-        buf_.push_back(static_cast<char>(v & 0xFF));
-        buf_.push_back(static_cast<char>((v >> 8) & 0xFF));
-        if (width == 4) {
-          buf_.push_back(static_cast<char>((v >> 16) & 0xFF));
-          buf_.push_back(static_cast<char>((v >> 24) & 0xFF));
-        }
-      }
-      i += take;
-      count_ += take;
-      total_ += take;
-      if (buf_.size() >= (1 << 20)) MESHRUN_RETURN_IF_ERROR(Flush());
-      if (count_ == max_) {
-        ShardEnd end = chunk_start;
-        end.skip = chunk_done + i;
-        MESHRUN_RETURN_IF_ERROR(Close(end));
-      }
-    }
-    return OkStatus();
-  }
-
-  // The last, partly filled shard (if any).
-  Status Finish(const ShardEnd& end) {
-    if (fd_ < 0) return OkStatus();
-    return Close(end);
-  }
-
- private:
-  Status Open() {
-    final_ = name_(index_);
-    const fs::path p(final_);
-    temp_ = (p.parent_path() / ("." + p.filename().string() + ".partial")).string();
-    fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) return InternalError(temp_ + ": cannot create: " + std::strerror(errno));
-    buf_.assign(kLlmcHeaderInts * 4, '\0');  // the header, its count written on Close
-    count_ = 0;
-    return OkStatus();
-  }
-
-  Status Flush() {
-    size_t at = 0;
-    while (at < buf_.size()) {
-      const ssize_t n = ::write(fd_, buf_.data() + at, buf_.size() - at);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        const std::string m = temp_ + ": write failed: " + std::strerror(errno);
-        return errno == ENOSPC ? ResourceExhaustedError(m) : InternalError(m);
-      }
-      at += static_cast<size_t>(n);
-    }
-    buf_.clear();
-    return OkStatus();
-  }
-
-  Status Close(const ShardEnd& end) {
-    MESHRUN_RETURN_IF_ERROR(Flush());
-    unsigned char header[12];
-    auto put32 = [&](int at, uint32_t v) {
-      for (int k = 0; k < 4; ++k)
-        header[at + k] = static_cast<unsigned char>((v >> (8 * k)) & 0xFF);
-    };
-    put32(0, kLlmcMagic);
-    put32(4, wide_ ? kLlmcVersionUint32 : kLlmcVersion);
-    put32(8, static_cast<uint32_t>(count_));
-    if (::pwrite(fd_, header, sizeof(header), 0) != static_cast<ssize_t>(sizeof(header)) ||
-        ::fsync(fd_) != 0) {
-      return InternalError(temp_ + ": write failed: " + std::strerror(errno));
-    }
-    ::close(fd_);
-    fd_ = -1;
-    MESHRUN_ASSIGN_OR_RETURN(FileDigest digest, DigestFile(temp_));
-    if (::rename(temp_.c_str(), final_.c_str()) != 0) {
-      return InternalError(final_ + ": cannot rename " + temp_ + ": " + std::strerror(errno));
-    }
-    ShardRecord r{fs::path(final_).filename().string(), count_, digest.bytes, digest.crc32, end};
-    ++index_;
-    return on_shard_ ? on_shard_(r) : OkStatus();
-  }
-
-  const bool wide_;
-  const int64_t max_;
-  std::function<std::string(int)> name_;
-  std::function<Status(const ShardRecord&)> on_shard_;
-  int index_;
-  int fd_ = -1;
-  std::string temp_, final_;
-  std::string buf_;
-  int64_t count_ = 0, total_ = 0;
-};
 
 // Progress on stderr: a bar redrawn with \r on a terminal (at most 10 times a second), else a
 // plain line every 10 seconds.
@@ -675,7 +485,7 @@ int RunTokenize(const TokenizeFlags& o) {
   StatusOr<std::string> sha = Sha256OfFile((fs::path(o.tokenizer) / "tokenizer.json").string());
   if (!sha.ok()) return ReportError(sha.status());
   const int version = tok.vocab_size() > 65535 ? kLlmcVersionUint32 : kLlmcVersion;
-  json head = {{"format", kManifestFormat},
+  json head = {{"format", kShardManifestFormat},
                {"version", 1},
                {"tokenizer",
                 {{"path", o.tokenizer},
@@ -694,123 +504,32 @@ int RunTokenize(const TokenizeFlags& o) {
   head["inputs"] = input_list;
 
   const std::string dir = o.output;
-  const std::string manifest_path = (fs::path(dir) / kManifest).string();
-  std::vector<ShardRecord> shards;
-  Position start;
-  int64_t skip = 0, done_tokens = 0;
-  bool emitted = false, complete = false;
-  auto write_manifest = [&](bool done) -> Status {
-    json m = head;
-    json list = json::array();
-    int64_t total = 0;
-    for (const ShardRecord& s : shards) {
-      list.push_back(ShardJson(s));
-      total += s.tokens;
-    }
-    m["shards"] = list;
-    m["tokens"] = total;
-    m["complete"] = done;
-    return WriteFileAtomic(manifest_path, m.dump(1) + "\n");
-  };
-
-  std::unique_ptr<DirLock> dir_lock;  // held for the whole run
+  std::unique_ptr<ShardFolder> folder;  // the folder, held for the whole run, and its manifest
+  ShardEnd resume;                      // where a resumed run starts
+  int64_t done_tokens = 0;
+  bool complete = false;
   if (sharded) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (!fs::is_directory(dir, ec)) {
-      return ReportError(InvalidArgumentError("-o: " + dir +
-                                              " is not a folder this process can create (hint: "
-                                              "with --shard-tokens, -o names a folder)"));
-    }
-    // One run per folder: a second would delete the first's partial shards and rewrite its
-    // manifest under it.
-    DirLockHolder holder;
-    StatusOr<std::unique_ptr<DirLock>> lock =
-        DirLock::TryAcquire(dir, ThisProcess("meshrun tokenize"), &holder);
-    if (!lock.ok() && lock.status().code() == StatusCode::kAlreadyExists) {
-      return ReportError(
-          InvalidArgumentError("-o: " + dir + " is in use by another run, " + holder.Describe() +
-                               " (hint: wait for it to end, or choose another -o folder)"));
-    }
-    if (!lock.ok()) return ReportError(lock.status());
-    dir_lock = std::move(lock).value();
-    // Leftovers of an interrupted run: partial shards and manifest temporaries.
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      if ((name.rfind("." + o.prefix + "_", 0) == 0 && name.size() > 8 &&
-           name.compare(name.size() - 8, 8, ".partial") == 0) ||
-          name.rfind(std::string(kManifest) + ".tmp.", 0) == 0) {
-        fs::remove(e.path(), ec);
-      }
-    }
-    if (fs::exists(manifest_path, ec)) {
-      std::string text;
-      json old;
-      if (Status s = ReadTextFile(manifest_path, &text); s.ok()) {
-        old = json::parse(text, nullptr, false);
-      }
-      if (old.is_discarded() || !old.is_object() || old.value("format", "") != kManifestFormat) {
-        return ReportError(InvalidArgumentError(
-            manifest_path +
-            " is not a meshrun tokenize manifest (hint: choose another -o folder)"));
-      }
-      json old_head = old;
-      for (const char* k : {"shards", "tokens", "complete"}) old_head.erase(k);
-      if (old_head != head) {
-        std::string what;
-        for (const auto& [k, v] : head.items()) {
-          if (!old_head.contains(k) || old_head[k] != v) what += (what.empty() ? "" : ", ") + k;
-        }
-        return ReportError(InvalidArgumentError(
-            manifest_path + " is of another run (its " + what +
-            " differ) (hint: remove the folder to start over, or choose another -o folder)"));
-      }
-      // Reuse the listed shards whose size and CRC-32 still match, up to the first that fails.
-      for (const json& j : old.value("shards", json::array())) {
-        std::optional<ShardRecord> r = ShardFromJson(j);
-        if (!r) break;
-        StatusOr<FileDigest> d = DigestFile((fs::path(dir) / r->file).string());
-        if (!d.ok() || d->bytes != r->bytes || d->crc32 != r->crc32) {
-          std::fprintf(stderr, "note: %s: %s, so it is written again\n",
-                       (fs::path(dir) / r->file).string().c_str(),
-                       d.ok() ? "its CRC-32 or size is not the manifest's" : "missing");
-          break;
-        }
-        shards.push_back(*r);
-      }
-      complete = old.value("complete", false) &&
-                 shards.size() == old.value("shards", json::array()).size();
-      if (!shards.empty()) {
-        const ShardEnd& e = shards.back().end;
-        start = e.chunk;
-        skip = e.skip;
-        emitted = e.emitted_before;
-        for (const ShardRecord& s : shards) done_tokens += s.tokens;
-      }
-    } else if (std::any_of(fs::directory_iterator(dir, ec), fs::directory_iterator(),
-                           [](const fs::directory_entry& e) {
-                             return e.path().filename() != kDirLockFile;
-                           })) {
-      return ReportError(InvalidArgumentError(
-          "-o: " + dir + " is not empty and has no " + kManifest +
-          " (hint: choose a new or empty folder; a folder tokenize wrote resumes from its "
-          "manifest)"));
-    }
-    if (!complete) {
-      if (Status s = write_manifest(false); !s.ok()) return ReportError(s);
-    }
+    StatusOr<std::unique_ptr<ShardFolder>> opened = ShardFolder::Open(dir, o.prefix, head);
+    if (!opened.ok()) return ReportError(opened.status());
+    folder = std::move(opened).value();
+    resume = folder->resume();
+    done_tokens = folder->done_tokens();
+    complete = folder->complete();
   }
-  const size_t resumed = shards.size();
+  InputPosition start = resume.chunk;
+  int64_t skip = resume.skip;
+  bool emitted = resume.emitted_before;
+  const size_t resumed = sharded ? folder->shards().size() : 0;
 
   auto summary = [&](int64_t tokens) {
     if (sharded) {
       std::fprintf(stderr,
                    "%s: %lld tokens in %zu shards of up to %lld tokens from %zu files (vocabulary "
                    "%d, llm.c version %d)%s; %s\n",
-                   dir.c_str(), static_cast<long long>(tokens), shards.size(),
+                   dir.c_str(), static_cast<long long>(tokens), folder->shards().size(),
                    static_cast<long long>(o.shard_tokens), files.size(), tok.vocab_size(), version,
                    resumed > 0 ? (" (" + std::to_string(resumed) + " reused)").c_str() : "",
-                   manifest_path.c_str());
+                   folder->manifest_path().c_str());
     } else {
       std::fprintf(stderr, "%s: %lld tokens from %zu files (vocabulary %d, llm.c version %d)\n",
                    o.output.c_str(), static_cast<long long>(tokens), files.size(), tok.vocab_size(),
@@ -830,12 +549,11 @@ int RunTokenize(const TokenizeFlags& o) {
   };
   auto on_shard = [&](const ShardRecord& r) -> Status {
     if (!sharded) return OkStatus();
-    shards.push_back(r);
-    return write_manifest(false);
+    return folder->Add(r);
   };
   ShardWriter writer(tok.vocab_size(),
                      sharded ? std::min(o.shard_tokens, kMaxLlmcTokens) : kMaxLlmcTokens, name,
-                     on_shard, static_cast<int>(shards.size()));
+                     on_shard, static_cast<int>(resumed));
 
   // The pipeline: this thread reads and writes, `threads` workers encode; at most `window`
   // chunks are in flight (read, not yet written), which bounds the memory.
@@ -885,7 +603,7 @@ int RunTokenize(const TokenizeFlags& o) {
   uint64_t next_read = 0, next_write = 0;
   bool reader_done = false;
   Status failure;
-  Position end_of_last;  // where the chunk last written started
+  InputPosition end_of_last;  // where the chunk last written started
   bool emitted_before_last = emitted;
   std::vector<int32_t> out;
   while (failure.ok()) {
@@ -960,7 +678,7 @@ int RunTokenize(const TokenizeFlags& o) {
         " tokens do not fit the llm.c header's int32 count (hint: write shards with "
         "--shard-tokens N and -o FOLDER)");
   }
-  if (failure.ok() && sharded) failure = write_manifest(true);
+  if (failure.ok() && sharded) failure = folder->WriteManifest(true);
   if (!failure.ok()) {
     std::fprintf(stderr, "%s", terminal && !o.quiet ? "\n" : "");
     return ReportError(failure);

@@ -35,10 +35,11 @@ using namespace std::chrono_literals;
 // kKillRankInRestart: kill -9 of a rank, then of a rank of the restarted attempt as soon as it
 // runs (during its start: loading the checkpoint, the rendezvous), so the job restarts twice.
 // kTermCoordinator: SIGTERM of the coordinator (a clean stop) at the seeded moment, then a new
-// one; kTermCoordinatorAtBarrier: the same while the ranks are inside a checkpoint's barrier (the
-// coordinator is SIGSTOPped as soon as a step folder appears, so the barrier's store calls are
-// in flight, then gets SIGTERM and SIGCONT). Both must look like a kill -9 to the job: the
-// attempt goes on, and `submit --follow` reconnects and exits 0.
+// one; kTermCoordinatorAtBarrier: the same while both ranks are inside a checkpoint's barrier
+// (the coordinator is SIGSTOPped before the checkpoint begins, which holds the barrier open while
+// the ranks write their shards and make their store calls; then it gets SIGTERM and SIGCONT).
+// Both must look like a kill -9 to the job: the attempt goes on, and `submit --follow`
+// reconnects and exits 0.
 enum class Fault {
   kKillRank,
   kKillWorker,
@@ -234,11 +235,23 @@ class ChaosCluster {
     }
     if (t.job_id.empty()) return fail("no job id from submit --follow");
     json s;
+    // A barrier fault's moment is a checkpoint's barrier, not a step plus a delay (steps of a few
+    // ms would carry the job past its last checkpoint during the delay): it is armed as soon as
+    // the job runs, for the first checkpoint at or after `target`, and at least the second (the
+    // stop must never fall in the ranks' start, whose rendezvous is in the coordinator's store).
+    const bool at_barrier = fault == Fault::kTermCoordinatorAtBarrier;
+    const int barrier = std::max(2 * o_.every, (target + o_.every - 1) / o_.every * o_.every);
     if (!WaitStatus(
-            t.job_id, [&](const json& j) { return j["step"].get<int>() >= target; }, give_up, &s)) {
+            t.job_id,
+            [&](const json& j) {
+              return at_barrier
+                         ? j["state"] == "RUNNING" && j.contains("ranks") && j["ranks"].size() > 1
+                         : j["step"].get<int>() >= target;
+            },
+            give_up, &s)) {
       return fail("never reached step " + std::to_string(target) + ": " + s.dump());
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(t.fault_delay_ms));
+    if (!at_barrier) std::this_thread::sleep_for(std::chrono::milliseconds(t.fault_delay_ms));
     s = Status(t.job_id);
     if (!s.is_object() || s["state"] != "RUNNING") return fail("not RUNNING at the fault");
     t.fault_at_step = s["step"].get<int>();
@@ -246,10 +259,10 @@ class ChaosCluster {
     t.victim_rank = victim["rank"].get<int>();
     const pid_t pid = victim["pid"].get<int>();
     const std::string worker = victim["worker"].get<std::string>();
-    if (pid <= 0) return fail("no pid for rank " + std::to_string(t.victim_rank));
+    if (pid <= 0 && !at_barrier) return fail("no pid for rank " + std::to_string(t.victim_rank));
 
     // The fault.
-    const Clock::time_point fault_time = Clock::now();
+    Clock::time_point fault_time = Clock::now();
     switch (fault) {
       case Fault::kKillRank:
       case Fault::kKillRankInRestart: kill(pid, SIGKILL); break;
@@ -267,9 +280,12 @@ class ChaosCluster {
         if (!TermCoordinator()) return fail("the coordinator did not exit within 20 s of SIGTERM");
         break;
       case Fault::kTermCoordinatorAtBarrier:
-        if (!TermCoordinatorAtBarrier(checkpoints, give_up, &t.at_barrier)) {
-          return fail("no checkpoint barrier to stop the coordinator in, or it did not exit");
+        if (!TermCoordinatorAtBarrier(checkpoints, barrier, give_up, &t.fault_at_step,
+                                      &fault_time)) {
+          return fail("no checkpoint barrier from step " + std::to_string(barrier) +
+                      " on to stop the coordinator in, or it did not exit");
         }
+        t.at_barrier = true;
         break;
     }
     t.newest_complete = NewestComplete(checkpoints);
@@ -558,39 +574,68 @@ class ChaosCluster {
     return exited;
   }
 
-  // Waits for a checkpoint to begin (a step-N folder newer than the newest complete one, without
-  // metadata.json), SIGSTOPs the coordinator at once, and checks 300 ms later that metadata.json
-  // is still missing: the ranks are inside the barrier, their store calls waiting on it. Then
-  // SIGTERM and SIGCONT. A checkpoint that completed before the stop is let go (SIGCONT) and the
-  // next one is tried. False when none was caught before `give_up` or the coordinator did not
-  // exit.
-  bool TermCoordinatorAtBarrier(const fs::path& checkpoints, Clock::time_point give_up,
-                                bool* at_barrier) {
-    while (Clock::now() < give_up && coordinator_.pid > 0) {
-      const int newest = NewestComplete(checkpoints);
-      int started = -1;
-      std::error_code ec;
-      for (fs::directory_iterator it(checkpoints, ec), end; !ec && it != end; it.increment(ec)) {
-        const std::string n = it->path().filename().string();
-        if (n.rfind("step-", 0) != 0) continue;
-        const int step = std::atoi(n.c_str() + 5);
-        if (step > newest && !fs::exists(it->path() / "metadata.json")) started = step;
-      }
-      if (started < 0) {
-        std::this_thread::sleep_for(1ms);
-        continue;
-      }
-      kill(coordinator_.pid, SIGSTOP);
-      std::this_thread::sleep_for(300ms);
-      const fs::path meta = checkpoints / ("step-" + std::to_string(started)) / "metadata.json";
-      if (fs::exists(meta)) {
-        kill(coordinator_.pid, SIGCONT);
-        while (Clock::now() < give_up && NewestComplete(checkpoints) < started) {
-          std::this_thread::sleep_for(5ms);
+  // Stops the coordinator inside a checkpoint's barrier, held open, at the checkpoint of step
+  // `from` or a later one. A rank writes its shard (rank-NNNNN.safetensors, renamed into place
+  // when complete) and only then makes its barrier call to the coordinator's store, and no rank
+  // passes the barrier while the coordinator that serves the store is stopped. So the
+  // coordinator is SIGSTOPped once the checkpoint before (C − every) is complete; when the stop
+  // has taken effect, C having no shard yet proves that no rank has made C's barrier call. The
+  // ranks train on (they need no coordinator between checkpoints) and write C's shards: both on
+  // disk prove both ranks inside the barrier, open until the coordinator answers. Then SIGTERM
+  // and SIGCONT. A checkpoint C begun before the stop is let go (SIGCONT) and the next one is
+  // tried; the time to catch one is a whole checkpoint interval (the ranks' steps from C − every
+  // to C), not the instant between a folder appearing and its barrier completing. The stop lasts
+  // at most half the heartbeat timeout (a longer one could expire the workers' leases when the
+  // coordinator resumes): where an interval is longer than that, the stop comes later, the last
+  // measured interval minus half that hold after the completion. `caught`: C; `fault_time`: the
+  // SIGTERM. False when no barrier was caught before `give_up` or the coordinator did not exit.
+  bool TermCoordinatorAtBarrier(const fs::path& checkpoints, int from, Clock::time_point give_up,
+                                int* caught, Clock::time_point* fault_time) {
+    const auto hold = std::chrono::milliseconds(500 * o_.heartbeat_timeout_s);
+    Clock::duration lead{0};
+    int newest = -1;  // the newest complete checkpoint seen, and when it was first seen
+    Clock::time_point newest_at{};
+    for (int next = from; next <= o_.steps && Clock::now() < give_up && coordinator_.pid > 0;
+         next += o_.every) {
+      // C − every complete (polled; a complete checkpoint stays complete).
+      while (newest < next - o_.every && Clock::now() < give_up) {
+        const int seen = NewestComplete(checkpoints);
+        if (seen > newest) {
+          const Clock::time_point now = Clock::now();
+          if (newest >= 0 && seen == newest + o_.every) {
+            lead = std::max(Clock::duration{0}, (now - newest_at) - hold / 2);
+          }
+          newest = seen;
+          newest_at = now;
+        } else {
+          std::this_thread::sleep_for(1ms);
         }
+      }
+      if (newest >= next) {  // seen too late: the next one
+        next = newest;
         continue;
       }
-      *at_barrier = true;
+      std::this_thread::sleep_for(lead);
+      kill(coordinator_.pid, SIGSTOP);
+      if (!WaitStopped(coordinator_.pid, 1s)) {
+        kill(coordinator_.pid, SIGCONT);
+        continue;
+      }
+      const Clock::time_point stopped = Clock::now();
+      const fs::path dir = checkpoints / StepName(next);
+      if (ShardsOn(dir) > 0) {  // begun before the stop: its barrier call may be answered
+        kill(coordinator_.pid, SIGCONT);
+        continue;
+      }
+      while (ShardsOn(dir) < 2 && Clock::now() < stopped + hold) {
+        std::this_thread::sleep_for(1ms);
+      }
+      if (ShardsOn(dir) < 2 || fs::exists(dir / "metadata.json")) {
+        kill(coordinator_.pid, SIGCONT);
+        continue;
+      }
+      *caught = next;
+      *fault_time = Clock::now();
       kill(coordinator_.pid, SIGTERM);
       kill(coordinator_.pid, SIGCONT);
       const bool exited = testing::WaitExit(coordinator_.pid, 20s);
@@ -599,6 +644,37 @@ class ChaosCluster {
       return exited;
     }
     return false;
+  }
+
+  // Whether `pid` is stopped (state T in /proc/PID/stat) within `timeout`.
+  static bool WaitStopped(pid_t pid, std::chrono::milliseconds timeout) {
+    const Clock::time_point until = Clock::now() + timeout;
+    const std::string stat = "/proc/" + std::to_string(pid) + "/stat";
+    while (Clock::now() < until) {
+      const std::string text = ReadFile(stat);
+      const size_t paren = text.rfind(')');  // the command name may hold spaces
+      if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T') {
+        return true;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
+
+  // "step-00000012", as the trainer names a checkpoint's folder.
+  static std::string StepName(int step) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "step-%08d", step);
+    return name;
+  }
+
+  // How many ranks' shards (of the 2) are complete in a checkpoint's folder.
+  static int ShardsOn(const fs::path& dir) {
+    int n = 0;
+    for (const char* shard : {"rank-00000.safetensors", "rank-00001.safetensors"}) {
+      n += fs::exists(dir / shard) ? 1 : 0;
+    }
+    return n;
   }
 
   // Reaps `pid` within `timeout`: its exit code, 128 + signal, or -1 when it is still running.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tests/client/cli_runner.h"
+#include "tests/integration/tiny_train.h"
 
 namespace meshrun {
 namespace {
@@ -18,11 +19,11 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-struct PipeRun {
-  testing::CliResult cli;
-  std::vector<double> losses, grad_norms;
-  double pp_bytes = 0;  // the last step line's bytes charged to pp (cumulative)
-  json summary;
+// tiny.yaml's run and what these tests read of it: the grad norms, and the last step line's
+// bytes charged to pp (cumulative).
+struct PipeRun : testing::TinyTrainRun {
+  std::vector<double> grad_norms;
+  double pp_bytes = 0;
 };
 
 class PipelineNprocTest : public ::testing::Test {
@@ -37,40 +38,15 @@ class PipelineNprocTest : public ::testing::Test {
     fs::remove_all(temp_, ec);
   }
 
-  PipeRun Train(int nproc, const std::string& ckpt, std::vector<std::string> sets) {
-    const fs::path binary = fs::path(std::getenv("MESHRUN_BINARY_DIR")) / "bin/meshrun";
-    const fs::path source = std::getenv("MESHRUN_SOURCE_DIR");
-    std::vector<std::string> args = {"train",
-                                     "-f",
-                                     (source / "examples/tiny.yaml").string(),
-                                     "--nproc",
-                                     std::to_string(nproc),
-                                     "-o",
-                                     "json",
-                                     "--set",
-                                     "train.steps=6",
-                                     "--set",
-                                     "checkpoint.every=3",
-                                     "--set",
-                                     "checkpoint.dir=" + (temp_ / ckpt).string()};
-    for (const std::string& s : sets) {
-      args.push_back("--set");
-      args.push_back(s);
-    }
+  PipeRun Train(int nproc, const std::string& ckpt, const std::vector<std::string>& sets) {
     PipeRun r;
-    r.cli = testing::RunCli(binary, args, temp_ / (ckpt + ".stderr"), 120);
-    for (const std::string& line : testing::Lines(r.cli.out)) {
-      json j = json::parse(line, nullptr, false);
-      if (j.is_discarded()) continue;
-      if (j["event"] == "step") {
-        r.losses.push_back(j["loss"]);
-        r.grad_norms.push_back(j["grad_norm"]);
-        r.pp_bytes = 0;
-        for (const json& c : j["comm"]) {
-          if (c["axis"] == "pp") r.pp_bytes += c["bytes"].get<double>();
-        }
+    static_cast<testing::TinyTrainRun&>(r) = testing::TrainTiny(temp_, nproc, ckpt, sets);
+    for (const json& j : r.steps) {
+      r.grad_norms.push_back(j["grad_norm"]);
+      r.pp_bytes = 0;
+      for (const json& c : j["comm"]) {
+        if (c["axis"] == "pp") r.pp_bytes += c["bytes"].get<double>();
       }
-      if (j["event"] == "summary") r.summary = j;
     }
     return r;
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/client/cli_runner.h"
+#include "tests/integration/tiny_train.h"
 
 namespace meshrun {
 namespace {
@@ -21,10 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-struct ShuffleRun {
-  testing::CliResult cli;
-  std::vector<double> losses;
-};
+using ShuffleRun = testing::TinyTrainRun;
 
 class ShuffleResumeTest : public ::testing::Test {
  protected:
@@ -40,34 +38,10 @@ class ShuffleResumeTest : public ::testing::Test {
 
   // `meshrun train` of tiny.yaml for 6 steps, shuffled, checkpoints every 3 steps in temp/ckpt,
   // on dp_shard S.
-  ShuffleRun Train(int S, const std::string& ckpt, std::vector<std::string> extra = {}) {
-    const fs::path binary = fs::path(std::getenv("MESHRUN_BINARY_DIR")) / "bin/meshrun";
-    const fs::path spec = fs::path(std::getenv("MESHRUN_SOURCE_DIR")) / "examples/tiny.yaml";
-    std::vector<std::string> args = {"train",
-                                     "-f",
-                                     spec.string(),
-                                     "--nproc",
-                                     std::to_string(S),
-                                     "-o",
-                                     "json",
-                                     "--set",
-                                     "train.steps=6",
-                                     "--set",
-                                     "checkpoint.every=3",
-                                     "--set",
-                                     "checkpoint.dir=" + (temp_ / ckpt).string(),
-                                     "--set",
-                                     "data.order=shuffled",
-                                     "--set",
-                                     "parallelism.dp_shard_size=" + std::to_string(S)};
-    args.insert(args.end(), extra.begin(), extra.end());
-    ShuffleRun r;
-    r.cli = testing::RunCli(binary, args, temp_ / (ckpt + ".stderr"), 120);
-    for (const std::string& line : testing::Lines(r.cli.out)) {
-      const json j = json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.value("event", "") == "step") r.losses.push_back(j["loss"]);
-    }
-    return r;
+  ShuffleRun Train(int S, const std::string& ckpt, const std::vector<std::string>& extra = {}) {
+    return testing::TrainTiny(
+        temp_, S, ckpt, {"data.order=shuffled", "parallelism.dp_shard_size=" + std::to_string(S)},
+        extra);
   }
 
   json Metadata(const std::string& step_dir) {
