@@ -191,8 +191,8 @@ int RunPlan(const PlanOptions& o) {
     std::printf("… %zu more (--top N, or -o json for all)\n", rows->size() - shown);
   if (on_paper) {
     std::printf(
-        "* a pipeline schedule planned on paper: this build's engine does not run it yet "
-        "(zero_bubble), so parallelism.auto never chooses it\n");
+        "* a pipeline schedule planned on paper: this build's engine does not run it, so "
+        "parallelism.auto never chooses it\n");
   }
   if (!rounds.empty()) {
     // How repeatable the calibrated prediction is: the best row on each measurement.
