@@ -210,9 +210,15 @@ TEST(ZeroBubbleModelTest, SplitBackwardGivesTheWholeBackwardsGradientsBitForBit)
           split.FindParam(llama ? "layers.0.mlp.gate_up.weight" : "h.0.mlp.c_fc.weight");
       ASSERT_NE(fc, nullptr);
       EXPECT_EQ(split.grad(*fc)[0], 0.0f);
+      // Each W frees its stash.
+      const int64_t stash_bytes =
+          split.WeightStashNumel(B, T) * static_cast<int64_t>(sizeof(float));
+      const int64_t before = AllocatorFor(cfg.device).Stats().allocated_bytes;
       ASSERT_TRUE(split.StageBackwardWeight(0).ok());
+      EXPECT_EQ(before - AllocatorFor(cfg.device).Stats().allocated_bytes, stash_bytes);
       ASSERT_TRUE(split.StageBackwardWeight(1).ok());
-      EXPECT_EQ(split.pending_weight_stashes(), 0);  // freed
+      EXPECT_EQ(before - AllocatorFor(cfg.device).Stats().allocated_bytes, 2 * stash_bytes);
+      EXPECT_EQ(split.pending_weight_stashes(), 0);
       EXPECT_EQ(split.StageBackwardWeight(1).code(), StatusCode::kFailedPrecondition);
       int64_t differ = 0;
       for (int64_t i = 0; i < whole.num_params(); ++i) {
@@ -284,6 +290,13 @@ TEST_F(PipelineZeroBubbleTest, Gpt2TwoStagesTimesFsdpTimesTpTrainsExactlyLikeOne
     EXPECT_EQ(got[rank]->losses, want[rank]->losses) << "rank " << rank;
     EXPECT_EQ(got[rank]->grad_norms, want[rank]->grad_norms) << "rank " << rank;
   }
+}
+
+TEST_F(PipelineZeroBubbleTest, Gpt2TwoStagesTimesFsdpKeptGatheredTrainsLikeOneRank) {
+  // Units kept gathered from forward to backward: B frees them, W reads none.
+  JobSpec spec = ZeroBubble("gpt2", 4, {.P = 2, .S = 2});
+  spec.parallelism.fsdp_reshard_after_forward = false;
+  ExpectTrainsLike(Run(spec), OneRank("gpt2", 4));
 }
 
 TEST_F(PipelineZeroBubbleTest, Gpt2TwoStagesTimesReplicasTimesCpTrainsLikeOneRank) {
