@@ -187,6 +187,8 @@ std::vector<PipeOp> StageOps(const JobSpec& spec, int stage, int micro_batches) 
 // schedule, or (eval) for the loss-only forward of chunk `op.chunk`.
 void SimulateOp(const GPT2Config& cfg, const std::vector<UnitInfo>& units, const PipeOp& op,
                 bool eval, FsdpSimulation& fsdp) {
+  // Only forwards and whole backwards are modelled (a split backward's weight pass is not yet).
+  if (op.kind != PipeOpKind::kForward && op.kind != PipeOpKind::kBackward) return;
   const int v = cfg.num_chunks(), L = cfg.stage_layers();
   const auto [lb, le] = cfg.ChunkLocalLayers(op.chunk);
   const bool first = cfg.stage_first && op.chunk == 0;
