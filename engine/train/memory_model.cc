@@ -8,7 +8,7 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
+#include <mutex>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -150,14 +150,14 @@ class FsdpSimulation {
   int rs_unit_ = -1;
 };
 
-// The model of one stage as the trainer builds it (Trainer::Init).
-GPT2Config StageConfig(const JobSpec& spec, int stage) {
+// The model of one stage as the trainer builds it (Trainer::Init); layers: PipelineLayers(spec)
+// (unused without pp).
+GPT2Config StageConfig(const JobSpec& spec, int stage, const std::vector<int>& layers) {
   const ParallelismSpec& par = spec.parallelism;
   GPT2Config cfg = GPT2ConfigOf(spec.model);
   cfg.tp_size = par.tp_size;
   cfg.fsdp_size = par.dp_shard_size * par.cp_size;
   if (par.pp_size > 1) {
-    const std::vector<int> layers = PipelineLayers(spec);
     const int P = par.pp_size, v = static_cast<int>(layers.size()) / P;
     for (int k = 0; k < v; ++k) {
       int begin = 0;
@@ -187,6 +187,8 @@ std::vector<PipeOp> StageOps(const JobSpec& spec, int stage, int micro_batches) 
 // schedule, or (eval) for the loss-only forward of chunk `op.chunk`.
 void SimulateOp(const GPT2Config& cfg, const std::vector<UnitInfo>& units, const PipeOp& op,
                 bool eval, FsdpSimulation& fsdp) {
+  // Only forwards and whole backwards are modelled (a split backward's weight pass is not yet).
+  if (op.kind != PipeOpKind::kForward && op.kind != PipeOpKind::kBackward) return;
   const int v = cfg.num_chunks(), L = cfg.stage_layers();
   const auto [lb, le] = cfg.ChunkLocalLayers(op.chunk);
   const bool first = cfg.stage_first && op.chunk == 0;
@@ -213,20 +215,55 @@ void SimulateOp(const GPT2Config& cfg, const std::vector<UnitInfo>& units, const
   if (uses_embedding) fsdp.AfterBackward(0);
 }
 
+// ops[first, first + length) run `repeats` times back to back.
+struct OpRun {
+  size_t first = 0, length = 1;
+  int64_t repeats = 1;
+};
+
+// The schedule as runs of a repeated block of operations (of one of `periods` lengths), where
+// operations are equal when their kind and chunk are (what decides the hooks they call): a
+// pipeline's steady phase alternates one forward and one backward of a chunk (length 2), going
+// round the chunks every 2·P·v operations when interleaved; without pp every micro-batch is the
+// same backward (length 1).
+std::vector<OpRun> RepeatedRuns(const std::vector<PipeOp>& ops,
+                                const std::vector<size_t>& periods) {
+  auto same = [&](size_t a, size_t b) {
+    return ops[a].kind == ops[b].kind && ops[a].chunk == ops[b].chunk;
+  };
+  std::vector<OpRun> runs;
+  const size_t n = ops.size();
+  for (size_t i = 0; i < n;) {
+    OpRun best{i, 1, 1};
+    for (size_t L : periods) {
+      if (L == 0 || i + 2 * L > n) continue;
+      int64_t r = 1;
+      for (;; ++r) {
+        const size_t at = i + static_cast<size_t>(r) * L;
+        if (at + L > n) break;
+        bool equal = true;
+        for (size_t k = 0; k < L && equal; ++k) equal = same(i + k, at + k);
+        if (!equal) break;
+      }
+      if (r >= 2 && static_cast<size_t>(r) * L > best.length * static_cast<size_t>(best.repeats)) {
+        best = {i, L, r};
+      }
+    }
+    runs.push_back(best);
+    i += best.length * static_cast<size_t>(best.repeats);
+  }
+  return runs;
+}
+
 int MicroBatchesOf(const JobSpec& spec) {
   const ParallelismSpec& par = spec.parallelism;
   return spec.train.global_batch_size /
          (par.dp_replicate_size * par.dp_shard_size * spec.train.micro_batch_size);
 }
 
-// The receive buffers every stage holds at its peak (PipelineBuffersAtPeak), from one timetable.
-std::vector<int> PipelineBuffersOfEveryStage(const JobSpec& spec) {
-  const ParallelismSpec& par = spec.parallelism;
-  const int P = par.pp_size;
-  if (P <= 1) return {0};
-  const PpSchedule schedule = PpScheduleOf(par);
-  const int M = MicroBatchesOf(spec);
-  const int v = schedule == PpSchedule::kInterleaved1F1B ? std::max(1, par.pp_virtual_stages) : 1;
+// The receive buffers every stage holds at its peak (PipelineBuffersAtPeak), from one timetable
+// of `schedule` over P stages, v chunks each and M micro-batches.
+std::vector<int> CountPipelineBuffers(PpSchedule schedule, int P, int v, int M) {
   std::vector<std::vector<PipeOp>> ops(P);
   for (int p = 0; p < P; ++p) ops[p] = PipelineOps(schedule, P, p, M, v);
   const StatusOr<PipeTimetable> table = BuildTimetable(ops, P, v, M);
@@ -238,34 +275,87 @@ std::vector<int> PipelineBuffersOfEveryStage(const JobSpec& spec) {
     const int i = table->slots[t][p];
     return i < 0 ? nullptr : &ops[p][static_cast<size_t>(i)];
   };
+  const int G = P * v;
   for (int p = 0; p < P; ++p) {
     const int next = (p + 1) % P, prev = (p + P - 1) % P;
-    // (chunk, micro-batch) of the inputs and output gradients held (Trainer::PipelineMicroBatches).
-    std::set<std::pair<int, int>> inputs, grads;
+    // Inputs and output gradients received and not yet freed (Trainer::PipelineMicroBatches):
+    // every chunk but the pipeline's first receives its input, every chunk but the last its
+    // output's gradient, each before the backward that frees both.
+    int held = 0;
     for (size_t t = 0; t < table->slots.size(); ++t) {
       if (const PipeOp* op = op_at(t, p); op != nullptr && op->kind == PipeOpKind::kBackward) {
-        inputs.erase({op->chunk, op->micro});
-        grads.erase({op->chunk, op->micro});
+        const int g = op->chunk * P + p;
+        held -= (g > 0 ? 1 : 0) + (g < G - 1 ? 1 : 0);
       }
       if (const PipeOp* from = op_at(t, prev);
           from != nullptr && from->kind == PipeOpKind::kForward) {
-        inputs.insert({p == 0 ? from->chunk + 1 : from->chunk, from->micro});
+        ++held;
       }
       if (const PipeOp* from = op_at(t, next);
           from != nullptr && from->kind == PipeOpKind::kBackward && from->chunk * P + next > 0) {
-        grads.insert({p == P - 1 ? from->chunk - 1 : from->chunk, from->micro});
+        ++held;
       }
-      most[p] = std::max(most[p], static_cast<int>(inputs.size() + grads.size()));
+      most[p] = std::max(most[p], held);
     }
   }
   return most;
 }
 
-MemoryPrediction PredictStage(const JobSpec& spec, int stage, int pipe_buffers) {
+std::vector<int> PipelineBuffersOfEveryStage(const JobSpec& spec) {
+  const ParallelismSpec& par = spec.parallelism;
+  const int P = par.pp_size;
+  if (P <= 1) return {0};
+  const PpSchedule schedule = PpScheduleOf(par);
+  const int M = MicroBatchesOf(spec);
+  const int v = schedule == PpSchedule::kInterleaved1F1B ? std::max(1, par.pp_virtual_stages) : 1;
+  // The planner asks for the same few shapes for thousands of rows: each is counted once.
+  static std::mutex mu;
+  static auto* counted = new std::map<std::tuple<int, int, int, int>, std::vector<int>>();
+  const auto key = std::make_tuple(static_cast<int>(schedule), P, v, M);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = counted->find(key); it != counted->end()) return it->second;
+  }
+  std::vector<int> most = CountPipelineBuffers(schedule, P, v, M);
+  std::lock_guard<std::mutex> lock(mu);
+  if (counted->size() >= 4096) counted->clear();
+  counted->emplace(key, most);
+  return most;
+}
+
+// The units of a one-layer whole model of `spec` (embedding, a layer, final): every layer's unit
+// is the same size, and a stage lays out its embedding and final units as the whole model does
+// (decision 0054), so a stage's units are these.
+std::vector<UnitInfo> OneLayerUnits(const JobSpec& spec) {
+  GPT2Config one = StageConfig(spec, 0, {});
+  one.n_layer = 1;
+  one.chunks.clear();
+  one.stage_first = one.stage_last = true;
+  return GPT2Units(one, GPT2ParamLayout(one));
+}
+
+// Stage `cfg`'s units (GPT2Units of its layout) from OneLayerUnits: 0 the embedding unit (empty
+// where the stage holds none), 1 … L its layers, L + 1 the final unit (empty but on the last).
+std::vector<UnitInfo> StageUnits(const GPT2Config& cfg, const std::vector<UnitInfo>& one) {
+  const int L = cfg.stage_layers();
+  std::vector<UnitInfo> units(static_cast<size_t>(L) + 2);
+  units[0].padded = cfg.holds_embedding() ? one[0].padded : 0;
+  for (int l = 1; l <= L; ++l) units[l].padded = one[1].padded;
+  units[L + 1].padded = cfg.stage_last ? one[2].padded : 0;
+  int64_t offset = 0;
+  for (UnitInfo& u : units) {
+    u.offset = offset;
+    offset += u.padded;
+  }
+  return units;
+}
+
+MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<int>& layers,
+                              const std::vector<UnitInfo>& one_layer_units, int pipe_buffers) {
   const ParallelismSpec& par = spec.parallelism;
   const int tp = par.tp_size, cp = par.cp_size, n = par.dp_shard_size * par.cp_size;
-  const GPT2Config cfg = StageConfig(spec, stage);
-  const std::vector<UnitInfo> units = GPT2Units(cfg, GPT2ParamLayout(cfg));
+  const GPT2Config cfg = StageConfig(spec, stage, layers);
+  const std::vector<UnitInfo> units = StageUnits(cfg, one_layer_units);
   const int L = cfg.stage_layers();
   const int64_t f = sizeof(float);
 
@@ -299,21 +389,25 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, int pipe_buffers) 
     FsdpSimulation fsdp(units, prefetch, bf16_gather, par.fsdp_reshard_after_forward);
     const std::vector<PipeOp> ops = StageOps(spec, stage, micro_batches);
     const bool evaluates = !spec.data.val.empty() && spec.data.eval_every > 0;
-    // Without pp every micro-batch asks for the same buffers, so once one leaves the pools as
-    // it found them, so does every later one: the loop stops there (exact, and thousands of
-    // micro-batches cost two). Steps repeat from the pools the last one left until one
-    // allocates nothing more.
+    // A repeated block of operations asks for the same buffers each time, so once one
+    // repetition leaves the pools as it found them, so does every later one: the run's rest is
+    // skipped (exact, and thousands of micro-batches cost a few). Steps repeat from the pools
+    // the last one left until one allocates nothing more.
+    const int v = cfg.num_chunks();
+    const std::vector<OpRun> runs =
+        RepeatedRuns(ops, {1, 2, 2 * static_cast<size_t>(std::max(1, par.pp_size)) * v});
     for (int step = 0; step < 8; ++step) {
       const auto start = fsdp.State();
       fsdp.DrainReduceScatter();
-      auto before = fsdp.State();
-      for (size_t i = 0; i < ops.size(); ++i) {
-        if (par.pp_size <= 1 && i > 0) {
-          auto now = fsdp.State();
-          if (now == before) break;
-          before = std::move(now);
+      for (const OpRun& run : runs) {
+        for (int64_t r = 0; r < run.repeats; ++r) {
+          const bool check = r > 0;
+          auto before = check ? fsdp.State() : decltype(fsdp.State())();
+          for (size_t i = run.first; i < run.first + run.length; ++i) {
+            SimulateOp(cfg, units, ops[i], /*eval=*/false, fsdp);
+          }
+          if (check && fsdp.State() == before) break;
         }
-        SimulateOp(cfg, units, ops[i], /*eval=*/false, fsdp);
       }
       fsdp.ReleaseAll();
       if (evaluates) {
@@ -391,6 +485,34 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, int pipe_buffers) 
   return out;
 }
 
+// The layers of each pipeline chunk (none without pp), as the trainer splits them; the planner's
+// rows share a model, so the last few splits are kept.
+std::vector<int> ChunkLayersOf(const JobSpec& spec) {
+  const ParallelismSpec& par = spec.parallelism;
+  if (par.pp_size <= 1) return {};
+  struct Split {
+    ModelSpec model;
+    int stages = 0, virtual_stages = 0;
+    std::vector<int> given, layers;
+  };
+  static std::mutex mu;
+  static auto* splits = new std::vector<Split>();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const Split& x : *splits) {
+      if (x.model == spec.model && x.stages == par.pp_size &&
+          x.virtual_stages == par.pp_virtual_stages && x.given == par.pp_layers) {
+        return x.layers;
+      }
+    }
+  }
+  Split x{spec.model, par.pp_size, par.pp_virtual_stages, par.pp_layers, PipelineLayers(spec)};
+  std::lock_guard<std::mutex> lock(mu);
+  if (splits->size() >= 64) splits->erase(splits->begin());
+  splits->push_back(x);
+  return x.layers;
+}
+
 }  // namespace
 
 int PipelineBuffersAtPeak(const JobSpec& spec, int pp_stage) {
@@ -399,14 +521,19 @@ int PipelineBuffersAtPeak(const JobSpec& spec, int pp_stage) {
 }
 
 MemoryPrediction PredictRankMemory(const JobSpec& spec, int pp_stage) {
-  return PredictStage(spec, pp_stage, PipelineBuffersAtPeak(spec, pp_stage));
+  return PredictStage(spec, pp_stage, ChunkLayersOf(spec), OneLayerUnits(spec),
+                      PipelineBuffersAtPeak(spec, pp_stage));
 }
 
 std::vector<MemoryPrediction> PredictStagesMemory(const JobSpec& spec) {
   const int P = std::max(1, spec.parallelism.pp_size);
   const std::vector<int> buffers = PipelineBuffersOfEveryStage(spec);
+  const std::vector<int> layers = ChunkLayersOf(spec);
+  const std::vector<UnitInfo> one = OneLayerUnits(spec);
   std::vector<MemoryPrediction> out;
-  for (int p = 0; p < P; ++p) out.push_back(PredictStage(spec, p, buffers[static_cast<size_t>(p)]));
+  for (int p = 0; p < P; ++p) {
+    out.push_back(PredictStage(spec, p, layers, one, buffers[static_cast<size_t>(p)]));
+  }
   return out;
 }
 
