@@ -55,7 +55,8 @@ int PipelineBuffersAtPeak(const JobSpec& spec, int pp_stage);
 // min(p + 1, M) under ZB-H1), and the floats of one (GPT2::WeightStashNumel of the stage: per
 // layer n·(4d + qkv/T + d/T + fc/T + ff/T) + 4d, 2d under llama, n = micro_batch_size·seq_len/cp,
 // qkv = (n_head + 2·n_kv_head)·head_dim, fc = ff under GPT-2 and 2·ff under llama). Each is an
-// activation from the start of its B to the end of its W. 0 for other schedules and without pp.
+// activation from the start of its B to the end of its W. The count is 0 under other schedules
+// (the size is what one would be); both are 0 without pp.
 int PipelineWeightStashesAtPeak(const JobSpec& spec, int pp_stage);
 int64_t PipelineWeightStashNumel(const JobSpec& spec, int pp_stage);
 
