@@ -93,10 +93,25 @@ class FsdpSimulation {
   void AfterBackward(int u) {
     DrainReduceScatter();
     params_.Release(p_buf_[u]);
-    rs_buf_ = g_buf_[u];
-    g_buf_[u] = 0;
-    rs_unit_ = u;
-    if (!prefetch_) DrainReduceScatter();  // done inside Start: freed at once
+    StartReduceScatter(u);
+  }
+  // Zero-bubble's split backward of a block (ShardedState::BeforeInputGrad …): B gathers the
+  // unit (prefetching as BeforeBackward) and frees it after, taking no gradient buffer; W takes
+  // the gradient buffer and reduce-scatters it as AfterBackward does, keeping any parameters.
+  void BeforeInputGrad(int u) {
+    Gather(u);
+    const int head = Units() - 1;
+    const int next = u == head ? head - 1 : u - 1;
+    if (prefetch_ && u != 0 && next >= 1 && next != u) StartGather(next);
+  }
+  void AfterInputGrad(int u) { params_.Release(p_buf_[u]); }
+  void BeforeWeightGrad(int u) {
+    if (rs_unit_ == u) DrainReduceScatter();
+    if (g_buf_[u] == 0) g_buf_[u] = grads_.Acquire(Numel(u));
+  }
+  void AfterWeightGrad(int u) {
+    DrainReduceScatter();
+    StartReduceScatter(u);
   }
   void DrainReduceScatter() {
     if (rs_unit_ < 0) return;
@@ -136,6 +151,12 @@ class FsdpSimulation {
     if (bf16_) staging_[u] = staging_pool_.Acquire((largest_ + 1) / 2);
   }
   void WaitGather(int u) { staging_pool_.Release(staging_[u]); }
+  void StartReduceScatter(int u) {
+    rs_buf_ = g_buf_[u];
+    g_buf_[u] = 0;
+    rs_unit_ = u;
+    if (!prefetch_) DrainReduceScatter();  // done inside Start: freed at once
+  }
   void Gather(int u) {
     StartGather(u);
     WaitGather(u);
@@ -184,13 +205,20 @@ std::vector<PipeOp> StageOps(const JobSpec& spec, int stage, int micro_batches) 
 }
 
 // The FSDP hooks the model calls (engine/model/gpt2.cc) for one operation of the rank's
-// schedule, or (eval) for the loss-only forward of chunk `op.chunk`.
+// schedule, or (eval) for the loss-only forward of chunk `op.chunk`. Zero-bubble's B
+// (StageBackwardInput) calls the blocks' input-gradient hooks where a backward calls the
+// backward's, and its W (StageBackwardWeight) the weight-gradient hooks of the chunk's blocks.
 void SimulateOp(const GPT2Config& cfg, const std::vector<UnitInfo>& units, const PipeOp& op,
-                bool eval, FsdpSimulation& fsdp) {
-  // Only forwards and whole backwards are modelled (a split backward's weight pass is not yet).
-  if (op.kind != PipeOpKind::kForward && op.kind != PipeOpKind::kBackward) return;
+                bool eval, bool split, FsdpSimulation& fsdp) {
   const int v = cfg.num_chunks(), L = cfg.stage_layers();
   const auto [lb, le] = cfg.ChunkLocalLayers(op.chunk);
+  if (op.kind == PipeOpKind::kWeight) {
+    for (int l = le - 1; l >= lb; --l) {
+      fsdp.BeforeWeightGrad(1 + l);
+      fsdp.AfterWeightGrad(1 + l);
+    }
+    return;
+  }
   const bool first = cfg.stage_first && op.chunk == 0;
   const bool last = cfg.stage_last && op.chunk == v - 1;
   const bool uses_embedding = units[0].padded > 0 && (first || (last && cfg.tie_embeddings));
@@ -209,8 +237,13 @@ void SimulateOp(const GPT2Config& cfg, const std::vector<UnitInfo>& units, const
     fsdp.AfterBackward(L + 1);
   }
   for (int l = le - 1; l >= lb; --l) {
-    fsdp.BeforeBackward(1 + l);
-    fsdp.AfterBackward(1 + l);
+    if (split) {
+      fsdp.BeforeInputGrad(1 + l);
+      fsdp.AfterInputGrad(1 + l);
+    } else {
+      fsdp.BeforeBackward(1 + l);
+      fsdp.AfterBackward(1 + l);
+    }
   }
   if (uses_embedding) fsdp.AfterBackward(0);
 }
@@ -388,6 +421,7 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
     const bool prefetch = DeviceOf(spec.resources) == ComputeDevice::kCuda;
     FsdpSimulation fsdp(units, prefetch, bf16_gather, par.fsdp_reshard_after_forward);
     const std::vector<PipeOp> ops = StageOps(spec, stage, micro_batches);
+    const bool split = par.pp_size > 1 && PpScheduleOf(par) == PpSchedule::kZeroBubble;
     const bool evaluates = !spec.data.val.empty() && spec.data.eval_every > 0;
     // A repeated block of operations asks for the same buffers each time, so once one
     // repetition leaves the pools as it found them, so does every later one: the run's rest is
@@ -404,7 +438,7 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
           const bool check = r > 0;
           auto before = check ? fsdp.State() : decltype(fsdp.State())();
           for (size_t i = run.first; i < run.first + run.length; ++i) {
-            SimulateOp(cfg, units, ops[i], /*eval=*/false, fsdp);
+            SimulateOp(cfg, units, ops[i], /*eval=*/false, split, fsdp);
           }
           if (check && fsdp.State() == before) break;
         }
@@ -416,7 +450,8 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
         // nothing more.
         for (int batch = 0; batch < 2; ++batch) {
           for (int k = 0; k < cfg.num_chunks(); ++k) {
-            SimulateOp(cfg, units, PipeOp{PipeOpKind::kForward, 0, k}, /*eval=*/true, fsdp);
+            SimulateOp(cfg, units, PipeOp{PipeOpKind::kForward, 0, k}, /*eval=*/true,
+                       /*split=*/false, fsdp);
           }
         }
         fsdp.ReleaseAll();
@@ -480,6 +515,10 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
   // Pipeline parallelism: the received inputs and output gradients held at once, one
   // micro-batch's activation each (an evaluation reuses one of them).
   acts += int64_t{pipe_buffers} * N * C;
+  // Zero-bubble: the weight-gradient stashes pending at once (each allocated at its B's start,
+  // freed at the end of its W). The receive buffers stay allocated from the first step on, so a
+  // later step holds them all beside its most stashes.
+  acts += int64_t{PipelineWeightStashesAtPeak(spec, stage)} * PipelineWeightStashNumel(spec, stage);
   add(MemoryKind::kActivations, acts);
   for (int k = 0; k < kNumMemoryKinds; ++k) out.peak_bytes += out.bytes[k];
   return out;
@@ -514,6 +553,30 @@ std::vector<int> ChunkLayersOf(const JobSpec& spec) {
 }
 
 }  // namespace
+
+int PipelineWeightStashesAtPeak(const JobSpec& spec, int pp_stage) {
+  const ParallelismSpec& par = spec.parallelism;
+  if (par.pp_size <= 1) return 0;
+  return MaxPendingWeightGrads(StageOps(spec, pp_stage, MicroBatchesOf(spec)));
+}
+
+int64_t PipelineWeightStashNumel(const JobSpec& spec, int pp_stage) {
+  // GPT2::LayerStashLayout per layer (engine/model/gpt2.cc; tests/engine/train/
+  // pipeline_memory_test.cc holds the two equal): each linear layer's input (ln1, atty, ln2,
+  // act) and output gradient (dqkv, dattn, dfc, dmlp), and the norms' weight (and bias)
+  // gradients; zero_bubble has one chunk per stage, all of the stage's layers.
+  const ParallelismSpec& par = spec.parallelism;
+  if (par.pp_size <= 1) return 0;
+  const GPT2Config cfg = StageConfig(spec, pp_stage);
+  const int64_t tp = par.tp_size;
+  const int64_t N =
+      static_cast<int64_t>(spec.train.micro_batch_size) * (spec.model.seq_len / par.cp_size);
+  const int64_t C = cfg.d_model, Cl = C / tp, Fl = cfg.ff() / tp,
+                Wl = (cfg.n_head / tp + 2 * (cfg.kv_heads() / tp)) * cfg.head_dim(),
+                Gl = cfg.llama() ? 2 * Fl : Fl;
+  const int64_t per_layer = N * (4 * C + Wl + Cl + Gl + Fl) + (cfg.llama() ? 2 : 4) * C;
+  return cfg.stage_layers() * per_layer;
+}
 
 int PipelineBuffersAtPeak(const JobSpec& spec, int pp_stage) {
   if (spec.parallelism.pp_size <= 1) return 0;

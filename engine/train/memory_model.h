@@ -27,7 +27,8 @@ struct MemoryPrediction {
 // the last tp rank's vocabulary rows. The stage holds its own layers, the embedding on the first
 // stage (and on a tied last one, decision 0054), the final norm and head on the last; its
 // activations are one micro-batch's of its layers plus the pipeline's receive buffers it holds
-// at once (PipelineBuffersAtPeak). The spec must be valid (ValidateJobSpec).
+// at once (PipelineBuffersAtPeak) and, under zero_bubble, its pending weight-gradient stashes
+// (PipelineWeightStashesAtPeak). The spec must be valid (ValidateJobSpec).
 MemoryPrediction PredictRankMemory(const JobSpec& spec, int pp_stage);
 
 // The largest rank of `spec`: each kind's peak is the largest over the pipeline's stages (what
@@ -48,5 +49,15 @@ std::vector<MemoryPrediction> PredictStagesMemory(const JobSpec& spec);
 // micro-batches in flight, the next one's already received, and an output gradient), 1 on the
 // last; interleaved: see docs/parallelism.md. 0 without pp.
 int PipelineBuffersAtPeak(const JobSpec& spec, int pp_stage);
+
+// Zero-bubble (decision 0059): the most weight-gradient stashes stage `pp_stage` holds at once
+// (micro-batches whose B ran and whose W has not: MaxPendingWeightGrads of its schedule,
+// min(p + 1, M) under ZB-H1), and the floats of one (GPT2::WeightStashNumel of the stage: per
+// layer n·(4d + qkv/T + d/T + fc/T + ff/T) + 4d, 2d under llama, n = micro_batch_size·seq_len/cp,
+// qkv = (n_head + 2·n_kv_head)·head_dim, fc = ff under GPT-2 and 2·ff under llama). Each is an
+// activation from the start of its B to the end of its W. The count is 0 under other schedules
+// (the size is what one would be); both are 0 without pp.
+int PipelineWeightStashesAtPeak(const JobSpec& spec, int pp_stage);
+int64_t PipelineWeightStashNumel(const JobSpec& spec, int pp_stage);
 
 }  // namespace meshrun

@@ -190,7 +190,8 @@ PlanRow PredictPipeline(const JobSpec& s, const ClusterShape& cluster,
   // the embedding on the first stage (and on a tied last one), the final norm and head on the
   // last, FSDP, tp and cp inside it, one micro-batch's activations of its layers and the
   // activations and gradients it has received for the micro-batches in flight, counted on the
-  // schedule's timetable. The row shows the stage with the largest peak.
+  // schedule's timetable, and under zero_bubble its pending weight-gradient stashes. The row
+  // shows the stage with the largest peak.
   const std::vector<MemoryPrediction> stages = PredictStagesMemory(s);
   for (int q = 0; q < static_cast<int>(stages.size()); ++q) {
     if (q == 0 || stages[q].peak_bytes > row.memory.peak_bytes) {

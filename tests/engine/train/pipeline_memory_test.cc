@@ -3,17 +3,21 @@
 // counting its own tensors: pipeline_mesh_runner.h) peaks at exactly the bytes of each kind
 // PredictRankMemory predicts for its stage — pp 2 × dp_shard 2 × tp 2, pp 4 × cp 2 (ring),
 // pp 2 × dp_replicate 2 × cp 2 (1F1B and interleaved with 2 virtual stages) and pp 4 with 6
-// layers, GPT-2 and Llama, activation checkpointing none and full (selective on some). And under
+// layers, GPT-2 and Llama, activation checkpointing none and full (selective on some), and
+// pp 2 × dp_shard 2 × tp 2, pp 4 × cp 2 and pp 4 with 6 layers under zero_bubble (its
+// weight-gradient stashes counted, FSDP's split backward simulated). And under
 // 1F1B a stage's activation memory does not grow with the micro-batches: the first stage holds
 // one micro-batch's activations and at most P received buffers whatever their number.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "engine/model/gpt2.h"
 #include "engine/train/memory_model.h"
 #include "engine/train/pipeline.h"
 #include "tests/engine/train/pipeline_mesh_runner.h"
@@ -27,7 +31,8 @@ struct PpMemoryCase {
   std::string arch;
   int layers = 4;
   int P = 1, R = 1, S = 1, C = 1, T = 1;
-  int v = 1;  // > 1: interleaved_1f1b with v virtual stages
+  int v = 1;        // > 1: interleaved_1f1b with v virtual stages
+  bool zb = false;  // zero_bubble
   std::string ac = "none";
   std::string Name() const {
     std::string n = arch + "_pp" + std::to_string(P);
@@ -37,6 +42,7 @@ struct PpMemoryCase {
     if (T > 1) n += "_tp" + std::to_string(T);
     n += "_" + std::to_string(layers) + "layers";
     if (v > 1) n += "_interleaved" + std::to_string(v);
+    if (zb) n += "_zero_bubble";
     return n + "_ac_" + ac;
   }
 };
@@ -96,6 +102,7 @@ class PipelineMemoryTest : public ::testing::TestWithParam<PpMemoryCase> {
       spec.parallelism.pp_schedule = "interleaved_1f1b";
       spec.parallelism.pp_virtual_stages = c.v;
     }
+    if (c.zb) spec.parallelism.pp_schedule = "zero_bubble";
     spec.parallelism.comm_timeout_seconds = 60;
     spec.train.activation_checkpointing = c.ac;
     spec.train.steps = 2;
@@ -175,6 +182,14 @@ std::vector<PpMemoryCase> PipelineMemoryCases() {
     out.push_back({.arch = arch, .R = 2, .C = 2});
     out.push_back({.arch = arch, .P = 2, .S = 2, .T = 2, .v = 2, .ac = "selective"});
     out.push_back({.arch = arch, .layers = 6, .P = 4, .ac = "selective"});
+    // Zero-bubble: its weight-gradient stashes beside 1F1B's receive buffers (and FSDP's
+    // split backward: B gathers, W reduce-scatters).
+    for (const std::string ac : {"none", "full"}) {
+      out.push_back({.arch = arch, .P = 2, .S = 2, .T = 2, .zb = true, .ac = ac});
+      out.push_back({.arch = arch, .P = 4, .C = 2, .zb = true, .ac = ac});
+      out.push_back({.arch = arch, .layers = 6, .P = 4, .zb = true, .ac = ac});
+    }
+    out.push_back({.arch = arch, .layers = 6, .P = 4, .zb = true, .ac = "selective"});
   }
   return out;
 }
@@ -211,6 +226,37 @@ TEST_F(PipelineMemoryTest, OneFOneBHoldsAtMostPMicroBatchesAtStageZero) {
   const int held = PipelineBuffersAtPeak(sixteen, 0);
   EXPECT_GE(held, 1);
   EXPECT_LE(held, 4);
+}
+
+// Zero-bubble's stash term: stage p holds min(p + 1, M) stashes at once (MaxPendingWeightGrads of
+// its schedule), each the model's own WeightStashNumel of the stage's layers, which the memory
+// model mirrors (PipelineWeightStashNumel); 1F1B holds none.
+TEST_F(PipelineMemoryTest, ZeroBubbleStashesAreTheModelsWeightStashes) {
+  for (const PpMemoryCase& c : PipelineMemoryCases()) {
+    if (!c.zb) continue;
+    SCOPED_TRACE(c.Name());
+    const JobSpec spec = MemorySpec(c);
+    const int P = c.P, M = 8 / spec.train.micro_batch_size / (c.R * c.S);
+    const std::vector<int> layers = PipelineLayers(spec);
+    int begin = 0;
+    for (int p = 0; p < P; ++p) {
+      SCOPED_TRACE("stage " + std::to_string(p));
+      EXPECT_EQ(PipelineWeightStashesAtPeak(spec, p), std::min(p + 1, M));
+      GPT2Config cfg = GPT2ConfigOf(spec.model);
+      cfg.tp_size = c.T;
+      cfg.fsdp_size = c.S * c.C;
+      cfg.chunks.emplace_back(begin, begin + layers[static_cast<size_t>(p)]);
+      cfg.stage_first = p == 0;
+      cfg.stage_last = p == P - 1;
+      begin += layers[static_cast<size_t>(p)];
+      const GPT2<float> model(cfg);
+      EXPECT_EQ(PipelineWeightStashNumel(spec, p),
+                model.WeightStashNumel(spec.train.micro_batch_size, spec.model.seq_len / c.C));
+      JobSpec one_f_one_b = spec;
+      one_f_one_b.parallelism.pp_schedule = "1f1b";
+      EXPECT_EQ(PipelineWeightStashesAtPeak(one_f_one_b, p), 0);
+    }
+  }
 }
 
 }  // namespace

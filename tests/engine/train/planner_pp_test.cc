@@ -5,11 +5,13 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
 #include <tuple>
 
 #include "common/job_spec.h"
 #include "engine/train/memory_model.h"
 #include "engine/train/model_shape.h"
+#include "engine/train/pipeline.h"
 #include "engine/train/pipeline_cost.h"
 #include "engine/train/planner.h"
 
@@ -112,11 +114,24 @@ TEST(PlannerPipelineTest, EachStageIsPredictedAsTheEngineRunsIt) {
   EXPECT_EQ(s[1].of(MemoryKind::kActivations) - s[2].of(MemoryKind::kActivations), input);
   // Stage 0 reads tokens: it holds output gradients only, one at a time.
   EXPECT_EQ(PipelineBuffersAtPeak(four->spec, 0), 1);
-  // ZB-H1 keeps 1F1B's count.
+  // ZB-H1 keeps 1F1B's receive buffers and adds stage p's min(p + 1, M) weight-gradient
+  // stashes (M = 4 here), each 16·n·d + 4·d floats a GPT-2 layer (n = 64 tokens, d = 64).
   const PlanRow* f = FindRow(*rows, 2, 2, PpSchedule::k1F1B);
   const PlanRow* zb = FindRow(*rows, 2, 2, PpSchedule::kZeroBubble);
   ASSERT_TRUE(f && zb);
-  EXPECT_EQ(zb->memory.of(MemoryKind::kActivations), f->memory.of(MemoryKind::kActivations));
+  const std::vector<MemoryPrediction> fs = PredictStagesMemory(f->spec);
+  const std::vector<MemoryPrediction> zs = PredictStagesMemory(zb->spec);
+  const std::vector<int> zb_layers = PipelineLayers(zb->spec);
+  for (int p = 0; p < 2; ++p) {
+    SCOPED_TRACE("stage " + std::to_string(p));
+    EXPECT_EQ(PipelineBuffersAtPeak(zb->spec, p), PipelineBuffersAtPeak(f->spec, p));
+    EXPECT_EQ(PipelineWeightStashesAtPeak(zb->spec, p), p + 1);
+    EXPECT_EQ(PipelineWeightStashesAtPeak(f->spec, p), 0);
+    EXPECT_EQ(zs[p].of(MemoryKind::kActivations) - fs[p].of(MemoryKind::kActivations),
+              int64_t{p + 1} * zb_layers[p] * (16 * 64 * 64 + 4 * 64) * 4);
+    EXPECT_EQ(zs[p].of(MemoryKind::kParameters), fs[p].of(MemoryKind::kParameters));
+  }
+  EXPECT_GT(zb->memory.peak_bytes, f->memory.peak_bytes);
   // Interleaved (2 chunks of a layer per stage, 4 micro-batches) holds more: 4 received buffers
   // on each stage against 1F1B's 1.
   const PlanRow* in = FindRow(*rows, 2, 2, PpSchedule::kInterleaved1F1B, 2);
