@@ -75,6 +75,21 @@ std::optional<std::array<int, 4>> ElasticSizesFor(const v1::JobSpec& stored, con
   return to_sizes(*p);
 }
 
+// Keeps the newest kMaxMeshEpochs meshes of `job`; what the older ones cost goes to its totals.
+void TrimMeshHistory(JobRecord& job) {
+  if (job.meshes.size() <= kMaxMeshEpochs) return;
+  const size_t drop = job.meshes.size() - kMaxMeshEpochs;
+  for (size_t i = 0; i < drop; ++i) {
+    const MeshEpoch& e = job.meshes[i];
+    if (e.from_step >= 0 && e.step_before >= 0) {
+      job.dropped_steps_lost += std::max<int64_t>(0, e.step_before - e.from_step);
+    }
+    if (e.idle_seconds > 0) job.dropped_seconds_without_training += e.idle_seconds;
+  }
+  job.meshes_dropped += static_cast<int>(drop);
+  job.meshes.erase(job.meshes.begin(), job.meshes.begin() + static_cast<std::ptrdiff_t>(drop));
+}
+
 }  // namespace
 
 std::vector<LiveWorker> JobManager::PlaceableWorkersLocked() const {
@@ -307,6 +322,7 @@ void JobManager::NoteAttemptMeshLocked(Job& job, Attempt& attempt) {
   }
   attempt.cause = RemeshCauseName(e.cause);
   job.meshes.push_back(e);
+  TrimMeshHistory(job);
   job.next_cause = RemeshCause::kNone;
 }
 

@@ -729,7 +729,9 @@ JobsSnapshot JobManager::Snapshot() const {
     JobsSnapshot::JobLine& line = out.jobs.back();
     line.world_size = job.mesh.world_size();
     line.elastic = job.elastic();
-    line.remeshes = std::max(0, static_cast<int>(job.meshes.size()) - 1);
+    line.remeshes = std::max(0, job.meshes_dropped + static_cast<int>(job.meshes.size()) - 1);
+    line.remesh_steps_lost = job.dropped_steps_lost;
+    line.remesh_seconds_without_training = job.dropped_seconds_without_training;
     for (const MeshEpoch& e : job.meshes) {
       if (e.from_step >= 0 && e.step_before >= 0) {
         line.remesh_steps_lost += std::max<int64_t>(0, e.step_before - e.from_step);

@@ -102,6 +102,9 @@ struct AttemptRecord {
 };
 
 // One mesh an elastic job ran on (JobRecord::meshes; GetJob's Job.meshes).
+// JobRecord::meshes keeps the newest kMaxMeshEpochs of them: a job that re-meshes without end (a
+// worker that comes and goes) must not grow the coordinator's memory (docs/coordinator.md).
+inline constexpr size_t kMaxMeshEpochs = 32;
 struct MeshEpoch {
   int attempt = 0;
   std::array<int, 4> sizes{1, 1, 1, 1};  // R, S, C, T
@@ -180,12 +183,18 @@ struct JobRecord {
   std::string owner;
   JobEventLog events;
   // Elastic jobs (resources.elastic; decision 0056). pending_since: when it last became
-  // PENDING (a shrink waits resources.elastic.wait_seconds from there); meshes: every mesh it
-  // ran on; remesh_attempts: attempts ended by a re-mesh (not failures: they use no restart);
+  // PENDING (a shrink waits resources.elastic.wait_seconds from there); meshes: the newest
+  // kMaxMeshEpochs meshes it ran on, and meshes_dropped, dropped_steps_lost and
+  // dropped_seconds_without_training: how many older ones were let go and what they cost (the
+  // metrics count every re-mesh); remesh_attempts: attempts ended by a re-mesh (not failures:
+  // they use no restart);
   // next_cause: why the next attempt's mesh changes (set by a grow or a drain); the step and time
   // the last attempt ended at; next_grow_check throttles the grow check.
   MonoTime pending_since{};
   std::vector<MeshEpoch> meshes;
+  int meshes_dropped = 0;
+  int64_t dropped_steps_lost = 0;
+  double dropped_seconds_without_training = 0;
   int remesh_attempts = 0;
   RemeshCause next_cause = RemeshCause::kNone;
   int64_t ended_step = -1, ended_ms = 0;

@@ -23,14 +23,10 @@
 #include <thread>
 #include <vector>
 
+#include "bench/chaos/local_cluster.h"
 #include "tests/integration/daemons.h"
 
 namespace meshrun::chaos {
-
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
-using namespace std::chrono_literals;
 
 // kKillRankInRestart: kill -9 of a rank, then of a rank of the restarted attempt as soon as it
 // runs (during its start: loading the checkpoint, the rendezvous), so the job restarts twice.
@@ -94,26 +90,8 @@ struct TrialResult {
   std::string logs;         // `meshrun logs JOB`: every rank's lines, "[rank R attempt A] …"
 };
 
-struct CliResult {
-  int exit_code = -1;
-  std::string out;
-};
-
-inline std::string ReadFile(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-inline std::string Quote(const std::string& arg) {
-  std::string q = "'";
-  for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // The cluster and the job of every trial. Not thread-safe; one trial at a time.
-class ChaosCluster {
+class ChaosCluster : public LocalCluster {
  public:
   struct Options {
     fs::path bin_dir;  // holds meshrun, meshrun-worker, meshrun-coordinator
@@ -131,8 +109,8 @@ class ChaosCluster {
     std::chrono::seconds hang_trial_timeout{240};
   };
 
-  explicit ChaosCluster(Options o) : o_(std::move(o)) {}
-  ~ChaosCluster() { Stop(); }
+  explicit ChaosCluster(Options o)
+      : LocalCluster(o.bin_dir, o.dir, o.heartbeat_timeout_s, "0.5"), o_(std::move(o)) {}
 
   std::string Spec(const fs::path& checkpoints) const {
     return "name: chaos\n"
@@ -160,35 +138,18 @@ class ChaosCluster {
   double ReferenceLoss() {
     const fs::path spec = o_.dir / "reference.yaml";
     std::ofstream(spec) << Spec(o_.dir / "reference-checkpoints");
-    CliResult r = Run({(o_.bin_dir / "meshrun").string(), "train", "-f", spec.string(), "--nproc",
-                       "2", "-o", "json"},
-                      300);
-    for (const std::string& line : Lines(r.out)) {
-      json j = json::parse(line, nullptr, false);
-      if (j.is_object() && j["event"] == "summary" && j["final_loss"].is_number()) {
-        return j["final_loss"].get<double>();
-      }
-    }
-    return NAN;
+    return TrainFinalLoss(spec, 2);
   }
 
   // Coordinator + workers w1..w3, READY. False (with `why`) when they do not come up in time.
   bool Start(std::string* why) {
-    fs::create_directories(o_.dir);
-    address_ = "127.0.0.1:" + std::to_string(testing::FreePort());
     if (!StartCoordinator(why)) return false;
-    for (const char* name : {"w1", "w2", "w3"}) StartWorker(name);
+    for (const char* name : {"w1", "w2", "w3"}) StartWorker(name, 1);
     if (!WaitWorkers(3, 30s)) {
       *why = "the 3 workers did not become READY: " + Cli({"workers"}).out;
       return false;
     }
     return true;
-  }
-
-  void Stop() {
-    for (testing::Daemon& w : workers_) testing::Stop(w, 5s);
-    workers_.clear();
-    testing::Stop(coordinator_, 5s);
   }
 
   TrialResult RunTrial(Fault fault, uint64_t seed, double reference) {
@@ -343,7 +304,7 @@ class ChaosCluster {
       std::this_thread::sleep_for(100ms);
     }
     // A killed worker comes back under its name for the next trial.
-    if (fault == Fault::kKillWorker) StartWorker(worker);
+    if (fault == Fault::kKillWorker) StartWorker(worker, 1);
     if (!s.is_object() || s["state"] != "SUCCEEDED") {
       return fail("did not SUCCEED within " + std::to_string(bound.count()) + " s: " + s.dump());
     }
@@ -378,22 +339,6 @@ class ChaosCluster {
     t.ok = true;
     Check(&t);
     return t;
-  }
-
-  const std::string& address() const { return address_; }
-
-  // For tests that drive the cluster themselves.
-  CliResult Cli(std::vector<std::string> args, int timeout_s = 10) const {
-    args.insert(args.begin(), (o_.bin_dir / "meshrun").string());
-    args.push_back("--coordinator");
-    args.push_back(address_);
-    return Run(args, timeout_s);
-  }
-
-  json Status(const std::string& job) const {
-    CliResult r = Cli({"status", job, "-o", "json"});
-    if (r.exit_code != 0) return json();
-    return json::parse(r.out, nullptr, false);
   }
 
   // kill -9 of the coordinator, then a new one on the same state folder and port.
@@ -482,30 +427,6 @@ class ChaosCluster {
     }
   }
 
-  static std::vector<std::string> Lines(const std::string& text) {
-    std::vector<std::string> lines;
-    std::istringstream in(text);
-    for (std::string line; std::getline(in, line);) lines.push_back(line);
-    return lines;
-  }
-
-  static CliResult Run(const std::vector<std::string>& argv, int timeout_s) {
-    std::string command = "timeout " + std::to_string(timeout_s);
-    for (const std::string& a : argv) {
-      command += ' ';
-      command += Quote(a);
-    }
-    command += " 2>/dev/null";
-    CliResult r;
-    FILE* pipe = popen(command.c_str(), "r");
-    if (pipe == nullptr) return r;
-    char buf[4096];
-    for (size_t n; (n = fread(buf, 1, sizeof(buf), pipe)) > 0;) r.out.append(buf, n);
-    const int status = pclose(pipe);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-  }
-
   template <typename Pred>
   bool WaitStatus(const std::string& job, Pred pred, Clock::time_point give_up, json* last) const {
     while (Clock::now() < give_up) {
@@ -534,34 +455,6 @@ class ChaosCluster {
       std::this_thread::sleep_for(100ms);
     }
     return false;
-  }
-
-  bool StartCoordinator(std::string* why) {
-    coordinator_ =
-        testing::Spawn("coordinator",
-                       {(o_.bin_dir / "meshrun-coordinator").string(), "--listen", address_,
-                        "--state-dir", (o_.dir / "state").string(), "--heartbeat-timeout",
-                        std::to_string(o_.heartbeat_timeout_s), "--restart-backoff", "0.5"},
-                       o_.dir / "coordinator.log");
-    const Clock::time_point give_up = Clock::now() + 20s;
-    while (Clock::now() < give_up) {
-      if (Cli({"workers", "-o", "json"}, 5).exit_code == 0) return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    *why = "the coordinator did not answer on " + address_;
-    return false;
-  }
-
-  void StartWorker(const std::string& name) {
-    workers_.erase(std::remove_if(workers_.begin(), workers_.end(),
-                                  [&](const testing::Daemon& d) { return d.name == name; }),
-                   workers_.end());
-    workers_.push_back(
-        testing::Spawn(name,
-                       {(o_.bin_dir / "meshrun-worker").string(), "--coordinator", address_,
-                        "--name", name, "--slots", "1", "--work-dir",
-                        (o_.dir / "work" / name).string(), "--cores", "1", "--grace", "2"},
-                       o_.dir / (name + ".log")));
   }
 
   // SIGTERM to the coordinator, and its exit (reaped) within 20 s.
@@ -714,9 +607,6 @@ class ChaosCluster {
   }
 
   Options o_;
-  std::string address_;
-  testing::Daemon coordinator_;
-  std::vector<testing::Daemon> workers_;
   std::vector<pid_t> stopped_;
   int trials_ = 0;
 };

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench/chaos/chaos_trial.h"
+#include "bench/chaos/local_cluster.h"
 #include "tests/integration/daemons.h"
 
 namespace meshrun::chaos {
@@ -57,7 +58,7 @@ struct ElasticResult {
   std::string logs;    // the coordinator's log tail when it failed
 };
 
-class ElasticCluster {
+class ElasticCluster : public LocalCluster {
  public:
   struct Options {
     fs::path bin_dir;
@@ -71,8 +72,8 @@ class ElasticCluster {
     std::chrono::seconds trial_timeout{60};
   };
 
-  explicit ElasticCluster(Options o) : o_(std::move(o)) {}
-  ~ElasticCluster() { Stop(); }
+  explicit ElasticCluster(Options o)
+      : LocalCluster(o.bin_dir, o.dir, o.heartbeat_timeout_s, "0.2"), o_(std::move(o)) {}
 
   std::string Spec(const fs::path& checkpoints) const {
     return "name: elastic\n"
@@ -95,56 +96,11 @@ class ElasticCluster {
     fs::create_directories(o_.dir);
     const fs::path spec = o_.dir / "reference.yaml";
     std::ofstream(spec) << Spec(o_.dir / "reference-checkpoints");
-    const CliResult r = RunCommand({(o_.bin_dir / "meshrun").string(), "train", "-f", spec.string(),
-                                    "--nproc", "4", "-o", "json"},
-                                   300);
-    std::istringstream in(r.out);
-    for (std::string line; std::getline(in, line);) {
-      json j = json::parse(line, nullptr, false);
-      if (j.is_object() && j["event"] == "summary" && j["final_loss"].is_number()) {
-        return j["final_loss"].get<double>();
-      }
-    }
-    return NAN;
+    return TrainFinalLoss(spec, 4);
   }
 
   // A coordinator, no workers yet.
-  bool Start(std::string* why) {
-    fs::create_directories(o_.dir);
-    address_ = "127.0.0.1:" + std::to_string(testing::FreePort());
-    coordinator_ =
-        testing::Spawn("coordinator",
-                       {(o_.bin_dir / "meshrun-coordinator").string(), "--listen", address_,
-                        "--state-dir", (o_.dir / "state").string(), "--heartbeat-timeout",
-                        std::to_string(o_.heartbeat_timeout_s), "--restart-backoff", "0.2"},
-                       o_.dir / "coordinator.log");
-    const auto give_up = Clock::now() + 20s;
-    while (Clock::now() < give_up) {
-      if (Cli({"workers", "-o", "json"}, 5).exit_code == 0) return true;
-      std::this_thread::sleep_for(50ms);
-    }
-    *why = "the coordinator did not answer on " + address_;
-    return false;
-  }
-
-  void Stop() {
-    for (testing::Daemon& w : workers_) testing::Stop(w, 5s);
-    workers_.clear();
-    testing::Stop(coordinator_, 5s);
-  }
-
-  CliResult Cli(std::vector<std::string> args, int timeout_s = 10) const {
-    args.insert(args.begin(), (o_.bin_dir / "meshrun").string());
-    args.push_back("--coordinator");
-    args.push_back(address_);
-    return RunCommand(args, timeout_s);
-  }
-
-  json Status(const std::string& job) const {
-    const CliResult r = Cli({"status", job, "-o", "json"});
-    if (r.exit_code != 0) return json();
-    return json::parse(r.out, nullptr, false);
-  }
+  bool Start(std::string* why) { return StartCoordinator(why); }
 
   // One trial with fresh workers (named after the trial, so a killed one never comes back).
   ElasticResult RunTrial(ElasticFault fault, uint64_t seed, double reference) {
@@ -171,8 +127,8 @@ class ElasticCluster {
       StopWorkers();
       return t;
     };
-    StartWorker(a);
-    if (fault != ElasticFault::kWorkerAdded) StartWorker(b);
+    StartWorker(a, 2);
+    if (fault != ElasticFault::kWorkerAdded) StartWorker(b, 2);
     if (!WaitReady(fault == ElasticFault::kWorkerAdded ? std::vector<std::string>{a}
                                                        : std::vector<std::string>{a, b},
                    30s)) {
@@ -214,7 +170,7 @@ class ElasticCluster {
           if (w.name == b) testing::KillNow(w);
         }
         break;
-      case ElasticFault::kWorkerAdded: StartWorker(b); break;
+      case ElasticFault::kWorkerAdded: StartWorker(b, 2); break;
       case ElasticFault::kDrain:
         if (Cli({"workers", "drain", b}).exit_code != 0) return fail("workers drain failed");
         break;
@@ -287,29 +243,6 @@ class ElasticCluster {
     }
   }
 
-  static CliResult RunCommand(const std::vector<std::string>& argv, int timeout_s) {
-    std::string command = "timeout " + std::to_string(timeout_s);
-    for (const std::string& arg : argv) command += " " + Quote(arg);
-    command += " 2>/dev/null";
-    CliResult r;
-    FILE* pipe = popen(command.c_str(), "r");
-    if (pipe == nullptr) return r;
-    char buf[4096];
-    for (size_t got; (got = fread(buf, 1, sizeof(buf), pipe)) > 0;) r.out.append(buf, got);
-    const int status = pclose(pipe);
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    return r;
-  }
-
-  void StartWorker(const std::string& name) {
-    workers_.push_back(
-        testing::Spawn(name,
-                       {(o_.bin_dir / "meshrun-worker").string(), "--coordinator", address_,
-                        "--name", name, "--slots", "2", "--work-dir",
-                        (o_.dir / "work" / name).string(), "--cores", "1", "--grace", "2"},
-                       o_.dir / (name + ".log")));
-  }
-
   // Stops the trial's workers and waits (bounded) until the coordinator has them LOST, so the
   // next trial's job is never placed on a stopped worker whose lease still runs.
   void StopWorkers() {
@@ -346,9 +279,6 @@ class ElasticCluster {
   }
 
   Options o_;
-  std::string address_;
-  testing::Daemon coordinator_;
-  std::vector<testing::Daemon> workers_;
   int trials_ = 0;
 };
 
