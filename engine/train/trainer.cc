@@ -648,6 +648,12 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     // sends and receives (the stage before or after it computing, or the transfer itself).
     if (dims_->pp() > 1 && m.step_seconds > 0)
       m.pipeline_bubble_ratio = pipe_wait_seconds_ / m.step_seconds;
+    // Beside it, the schedule's in theory (decision 0060), over the step's micro-batches.
+    if (dims_->pp() > 1) {
+      m.pipeline_bubble_theory = PipelineBubbleTheory(PpScheduleOf(spec_.parallelism), dims_->pp(),
+                                                      static_cast<int>(MicroBatchesPerStep(spec_)),
+                                                      model_->config().num_chunks());
+    }
     m.tokens_per_second = tokens_per_step / m.step_seconds;
     m.tflops = m.tokens_per_second * flops_per_token / 1e12;
     m.mfu = ModelFlopsUtilization(m.tokens_per_second, flops_per_token, peak_flops_,

@@ -43,6 +43,8 @@ struct StepMetrics {
   // Pipeline parallelism: the part of the step this rank waited in its stage-to-stage sends
   // and receives (the measured bubble; 0 without pp).
   double pipeline_bubble_ratio = 0;
+  // The schedule's bubble in theory (PipelineBubbleTheory; 0 without pp), to set beside it.
+  double pipeline_bubble_theory = 0;
   // This rank's communication by (charge, op) since its first step: seconds, bus bytes
   // (docs/parallelism.md) and calls; cumulative, like the Prometheus counters they feed.
   std::map<CommStats::Key, CommCounter> comm;
