@@ -154,16 +154,23 @@ int RunJobs(const JobFlags& f) {
 // they outlive a restart); a step trained again after a restart keeps its newest loss.
 // What was measured of the job, for `predicted vs measured`: the median step time of its
 // job-level samples after the first, and the largest peak memory of any rank.
+// The median of a series of steps, the first left out (it warms up); 0 if none.
+double MedianAfterFirst(std::vector<double> v) {
+  if (v.size() > 1) v.erase(v.begin());
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 struct Measured {
   std::vector<double> step_seconds;
   double peak_memory_bytes = 0;
-  double median_step_seconds() const {
-    std::vector<double> v = step_seconds;
-    if (v.size() > 1) v.erase(v.begin());  // the first step warms up
-    if (v.empty()) return 0;
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
-  }
+  // Pipeline parallelism: the job's measured bubble of each step (the largest stage's) and the
+  // schedule's theory (decision 0060); empty / < 0 without a pipeline.
+  std::vector<double> pipeline_bubble;
+  double pipeline_bubble_theory = -1;
+  double median_step_seconds() const { return MedianAfterFirst(step_seconds); }
+  double median_pipeline_bubble() const { return MedianAfterFirst(pipeline_bubble); }
 };
 
 std::map<int64_t, double> LossHistory(CoordinatorClient& client, const std::string& job_id,
@@ -180,6 +187,12 @@ std::map<int64_t, double> LossHistory(CoordinatorClient& client, const std::stri
         measured->step_seconds.push_back(e.metrics().step_seconds());
         measured->peak_memory_bytes = std::max(
             measured->peak_memory_bytes, static_cast<double>(e.metrics().memory_peak_bytes()));
+        if (e.metrics().has_pipeline_bubble_ratio()) {
+          measured->pipeline_bubble.push_back(e.metrics().pipeline_bubble_ratio());
+        }
+        if (e.metrics().has_pipeline_bubble_theory()) {
+          measured->pipeline_bubble_theory = e.metrics().pipeline_bubble_theory();
+        }
       }
     }
     return true;
@@ -279,6 +292,14 @@ int RunStatus(const JobFlags& f) {
                         {"peak_memory_bytes", planned.predicted_peak_memory_bytes()}};
     out["measured"] = {{"step_seconds", measured.median_step_seconds()},
                        {"peak_memory_bytes", measured.peak_memory_bytes}};
+    // A pipeline's bubble: measured (median over steps of the largest stage's) beside theory.
+    if (!measured.pipeline_bubble.empty() || measured.pipeline_bubble_theory >= 0) {
+      out["pipeline_bubble"] = {
+          {"measured", measured.pipeline_bubble.empty() ? json(nullptr)
+                                                        : json(measured.median_pipeline_bubble())},
+          {"theory", measured.pipeline_bubble_theory >= 0 ? json(measured.pipeline_bubble_theory)
+                                                          : json(nullptr)}};
+    }
     json history = json::array();
     for (const auto& [step, loss] : losses) history.push_back({{"step", step}, {"loss", loss}});
     out["loss_history"] = std::move(history);
@@ -333,6 +354,18 @@ int RunStatus(const JobFlags& f) {
              " MiB vs " +
              (measured.peak_memory_bytes > 0 ? Fixed(measured.peak_memory_bytes / mib, 1) : "-") +
              " MiB"});
+  }
+  // A pipeline's bubble: measured (the largest stage's, median over steps) vs the schedule's.
+  if (!measured.pipeline_bubble.empty() || measured.pipeline_bubble_theory >= 0) {
+    info.push_back(
+        {"pipeline bubble", (measured.pipeline_bubble.empty()
+                                 ? std::string("-")
+                                 : Fixed(100.0 * measured.median_pipeline_bubble(), 1) + "%") +
+                                " measured (largest stage, median) vs " +
+                                (measured.pipeline_bubble_theory >= 0
+                                     ? Fixed(100.0 * measured.pipeline_bubble_theory, 1) + "%"
+                                     : std::string("-")) +
+                                " theory (" + p.pp_schedule() + ")"});
   }
   // An elastic job: every mesh it ran on, from which step, and why (decision 0056).
   for (int i = 0; i < job->meshes_size(); ++i) {

@@ -100,6 +100,11 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
                        "Pipeline parallelism: the fraction of the rank's newest step its stage "
                        "waited for its neighbouring stages (0..1); only ranks that report it.",
                        MetricType::Gauge);
+  auto bubble_theory = Family("meshrun_rank_pipeline_bubble_theory_ratio",
+                              "Pipeline parallelism: the bubble of the rank's schedule in theory "
+                              "(forward and backward of equal time; decision 0060), beside "
+                              "meshrun_rank_pipeline_bubble_ratio; only ranks that report it.",
+                              MetricType::Gauge);
   auto info = Family("meshrun_rank_info",
                      "1 per rank of a job's newest attempt: joins rank series to node series "
                      "(worker = DCGM's Hostname, gpu = its gpu).",
@@ -140,6 +145,9 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
       AddGauge(flops_total, base, r.model_flops_total);
       AddGauge(loss, base, r.loss);
       if (r.pipeline_bubble_ratio >= 0) AddGauge(bubble, base, r.pipeline_bubble_ratio);
+      if (r.pipeline_bubble_theory >= 0) {
+        AddGauge(bubble_theory, base, r.pipeline_bubble_theory);
+      }
       AddGauge(memory, with({{"kind", "allocated"}}), static_cast<double>(r.memory_allocated));
       AddGauge(memory, with({{"kind", "peak"}}), static_cast<double>(r.memory_peak));
       AddGauge(memory, with({{"kind", "reserved"}}), static_cast<double>(r.memory_reserved));
@@ -160,9 +168,9 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
                1);
     }
   }
-  for (auto* f :
-       {&step, &tps, &flops, &mfu, &tokens_total, &steps_total, &flops_total, &loss, &memory,
-        &comm_seconds, &comm_exposed, &comm_overlapped, &comm_bytes, &bubble, &info}) {
+  for (auto* f : {&step, &tps, &flops, &mfu, &tokens_total, &steps_total, &flops_total, &loss,
+                  &memory, &comm_seconds, &comm_exposed, &comm_overlapped, &comm_bytes, &bubble,
+                  &bubble_theory, &info}) {
     out.push_back(std::move(*f));
   }
 }

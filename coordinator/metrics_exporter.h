@@ -4,11 +4,12 @@
 // meshrun_job_restarts_total, meshrun_job_step_time_skew, meshrun_job_world_size and the
 // planner's meshrun_job_predicted_step_seconds / _peak_memory_bytes; per rank (from RankSeries)
 // meshrun_rank_step_seconds, meshrun_rank_{tokens_per_second,model_flops_per_second,mfu_ratio,
-// loss,pipeline_bubble_ratio}, the counters meshrun_rank_{tokens,steps,model_flops}_total,
-// meshrun_rank_memory_bytes{kind}, meshrun_rank_comm_{seconds,bytes}_total{axis,op} with the
-// labels job_id, rank, worker, pp, dp_replicate, dp_shard, cp, tp, and the join gauge
-// meshrun_rank_info{…,attempt,device,gpu}. No label is named after a Prometheus target label
-// (job, instance): a standard scrape config (honor_labels off) keeps every label as written.
+// loss,pipeline_bubble_ratio,pipeline_bubble_theory_ratio}, the counters
+// meshrun_rank_{tokens,steps,model_flops}_total, meshrun_rank_memory_bytes{kind},
+// meshrun_rank_comm_{seconds,bytes}_total{axis,op} with the labels job_id, rank, worker, pp,
+// dp_replicate, dp_shard, cp, tp, and the join gauge meshrun_rank_info{…,attempt,device,gpu}.
+// No label is named after a Prometheus target label (job, instance): a standard scrape config
+// (honor_labels off) keeps every label as written.
 // Values are read from the managers at scrape time (a prometheus::Collectable), so nothing is
 // updated on the hot path; a new series is one more family in Collect().
 //

@@ -87,6 +87,7 @@ void RankSeries::Add(const RankLabels& placement, const v1::MetricsSample& s) {
   r.memory_peak = s.memory_peak_bytes();
   r.memory_reserved = s.memory_reserved_bytes();
   r.pipeline_bubble_ratio = s.has_pipeline_bubble_ratio() ? s.pipeline_bubble_ratio() : -1;
+  r.pipeline_bubble_theory = s.has_pipeline_bubble_theory() ? s.pipeline_bubble_theory() : -1;
 
   const double seconds = std::max(0.0, s.step_seconds());
   const std::vector<double>& bounds = StepSecondsBounds();

@@ -70,6 +70,8 @@ class RankSeries {
     // The newest step's measured pipeline bubble (MetricsSample.pipeline_bubble_ratio); < 0:
     // the rank reports none.
     double pipeline_bubble_ratio = -1;
+    // Its schedule's bubble in theory (MetricsSample.pipeline_bubble_theory); < 0: none.
+    double pipeline_bubble_theory = -1;
     // Per bucket of StepSecondsBounds() plus +Inf, not cumulative; count and sum.
     std::vector<uint64_t> step_buckets;
     uint64_t step_count = 0;

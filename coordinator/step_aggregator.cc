@@ -66,6 +66,9 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
   p.mem_peak = std::max(p.mem_peak, s.memory_peak_bytes());
   p.mem_reserved = std::max(p.mem_reserved, s.memory_reserved_bytes());
   if (s.has_pipeline_bubble_ratio()) p.bubble = std::max(p.bubble, s.pipeline_bubble_ratio());
+  if (s.has_pipeline_bubble_theory()) {
+    p.bubble_theory = std::max(p.bubble_theory, s.pipeline_bubble_theory());
+  }
   for (const v1::CommStats& c : s.comm()) {
     if (!IsSeriesComm(c)) continue;  // closed sets: at most 5 axes × 8 ops per step
     CommTotal& t = p.comm[{c.axis(), c.op()}];
@@ -94,6 +97,7 @@ std::optional<v1::MetricsSample> StepAggregator::Add(const v1::MetricsSample& s)
   job.set_memory_peak_bytes(p.mem_peak);
   job.set_memory_reserved_bytes(p.mem_reserved);
   if (p.bubble >= 0) job.set_pipeline_bubble_ratio(p.bubble);
+  if (p.bubble_theory >= 0) job.set_pipeline_bubble_theory(p.bubble_theory);
   for (const auto& [key, t] : p.comm) {
     v1::CommStats* c = job.add_comm();
     c->set_axis(static_cast<v1::MeshAxis>(key.first));

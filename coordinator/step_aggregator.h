@@ -57,6 +57,7 @@ class StepAggregator {
     bool mfu_unknown = false;
     uint64_t mem_allocated = 0, mem_peak = 0, mem_reserved = 0;
     double bubble = -1;  // the largest pipeline_bubble_ratio of the ranks (< 0: none reported)
+    double bubble_theory = -1;  // the largest pipeline_bubble_theory of the ranks (< 0: none)
     std::map<std::pair<int, int>, CommTotal> comm;  // (axis, op)
   };
 

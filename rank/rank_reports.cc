@@ -96,6 +96,7 @@ v1::RankStep StepReport(const StepMetrics& m) {
   if (m.pipeline_bubble_ratio > 0) {
     r.set_pipeline_bubble_ratio(std::min(1.0, m.pipeline_bubble_ratio));
   }
+  if (m.pipeline_bubble_theory > 0) r.set_pipeline_bubble_theory(m.pipeline_bubble_theory);
   *r.mutable_memory() = MemoryReport(m.memory);
   for (const auto& [key, c] : m.comm) {
     v1::RankCommCounter* out = r.add_comm();
@@ -176,6 +177,7 @@ std::string StepLineJson(const v1::RankStep& m) {
                {"memory", MemoryJson(m.memory())},
                {"comm", std::move(comm)}};
   if (m.has_pipeline_bubble_ratio()) line["pipeline_bubble_ratio"] = m.pipeline_bubble_ratio();
+  if (m.has_pipeline_bubble_theory()) line["pipeline_bubble_theory"] = m.pipeline_bubble_theory();
   return line.dump();
 }
 

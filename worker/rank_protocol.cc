@@ -116,6 +116,10 @@ v1::MetricsSample SampleOfStep(const v1::RankStep& step, const std::string& job_
     const double bubble = step.pipeline_bubble_ratio();
     if (bubble >= 0 && bubble <= 1) s.set_pipeline_bubble_ratio(bubble);
   }
+  if (step.has_pipeline_bubble_theory()) {
+    const double theory = step.pipeline_bubble_theory();
+    if (theory >= 0 && theory <= 1) s.set_pipeline_bubble_theory(theory);
+  }
   for (const v1::RankCommCounter& c : step.comm()) {
     // Only parallelism traffic of the mesh's own four axes has a metric series (docs/metrics.md).
     if (c.kind() != v1::COMM_KIND_AXIS || c.op() == v1::COMM_OP_UNSPECIFIED) continue;

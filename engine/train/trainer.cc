@@ -684,13 +684,28 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
 
   while (step_ < last) {
     StepMetrics m;
+    const double pp_seconds_before = stats ? stats->AxisTotal(MeshAxis::kPp).seconds : 0;
     const auto t0 = Clock::now();
     MESHRUN_ASSIGN_OR_RETURN(double loss, Step(&m));
     m.step_seconds = Seconds(t0, Clock::now());
-    // The measured bubble: the part of the step this rank spent waiting in the pipeline's
-    // sends and receives (the stage before or after it computing, or the transfer itself).
-    if (dims_->pp() > 1 && m.step_seconds > 0)
-      m.pipeline_bubble_ratio = pipe_wait_seconds_ / m.step_seconds;
+    // The measured bubble (decision 0060): the part of the step this rank spent waiting on the
+    // other stages: in the pipeline's sends and receives (the stage before or after it
+    // computing, or the transfer itself) and, once its last operation ran, in the pp axis's
+    // calls that follow (the tied embedding's exchange, the grad norm's sum over pp) while the
+    // stages before it drain: all of the step's communication over pp.
+    if (dims_->pp() > 1 && m.step_seconds > 0) {
+      double waited = pipe_wait_seconds_;
+      if (stats) {
+        waited = std::max(waited, stats->AxisTotal(MeshAxis::kPp).seconds - pp_seconds_before);
+      }
+      m.pipeline_bubble_ratio = waited / m.step_seconds;
+    }
+    // Beside it, the schedule's in theory (decision 0060), over the step's micro-batches.
+    if (dims_->pp() > 1) {
+      m.pipeline_bubble_theory = PipelineBubbleTheory(PpScheduleOf(spec_.parallelism), dims_->pp(),
+                                                      static_cast<int>(MicroBatchesPerStep(spec_)),
+                                                      model_->config().num_chunks());
+    }
     m.tokens_per_second = tokens_per_step / m.step_seconds;
     m.tflops = m.tokens_per_second * flops_per_token / 1e12;
     m.mfu = ModelFlopsUtilization(m.tokens_per_second, flops_per_token, peak_flops_,

@@ -40,9 +40,12 @@ struct StepMetrics {
   int64_t reserved_memory_bytes = 0;
   // Peak bytes of each MemoryKind on this rank since the run started (docs/parallelism.md).
   MemoryBreakdown memory;
-  // Pipeline parallelism: the part of the step this rank waited in its stage-to-stage sends
-  // and receives (the measured bubble; 0 without pp).
+  // Pipeline parallelism: the part of the step this rank waited on the other stages, its
+  // communication over pp (the stage-to-stage sends and receives, then the drain; the measured
+  // bubble, decision 0060; 0 without pp).
   double pipeline_bubble_ratio = 0;
+  // The schedule's bubble in theory (PipelineBubbleTheory; 0 without pp), to set beside it.
+  double pipeline_bubble_theory = 0;
   // This rank's communication by (charge, op) since its first step: seconds, bus bytes
   // (docs/parallelism.md) and calls; cumulative, like the Prometheus counters they feed.
   std::map<CommStats::Key, CommCounter> comm;

@@ -285,6 +285,7 @@ v1::MetricsSample PpSample(int rank, int64_t step, double bubble) {
   s.set_step(step);
   s.set_step_seconds(0.05);
   s.set_pipeline_bubble_ratio(bubble);
+  s.set_pipeline_bubble_theory(3.0 / 11);  // 1F1B, 4 stages, 8 micro-batches
   v1::CommStats* c = s.add_comm();
   c->set_axis(v1::MESH_AXIS_PP);
   c->set_op(v1::COMM_OP_SEND);
@@ -329,6 +330,16 @@ TEST(PipelineMetricsTest, RankSeriesCarryPpTheBubbleAndTheStagesSends) {
     EXPECT_EQ(labels.at("tp"), std::to_string(rank % 2));
     EXPECT_DOUBLE_EQ(m.gauge.value, 0.1 * (rank + 1));
   }
+  // Beside the measurement, the schedule's theory (decision 0060), per rank with its stage.
+  ASSERT_TRUE(by_name.count("meshrun_rank_pipeline_bubble_theory_ratio"));
+  const prometheus::MetricFamily& theory = *by_name["meshrun_rank_pipeline_bubble_theory_ratio"];
+  EXPECT_EQ(theory.type, prometheus::MetricType::Gauge);
+  ASSERT_EQ(theory.metric.size(), 4u);
+  for (const auto& m : theory.metric) {
+    const auto labels = PpLabelsOf(m);
+    EXPECT_EQ(labels.at("pp"), std::to_string(std::stoi(labels.at("rank")) / 2));
+    EXPECT_DOUBLE_EQ(m.gauge.value, 3.0 / 11);
+  }
   // Every per-rank series has the pp label beside the other coordinates.
   for (const auto& f : families) {
     if (f.name.rfind("meshrun_rank_", 0) != 0) continue;
@@ -352,10 +363,12 @@ TEST(PipelineMetricsTest, ARankWithoutABubbleHasNoBubbleSeriesAndTheJobTakesTheL
   RankSeries ranks;
   v1::MetricsSample s = PpSample(0, 1, 0);
   s.clear_pipeline_bubble_ratio();
+  s.clear_pipeline_bubble_theory();
   ranks.Add(RankLabels{"node-0", {}, "cpu", 0}, s);
   const auto families = MetricsExporter::Collect(JobsSnapshot{}, {}, &ranks);
   for (const auto& f : families) {
     if (f.name == "meshrun_rank_pipeline_bubble_ratio") EXPECT_TRUE(f.metric.empty());
+    if (f.name == "meshrun_rank_pipeline_bubble_theory_ratio") EXPECT_TRUE(f.metric.empty());
   }
   StepAggregator agg(2, 64);
   EXPECT_FALSE(agg.Add(PpSample(0, 1, 0.25)).has_value());
@@ -363,12 +376,16 @@ TEST(PipelineMetricsTest, ARankWithoutABubbleHasNoBubbleSeriesAndTheJobTakesTheL
   ASSERT_TRUE(job.has_value());
   ASSERT_TRUE(job->has_pipeline_bubble_ratio());
   EXPECT_DOUBLE_EQ(job->pipeline_bubble_ratio(), 0.5);
+  ASSERT_TRUE(job->has_pipeline_bubble_theory());
+  EXPECT_DOUBLE_EQ(job->pipeline_bubble_theory(), 3.0 / 11);
   StepAggregator none(1, 64);
   v1::MetricsSample plain = PpSample(0, 1, 0);
   plain.clear_pipeline_bubble_ratio();
+  plain.clear_pipeline_bubble_theory();
   const std::optional<v1::MetricsSample> plain_job = none.Add(plain);
   ASSERT_TRUE(plain_job.has_value());
   EXPECT_FALSE(plain_job->has_pipeline_bubble_ratio());
+  EXPECT_FALSE(plain_job->has_pipeline_bubble_theory());
 }
 
 }  // namespace

@@ -648,6 +648,13 @@ TEST_F(PrometheusTest, PipelineJobCarriesItsStagesToStatusAndPrometheus) {
   ASSERT_TRUE(status.is_object() && status["state"] == "RUNNING" && status["step"].get<int>() >= 2)
       << "the pipeline job did not start: " << status.dump();
   ASSERT_EQ(status["ranks"].size(), 4u) << status.dump();
+  // The measured bubble beside the schedule's theory (decision 0060): 1F1B over 2 stages and
+  // 8 / 2 = 4 micro-batches, (P − 1)/(M + P − 1) = 1/5.
+  ASSERT_TRUE(status.contains("pipeline_bubble")) << status.dump();
+  EXPECT_DOUBLE_EQ(status["pipeline_bubble"].value("theory", -1.0), 1.0 / 5) << status.dump();
+  ASSERT_TRUE(status["pipeline_bubble"]["measured"].is_number()) << status.dump();
+  EXPECT_GE(status["pipeline_bubble"]["measured"].get<double>(), 0.0);
+  EXPECT_LE(status["pipeline_bubble"]["measured"].get<double>(), 1.0);
   std::map<int, std::set<std::string>> workers_of_stage;
   for (const json& r : status["ranks"]) {
     const int g = r["rank"].get<int>();
@@ -669,7 +676,8 @@ TEST_F(PrometheusTest, PipelineJobCarriesItsStagesToStatusAndPrometheus) {
   do {
     missing.clear();
     for (const std::string series :
-         {"meshrun_rank_step_seconds_count", "meshrun_rank_pipeline_bubble_ratio"}) {
+         {"meshrun_rank_step_seconds_count", "meshrun_rank_pipeline_bubble_ratio",
+          "meshrun_rank_pipeline_bubble_theory_ratio"}) {
       const json data = Query(series + "{job_id=\"" + job + "\",rank!=\"\"}", series);
       std::set<std::pair<std::string, std::string>> seen;
       if (data.is_object()) {

@@ -364,6 +364,11 @@ TEST(TypesTest, TheMeshTravelsAsCoordinatesAndAsAnOrderedListOfAxes) {
     const FieldDescriptor* bubble = d->FindFieldByName("pipeline_bubble_ratio");
     ASSERT_NE(bubble, nullptr) << d->full_name();
     EXPECT_TRUE(bubble->has_presence()) << d->full_name() << ": unset must read as not measured";
+    // Beside it, the schedule's theory (decision 0060), appended after it.
+    const FieldDescriptor* theory = d->FindFieldByName("pipeline_bubble_theory");
+    ASSERT_NE(theory, nullptr) << d->full_name();
+    EXPECT_TRUE(theory->has_presence()) << d->full_name() << ": unset must read as no pipeline";
+    EXPECT_EQ(theory->number(), bubble->number() + 1) << d->full_name();
   }
 }
 

@@ -1,0 +1,569 @@
+// bench/pipeline: the pipeline's measured bubble beside its theory (issue 33, decision 0060).
+// Each row trains a Llama-shaped model (untied, so no tied-embedding exchange) under pp P with
+// one schedule, in one process: the P ranks are threads over the fake backend, one compute
+// thread each, every chunk holding the same number of layers (parallelism.pp_layers). Of the
+// steps after the warm-up it takes the least disturbed one (the machine is shared: the step
+// whose slowest stage was quickest) and shows per stage its step time and its measured bubble
+// (`measured`: StepMetrics::pipeline_bubble_ratio, what the rank exports: the step's time in the
+// pp axis's communication ÷ the step time), and of it the part inside the pipeline's timetable
+// (`loop`: without the wait in the grad norm's sum over pp after the last operation, where a
+// stage that finished waits for the stages before it to drain), beside four theories:
+//   theory    PipelineBubbleTheory (the exported theory): (P − 1)/(M + P − 1), (P − 1)/(v·M + P −
+//   1)
+//             interleaved (forward = backward, no communication);
+//   async     the same operation lists (a backward recomputes its forward, decision 0054) run
+//             as soon as their inputs are there, one core per stage, with the forward and
+//             backward times fitted to the stages' busy time: an executor without lockstep;
+//   lockstep  the engine's timetable (BuildTimetable) replayed with those times, one core per
+//             stage: each exchange completes when both ends have posted it;
+//   cores     the same replay with the stages sharing --cores cores (a stage computes at
+//             min(1, cores / stages computing)): what this host can show.
+// Prints a table and one JSON line.
+//
+//   pipeline [--schedules 1f1b,interleaved_1f1b] [--pp 2,4] [--micro-batches 8]
+//            [--virtual-stages 2] [--layers 8] [--d-model 256] [--seq-len 128] [--steps 8]
+//            [--warmup 2] [--cores N]
+#include "engine/train/pipeline.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/comm/fake_backend.h"
+#include "engine/comm/store.h"
+#include "engine/train/trainer.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using meshrun::PipeOp;
+using meshrun::PipeOpKind;
+using meshrun::PpSchedule;
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+struct Options {
+  std::vector<std::string> schedules = {"1f1b", "interleaved_1f1b"};
+  std::vector<int> pp = {2, 4};
+  int micro_batches = 8, virtual_stages = 2, layers = 8, d_model = 256, seq_len = 128;
+  int steps = 8, warmup = 2, cores = 0;
+};
+
+// One rank's steps after the warm-up.
+struct RankRecord {
+  std::vector<double> step_seconds, bubble, theory, drain_seconds;
+};
+
+// Records each step's times, and the step's time in the pp axis's collectives (the grad norm's
+// sum over pp; the difference of that cumulative counter).
+class BenchObserver : public meshrun::TrainObserver {
+ public:
+  BenchObserver(RankRecord* out, int warmup) : out_(out), warmup_(warmup) {}
+  void OnStep(const meshrun::StepMetrics& m) override {
+    double reduce = 0;
+    for (const auto& [key, c] : m.comm) {
+      // The pp axis's collectives (the grad norm's sum is an all-gather over pp); its sends and
+      // receives are the pipeline's, already in the measured bubble.
+      if (key.first == meshrun::CommCharge::Axis(meshrun::MeshAxis::kPp) &&
+          key.second != meshrun::CommOp::kSend && key.second != meshrun::CommOp::kRecv &&
+          key.second != meshrun::CommOp::kSendRecv) {
+        reduce += c.seconds;
+      }
+    }
+    const double drain = reduce - last_reduce_;
+    last_reduce_ = reduce;
+    if (m.step <= warmup_) return;
+    out_->step_seconds.push_back(m.step_seconds);
+    out_->bubble.push_back(m.pipeline_bubble_ratio);
+    out_->theory.push_back(m.pipeline_bubble_theory);
+    out_->drain_seconds.push_back(drain);
+  }
+
+ private:
+  RankRecord* out_;
+  int warmup_;
+  double last_reduce_ = 0;
+};
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+meshrun::JobSpec SpecOf(const Options& o, const fs::path& data, int P, const std::string& sched,
+                        int v) {
+  meshrun::JobSpec spec;
+  spec.name = "bench-pipeline";
+  spec.model.arch = "llama";
+  spec.model.n_layer = o.layers;
+  spec.model.d_model = o.d_model;
+  spec.model.n_head = std::max(1, o.d_model / 64);
+  spec.model.n_kv_head = spec.model.n_head;
+  spec.model.d_ff = 4 * o.d_model;
+  spec.model.seq_len = o.seq_len;
+  spec.model.vocab_size = 256;
+  spec.model.tie_embeddings = false;
+  spec.parallelism.pp_size = P;
+  spec.parallelism.pp_schedule = sched;
+  spec.parallelism.pp_virtual_stages = v;
+  // Every chunk the same layers: the stages cost the same (the theory's assumption).
+  spec.parallelism.pp_layers.assign(static_cast<size_t>(P * v), o.layers / (P * v));
+  spec.parallelism.comm_timeout_seconds = 600;
+  spec.train.steps = o.warmup + o.steps;
+  spec.train.micro_batch_size = 1;
+  spec.train.global_batch_size = o.micro_batches;
+  spec.train.lr = 1e-3;
+  spec.train.min_lr = 1e-4;
+  spec.train.warmup_steps = 1;
+  spec.train.grad_clip = 1.0;
+  spec.data.train = data.string();
+  spec.data.format = "text";
+  spec.resources.threads = 1;
+  return spec;
+}
+
+// Every rank of `spec` as a thread over the fake backend.
+std::vector<meshrun::StatusOr<RankRecord>> RunRanks(const meshrun::JobSpec& spec, int warmup) {
+  const meshrun::ParallelDims dims = meshrun::MeshOf(spec).value();
+  const int world = dims.world_size();
+  auto backend = std::make_shared<meshrun::FakeBackend>();
+  std::shared_ptr<meshrun::Store> store = std::make_shared<meshrun::InMemoryStore>();
+  std::vector<meshrun::StatusOr<RankRecord>> results(
+      world, meshrun::InternalError("the rank did not run"));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      results[rank] = [&]() -> meshrun::StatusOr<RankRecord> {
+        meshrun::RankContext ctx;
+        ctx.rank = rank;
+        meshrun::MeshCommsOptions comm_options;
+        comm_options.timeout = std::chrono::seconds(600);
+        MESHRUN_ASSIGN_OR_RETURN(
+            std::unique_ptr<meshrun::MeshComms> comms,
+            meshrun::MeshComms::Create(dims, rank, store, *backend,
+                                       std::make_shared<meshrun::CommStats>(), comm_options));
+        ctx.comms = std::move(comms);
+        ctx.store = store;
+        meshrun::TrainOptions options;
+        options.peak_flops = 1e12;
+        MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<meshrun::Trainer> trainer,
+                                 meshrun::Trainer::Create(spec, options, ctx));
+        RankRecord record;
+        BenchObserver observer(&record, warmup);
+        MESHRUN_RETURN_IF_ERROR(trainer->Run(&observer).status());
+        return record;
+      }();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+// The operation kinds a schedule's list uses: 0 forward, 1 backward, 2 anything else (a
+// zero-bubble weight pass).
+int KindIndex(const PipeOp& op) {
+  if (op.kind == PipeOpKind::kForward) return 0;
+  if (op.kind == PipeOpKind::kBackward) return 1;
+  return 2;
+}
+
+// The engine's timetable replayed (decision 0054): each slot, every rank runs its operation,
+// then the forwards' outputs move one rank on and then the input gradients one rank back, each
+// exchange completing when both ends have posted it (the fake backend's and Gloo's sends wait
+// for the receive). `cost[k]` is the time of an operation of kind k on one core; the ranks share
+// `cores` cores. Returns each stage's bubble: its time not computing ÷ the pipeline's time.
+std::vector<double> ReplayTimetable(const std::vector<std::vector<PipeOp>>& ops,
+                                    const meshrun::PipeTimetable& table, int P,
+                                    const double cost[3], double cores) {
+  const size_t slots = table.slots.size();
+  auto op_at = [&](size_t t, int p) -> const PipeOp* {
+    const int i = table.slots[t][p];
+    return i < 0 ? nullptr : &ops[p][static_cast<size_t>(i)];
+  };
+  // Phase of rank p: 3·t + 0 computing slot t's operation, + 1 its forward exchange, + 2 its
+  // backward exchange; 3·slots: done.
+  struct Rank {
+    size_t phase = 0;
+    double left = 0;      // work left of the computation
+    bool posted = false;  // in an exchange, waiting for its partners
+    double busy = 0;
+  };
+  std::vector<Rank> r(P);
+  auto sends = [&](size_t t, int p, int exchange) {  // does p send in this exchange?
+    const PipeOp* op = op_at(t, p);
+    if (op == nullptr) return false;
+    if (exchange == 1) return op->kind == PipeOpKind::kForward;
+    return op->kind == PipeOpKind::kBackward && op->chunk * P + p > 0;
+  };
+  auto partners = [&](size_t t, int p, int exchange) {
+    std::vector<int> out;
+    const int next = (p + 1) % P, prev = (p + P - 1) % P;
+    const int dst = exchange == 1 ? next : prev, src = exchange == 1 ? prev : next;
+    if (sends(t, p, exchange)) out.push_back(dst);
+    if (sends(t, src, exchange)) out.push_back(src);
+    return out;
+  };
+  auto enter = [&](int p) {  // rank p starts its current phase
+    Rank& k = r[p];
+    while (k.phase < 3 * slots) {
+      const size_t t = k.phase / 3;
+      const int e = static_cast<int>(k.phase % 3);
+      if (e == 0) {
+        const PipeOp* op = op_at(t, p);
+        if (op != nullptr) {
+          k.left = cost[KindIndex(*op)];
+          return;
+        }
+      } else if (!partners(t, p, e).empty()) {
+        k.posted = true;
+        return;
+      }
+      ++k.phase;
+    }
+  };
+  for (int p = 0; p < P; ++p) enter(p);
+  double now = 0;
+  for (int guard = 0; guard < 1000000; ++guard) {
+    // Exchanges whose every end has posted complete now.
+    bool moved = true;
+    while (moved) {
+      moved = false;
+      for (int p = 0; p < P; ++p) {
+        Rank& k = r[p];
+        if (!k.posted) continue;
+        bool ready = true;
+        for (int q : partners(k.phase / 3, p, static_cast<int>(k.phase % 3))) {
+          ready = ready && (r[q].phase > k.phase || (r[q].phase == k.phase && r[q].posted));
+        }
+        if (!ready) continue;
+        // Complete both ends together: partners at the same phase posting it move on too.
+        k.posted = false;
+        ++k.phase;
+        enter(p);
+        moved = true;
+      }
+    }
+    int computing = 0;
+    for (int p = 0; p < P; ++p) computing += r[p].phase < 3 * slots && !r[p].posted ? 1 : 0;
+    if (computing == 0) break;
+    const double rate = std::min(1.0, cores / computing);
+    double dt = 1e300;
+    for (int p = 0; p < P; ++p) {
+      if (r[p].phase < 3 * slots && !r[p].posted) dt = std::min(dt, r[p].left / rate);
+    }
+    now += dt;
+    for (int p = 0; p < P; ++p) {
+      Rank& k = r[p];
+      if (k.phase >= 3 * slots || k.posted) continue;
+      k.left -= dt * rate;
+      k.busy += dt;
+      if (k.left <= 1e-12) {
+        ++k.phase;
+        enter(p);
+      }
+    }
+  }
+  std::vector<double> bubble(P);
+  for (int p = 0; p < P; ++p) bubble[p] = now > 0 ? 1.0 - r[p].busy / now : 0;
+  return bubble;
+}
+
+// The same operations run as soon as their inputs are there (no lockstep: a send does not wait
+// for its receive, one core per stage): what an asynchronous executor would take. A forward of
+// pipeline chunk g needs the forward of g − 1; a backward of g the backward of g + 1 (the last
+// chunk's backward the forward of the chunk before it). Returns each stage's bubble.
+std::vector<double> ReplayAsynchronous(const std::vector<std::vector<PipeOp>>& ops, int P, int v,
+                                       int M, const double cost[3]) {
+  const int G = P * v;
+  // The end time of each (kind, g, m): forward and backward.
+  std::vector<double> fwd_end(static_cast<size_t>(G) * M, -1), bwd_end(fwd_end.size(), -1);
+  auto at = [&](int g, int m) { return static_cast<size_t>(g) * M + m; };
+  std::vector<size_t> next(P, 0);
+  std::vector<double> free_at(P, 0), busy(P, 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int p = 0; p < P; ++p) {
+      while (next[p] < ops[p].size()) {
+        const PipeOp& op = ops[p][next[p]];
+        const int g = op.chunk * P + p;
+        double ready = 0;
+        if (op.kind == PipeOpKind::kForward) {
+          if (g > 0) ready = fwd_end[at(g - 1, op.micro)];
+        } else if (op.kind == PipeOpKind::kBackward) {
+          if (g < G - 1) {
+            ready = bwd_end[at(g + 1, op.micro)];
+          } else if (g > 0) {
+            ready = fwd_end[at(g - 1, op.micro)];
+          }
+        }
+        if (ready < 0) break;  // its input is not there yet
+        const double start = std::max(free_at[p], ready);
+        const double end = start + cost[KindIndex(op)];
+        free_at[p] = end;
+        busy[p] += end - start;
+        if (op.kind == PipeOpKind::kForward) fwd_end[at(g, op.micro)] = end;
+        if (op.kind == PipeOpKind::kBackward) bwd_end[at(g, op.micro)] = end;
+        ++next[p];
+        progress = true;
+      }
+    }
+  }
+  const double span = *std::max_element(free_at.begin(), free_at.end());
+  std::vector<double> bubble(P);
+  for (int p = 0; p < P; ++p) bubble[p] = span > 0 ? 1.0 - busy[p] / span : 0;
+  return bubble;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  o.cores = static_cast<int>(std::thread::hardware_concurrency());
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "error: %s: missing value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    auto number = [&]() { return std::atoi(next().c_str()); };
+    if (a == "--schedules") {
+      o.schedules = SplitList(next());
+    } else if (a == "--pp") {
+      o.pp.clear();
+      for (const std::string& s : SplitList(next())) o.pp.push_back(std::atoi(s.c_str()));
+    } else if (a == "--micro-batches") {
+      o.micro_batches = number();
+    } else if (a == "--virtual-stages") {
+      o.virtual_stages = number();
+    } else if (a == "--layers") {
+      o.layers = number();
+    } else if (a == "--d-model") {
+      o.d_model = number();
+    } else if (a == "--seq-len") {
+      o.seq_len = number();
+    } else if (a == "--steps") {
+      o.steps = number();
+    } else if (a == "--warmup") {
+      o.warmup = number();
+    } else if (a == "--cores") {
+      o.cores = number();
+    } else {
+      std::fprintf(stderr,
+                   "error: %s: unknown flag (hint: see the comment at the top of "
+                   "bench/pipeline/pipeline.cc)\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  for (const std::string& s : o.schedules) {
+    if (!meshrun::ParsePpSchedule(s)) {
+      std::fprintf(stderr,
+                   "error: --schedules: unknown schedule '%s' (hint: 1f1b, interleaved_1f1b or "
+                   "zero_bubble)\n",
+                   s.c_str());
+      return 2;
+    }
+  }
+  // The training text: bytes of a pseudo-random word list (vocab 256, byte tokens).
+  char pattern[] = "/tmp/meshrun_bench_pipeline_XXXXXX";
+  if (mkdtemp(pattern) == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  const fs::path dir(pattern);
+  {
+    std::ofstream out(dir / "train.txt");
+    uint32_t x = 2468;
+    for (int line = 0; line < 4000; ++line) {
+      for (int w = 0; w < 12; ++w) {
+        x = x * 1664525u + 1013904223u;
+        out << "w" << (x >> 20) % 97 << ' ';
+      }
+      out << '\n';
+    }
+  }
+  std::printf(
+      "# llama %d layers, d_model %d, seq_len %d, micro_batch 1, %d micro-batches; one "
+      "thread per stage, the stages threads over the fake backend on %u cores; the quickest of %d "
+      "steps after %d warm-up\n",
+      o.layers, o.d_model, o.seq_len, o.micro_batches, std::thread::hardware_concurrency(), o.steps,
+      o.warmup);
+  std::ostringstream json;
+  json << "{\"bench\":\"pipeline\",\"micro_batches\":" << o.micro_batches
+       << ",\"layers\":" << o.layers << ",\"d_model\":" << o.d_model << ",\"seq_len\":" << o.seq_len
+       << ",\"steps\":" << o.steps << ",\"cores\":" << o.cores << ",\"results\":[";
+  std::ostringstream table;
+  bool first_row = true;
+  double per_layer[2] = {0, 0};  // forward and backward seconds per layer (stages ≤ cores)
+  for (int P : o.pp) {
+    for (const std::string& name : o.schedules) {
+      const PpSchedule schedule = *meshrun::ParsePpSchedule(name);
+      const int v = schedule == PpSchedule::kInterleaved1F1B ? o.virtual_stages : 1;
+      const std::string label = "pp " + std::to_string(P) + " " + name +
+                                (v > 1 ? " v" + std::to_string(v) : std::string());
+      if (o.layers % (P * v) != 0) {
+        std::printf("# %s: skipped (%d layers do not split evenly into %d chunks)\n", label.c_str(),
+                    o.layers, P * v);
+        continue;
+      }
+      const meshrun::JobSpec spec = SpecOf(o, dir / "train.txt", P, name, v);
+      if (meshrun::Status s = meshrun::ValidateJobSpec(spec); !s.ok()) {
+        std::printf("# %s: not run: %s\n", label.c_str(), s.ToString().c_str());
+        continue;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto ranks = RunRanks(spec, o.warmup);
+      const double wall =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      bool ok = true;
+      for (const auto& r : ranks) {
+        if (!r.ok()) {
+          std::printf("# %s: failed: %s\n", label.c_str(), r.status().ToString().c_str());
+          ok = false;
+          break;
+        }
+      }
+      if (!ok) continue;
+      // The least disturbed step (the machine is shared): the one whose slowest stage took
+      // the least time. Per stage: its step time, the engine's bubble, the bubble with the drain.
+      const size_t steps = ranks[0]->step_seconds.size();
+      size_t best = 0;
+      double best_seconds = 1e300;
+      for (size_t k = 0; k < steps; ++k) {
+        double slowest = 0;
+        for (int p = 0; p < P; ++p) slowest = std::max(slowest, ranks[p]->step_seconds[k]);
+        if (slowest < best_seconds) best_seconds = slowest, best = k;
+      }
+      std::vector<double> step(P), engine(P), drained(P), drained_mean(P), busy(P);
+      double theory = 0;
+      for (int p = 0; p < P; ++p) {
+        const RankRecord& rec = *ranks[p];
+        std::vector<double> d(rec.step_seconds.size());
+        for (size_t k = 0; k < d.size(); ++k) {
+          d[k] = rec.bubble[k];
+        }
+        step[p] = rec.step_seconds[best];
+        engine[p] = std::max(0.0, rec.bubble[best] - rec.drain_seconds[best] / step[p]);
+        drained[p] = d[best];
+        drained_mean[p] = Mean(d);
+        busy[p] = step[p] * (1 - drained[p]);
+        theory = Mean(rec.theory);
+      }
+      // The op times: busy_p = Σ_k n_pk·c_k, least squares over the stages (forward and
+      // backward; a third kind, if any, shares the backward's time per operation). With more
+      // stages than cores the stages' busy time is stretched by their sharing the cores: the
+      // times per layer of the last run with stages ≤ cores are used instead, scaled to this
+      // run's layers per chunk.
+      std::vector<std::vector<PipeOp>> ops(P);
+      for (int p = 0; p < P; ++p) {
+        ops[p] = meshrun::PipelineOps(schedule, P, p, o.micro_batches, v);
+      }
+      double a00 = 0, a01 = 0, a11 = 0, b0 = 0, b1 = 0;
+      for (int p = 0; p < P; ++p) {
+        double n[3] = {0, 0, 0};
+        for (const PipeOp& op : ops[p]) n[KindIndex(op)] += 1;
+        const double nf = n[0], nb = n[1] + n[2];
+        a00 += nf * nf, a01 += nf * nb, a11 += nb * nb, b0 += nf * busy[p], b1 += nb * busy[p];
+      }
+      const double det = a00 * a11 - a01 * a01;
+      double cost[3] = {0, b1 / a11, b1 / a11};
+      if (std::abs(det) > 1e-12) {
+        cost[0] = (b0 * a11 - b1 * a01) / det;
+        cost[1] = cost[2] = (a00 * b1 - a01 * b0) / det;
+      }
+      const double layers_per_chunk = static_cast<double>(o.layers) / (P * v);
+      std::string fitted = "fitted";
+      if (P <= o.cores && cost[0] > 0 && cost[1] > 0) {
+        per_layer[0] = cost[0] / layers_per_chunk;
+        per_layer[1] = cost[1] / layers_per_chunk;
+      } else if (per_layer[0] > 0) {
+        cost[0] = per_layer[0] * layers_per_chunk;
+        cost[1] = cost[2] = per_layer[1] * layers_per_chunk;
+        fitted = "scaled";
+      }
+      std::vector<double> lockstep(P, 0), shared(P, 0), async(P, 0);
+      const meshrun::StatusOr<meshrun::PipeTimetable> timetable =
+          meshrun::BuildTimetable(ops, P, v, o.micro_batches);
+      if (timetable.ok() && cost[0] > 0 && cost[1] > 0) {
+        lockstep = ReplayTimetable(ops, *timetable, P, cost, P);
+        shared = ReplayTimetable(ops, *timetable, P, cost, std::min<double>(P, o.cores));
+        async = ReplayAsynchronous(ops, P, v, o.micro_batches, cost);
+      }
+      const double mean_engine = Mean(engine), mean_drained = Mean(drained);
+      const double mean_lockstep = Mean(lockstep), mean_shared = Mean(shared);
+      const double mean_async = Mean(async);
+      auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+      char row[512];
+      std::snprintf(row, sizeof(row),
+                    "%-24s %7.3f %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f %6.2f  "
+                    "F %.1f ms, B %.1f ms (%s)\n",
+                    label.c_str(), Mean(step), 100 * theory, 100 * mean_async, 100 * mean_lockstep,
+                    100 * mean_shared, 100 * mean_engine, 100 * mean_drained,
+                    ratio(mean_drained, theory), ratio(mean_drained, mean_shared), 1e3 * cost[0],
+                    1e3 * cost[1], fitted.c_str());
+      table << row;
+      for (int p = 0; p < P; ++p) {
+        std::snprintf(
+            row, sizeof(row),
+            "  stage %-16d %7.3f %8s %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f %6.2f\n", p,
+            step[p], "", 100 * async[p], 100 * lockstep[p], 100 * shared[p], 100 * engine[p],
+            100 * drained[p], ratio(drained[p], theory), ratio(drained[p], shared[p]));
+        table << row;
+      }
+      std::printf("# %s: %.1f s\n", label.c_str(), wall);
+      std::fflush(stdout);
+      auto list = [](const std::vector<double>& v) {
+        std::ostringstream s;
+        s << "[";
+        for (size_t i = 0; i < v.size(); ++i) s << (i ? "," : "") << v[i];
+        s << "]";
+        return s.str();
+      };
+      json << (first_row ? "" : ",") << "{\"pp\":" << P << ",\"schedule\":\"" << name
+           << "\",\"virtual_stages\":" << v << ",\"step_seconds\":" << list(step)
+           << ",\"theory\":" << theory << ",\"theory_asynchronous\":" << list(async)
+           << ",\"theory_timetable\":" << list(lockstep)
+           << ",\"theory_timetable_cores\":" << list(shared)
+           << ",\"measured_loop\":" << list(engine) << ",\"measured\":" << list(drained)
+           << ",\"measured_mean\":" << mean_drained
+           << ",\"measured_all_steps\":" << list(drained_mean)
+           << ",\"ratio\":" << (theory > 0 ? mean_drained / theory : 0)
+           << ",\"forward_seconds\":" << cost[0] << ",\"backward_seconds\":" << cost[1]
+           << ",\"op_times\":\"" << fitted << "\"}";
+      first_row = false;
+    }
+  }
+  json << "]}";
+  std::printf("%-24s %7s %8s %8s %8s %8s %8s %8s %6s %6s\n", "schedule / stage", "step s", "theory",
+              "async", "lockstep", "cores", "loop", "measured", "m/th", "m/core");
+  std::printf("%s%s\n", table.str().c_str(), json.str().c_str());
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  return 0;
+}
