@@ -99,9 +99,10 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   capacity_tokens_ = static_cast<int>(N);
   MemoryKindScope kind(MemoryKind::kActivations);
   const int64_t C = cfg_.d_model, V = cfg_.vocab_rows(), Hl = cfg_.n_head / cfg_.tp_size,
-                Cl = C / cfg_.tp_size, Fl = cfg_.ff() / cfg_.tp_size, Wl = QkvWidth(),
-                Gl = cfg_.llama() ? 2 * Fl : Fl;  // fc output: gate|up
-  const bool llama = cfg_.llama();
+                Cl = AttnWidth(), Fl = cfg_.ff() / cfg_.tp_size, Wl = QkvWidth(),
+                Gl = cfg_.gated_mlp() ? 2 * Fl : Fl;  // fc output: gate|up
+  // RMSNorm keeps no mean.
+  const bool llama = cfg_.family().norm != NormKind::kLayerNorm;
   const ScalarType dt = ScalarTypeOf<T>();
   const Device dev = cfg_.device;
   auto empty = [&](std::vector<int64_t> shape) { return Tensor::Empty(std::move(shape), dt, dev); };
@@ -309,7 +310,7 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
     MESHRUN_RETURN_IF_ERROR(Upload(q_lo_, lo.data(), N));
   }
   row_rope_ = !docs.empty();
-  if (cfg_.llama()) MESHRUN_RETURN_IF_ERROR(PrepareRope());
+  if (!cfg_.family().learned_positions) MESHRUN_RETURN_IF_ERROR(PrepareRope());
   MESHRUN_RETURN_IF_ERROR(PrepareCpPositions());
 
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
@@ -322,7 +323,11 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
     MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsForward(dev, x, tokens_data(), P(table),
                                                       cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
     MESHRUN_RETURN_IF_ERROR(TpAllReduce(x, N * C));
-    if (!cfg_.llama())
+    if (cfg_.family().embedding_scale) {  // × √d_model, rounded to the compute dtype (Gemma)
+      MESHRUN_RETURN_IF_ERROR(ops::Scale(
+          dev, x, N * C, static_cast<double>(static_cast<T>(std::sqrt(static_cast<double>(C))))));
+    }
+    if (cfg_.family().learned_positions)
       MESHRUN_RETURN_IF_ERROR(ops::AddRows(dev, x, P("wpe"), positions_data(), N, C));
   } else {
     // A later pipeline stage starts from the previous stage's output.
@@ -338,62 +343,106 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   const int L = cfg_.stage_layers();
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, L + 1));
   const T* last = le > lb ? acts_[le - 1].res3.template data<T>() : x;
+  const auto [w, b] = NormNames(-1, 0);
+  return NormForwardOp(lnf_.template data<T>(), lnf_mean_.template data<T>(),
+                       lnf_rstd_.template data<T>(), last, w, b);
+}
+
+template <typename T>
+std::pair<std::string, std::string> GPT2<T>::NormNames(int l, int which) const {
   if (cfg_.llama()) {
-    return ops::RMSNormForward(dev, lnf_.template data<T>(), lnf_rstd_.template data<T>(), last,
-                               P("norm.weight"), N, C, cfg_.ln_eps);
+    if (l < 0) return {"norm.weight", ""};
+    return {"layers." + std::to_string(cfg_.GlobalLayer(l)) +
+                (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight"),
+            ""};
   }
-  return ops::LayerNormForward(dev, lnf_.template data<T>(), lnf_mean_.template data<T>(),
-                               lnf_rstd_.template data<T>(), last, P("ln_f.weight"), P("ln_f.bias"),
-                               N, C, cfg_.ln_eps);
+  if (l < 0) return {"ln_f.weight", "ln_f.bias"};
+  const std::string h =
+      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
+  return {h + "weight", h + "bias"};
+}
+
+template <typename T>
+StatusOr<const T*> GPT2<T>::NormWeight(const T* w) {
+  if (cfg_.family().norm != NormKind::kRMSNormOnePlus) return w;
+  const int64_t C = cfg_.d_model;
+  if (!norm_weight_.defined()) {
+    MemoryKindScope kind(MemoryKind::kActivations);
+    norm_weight_ = Tensor::Empty({C}, ScalarTypeOf<T>(), cfg_.device);
+  }
+  T* out = norm_weight_.template data<T>();
+  MESHRUN_RETURN_IF_ERROR(ops::Fill(cfg_.device, out, 1.0, C));
+  MESHRUN_RETURN_IF_ERROR(ops::Accumulate(cfg_.device, out, w, C));
+  return static_cast<const T*>(out);
+}
+
+template <typename T>
+Status GPT2<T>::NormForwardOp(T* out, T* mean, T* rstd, const T* inp, const std::string& weight,
+                              const std::string& bias) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
+  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  if (cfg_.family().norm == NormKind::kLayerNorm) {
+    return ops::LayerNormForward(cfg_.device, out, mean, rstd, inp, P(weight), P(bias), N, C,
+                                 cfg_.ln_eps);
+  }
+  MESHRUN_ASSIGN_OR_RETURN(const T* w, NormWeight(P(weight)));
+  return ops::RMSNormForward(cfg_.device, out, rstd, inp, w, N, C, cfg_.ln_eps);
+}
+
+template <typename T>
+Status GPT2<T>::NormBackwardOp(T* dinp, const T* dout, const T* inp, const T* mean, const T* rstd,
+                               const std::string& weight, const std::string& bias) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
+  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
+  if (cfg_.family().norm == NormKind::kLayerNorm) {
+    return ops::LayerNormBackward(cfg_.device, dinp, G(weight), G(bias), dout, inp, P(weight), mean,
+                                  rstd, N, C);
+  }
+  // ∂/∂w of x̂·(1 + w) is ∂/∂w of x̂·w: the gradient lands on w as it is stored.
+  MESHRUN_ASSIGN_OR_RETURN(const T* w, NormWeight(P(weight)));
+  return ops::RMSNormBackward(cfg_.device, dinp, G(weight), dout, inp, w, rstd, N, C);
+}
+
+template <typename T>
+Status GPT2<T>::GatedForward(T* out, const T* gate_up, int64_t N, int64_t F) {
+  if (cfg_.family().mlp == MlpKind::kGeGLU) {
+    return ops::GeGLUForward(cfg_.device, out, gate_up, N, F);
+  }
+  return ops::SwiGLUForward(cfg_.device, out, gate_up, N, F);
+}
+
+template <typename T>
+Status GPT2<T>::GatedBackward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int64_t F) {
+  if (cfg_.family().mlp == MlpKind::kGeGLU) {
+    return ops::GeGLUBackward(cfg_.device, dgate_up, gate_up, dout, N, F);
+  }
+  return ops::SwiGLUBackward(cfg_.device, dgate_up, gate_up, dout, N, F);
 }
 
 template <typename T>
 Status GPT2<T>::Norm(int l, int which, LayerActs& a, const T* inp) {
   // which 1: before attention, 2: before the MLP.
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   Tensor& out = which == 1 ? a.ln1 : a.ln2;
   Tensor& mean = which == 1 ? a.ln1_mean : a.ln2_mean;
   Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
-  if (cfg_.llama()) {
-    const std::string w =
-        "layers." + std::to_string(cfg_.GlobalLayer(l)) +
-        (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
-    return ops::RMSNormForward(cfg_.device, out.template data<T>(), rstd.template data<T>(), inp,
-                               P(w), N, C, cfg_.ln_eps);
-  }
-  const std::string h =
-      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
-  return ops::LayerNormForward(cfg_.device, out.template data<T>(), mean.template data<T>(),
-                               rstd.template data<T>(), inp, P(h + "weight"), P(h + "bias"), N, C,
-                               cfg_.ln_eps);
+  const auto [w, b] = NormNames(l, which);
+  return NormForwardOp(out.template data<T>(), mean.template data<T>(), rstd.template data<T>(),
+                       inp, w, b);
 }
 
 template <typename T>
 Status GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout) {
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
-  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
   const Tensor& mean = which == 1 ? a.ln1_mean : a.ln2_mean;
   const Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
-  if (cfg_.llama()) {
-    const std::string w =
-        "layers." + std::to_string(cfg_.GlobalLayer(l)) +
-        (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
-    return ops::RMSNormBackward(cfg_.device, dinp, G(w), dout, inp, P(w), rstd.template data<T>(),
-                                N, C);
-  }
-  const std::string h =
-      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
-  return ops::LayerNormBackward(cfg_.device, dinp, G(h + "weight"), G(h + "bias"), dout, inp,
-                                P(h + "weight"), mean.template data<T>(), rstd.template data<T>(),
-                                N, C);
+  const auto [w, b] = NormNames(l, which);
+  return NormBackwardOp(dinp, dout, inp, mean.template data<T>(), rstd.template data<T>(), w, b);
 }
 
 template <typename T>
 Status GPT2<T>::BlockForward(int l, const T* residual) {
   const Device dev = cfg_.device;
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = AttnWidth(),
                 Fl = cfg_.ff() / cfg_.tp_size;
   const bool llama = cfg_.llama();
   const T* none = nullptr;
@@ -417,18 +466,19 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
       dev, attproj, a.atty.template data<T>(),
       P(h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight")), none, N, Cl, C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(attproj, N * C));
-  if (!llama) MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, attproj, P(h + "attn.c_proj.bias"), N, C));
+  if (cfg_.family().linear_biases)
+    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, attproj, P(h + "attn.c_proj.bias"), N, C));
   MESHRUN_RETURN_IF_ERROR(
       ops::ResidualForward(dev, a.res2.template data<T>(), residual, attproj, N * C));
   // MLP block: fc (gate|up) column parallel, proj (down) row parallel.
   MESHRUN_RETURN_IF_ERROR(Norm(l, 2, a, a.res2.template data<T>()));
   T* fcproj = dln_.template data<T>();
-  if (llama) {
+  if (cfg_.gated_mlp()) {
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, a.fch.template data<T>(),
                                                a.ln2.template data<T>(),
                                                P(h + "mlp.gate_up.weight"), none, N, C, 2 * Fl));
     MESHRUN_RETURN_IF_ERROR(
-        ops::SwiGLUForward(dev, a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl));
+        GatedForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
                                                P(h + "mlp.down_proj.weight"), none, N, Fl, C));
     MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
@@ -463,9 +513,8 @@ Status GPT2<T>::RecomputeBlock(int l, const T* residual) {
   MESHRUN_RETURN_IF_ERROR(Norm(l, 1, a, residual));
   MESHRUN_RETURN_IF_ERROR(AttentionForward(a, /*split_qkv=*/false));
   MESHRUN_RETURN_IF_ERROR(Norm(l, 2, a, a.res2.template data<T>()));
-  if (cfg_.llama()) {
-    return ops::SwiGLUForward(cfg_.device, a.fch_gelu.template data<T>(), a.fch.template data<T>(),
-                              N, Fl);
+  if (cfg_.gated_mlp()) {
+    return GatedForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl);
   }
   return ops::GeluForward(cfg_.device, a.fch_gelu.template data<T>(), a.fch.template data<T>(),
                           N * Fl);
@@ -596,7 +645,6 @@ Status GPT2<T>::Backward(const T* output_grad) {
   const int L = cfg_.stage_layers();
   const auto [lb, le] = ChunkLayers();
   const bool last_chunk = ChunkLast();
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
@@ -607,14 +655,10 @@ Status GPT2<T>::Backward(const T* output_grad) {
   MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dres_.raw(), dres_.nbytes()));
   if (!last_chunk) {
     MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, dres, output_grad, sizeof(T) * N * C));
-  } else if (cfg_.llama()) {
-    MESHRUN_RETURN_IF_ERROR(ops::RMSNormBackward(dev, dres, G("norm.weight"), dln, last,
-                                                 P("norm.weight"), lnf_rstd_.template data<T>(), N,
-                                                 C));
   } else {
-    MESHRUN_RETURN_IF_ERROR(ops::LayerNormBackward(
-        dev, dres, G("ln_f.weight"), G("ln_f.bias"), dln, last, P("ln_f.weight"),
-        lnf_mean_.template data<T>(), lnf_rstd_.template data<T>(), N, C));
+    const auto [w, b] = NormNames(-1, 0);
+    MESHRUN_RETURN_IF_ERROR(NormBackwardOp(dres, dln, last, lnf_mean_.template data<T>(),
+                                           lnf_rstd_.template data<T>(), w, b));
   }
   if (last_chunk) MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
 
@@ -630,9 +674,14 @@ Status GPT2<T>::Backward(const T* output_grad) {
   if (ChunkFirst()) {
     // dres is the same on every tp rank: each adds it to its own vocabulary rows.
     const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
+    if (cfg_.family().embedding_scale) {  // the forward's × √d_model
+      MESHRUN_RETURN_IF_ERROR(
+          ops::Scale(dev, dres, N * C,
+                     static_cast<double>(static_cast<T>(std::sqrt(static_cast<double>(C))))));
+    }
     MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(
         dev, G(table), dres, tokens_data(), cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
-    if (!cfg_.llama()) {
+    if (cfg_.family().learned_positions) {
       MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(dev, G("wpe"), dres, positions_data(), 0,
                                                          cfg_.max_seq_len, N, C));
     }
@@ -643,7 +692,7 @@ Status GPT2<T>::Backward(const T* output_grad) {
 template <typename T>
 Status GPT2<T>::BlockBackward(int l, const T* residual) {
   const Device dev = cfg_.device;
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = AttnWidth(),
                 Fl = cfg_.ff() / cfg_.tp_size;
   const bool llama = cfg_.llama();
   T* const no_grad = nullptr;
@@ -662,13 +711,12 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   MESHRUN_RETURN_IF_ERROR(zero(dfch_gelu_));
   MESHRUN_RETURN_IF_ERROR(zero(dfch_));
   MESHRUN_RETURN_IF_ERROR(zero(dln_));
-  if (llama) {
+  if (cfg_.gated_mlp()) {
     MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
         dev, dfch_gelu_.template data<T>(), G(h + "mlp.down_proj.weight"), no_grad, dres,
         a.fch_gelu.template data<T>(), P(h + "mlp.down_proj.weight"), N, Fl, C));
-    MESHRUN_RETURN_IF_ERROR(ops::SwiGLUBackward(dev, dfch_.template data<T>(),
-                                                a.fch.template data<T>(),
-                                                dfch_gelu_.template data<T>(), N, Fl));
+    MESHRUN_RETURN_IF_ERROR(GatedBackward(dfch_.template data<T>(), a.fch.template data<T>(),
+                                          dfch_gelu_.template data<T>(), N, Fl));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, G(h + "mlp.gate_up.weight"), no_grad,
                                                 dfch_.template data<T>(), a.ln2.template data<T>(),
                                                 P(h + "mlp.gate_up.weight"), N, C, 2 * Fl));
@@ -687,7 +735,7 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
   MESHRUN_RETURN_IF_ERROR(NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln));
   // Attention block: res2 = residual + proj(attn(qkv(norm1(residual)))).
-  if (!llama)
+  if (cfg_.family().linear_biases)
     MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "attn.c_proj.bias"), dres, N, C));
   MESHRUN_RETURN_IF_ERROR(zero(datty_));
   const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
