@@ -12,7 +12,7 @@
 namespace meshrun {
 
 // model.arch, one value per registered family (architectures.cc).
-enum class ModelArch { kGpt2, kLlama };
+enum class ModelArch { kGpt2, kLlama, kGemma };
 
 // The norm before attention, before the MLP and at the end: LayerNorm (weight and bias),
 // RMSNorm x·w (Llama), or RMSNorm x·(1 + w) with w stored as is (Gemma; w starts at 0).
@@ -61,5 +61,6 @@ const Architecture* FindHfModelType(std::string_view model_type);
 // The families' descriptions, one function per family file (architectures.cc lists them).
 Architecture Gpt2Architecture();
 Architecture LlamaArchitecture();
+Architecture GemmaArchitecture();  // arch_gemma.cc
 
 }  // namespace meshrun

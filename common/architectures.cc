@@ -9,6 +9,7 @@ const std::vector<Architecture>& Architectures() {
   static const std::vector<Architecture> all = {
       Gpt2Architecture(),
       LlamaArchitecture(),
+      GemmaArchitecture(),
   };
   return all;
 }

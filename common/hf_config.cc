@@ -178,8 +178,9 @@ Status ReadGpt2Config(const HfConfigKeys& k, ModelSpec* out) {
 using HfConfigMapping = Status (*)(const HfConfigKeys&, ModelSpec*);
 const HfConfigMapping kHfConfigMappings[] = {
     ReadGpt2Config, ReadLlamaFamilyConfig,
+    ReadGemmaConfig,  // hf_config_gemma.cc
 };
-static_assert(std::size(kHfConfigMappings) == static_cast<size_t>(ModelArch::kLlama) + 1);
+static_assert(std::size(kHfConfigMappings) == static_cast<size_t>(ModelArch::kGemma) + 1);
 
 }  // namespace
 

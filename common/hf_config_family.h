@@ -40,4 +40,7 @@ Status ReadLlamaLayoutKeys(const HfConfigKeys& keys, ModelSpec* out);
 // rope_theta and rope_scaling (transformers 4) or rope_parameters (5).
 Status ReadRotaryKeys(const HfConfigKeys& keys, ModelSpec* out);
 
+// The families' mappings that live in their own files.
+Status ReadGemmaConfig(const HfConfigKeys& keys, ModelSpec* out);  // hf_config_gemma.cc
+
 }  // namespace meshrun
