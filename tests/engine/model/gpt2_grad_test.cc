@@ -114,7 +114,7 @@ TEST_P(ModelGrad, MatchesFiniteDifferencesInFloat64) {
       ++checked;
     }
   }
-  EXPECT_GT(checked, 300);
+  EXPECT_GT(checked, 250);  // the tied Gemma has the fewest tensors: 262
 }
 
 TEST_P(ModelGrad, Float32TracksFloat64) {
