@@ -2,7 +2,8 @@
 // (tests/reference/gemma_reference.py, in the model venv): a tiny random Gemma whose heads are
 // 16 wide while hidden_size/heads is 12, with grouped-query attention and a tied head,
 //  - `meshrun train` from `init_from` gives the reference's losses (the first step, a pure
-//    forward of the loaded weights, within 5e-6 relative) on one rank and on tp 2 × dp_shard 2;
+//    forward of the loaded weights, within 5e-6 relative) on one rank, on tp 2 × dp_shard 2 and
+//    on cp 2 (ring) × tp 2;
 //  - `meshrun export` of a run under tp 2 is read by transformers with the loss `meshrun eval`
 //    reports (within 5e-6).
 // Skips, saying why, only when the venv cannot be made.
@@ -44,12 +45,17 @@ class GemmaTest : public testing::ReferenceSuite<GemmaTest> {
   }
 };
 
-TEST_F(GemmaTest, LossesMatchTransformersOnOneRankAndTp2DpShard2) {
+TEST_F(GemmaTest, LossesMatchTransformersOnOneRankTpDpShardAndCp) {
   const std::vector<double> want = reference_["gemma"].get<std::vector<double>>();
   const fs::path spec = WriteSpec("gemma");
   ExpectLosses(Train(spec, 1, {}), want, 5e-6, 1e-4, "1 rank");
   ExpectLosses(Train(spec, 4, {"parallelism.tp_size=2", "parallelism.dp_shard_size=2"}), want, 5e-6,
                1e-4, "tp 2 x dp_shard 2");
+  // Context parallel splits the sequence: q/k/v blocks of n_head·head_dim columns.
+  ExpectLosses(Train(spec, 4,
+                     {"parallelism.cp_size=2", "parallelism.cp_comm_strategy=ring",
+                      "parallelism.tp_size=2"}),
+               want, 5e-6, 1e-4, "cp 2 (ring) x tp 2");
 }
 
 TEST_F(GemmaTest, ExportIsReadByTransformersWithTheLossMeshrunEvalReports) {
