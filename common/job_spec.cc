@@ -223,7 +223,19 @@ Status CheckModel(const ModelSpec& m) {
                    "use an n_kv_head that divides " + Str(m.n_head) + ", such as " +
                        JoinOr(Closest(Divisors(m.n_head), m.kv_heads())));
   }
-  if (!gpt2 && (m.d_model / m.n_head) % 2 != 0) {
+  MESHRUN_RETURN_IF_ERROR(AtLeast("model.head_dim", m.head_dim, 0,
+                                  "use 0 (= d_model/n_head) or the width of one head"));
+  if (m.head_dim != 0 && !m.family().free_head_dim && m.head_dim != m.d_model / m.n_head) {
+    return Invalid("model.head_dim",
+                   Str(m.head_dim) + " is not d_model/n_head = " + Str(m.d_model / m.n_head) +
+                       " (arch " + m.arch + " has heads of d_model/n_head)",
+                   "remove model.head_dim, or use an arch whose head width is free");
+  }
+  if (m.head_dim != 0 && m.head_dim % 2 != 0) {
+    return Invalid("model.head_dim", Str(m.head_dim) + " is odd (rotary embeddings rotate pairs)",
+                   "use an even head width, e.g. " + Str(m.head_dim + 1));
+  }
+  if (m.head_dim == 0 && !gpt2 && (m.d_model / m.n_head) % 2 != 0) {
     return Invalid("model.d_model",
                    "the head width d_model/n_head = " + Str(m.d_model / m.n_head) +
                        " is odd (rotary embeddings rotate pairs)",
@@ -424,12 +436,12 @@ Status CheckMeshRules(const JobSpec& spec, const ParallelDims& mesh, int nproc) 
   if (mlp % tp != 0) {
     return Invalid(
         "parallelism.tp_size",
-        std::string(m.arch == "llama" && m.d_ff > 0 ? "model.d_ff(" : "4·model.d_model(") +
+        std::string(m.family().grouped_query && m.d_ff > 0 ? "model.d_ff(" : "4·model.d_model(") +
             Str(mlp) + ") is not divisible by tp_size(" + Str(tp) + ")",
         "use a tp_size that divides both n_head(" + Str(m.n_head) + ") and " + Str(mlp) +
             ", such as " + JoinOr(Closest(tp_ok, tp)));
   }
-  if (m.d_model % m.n_head != 0) {
+  if (m.head_dim == 0 && m.d_model % m.n_head != 0) {
     return Invalid("model.d_model",
                    Str(m.d_model) + " is not divisible by model.n_head(" + Str(m.n_head) + ")",
                    "use a d_model that is a multiple of " + Str(m.n_head) + ", such as " +
@@ -736,7 +748,11 @@ std::vector<std::string> JobSpecKeys(std::string_view section) {
 
 std::vector<std::string> AllowedValues(std::string_view section, std::string_view key) {
   const std::string path = std::string(section) + "." + std::string(key);
-  if (path == "model.arch") return {"gpt2", "llama"};
+  if (path == "model.arch") {
+    std::vector<std::string> names;
+    for (const Architecture& a : Architectures()) names.emplace_back(a.name);
+    return names;
+  }
   if (path == "model.rope_scaling.type") return {"none", "llama3"};
   if (path == "parallelism.cp_comm_strategy") return {"allgather", "ring"};
   if (path == "parallelism.pp_schedule") return {"1f1b", "interleaved_1f1b", "zero_bubble"};
@@ -830,7 +846,20 @@ CpComm CpCommOf(const ParallelismSpec& parallelism) {
 }
 
 ModelArch ArchOf(const ModelSpec& model) {
-  return model.arch == "llama" ? ModelArch::kLlama : ModelArch::kGpt2;
+  return model.family().arch;
+}
+
+const Architecture& ModelSpec::family() const {
+  const Architecture* a = FindArchitecture(arch);
+  return a != nullptr ? *a : ArchitectureOf(ModelArch::kGpt2);
+}
+
+int ModelSpec::ff() const {
+  return family().grouped_query && d_ff > 0 ? d_ff : 4 * d_model;
+}
+
+int ModelSpec::head_width() const {
+  return family().free_head_dim && head_dim > 0 ? head_dim : d_model / std::max(1, n_head);
 }
 
 RopeScalingType RopeScalingOf(const ModelSpec& model) {

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/architecture.h"
 #include "common/parallel_dims.h"
 #include "common/status.h"
 
@@ -24,7 +25,7 @@ StatusOr<LossOn> ParseLossOn(std::string_view value);
 
 // Field names are the YAML keys, so the structs read like the spec.
 struct ModelSpec {
-  std::string arch = "gpt2";  // gpt2 | llama
+  std::string arch = "gpt2";  // a registered family (common/architecture.h): gpt2 | llama
   int n_layer = 2;
   int n_head = 4;
   int d_model = 64;
@@ -48,9 +49,14 @@ struct ModelSpec {
   // Sliding-window attention (Mistral's sliding_window): query i sees keys i − W < j ≤ i.
   // 0: none (the whole causal prefix).
   int sliding_window = 0;
+  // The width of one attention head; 0: d_model/n_head. Families with free_head_dim only.
+  int head_dim = 0;
 
+  // The family's description (the registry's; gpt2 for a name it does not hold).
+  const Architecture& family() const;
   int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
-  int ff() const { return arch == "llama" && d_ff > 0 ? d_ff : 4 * d_model; }
+  int ff() const;          // the MLP's width: d_ff (0: 4·d_model), 4·d_model for gpt2
+  int head_width() const;  // head_dim, or d_model/n_head
 
   bool operator==(const ModelSpec&) const = default;
 };
@@ -222,7 +228,6 @@ enum class ComputeDevice { kCpu, kCuda };                        // resources.de
 enum class TrainPrecision { kFp32, kBf16 };                      // train.precision
 enum class Checkpointing { kNone, kSelective, kFull };           // train.activation_checkpointing
 enum class CpComm { kAllgather, kRing };                         // parallelism.cp_comm_strategy
-enum class ModelArch { kGpt2, kLlama };                          // model.arch
 enum class RopeScalingType { kNone, kLlama3 };                   // model.rope_scaling_type
 enum class ResumeMode { kAuto, kNever };                         // checkpoint.resume
 enum class DataOrder { kSequential, kShuffled };                 // data.order
@@ -279,6 +284,7 @@ void ForEachJobSpecField(Spec& spec, F&& f) {
   f("model", "tie_embeddings", m.tie_embeddings);
   f("model", "attention_bias", m.attention_bias);
   f("model", "sliding_window", m.sliding_window);
+  f("model", "head_dim", m.head_dim);
   auto& p = spec.parallelism;
   f("parallelism", "dp_replicate_size", p.dp_replicate_size);
   f("parallelism", "dp_shard_size", p.dp_shard_size);

@@ -685,13 +685,14 @@ void FillModelFromInitFrom(const std::vector<std::string>& given, JobSpec* spec)
       &spec->model);
 }
 
-// model.tie_embeddings left out: true for gpt2, false for llama (as their checkpoints are).
+// model.tie_embeddings left out: the family's default (true for gpt2, false for llama, as
+// their checkpoints are).
 void DefaultTieEmbeddings(YAML::Node& root) {
   YAML::Node model = root["model"];
   if (!model || !model.IsMap() || model["tie_embeddings"]) return;
-  if (model["arch"] && model["arch"].IsScalar() && model["arch"].Scalar() == "llama") {
-    model["tie_embeddings"] = false;
-  }
+  if (!model["arch"] || !model["arch"].IsScalar()) return;
+  const Architecture* family = FindArchitecture(model["arch"].Scalar());
+  if (family != nullptr && !family->tied_by_default) model["tie_embeddings"] = false;
 }
 
 StatusOr<JobSpec> ParseUnguarded(const std::string& text, const std::vector<std::string>& overrides,

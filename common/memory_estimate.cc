@@ -26,7 +26,7 @@ std::string Sizes(const ModelSpec& m) {
   std::string out = "n_layer " + std::to_string(m.n_layer) + ", d_model " +
                     std::to_string(m.d_model) + ", vocab_size " + std::to_string(m.vocab_size) +
                     ", seq_len " + std::to_string(m.seq_len);
-  if (m.arch == "llama") {
+  if (m.family().grouped_query) {
     out += ", d_ff " + (m.d_ff > 0 ? std::to_string(m.d_ff) : "4·d_model") + ", n_kv_head " +
            std::to_string(m.n_kv_head > 0 ? m.n_kv_head : m.n_head);
   }
@@ -38,14 +38,16 @@ std::string Sizes(const ModelSpec& m) {
 RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& mesh) {
   // Every size in double: a field of 2^31−1 gives a huge figure, never a wrapped one.
   const ModelSpec& m = spec.model;
-  const bool llama = m.arch == "llama";
+  // The Llama layout (RMSNorm, gated MLP, no linear biases): Llama and Gemma.
+  const bool llama = m.family().grouped_query;
   const double C = std::max(0, m.d_model);
   double L = std::max(0, m.n_layer);
   const double V = std::max(0, m.vocab_size), S = std::max(0, m.seq_len);
   const double H = std::max(1, m.n_head), K = m.n_kv_head > 0 ? m.n_kv_head : H;
   const double F =
       llama && m.d_ff > 0 ? static_cast<double>(m.d_ff) : 4 * C;  // ModelSpec::ff(), unwrapped
-  const double D = std::floor(C / H);                             // head_dim
+  const double D =
+      m.head_dim > 0 && m.family().free_head_dim ? m.head_dim : std::floor(C / H);  // head_dim
   const double Cq = H * D, Ck = K * D, Wqkv = Cq + 2 * Ck;
   RankMemoryEstimate e;
   // The parameters of engine/model/gpt2_layout.cc's GPT2ParamLayout.
@@ -124,7 +126,7 @@ Status CheckJobFitsHost(const JobSpec& spec, const ParallelDims& mesh, int ranks
   const ModelSpec& m = spec.model;
   const double d = std::max(0, m.d_model), layers = std::max(0, m.n_layer);
   const double blocks = layers * 4 * d * d;
-  const bool llama = m.arch == "llama";
+  const bool llama = m.family().grouped_query;
   const double mlp = layers * (llama ? 3 : 2) * d * (llama && m.d_ff > 0 ? m.d_ff : 4 * d);
   const double embedding = static_cast<double>(std::max(0, m.vocab_size)) * d;
   std::string field = "model.d_model";

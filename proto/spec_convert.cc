@@ -63,9 +63,11 @@ StatusOr<JobSpec> JobSpecFromProto(const v1::JobSpec& p) {
                m.rope_scaling_original_max_position_embeddings(),
                &s.model.rope_scaling_original_max_position_embeddings);
   // Left out: true for gpt2, false for llama (as in YAML).
-  s.model.tie_embeddings = m.has_tie_embeddings() ? m.tie_embeddings() : s.model.arch != "llama";
+  s.model.tie_embeddings =
+      m.has_tie_embeddings() ? m.tie_embeddings() : s.model.family().tied_by_default;
   SetIfPresent(m.has_attention_bias(), m.attention_bias(), &s.model.attention_bias);
   SetIfPresent(m.has_sliding_window(), m.sliding_window(), &s.model.sliding_window);
+  SetIfPresent(m.has_head_dim(), m.head_dim(), &s.model.head_dim);
 
   const v1::ParallelismSpec& par = p.parallelism();
   SetIfPresent(par.has_dp_replicate_size(), par.dp_replicate_size(),
@@ -190,6 +192,7 @@ v1::JobSpec JobSpecToProto(const JobSpec& s) {
   m->set_tie_embeddings(s.model.tie_embeddings);
   m->set_attention_bias(s.model.attention_bias);
   m->set_sliding_window(s.model.sliding_window);
+  m->set_head_dim(s.model.head_dim);
   v1::ParallelismSpec* par = p.mutable_parallelism();
   par->set_dp_replicate_size(s.parallelism.dp_replicate_size);
   par->set_dp_shard_size(s.parallelism.dp_shard_size);

@@ -31,7 +31,8 @@ Status FillModelFromInitFrom(const v1::ModelSpec& sent, JobSpec* spec) {
       &spec->model);
   // Left out and not config.json's (seq_len of the Llama family): the spec's default, not the
   // coordinator's placeholder (proto/spec_convert.h).
-  if (!sent.has_seq_len() && spec->model.arch == "llama") spec->model.seq_len = defaults.seq_len;
+  if (!sent.has_seq_len() && !spec->model.family().learned_positions)
+    spec->model.seq_len = defaults.seq_len;
   return OkStatus();
 }
 

@@ -178,6 +178,12 @@ Status SwiGLUForward(CudaContext& ctx, T* out, const T* gate_up, int64_t N, int6
 template <typename T>
 Status SwiGLUBackward(CudaContext& ctx, T* dgate_up, const T* gate_up, const T* dout, int64_t N,
                       int64_t F);
+// GeGLU (gelu_tanh(gate)·up) over the same rows.
+template <typename T>
+Status GeGLUForward(CudaContext& ctx, T* out, const T* gate_up, int64_t N, int64_t F);
+template <typename T>
+Status GeGLUBackward(CudaContext& ctx, T* dgate_up, const T* gate_up, const T* dout, int64_t N,
+                     int64_t F);
 // Rotary embeddings (half-split) in place; cos/sin (Tn, D/2).
 template <typename T>
 Status RopeForward(CudaContext& ctx, T* x, const T* cos, const T* sin, int64_t BH, int64_t Tn,

@@ -80,6 +80,34 @@ __global__ void SwiGLUBackwardKernel(float* dgate_up, const float* gate_up, cons
   }
 }
 
+__device__ float GeluTanhF(float x, float* derivative) {
+  const float a = 0.7978845608028654f, b = 0.044715f;
+  const float t = tanhf(a * (x + b * x * x * x));
+  *derivative = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * a * (1.0f + 3.0f * b * x * x);
+  return 0.5f * x * (1.0f + t);
+}
+
+__global__ void GeGLUForwardKernel(float* out, const float* gate_up, int64_t N, int64_t F) {
+  MESHRUN_GRID_LOOP(idx, N * F) {
+    const int64_t i = idx / F, j = idx % F;
+    float d;
+    out[idx] = GeluTanhF(gate_up[i * 2 * F + j], &d) * gate_up[i * 2 * F + F + j];
+  }
+}
+
+__global__ void GeGLUBackwardKernel(float* dgate_up, const float* gate_up, const float* dout,
+                                    int64_t N, int64_t F) {
+  MESHRUN_GRID_LOOP(idx, N * F) {
+    const int64_t i = idx / F, j = idx % F;
+    const float u = gate_up[i * 2 * F + F + j];
+    float d;
+    const float act = GeluTanhF(gate_up[i * 2 * F + j], &d);
+    const float dy = dout[idx];
+    dgate_up[i * 2 * F + F + j] += dy * act;
+    dgate_up[i * 2 * F + j] += dy * u * d;
+  }
+}
+
 __global__ void RopeKernel(float* x, const float* cos, const float* sin, int64_t BH, int64_t Tn,
                            int64_t D, bool backward) {
   const int64_t half = D / 2;
@@ -287,6 +315,24 @@ Status SwiGLUBackward<float>(CudaContext& ctx, float* dgate_up, const float* gat
                              const float* dout, int64_t N, int64_t F) {
   if (N * F == 0) return OkStatus();
   SwiGLUBackwardKernel<<<Grid(N * F), kThreads, 0, ctx.stream()>>>(dgate_up, gate_up, dout, N, F);
+  MESHRUN_GPU_TRY_LAUNCH();
+  return OkStatus();
+}
+
+template <>
+Status GeGLUForward<float>(CudaContext& ctx, float* out, const float* gate_up, int64_t N,
+                           int64_t F) {
+  if (N * F == 0) return OkStatus();
+  GeGLUForwardKernel<<<Grid(N * F), kThreads, 0, ctx.stream()>>>(out, gate_up, N, F);
+  MESHRUN_GPU_TRY_LAUNCH();
+  return OkStatus();
+}
+
+template <>
+Status GeGLUBackward<float>(CudaContext& ctx, float* dgate_up, const float* gate_up,
+                            const float* dout, int64_t N, int64_t F) {
+  if (N * F == 0) return OkStatus();
+  GeGLUBackwardKernel<<<Grid(N * F), kThreads, 0, ctx.stream()>>>(dgate_up, gate_up, dout, N, F);
   MESHRUN_GPU_TRY_LAUNCH();
   return OkStatus();
 }

@@ -99,9 +99,10 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   capacity_tokens_ = static_cast<int>(N);
   MemoryKindScope kind(MemoryKind::kActivations);
   const int64_t C = cfg_.d_model, V = cfg_.vocab_rows(), Hl = cfg_.n_head / cfg_.tp_size,
-                Cl = C / cfg_.tp_size, Fl = cfg_.ff() / cfg_.tp_size, Wl = QkvWidth(),
-                Gl = cfg_.llama() ? 2 * Fl : Fl;  // fc output: gate|up
-  const bool llama = cfg_.llama();
+                Cl = AttnWidth(), Fl = cfg_.ff() / cfg_.tp_size, Wl = QkvWidth(),
+                Gl = cfg_.gated_mlp() ? 2 * Fl : Fl;  // fc output: gate|up
+  // RMSNorm keeps no mean.
+  const bool llama = cfg_.family().norm != NormKind::kLayerNorm;
   const ScalarType dt = ScalarTypeOf<T>();
   const Device dev = cfg_.device;
   auto empty = [&](std::vector<int64_t> shape) { return Tensor::Empty(std::move(shape), dt, dev); };
@@ -322,7 +323,7 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
     MESHRUN_RETURN_IF_ERROR(Upload(q_lo_, lo.data(), N));
   }
   row_rope_ = !docs.empty();
-  if (cfg_.llama()) MESHRUN_RETURN_IF_ERROR(PrepareRope());
+  if (!cfg_.family().learned_positions) MESHRUN_RETURN_IF_ERROR(PrepareRope());
   MESHRUN_RETURN_IF_ERROR(PrepareCpPositions());
 
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
@@ -335,7 +336,11 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
     MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsForward(dev, x, tokens_data(), P(table),
                                                       cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
     MESHRUN_RETURN_IF_ERROR(TpAllReduce(x, N * C));
-    if (!cfg_.llama())
+    if (cfg_.family().embedding_scale) {  // × √d_model, rounded to the compute dtype (Gemma)
+      MESHRUN_RETURN_IF_ERROR(ops::Scale(
+          dev, x, N * C, static_cast<double>(static_cast<T>(std::sqrt(static_cast<double>(C))))));
+    }
+    if (cfg_.family().learned_positions)
       MESHRUN_RETURN_IF_ERROR(ops::AddRows(dev, x, P("wpe"), positions_data(), N, C));
   } else {
     // A later pipeline stage starts from the previous stage's output.
@@ -351,64 +356,112 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   const int L = cfg_.stage_layers();
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, L + 1));
   const T* last = le > lb ? acts_[le - 1].res3.template data<T>() : x;
+  const auto [w, b] = NormNames(-1, 0);
+  return NormForwardOp(lnf_.template data<T>(), lnf_mean_.template data<T>(),
+                       lnf_rstd_.template data<T>(), last, w, b);
+}
+
+template <typename T>
+std::pair<std::string, std::string> GPT2<T>::NormNames(int l, int which) const {
   if (cfg_.llama()) {
-    return ops::RMSNormForward(dev, lnf_.template data<T>(), lnf_rstd_.template data<T>(), last,
-                               P("norm.weight"), N, C, cfg_.ln_eps);
+    if (l < 0) return {"norm.weight", ""};
+    return {"layers." + std::to_string(cfg_.GlobalLayer(l)) +
+                (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight"),
+            ""};
   }
-  return ops::LayerNormForward(dev, lnf_.template data<T>(), lnf_mean_.template data<T>(),
-                               lnf_rstd_.template data<T>(), last, P("ln_f.weight"), P("ln_f.bias"),
-                               N, C, cfg_.ln_eps);
+  if (l < 0) return {"ln_f.weight", "ln_f.bias"};
+  const std::string h =
+      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
+  return {h + "weight", h + "bias"};
+}
+
+template <typename T>
+StatusOr<const T*> GPT2<T>::NormWeight(const T* w) {
+  if (cfg_.family().norm != NormKind::kRMSNormOnePlus) return w;
+  const int64_t C = cfg_.d_model;
+  if (!norm_weight_.defined()) {
+    MemoryKindScope kind(MemoryKind::kActivations);
+    norm_weight_ = Tensor::Empty({C}, ScalarTypeOf<T>(), cfg_.device);
+  }
+  T* out = norm_weight_.template data<T>();
+  MESHRUN_RETURN_IF_ERROR(ops::Fill(cfg_.device, out, 1.0, C));
+  MESHRUN_RETURN_IF_ERROR(ops::Accumulate(cfg_.device, out, w, C));
+  return static_cast<const T*>(out);
+}
+
+template <typename T>
+Status GPT2<T>::NormForwardOp(T* out, T* mean, T* rstd, const T* inp, const std::string& weight,
+                              const std::string& bias) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
+  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  if (cfg_.family().norm == NormKind::kLayerNorm) {
+    return ops::LayerNormForward(cfg_.device, out, mean, rstd, inp, P(weight), P(bias), N, C,
+                                 cfg_.ln_eps);
+  }
+  MESHRUN_ASSIGN_OR_RETURN(const T* w, NormWeight(P(weight)));
+  return ops::RMSNormForward(cfg_.device, out, rstd, inp, w, N, C, cfg_.ln_eps);
+}
+
+template <typename T>
+Status GPT2<T>::NormBackwardOp(T* dinp, const T* dout, const T* inp, const T* mean, const T* rstd,
+                               const std::string& weight, const std::string& bias, T* dweight,
+                               T* dbias) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
+  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
+  // Zero-bubble's B sends the parameter gradients to its stash (dweight, dbias) when given.
+  if (cfg_.family().norm == NormKind::kLayerNorm) {
+    return ops::LayerNormBackward(cfg_.device, dinp, dweight ? dweight : G(weight),
+                                  dweight ? dbias : G(bias), dout, inp, P(weight), mean, rstd, N,
+                                  C);
+  }
+  // ∂/∂w of x̂·(1 + w) is ∂/∂w of x̂·w: the gradient lands on w as it is stored.
+  MESHRUN_ASSIGN_OR_RETURN(const T* w, NormWeight(P(weight)));
+  return ops::RMSNormBackward(cfg_.device, dinp, dweight ? dweight : G(weight), dout, inp, w, rstd,
+                              N, C);
+}
+
+template <typename T>
+Status GPT2<T>::GatedForward(T* out, const T* gate_up, int64_t N, int64_t F) {
+  if (cfg_.family().mlp == MlpKind::kGeGLU) {
+    return ops::GeGLUForward(cfg_.device, out, gate_up, N, F);
+  }
+  return ops::SwiGLUForward(cfg_.device, out, gate_up, N, F);
+}
+
+template <typename T>
+Status GPT2<T>::GatedBackward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int64_t F) {
+  if (cfg_.family().mlp == MlpKind::kGeGLU) {
+    return ops::GeGLUBackward(cfg_.device, dgate_up, gate_up, dout, N, F);
+  }
+  return ops::SwiGLUBackward(cfg_.device, dgate_up, gate_up, dout, N, F);
 }
 
 template <typename T>
 Status GPT2<T>::Norm(int l, int which, LayerActs& a, const T* inp) {
   // which 1: before attention, 2: before the MLP.
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   Tensor& out = which == 1 ? a.ln1 : a.ln2;
   Tensor& mean = which == 1 ? a.ln1_mean : a.ln2_mean;
   Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
-  if (cfg_.llama()) {
-    const std::string w =
-        "layers." + std::to_string(cfg_.GlobalLayer(l)) +
-        (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
-    return ops::RMSNormForward(cfg_.device, out.template data<T>(), rstd.template data<T>(), inp,
-                               P(w), N, C, cfg_.ln_eps);
-  }
-  const std::string h =
-      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
-  return ops::LayerNormForward(cfg_.device, out.template data<T>(), mean.template data<T>(),
-                               rstd.template data<T>(), inp, P(h + "weight"), P(h + "bias"), N, C,
-                               cfg_.ln_eps);
+  const auto [w, b] = NormNames(l, which);
+  return NormForwardOp(out.template data<T>(), mean.template data<T>(), rstd.template data<T>(),
+                       inp, w, b);
 }
 
 template <typename T>
 Status GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout,
                              T* dweight, T* dbias) {
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
-  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
-  const bool to_model = dweight == nullptr;
   const Tensor& mean = which == 1 ? a.ln1_mean : a.ln2_mean;
   const Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
-  if (cfg_.llama()) {
-    const std::string w =
-        "layers." + std::to_string(cfg_.GlobalLayer(l)) +
-        (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight");
-    return ops::RMSNormBackward(cfg_.device, dinp, to_model ? G(w) : dweight, dout, inp, P(w),
-                                rstd.template data<T>(), N, C);
-  }
-  const std::string h =
-      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
-  return ops::LayerNormBackward(cfg_.device, dinp, to_model ? G(h + "weight") : dweight,
-                                to_model ? G(h + "bias") : dbias, dout, inp, P(h + "weight"),
-                                mean.template data<T>(), rstd.template data<T>(), N, C);
+  const auto [w, b] = NormNames(l, which);
+  return NormBackwardOp(dinp, dout, inp, mean.template data<T>(), rstd.template data<T>(), w, b,
+                        dweight, dbias);
 }
 
 template <typename T>
 Status GPT2<T>::BlockForward(int l, const T* residual) {
   const Device dev = cfg_.device;
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = AttnWidth(),
                 Fl = cfg_.ff() / cfg_.tp_size;
   const bool llama = cfg_.llama();
   const T* none = nullptr;
@@ -432,18 +485,19 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
       dev, attproj, a.atty.template data<T>(),
       P(h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight")), none, N, Cl, C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(attproj, N * C));
-  if (!llama) MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, attproj, P(h + "attn.c_proj.bias"), N, C));
+  if (cfg_.family().linear_biases)
+    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, attproj, P(h + "attn.c_proj.bias"), N, C));
   MESHRUN_RETURN_IF_ERROR(
       ops::ResidualForward(dev, a.res2.template data<T>(), residual, attproj, N * C));
   // MLP block: fc (gate|up) column parallel, proj (down) row parallel.
   MESHRUN_RETURN_IF_ERROR(Norm(l, 2, a, a.res2.template data<T>()));
   T* fcproj = dln_.template data<T>();
-  if (llama) {
+  if (cfg_.gated_mlp()) {
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, a.fch.template data<T>(),
                                                a.ln2.template data<T>(),
                                                P(h + "mlp.gate_up.weight"), none, N, C, 2 * Fl));
     MESHRUN_RETURN_IF_ERROR(
-        ops::SwiGLUForward(dev, a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl));
+        GatedForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
                                                P(h + "mlp.down_proj.weight"), none, N, Fl, C));
     MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
@@ -478,9 +532,8 @@ Status GPT2<T>::RecomputeBlock(int l, const T* residual) {
   MESHRUN_RETURN_IF_ERROR(Norm(l, 1, a, residual));
   MESHRUN_RETURN_IF_ERROR(AttentionForward(a, /*split_qkv=*/false));
   MESHRUN_RETURN_IF_ERROR(Norm(l, 2, a, a.res2.template data<T>()));
-  if (cfg_.llama()) {
-    return ops::SwiGLUForward(cfg_.device, a.fch_gelu.template data<T>(), a.fch.template data<T>(),
-                              N, Fl);
+  if (cfg_.gated_mlp()) {
+    return GatedForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl);
   }
   return ops::GeluForward(cfg_.device, a.fch_gelu.template data<T>(), a.fch.template data<T>(),
                           N * Fl);
@@ -611,7 +664,6 @@ Status GPT2<T>::Backward(const T* output_grad) {
   const int L = cfg_.stage_layers();
   const auto [lb, le] = ChunkLayers();
   const bool last_chunk = ChunkLast();
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
@@ -622,14 +674,10 @@ Status GPT2<T>::Backward(const T* output_grad) {
   MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dres_.raw(), dres_.nbytes()));
   if (!last_chunk) {
     MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, dres, output_grad, sizeof(T) * N * C));
-  } else if (cfg_.llama()) {
-    MESHRUN_RETURN_IF_ERROR(ops::RMSNormBackward(dev, dres, G("norm.weight"), dln, last,
-                                                 P("norm.weight"), lnf_rstd_.template data<T>(), N,
-                                                 C));
   } else {
-    MESHRUN_RETURN_IF_ERROR(ops::LayerNormBackward(
-        dev, dres, G("ln_f.weight"), G("ln_f.bias"), dln, last, P("ln_f.weight"),
-        lnf_mean_.template data<T>(), lnf_rstd_.template data<T>(), N, C));
+    const auto [w, b] = NormNames(-1, 0);
+    MESHRUN_RETURN_IF_ERROR(NormBackwardOp(dres, dln, last, lnf_mean_.template data<T>(),
+                                           lnf_rstd_.template data<T>(), w, b));
   }
   if (last_chunk) MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
 
@@ -657,9 +705,14 @@ Status GPT2<T>::Backward(const T* output_grad) {
   if (ChunkFirst()) {
     // dres is the same on every tp rank: each adds it to its own vocabulary rows.
     const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
+    if (cfg_.family().embedding_scale) {  // the forward's × √d_model
+      MESHRUN_RETURN_IF_ERROR(
+          ops::Scale(dev, dres, N * C,
+                     static_cast<double>(static_cast<T>(std::sqrt(static_cast<double>(C))))));
+    }
     MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(
         dev, G(table), dres, tokens_data(), cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
-    if (!cfg_.llama()) {
+    if (cfg_.family().learned_positions) {
       MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(dev, G("wpe"), dres, positions_data(), 0,
                                                          cfg_.max_seq_len, N, C));
     }
@@ -670,7 +723,7 @@ Status GPT2<T>::Backward(const T* output_grad) {
 template <typename T>
 Status GPT2<T>::BlockBackward(int l, const T* residual) {
   const Device dev = cfg_.device;
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = AttnWidth(),
                 Fl = cfg_.ff() / cfg_.tp_size;
   const bool llama = cfg_.llama();
   T* const no_grad = nullptr;
@@ -689,13 +742,12 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   MESHRUN_RETURN_IF_ERROR(zero(dfch_gelu_));
   MESHRUN_RETURN_IF_ERROR(zero(dfch_));
   MESHRUN_RETURN_IF_ERROR(zero(dln_));
-  if (llama) {
+  if (cfg_.gated_mlp()) {
     MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
         dev, dfch_gelu_.template data<T>(), G(h + "mlp.down_proj.weight"), no_grad, dres,
         a.fch_gelu.template data<T>(), P(h + "mlp.down_proj.weight"), N, Fl, C));
-    MESHRUN_RETURN_IF_ERROR(ops::SwiGLUBackward(dev, dfch_.template data<T>(),
-                                                a.fch.template data<T>(),
-                                                dfch_gelu_.template data<T>(), N, Fl));
+    MESHRUN_RETURN_IF_ERROR(GatedBackward(dfch_.template data<T>(), a.fch.template data<T>(),
+                                          dfch_gelu_.template data<T>(), N, Fl));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, G(h + "mlp.gate_up.weight"), no_grad,
                                                 dfch_.template data<T>(), a.ln2.template data<T>(),
                                                 P(h + "mlp.gate_up.weight"), N, C, 2 * Fl));
@@ -714,7 +766,7 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
   MESHRUN_RETURN_IF_ERROR(NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln));
   // Attention block: res2 = residual + proj(attn(qkv(norm1(residual)))).
-  if (!llama)
+  if (cfg_.family().linear_biases)
     MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "attn.c_proj.bias"), dres, N, C));
   MESHRUN_RETURN_IF_ERROR(zero(datty_));
   const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
@@ -732,8 +784,8 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
 
 template <typename T>
 typename GPT2<T>::LayerStash GPT2<T>::LayerStashLayout(int64_t N) const {
-  const int64_t C = cfg_.d_model, Cl = C / cfg_.tp_size, Fl = cfg_.ff() / cfg_.tp_size;
-  const bool llama = cfg_.llama();
+  const int64_t C = cfg_.d_model, Cl = AttnWidth(), Fl = cfg_.ff() / cfg_.tp_size;
+  const bool gated = cfg_.gated_mlp(), layer_norm = cfg_.family().norm == NormKind::kLayerNorm;
   LayerStash s;
   int64_t at = 0;
   auto take = [&](int64_t n) {
@@ -746,10 +798,10 @@ typename GPT2<T>::LayerStash GPT2<T>::LayerStashLayout(int64_t N) const {
   s.atty = take(N * Cl);
   s.dattn = take(N * C);
   s.ln2 = take(N * C);
-  s.dfc = take(N * (llama ? 2 * Fl : Fl));
+  s.dfc = take(N * (gated ? 2 * Fl : Fl));
   s.act = take(N * Fl);
   s.dmlp = take(N * C);
-  s.norms = take((llama ? 2 : 4) * C);
+  s.norms = take((layer_norm ? 4 : 2) * C);
   s.numel = at;
   return s;
 }
@@ -821,10 +873,11 @@ Status GPT2<T>::BlockBackwardInput(int l, const T* residual, T* stash) {
   // BlockBackward's order and kernels, with every weight and bias gradient left out (dweight,
   // dbias null) and the norms' gradients sent to the stash.
   const Device dev = cfg_.device;
-  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = C / cfg_.tp_size,
+  const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = AttnWidth(),
                 Fl = cfg_.ff() / cfg_.tp_size;
-  const bool llama = cfg_.llama();
-  const int64_t Gl = llama ? 2 * Fl : Fl;
+  const bool llama = cfg_.llama();  // the parameters' names
+  const bool gated = cfg_.gated_mlp(), layer_norm = cfg_.family().norm == NormKind::kLayerNorm;
+  const int64_t Gl = gated ? 2 * Fl : Fl;
   const LayerStash s = LayerStashLayout(N);
   T* const none = nullptr;
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
@@ -843,27 +896,26 @@ Status GPT2<T>::BlockBackwardInput(int l, const T* residual, T* stash) {
   MESHRUN_RETURN_IF_ERROR(zero(dfch_gelu_));
   MESHRUN_RETURN_IF_ERROR(zero(dfch_));
   MESHRUN_RETURN_IF_ERROR(zero(dln_));
-  const std::string down = h + (llama ? "mlp.down_proj.weight" : "mlp.c_proj.weight");
+  const std::string down = h + (gated ? "mlp.down_proj.weight" : "mlp.c_proj.weight");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dfch_gelu_.template data<T>(), none, none, dres,
                                               a.fch_gelu.template data<T>(), P(down), N, Fl, C));
-  if (llama) {
-    MESHRUN_RETURN_IF_ERROR(ops::SwiGLUBackward(dev, dfch_.template data<T>(),
-                                                a.fch.template data<T>(),
-                                                dfch_gelu_.template data<T>(), N, Fl));
+  if (gated) {
+    MESHRUN_RETURN_IF_ERROR(GatedBackward(dfch_.template data<T>(), a.fch.template data<T>(),
+                                          dfch_gelu_.template data<T>(), N, Fl));
   } else {
     MESHRUN_RETURN_IF_ERROR(ops::GeluBackward(dev, dfch_.template data<T>(),
                                               a.fch.template data<T>(),
                                               dfch_gelu_.template data<T>(), N * Fl));
   }
-  const std::string up = h + (llama ? "mlp.gate_up.weight" : "mlp.c_fc.weight");
+  const std::string up = h + (gated ? "mlp.gate_up.weight" : "mlp.c_fc.weight");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dfch_.template data<T>(),
                                               a.ln2.template data<T>(), P(up), N, C, Gl));
   MESHRUN_RETURN_IF_ERROR(keep(s.dfc, dfch_.template data<T>(), N * Gl));
   MESHRUN_RETURN_IF_ERROR(keep(s.ln2, a.ln2.template data<T>(), N * C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
-  T* norm2 = stash + s.norms + (llama ? C : 2 * C);
-  MESHRUN_RETURN_IF_ERROR(
-      NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln, norm2, llama ? none : norm2 + C));
+  T* norm2 = stash + s.norms + (layer_norm ? 2 * C : C);
+  MESHRUN_RETURN_IF_ERROR(NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln, norm2,
+                                       layer_norm ? norm2 + C : none));
   // Attention block: the output projection's output gradient is dres now.
   MESHRUN_RETURN_IF_ERROR(keep(s.dattn, dres, N * C));
   MESHRUN_RETURN_IF_ERROR(keep(s.atty, a.atty.template data<T>(), N * Cl));
@@ -881,7 +933,7 @@ Status GPT2<T>::BlockBackwardInput(int l, const T* residual, T* stash) {
   MESHRUN_RETURN_IF_ERROR(keep(s.ln1, a.ln1.template data<T>(), N * C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
   T* norm1 = stash + s.norms;
-  return NormBackward(l, 1, a, residual, dres, dln, norm1, llama ? none : norm1 + C);
+  return NormBackward(l, 1, a, residual, dres, dln, norm1, layer_norm ? norm1 + C : none);
 }
 
 template <typename T>
@@ -889,9 +941,10 @@ Status GPT2<T>::BlockBackwardWeight(int l, int64_t N, const T* stash) {
   // The gradients BlockBackward computes beside the input gradient, from what B kept; the
   // weights are not read (MatmulBackward without dinp).
   const Device dev = cfg_.device;
-  const int64_t C = cfg_.d_model, Cl = C / cfg_.tp_size, Fl = cfg_.ff() / cfg_.tp_size;
-  const bool llama = cfg_.llama();
-  const int64_t Gl = llama ? 2 * Fl : Fl;
+  const int64_t C = cfg_.d_model, Cl = AttnWidth(), Fl = cfg_.ff() / cfg_.tp_size;
+  const bool llama = cfg_.llama();  // the parameters' names
+  const bool gated = cfg_.gated_mlp(), layer_norm = cfg_.family().norm == NormKind::kLayerNorm;
+  const int64_t Gl = gated ? 2 * Fl : Fl;
   const LayerStash s = LayerStashLayout(N);
   T* const none = nullptr;
   const T* no_weight = nullptr;
@@ -902,17 +955,17 @@ Status GPT2<T>::BlockBackwardWeight(int l, int64_t N, const T* stash) {
   };
   const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
   // MLP block.
-  if (!llama)
+  if (!gated)
     MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "mlp.c_proj.bias"), stash + s.dmlp, N, C));
-  const std::string down = h + (llama ? "mlp.down_proj.weight" : "mlp.c_proj.weight");
+  const std::string down = h + (gated ? "mlp.down_proj.weight" : "mlp.c_proj.weight");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(down), none, stash + s.dmlp,
                                               stash + s.act, no_weight, N, Fl, C));
-  const std::string up = h + (llama ? "mlp.gate_up.weight" : "mlp.c_fc.weight");
+  const std::string up = h + (gated ? "mlp.gate_up.weight" : "mlp.c_fc.weight");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(up),
-                                              llama ? none : G(h + "mlp.c_fc.bias"), stash + s.dfc,
+                                              gated ? none : G(h + "mlp.c_fc.bias"), stash + s.dfc,
                                               stash + s.ln2, no_weight, N, C, Gl));
   const T* norms = stash + s.norms;
-  if (llama) {
+  if (!layer_norm) {
     MESHRUN_RETURN_IF_ERROR(
         ops::Accumulate(dev, G(h + "post_attention_layernorm.weight"), norms + C, C));
   } else {
@@ -920,7 +973,7 @@ Status GPT2<T>::BlockBackwardWeight(int l, int64_t N, const T* stash) {
     MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, G(h + "ln_2.bias"), norms + 3 * C, C));
   }
   // Attention block.
-  if (!llama)
+  if (cfg_.family().linear_biases)
     MESHRUN_RETURN_IF_ERROR(
         ops::BiasBackward(dev, G(h + "attn.c_proj.bias"), stash + s.dattn, N, C));
   const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
@@ -930,7 +983,7 @@ Status GPT2<T>::BlockBackwardWeight(int l, int64_t N, const T* stash) {
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(qkv + "weight"), Gopt(qkv + "bias"),
                                               stash + s.dqkv, stash + s.ln1, no_weight, N, C,
                                               QkvWidth()));
-  if (llama) {
+  if (!layer_norm) {
     return ops::Accumulate(dev, G(h + "input_layernorm.weight"), norms, C);
   }
   MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, G(h + "ln_1.weight"), norms, C));

@@ -21,9 +21,9 @@ namespace meshrun {
 // and recomputes the whole block (its tp and cp collectives included).
 enum class Recompute { kNone, kSelective, kFull };
 
-// The architecture of a model (docs/model.md): GPT-2 (LayerNorm, learned positions, GELU MLP,
-// biases) or the Llama family (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention).
-enum class Arch { kGpt2, kLlama };
+// The architecture of a model (docs/model.md): a family of the registry (common/architecture.h),
+// whose description (norm, MLP, positions, biases, embedding scale, head width) the step reads.
+using Arch = ModelArch;
 
 // Llama 3's frequency-dependent rescaling of the rotary frequencies (rope_scaling type llama3).
 struct RopeScaling {
@@ -40,9 +40,12 @@ struct GPT2Config {
   int vocab_size = 256;
   int n_layer = 2;
   int n_head = 4;
-  int n_kv_head = 4;  // grouped-query attention (llama only: gpt2 uses n_head)
+  int n_kv_head = 4;  // grouped-query attention (families with grouped_query; else n_head)
   int d_model = 64;
-  int d_ff = 256;        // the MLP's width (llama only: gpt2 uses 4·d_model)
+  int d_ff = 256;  // the MLP's width (families with grouped_query; else 4·d_model)
+  // The width of one head (families with free_head_dim; q/k/v/o are n_head·head_dim wide);
+  // 0: d_model/n_head.
+  int attn_head_dim = 0;
   int max_seq_len = 64;  // rows of the position embedding (n_positions; gpt2 only)
   double ln_eps = 1e-5;  // LayerNorm / RMSNorm epsilon
   double rope_theta = 10000.0;
@@ -102,10 +105,14 @@ struct GPT2Config {
     return c;
   }
 
-  bool llama() const { return arch == Arch::kLlama; }
-  int head_dim() const { return d_model / n_head; }
-  int kv_heads() const { return llama() ? n_kv_head : n_head; }
-  int ff() const { return llama() ? d_ff : 4 * d_model; }  // the MLP's hidden units
+  // The family's description (the registry's).
+  const Architecture& family() const { return ArchitectureOf(arch); }
+  // The Llama layout of parameter names (embed_tokens, layers.N.*, norm): Llama and Gemma.
+  bool llama() const { return family().names == ParamNames::kLlama; }
+  int head_dim() const { return attn_head_dim > 0 ? attn_head_dim : d_model / n_head; }
+  int kv_heads() const { return family().grouped_query ? n_kv_head : n_head; }
+  int ff() const { return family().mlp == MlpKind::kGelu ? 4 * d_model : d_ff; }  // MLP units
+  bool gated_mlp() const { return family().mlp != MlpKind::kGelu; }  // fc output: gate|up
   // This tp rank's vocabulary rows [vocab_first(), vocab_first() + vocab_rows()): ⌈V/T⌉ each,
   // fewer on the last rank.
   int64_t vocab_first() const;
@@ -379,6 +386,23 @@ class GPT2 {
     return int64_t{cfg_.n_head / cfg_.tp_size + 2 * (cfg_.kv_heads() / cfg_.tp_size)} *
            cfg_.head_dim();
   }
+  // Columns of q (and of the attention output before o_proj) on this rank: heads · head_dim.
+  int64_t AttnWidth() const { return int64_t{cfg_.n_head / cfg_.tp_size} * cfg_.head_dim(); }
+  // The weight a norm multiplies by: `w` itself, or 1 + w in norm_weight_ for the (1 + w)
+  // RMSNorm (its gradient is w's).
+  StatusOr<const T*> NormWeight(const T* w);
+  // A norm of the family's kind over N rows of d_model: weight (and LayerNorm's bias) by name.
+  Status NormForwardOp(T* out, T* mean, T* rstd, const T* inp, const std::string& weight,
+                       const std::string& bias);
+  Status NormBackwardOp(T* dinp, const T* dout, const T* inp, const T* mean, const T* rstd,
+                        const std::string& weight, const std::string& bias, T* dweight = nullptr,
+                        T* dbias = nullptr);
+  // The names of layer l's norm before attention (which 1) or the MLP (2), and of the final
+  // norm: weight and (LayerNorm) bias.
+  std::pair<std::string, std::string> NormNames(int l, int which) const;
+  // The gated MLP's activation (SwiGLU or GeGLU) of fc's gate|up rows, forward and backward.
+  Status GatedForward(T* out, const T* gate_up, int64_t N, int64_t F);
+  Status GatedBackward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int64_t F);
   // The rotary cos/sin tables of this forward's positions (llama), on the device.
   Status PrepareRope();
   // Rotary embedding of x (B, heads, T_, D) in place, or its backward (llama).
@@ -424,6 +448,7 @@ class GPT2 {
   // the targets of the loss.
   Tensor tokens_, positions_, seq_positions_dev_, targets_;
   Tensor encoded_, lnf_, lnf_mean_, lnf_rstd_, logits_, losses_;
+  Tensor norm_weight_;           // 1 + w of the (1 + w) RMSNorm being run (d_model)
   Tensor head_logits_;           // one chunk of the head's logits (then its dlogits)
   int64_t head_rows_ = 0;        // rows per chunk
   std::vector<LayerActs> acts_;  // per layer; what recompute drops are views of work_'s

@@ -75,7 +75,7 @@ Status GPT2<T>::PrepareCpPositions() {
 template <typename T>
 Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
   const Device dev = cfg_.device;
-  const int64_t B = B_, Tn = T_, Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.d_model / cfg_.n_head;
+  const int64_t B = B_, Tn = T_, Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.head_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const int32_t* pos = seq_positions_dev_.template data<int32_t>();
   const int32_t* lo = has_q_lo_ ? q_lo_.template data<int32_t>() : nullptr;
@@ -88,7 +88,8 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
     const int64_t Kl = cfg_.kv_heads() / cfg_.tp_size;
     MESHRUN_RETURN_IF_ERROR(
         ops::SplitHeads(dev, q, k, v, qkv_.template data<T>(), B, Tn, Hl, Kl, D));
-    if (cfg_.llama()) {  // rotary embeddings at the tokens' global (or document) positions
+    if (!cfg_.family().learned_positions) {  // rotary embeddings at the tokens' global (or
+                                             // document) positions
       MESHRUN_RETURN_IF_ERROR(Rope(q, /*backward=*/false));
       MESHRUN_RETURN_IF_ERROR(Rope(k, /*backward=*/false));
     }
@@ -151,7 +152,7 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
 template <typename T>
 Status GPT2<T>::AttentionBackward(LayerActs& a) {
   const Device dev = cfg_.device;
-  const int64_t B = B_, Tn = T_, Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.d_model / cfg_.n_head;
+  const int64_t B = B_, Tn = T_, Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.head_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const int32_t* pos = seq_positions_dev_.template data<int32_t>();
   const int32_t* lo = has_q_lo_ ? q_lo_.template data<int32_t>() : nullptr;
@@ -224,7 +225,7 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
       MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, dv, nxt + count, sizeof(T) * count));
     }
   }
-  if (cfg_.llama()) {
+  if (!cfg_.family().learned_positions) {
     MESHRUN_RETURN_IF_ERROR(Rope(dq, /*backward=*/true));
     MESHRUN_RETURN_IF_ERROR(Rope(dk, /*backward=*/true));
   }

@@ -12,12 +12,13 @@
 namespace meshrun {
 GPT2Config GPT2ConfigOf(const ModelSpec& model) {
   GPT2Config cfg;
-  cfg.arch = ArchOf(model) == ModelArch::kLlama ? Arch::kLlama : Arch::kGpt2;
+  cfg.arch = ArchOf(model);
   cfg.vocab_size = model.vocab_size;
   cfg.n_layer = model.n_layer;
   cfg.n_head = model.n_head;
   cfg.n_kv_head = model.kv_heads();
   cfg.d_model = model.d_model;
+  cfg.attn_head_dim = model.family().free_head_dim ? model.head_dim : 0;
   cfg.d_ff = model.ff();
   cfg.max_seq_len = model.seq_len;
   cfg.ln_eps = model.norm_eps;
@@ -134,21 +135,23 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
       add("ln_f.bias", {C}, {}, 0, 0);
     }
   } else {
+    // A (1 + w) RMSNorm stores w: 0 is the identity scale.
+    const double norm_init = cfg.family().norm == NormKind::kRMSNormOnePlus ? 0 : 1;
     if (embedding) add("embed_tokens", {V, C}, vocab_rows, w_std, 0);
     end_unit();
     for (int64_t l : stage_layers) {
       const std::string h = "layers." + std::to_string(l) + ".";
-      add(h + "input_layernorm.weight", {C}, {}, 0, 1);
+      add(h + "input_layernorm.weight", {C}, {}, 0, norm_init);
       add(h + "self_attn.qkv.weight", {Wqkv, C}, qkv_w, w_std, 0);
       if (cfg.attention_bias) add(h + "self_attn.qkv.bias", {Wqkv}, qkv_b, 0, 0);
       add(h + "self_attn.o_proj.weight", {C, Cq}, {Box{{0, t * Hl * D}, {C, Hl * D}}}, proj_std, 0);
-      add(h + "post_attention_layernorm.weight", {C}, {}, 0, 1);
+      add(h + "post_attention_layernorm.weight", {C}, {}, 0, norm_init);
       add(h + "mlp.gate_up.weight", {2 * F, C}, {rows(t * Fl, Fl, C), rows(F + t * Fl, Fl, C)},
           w_std, 0);
       add(h + "mlp.down_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std, 0);
       end_unit();
     }
-    if (last) add("norm.weight", {C}, {}, 0, 1);
+    if (last) add("norm.weight", {C}, {}, 0, norm_init);
   }
   if (last && !cfg.tie_embeddings) add("lm_head", {V, C}, vocab_rows, w_std, 0);
   end_unit();
@@ -216,7 +219,8 @@ double GPT2FlopsPerToken(const GPT2Config& cfg, int seq_len) {
     const bool table = p.name == "wte" || p.name == "embed_tokens";
     if (p.name != "wpe" && !(table && !cfg.tie_embeddings)) n += static_cast<double>(p.numel);
   }
-  return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * static_cast<double>(seq_len);
+  return 6.0 * n +
+         12.0 * cfg.n_layer * (double{cfg.n_head} * cfg.head_dim()) * static_cast<double>(seq_len);
 }
 
 namespace {

@@ -68,8 +68,8 @@ Status CheckConfigMatches(const GPT2Config& model, const GPT2Config& file, const
   };
   const bool llama = file.llama();
   if (model.arch != file.arch) {
-    return mismatch("arch", "model_type", model.llama() ? "llama" : "gpt2",
-                    llama ? "a llama-family type" : "gpt2");
+    return mismatch("arch", "model_type", std::string(model.family().name),
+                    "a type of arch " + std::string(file.family().name));
   }
   struct IntField {
     const char* field;
@@ -84,6 +84,7 @@ Status CheckConfigMatches(const GPT2Config& model, const GPT2Config& file, const
       {"vocab_size", "vocab_size", "vocab_size", model.vocab_size, file.vocab_size},
       {"n_kv_head", "n_head", "num_key_value_heads", model.kv_heads(), file.kv_heads()},
       {"d_ff", "n_inner", "intermediate_size", model.ff(), file.ff()},
+      {"head_dim", "n_embd/n_head", "head_dim", model.head_dim(), file.head_dim()},
   };
   for (const IntField& f : ints) {
     if (f.spec != f.file) {
@@ -518,12 +519,14 @@ nlohmann::json ExportConfig(const GPT2Config& cfg, const HuggingFaceExportOption
   // q/k/v biases without an o_proj bias are Qwen2's layout; LlamaForCausalLM's attention_bias
   // would add one to o_proj too. Of the family the source's type is kept (Mistral stays
   // MistralForCausalLM) when it has that layout.
-  const bool qwen2 = cfg.attention_bias;
-  std::string type = qwen2 ? "qwen2" : "llama";
-  nlohmann::json architectures = {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  const bool llama_family = cfg.arch == Arch::kLlama;
+  const bool qwen2 = llama_family && cfg.attention_bias;
+  std::string type = qwen2 ? "qwen2" : std::string(cfg.family().hf_model_types[0]);
+  nlohmann::json architectures = {qwen2 ? "Qwen2ForCausalLM" : std::string(cfg.family().hf_class)};
   const std::string source_type = IdentityString(o.identity, "model_type");
-  if (source_type == "qwen2" ? qwen2
-                             : (source_type == "mistral" || source_type == "llama") && !qwen2) {
+  if (!llama_family            ? source_type == type
+      : source_type == "qwen2" ? qwen2
+                               : (source_type == "mistral" || source_type == "llama") && !qwen2) {
     type = source_type;
     if (type == "mistral") architectures = {"MistralForCausalLM"};
     // The source's own class name (e.g. a subclass's), when it is a causal LM.
@@ -551,7 +554,7 @@ nlohmann::json ExportConfig(const GPT2Config& cfg, const HuggingFaceExportOption
       {"num_attention_heads", cfg.n_head},
       {"num_key_value_heads", cfg.kv_heads()},
       {"head_dim", cfg.head_dim()},
-      {"hidden_act", "silu"},
+      {"hidden_act", cfg.family().mlp == MlpKind::kGeGLU ? "gelu_pytorch_tanh" : "silu"},
       {"max_position_embeddings",
        std::max(cfg.max_seq_len,
                 cfg.rope_scaling.llama3

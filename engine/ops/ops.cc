@@ -441,6 +441,19 @@ Status SwiGLUBackward(Device dev, T* dgate_up, const T* gate_up, const T* dout, 
 }
 
 template <typename T>
+Status GeGLUForward(Device dev, T* out, const T* gate_up, int64_t N, int64_t F) {
+  MESHRUN_OP("GeGLUForward", cpu::GeGLUForward(out, gate_up, N, F),
+             gpu::GeGLUForward(ctx, out, gate_up, N, F))
+}
+
+template <typename T>
+Status GeGLUBackward(Device dev, T* dgate_up, const T* gate_up, const T* dout, int64_t N,
+                     int64_t F) {
+  MESHRUN_OP("GeGLUBackward", cpu::GeGLUBackward(dgate_up, gate_up, dout, N, F),
+             gpu::GeGLUBackward(ctx, dgate_up, gate_up, dout, N, F))
+}
+
+template <typename T>
 Status ResidualForward(Device dev, T* out, const T* a, const T* b, int64_t n) {
   MESHRUN_OP("ResidualForward", cpu::ResidualForward(out, a, b, n),
              gpu::ResidualForward(ctx, out, a, b, n))
@@ -655,6 +668,8 @@ Status Lion(Device dev, float* param, const float* grad, float* m, int64_t n, do
   template Status GeluBackward<T>(Device, T*, const T*, const T*, int64_t);                        \
   template Status SwiGLUForward<T>(Device, T*, const T*, int64_t, int64_t);                        \
   template Status SwiGLUBackward<T>(Device, T*, const T*, const T*, int64_t, int64_t);             \
+  template Status GeGLUForward<T>(Device, T*, const T*, int64_t, int64_t);                         \
+  template Status GeGLUBackward<T>(Device, T*, const T*, const T*, int64_t, int64_t);              \
   template Status ResidualForward<T>(Device, T*, const T*, const T*, int64_t);                     \
   template Status Accumulate<T>(Device, T*, const T*, int64_t);                                    \
   template Status EmbeddingRowsForward<T>(Device, T*, const int32_t*, const T*, int64_t, int64_t,  \

@@ -96,6 +96,11 @@ Status SwiGLUForward(Device dev, T* out, const T* gate_up, int64_t N, int64_t F)
 template <typename T>
 Status SwiGLUBackward(Device dev, T* dgate_up, const T* gate_up, const T* dout, int64_t N,
                       int64_t F);
+template <typename T>  // gelu_tanh(gate)·up over [gate | up] rows (Gemma)
+Status GeGLUForward(Device dev, T* out, const T* gate_up, int64_t N, int64_t F);
+template <typename T>
+Status GeGLUBackward(Device dev, T* dgate_up, const T* gate_up, const T* dout, int64_t N,
+                     int64_t F);
 template <typename T>
 Status ResidualForward(Device dev, T* out, const T* a, const T* b, int64_t n);
 template <typename T>

@@ -472,14 +472,17 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
 
   // Activations of one micro-batch of this rank's tokens (GPT2::EnsureActivations).
   const int64_t N = static_cast<int64_t>(spec.train.micro_batch_size) * (spec.model.seq_len / cp);
-  const int64_t C = cfg.d_model, V = cfg.vocab_rows(), Hl = cfg.n_head / tp, Cl = C / tp,
-                Fl = cfg.ff() / tp, Wl = (Hl + 2 * (cfg.kv_heads() / tp)) * cfg.head_dim(),
+  // Cl: the attention width on this rank, heads · head_dim (C/tp unless head_dim is free).
+  const int64_t C = cfg.d_model, V = cfg.vocab_rows(), Hl = cfg.n_head / tp,
+                Cl = Hl * cfg.head_dim(), Fl = cfg.ff() / tp,
+                Wl = (Hl + 2 * (cfg.kv_heads() / tp)) * cfg.head_dim(),
                 Gl = cfg.llama() ? 2 * Fl : Fl;  // the fc output: gate|up under llama
   const int64_t means = cfg.llama() ? 0 : 1;     // RMSNorm keeps no mean
   // The head computes its logits HeadChunkRows rows at a time (of this rank's vocabulary), on
-  // the last pipeline stage only.
+  // the last pipeline stage only. The (1 + w) RMSNorm's 1 + w: one row of d_model.
   const int64_t head = cfg.stage_last ? HeadChunkRows(N, V) * V : 0;
-  const int64_t root = N * C * 2 + N * (1 + means) + head + N;
+  const int64_t one_plus = cfg.family().norm == NormKind::kRMSNormOnePlus ? C : 0;
+  const int64_t root = N * C * 2 + N * (1 + means) + head + N + one_plus;
   const int64_t layer = N * C * 4 + N * 2 * (1 + means) + N * Cl * 5 + N * Hl + N * (Gl + Fl);
   const int64_t scratch = N * Wl * 2 + N * C * 2 + N * Cl * 5 + N * (Gl + Fl);
   const Checkpointing ac = CheckpointingOf(spec.train);
@@ -571,10 +574,11 @@ int64_t PipelineWeightStashNumel(const JobSpec& spec, int pp_stage) {
   const int64_t tp = par.tp_size;
   const int64_t N =
       static_cast<int64_t>(spec.train.micro_batch_size) * (spec.model.seq_len / par.cp_size);
-  const int64_t C = cfg.d_model, Cl = C / tp, Fl = cfg.ff() / tp,
+  const int64_t C = cfg.d_model, Cl = cfg.n_head / tp * cfg.head_dim(), Fl = cfg.ff() / tp,
                 Wl = (cfg.n_head / tp + 2 * (cfg.kv_heads() / tp)) * cfg.head_dim(),
-                Gl = cfg.llama() ? 2 * Fl : Fl;
-  const int64_t per_layer = N * (4 * C + Wl + Cl + Gl + Fl) + (cfg.llama() ? 2 : 4) * C;
+                Gl = cfg.gated_mlp() ? 2 * Fl : Fl;
+  const int64_t norms = cfg.family().norm == NormKind::kLayerNorm ? 4 * C : 2 * C;
+  const int64_t per_layer = N * (4 * C + Wl + Cl + Gl + Fl) + norms;
   return cfg.stage_layers() * per_layer;
 }
 

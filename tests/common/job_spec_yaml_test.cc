@@ -149,7 +149,7 @@ TEST(JobSpecYamlTest, UnknownFieldsSuggestTheClosestName) {
       "model.zzzzzz: unknown field (line 3) (hint: the fields of model are 'arch', "
       "'n_layer', 'n_head', 'd_model', 'seq_len', 'vocab_size', 'init_from', 'n_kv_head', 'd_ff', "
       "'norm_eps', 'rope_theta', 'rope_scaling', 'tie_embeddings', 'attention_bias', "
-      "'sliding_window')");
+      "'sliding_window', 'head_dim')");
 }
 
 TEST(JobSpecYamlTest, WrongTypesNameFieldValueAndLine) {

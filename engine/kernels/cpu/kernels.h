@@ -147,6 +147,11 @@ template <typename T>
 void SwiGLUForward(T* out, const T* gate_up, int64_t N, int64_t F);
 template <typename T>
 void SwiGLUBackward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int64_t F);
+// ---- GeGLU (Gemma): the same rows; out[N,F] = gelu_tanh(gate)·up.
+template <typename T>
+void GeGLUForward(T* out, const T* gate_up, int64_t N, int64_t F);
+template <typename T>
+void GeGLUBackward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int64_t F);
 
 // ---- rotary embeddings in the half-split (rotate_half) convention, in place on x (BH·Tn rows
 // of D): (a, b) = (x[i], x[i + D/2]) → (a·cos − b·sin, b·cos + a·sin), with cos/sin (Tn, D/2)

@@ -96,6 +96,46 @@ void SwiGLUBackward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int
   }
 }
 
+// gelu_tanh(x) = ½x(1 + tanh(√(2/π)(x + 0.044715x³))) and its derivative, in double.
+inline double GeluTanh(double x, double* derivative) {
+  constexpr double kA = 0.7978845608028654, kB = 0.044715;
+  const double t = std::tanh(kA * (x + kB * x * x * x));
+  *derivative = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kA * (1 + 3 * kB * x * x);
+  return 0.5 * x * (1 + t);
+}
+
+template <typename T>
+void GeGLUForward(T* out, const T* gate_up, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static) if (internal::WorthParallel(N * F))
+  for (int64_t i = 0; i < N; ++i) {
+    const T* g = gate_up + i * 2 * F;
+    const T* u = g + F;
+    T* o = out + i * F;
+    for (int64_t j = 0; j < F; ++j) {
+      double d;
+      o[j] = static_cast<T>(GeluTanh(g[j], &d)) * u[j];
+    }
+  }
+}
+
+template <typename T>
+void GeGLUBackward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int64_t F) {
+#pragma omp parallel for schedule(static) if (internal::WorthParallel(N * F))
+  for (int64_t i = 0; i < N; ++i) {
+    const T* g = gate_up + i * 2 * F;
+    const T* u = g + F;
+    const T* dy = dout + i * F;
+    T* dg = dgate_up + i * 2 * F;
+    T* du = dg + F;
+    for (int64_t j = 0; j < F; ++j) {
+      double d;
+      const T act = static_cast<T>(GeluTanh(g[j], &d));
+      du[j] += dy[j] * act;
+      dg[j] += dy[j] * u[j] * static_cast<T>(d);
+    }
+  }
+}
+
 template <typename T>
 void RopeForward(T* x, const T* cos, const T* sin, int64_t BH, int64_t Tn, int64_t D) {
   const int64_t half = D / 2;
@@ -222,6 +262,8 @@ void VocabShardGrad(T* dlogits, const T* logits, const T* lse, const int32_t* ta
   template void RMSNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t,       \
                                    int64_t);                                                      \
   template void SwiGLUForward<T>(T*, const T*, int64_t, int64_t);                                 \
+  template void GeGLUForward<T>(T*, const T*, int64_t, int64_t);                                  \
+  template void GeGLUBackward<T>(T*, const T*, const T*, int64_t, int64_t);                       \
   template void SwiGLUBackward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
   template void RopeForward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);                \
   template void RopeBackward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);               \
