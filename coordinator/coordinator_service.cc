@@ -317,9 +317,26 @@ Status CoordinatorServiceImpl::ValidateSessionMessage(const v1::WorkerSessionReq
       return rank_fields("rank_exited", m.job_id(), m.attempt(), m.rank());
     }
     case v1::WorkerSessionRequest::kMetrics: {
-      const auto& s = r.metrics().sample();
-      if (!s.has_rank()) return Missing("metrics.sample.rank");
-      return rank_fields("metrics.sample", s.job_id(), s.attempt(), s.rank());
+      const v1::RankMetrics& m = r.metrics();
+      // One sample (`sample`), or a batch (`samples`, `sample` then optional: decision 0063).
+      if (m.has_sample() || m.samples().empty()) {
+        const auto& s = m.sample();
+        if (!s.has_rank()) return Missing("metrics.sample.rank");
+        MESHRUN_RETURN_IF_ERROR(rank_fields("metrics.sample", s.job_id(), s.attempt(), s.rank()));
+      }
+      const int total = m.samples_size() + (m.has_sample() ? 1 : 0);
+      if (total > kMaxMetricsBatch) {
+        return ResourceExhaustedError(
+            "metrics.samples: " + std::to_string(total) +
+            " samples in one message, over the limit of " + std::to_string(kMaxMetricsBatch) +
+            " (hint: a worker batches at most " + std::to_string(kMaxMetricsBatch) +
+            " samples per RankMetrics; send the rest in another)");
+      }
+      for (const v1::MetricsSample& s : m.samples()) {
+        if (!s.has_rank()) return Missing("metrics.samples.rank");
+        MESHRUN_RETURN_IF_ERROR(rank_fields("metrics.samples", s.job_id(), s.attempt(), s.rank()));
+      }
+      return OkStatus();
     }
     case v1::WorkerSessionRequest::kLogs:
       for (const v1::LogLine& line : r.logs().lines()) {

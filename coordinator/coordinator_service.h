@@ -160,6 +160,10 @@ class CoordinatorServiceImpl final : public CoordinatorServiceHandler {
   // The largest RegisterWorkerRequest.calibration accepted (its fields take about 40 bytes;
   // the registration is kept in memory and in the state database for as long as the worker).
   static constexpr size_t kMaxCalibrationBytes = 1024;
+  // The most samples one RankMetrics may carry (`sample` and `samples` together); more ends
+  // the session. A worker batches what queued behind one write: its ranks' samples of a step
+  // or a few (decision 0063).
+  static constexpr int kMaxMetricsBatch = 256;
   // The largest ListWorkers page (a larger page_size gets this many).
   static constexpr int kMaxWorkersPage = 1000;
 

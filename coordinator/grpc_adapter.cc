@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include "common/tls.h"
 
@@ -72,8 +73,19 @@ Status CheckSessionMessage(const Authorizer& auth, const std::string& identity,
       return auth.CheckAttempt(identity, r.rank_exited().job_id(), r.rank_exited().attempt(),
                                "rank_exited");
     case v1::WorkerSessionRequest::kMetrics:
-      return auth.CheckAttempt(identity, r.metrics().sample().job_id(),
-                               r.metrics().sample().attempt(), "metrics");
+      if (r.metrics().has_sample() || r.metrics().samples().empty()) {
+        MESHRUN_RETURN_IF_ERROR(auth.CheckAttempt(identity, r.metrics().sample().job_id(),
+                                                  r.metrics().sample().attempt(), "metrics"));
+      }
+      for (int i = 0; i < r.metrics().samples_size(); ++i) {
+        const v1::MetricsSample& s = r.metrics().samples(i);
+        if (i > 0 && s.attempt() == r.metrics().samples(i - 1).attempt() &&
+            s.job_id() == r.metrics().samples(i - 1).job_id()) {
+          continue;  // the same attempt as the sample before: checked
+        }
+        MESHRUN_RETURN_IF_ERROR(auth.CheckAttempt(identity, s.job_id(), s.attempt(), "metrics"));
+      }
+      return OkStatus();
     case v1::WorkerSessionRequest::kLogs:
       for (const v1::LogLine& line : r.logs().lines()) {
         MESHRUN_RETURN_IF_ERROR(auth.CheckAttempt(identity, line.job_id(), line.attempt(), "logs"));
@@ -104,12 +116,34 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Call&& call) {
   return reactor;
 }
 
+// Folds the responses queued behind `into` into it (WatchJobRequest.batch_events), up to
+// kMaxCoalescedBytes of events; returns how many it took from the front of `rest`.
+constexpr size_t kMaxCoalescedBytes = 1u << 20;
+size_t CoalesceWatchResponses(v1::WatchJobResponse& into, std::deque<v1::WatchJobResponse>& rest,
+                              size_t first) {
+  size_t bytes = into.ByteSizeLong();
+  size_t taken = 0;
+  for (size_t i = first; i < rest.size(); ++i) {
+    v1::WatchJobResponse& r = rest[i];
+    const size_t more = r.ByteSizeLong();
+    if (bytes + more > kMaxCoalescedBytes) break;
+    bytes += more;
+    *into.add_more_events() = std::move(*r.mutable_event());
+    for (v1::JobEvent& e : *r.mutable_more_events()) *into.add_more_events() = std::move(e);
+    ++taken;
+  }
+  return taken;
+}
+
 // The write side shared by both stream reactors: a queue drained one StartWrite at a time,
 // and a Finish that waits for the queue to drain. `Reactor` provides StartWrite and Finish.
+// `coalesce` (WatchJob with batch_events): what queued behind a write in flight goes out in
+// one response when that write is done, one sendmsg instead of one each (decision 0063).
 template <typename Reactor, typename Response>
 class WriteQueue {
  public:
-  WriteQueue(Reactor* reactor, size_t max_queue) : reactor_(reactor), max_queue_(max_queue) {}
+  WriteQueue(Reactor* reactor, size_t max_queue, bool coalesce = false)
+      : reactor_(reactor), max_queue_(max_queue), coalesce_(coalesce) {}
 
   // False once finishing; ends the stream with UNAVAILABLE when the queue overflows.
   template <typename Message>
@@ -167,6 +201,12 @@ class WriteQueue {
         }
       }
       if (!queue_.empty()) {
+        if constexpr (std::is_same_v<Response, v1::WatchJobResponse>) {
+          if (coalesce_ && queue_.size() > 1) {
+            const size_t taken = CoalesceWatchResponses(queue_.front(), queue_, 1);
+            queue_.erase(queue_.begin() + 1, queue_.begin() + 1 + static_cast<long>(taken));
+          }
+        }
         next = &queue_.front();
       } else {
         writing_ = false;
@@ -188,6 +228,7 @@ class WriteQueue {
  private:
   Reactor* const reactor_;
   const size_t max_queue_;
+  const bool coalesce_;
   mutable std::mutex mu_;
   std::deque<Response> queue_;  // front is in flight while writing_
   bool writing_ = false;
@@ -204,7 +245,7 @@ class WatchReactor;
 // after OnDone every Send returns false.
 class WatchStream final : public WatchJobStream {
  public:
-  WatchStream(WatchReactor* reactor, size_t max_queue);
+  WatchStream(WatchReactor* reactor, size_t max_queue, bool coalesce);
   bool Send(const v1::WatchJobResponse& message) override;
   bool Send(v1::WatchJobResponse&& message) override;
   void Finish(const Status& status) override;
@@ -225,7 +266,9 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
   WatchReactor(CoordinatorServiceHandler& handler, const v1::WatchJobRequest& request,
                const AdapterLimits& limits, const Status& allowed, WatchRegistry& registry,
                std::optional<std::string> authorization, const std::string& caller)
-      : stream_(std::make_shared<WatchStream>(this, limits.max_watch_queue)), registry_(registry) {
+      : stream_(
+            std::make_shared<WatchStream>(this, limits.max_watch_queue, request.batch_events())),
+        registry_(registry) {
     if (!allowed.ok()) {
       stream_->Finish(allowed);
       return;
@@ -265,7 +308,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
   uint64_t registered_ = 0;
 };
 
-WatchStream::WatchStream(WatchReactor* reactor, size_t max_queue) : queue_(reactor, max_queue) {}
+WatchStream::WatchStream(WatchReactor* reactor, size_t max_queue, bool coalesce)
+    : queue_(reactor, max_queue, coalesce) {}
 bool WatchStream::Send(const v1::WatchJobResponse& message) {
   return queue_.Send(message);
 }

@@ -555,8 +555,9 @@ void JobManager::OnRankExited(const std::string& worker_id, const v1::RankExited
 
 void JobManager::OnRankMetrics(const std::string& worker_id, const v1::RankMetrics& m) {
   // The ingest path: matched, aggregated and published under the job's own ingest lock,
-  // never under mu_ (IngestBook).
-  (void)ingest_.Add(worker_id, m.sample());
+  // never under mu_ (IngestBook). A batch (RankMetrics.samples) as one sample after another.
+  if (m.has_sample() || m.samples().empty()) (void)ingest_.Add(worker_id, m.sample());
+  if (!m.samples().empty()) (void)ingest_.AddAll(worker_id, m.samples());
 }
 
 void JobManager::OnLogs(const std::string& worker_id, const v1::LogBatch& logs) {

@@ -88,6 +88,29 @@ bool IngestBook::Add(const std::string& worker_id, const v1::MetricsSample& s) {
   std::shared_ptr<JobIngest> job = Find(s.job_id());
   if (job == nullptr) return false;
   std::lock_guard<std::mutex> lock(job->mu);
+  return AddLocked(*job, worker_id, s);
+}
+
+size_t IngestBook::AddAll(const std::string& worker_id,
+                          const google::protobuf::RepeatedPtrField<v1::MetricsSample>& samples) {
+  size_t accepted = 0;
+  std::shared_ptr<JobIngest> job;
+  std::unique_lock<std::mutex> lock;
+  for (const v1::MetricsSample& s : samples) {
+    if (job == nullptr || job->job_id != s.job_id()) {
+      if (lock.owns_lock()) lock.unlock();
+      job = Find(s.job_id());
+      if (job == nullptr) continue;
+      lock = std::unique_lock<std::mutex>(job->mu);
+    }
+    if (AddLocked(*job, worker_id, s)) ++accepted;
+  }
+  return accepted;
+}
+
+bool IngestBook::AddLocked(JobIngest& entry, const std::string& worker_id,
+                           const v1::MetricsSample& s) {
+  JobIngest* const job = &entry;
   if (!job->running || s.attempt() != job->attempt || s.rank() < 0 ||
       s.rank() >= static_cast<int>(job->ranks.size())) {
     return false;

@@ -88,11 +88,18 @@ class IngestBook {
   // A rank sample from `worker_id`: dropped unless it is of a running attempt's rank placed on
   // that worker. Returns whether it was accepted.
   bool Add(const std::string& worker_id, const v1::MetricsSample& sample);
+  // A batch (RankMetrics.samples): each as Add does, the job looked up and locked once per run
+  // of samples of one job. Returns how many were accepted.
+  size_t AddAll(const std::string& worker_id,
+                const google::protobuf::RepeatedPtrField<v1::MetricsSample>& samples);
 
   // The job's entry, or null (tests hold its mutex to show that queries do not take it).
   std::shared_ptr<JobIngest> Find(const std::string& job_id) const;
 
  private:
+  // Add under job.mu.
+  bool AddLocked(JobIngest& job, const std::string& worker_id, const v1::MetricsSample& sample);
+
   StateDb* const db_;
   const Clock& clock_;
   const EventLimits limits_;

@@ -268,6 +268,11 @@ StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   // Workers hold streams open for days: let them keep the connection alive.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // No bandwidth-delay-product pings: chttp2 sends one after reading data whenever none is in
+  // flight, i.e. about once per session message of a worker that reports once a second (a
+  // write and the ack's read and wake-up each time, decision 0063). A control plane's messages
+  // are small; the default 64 KiB stream window carries them.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   ConnectionLimits connections;
   connections.handshake_timeout = config.handshake_timeout;
   connections.idle_timeout = config.connection_idle_timeout;

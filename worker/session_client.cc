@@ -204,6 +204,7 @@ Status SessionClient::RunSession() {
   interval = std::max(interval, milliseconds(50));
   {
     std::lock_guard<std::mutex> lock(mu_);
+    metrics_batches_ = first.accepted().metrics_batches() && options_.max_metrics_batch > 1;
     session_up_ = true;
     connected_ = true;
     ++sessions_opened_;
@@ -240,7 +241,21 @@ void SessionClient::WriterLoop(
   auto write_front = [&](std::unique_lock<std::mutex>& lock) {
     v1::WorkerSessionRequest m = std::move(queue_.front());
     queue_.pop_front();
-    const size_t bytes = m.ByteSizeLong();
+    size_t bytes = m.ByteSizeLong();
+    if (metrics_batches_ && m.has_metrics() && !queue_.empty() && queue_.front().has_metrics()) {
+      // The samples queued one after another: one message (decision 0063).
+      v1::RankMetrics* batch = m.mutable_metrics();
+      if (batch->has_sample()) *batch->add_samples() = std::move(*batch->mutable_sample());
+      batch->clear_sample();
+      while (!queue_.empty() && queue_.front().has_metrics() &&
+             batch->samples_size() < options_.max_metrics_batch) {
+        v1::RankMetrics& next = *queue_.front().mutable_metrics();
+        bytes += queue_.front().ByteSizeLong();
+        if (next.has_sample()) *batch->add_samples() = std::move(*next.mutable_sample());
+        for (v1::MetricsSample& s : *next.mutable_samples()) *batch->add_samples() = std::move(s);
+        queue_.pop_front();
+      }
+    }
     queued_bytes_ -= std::min(queued_bytes_, bytes);
     ++writing_;
     lock.unlock();
@@ -261,6 +276,18 @@ void SessionClient::WriterLoop(
                    [&] { return !session_up_ || stopping_ || !queue_.empty(); });
     if (!session_up_ || stopping_) return;
     if (Clock::now() < next_heartbeat) {
+      if (metrics_batches_ && options_.metrics_linger.count() > 0 && queue_.front().has_metrics()) {
+        // A sample at the head: its step's other samples are moments behind. Waits until
+        // something other than a sample queues (it goes at once), the batch is full, or the
+        // linger passed.
+        const auto until = std::min(Clock::now() + options_.metrics_linger, next_heartbeat);
+        cv_.wait_until(lock, until, [&] {
+          return !session_up_ || stopping_ || queue_.empty() || !queue_.back().has_metrics() ||
+                 queue_.size() >= static_cast<size_t>(options_.max_metrics_batch);
+        });
+        if (!session_up_ || stopping_) return;
+        if (queue_.empty()) continue;
+      }
       if (!queue_.empty() && !write_front(lock)) return;
       continue;
     }

@@ -52,6 +52,12 @@ struct SessionOptions {
   size_t max_queued = 20000;
   // The same for their serialized size, so that long log lines cannot pile up gigabytes.
   size_t max_queued_bytes = 64u << 20;
+  // To a coordinator that accepts metrics batches (SessionAccepted.metrics_batches), the rank
+  // samples queued one after another go up as one RankMetrics (at most max_metrics_batch), and
+  // a sample at the head of the queue waits up to this long for the worker's other ranks'
+  // samples of the step (which its ranks report within moments of each other); 0: no wait.
+  std::chrono::milliseconds metrics_linger{5};
+  int max_metrics_batch = 64;
 };
 
 // Owns one thread that registers and reads the stream, and, while a session is open, one that
@@ -100,6 +106,7 @@ class SessionClient {
   bool session_up_ = false;                     // guarded by mu_: a writer may write
   bool connected_ = false;                      // guarded by mu_
   int writing_ = 0;                             // guarded by mu_: messages being written now
+  bool metrics_batches_ = false;                // guarded by mu_: the session accepts them
   std::deque<v1::WorkerSessionRequest> queue_;  // guarded by mu_
   size_t queued_bytes_ = 0;                     // guarded by mu_
   size_t dropped_ = 0;                          // guarded by mu_

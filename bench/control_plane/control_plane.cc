@@ -7,7 +7,7 @@
 // summary), a page of 500 ranks (ListRanks), a page of 500 workers (ListWorkers) and follows
 // the job with WatchJob(rank_metrics).
 //
-//   control_plane [--workers 1024] [--slots 8] [--tp 8] [--seconds 15] [--hz 1]
+//   control_plane [--workers 1024] [--slots 8] [--tp 8] [--seconds 15] [--hz 1] [--unbatched]
 //                 [--generators 0 (auto: one per 256 workers)] [--coordinator PATH] [--cli PATH]
 //                 [--coordinator-log FILE (its log at info: SubmitJob's phases)]
 //
@@ -120,6 +120,7 @@ struct Config {
   std::string coordinator;
   std::string cli;
   std::string coordinator_log;  // kept here, at --log-level info, when set
+  bool unbatched = false;       // one session message per rank sample (before decision 0063)
   // --generator: this process is a load generator for workers [first, first + count).
   bool generator = false;
   std::string address;
@@ -235,9 +236,13 @@ int RunGenerator(const Config& cfg) {
         for (const auto& a : ranks) running.push_back(testing::FakeGrpcWorker::Running(a));
         sim.worker->Heartbeat(running);
         ++sent;
+        // As meshrun-worker sends them to this coordinator (SessionAccepted.metrics_batches):
+        // the worker's ranks' samples of the step in one RankMetrics; --unbatched: one each.
+        v1::WorkerSessionRequest batch;
         for (const auto& a : ranks) {
           v1::WorkerSessionRequest m;
-          v1::MetricsSample* s = m.mutable_metrics()->mutable_sample();
+          v1::MetricsSample* s = cfg.unbatched ? m.mutable_metrics()->mutable_sample()
+                                               : batch.mutable_metrics()->add_samples();
           s->set_job_id(a.job_id());
           s->set_attempt(a.attempt());
           s->set_rank(a.rank());
@@ -247,9 +252,15 @@ int RunGenerator(const Config& cfg) {
           s->set_step_seconds(1.0 / cfg.hz);
           s->set_tokens_per_second(1000);
           s->set_mfu(0.4);
-          sim.worker->Send(m);
-          ++sent;
           ++samples;
+          if (cfg.unbatched) {
+            sim.worker->Send(m);
+            ++sent;
+          }
+        }
+        if (!cfg.unbatched && !ranks.empty()) {
+          sim.worker->Send(batch);
+          ++sent;
         }
       }
       next += std::chrono::duration_cast<Clock::duration>(period);
@@ -345,11 +356,15 @@ int Run(const Config& cfg) {
     auto gen = std::make_unique<Generator>();
     char hz[32];
     std::snprintf(hz, sizeof(hz), "%g", cfg.hz);
-    gen->process = std::make_unique<testing::Subprocess>(
-        std::vector<std::string>{self, "--generator", "--address", address, "--first",
-                                 std::to_string(begin), "--count", std::to_string(end - begin),
-                                 "--slots", std::to_string(cfg.slots), "--hz", hz},
-        state + ".gen" + std::to_string(g) + ".stderr");
+    std::vector<std::string> args{self,        "--generator",
+                                  "--address", address,
+                                  "--first",   std::to_string(begin),
+                                  "--count",   std::to_string(end - begin),
+                                  "--slots",   std::to_string(cfg.slots),
+                                  "--hz",      hz};
+    if (cfg.unbatched) args.push_back("--unbatched");
+    gen->process =
+        std::make_unique<testing::Subprocess>(args, state + ".gen" + std::to_string(g) + ".stderr");
     Generator* raw = gen.get();
     gen->reader = std::thread([raw] {
       while (true) {
@@ -496,25 +511,30 @@ int Run(const Config& cfg) {
     req.set_job_id(submitted.job_id());
     req.set_rank_metrics(true);
     req.set_skip_logs(true);
+    req.set_batch_events(true);  // a dashboard of every rank's metrics asks for batches
     v1::GetJobResponse now;
     if (get_summary(&now).ok()) req.set_from_sequence(now.job().last_event_sequence() + 1);
     auto reader = stub->WatchJob(&watch_ctx, req);
     v1::WatchJobResponse resp;
-    while (reader->Read(&resp)) {
-      if (!resp.event().has_metrics()) continue;
-      const v1::MetricsSample& s = resp.event().metrics();
+    auto take = [&](const v1::JobEvent& event, std::chrono::system_clock::time_point now) {
+      if (!event.has_metrics()) return;
+      const v1::MetricsSample& s = event.metrics();
       if (!s.has_rank()) {
         ++job_samples;
-        continue;
+        return;
       }
-      if (!measuring) continue;
+      if (!measuring) return;
       const auto sent_at = std::chrono::system_clock::time_point(
           std::chrono::seconds(s.time().seconds()) + std::chrono::nanoseconds(s.time().nanos()));
-      const double ms =
-          std::chrono::duration<double, std::milli>(std::chrono::system_clock::now() - sent_at)
-              .count();
+      const double ms = std::chrono::duration<double, std::milli>(now - sent_at).count();
       std::lock_guard<std::mutex> lock(forward_mu);
       forward_ms.push_back(ms);
+    };
+    while (reader->Read(&resp)) {
+      // Every event of a batch arrived when the response did.
+      const auto now = std::chrono::system_clock::now();
+      take(resp.event(), now);
+      for (const v1::JobEvent& e : resp.more_events()) take(e, now);
     }
     (void)reader->Finish();
   });
@@ -607,6 +627,7 @@ int Run(const Config& cfg) {
   const double us_per_msg = window_sent > 0 ? 1e6 * coord_cpu_s / window_sent : 0;
   const double us_per_sample = window_samples > 0 ? 1e6 * coord_cpu_s / window_samples : 0;
   const double gen_us_per_msg = window_sent > 0 ? 1e6 * generators_cpu_s / window_sent : 0;
+  const double gen_us_per_sample = window_samples > 0 ? 1e6 * generators_cpu_s / window_samples : 0;
 
   std::printf("\n%-48s %12s\n", "measure", "value");
   std::printf("%-48s %12.2f\n", "connect workers (register+open) [s]", connect_s);
@@ -614,6 +635,10 @@ int Run(const Config& cfg) {
   std::printf("%-48s %12.2f\n", "submit -> all assignments at workers [s]", assign_s);
   std::printf("%-48s %12.2f\n", "submit -> all ranks RUNNING [s]", running_s);
   std::printf("%-48s %12.0f\n", "session messages in [msg/s]", msgs_per_s);
+  std::printf("%-48s %12.0f\n",
+              cfg.unbatched ? "rank samples in, one per message [1/s]"
+                            : "rank samples in, a worker's per message [1/s]",
+              window_samples / steady_s);
   std::printf("%-48s %6.2f / %5.2f\n", "job summary (GetJob summary) p50 / p99 [ms]", sm.p50,
               sm.p99);
   std::printf("%-48s %6.2f / %5.2f\n", "page of 500 ranks (ListRanks) p50 / p99 [ms]", rp.p50,
@@ -626,6 +651,7 @@ int Run(const Config& cfg) {
   std::printf("%-48s %12.2f\n", "coordinator CPU per session message [us]", us_per_msg);
   std::printf("%-48s %12.2f\n", "coordinator CPU per rank sample [us]", us_per_sample);
   std::printf("%-48s %12.2f\n", "load generators' CPU per session message [us]", gen_us_per_msg);
+  std::printf("%-48s %12.2f\n", "load generators' CPU per rank sample [us]", gen_us_per_sample);
   std::printf("%-48s %12.1f\n", "coordinator RSS, end of steady state [MiB]", after.rss_mib);
   std::printf("%-48s %12lld\n", "job-level samples streamed", static_cast<long long>(job_samples));
   std::printf("%-48s %12s\n", "coordinator exit on SIGTERM",
@@ -646,6 +672,8 @@ int Run(const Config& cfg) {
       {"place_assign_s", assign_s},
       {"all_running_s", running_s},
       {"session_msgs_per_s", msgs_per_s},
+      {"rank_samples_per_s", window_samples / steady_s},
+      {"metrics_batched", !cfg.unbatched},
       {"summary_ms", {{"p50", sm.p50}, {"p99", sm.p99}, {"n", sm.n}}},
       {"rank_page_ms", {{"p50", rp.p50}, {"p99", rp.p99}, {"n", rp.n}}},
       {"worker_page_ms", {{"p50", wp.p50}, {"p99", wp.p99}, {"n", wp.n}}},
@@ -655,6 +683,7 @@ int Run(const Config& cfg) {
       {"coordinator_us_per_msg", us_per_msg},
       {"coordinator_us_per_rank_sample", us_per_sample},
       {"generators_us_per_msg", gen_us_per_msg},
+      {"generators_us_per_rank_sample", gen_us_per_sample},
       {"coordinator_rss_mib", after.rss_mib},
       {"job_samples", job_samples.load()},
   };
@@ -683,6 +712,9 @@ int main(int argc, char** argv) {
                  "meshrun binary timed for `status` (default: next to this program)");
   app.add_option("--coordinator-log", cfg.coordinator_log,
                  "keep the coordinator's log (at --log-level info) in this file");
+  app.add_flag("--unbatched", cfg.unbatched,
+               "one session message per rank sample (default: a worker's samples of a step in "
+               "one RankMetrics, as meshrun-worker sends them)");
   // Internal: one load-generator process (started by the main process).
   app.add_flag("--generator", cfg.generator)->group("");
   app.add_option("--address", cfg.address)->group("");

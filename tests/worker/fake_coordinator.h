@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -71,6 +72,7 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     v1::WorkerSessionResponse accepted;
     SetDuration(accepted.mutable_accepted()->mutable_lease_ttl(), lease);
     SetDuration(accepted.mutable_accepted()->mutable_heartbeat_interval(), heartbeat);
+    accepted.mutable_accepted()->set_metrics_batches(metrics_batches);
     stream->Write(accepted);
     bool done = false;
     std::thread writer([&] {
@@ -179,6 +181,9 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     current_attempt_[job_id] = attempt;
   }
+
+  // What SessionAccepted.metrics_batches says to sessions opened from now on.
+  std::atomic<bool> metrics_batches{false};
 
   // Queues a message down every open session (the first to pick it up sends it).
   void SendDown(v1::WorkerSessionResponse m) {
