@@ -570,7 +570,7 @@ int64_t PipelineWeightStashNumel(const JobSpec& spec, int pp_stage) {
   // gradients; zero_bubble has one chunk per stage, all of the stage's layers.
   const ParallelismSpec& par = spec.parallelism;
   if (par.pp_size <= 1) return 0;
-  const GPT2Config cfg = StageConfig(spec, pp_stage);
+  const GPT2Config cfg = StageConfig(spec, pp_stage, ChunkLayersOf(spec));
   const int64_t tp = par.tp_size;
   const int64_t N =
       static_cast<int64_t>(spec.train.micro_batch_size) * (spec.model.seq_len / par.cp_size);

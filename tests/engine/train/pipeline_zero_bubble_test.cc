@@ -153,9 +153,12 @@ TEST(ZeroBubbleScheduleTest, TimetableRunsEachOperationOnceAndFillsTheCooldown) 
             PipelineBubbleTheory(PpSchedule::k1F1B, 4, 8, 1));
 }
 
-GPT2Config SplitModelConfig(bool llama, Recompute recompute) {
+// llama-named families: Llama (qkv bias) and Gemma (GeGLU, (1 + w) RMSNorm, scaled embeddings,
+// head_dim 12 ≠ d_model/n_head, tied).
+GPT2Config SplitModelConfig(Arch arch, Recompute recompute) {
+  const bool llama = arch != Arch::kGpt2;
   GPT2Config c;
-  c.arch = llama ? Arch::kLlama : Arch::kGpt2;
+  c.arch = arch;
   c.vocab_size = 64;
   c.n_layer = 2;
   c.n_head = 4;
@@ -163,8 +166,9 @@ GPT2Config SplitModelConfig(bool llama, Recompute recompute) {
   c.d_model = 32;
   c.d_ff = 48;
   c.max_seq_len = 16;
-  c.tie_embeddings = !llama;
-  c.attention_bias = llama;  // the qkv bias's gradient comes from W too
+  c.tie_embeddings = arch != Arch::kLlama;
+  c.attention_bias = arch == Arch::kLlama;  // the qkv bias's gradient comes from W too
+  if (arch == Arch::kGemma) c.attn_head_dim = 12;
   c.recompute = recompute;
   return c;
 }
@@ -177,11 +181,12 @@ TEST(ZeroBubbleModelTest, SplitBackwardGivesTheWholeBackwardsGradientsBitForBit)
     tg[i] = static_cast<int32_t>((i * 5 + 1) % 64);
   }
   const double scale = 1.0 / (2 * B * T);
-  for (bool llama : {false, true}) {
+  for (Arch arch : {Arch::kGpt2, Arch::kLlama, Arch::kGemma}) {
+    const bool llama = arch != Arch::kGpt2;
     for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-      SCOPED_TRACE(std::string(llama ? "llama" : "gpt2") + " recompute " +
+      SCOPED_TRACE("arch " + std::to_string(static_cast<int>(arch)) + " recompute " +
                    std::to_string(static_cast<int>(r)));
-      const GPT2Config cfg = SplitModelConfig(llama, r);
+      const GPT2Config cfg = SplitModelConfig(arch, r);
       GPT2<float> whole(cfg), split(cfg);
       whole.InitDeterministic(7);
       split.InitDeterministic(7);
@@ -230,8 +235,9 @@ TEST(ZeroBubbleModelTest, SplitBackwardGivesTheWholeBackwardsGradientsBitForBit)
       const int64_t N = B * T, C = cfg.d_model;
       const int64_t qkv = (cfg.n_head + 2 * cfg.kv_heads()) * cfg.head_dim();
       const int64_t F = cfg.ff();
+      const int64_t atty = cfg.n_head * cfg.head_dim();
       const int64_t per_layer =
-          N * (4 * C + qkv + C + (llama ? 2 * F : F) + F) + (llama ? 2 : 4) * C;
+          N * (4 * C + qkv + atty + (llama ? 2 * F : F) + F) + (llama ? 2 : 4) * C;
       EXPECT_EQ(split.WeightStashNumel(B, T), cfg.n_layer * per_layer);
       if (!llama) EXPECT_EQ(per_layer, 16 * N * C + 4 * C);  // GPT-2: 16·N·d_model + 4·d_model
     }
