@@ -134,7 +134,7 @@ TEST(JobSpecTest, MirrorsConventionsSectionFiveFieldForField) {
         "d_ff", "norm_eps", "rope_theta", "rope_scaling_type", "rope_scaling_factor",
         "rope_scaling_low_freq_factor", "rope_scaling_high_freq_factor",
         "rope_scaling_original_max_position_embeddings", "tie_embeddings", "attention_bias",
-        "sliding_window"}},
+        "sliding_window", "head_dim"}},
       {"parallelism",
        {"dp_replicate_size", "dp_shard_size", "cp_size", "tp_size", "cp_comm_strategy",
         "fsdp_reshard_after_forward", "comm_timeout_seconds", "auto", "pp_size", "pp_schedule",
