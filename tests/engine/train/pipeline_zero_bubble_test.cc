@@ -312,6 +312,19 @@ TEST_F(PipelineZeroBubbleTest, Gpt2TwoStagesTimesReplicasTimesCpTrainsLikeOneRan
   ExpectTrainsLike(Run(spec), OneRank("gpt2", 4));
 }
 
+TEST_F(PipelineZeroBubbleTest, Gpt2FourStagesTimesRingCpTrainsLikeOneRank) {
+  // pp 4 × cp 2 (ring): B runs the ring attention's backward, W only local GEMMs (8 ranks).
+  JobSpec spec = ZeroBubble("gpt2", 8, {.P = 4, .C = 2});
+  spec.parallelism.cp_comm_strategy = "ring";
+  ExpectTrainsLike(Run(spec), OneRank("gpt2", 8));
+}
+
+TEST_F(PipelineZeroBubbleTest, LlamaFourStagesTimesRingCpTrainsLikeOneRank) {
+  JobSpec spec = ZeroBubble("llama", 8, {.P = 4, .C = 2});
+  spec.parallelism.cp_comm_strategy = "ring";
+  ExpectTrainsLike(Run(spec), OneRank("llama", 8));
+}
+
 TEST_F(PipelineZeroBubbleTest, LlamaTiedFourStagesWithCheckpointingTrainsLikeOneRank) {
   // The tied embedding's gradients exchanged between first and last stage after the step's
   // last W; full activation checkpointing recomputes each block inside B.
