@@ -76,7 +76,8 @@ RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& m
   // (engine/train/memory_model.cc; tests/engine/train/memory_estimate_model_test.cc holds the
   // two together): N tokens on this rank, the head's logits in chunks of 2^23 floats.
   const double N = std::max(1, spec.train.micro_batch_size) * std::floor(S / cp);
-  const double Vl = std::ceil(V / tp), Hl = std::floor(H / tp), Cl = std::floor(C / tp);
+  // Cl: the attention width on this rank, heads · head_dim (d_model/tp unless head_dim is free).
+  const double Vl = std::ceil(V / tp), Hl = std::floor(H / tp), Cl = Hl * D;
   const double Fl = std::floor(F / tp), Kl = std::floor(K / tp);
   const double Wl = (Hl + 2 * Kl) * D, Gl = llama ? 2 * Fl : Fl, means = llama ? 0 : 1;
   const double head_rows = std::max(1.0, std::min(N, std::floor(8388608.0 / std::max(1.0, Vl))));

@@ -60,6 +60,14 @@ std::vector<EstimateCase> EstimateCases() {
   JobSpec tp = LlamaSpec(344, 2, false);
   tp.parallelism.tp_size = 2;
   cases.push_back({"llama tp 2", tp});
+  // Gemma: heads of 32 wide, so q/k/v/o are 8·32 = 256 wide over a d_model of 128.
+  JobSpec gemma = LlamaSpec(344, 2, true);
+  gemma.model.arch = "gemma";
+  gemma.model.head_dim = 32;
+  cases.push_back({"gemma head_dim 32", gemma});
+  JobSpec gemma_tp = gemma;
+  gemma_tp.parallelism.tp_size = 2;
+  cases.push_back({"gemma head_dim 32 tp 2", gemma_tp});
   JobSpec fsdp = LlamaSpec(344, 2, false);
   fsdp.parallelism.dp_shard_size = 2;
   cases.push_back({"llama dp_shard 2", fsdp});
