@@ -85,9 +85,12 @@ void WorkerDaemon::Shutdown(milliseconds grace) {
   }
   const int n = supervisor_->StopAll(grace);
   if (n > 0) spdlog::info("stopping {} rank processes", n);
-  // Wait for their exits (and so their RankExited reports), bounded.
+  // Wait for their exits and their RankExited reports, bounded: a process the supervisor no
+  // longer counts may still be on its way through OnRankExited, which queues the report and
+  // leaves active_ under one lock.
   const auto give_up = std::chrono::steady_clock::now() + grace + milliseconds(12000);
-  while (supervisor_->running_count() > 0 && std::chrono::steady_clock::now() < give_up) {
+  while ((supervisor_->running_count() > 0 || active_ranks() > 0) &&
+         std::chrono::steady_clock::now() < give_up) {
     std::this_thread::sleep_for(milliseconds(20));
   }
   if (session_->connected()) session_->Flush(milliseconds(2000));
