@@ -525,9 +525,8 @@ StatusOr<std::vector<PlanRow>> Plan(const JobSpec& spec, const ClusterShape& clu
       rows[i].engine_runs = PlannableOn(candidates[i], cluster.world()) == Plannable::kRuns;
     }
   };
-  const size_t threads =
-      std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 16,
-                        std::max<size_t>(1, candidates.size() / 64)});
+  const size_t threads = std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), 16,
+                                           std::max<size_t>(1, candidates.size() / 64)});
   std::vector<std::thread> pool;
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
