@@ -186,6 +186,71 @@ Status Communicator::DoWait(int64_t, Duration, double*) {
   return UnimplementedError("this backend has no asynchronous collectives");
 }
 
+StatusOr<int64_t> Communicator::DoStartSend(const void*, size_t, int, Duration) {
+  return UnimplementedError("this backend has no asynchronous point-to-point");
+}
+
+StatusOr<int64_t> Communicator::DoStartRecv(void*, size_t, int, Duration) {
+  return UnimplementedError("this backend has no asynchronous point-to-point");
+}
+
+StatusOr<CommWork> Communicator::StartP2P(CommOp op, const void* send_data, void* recv_data,
+                                          size_t bytes, int peer, const CallOptions& opts) {
+  const bool send = op == CommOp::kSend;
+  MESHRUN_RETURN_IF_ERROR(CheckPeer(op, peer, "peer"));
+  if (peer == rank()) {
+    return InvalidArgumentError(
+        Describe(op) + (send ? ": cannot send to itself" : ": cannot receive from itself") +
+        " (hint: use SendRecv for a self-exchange)");
+  }
+  if (bytes > 0 && (send ? send_data == nullptr : recv_data == nullptr)) {
+    return InvalidArgumentError(Describe(op) + ": null data");
+  }
+  CommWork work;
+  work.op_ = op;
+  work.bytes_ = bytes;
+  work.charge_ = opts.charge.value_or(CommCharge::Axis(config_.axis));
+  work.timeout_ = opts.timeout.count() > 0 ? opts.timeout : config_.timeout;
+  work.start_ = Clock::now();
+  if (bytes == 0) {
+    work.pending_ = true;
+    work.ticket_ = -1;
+    return work;
+  }
+  if (!first_error_.ok()) {
+    return FailedPreconditionError(
+        Describe(op) + ": the communicator is unusable after an earlier error: " +
+        first_error_.ToString() + " (hint: rebuild the communicators, e.g. restart the job)");
+  }
+  StatusOr<int64_t> ticket = send ? DoStartSend(send_data, bytes, peer, work.timeout_)
+                                  : DoStartRecv(recv_data, bytes, peer, work.timeout_);
+  if (!ticket.ok()) return Fail(op, work.timeout_, ticket.status());
+  work.ticket_ = *ticket;
+  work.exposed_seconds_ = std::chrono::duration<double>(Clock::now() - work.start_).count();
+  work.pending_ = true;
+  return work;
+}
+
+StatusOr<CommWork> Communicator::StartSend(const float* data, size_t count, int peer,
+                                           const CallOptions& opts) {
+  return StartSendBytes(data, count * sizeof(float), peer, opts);
+}
+
+StatusOr<CommWork> Communicator::StartRecv(float* data, size_t count, int peer,
+                                           const CallOptions& opts) {
+  return StartRecvBytes(data, count * sizeof(float), peer, opts);
+}
+
+StatusOr<CommWork> Communicator::StartSendBytes(const void* data, size_t bytes, int peer,
+                                                const CallOptions& opts) {
+  return StartP2P(CommOp::kSend, data, nullptr, bytes, peer, opts);
+}
+
+StatusOr<CommWork> Communicator::StartRecvBytes(void* data, size_t bytes, int peer,
+                                                const CallOptions& opts) {
+  return StartP2P(CommOp::kRecv, nullptr, data, bytes, peer, opts);
+}
+
 StatusOr<CommWork> Communicator::Start(CommOp op, AsyncOp async_op, const void* input, void* output,
                                        size_t count, size_t bytes, const CallOptions& opts) {
   CommWork work;
@@ -343,6 +408,13 @@ class AliasCommunicator final : public Communicator {
   }
   Status DoWait(int64_t ticket, Duration timeout, double* busy_seconds) override {
     return target_->DoWait(ticket, timeout, busy_seconds);
+  }
+  StatusOr<int64_t> DoStartSend(const void* data, size_t bytes, int peer,
+                                Duration timeout) override {
+    return target_->DoStartSend(data, bytes, peer, timeout);
+  }
+  StatusOr<int64_t> DoStartRecv(void* data, size_t bytes, int peer, Duration timeout) override {
+    return target_->DoStartRecv(data, bytes, peer, timeout);
   }
   void CopyLocal(void* dst, const void* src, size_t bytes) override {
     target_->CopyLocal(dst, src, bytes);

@@ -116,6 +116,21 @@ class CommWork {
 // its exposed seconds are those the caller spent blocked in Start or Wait (all of them on CPU
 // backends), the rest is overlapped (CommCounter::overlapped_seconds).
 //
+// Asynchronous point-to-point (StartSend, StartRecv, then Wait; decision 0064): a send or a
+// receive posted now and finished by Wait, on every backend (host backends too: Gloo's transport
+// moves the bytes in its own thread once both ends have posted, the fake backend when the later
+// of the two is posted). Messages between two ranks match in the order they were posted, counting
+// the blocking Send, Recv and SendRecv too: the k-th message a rank sends to a peer is the k-th
+// that peer receives from it, so a rank may post several receives from one peer ahead and wait
+// for them in any order. Both buffers stay untouched until Wait (a send may read its buffer until
+// then; a receive's is written at any time before it). A send may complete only once the peer
+// posted the matching receive. The timeout runs from Start; an error (timeout, dead peer, sizes
+// that differ: the receiver gets INTERNAL) makes the communicator unusable as for blocking calls.
+// Accounting: as the asynchronous collectives (send counts its bytes, recv none). On NCCL the
+// calls are issued at Start on the communicator's one stream, where they complete in issue order:
+// a caller there must post them in an order that cannot wait on itself (a rank's receive ahead of
+// a send its peer needs first deadlocks); host backends have no such order.
+//
 // Not thread-safe: one thread issues a communicator's calls (different communicators of a
 // rank may be used from different threads).
 class Communicator {
@@ -174,6 +189,15 @@ class Communicator {
   // Raw bytes (e.g. FSDP's bf16 gathers): input holds `bytes`, output size()·bytes.
   StatusOr<CommWork> StartAllGatherBytes(const void* input, void* output, size_t bytes,
                                          const CallOptions& opts = {});
+  // Asynchronous point-to-point (see the class comment). Zero-sized calls complete at once; their
+  // CommWork is still waited for. peer == rank() is INVALID_ARGUMENT.
+  StatusOr<CommWork> StartSend(const float* data, size_t count, int peer,
+                               const CallOptions& opts = {});
+  StatusOr<CommWork> StartRecv(float* data, size_t count, int peer, const CallOptions& opts = {});
+  StatusOr<CommWork> StartSendBytes(const void* data, size_t bytes, int peer,
+                                    const CallOptions& opts = {});
+  StatusOr<CommWork> StartRecvBytes(void* data, size_t bytes, int peer,
+                                    const CallOptions& opts = {});
   // Finishes a started call: returns its error, if any (then the communicator is unusable, as
   // after a blocking call's), and counts it. Waiting for a CommWork that is not pending is
   // INVALID_ARGUMENT.
@@ -212,6 +236,12 @@ class Communicator {
                                     Duration timeout);
   virtual Status DoWait(int64_t ticket, Duration timeout, double* busy_seconds);
 
+  // Asynchronous point-to-point hooks (every backend; called with size() > 1, a valid peer other
+  // than this rank, bytes > 0 and timeout > 0): post the send or receive and return a ticket that
+  // DoWait completes, bounded by `timeout` from now. Defaults: UNIMPLEMENTED.
+  virtual StatusOr<int64_t> DoStartSend(const void* data, size_t bytes, int peer, Duration timeout);
+  virtual StatusOr<int64_t> DoStartRecv(void* data, size_t bytes, int peer, Duration timeout);
+
   // The local copy of the size-1 and self-exchange shortcuts (memmove; a device backend copies
   // on its device).
   virtual void CopyLocal(void* dst, const void* src, size_t bytes);
@@ -221,6 +251,8 @@ class Communicator {
   // shared by every op. `bytes` is the S of BusBytes.
   template <typename Body>
   Status Run(CommOp op, size_t bytes, const CallOptions& opts, Body body);
+  StatusOr<CommWork> StartP2P(CommOp op, const void* send_data, void* recv_data, size_t bytes,
+                              int peer, const CallOptions& opts);
   StatusOr<CommWork> Start(CommOp op, AsyncOp async_op, const void* input, void* output,
                            size_t count, size_t bytes, const CallOptions& opts);
   Status Fail(CommOp op, Duration timeout, const Status& s);

@@ -1,11 +1,12 @@
 // FakeWorld: collectives as rendezvous rounds over one mutex-protected table, point-to-point as
-// per-(src, dst) mailboxes. Simple and slow on purpose: it exists to check semantics.
+// numbered messages per (src, dst). Simple and slow on purpose: it exists to check semantics.
 #include "engine/comm/fake_backend.h"
 
 #include <condition_variable>
 #include <cstring>
-#include <deque>
+#include <map>
 #include <thread>
+#include <tuple>
 
 namespace meshrun {
 namespace {
@@ -25,10 +26,18 @@ struct Round {
   std::string mismatch;  // set when a member's call differs from first_rank's
 };
 
+// The k-th message from one rank to another: posted by either end first, delivered (copied into
+// the receive buffer) when the later end posts, removed once both ends have waited for it.
 struct Message {
+  bool sent = false;  // the send was posted (its bytes are in `data` until delivered)
   std::string data;
-  bool taken = false;
+  void* recv_buf = nullptr;  // the posted receive's buffer; null: not posted (or withdrawn)
+  size_t recv_bytes = 0;
+  bool delivered = false;
+  std::string error;  // a size mismatch, reported to the receiver
+  bool send_waited = false, recv_waited = false;
 };
+using MessageKey = std::tuple<int, int, uint64_t>;  // (src, dst, k)
 
 std::string CallText(CommOp op, size_t bytes, int root) {
   std::string s = std::string(CommOpName(op)) + " of " + std::to_string(bytes) + " bytes";
@@ -42,8 +51,8 @@ struct FakeWorld::Impl {
   std::mutex mu;
   std::condition_variable cv;
   std::map<uint64_t, Round> rounds;  // by call sequence number
-  std::map<std::pair<int, int>, std::deque<std::shared_ptr<Message>>> mail;  // (src, dst)
-  std::map<std::pair<int, int64_t>, FakeFault> faults;                       // (rank, call)
+  std::map<MessageKey, Message> mail;
+  std::map<std::pair<int, int64_t>, FakeFault> faults;  // (rank, call)
 };
 
 namespace {
@@ -111,52 +120,127 @@ class FakeCommunicator final : public Communicator {
     MESHRUN_RETURN_IF_ERROR(MaybeFault(timeout));
     const auto deadline = Clock::now() + timeout;
     std::unique_lock<std::mutex> lock(impl_->mu);
-    std::shared_ptr<Message> sent;
-    if (dst >= 0) {
-      sent = std::make_shared<Message>();
-      sent->data.assign(static_cast<const char*>(send_data), send_bytes);
-      impl_->mail[{rank(), dst}].push_back(sent);
-      impl_->cv.notify_all();
-    }
-    auto withdraw = [&] {
-      if (!sent) return;
-      auto& box = impl_->mail[{rank(), dst}];
-      for (auto it = box.begin(); it != box.end(); ++it) {
-        if (*it == sent) {
-          box.erase(it);
-          break;
-        }
-      }
-    };
+    MessageKey sent{-1, -1, 0}, received{-1, -1, 0};
+    if (dst >= 0) sent = PostSend(send_data, send_bytes, dst);
     if (src >= 0) {
-      auto& box = impl_->mail[{src, rank()}];
-      if (!impl_->cv.wait_until(lock, deadline, [&] { return !box.empty(); })) {
-        withdraw();
-        return DeadlineExceededError("no message from rank " + std::to_string(src) +
-                                     " arrived in time");
+      received = PostRecv(recv_data, recv_bytes, src);
+      Status s = WaitMessage(lock, received, /*send=*/false, deadline);
+      if (!s.ok()) {
+        if (dst >= 0) Withdraw(sent, /*send=*/true);
+        return s;
       }
-      std::shared_ptr<Message> msg = box.front();
-      box.pop_front();
-      msg->taken = true;
-      impl_->cv.notify_all();
-      if (msg->data.size() != recv_bytes) {
-        withdraw();
-        return InternalError("rank " + std::to_string(src) + " sent " +
-                             std::to_string(msg->data.size()) + " bytes but this rank expected " +
-                             std::to_string(recv_bytes) +
-                             " (hint: the two sides disagree on the message size)");
-      }
-      std::memcpy(recv_data, msg->data.data(), recv_bytes);
     }
-    if (sent && !impl_->cv.wait_until(lock, deadline, [&] { return sent->taken; })) {
-      withdraw();
-      return DeadlineExceededError("rank " + std::to_string(dst) +
-                                   " did not receive the message in time");
+    if (dst >= 0) return WaitMessage(lock, sent, /*send=*/true, deadline);
+    return OkStatus();
+  }
+
+  // Asynchronous point-to-point: the same messages, waited for in DoWait.
+  StatusOr<int64_t> DoStartSend(const void* data, size_t bytes, int peer,
+                                Duration timeout) override {
+    MESHRUN_RETURN_IF_ERROR(MaybeFault(timeout));
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    return Track(PostSend(data, bytes, peer), /*send=*/true, timeout);
+  }
+  StatusOr<int64_t> DoStartRecv(void* data, size_t bytes, int peer, Duration timeout) override {
+    MESHRUN_RETURN_IF_ERROR(MaybeFault(timeout));
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    return Track(PostRecv(data, bytes, peer), /*send=*/false, timeout);
+  }
+  Status DoWait(int64_t ticket, Duration, double*) override {
+    auto it = posted_.find(ticket);
+    if (it == posted_.end()) return InternalError("fake: unknown ticket");
+    const Posted p = it->second;
+    posted_.erase(it);
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    return WaitMessage(lock, p.key, p.send, p.deadline);
+  }
+
+ private:
+  struct Posted {
+    MessageKey key;
+    bool send = false;
+    Clock::time_point deadline;
+  };
+
+  int64_t Track(const MessageKey& key, bool send, Duration timeout) {
+    const int64_t ticket = next_ticket_++;
+    posted_[ticket] = Posted{key, send, Clock::now() + timeout};
+    return ticket;
+  }
+
+  // Copies a message whose both ends are posted into the receive buffer (under the lock).
+  static void Deliver(Message& m) {
+    if (m.data.size() != m.recv_bytes) {
+      m.error = " sent " + std::to_string(m.data.size()) + " bytes but this rank expected " +
+                std::to_string(m.recv_bytes) +
+                " (hint: the two sides disagree on the message size)";
+    } else if (m.recv_bytes > 0) {
+      std::memcpy(m.recv_buf, m.data.data(), m.recv_bytes);
+    }
+    m.delivered = true;
+    m.recv_buf = nullptr;
+    m.data.clear();
+  }
+
+  // Posts this rank's next message to `dst` (under the lock).
+  MessageKey PostSend(const void* data, size_t bytes, int dst) {
+    const MessageKey key{rank(), dst, send_seq_[dst]++};
+    Message& m = impl_->mail[key];
+    m.sent = true;
+    m.data.assign(static_cast<const char*>(data), bytes);
+    if (m.recv_buf != nullptr) Deliver(m);
+    impl_->cv.notify_all();
+    return key;
+  }
+
+  // Posts this rank's receive of its next message from `src` (under the lock).
+  MessageKey PostRecv(void* data, size_t bytes, int src) {
+    const MessageKey key{src, rank(), recv_seq_[src]++};
+    Message& m = impl_->mail[key];
+    m.recv_buf = data;
+    m.recv_bytes = bytes;
+    if (m.sent) Deliver(m);
+    impl_->cv.notify_all();
+    return key;
+  }
+
+  // Takes this end's post back after a failure, so that the peer never touches its buffer.
+  void Withdraw(const MessageKey& key, bool send) {
+    auto it = impl_->mail.find(key);
+    if (it == impl_->mail.end() || it->second.delivered) return;
+    if (send) {
+      impl_->mail.erase(it);
+    } else {
+      it->second.recv_buf = nullptr;
+    }
+  }
+
+  // Waits (bounded) until the message was delivered; the receiver gets its error, if any. The
+  // message is forgotten once both ends have waited.
+  Status WaitMessage(std::unique_lock<std::mutex>& lock, const MessageKey& key, bool send,
+                     Clock::time_point deadline) {
+    auto delivered = [&] {
+      auto it = impl_->mail.find(key);
+      return it != impl_->mail.end() && it->second.delivered;
+    };
+    if (!impl_->cv.wait_until(lock, deadline, delivered)) {
+      Withdraw(key, send);
+      const int peer = send ? std::get<1>(key) : std::get<0>(key);
+      return DeadlineExceededError(
+          send ? "rank " + std::to_string(peer) + " did not receive the message in time"
+               : "no message from rank " + std::to_string(peer) + " arrived in time");
+    }
+    auto it = impl_->mail.find(key);
+    Message& m = it->second;
+    (send ? m.send_waited : m.recv_waited) = true;
+    const std::string error = send ? std::string() : m.error;
+    if (m.send_waited && m.recv_waited) impl_->mail.erase(it);
+    if (!error.empty()) {
+      return InternalError("rank " + std::to_string(std::get<0>(key)) + error);
     }
     return OkStatus();
   }
 
- private:
   Status MaybeFault(Duration timeout) {
     const int64_t call = calls_++;
     FakeFault fault;
@@ -222,8 +306,11 @@ class FakeCommunicator final : public Communicator {
 
   std::shared_ptr<FakeWorld> world_;  // keeps impl_ alive
   FakeWorld::Impl* impl_;
-  uint64_t seq_ = 0;   // collectives issued (the round key)
-  int64_t calls_ = 0;  // every backend call (the fault key)
+  uint64_t seq_ = 0;                             // collectives issued (the round key)
+  int64_t calls_ = 0;                            // every backend call (the fault key)
+  std::map<int, uint64_t> send_seq_, recv_seq_;  // messages posted to / from each peer
+  std::map<int64_t, Posted> posted_;             // started sends and receives, by ticket
+  int64_t next_ticket_ = 0;
 };
 
 }  // namespace

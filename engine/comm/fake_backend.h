@@ -26,8 +26,10 @@ enum class FakeFault {
 // input, waits (bounded by the call's timeout) for all others, then computes its own result
 // (sums in rank order, so every rank gets bitwise identical results). A member that calls a
 // different op, size or root than its peers gets INTERNAL naming both calls, as do its peers.
-// Send blocks until the receiver takes the message, as on Gloo, so Send-then-Recv on both
-// sides of a pair times out here just as it would deadlock there.
+// Point-to-point messages match in posting order per (sender, receiver) and are delivered when
+// the later of the two ends is posted (StartSend / StartRecv post without waiting). Send blocks
+// until the receiver has posted its receive, as on Gloo, so Send-then-Recv on both sides of a
+// pair times out here just as it would deadlock there.
 // Thread-safe; owned through shared_ptr by its communicators.
 class FakeWorld : public std::enable_shared_from_this<FakeWorld> {
  public:

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <vector>
 
 namespace meshrun {
@@ -105,6 +106,7 @@ class GlooCommunicator final : public Communicator {
         recv_seq_(size(), 0) {}
 
   ~GlooCommunicator() override {
+    p2p_.clear();      // posted buffers go before their context
     context_.reset();  // pairs go before the device they run on
     device_.reset();
   }
@@ -204,7 +206,55 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  // Asynchronous point-to-point: the same slots as DoSendRecv (the k-th message of a direction,
+  // blocking or not), on an unbound buffer kept until DoWait; Gloo's transport thread moves the
+  // bytes once both ends have posted.
+  StatusOr<int64_t> DoStartSend(const void* data, size_t bytes, int peer,
+                                Duration timeout) override {
+    return PostP2P(/*send=*/true, const_cast<void*>(data), bytes, peer, timeout);
+  }
+  StatusOr<int64_t> DoStartRecv(void* data, size_t bytes, int peer, Duration timeout) override {
+    return PostP2P(/*send=*/false, data, bytes, peer, timeout);
+  }
+
+  Status DoWait(int64_t ticket, Duration, double*) override {
+    auto it = p2p_.find(ticket);
+    if (it == p2p_.end()) return InternalError("gloo: unknown ticket");
+    Posted p = std::move(it->second);
+    p2p_.erase(it);
+    return GlooCall([&] {
+      if (p.send) {
+        CheckWait(p.buffer->waitSend(Remaining(p.deadline)), "send");
+      } else {
+        CheckWait(p.buffer->waitRecv(Remaining(p.deadline)), "recv");
+      }
+    });
+  }
+
  private:
+  struct Posted {
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    bool send = false;
+    Clock::time_point deadline;
+  };
+
+  StatusOr<int64_t> PostP2P(bool send, void* data, size_t bytes, int peer, Duration timeout) {
+    Posted p;
+    p.send = send;
+    p.deadline = Clock::now() + timeout;
+    MESHRUN_RETURN_IF_ERROR(GlooCall([&] {
+      p.buffer = context_->createUnboundBuffer(data, bytes);
+      if (send) {
+        p.buffer->send(peer, gloo::Slot::build(kP2PSlotPrefix, send_seq_[peer]++));
+      } else {
+        p.buffer->recv(peer, gloo::Slot::build(kP2PSlotPrefix, recv_seq_[peer]++));
+      }
+    }));
+    const int64_t ticket = next_ticket_++;
+    p2p_.emplace(ticket, std::move(p));
+    return ticket;
+  }
+
   static Duration Remaining(Clock::time_point deadline) {
     const auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
     return std::max(left, Duration(1));
@@ -215,6 +265,8 @@ class GlooCommunicator final : public Communicator {
   uint32_t tag_ = 0;                // collectives issued: the same on every member
   std::vector<uint32_t> send_seq_;  // messages sent to each peer
   std::vector<uint32_t> recv_seq_;  // messages received from each peer
+  std::map<int64_t, Posted> p2p_;   // started sends and receives, by ticket
+  int64_t next_ticket_ = 0;
 };
 
 }  // namespace

@@ -233,57 +233,34 @@ class NcclCommunicator final : public Communicator {
   // error) against the deadline taken at start, then makes the compute stream wait for it.
   StatusOr<int64_t> DoStart(AsyncOp op, const void* input, void* output, size_t count,
                             Duration timeout) override {
-    if (aborted_) return FailedPreconditionError("the NCCL communicator was aborted");
-    Pending p;
-    p.deadline = DeadlineAfter(timeout);
-    p.what = op == AsyncOp::kAllReduce       ? "ncclAllReduce"
-             : op == AsyncOp::kReduceScatter ? "ncclReduceScatter"
-                                             : "ncclAllGather";
-    MESHRUN_GPU_TRY(cudaSetDevice(options_.device));
-    MESHRUN_ASSIGN_OR_RETURN(p.start, TakeEvent());
-    StatusOr<cudaEvent_t> done = TakeEvent();
-    if (!done.ok()) {
-      free_events_.push_back(p.start);
-      return done.status();
-    }
-    p.done = *done;
-    Status s = [&]() -> Status {
-      MESHRUN_GPU_TRY(cudaEventRecord(ready_, options_.compute_stream));
-      MESHRUN_GPU_TRY(cudaStreamWaitEvent(stream_, ready_, 0));
-      MESHRUN_GPU_TRY(cudaEventRecord(p.start, stream_));
-      ncclResult_t r = ncclSuccess;
+    const char* what = op == AsyncOp::kAllReduce       ? "ncclAllReduce"
+                       : op == AsyncOp::kReduceScatter ? "ncclReduceScatter"
+                                                       : "ncclAllGather";
+    return StartOnStream(what, timeout, [&]() -> ncclResult_t {
       switch (op) {
         case AsyncOp::kAllReduce:
-          r = ncclAllReduce(output, output, count, ncclFloat32, ncclSum, comm_, stream_);
-          break;
+          return ncclAllReduce(output, output, count, ncclFloat32, ncclSum, comm_, stream_);
         case AsyncOp::kReduceScatter:
-          r = ncclReduceScatter(input, output, count, ncclFloat32, ncclSum, comm_, stream_);
-          break;
+          return ncclReduceScatter(input, output, count, ncclFloat32, ncclSum, comm_, stream_);
         case AsyncOp::kAllGather:
-          r = ncclAllGather(input, output, count, ncclFloat32, comm_, stream_);
-          break;
+          return ncclAllGather(input, output, count, ncclFloat32, comm_, stream_);
         case AsyncOp::kAllGatherBytes:
-          r = ncclAllGather(input, output, count, ncclInt8, comm_, stream_);
-          break;
+          return ncclAllGather(input, output, count, ncclInt8, comm_, stream_);
       }
-      Status issued = ToStatus(r, p.what.c_str(), __FILE__, __LINE__);
-      if (!issued.ok()) {
-        (void)ncclCommAbort(comm_);
-        aborted_ = true;
-        return issued;
-      }
-      MESHRUN_RETURN_IF_ERROR(
-          WaitReady(comm_, p.deadline, options_.poll_interval, p.what, &aborted_));
-      MESHRUN_GPU_TRY(cudaEventRecord(p.done, stream_));
-      return OkStatus();
-    }();
-    if (!s.ok()) {
-      ReleaseEvents(p);
-      return s;
-    }
-    const int64_t ticket = next_ticket_++;
-    pending_.emplace(ticket, std::move(p));
-    return ticket;
+      return ncclInvalidArgument;
+    });
+  }
+
+  // Asynchronous point-to-point (decision 0064): ncclSend / ncclRecv issued on stream_ like the
+  // asynchronous collectives, so they complete in issue order (communicator.h).
+  StatusOr<int64_t> DoStartSend(const void* data, size_t bytes, int peer,
+                                Duration timeout) override {
+    return StartOnStream("ncclSend", timeout,
+                         [&] { return ncclSend(data, bytes, ncclInt8, peer, comm_, stream_); });
+  }
+  StatusOr<int64_t> DoStartRecv(void* data, size_t bytes, int peer, Duration timeout) override {
+    return StartOnStream("ncclRecv", timeout,
+                         [&] { return ncclRecv(data, bytes, ncclInt8, peer, comm_, stream_); });
   }
 
   Status DoWait(int64_t ticket, Duration, double* busy_seconds) override {
@@ -310,6 +287,46 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // Issues `issue` on stream_ after the compute stream's work (an event), bracketed by two timing
+  // events, and returns the ticket DoWait completes.
+  StatusOr<int64_t> StartOnStream(const char* what, Duration timeout,
+                                  const std::function<ncclResult_t()>& issue) {
+    if (aborted_) return FailedPreconditionError("the NCCL communicator was aborted");
+    Pending p;
+    p.deadline = DeadlineAfter(timeout);
+    p.what = what;
+    MESHRUN_GPU_TRY(cudaSetDevice(options_.device));
+    MESHRUN_ASSIGN_OR_RETURN(p.start, TakeEvent());
+    StatusOr<cudaEvent_t> done = TakeEvent();
+    if (!done.ok()) {
+      free_events_.push_back(p.start);
+      return done.status();
+    }
+    p.done = *done;
+    Status s = [&]() -> Status {
+      MESHRUN_GPU_TRY(cudaEventRecord(ready_, options_.compute_stream));
+      MESHRUN_GPU_TRY(cudaStreamWaitEvent(stream_, ready_, 0));
+      MESHRUN_GPU_TRY(cudaEventRecord(p.start, stream_));
+      Status issued = ToStatus(issue(), p.what.c_str(), __FILE__, __LINE__);
+      if (!issued.ok()) {
+        (void)ncclCommAbort(comm_);
+        aborted_ = true;
+        return issued;
+      }
+      MESHRUN_RETURN_IF_ERROR(
+          WaitReady(comm_, p.deadline, options_.poll_interval, p.what, &aborted_));
+      MESHRUN_GPU_TRY(cudaEventRecord(p.done, stream_));
+      return OkStatus();
+    }();
+    if (!s.ok()) {
+      ReleaseEvents(p);
+      return s;
+    }
+    const int64_t ticket = next_ticket_++;
+    pending_.emplace(ticket, std::move(p));
+    return ticket;
+  }
+
   // NCCL reads and writes device memory only; the engine's tensors are there, but the trainer's
   // few scalars (loss sums, norms, stop votes, run totals) are host variables. Those go through
   // a staging buffer on the device: in before the collective, out once it has completed (never
