@@ -518,6 +518,14 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
   // Pipeline parallelism: the received inputs and output gradients held at once, one
   // micro-batch's activation each (an evaluation reuses one of them).
   acts += int64_t{pipe_buffers} * N * C;
+  // Pipeline parallelism on a host backend (the asynchronous executor, decision 0064): the ring
+  // of send buffers each output is copied into, kept from the first step on. A device run
+  // (NCCL) keeps the lockstep timetable, which sends from the model's own buffers.
+  if (par.pp_size > 1 && DeviceOf(spec.resources) != ComputeDevice::kCuda) {
+    const int sends = PipelineSendBuffers(StageOps(spec, stage, MicroBatchesOf(spec)), par.pp_size,
+                                          cfg.num_chunks(), stage);
+    add(MemoryKind::kCommunication, int64_t{sends} * N * C);
+  }
   // Zero-bubble: the weight-gradient stashes pending at once (each allocated at its B's start,
   // freed at the end of its W). The receive buffers stay allocated from the first step on, so a
   // later step holds them all beside its most stashes.

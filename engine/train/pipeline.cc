@@ -208,6 +208,97 @@ StatusOr<PipeTimetable> BuildTimetable(const std::vector<std::vector<PipeOp>>& o
   return table;
 }
 
+namespace {
+
+// The receive buffers a backward of rank `stage` gives back: its input (every pipeline chunk but
+// the first) and its output's gradient (every chunk but the last).
+int BuffersFreedBy(const PipeOp& op, int stages, int virtual_stages, int stage) {
+  if (op.kind != PipeOpKind::kBackward) return 0;
+  const int g = op.chunk * stages + stage, G = stages * virtual_stages;
+  return (g > 0 ? 1 : 0) + (g < G - 1 ? 1 : 0);
+}
+
+// held[j]: the buffers `recvs` hold while operation j runs (after the receives posted before it).
+std::vector<int> HeldBeforeEachOp(const std::vector<PipeOp>& stage_ops,
+                                  const std::vector<PipeRecv>& recvs, int stages,
+                                  int virtual_stages, int stage) {
+  std::vector<int> held(stage_ops.size(), 0);
+  int now = 0;
+  size_t next = 0;
+  for (size_t j = 0; j < stage_ops.size(); ++j) {
+    for (; next < recvs.size() && recvs[next].before_op <= static_cast<int>(j); ++next) ++now;
+    held[j] = now;
+    now -= BuffersFreedBy(stage_ops[j], stages, virtual_stages, stage);
+  }
+  return held;
+}
+
+}  // namespace
+
+std::vector<PipeRecv> PipelineReceives(const std::vector<std::vector<PipeOp>>& ops,
+                                       const PipeTimetable& table, int stages, int virtual_stages,
+                                       int stage) {
+  const int P = stages;
+  const int next = (stage + 1) % P, prev = (stage + P - 1) % P;
+  const std::vector<PipeOp>& mine = ops[static_cast<size_t>(stage)];
+  auto op_at = [&](size_t t, int p) -> const PipeOp* {
+    const int i = table.slots[t][static_cast<size_t>(p)];
+    return i < 0 ? nullptr : &ops[static_cast<size_t>(p)][static_cast<size_t>(i)];
+  };
+  // The lockstep executor's posts: after the slot whose operation produced each, i.e. before the
+  // rank's first operation in a later slot (Trainer's timetable loop, CountPipelineBuffers).
+  std::vector<PipeRecv> recvs;
+  int own = 0;  // the rank's operations in slots up to t
+  for (size_t t = 0; t < table.slots.size(); ++t) {
+    if (table.slots[t][static_cast<size_t>(stage)] >= 0) ++own;
+    if (const PipeOp* from = op_at(t, prev);
+        from != nullptr && from->kind == PipeOpKind::kForward) {
+      recvs.push_back({false, stage == 0 ? from->chunk + 1 : from->chunk, from->micro, own});
+    }
+    if (const PipeOp* from = op_at(t, next);
+        from != nullptr && from->kind == PipeOpKind::kBackward && from->chunk * P + next > 0) {
+      recvs.push_back({true, stage == P - 1 ? from->chunk - 1 : from->chunk, from->micro, own});
+    }
+  }
+  const std::vector<int> lockstep = HeldBeforeEachOp(mine, recvs, stages, virtual_stages, stage);
+  const int budget = lockstep.empty() ? 0 : *std::max_element(lockstep.begin(), lockstep.end());
+  // Each receive, in order, moves as early as the budget allows (not before the one before it,
+  // so the order holds); moving receive i from a to b holds one more buffer during b … a − 1,
+  // where the later receives are still at their lockstep posts (all ≥ a).
+  std::vector<int> held = lockstep;
+  int earliest = 0;
+  for (PipeRecv& r : recvs) {
+    const int latest = std::min(r.before_op, static_cast<int>(mine.size()));
+    int b = latest;
+    while (b > earliest && held[static_cast<size_t>(b - 1)] + 1 <= budget) --b;
+    for (int j = b; j < latest; ++j) ++held[static_cast<size_t>(j)];
+    r.before_op = b;
+    earliest = b;
+  }
+  return recvs;
+}
+
+int PipelineReceiveBuffersHeld(const std::vector<PipeOp>& stage_ops,
+                               const std::vector<PipeRecv>& recvs, int stages, int virtual_stages,
+                               int stage) {
+  const std::vector<int> held = HeldBeforeEachOp(stage_ops, recvs, stages, virtual_stages, stage);
+  return held.empty() ? 0 : *std::max_element(held.begin(), held.end());
+}
+
+int PipelineSendBuffers(const std::vector<PipeOp>& stage_ops, int stages, int virtual_stages,
+                        int stage) {
+  const int G = stages * virtual_stages;
+  int sends = 0;
+  for (const PipeOp& op : stage_ops) {
+    const int g = op.chunk * stages + stage;
+    if ((op.kind == PipeOpKind::kForward && g < G - 1) ||
+        (op.kind == PipeOpKind::kBackward && g > 0)) {
+      ++sends;
+    }
+  }
+  return std::min(kPipeSendBuffers, sends);
+}
+
 double PipelineBubbleTheory(PpSchedule schedule, int stages, int micro_batches,
                             int virtual_stages) {
   const double P = stages, M = micro_batches;

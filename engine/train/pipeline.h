@@ -93,6 +93,43 @@ struct PipeTimetable {
 StatusOr<PipeTimetable> BuildTimetable(const std::vector<std::vector<PipeOp>>& ops, int stages,
                                        int virtual_stages, int micro_batches);
 
+// The receives rank `stage` posts in a step under the asynchronous executor (decision 0064), in
+// posting order: the order its neighbours send them (by the slot of `table` whose operation
+// produces each), which is the order messages between two ranks match in. Each is posted before
+// the rank's own operation `before_op` (an index into ops[stage]): as early as possible without
+// ever holding more receive buffers at once than the lockstep timetable does (a buffer taken when
+// its receive is posted, given back after the backward that reads it; the memory model counts
+// that peak: PipelineBuffersAtPeak), and at the latest before the first operation of the rank
+// after the producing slot, so never after the operation that consumes it. Posting a receive
+// earlier never makes a rank wait longer, so the executor stays free of deadlock wherever the
+// timetable is.
+struct PipeRecv {
+  bool gradient = false;  // false: a chunk's input (from the previous rank); true: the gradient
+                          // of its output (from the next rank)
+  int chunk = 0;          // the rank's chunk it feeds (PipeOp::chunk)
+  int micro = 0;
+  int before_op = 0;
+};
+std::vector<PipeRecv> PipelineReceives(const std::vector<std::vector<PipeOp>>& ops,
+                                       const PipeTimetable& table, int stages, int virtual_stages,
+                                       int stage);
+// The most receive buffers `recvs` (PipelineReceives of `stage`) hold at once.
+int PipelineReceiveBuffersHeld(const std::vector<PipeOp>& stage_ops,
+                               const std::vector<PipeRecv>& recvs, int stages, int virtual_stages,
+                               int stage);
+
+// The asynchronous executor copies each output it sends into one of a ring of send buffers (one
+// micro-batch's activation each), so that the stage runs on while the neighbour has not yet
+// posted the receive; before it reuses a buffer it waits for the send that last used it. This
+// many at most, and no more than the rank sends in a step (PipelineSendBuffers); the memory model
+// counts them as communication memory.
+inline constexpr int kPipeSendBuffers = 2;
+// The send buffers rank `stage` allocates: min(kPipeSendBuffers, the messages it sends per step):
+// a forward's output from every pipeline chunk but the last, a backward's input gradient from
+// every chunk but the first.
+int PipelineSendBuffers(const std::vector<PipeOp>& stage_ops, int stages, int virtual_stages,
+                        int stage);
+
 // The schedule's bubble in theory, with forward and backward of a chunk taking equal time and
 // no communication cost: (P − 1)/(M + P − 1) for 1F1B, (P − 1)/(v·M + P − 1) interleaved. For
 // zero_bubble, with F, B and W taking equal time t (a stage's work 3·M·t; ZB-H1's bubble

@@ -528,51 +528,131 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
     pipe_wait_seconds_ += Seconds(t0, std::chrono::steady_clock::now());
     return s;
   };
-  for (size_t t = 0; t < table.slots.size(); ++t) {
-    const PipeOp* op = op_at(t, stage_);
-    const float* send_forward = nullptr;
-    const float* send_backward = nullptr;
-    if (op != nullptr && op->kind == PipeOpKind::kWeight) {
+  // Runs one of this rank's operations; the outputs to send are left in *send_forward (to the
+  // next rank) and *send_backward (to the previous one), null when none.
+  auto run = [&](const PipeOp& op, const float** send_forward,
+                 const float** send_backward) -> Status {
+    *send_forward = *send_backward = nullptr;
+    if (op.kind == PipeOpKind::kWeight) {
       // The deferred weight gradients of a micro-batch whose B ran (nothing to send); the
       // step's last micro-batch makes each block's gradients final.
-      shards_->set_last_micro_batch(op->micro == M - 1);
-      model_->SetActiveChunk(op->chunk);
+      shards_->set_last_micro_batch(op.micro == M - 1);
+      model_->SetActiveChunk(op.chunk);
+      return model_->StageBackwardWeight(static_cast<int>(slot_of(op.chunk, op.micro)));
+    }
+    const int g = op.chunk * P + stage_;
+    const float* input = g == 0 ? nullptr : pipe_inputs_[slot_of(op.chunk, op.micro)].data<float>();
+    model_->SetActiveChunk(op.chunk);
+    MESHRUN_RETURN_IF_ERROR(fill(op.micro));
+    if (op.kind == PipeOpKind::kForward) {
       MESHRUN_RETURN_IF_ERROR(
-          model_->StageBackwardWeight(static_cast<int>(slot_of(op->chunk, op->micro))));
-    } else if (op != nullptr) {
-      const int g = op->chunk * P + stage_;
-      const float* input =
-          g == 0 ? nullptr : pipe_inputs_[slot_of(op->chunk, op->micro)].data<float>();
-      model_->SetActiveChunk(op->chunk);
-      MESHRUN_RETURN_IF_ERROR(fill(op->micro));
-      if (op->kind == PipeOpKind::kForward) {
-        MESHRUN_RETURN_IF_ERROR(
-            model_->StageForward(local_in_.data(), input, mb, Tl, local_pos_.data()));
-        send_forward = model_->stage_output();
-      } else {
-        // The backward runs the chunk's forward again from its kept input (a stage keeps only
-        // the inputs of its micro-batches in flight), then the backward. The step's last
-        // micro-batch makes each unit's gradients final.
-        shards_->set_last_micro_batch(op->micro == M - 1);
-        const float* output_grad =
-            g == G - 1 ? nullptr : pipe_output_grads_[slot_of(op->chunk, op->micro)].data<float>();
-        double loss = 0;
-        if (schedule == PpSchedule::kZeroBubble) {
-          // B: input gradients now, the blocks' weight gradients at this micro-batch's W.
-          MESHRUN_ASSIGN_OR_RETURN(
-              loss, model_->StageBackwardInput(static_cast<int>(slot_of(op->chunk, op->micro)),
-                                               local_in_.data(), input, local_tg_.data(),
-                                               output_grad, mb, Tl, grad_scale, local_pos_.data()));
-        } else {
-          MESHRUN_ASSIGN_OR_RETURN(loss, model_->StageForwardBackward(
-                                             local_in_.data(), input, local_tg_.data(), output_grad,
+          model_->StageForward(local_in_.data(), input, mb, Tl, local_pos_.data()));
+      *send_forward = model_->stage_output();
+      return OkStatus();
+    }
+    // The backward runs the chunk's forward again from its kept input (a stage keeps only the
+    // inputs of its micro-batches in flight), then the backward. The step's last micro-batch
+    // makes each unit's gradients final.
+    shards_->set_last_micro_batch(op.micro == M - 1);
+    const float* output_grad =
+        g == G - 1 ? nullptr : pipe_output_grads_[slot_of(op.chunk, op.micro)].data<float>();
+    double loss = 0;
+    if (schedule == PpSchedule::kZeroBubble) {
+      // B: input gradients now, the blocks' weight gradients at this micro-batch's W.
+      MESHRUN_ASSIGN_OR_RETURN(
+          loss, model_->StageBackwardInput(static_cast<int>(slot_of(op.chunk, op.micro)),
+                                           local_in_.data(), input, local_tg_.data(), output_grad,
+                                           mb, Tl, grad_scale, local_pos_.data()));
+    } else {
+      MESHRUN_ASSIGN_OR_RETURN(
+          loss, model_->StageForwardBackward(local_in_.data(), input, local_tg_.data(), output_grad,
                                              mb, Tl, grad_scale, local_pos_.data()));
-        }
-        *loss_sum += loss;
-        if (g > 0) send_backward = model_->stage_input_grad();
-        GivePipeBuffer(pipe_inputs_[slot_of(op->chunk, op->micro)]);
-        GivePipeBuffer(pipe_output_grads_[slot_of(op->chunk, op->micro)]);
+    }
+    *loss_sum += loss;
+    if (g > 0) *send_backward = model_->stage_input_grad();
+    GivePipeBuffer(pipe_inputs_[slot_of(op.chunk, op.micro)]);
+    GivePipeBuffer(pipe_output_grads_[slot_of(op.chunk, op.micro)]);
+    return OkStatus();
+  };
+  if (!pp->overlaps()) {
+    // Host backends (Gloo, fake; decision 0064): this rank runs its own operations in their
+    // order, without lockstep. Each receive is posted ahead (PipelineReceives: as early as the
+    // lockstep's count of receive buffers allows) and waited for only by the operation that
+    // reads it; each output is copied into the next of a ring of send buffers and sent at once,
+    // and a send is waited for only when its buffer comes round again (or at the end). The time
+    // spent in those waits is the stage's wait on the others.
+    const std::vector<PipeOp>& mine = ops[static_cast<size_t>(stage_)];
+    const std::vector<PipeRecv> recvs = PipelineReceives(ops, table, P, v, stage_);
+    std::vector<CommWork> input_recv(pipe_inputs_.size()), grad_recv(pipe_inputs_.size());
+    const int ring = PipelineSendBuffers(mine, P, v, stage_);
+    if (static_cast<int>(pipe_send_.size()) < ring) pipe_send_.resize(static_cast<size_t>(ring));
+    for (int i = 0; i < ring; ++i) {
+      Tensor& t = pipe_send_[static_cast<size_t>(i)];
+      if (!t.defined() || t.numel() < static_cast<int64_t>(acts)) {
+        MemoryKindScope kind(MemoryKind::kCommunication);
+        t = Tensor::Empty({static_cast<int64_t>(acts)}, ScalarType::kFloat32, cfg.device);
       }
+    }
+    std::vector<CommWork> sends(static_cast<size_t>(ring));  // the last send from each buffer
+    size_t sent = 0;
+    auto waited = [&](CommWork& w) -> Status {
+      if (!w.pending()) return OkStatus();
+      const auto t0 = std::chrono::steady_clock::now();
+      Status s = pp->Wait(w);
+      pipe_wait_seconds_ += Seconds(t0, std::chrono::steady_clock::now());
+      return s;
+    };
+    auto started = [&](StatusOr<CommWork> w, CommWork* into,
+                       std::chrono::steady_clock::time_point t0) -> Status {
+      pipe_wait_seconds_ += Seconds(t0, std::chrono::steady_clock::now());
+      if (!w.ok()) return w.status();
+      *into = std::move(w).value();
+      return OkStatus();
+    };
+    size_t posted = 0;
+    for (size_t j = 0; j < mine.size(); ++j) {
+      for (; posted < recvs.size() && recvs[posted].before_op <= static_cast<int>(j); ++posted) {
+        const PipeRecv& r = recvs[posted];
+        const size_t at = slot_of(r.chunk, r.micro);
+        float* into = buffer(r.gradient ? pipe_output_grads_[at] : pipe_inputs_[at]);
+        const auto t0 = std::chrono::steady_clock::now();
+        MESHRUN_RETURN_IF_ERROR(started(pp->StartRecv(into, acts, r.gradient ? next : prev, charge),
+                                        r.gradient ? &grad_recv[at] : &input_recv[at], t0));
+      }
+      const PipeOp& op = mine[j];
+      if (op.kind != PipeOpKind::kWeight) {
+        const size_t at = slot_of(op.chunk, op.micro);
+        MESHRUN_RETURN_IF_ERROR(waited(input_recv[at]));
+        if (op.kind == PipeOpKind::kBackward) MESHRUN_RETURN_IF_ERROR(waited(grad_recv[at]));
+      }
+      const float* send_forward = nullptr;
+      const float* send_backward = nullptr;
+      MESHRUN_RETURN_IF_ERROR(run(op, &send_forward, &send_backward));
+      for (const auto& [data, peer] :
+           {std::make_pair(send_forward, next), std::make_pair(send_backward, prev)}) {
+        if (data == nullptr) continue;
+        const size_t at = sent++ % sends.size();
+        MESHRUN_RETURN_IF_ERROR(waited(sends[at]));
+        float* copy = pipe_send_[at].data<float>();
+        MESHRUN_RETURN_IF_ERROR(ops::Copy(cfg.device, copy, data, sizeof(float) * acts));
+        const auto t0 = std::chrono::steady_clock::now();
+        MESHRUN_RETURN_IF_ERROR(started(pp->StartSend(copy, acts, peer, charge), &sends[at], t0));
+      }
+    }
+    for (CommWork& w : sends) MESHRUN_RETURN_IF_ERROR(waited(w));
+    if (posted != recvs.size()) {
+      return InternalError("pipeline executor: " + std::to_string(recvs.size() - posted) +
+                           " receives were never posted");
+    }
+  }
+  // A device backend (NCCL) runs its point-to-point calls in issue order on one stream, where a
+  // receive posted ahead could wait on a send queued behind it (communicator.h): it keeps the
+  // lockstep timetable, each slot's exchanges paired in one SendRecv.
+  for (size_t t = 0; pp->overlaps() && t < table.slots.size(); ++t) {
+    const float* send_forward = nullptr;
+    const float* send_backward = nullptr;
+    if (const PipeOp* op = op_at(t, stage_); op != nullptr) {
+      MESHRUN_RETURN_IF_ERROR(run(*op, &send_forward, &send_backward));
     }
     // Outputs move one rank on (pipeline.h): forwards' to the next rank, then input gradients
     // to the previous one; each rank posts its send and its receive at once.
@@ -684,7 +764,9 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
 
   while (step_ < last) {
     StepMetrics m;
-    const double pp_seconds_before = stats ? stats->AxisTotal(MeshAxis::kPp).seconds : 0;
+    // The pp axis's exposed seconds: the time its calls blocked this rank (a receive posted ahead
+    // runs while the rank computes; only its wait counts, decision 0064).
+    const double pp_seconds_before = stats ? stats->AxisTotal(MeshAxis::kPp).exposed_seconds : 0;
     const auto t0 = Clock::now();
     MESHRUN_ASSIGN_OR_RETURN(double loss, Step(&m));
     m.step_seconds = Seconds(t0, Clock::now());
@@ -692,11 +774,12 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
     // other stages: in the pipeline's sends and receives (the stage before or after it
     // computing, or the transfer itself) and, once its last operation ran, in the pp axis's
     // calls that follow (the tied embedding's exchange, the grad norm's sum over pp) while the
-    // stages before it drain: all of the step's communication over pp.
+    // stages before it drain: all of the step's time blocked in communication over pp.
     if (dims_->pp() > 1 && m.step_seconds > 0) {
       double waited = pipe_wait_seconds_;
       if (stats) {
-        waited = std::max(waited, stats->AxisTotal(MeshAxis::kPp).seconds - pp_seconds_before);
+        waited =
+            std::max(waited, stats->AxisTotal(MeshAxis::kPp).exposed_seconds - pp_seconds_before);
       }
       m.pipeline_bubble_ratio = waited / m.step_seconds;
     }

@@ -189,6 +189,9 @@ class Trainer {
   std::vector<Tensor> pipe_free_;
   float* TakePipeBuffer(Tensor& t, size_t floats);
   void GivePipeBuffer(Tensor& t);
+  // The asynchronous executor's send buffers (PipelineSendBuffers; decision 0064): each output
+  // sent is copied into the next of them, reused once its last send was waited for.
+  std::vector<Tensor> pipe_send_;
   Tensor pipe_tied_;
   // Seconds this rank spent in the step's pipeline sends and receives (waiting on the stage
   // before or after it included): the measured bubble, StepMetrics::pipeline_bubble_ratio.
