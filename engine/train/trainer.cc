@@ -574,7 +574,8 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
     GivePipeBuffer(pipe_output_grads_[slot_of(op.chunk, op.micro)]);
     return OkStatus();
   };
-  if (!pp->overlaps()) {
+  const bool lockstep = pp->overlaps() || options_.pipeline_lockstep;
+  if (!lockstep) {
     // Host backends (Gloo, fake; decision 0064): this rank runs its own operations in their
     // order, without lockstep. Each receive is posted ahead (PipelineReceives: as early as the
     // lockstep's count of receive buffers allows) and waited for only by the operation that
@@ -647,8 +648,9 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
   }
   // A device backend (NCCL) runs its point-to-point calls in issue order on one stream, where a
   // receive posted ahead could wait on a send queued behind it (communicator.h): it keeps the
-  // lockstep timetable, each slot's exchanges paired in one SendRecv.
-  for (size_t t = 0; pp->overlaps() && t < table.slots.size(); ++t) {
+  // lockstep timetable, each slot's exchanges paired in one SendRecv (as does a host backend
+  // under TrainOptions::pipeline_lockstep).
+  for (size_t t = 0; lockstep && t < table.slots.size(); ++t) {
     const float* send_forward = nullptr;
     const float* send_backward = nullptr;
     if (const PipeOp* op = op_at(t, stage_); op != nullptr) {

@@ -112,6 +112,11 @@ struct TrainOptions {
   // Recorded in every checkpoint this run writes; checkpoint.keep prunes only folders with
   // the same owner (PruneCheckpoints). A cluster job's id; "" for a standalone run.
   std::string checkpoint_owner;
+  // Pipeline parallelism: run the lockstep timetable (what a device backend runs) even on a host
+  // backend, instead of the asynchronous executor (decision 0064). Same results bit for bit;
+  // for tests and bench/pipeline, which compare the two. The memory model predicts the
+  // asynchronous executor's memory.
+  bool pipeline_lockstep = false;
 };
 
 // Owns the model, optimizer state and data of one rank. Not thread-safe; one per process.
