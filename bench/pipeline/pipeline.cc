@@ -13,16 +13,21 @@
 //             interleaved (forward = backward, no communication);
 //   async     the same operation lists (a backward recomputes its forward, decision 0054) run
 //             as soon as their inputs are there, one core per stage, with the forward and
-//             backward times fitted to the stages' busy time: an executor without lockstep;
-//   lockstep  the engine's timetable (BuildTimetable) replayed with those times, one core per
-//             stage: each exchange completes when both ends have posted it;
+//             backward times fitted to the stages' busy time: an executor without lockstep, which
+//             the engine runs on host backends since decision 0064 (the default, --executor
+//             async);
+//   lockstep  the timetable (BuildTimetable) replayed with those times, one core per stage:
+//             each exchange completes when both ends have posted it: the engine's executor on
+//             device backends (NCCL), and on host backends before decision 0064 or with
+//             --executor lockstep (TrainOptions::pipeline_lockstep);
 //   cores     the same replay with the stages sharing --cores cores (a stage computes at
 //             min(1, cores / stages computing)): what this host can show.
-// Prints a table and one JSON line.
+// m/th is measured ÷ theory, m/core measured ÷ cores, m/as measured ÷ async. Prints a table and
+// one JSON line.
 //
 //   pipeline [--schedules 1f1b,interleaved_1f1b] [--pp 2,4] [--micro-batches 8]
 //            [--virtual-stages 2] [--layers 8] [--d-model 256] [--seq-len 128] [--steps 8]
-//            [--warmup 2] [--cores N]
+//            [--warmup 2] [--cores N] [--executor async|lockstep]
 #include "engine/train/pipeline.h"
 
 #include <unistd.h>
@@ -68,6 +73,7 @@ struct Options {
   std::vector<int> pp = {2, 4};
   int micro_batches = 8, virtual_stages = 2, layers = 8, d_model = 256, seq_len = 128;
   int steps = 8, warmup = 2, cores = 0;
+  bool lockstep = false;  // --executor lockstep: TrainOptions::pipeline_lockstep
 };
 
 // One rank's steps after the warm-up.
@@ -145,7 +151,8 @@ meshrun::JobSpec SpecOf(const Options& o, const fs::path& data, int P, const std
 }
 
 // Every rank of `spec` as a thread over the fake backend.
-std::vector<meshrun::StatusOr<RankRecord>> RunRanks(const meshrun::JobSpec& spec, int warmup) {
+std::vector<meshrun::StatusOr<RankRecord>> RunRanks(const meshrun::JobSpec& spec, int warmup,
+                                                    bool lockstep) {
   const meshrun::ParallelDims dims = meshrun::MeshOf(spec).value();
   const int world = dims.world_size();
   auto backend = std::make_shared<meshrun::FakeBackend>();
@@ -168,6 +175,7 @@ std::vector<meshrun::StatusOr<RankRecord>> RunRanks(const meshrun::JobSpec& spec
         ctx.store = store;
         meshrun::TrainOptions options;
         options.peak_flops = 1e12;
+        options.pipeline_lockstep = lockstep;
         MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<meshrun::Trainer> trainer,
                                  meshrun::Trainer::Create(spec, options, ctx));
         RankRecord record;
@@ -373,6 +381,14 @@ int main(int argc, char** argv) {
       o.warmup = number();
     } else if (a == "--cores") {
       o.cores = number();
+    } else if (a == "--executor") {
+      const std::string e = next();
+      if (e != "async" && e != "lockstep") {
+        std::fprintf(stderr, "error: --executor: unknown executor '%s' (hint: async or lockstep)\n",
+                     e.c_str());
+        return 2;
+      }
+      o.lockstep = e == "lockstep";
     } else {
       std::fprintf(stderr,
                    "error: %s: unknown flag (hint: see the comment at the top of "
@@ -411,13 +427,14 @@ int main(int argc, char** argv) {
   std::printf(
       "# llama %d layers, d_model %d, seq_len %d, micro_batch 1, %d micro-batches; one "
       "thread per stage, the stages threads over the fake backend on %u cores; the quickest of %d "
-      "steps after %d warm-up\n",
+      "steps after %d warm-up; the %s executor\n",
       o.layers, o.d_model, o.seq_len, o.micro_batches, std::thread::hardware_concurrency(), o.steps,
-      o.warmup);
+      o.warmup, o.lockstep ? "lockstep" : "asynchronous");
   std::ostringstream json;
   json << "{\"bench\":\"pipeline\",\"micro_batches\":" << o.micro_batches
        << ",\"layers\":" << o.layers << ",\"d_model\":" << o.d_model << ",\"seq_len\":" << o.seq_len
-       << ",\"steps\":" << o.steps << ",\"cores\":" << o.cores << ",\"results\":[";
+       << ",\"steps\":" << o.steps << ",\"cores\":" << o.cores << ",\"executor\":\""
+       << (o.lockstep ? "lockstep" : "async") << "\",\"results\":[";
   std::ostringstream table;
   bool first_row = true;
   double per_layer[2] = {0, 0};  // forward and backward seconds per layer (stages ≤ cores)
@@ -438,7 +455,7 @@ int main(int argc, char** argv) {
         continue;
       }
       const auto t0 = std::chrono::steady_clock::now();
-      const auto ranks = RunRanks(spec, o.warmup);
+      const auto ranks = RunRanks(spec, o.warmup, o.lockstep);
       const double wall =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       bool ok = true;
@@ -521,19 +538,20 @@ int main(int argc, char** argv) {
       auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
       char row[512];
       std::snprintf(row, sizeof(row),
-                    "%-24s %7.3f %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f %6.2f  "
-                    "F %.1f ms, B %.1f ms (%s)\n",
+                    "%-24s %7.3f %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f %6.2f "
+                    "%6.2f  F %.1f ms, B %.1f ms (%s)\n",
                     label.c_str(), Mean(step), 100 * theory, 100 * mean_async, 100 * mean_lockstep,
                     100 * mean_shared, 100 * mean_engine, 100 * mean_drained,
-                    ratio(mean_drained, theory), ratio(mean_drained, mean_shared), 1e3 * cost[0],
-                    1e3 * cost[1], fitted.c_str());
+                    ratio(mean_drained, theory), ratio(mean_drained, mean_shared),
+                    ratio(mean_drained, mean_async), 1e3 * cost[0], 1e3 * cost[1], fitted.c_str());
       table << row;
       for (int p = 0; p < P; ++p) {
         std::snprintf(
             row, sizeof(row),
-            "  stage %-16d %7.3f %8s %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f %6.2f\n", p,
-            step[p], "", 100 * async[p], 100 * lockstep[p], 100 * shared[p], 100 * engine[p],
-            100 * drained[p], ratio(drained[p], theory), ratio(drained[p], shared[p]));
+            "  stage %-16d %7.3f %8s %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f %6.2f %6.2f\n",
+            p, step[p], "", 100 * async[p], 100 * lockstep[p], 100 * shared[p], 100 * engine[p],
+            100 * drained[p], ratio(drained[p], theory), ratio(drained[p], shared[p]),
+            ratio(drained[p], async[p]));
         table << row;
       }
       std::printf("# %s: %.1f s\n", label.c_str(), wall);
@@ -554,14 +572,15 @@ int main(int argc, char** argv) {
            << ",\"measured_mean\":" << mean_drained
            << ",\"measured_all_steps\":" << list(drained_mean)
            << ",\"ratio\":" << (theory > 0 ? mean_drained / theory : 0)
+           << ",\"ratio_async\":" << ratio(mean_drained, mean_async)
            << ",\"forward_seconds\":" << cost[0] << ",\"backward_seconds\":" << cost[1]
            << ",\"op_times\":\"" << fitted << "\"}";
       first_row = false;
     }
   }
   json << "]}";
-  std::printf("%-24s %7s %8s %8s %8s %8s %8s %8s %6s %6s\n", "schedule / stage", "step s", "theory",
-              "async", "lockstep", "cores", "loop", "measured", "m/th", "m/core");
+  std::printf("%-24s %7s %8s %8s %8s %8s %8s %8s %6s %6s %6s\n", "schedule / stage", "step s",
+              "theory", "async", "lockstep", "cores", "loop", "measured", "m/th", "m/core", "m/as");
   std::printf("%s%s\n", table.str().c_str(), json.str().c_str());
   std::error_code ec;
   fs::remove_all(dir, ec);
