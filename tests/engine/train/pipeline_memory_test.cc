@@ -9,11 +9,8 @@
 // 1F1B a stage's activation memory does not grow with the micro-batches: the first stage holds
 // one micro-batch's activations and at most P received buffers whatever their number.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -24,8 +21,6 @@
 
 namespace meshrun {
 namespace {
-
-namespace fs = std::filesystem;
 
 struct PpMemoryCase {
   std::string arch;
@@ -51,70 +46,26 @@ void PrintTo(const PpMemoryCase& c, std::ostream* os) {
   *os << c.Name();
 }
 
-class PipelineMemoryTest : public ::testing::TestWithParam<PpMemoryCase> {
- protected:
-  static void SetUpTestSuite() {
-    char pattern[] = "/tmp/meshrun_pipeline_memory_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = new fs::path(pattern);
-    std::ofstream out(*dir_ / "train.txt");
-    uint32_t x = 2468;
-    for (int line = 0; line < 400; ++line) {
-      out << "line " << line << ": ";
-      for (int w = 0; w < 8; ++w) {
-        x = x * 1664525u + 1013904223u;
-        out << "w" << (x >> 24) % 41 << ' ';
-      }
-      out << '\n';
-    }
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(*dir_, ec);
-    delete dir_;
-    dir_ = nullptr;
-  }
-
+class PipelineMemoryTest : public PipelineMeshRunner,
+                           public ::testing::WithParamInterface<PpMemoryCase> {
  public:
   // Two steps and an evaluation after each: every buffer a run ever allocates is there by then
   // (the pools grow in the first step, the evaluation reuses what training left).
   static JobSpec MemorySpec(const PpMemoryCase& c, int global_batch = 8) {
-    JobSpec spec;
+    JobSpec spec = Spec(c.arch, c.layers, {.P = c.P, .S = c.S, .T = c.T, .R = c.R, .C = c.C});
     spec.name = "pipeline-memory-test";
-    spec.model.arch = c.arch;
-    spec.model.n_layer = c.layers;
-    spec.model.n_head = 4;
-    spec.model.d_model = 32;
-    spec.model.seq_len = 16;
-    spec.model.vocab_size = 256;
-    if (c.arch == "llama") {
-      spec.model.n_kv_head = 2;
-      spec.model.d_ff = 64;
-      spec.model.tie_embeddings = false;
-    }
-    spec.parallelism.pp_size = c.P;
-    spec.parallelism.dp_replicate_size = c.R;
-    spec.parallelism.dp_shard_size = c.S;
-    spec.parallelism.cp_size = c.C;
-    spec.parallelism.tp_size = c.T;
     spec.parallelism.cp_comm_strategy = "ring";
     if (c.v > 1) {
       spec.parallelism.pp_schedule = "interleaved_1f1b";
       spec.parallelism.pp_virtual_stages = c.v;
     }
     if (c.zb) spec.parallelism.pp_schedule = "zero_bubble";
-    spec.parallelism.comm_timeout_seconds = 60;
     spec.train.activation_checkpointing = c.ac;
     spec.train.steps = 2;
     spec.train.global_batch_size = global_batch;
-    spec.train.micro_batch_size = 2;
-    spec.train.lr = 3e-3;
+    spec.train.min_lr = TrainSpec().min_lr;
     spec.train.warmup_steps = 1;
-    spec.data.train = (*dir_ / "train.txt").string();
-    spec.data.format = "text";
-    spec.data.val = spec.data.train;
     spec.data.eval_every = 1;
-    spec.resources.threads = 1;
     return spec;
   }
 
@@ -147,11 +98,7 @@ class PipelineMemoryTest : public ::testing::TestWithParam<PpMemoryCase> {
       EXPECT_EQ(largest.peak[k], all.bytes[k]) << MemoryKindName(static_cast<MemoryKind>(k));
     }
   }
-
-  static fs::path* dir_;
 };
-
-fs::path* PipelineMemoryTest::dir_ = nullptr;
 
 TEST_P(PipelineMemoryTest, EveryRankPeaksAtItsStagesPrediction) {
   const JobSpec spec = MemorySpec(GetParam());

@@ -6,11 +6,7 @@
 // evaluates its validation losses, within 1e-5 relative (ranks as threads over the fake backend:
 // pipeline_mesh_runner.h).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
-#include <fstream>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -18,8 +14,6 @@
 
 namespace meshrun {
 namespace {
-
-namespace fs = std::filesystem;
 
 struct MoreMesh {
   std::string arch;
@@ -41,92 +35,24 @@ void PrintTo(const MoreMesh& m, std::ostream* os) {
   *os << m.Name();
 }
 
-class PipelineMeshMoreTest : public ::testing::TestWithParam<MoreMesh> {
+class PipelineMeshMoreTest : public PipelineMeshRunner,
+                             public ::testing::WithParamInterface<MoreMesh> {
  protected:
-  static void SetUpTestSuite() {
-    char pattern[] = "/tmp/meshrun_pipeline_more_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = new fs::path(pattern);
-    std::ofstream out(*dir_ / "train.txt");
-    uint32_t x = 97531;
-    for (int line = 0; line < 400; ++line) {
-      out << "entry " << line << ": ";
-      for (int w = 0; w < 8; ++w) {
-        x = x * 1664525u + 1013904223u;
-        out << "t" << (x >> 24) % 43 << ' ';
-      }
-      out << '\n';
-    }
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(*dir_, ec);
-    delete dir_;
-    dir_ = nullptr;
-  }
-
   static JobSpec MoreSpec(const MoreMesh& m) {
-    JobSpec spec;
+    JobSpec spec = Spec(m.arch, m.layers, {.P = m.P, .S = m.S, .T = m.T, .R = m.R, .C = m.C});
     spec.name = "pipeline-mesh-more-test";
-    spec.model.arch = m.arch;
-    spec.model.n_layer = m.layers;
-    spec.model.n_head = 4;
-    spec.model.d_model = 32;
-    spec.model.seq_len = 16;
-    spec.model.vocab_size = 256;
-    if (m.arch == "llama") {
-      spec.model.n_kv_head = 2;
-      spec.model.d_ff = 64;
-      spec.model.tie_embeddings = false;
-    }
-    spec.parallelism.pp_size = m.P;
-    spec.parallelism.dp_replicate_size = m.R;
-    spec.parallelism.dp_shard_size = m.S;
-    spec.parallelism.cp_size = m.C;
-    spec.parallelism.tp_size = m.T;
     spec.parallelism.cp_comm_strategy = "ring";
     if (m.v > 1) {
       spec.parallelism.pp_schedule = "interleaved_1f1b";
       spec.parallelism.pp_virtual_stages = m.v;
     }
-    spec.parallelism.comm_timeout_seconds = 60;
-    spec.train.steps = 20;
-    spec.train.global_batch_size = 8;
-    spec.train.micro_batch_size = 2;
-    spec.train.lr = 3e-3;
-    spec.train.min_lr = 3e-4;
-    spec.train.warmup_steps = 2;
-    spec.train.grad_clip = 1.0;
-    spec.data.train = (*dir_ / "train.txt").string();
-    spec.data.format = "text";
-    spec.data.val = spec.data.train;
-    spec.data.eval_every = 5;
-    spec.resources.threads = 1;
     return spec;
   }
-
-  // One rank's run of the same model (cached per architecture and layer count).
-  static const PipeStepRecord& Alone(const MoreMesh& m) {
-    static std::map<std::string, PipeStepRecord>* cache =
-        new std::map<std::string, PipeStepRecord>();
-    const std::string key = m.arch + std::to_string(m.layers);
-    if (!cache->count(key)) {
-      std::vector<StatusOr<PipeStepRecord>> one =
-          RunMeshInProcess(MoreSpec({.arch = m.arch, .layers = m.layers}));
-      EXPECT_EQ(one.size(), 1u);
-      EXPECT_TRUE(one[0].ok()) << one[0].status().ToString();
-      (*cache)[key] = one[0].ok() ? *one[0] : PipeStepRecord();
-    }
-    return (*cache)[key];
-  }
-
-  static fs::path* dir_;
 };
 
-fs::path* PipelineMeshMoreTest::dir_ = nullptr;
-
 TEST_P(PipelineMeshMoreTest, TrainsLikeOneRankOverTwentySteps) {
-  const PipeStepRecord& want = Alone(GetParam());
+  // One rank's run of the same model (cached per architecture and layer count).
+  const PipeStepRecord& want = OneRank(GetParam().arch, GetParam().layers);
   ASSERT_EQ(want.losses.size(), 20u);
   ASSERT_EQ(want.evals.size(), 4u);
   EXPECT_LT(want.losses.back(), want.losses.front());
