@@ -11,15 +11,13 @@
 #include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/memory_estimate.h"
-#include "engine/comm/fake_backend.h"
-#include "engine/comm/store.h"
 #include "engine/train/memory_model.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
+#include "tests/engine/train/pipeline_mesh_runner.h"
 
 namespace meshrun {
 namespace {
@@ -109,39 +107,6 @@ class OptimizerMeshTest : public ::testing::TestWithParam<OptimizerMesh> {
     return *alone;
   }
 
-  static std::vector<StatusOr<RunSummary>> RanksAsThreads(const JobSpec& spec) {
-    StatusOr<ParallelDims> dims =
-        ParallelDims::Create(spec.parallelism.dp_replicate_size, spec.parallelism.dp_shard_size,
-                             spec.parallelism.cp_size, spec.parallelism.tp_size);
-    EXPECT_TRUE(dims.ok()) << dims.status().ToString();
-    if (!dims.ok()) return {};
-    const int world = dims->world_size();
-    auto backend = std::make_shared<FakeBackend>();
-    std::shared_ptr<Store> store = std::make_shared<InMemoryStore>();
-    std::vector<StatusOr<RunSummary>> results(world, InternalError("the rank did not run"));
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < world; ++rank) {
-      threads.emplace_back([&, rank] {
-        results[rank] = [&]() -> StatusOr<RunSummary> {
-          MeshCommsOptions comm_options;
-          comm_options.timeout = std::chrono::seconds(60);
-          MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
-                                   MeshComms::Create(*dims, rank, store, *backend,
-                                                     std::make_shared<CommStats>(), comm_options));
-          RankContext ctx;
-          ctx.rank = rank;
-          ctx.comms = std::move(comms);
-          ctx.store = store;
-          MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                                   Trainer::Create(spec, FixedPeak(), ctx));
-          return trainer->Run(nullptr);
-        }();
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    return results;
-  }
-
   static fs::path* dir_;
 };
 
@@ -151,12 +116,13 @@ TEST_P(OptimizerMeshTest, LionOnThisMeshTrainsLikeOneRank) {
   const RunSummary& alone = OneRank();
   ASSERT_EQ(alone.losses.size(), 5u);
   EXPECT_LT(alone.losses.back(), alone.losses.front());
-  const std::vector<StatusOr<RunSummary>> ranks = RanksAsThreads(LionSpec(GetParam()));
+  // Every rank as a thread over the fake backend (pipeline_mesh_runner.h).
+  const std::vector<StatusOr<PipeStepRecord>> ranks = RunMeshInProcess(LionSpec(GetParam()));
   ASSERT_FALSE(ranks.empty());
   for (size_t rank = 0; rank < ranks.size(); ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
     ASSERT_TRUE(ranks[rank].ok()) << ranks[rank].status().ToString();
-    const RunSummary& s = *ranks[rank];
+    const PipeStepRecord& s = *ranks[rank];
     ASSERT_EQ(s.losses.size(), alone.losses.size());
     for (size_t k = 0; k < s.losses.size(); ++k) {
       EXPECT_NEAR(s.losses[k], alone.losses[k], 1e-5 * alone.losses[k]) << "step " << k + 1;

@@ -1,9 +1,10 @@
 // The in-process mesh runner of the pipeline tests (pipeline_mesh_test.cc,
-// pipeline_zero_bubble_test.cc, pipeline_mesh_more_test.cc, pipeline_memory_test.cc): every rank of
-// a job's mesh as a thread over the fake backend, each rank's losses, grad norms, evaluations and
-// measured bubbles, and one rank's run to hold them to (1e-5 relative); each rank's own peak memory
-// of each kind (every rank thread counts its tensors in a MemoryAccountScope of its own, so the
-// figures are a rank's, as in a process of its own).
+// pipeline_zero_bubble_test.cc, pipeline_mesh_more_test.cc, pipeline_memory_test.cc; its
+// RunMeshInProcess also optimizer_mesh_test.cc's): every rank of a job's mesh as a thread over the
+// fake backend, each rank's losses, grad norms, evaluations and measured bubbles, and one rank's
+// run to hold them to (1e-5 relative); each rank's own peak memory of each kind (every rank thread
+// counts its tensors in a MemoryAccountScope of its own, so the figures are a rank's, as in a
+// process of its own).
 #pragma once
 
 #include <gtest/gtest.h>
