@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "coordinator/coordinator_service.h"
+#include "tests/coordinator/coordinator_fixture.h"
 #include "tests/coordinator/test_util.h"
 #include "tests/fakes/fake_clock.h"
 #include "tests/fakes/fake_streams.h"
@@ -14,40 +15,12 @@
 namespace meshrun::coordinator {
 namespace {
 
-using std::chrono::milliseconds;
 using testing::Call;
 using testing::FakeSessionStream;
 using testing::FakeWatchStream;
 
-class MetricsBatchTest : public ::testing::Test {
+class MetricsBatchTest : public CoordinatorServiceFixture {
  protected:
-  MetricsBatchTest() {
-    WorkerManagerConfig wcfg;
-    wcfg.lease_ttl = milliseconds(1000);
-    workers_ = std::make_unique<WorkerManager>(nullptr, clock_, wcfg);
-    JobManagerConfig jcfg;
-    jcfg.store_address = "coord:1";
-    jobs_ = std::make_unique<JobManager>(nullptr, *workers_, store_, clock_, jcfg);
-    service_ = std::make_unique<CoordinatorServiceImpl>(*jobs_, *workers_, store_, clock_);
-  }
-
-  std::shared_ptr<FakeSessionStream> Connect(const std::string& name, int slots) {
-    v1::RegisterWorkerRequest req;
-    req.set_name(name);
-    req.set_slots(slots);
-    req.set_device("cpu");
-    req.set_address("127.0.0.1");
-    v1::RegisterWorkerResponse resp;
-    EXPECT_TRUE(Call([&](ReplyCallback d) { service_->HandleRegisterWorker(req, &resp, d); }).ok());
-    auto stream = std::make_shared<FakeSessionStream>();
-    v1::WorkerSessionRequest open;
-    open.mutable_open()->set_worker_id(resp.worker_id());
-    open.mutable_open()->set_session_token(resp.session_token());
-    service_->HandleWorkerSessionRequest(stream, open);
-    EXPECT_FALSE(stream->finished().has_value());
-    return stream;
-  }
-
   // A 4-rank job on two 2-slot workers, every rank started; the ranks each worker got.
   std::string RunningJob(const std::shared_ptr<FakeSessionStream>& a,
                          const std::shared_ptr<FakeSessionStream>& b, std::vector<int>* ranks_a,
@@ -78,12 +51,6 @@ class MetricsBatchTest : public ::testing::Test {
     service_->HandleWatchJob(wreq, watch);
     return watch;
   }
-
-  testing::FakeClock clock_;
-  StoreManager store_{clock_, StoreLimits{}};
-  std::unique_ptr<WorkerManager> workers_;
-  std::unique_ptr<JobManager> jobs_;
-  std::unique_ptr<CoordinatorServiceImpl> service_;
 };
 
 void AddBatchSample(v1::RankMetrics* m, const std::string& job_id, int rank, int step) {
