@@ -18,7 +18,8 @@
 // --cpu-time (with -t 1) times every kernel and the roofs by the thread's CPU clock, which a
 // loaded machine does not stretch the way it stretches wall time; the MKL peak then too.
 // --torch-isa same (the default) holds torch (its column and the MKL peak) to meshrun's
-// instruction set where meshrun's AVX2 path is forced on an AVX-512 CPU (bench/torch_isa.h).
+// instruction set where meshrun's AVX2 path is forced on an AVX-512 CPU (bench/torch_env.h);
+// PyTorch runs with jemalloc where it is installed.
 // --fallback runs the Matmul shapes through GemmFallback instead of the build's Gemm backend.
 #include <time.h>
 #include <unistd.h>
@@ -35,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "bench/torch_isa.h"
+#include "bench/torch_env.h"
 #include "engine/kernels/cpu/kernels.h"
 
 namespace {
@@ -273,12 +274,12 @@ std::map<std::string, double> RunTorchKernels(const Options& o, std::string* why
     return ms;
   }
   const std::string cmd =
-      meshrun::bench::TorchIsaEnv(o.torch_isa_native) + py + " " + MESHRUN_BENCH_SOURCE_DIR +
-      "/bench/torch_kernels.py --B " + std::to_string(o.B) + " --T " + std::to_string(o.T) +
-      " --C " + std::to_string(o.C) + " --H " + std::to_string(o.H) + " --V " +
-      std::to_string(o.V) + " --adamw-params " + std::to_string(o.adamw_params) + " --threads " +
-      std::to_string(NumThreads()) + " --iters " + std::to_string(o.iters) + " --warmup " +
-      std::to_string(o.warmup) + " 2>/dev/null";
+      meshrun::bench::TorchIsaEnv(o.torch_isa_native) + meshrun::bench::TorchMallocEnv(false) + py +
+      " " + MESHRUN_BENCH_SOURCE_DIR + "/bench/torch_kernels.py --B " + std::to_string(o.B) +
+      " --T " + std::to_string(o.T) + " --C " + std::to_string(o.C) + " --H " +
+      std::to_string(o.H) + " --V " + std::to_string(o.V) + " --adamw-params " +
+      std::to_string(o.adamw_params) + " --threads " + std::to_string(NumThreads()) + " --iters " +
+      std::to_string(o.iters) + " --warmup " + std::to_string(o.warmup) + " 2>/dev/null";
   FILE* f = popen(cmd.c_str(), "r");
   std::string line, last;
   char buf[8192];
@@ -541,8 +542,9 @@ int main(int argc, char** argv) {
               Env("OMP_WAIT_POLICY"), Env("GOMP_SPINCOUNT"), o.iters);
   std::printf("# roofs: float32 GEMM peak %.1f GFLOP/s, memory bandwidth %.1f GB/s (triad)\n",
               peak / 1e9, bandwidth / 1e9);
-  std::printf("# isa: attention tile GEMM %s; GEMM %s; torch %s\n", KernelIsa(), gemm,
-              meshrun::bench::TorchIsaDescription(o.torch_isa_native).c_str());
+  std::printf("# isa: attention tile GEMM %s; GEMM %s; torch %s; torch malloc %s\n", KernelIsa(),
+              gemm, meshrun::bench::TorchIsaDescription(o.torch_isa_native).c_str(),
+              meshrun::bench::TorchMallocDescription(false).c_str());
   if (mkl_peak > 0) {
     std::printf(
         "# limit: MKL sgemm peak %.1f GFLOP/s (torch.mm 1024^3, %d threads, %s/bin/python); "

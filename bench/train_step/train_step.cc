@@ -9,9 +9,12 @@
 //   train_step [--configs tiny,mini,gpt2-124m] [--steps N] [--warmup N] [--threads N]
 //              [--seq-len T] [--repeats N] [--venv DIR] [--python /usr/bin/python3]
 //              [--no-compile] [--no-torch] [--torch-isa same|native]
+//              [--torch-malloc jemalloc|system]
 //
 // --torch-isa same (the default) holds PyTorch to meshrun's instruction set when meshrun's AVX2
-// path is forced on an AVX-512 CPU (MESHRUN_NO_AVX512=1; bench/torch_isa.h); native never does.
+// path is forced on an AVX-512 CPU (MESHRUN_NO_AVX512=1; bench/torch_env.h); native never does.
+// --torch-malloc jemalloc (the default where libjemalloc2 is installed) preloads jemalloc into
+// every PyTorch column and the MKL peak; system runs glibc's malloc (bench/torch_env.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,7 +30,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/torch_isa.h"
+#include "bench/torch_env.h"
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/model/gpt2.h"
 #include "engine/train/trainer.h"
@@ -255,7 +258,7 @@ int main(int argc, char** argv) {
   int steps = 5, warmup = 2, seq_len = 256, repeats = 3;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   if (const char* omp = std::getenv("OMP_NUM_THREADS")) threads = std::atoi(omp);
-  bool torch = true, compile = true, torch_isa_native = false;
+  bool torch = true, compile = true, torch_isa_native = false, torch_malloc_system = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -292,6 +295,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       torch_isa_native = v == "native";
+    } else if (a == "--torch-malloc") {
+      const std::string v = next();
+      if (v != "jemalloc" && v != "system") {
+        std::fprintf(stderr, "error: --torch-malloc: %s is not jemalloc or system\n", v.c_str());
+        return 2;
+      }
+      torch_malloc_system = v == "system";
     } else {
       std::fprintf(stderr,
                    "error: %s: unknown flag (hint: see the comment at the top of "
@@ -322,9 +332,13 @@ int main(int argc, char** argv) {
       "# cpu: %s; %d threads; gemm %s; kernel isa %s; OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n",
       CpuModel().c_str(), threads, meshrun::cpu::GemmBackend(), meshrun::cpu::KernelIsa(),
       Env("OMP_WAIT_POLICY"), Env("GOMP_SPINCOUNT"));
-  const std::string isa_env = meshrun::bench::TorchIsaEnv(torch_isa_native);
+  // Every PyTorch command's environment: its instruction set and its allocator.
+  const std::string isa_env = meshrun::bench::TorchIsaEnv(torch_isa_native) +
+                              meshrun::bench::TorchMallocEnv(torch_malloc_system);
   if (torch) {
-    std::printf("# torch isa: %s\n", meshrun::bench::TorchIsaDescription(torch_isa_native).c_str());
+    std::printf("# torch isa: %s; torch malloc: %s\n",
+                meshrun::bench::TorchIsaDescription(torch_isa_native).c_str(),
+                meshrun::bench::TorchMallocDescription(torch_malloc_system).c_str());
   }
   const std::string mkl_python = venv + "/bin/python";
   std::printf("# best of %d interleaved repetitions (each the median of %d steps after %d warmup)",
@@ -400,7 +414,10 @@ int main(int argc, char** argv) {
   json << "],\"gemm_peak_gflops\":" << peak / 1e9 << ",\"mkl_peak_gflops\":" << mkl_peak / 1e9
        << ",\"kernel_isa\":\"" << meshrun::cpu::KernelIsa() << "\",\"gemm\":\""
        << meshrun::cpu::GemmBackend() << "\",\"torch_isa\":\""
-       << (isa_env.empty() ? "native" : "avx2") << "\"}";
+       << (meshrun::bench::TorchIsaEnv(torch_isa_native).empty() ? "native" : "avx2")
+       << "\",\"torch_malloc\":\""
+       << (meshrun::bench::TorchMallocEnv(torch_malloc_system).empty() ? "glibc" : "jemalloc")
+       << "\"}";
   std::printf("# float32 GEMM peak (512^3 and 1024^3, best over the run): %.1f GFLOP/s\n",
               peak / 1e9);
   std::printf("# MKL sgemm peak (torch.mm 1024^3, %d threads, best over the run): %.1f GFLOP/s%s\n",
