@@ -120,7 +120,9 @@ def main(argv=None):
     print(json.dumps({"bench": "torch_baseline", "config": args.config, "threads": args.threads,
                       "seq_len": T, "batch": B, "params": n_params, "attention": attn, "mode": args.mode,
                       "tokens_per_second": tok_s, "step_seconds": step_s, "tflops": tflops,
-                      "torch": torch.__version__}))
+                      "torch": torch.__version__,
+                      # ATen's kernels' instruction set (ATEN_CPU_CAPABILITY holds it down)
+                      "cpu_capability": torch.backends.cpu.get_cpu_capability()}))
     return 0
 
 

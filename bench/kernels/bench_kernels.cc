@@ -4,6 +4,7 @@
 //
 //   bench_kernels [--config gpt2|mini] [-B batch] [-T seq_len] [-t threads] [-n iters]
 //                 [-w warmup] [--fallback] [--torch] [--venv DIR] [--only NAME] [--cpu-time]
+//                 [--torch-isa same|native]
 //
 // Times are the best of -n runs (the machine is shared; the best run is the one least
 // disturbed). The roofline bound of a kernel is max(FLOPs / GEMM peak, bytes / bandwidth), with
@@ -16,6 +17,9 @@
 // kernels; DIR defaults to the build's torch-venv, made by tests/python/make-venv).
 // --cpu-time (with -t 1) times every kernel and the roofs by the thread's CPU clock, which a
 // loaded machine does not stretch the way it stretches wall time; the MKL peak then too.
+// --torch-isa same (the default) holds torch (its column and the MKL peak) to meshrun's
+// instruction set where meshrun's AVX2 path is forced on an AVX-512 CPU (bench/torch_env.h);
+// PyTorch runs with jemalloc where it is installed.
 // --fallback runs the Matmul shapes through GemmFallback instead of the build's Gemm backend.
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/torch_env.h"
 #include "engine/kernels/cpu/kernels.h"
 
 namespace {
@@ -45,8 +50,9 @@ struct Options {
   int threads = 0, iters = 7, warmup = 2;
   bool fallback = false;
   bool torch = false;
-  bool cpu_time = false;  // time by the calling thread's CPU clock (one-thread runs only)
-  std::string only;       // --only: run the kernel groups whose name contains this (all when empty)
+  bool torch_isa_native = false;  // --torch-isa native: never hold torch's instruction set
+  bool cpu_time = false;          // time by the calling thread's CPU clock (one-thread runs only)
+  std::string only;  // --only: run the kernel groups whose name contains this (all when empty)
   std::string venv = MESHRUN_BENCH_TORCH_VENV;
 };
 
@@ -268,7 +274,8 @@ std::map<std::string, double> RunTorchKernels(const Options& o, std::string* why
     return ms;
   }
   const std::string cmd =
-      py + " " + MESHRUN_BENCH_SOURCE_DIR + "/bench/torch_kernels.py --B " + std::to_string(o.B) +
+      meshrun::bench::TorchIsaEnv(o.torch_isa_native) + meshrun::bench::TorchMallocEnv(false) + py +
+      " " + MESHRUN_BENCH_SOURCE_DIR + "/bench/torch_kernels.py --B " + std::to_string(o.B) +
       " --T " + std::to_string(o.T) + " --C " + std::to_string(o.C) + " --H " +
       std::to_string(o.H) + " --V " + std::to_string(o.V) + " --adamw-params " +
       std::to_string(o.adamw_params) + " --threads " + std::to_string(NumThreads()) + " --iters " +
@@ -304,7 +311,8 @@ double MeasureMklPeak(const Options& o, int threads) {
   const char* clock = o.cpu_time && threads == 1 ? "thread_time" : "perf_counter";
   const std::string py = o.venv + "/bin/python";
   if (access(py.c_str(), X_OK) != 0) return 0;
-  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " " + py +
+  const std::string cmd = meshrun::bench::TorchIsaEnv(o.torch_isa_native) +
+                          "OMP_NUM_THREADS=" + std::to_string(threads) + " " + py +
                           " -c 'import time,torch\ntorch.set_num_threads(" +
                           std::to_string(threads) +
                           ")\nn=1024\na=torch.randn(n,n);b=torch.randn(n,n);c=torch.empty(n,n)\n"
@@ -418,6 +426,13 @@ int main(int argc, char** argv) {
       o.torch = true;
     } else if (a == "--cpu-time") {
       o.cpu_time = true;
+    } else if (a == "--torch-isa") {
+      const std::string v = ++i < argc ? argv[i] : "";
+      if (v != "same" && v != "native") {
+        std::fprintf(stderr, "error: --torch-isa: '%s' is not same or native\n", v.c_str());
+        return 2;
+      }
+      o.torch_isa_native = v == "native";
     } else if (a == "--only") {
       if (++i >= argc) {
         std::fprintf(stderr, "error: --only: missing value (hint: e.g. --only attention)\n");
@@ -435,7 +450,7 @@ int main(int argc, char** argv) {
           stderr,
           "error: %s: unknown flag (hint: bench_kernels [--config gpt2|mini] [-B batch] "
           "[-T seq_len] [-t threads] [-n iters] [-w warmup] [--fallback] [--torch] [--venv DIR] "
-          "[--only NAME] [--cpu-time])\n",
+          "[--only NAME] [--cpu-time] [--torch-isa same|native])\n",
           a.c_str());
       return 2;
     }
@@ -527,7 +542,9 @@ int main(int argc, char** argv) {
               Env("OMP_WAIT_POLICY"), Env("GOMP_SPINCOUNT"), o.iters);
   std::printf("# roofs: float32 GEMM peak %.1f GFLOP/s, memory bandwidth %.1f GB/s (triad)\n",
               peak / 1e9, bandwidth / 1e9);
-  std::printf("# isa: attention tile GEMM %s; GEMM %s\n", KernelIsa(), gemm);
+  std::printf("# isa: attention tile GEMM %s; GEMM %s; torch %s; torch malloc %s\n", KernelIsa(),
+              gemm, meshrun::bench::TorchIsaDescription(o.torch_isa_native).c_str(),
+              meshrun::bench::TorchMallocDescription(false).c_str());
   if (mkl_peak > 0) {
     std::printf(
         "# limit: MKL sgemm peak %.1f GFLOP/s (torch.mm 1024^3, %d threads, %s/bin/python); "

@@ -8,7 +8,13 @@
 //
 //   train_step [--configs tiny,mini,gpt2-124m] [--steps N] [--warmup N] [--threads N]
 //              [--seq-len T] [--repeats N] [--venv DIR] [--python /usr/bin/python3]
-//              [--no-compile] [--no-torch]
+//              [--no-compile] [--no-torch] [--torch-isa same|native]
+//              [--torch-malloc jemalloc|system]
+//
+// --torch-isa same (the default) holds PyTorch to meshrun's instruction set when meshrun's AVX2
+// path is forced on an AVX-512 CPU (MESHRUN_NO_AVX512=1; bench/torch_env.h); native never does.
+// --torch-malloc jemalloc (the default where libjemalloc2 is installed) preloads jemalloc into
+// every PyTorch column and the MKL peak; system runs glibc's malloc (bench/torch_env.h).
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/torch_env.h"
 #include "engine/kernels/cpu/kernels.h"
 #include "engine/model/gpt2.h"
 #include "engine/train/trainer.h"
@@ -66,6 +73,7 @@ struct Result {
   double step_seconds = 0;
   double tokens_per_second = 0;
   double tflops = 0;
+  std::string isa;  // a PyTorch column's torch.backends.cpu.get_cpu_capability()
 };
 
 double Median(std::vector<double> v) {
@@ -130,10 +138,10 @@ bool IsExecutable(const std::string& path) {
 // The float32 GEMM peak of MKL on this machine, the limit meshrun's GEMM is held to (issue 37):
 // torch.mm at 1024³ with the same threads (PyPI torch runs CPU matmuls on MKL), the fastest of
 // 20 calls after one untimed, in FLOP/s; 0 when the interpreter or torch is missing.
-double MeasureMklPeak(const std::string& python, int threads) {
+double MeasureMklPeak(const std::string& python, int threads, const std::string& isa_env) {
   if (!IsExecutable(python)) return 0;
   std::ostringstream cmd;
-  cmd << "OMP_NUM_THREADS=" << threads << " " << python
+  cmd << isa_env << "OMP_NUM_THREADS=" << threads << " " << python
       << " -c 'import time,torch\ntorch.set_num_threads(" << threads
       << ")\nn=1024\na=torch.randn(n,n);b=torch.randn(n,n);c=torch.empty(n,n)\n"
          "torch.mm(a,b,out=c)\nbest=1e9\nfor _ in range(20):\n t=time.perf_counter();"
@@ -157,9 +165,9 @@ double LoadAverage() {
 // Runs bench/torch_baseline.py and reads the JSON line it prints last; its stderr goes to
 // `log` (the last run's, for the reason when a column fails).
 bool RunTorch(const TorchColumn& col, const BenchConfig& c, int steps, int warmup, int threads,
-              const std::string& log, Result* out) {
+              const std::string& isa_env, const std::string& log, Result* out) {
   std::ostringstream cmd;
-  cmd << "OMP_NUM_THREADS=" << threads << " " << col.python << " " << SourceDir()
+  cmd << isa_env << "OMP_NUM_THREADS=" << threads << " " << col.python << " " << SourceDir()
       << "/bench/torch_baseline.py --config " << c.name << " --mode " << col.mode << " --steps "
       << steps << " --warmup " << std::max(warmup, col.mode == "compile" ? 2 : 0) << " --threads "
       << threads << " --seq-len " << c.model.max_seq_len << " --batch " << c.batch << " 2>" << log;
@@ -179,6 +187,11 @@ bool RunTorch(const TorchColumn& col, const BenchConfig& c, int steps, int warmu
   out->tokens_per_second = number("tokens_per_second");
   out->step_seconds = number("step_seconds");
   out->tflops = number("tflops");
+  const size_t cap = last.find("\"cpu_capability\": \"");
+  if (cap != std::string::npos) {
+    const size_t from = cap + std::strlen("\"cpu_capability\": \"");
+    out->isa = last.substr(from, last.find('"', from) - from);
+  }
   return out->tokens_per_second > 0;
 }
 
@@ -245,7 +258,7 @@ int main(int argc, char** argv) {
   int steps = 5, warmup = 2, seq_len = 256, repeats = 3;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
   if (const char* omp = std::getenv("OMP_NUM_THREADS")) threads = std::atoi(omp);
-  bool torch = true, compile = true;
+  bool torch = true, compile = true, torch_isa_native = false, torch_malloc_system = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -275,7 +288,21 @@ int main(int argc, char** argv) {
       compile = false;
     else if (a == "--no-torch")
       torch = false;
-    else {
+    else if (a == "--torch-isa") {
+      const std::string v = next();
+      if (v != "same" && v != "native") {
+        std::fprintf(stderr, "error: --torch-isa: %s is not same or native\n", v.c_str());
+        return 2;
+      }
+      torch_isa_native = v == "native";
+    } else if (a == "--torch-malloc") {
+      const std::string v = next();
+      if (v != "jemalloc" && v != "system") {
+        std::fprintf(stderr, "error: --torch-malloc: %s is not jemalloc or system\n", v.c_str());
+        return 2;
+      }
+      torch_malloc_system = v == "system";
+    } else {
       std::fprintf(stderr,
                    "error: %s: unknown flag (hint: see the comment at the top of "
                    "bench/train_step/train_step.cc)\n",
@@ -305,6 +332,14 @@ int main(int argc, char** argv) {
       "# cpu: %s; %d threads; gemm %s; kernel isa %s; OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n",
       CpuModel().c_str(), threads, meshrun::cpu::GemmBackend(), meshrun::cpu::KernelIsa(),
       Env("OMP_WAIT_POLICY"), Env("GOMP_SPINCOUNT"));
+  // Every PyTorch command's environment: its instruction set and its allocator.
+  const std::string isa_env = meshrun::bench::TorchIsaEnv(torch_isa_native) +
+                              meshrun::bench::TorchMallocEnv(torch_malloc_system);
+  if (torch) {
+    std::printf("# torch isa: %s; torch malloc: %s\n",
+                meshrun::bench::TorchIsaDescription(torch_isa_native).c_str(),
+                meshrun::bench::TorchMallocDescription(torch_malloc_system).c_str());
+  }
   const std::string mkl_python = venv + "/bin/python";
   std::printf("# best of %d interleaved repetitions (each the median of %d steps after %d warmup)",
               repeats, steps, warmup);
@@ -330,7 +365,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> failed(columns.size());
     for (int rep = 0; rep < repeats; ++rep) {
       peak = std::max(peak, MeasurePeak());
-      if (torch) mkl_peak = std::max(mkl_peak, MeasureMklPeak(mkl_python, threads));
+      if (torch) mkl_peak = std::max(mkl_peak, MeasureMklPeak(mkl_python, threads, isa_env));
       const double load = LoadAverage();
       const double tps = RunMeshrun(c, steps, warmup).tokens_per_second;
       mesh.Add(tps);
@@ -338,9 +373,10 @@ int main(int argc, char** argv) {
       for (size_t k = 0; k < columns.size(); ++k) {
         Result t;
         if (!failed[k].empty()) continue;
-        if (RunTorch(columns[k], c, steps, warmup, threads, log, &t)) {
+        if (RunTorch(columns[k], c, steps, warmup, threads, isa_env, log, &t)) {
           torch_cols[k].Add(t.tokens_per_second);
-          std::printf("; %s %.0f", columns[k].name.c_str(), t.tokens_per_second);
+          std::printf("; %s %.0f (%s)", columns[k].name.c_str(), t.tokens_per_second,
+                      t.isa.empty() ? "isa ?" : t.isa.c_str());
         } else {
           failed[k] =
               columns[k].python + " --mode " + columns[k].mode + " failed (see " + log + ")";
@@ -377,7 +413,11 @@ int main(int argc, char** argv) {
   }
   json << "],\"gemm_peak_gflops\":" << peak / 1e9 << ",\"mkl_peak_gflops\":" << mkl_peak / 1e9
        << ",\"kernel_isa\":\"" << meshrun::cpu::KernelIsa() << "\",\"gemm\":\""
-       << meshrun::cpu::GemmBackend() << "\"}";
+       << meshrun::cpu::GemmBackend() << "\",\"torch_isa\":\""
+       << (meshrun::bench::TorchIsaEnv(torch_isa_native).empty() ? "native" : "avx2")
+       << "\",\"torch_malloc\":\""
+       << (meshrun::bench::TorchMallocEnv(torch_malloc_system).empty() ? "glibc" : "jemalloc")
+       << "\"}";
   std::printf("# float32 GEMM peak (512^3 and 1024^3, best over the run): %.1f GFLOP/s\n",
               peak / 1e9);
   std::printf("# MKL sgemm peak (torch.mm 1024^3, %d threads, best over the run): %.1f GFLOP/s%s\n",

@@ -738,46 +738,46 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   T* dln = dln_.template data<T>();
   LayerActs& a = acts_[l];
   const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
-  // MLP block: res3 = res2 + proj(act(fc(norm2(res2)))); dres flows to res2 unchanged.
-  MESHRUN_RETURN_IF_ERROR(zero(dfch_gelu_));
-  MESHRUN_RETURN_IF_ERROR(zero(dfch_));
-  MESHRUN_RETURN_IF_ERROR(zero(dln_));
+  // MLP block: res3 = res2 + proj(act(fc(norm2(res2)))); dres flows to res2 unchanged. Each
+  // input gradient's first write overwrites its buffer (no zeroing pass); the gated MLPs'
+  // backward accumulates, so dfch_ starts from zero there.
+  const bool overwrite = false;  // the ops' accumulate flag
+  if (cfg_.gated_mlp()) MESHRUN_RETURN_IF_ERROR(zero(dfch_));
   if (cfg_.gated_mlp()) {
     MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
         dev, dfch_gelu_.template data<T>(), G(h + "mlp.down_proj.weight"), no_grad, dres,
-        a.fch_gelu.template data<T>(), P(h + "mlp.down_proj.weight"), N, Fl, C));
+        a.fch_gelu.template data<T>(), P(h + "mlp.down_proj.weight"), N, Fl, C, overwrite));
     MESHRUN_RETURN_IF_ERROR(GatedBackward(dfch_.template data<T>(), a.fch.template data<T>(),
                                           dfch_gelu_.template data<T>(), N, Fl));
-    MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, G(h + "mlp.gate_up.weight"), no_grad,
-                                                dfch_.template data<T>(), a.ln2.template data<T>(),
-                                                P(h + "mlp.gate_up.weight"), N, C, 2 * Fl));
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
+        dev, dln, G(h + "mlp.gate_up.weight"), no_grad, dfch_.template data<T>(),
+        a.ln2.template data<T>(), P(h + "mlp.gate_up.weight"), N, C, 2 * Fl, overwrite));
   } else {
     MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "mlp.c_proj.bias"), dres, N, C));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
         dev, dfch_gelu_.template data<T>(), G(h + "mlp.c_proj.weight"), no_grad, dres,
-        a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"), N, Fl, C));
+        a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"), N, Fl, C, overwrite));
     MESHRUN_RETURN_IF_ERROR(ops::GeluBackward(dev, dfch_.template data<T>(),
                                               a.fch.template data<T>(),
-                                              dfch_gelu_.template data<T>(), N * Fl));
+                                              dfch_gelu_.template data<T>(), N * Fl, overwrite));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
         dev, dln, G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"), dfch_.template data<T>(),
-        a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"), N, C, Fl));
+        a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"), N, C, Fl, overwrite));
   }
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
   MESHRUN_RETURN_IF_ERROR(NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln));
   // Attention block: res2 = residual + proj(attn(qkv(norm1(residual)))).
   if (cfg_.family().linear_biases)
     MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "attn.c_proj.bias"), dres, N, C));
-  MESHRUN_RETURN_IF_ERROR(zero(datty_));
   const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, datty_.template data<T>(), G(o), no_grad, dres,
-                                              a.atty.template data<T>(), P(o), N, Cl, C));
+                                              a.atty.template data<T>(), P(o), N, Cl, C,
+                                              overwrite));
   MESHRUN_RETURN_IF_ERROR(AttentionBackward(a));
-  MESHRUN_RETURN_IF_ERROR(zero(dln_));
   const std::string qkv = h + (llama ? "self_attn.qkv." : "attn.c_attn.");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, G(qkv + "weight"), Gopt(qkv + "bias"),
                                               dqkv_.template data<T>(), a.ln1.template data<T>(),
-                                              P(qkv + "weight"), N, C, QkvWidth()));
+                                              P(qkv + "weight"), N, C, QkvWidth(), overwrite));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
   return NormBackward(l, 1, a, residual, dres, dln);
 }
@@ -893,23 +893,24 @@ Status GPT2<T>::BlockBackwardInput(int l, const T* residual, T* stash) {
   // MLP block: the proj's (down's) output gradient is dres, its input the activation.
   MESHRUN_RETURN_IF_ERROR(keep(s.dmlp, dres, N * C));
   MESHRUN_RETURN_IF_ERROR(keep(s.act, a.fch_gelu.template data<T>(), N * Fl));
-  MESHRUN_RETURN_IF_ERROR(zero(dfch_gelu_));
-  MESHRUN_RETURN_IF_ERROR(zero(dfch_));
-  MESHRUN_RETURN_IF_ERROR(zero(dln_));
+  const bool overwrite = false;  // the ops' accumulate flag (BlockBackward)
+  if (gated) MESHRUN_RETURN_IF_ERROR(zero(dfch_));
   const std::string down = h + (gated ? "mlp.down_proj.weight" : "mlp.c_proj.weight");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dfch_gelu_.template data<T>(), none, none, dres,
-                                              a.fch_gelu.template data<T>(), P(down), N, Fl, C));
+                                              a.fch_gelu.template data<T>(), P(down), N, Fl, C,
+                                              overwrite));
   if (gated) {
     MESHRUN_RETURN_IF_ERROR(GatedBackward(dfch_.template data<T>(), a.fch.template data<T>(),
                                           dfch_gelu_.template data<T>(), N, Fl));
   } else {
     MESHRUN_RETURN_IF_ERROR(ops::GeluBackward(dev, dfch_.template data<T>(),
                                               a.fch.template data<T>(),
-                                              dfch_gelu_.template data<T>(), N * Fl));
+                                              dfch_gelu_.template data<T>(), N * Fl, overwrite));
   }
   const std::string up = h + (gated ? "mlp.gate_up.weight" : "mlp.c_fc.weight");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dfch_.template data<T>(),
-                                              a.ln2.template data<T>(), P(up), N, C, Gl));
+                                              a.ln2.template data<T>(), P(up), N, C, Gl,
+                                              overwrite));
   MESHRUN_RETURN_IF_ERROR(keep(s.dfc, dfch_.template data<T>(), N * Gl));
   MESHRUN_RETURN_IF_ERROR(keep(s.ln2, a.ln2.template data<T>(), N * C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
@@ -919,16 +920,15 @@ Status GPT2<T>::BlockBackwardInput(int l, const T* residual, T* stash) {
   // Attention block: the output projection's output gradient is dres now.
   MESHRUN_RETURN_IF_ERROR(keep(s.dattn, dres, N * C));
   MESHRUN_RETURN_IF_ERROR(keep(s.atty, a.atty.template data<T>(), N * Cl));
-  MESHRUN_RETURN_IF_ERROR(zero(datty_));
   const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, datty_.template data<T>(), none, none, dres,
-                                              a.atty.template data<T>(), P(o), N, Cl, C));
+                                              a.atty.template data<T>(), P(o), N, Cl, C,
+                                              overwrite));
   MESHRUN_RETURN_IF_ERROR(AttentionBackward(a));
-  MESHRUN_RETURN_IF_ERROR(zero(dln_));
   const std::string qkv = h + (llama ? "self_attn.qkv." : "attn.c_attn.");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dqkv_.template data<T>(),
                                               a.ln1.template data<T>(), P(qkv + "weight"), N, C,
-                                              QkvWidth()));
+                                              QkvWidth(), overwrite));
   MESHRUN_RETURN_IF_ERROR(keep(s.dqkv, dqkv_.template data<T>(), N * QkvWidth()));
   MESHRUN_RETURN_IF_ERROR(keep(s.ln1, a.ln1.template data<T>(), N * C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));

@@ -361,18 +361,24 @@ Status MatmulForward(Device dev, T* out, const T* inp, const T* weight, const T*
 
 template <typename T>
 Status MatmulBackward(Device dev, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                      const T* weight, int64_t N, int64_t C, int64_t OC) {
+                      const T* weight, int64_t N, int64_t C, int64_t OC, bool accumulate_dinp) {
 #if MESHRUN_WITH_CUDA
   if constexpr (std::is_same_v<T, float>) {
     if (Mixed(dev)) {
       MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
+      // The bf16 GEMM accumulates: an overwrite starts from zero.
+      if (dinp != nullptr && !accumulate_dinp) {
+        MESHRUN_RETURN_IF_ERROR(Zero(dev, dinp, sizeof(T) * N * C));
+      }
       return MixedBackward(*ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC);
     }
   }
 #endif
-  MESHRUN_OP("MatmulBackward",
-             cpu::MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC),
-             gpu::MatmulBackward(ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC))
+  MESHRUN_OP(
+      "MatmulBackward",
+      cpu::MatmulBackward(dinp, dweight, dbias, dout, inp, weight, N, C, OC, accumulate_dinp),
+      gpu::MatmulBackward(ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC,
+                          gpu::MatmulBackwardOptions{accumulate_dinp, 0}))
 }
 
 template <typename T>
@@ -422,9 +428,9 @@ Status GeluForward(Device dev, T* out, const T* inp, int64_t n) {
 }
 
 template <typename T>
-Status GeluBackward(Device dev, T* dinp, const T* inp, const T* dout, int64_t n) {
-  MESHRUN_OP("GeluBackward", cpu::GeluBackward(dinp, inp, dout, n),
-             gpu::GeluBackward(ctx, dinp, inp, dout, n))
+Status GeluBackward(Device dev, T* dinp, const T* inp, const T* dout, int64_t n, bool accumulate) {
+  MESHRUN_OP("GeluBackward", cpu::GeluBackward(dinp, inp, dout, n, accumulate),
+             gpu::GeluBackward(ctx, dinp, inp, dout, n, accumulate))
 }
 
 template <typename T>
@@ -654,7 +660,7 @@ Status Lion(Device dev, float* param, const float* grad, float* m, int64_t n, do
   template Status MatmulForward<T>(Device, T*, const T*, const T*, const T*, int64_t, int64_t,     \
                                    int64_t);                                                       \
   template Status MatmulBackward<T>(Device, T*, T*, T*, const T*, const T*, const T*, int64_t,     \
-                                    int64_t, int64_t);                                             \
+                                    int64_t, int64_t, bool);                                       \
   template Status AddBias<T>(Device, T*, const T*, int64_t, int64_t);                              \
   template Status BiasBackward<T>(Device, T*, const T*, int64_t, int64_t);                         \
   template Status LayerNormForward<T>(Device, T*, T*, T*, const T*, const T*, const T*, int64_t,   \
@@ -665,7 +671,7 @@ Status Lion(Device dev, float* param, const float* grad, float* m, int64_t n, do
   template Status RMSNormBackward<T>(Device, T*, T*, const T*, const T*, const T*, const T*,       \
                                      int64_t, int64_t);                                            \
   template Status GeluForward<T>(Device, T*, const T*, int64_t);                                   \
-  template Status GeluBackward<T>(Device, T*, const T*, const T*, int64_t);                        \
+  template Status GeluBackward<T>(Device, T*, const T*, const T*, int64_t, bool);                  \
   template Status SwiGLUForward<T>(Device, T*, const T*, int64_t, int64_t);                        \
   template Status SwiGLUBackward<T>(Device, T*, const T*, const T*, int64_t, int64_t);             \
   template Status GeGLUForward<T>(Device, T*, const T*, int64_t, int64_t);                         \

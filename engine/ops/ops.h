@@ -58,14 +58,16 @@ Status CastToBf16(Device dev, uint16_t* dst, const float* src, int64_t n);
 Status CastFromBf16(Device dev, float* dst, const uint16_t* src, int64_t n);
 
 // ---- linear layers: out[N,OC] = inp[N,C]·weight[OC,C]ᵀ + bias (bias may be null);
-// dinp += dout·weight; dweight += doutᵀ·inp; dbias += Σ_rows dout (each may be null; without
-// dinp the weight is not read and may be null).
+// dinp += dout·weight (accumulate_dinp false: dinp = dout·weight, without a zeroing pass);
+// dweight += doutᵀ·inp; dbias += Σ_rows dout (each may be null; without dinp the weight is not
+// read and may be null).
 template <typename T>
 Status MatmulForward(Device dev, T* out, const T* inp, const T* weight, const T* bias, int64_t N,
                      int64_t C, int64_t OC);
 template <typename T>
 Status MatmulBackward(Device dev, T* dinp, T* dweight, T* dbias, const T* dout, const T* inp,
-                      const T* weight, int64_t N, int64_t C, int64_t OC);
+                      const T* weight, int64_t N, int64_t C, int64_t OC,
+                      bool accumulate_dinp = true);
 // out[i,:] += bias (row-parallel layers add it after the tp reduce); dbias += Σ_rows dout.
 template <typename T>
 Status AddBias(Device dev, T* out, const T* bias, int64_t N, int64_t C);
@@ -90,7 +92,8 @@ Status RMSNormBackward(Device dev, T* dinp, T* dweight, const T* dout, const T* 
 template <typename T>
 Status GeluForward(Device dev, T* out, const T* inp, int64_t n);
 template <typename T>
-Status GeluBackward(Device dev, T* dinp, const T* inp, const T* dout, int64_t n);
+Status GeluBackward(Device dev, T* dinp, const T* inp, const T* dout, int64_t n,
+                    bool accumulate = true);
 template <typename T>
 Status SwiGLUForward(Device dev, T* out, const T* gate_up, int64_t N, int64_t F);
 template <typename T>

@@ -40,13 +40,13 @@ void GeluForward(T* out, const T* inp, int64_t n) {
 }
 
 template <typename T>
-void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
+void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n, bool accumulate) {
   if constexpr (sizeof(T) == sizeof(float)) {
     const int64_t n_chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(dynamic, 1) if (internal::WorthParallel(n))
     for (int64_t c = 0; c < n_chunks; ++c) {
       const int64_t i0 = c * kChunk;
-      simd::GeluBackwardRow(dinp + i0, inp + i0, dout + i0, std::min(kChunk, n - i0));
+      simd::GeluBackwardRow(dinp + i0, inp + i0, dout + i0, std::min(kChunk, n - i0), accumulate);
     }
   } else {
     const T k = static_cast<T>(kSqrt2OverPi);
@@ -57,14 +57,14 @@ void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n) {
       const T t = std::tanh(k * (x + a * x * x * x));
       const T dudx = k * (T(1) + T(3) * a * x * x);
       const T grad = T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dudx;
-      dinp[i] += grad * dout[i];
+      dinp[i] = accumulate ? dinp[i] + grad * dout[i] : grad * dout[i];
     }
   }
 }
 
 template void GeluForward<float>(float*, const float*, int64_t);
 template void GeluForward<double>(double*, const double*, int64_t);
-template void GeluBackward<float>(float*, const float*, const float*, int64_t);
-template void GeluBackward<double>(double*, const double*, const double*, int64_t);
+template void GeluBackward<float>(float*, const float*, const float*, int64_t, bool);
+template void GeluBackward<double>(double*, const double*, const double*, int64_t, bool);
 
 }  // namespace meshrun::cpu

@@ -80,11 +80,11 @@ void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* in
 template <typename T>
 void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int64_t N, int64_t C,
                    int64_t OC);
-// dinp[N,C] += dout·weight; dweight[OC,C] += doutᵀ·inp; dbias[OC] += Σ_rows dout.
-// dinp, dweight and dbias may be null (skipped).
+// dinp[N,C] += dout·weight (= with accumulate_dinp false: no zeroing pass, no read of dinp);
+// dweight[OC,C] += doutᵀ·inp; dbias[OC] += Σ_rows dout. dinp, dweight and dbias may be null.
 template <typename T>
 void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                    int64_t N, int64_t C, int64_t OC);
+                    int64_t N, int64_t C, int64_t OC, bool accumulate_dinp = true);
 
 // ---- causal multi-head attention, blocked with online softmax (flash-attention style):
 // never more than one block of scores per head in memory.
@@ -116,7 +116,8 @@ void AttentionMerge(T* out_a, T* lse_a, const T* out_b, const T* lse_b, int64_t 
 template <typename T>
 void GeluForward(T* out, const T* inp, int64_t n);
 template <typename T>
-void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n);  // dinp += gelu'(inp)·dout
+// dinp += gelu'(inp)·dout (= when not accumulate: no zeroing pass, no read of dinp).
+void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n, bool accumulate = true);
 
 // ---- residual: out = a + b; its backward is Accumulate(da, dout) and Accumulate(db, dout).
 template <typename T>

@@ -1,5 +1,6 @@
 // Data movement of the model: head split/merge of the fused qkv rows, (B,H,T,D) ↔ (B,T,H·D),
 // context-parallel blocks ↔ one sequence, bias rows and the position embedding's rows.
+#include <algorithm>
 #include <cstring>
 
 #include "engine/kernels/cpu/kernel_internal.h"
@@ -118,11 +119,23 @@ void AddBias(T* out, const T* bias, int64_t N, int64_t C) {
 
 template <typename T>
 void BiasBackward(T* dbias, const T* dout, int64_t N, int64_t C) {
-#pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < C; ++j) {
-    T sum = 0;
-    for (int64_t i = 0; i < N; ++i) sum += dout[i * C + j];
-    dbias[j] += sum;
+  // Parallel over blocks of 64 columns, each block's rows read contiguously and summed in row
+  // order in vector lanes: the sums of one column per thread over strided rows it replaces,
+  // bit for bit (each column still adds its rows in order), without reading a row's cache line
+  // once per column.
+  constexpr int64_t kCols = 64;
+  const int64_t n_tasks = (C + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static) if (internal::WorthParallel(N * C))
+  for (int64_t t = 0; t < n_tasks; ++t) {
+    const int64_t j0 = t * kCols;
+    const int64_t nj = std::min(kCols, C - j0);
+    T acc[kCols] = {};
+    for (int64_t i = 0; i < N; ++i) {
+      const T* d = dout + i * C + j0;
+#pragma omp simd
+      for (int64_t j = 0; j < nj; ++j) acc[j] += d[j];
+    }
+    for (int64_t j = 0; j < nj; ++j) dbias[j0 + j] += acc[j];
   }
 }
 

@@ -298,8 +298,10 @@ void MatmulForward(T* out, const T* inp, const T* weight, const T* bias, int64_t
 
 template <typename T>
 void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, const T* weight,
-                    int64_t N, int64_t C, int64_t OC) {
-  if (dinp != nullptr) Gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, T(1), dinp, C);
+                    int64_t N, int64_t C, int64_t OC, bool accumulate_dinp) {
+  if (dinp != nullptr) {
+    Gemm(false, false, N, C, OC, T(1), dout, OC, weight, C, accumulate_dinp ? T(1) : T(0), dinp, C);
+  }
   if (dweight != nullptr) Gemm(true, false, OC, C, N, T(1), dout, OC, inp, C, T(1), dweight, C);
   if (dbias == nullptr) return;
   // Parallel over columns, rows summed in order: deterministic for any thread count.
@@ -323,7 +325,7 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
                         int64_t, T, T*, int64_t);                                              \
   template void MatmulForward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
   template void MatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
-                                  int64_t);
+                                  int64_t, bool);
 MESHRUN_INSTANTIATE(float)
 MESHRUN_INSTANTIATE(double)
 #undef MESHRUN_INSTANTIATE

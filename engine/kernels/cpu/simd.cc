@@ -41,13 +41,14 @@ void GeluForwardScalar(float* out, const float* inp, int64_t n) {
   }
 }
 
-void GeluBackwardScalar(float* dinp, const float* inp, const float* dout, int64_t n) {
+void GeluBackwardScalar(float* dinp, const float* inp, const float* dout, int64_t n,
+                        bool accumulate) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = inp[i];
     const float t = TanhScalar(kSqrt2OverPi * (x + kCubic * x * x * x));
     const float dudx = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
     const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dudx;
-    dinp[i] += grad * dout[i];
+    dinp[i] = accumulate ? dinp[i] + grad * dout[i] : grad * dout[i];
   }
 }
 
@@ -121,7 +122,8 @@ MESHRUN_AVX2 void GeluForwardAvx2(float* out, const float* inp, int64_t n) {
   GeluForwardScalar(out + i, inp + i, n - i);
 }
 
-MESHRUN_AVX2 void GeluBackwardAvx2(float* dinp, const float* inp, const float* dout, int64_t n) {
+MESHRUN_AVX2 void GeluBackwardAvx2(float* dinp, const float* inp, const float* dout, int64_t n,
+                                   bool accumulate) {
   const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
   const __m256 k = _mm256_set1_ps(kSqrt2OverPi), a3 = _mm256_set1_ps(3.0f * kCubic);
   int64_t i = 0;
@@ -132,10 +134,11 @@ MESHRUN_AVX2 void GeluBackwardAvx2(float* dinp, const float* inp, const float* d
     const __m256 sech2 = _mm256_fnmadd_ps(t, t, one);  // 1 − t²
     const __m256 grad = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(half, x), sech2), dudx,
                                         _mm256_mul_ps(half, _mm256_add_ps(one, t)));
-    _mm256_storeu_ps(dinp + i,
-                     _mm256_fmadd_ps(grad, _mm256_loadu_ps(dout + i), _mm256_loadu_ps(dinp + i)));
+    // fma(g, d, 0) rounds as g·d does: overwriting equals accumulating onto zeros, bit for bit.
+    const __m256 base = accumulate ? _mm256_loadu_ps(dinp + i) : _mm256_setzero_ps();
+    _mm256_storeu_ps(dinp + i, _mm256_fmadd_ps(grad, _mm256_loadu_ps(dout + i), base));
   }
-  GeluBackwardScalar(dinp + i, inp + i, dout + i, n - i);
+  GeluBackwardScalar(dinp + i, inp + i, dout + i, n - i, accumulate);
 }
 
 // AVX-512 versions of the row loops that dominate attention's softmax and the MLP's GELU
@@ -214,8 +217,8 @@ MESHRUN_AVX512 void GeluForwardAvx512(float* out, const float* inp, int64_t n) {
   GeluForwardScalar(out + i, inp + i, n - i);
 }
 
-MESHRUN_AVX512 void GeluBackwardAvx512(float* dinp, const float* inp, const float* dout,
-                                       int64_t n) {
+MESHRUN_AVX512 void GeluBackwardAvx512(float* dinp, const float* inp, const float* dout, int64_t n,
+                                       bool accumulate) {
   const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
   const __m512 k = _mm512_set1_ps(kSqrt2OverPi), a3 = _mm512_set1_ps(3.0f * kCubic);
   int64_t i = 0;
@@ -226,10 +229,10 @@ MESHRUN_AVX512 void GeluBackwardAvx512(float* dinp, const float* inp, const floa
     const __m512 sech2 = _mm512_fnmadd_ps(t, t, one);  // 1 − t²
     const __m512 grad = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), sech2), dudx,
                                         _mm512_mul_ps(half, _mm512_add_ps(one, t)));
-    _mm512_storeu_ps(dinp + i,
-                     _mm512_fmadd_ps(grad, _mm512_loadu_ps(dout + i), _mm512_loadu_ps(dinp + i)));
+    const __m512 base = accumulate ? _mm512_loadu_ps(dinp + i) : _mm512_setzero_ps();
+    _mm512_storeu_ps(dinp + i, _mm512_fmadd_ps(grad, _mm512_loadu_ps(dout + i), base));
   }
-  GeluBackwardScalar(dinp + i, inp + i, dout + i, n - i);
+  GeluBackwardScalar(dinp + i, inp + i, dout + i, n - i, accumulate);
 }
 #pragma GCC diagnostic pop
 
@@ -305,12 +308,12 @@ void GeluForwardRow(float* out, const float* inp, int64_t n) {
   GeluForwardScalar(out, inp, n);
 }
 
-void GeluBackwardRow(float* dinp, const float* inp, const float* dout, int64_t n) {
+void GeluBackwardRow(float* dinp, const float* inp, const float* dout, int64_t n, bool accumulate) {
 #if MESHRUN_SIMD_X86
-  if (HasAvx512()) return GeluBackwardAvx512(dinp, inp, dout, n);
-  if (HasAvx2()) return GeluBackwardAvx2(dinp, inp, dout, n);
+  if (HasAvx512()) return GeluBackwardAvx512(dinp, inp, dout, n, accumulate);
+  if (HasAvx2()) return GeluBackwardAvx2(dinp, inp, dout, n, accumulate);
 #endif
-  GeluBackwardScalar(dinp, inp, dout, n);
+  GeluBackwardScalar(dinp, inp, dout, n, accumulate);
 }
 
 }  // namespace meshrun::cpu::simd

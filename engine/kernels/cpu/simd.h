@@ -75,8 +75,9 @@ float ExpShiftSum(float* y, const float* x, int64_t n, float shift);
 void ExpShift(float* x, int64_t n, float shift);
 // x[j] *= s.
 void ScaleRow(float* x, int64_t n, float s);
-// tanh-GELU over n elements: out = gelu(inp); dinp += gelu'(inp)·dout.
+// tanh-GELU over n elements: out = gelu(inp); dinp += gelu'(inp)·dout (= when not accumulate).
 void GeluForwardRow(float* out, const float* inp, int64_t n);
-void GeluBackwardRow(float* dinp, const float* inp, const float* dout, int64_t n);
+void GeluBackwardRow(float* dinp, const float* inp, const float* dout, int64_t n,
+                     bool accumulate = true);
 
 }  // namespace meshrun::cpu::simd
