@@ -54,8 +54,8 @@ TEST(KernelsOverwrite, MatmulBackwardOverwriteEqualsAccumulatingOntoZeros) {
   MatmulBackward(zeros.data(), dw_a.data(), static_cast<float*>(nullptr), dout.data(), inp.data(),
                  weight.data(), N, C, OC);
   std::vector<float> garbage(N * C, std::numeric_limits<float>::quiet_NaN());
-  MatmulBackward(garbage.data(), dw_b.data(), static_cast<float*>(nullptr), dout.data(),
-                 inp.data(), weight.data(), N, C, OC, /*accumulate_dinp=*/false);
+  MatmulBackward(garbage.data(), dw_b.data(), static_cast<float*>(nullptr), dout.data(), inp.data(),
+                 weight.data(), N, C, OC, /*accumulate_dinp=*/false);
   EXPECT_TRUE(SameBits(zeros, garbage));
   EXPECT_TRUE(SameBits(dw_a, dw_b));  // the weight gradient still accumulates either way
   std::vector<float> acc = zeros;
