@@ -88,6 +88,11 @@ struct TrialResult {
   bool at_barrier = false;  // sigterm-coordinator-at-barrier: the stop hit a barrier
   std::string transcript;   // `submit --follow` output: states, reasons, rank failures
   std::string logs;         // `meshrun logs JOB`: every rank's lines, "[rank R attempt A] …"
+  // Moments that came too late and were tried again with another seed (RunTrial): the job had
+  // ended, or was within two checkpoint intervals of its end, when the harness got to the fault
+  // (a loaded machine slows the harness's `status` polls, not the job's steps).
+  int missed = 0;
+  bool too_late = false;  // this run's moment came too late; nothing was done to the job
 };
 
 // The cluster and the job of every trial. Not thread-safe; one trial at a time.
@@ -152,7 +157,24 @@ class ChaosCluster : public LocalCluster {
     return true;
   }
 
+  // One trial; a moment that comes too late (see TrialResult::missed) is tried again with the
+  // seed + 1000, then + 2000, and fails the trial the third time.
   TrialResult RunTrial(Fault fault, uint64_t seed, double reference) {
+    for (int missed = 0;; ++missed) {
+      TrialResult t = RunOnce(fault, seed + 1000 * static_cast<uint64_t>(missed), reference);
+      t.missed = missed;
+      if (!t.too_late) return t;
+      if (missed == 2) {
+        t.ok = false;
+        t.why = "three moments in a row came too late: the job was within " +
+                std::to_string(2 * o_.every) + " steps of its end before the fault (step " +
+                std::to_string(t.fault_at_step) + " of " + std::to_string(o_.steps) + ")";
+        return t;
+      }
+    }
+  }
+
+  TrialResult RunOnce(Fault fault, uint64_t seed, double reference) {
     TrialResult t;
     t.fault = fault;
     t.seed = seed;
@@ -214,6 +236,22 @@ class ChaosCluster : public LocalCluster {
     }
     if (!at_barrier) std::this_thread::sleep_for(std::chrono::milliseconds(t.fault_delay_ms));
     s = Status(t.job_id);
+    if (!at_barrier && s.is_object() &&
+        (s["state"] == "SUCCEEDED" ||
+         (s["state"] == "RUNNING" && s["step"].get<int>() > o_.steps - 2 * o_.every))) {
+      // Too late: let the job end untouched, then report it (RunTrial tries another seed).
+      t.too_late = true;
+      t.fault_at_step = s["step"].get<int>();
+      WaitStatus(
+          t.job_id,
+          [](const json& j) { return j["state"] == "SUCCEEDED" || j["state"] == "FAILED"; },
+          give_up, &s);
+      t.follow_exit = WaitExitCode(follow.pid, 20s);
+      if (t.follow_exit == -1) testing::Stop(follow, 2s);
+      follow.pid = -1;
+      t.trial_seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+      return t;
+    }
     if (!s.is_object() || s["state"] != "RUNNING") return fail("not RUNNING at the fault");
     t.fault_at_step = s["step"].get<int>();
     const json& victim = s["ranks"][victim_index];

@@ -65,11 +65,12 @@ TEST_F(ChaosTest, EveryFaultEndsWithTheUndisturbedLoss) {
     std::printf(
         "trial %-16s seed %3llu: %s  fault at step %2d (+%3d ms) rank %d, newest complete %2d, "
         "at restart %2d, resumed %2d, restarts %d, loss %.6f (undisturbed %.6f), recovery %.1f s, "
-        "trial %.1f s\n",
-        chaos::FaultName(fault), static_cast<unsigned long long>(seed), t.ok ? "ok  " : "FAIL",
+        "trial %.1f s, moments too late %d\n",
+        chaos::FaultName(fault), static_cast<unsigned long long>(t.seed), t.ok ? "ok  " : "FAIL",
         t.fault_at_step, t.fault_delay_ms, t.victim_rank, t.newest_complete, t.newest_at_restart,
-        t.resumed_step, t.restarts, t.final_loss, reference, t.recovery_seconds, t.trial_seconds);
-    EXPECT_TRUE(t.ok) << chaos::FaultName(fault) << " seed " << seed << ": " << t.why
+        t.resumed_step, t.restarts, t.final_loss, reference, t.recovery_seconds, t.trial_seconds,
+        t.missed);
+    EXPECT_TRUE(t.ok) << chaos::FaultName(fault) << " seed " << t.seed << ": " << t.why
                       << "\n---- follow\n"
                       << t.transcript << "---- logs (tail)\n"
                       << t.logs.substr(t.logs.size() > 4000 ? t.logs.size() - 4000 : 0);
