@@ -11,7 +11,9 @@
 //   theory    PipelineBubbleTheory (the exported theory): (P − 1)/(M + P − 1), (P − 1)/(v·M + P −
 //   1)
 //             interleaved (forward = backward, no communication);
-//   async     the same operation lists (a backward recomputes its forward, decision 0054) run
+//   async     the same operation lists (a backward runs from its forward's kept activations,
+//             decision 0066, the last chunk's after its forward; with --checkpointing full
+//             each backward runs its forward again, decision 0054) run
 //             as soon as their inputs are there, one core per stage, with the forward and
 //             backward times fitted to the stages' busy time: an executor without lockstep, which
 //             the engine runs on host backends since decision 0064 (the default, --executor
@@ -27,7 +29,7 @@
 //
 //   pipeline [--schedules 1f1b,interleaved_1f1b] [--pp 2,4] [--micro-batches 8]
 //            [--virtual-stages 2] [--layers 8] [--d-model 256] [--seq-len 128] [--steps 8]
-//            [--warmup 2] [--cores N] [--executor async|lockstep]
+//            [--warmup 2] [--cores N] [--executor async|lockstep] [--checkpointing none|full]
 #include "engine/train/pipeline.h"
 
 #include <unistd.h>
@@ -74,6 +76,10 @@ struct Options {
   int micro_batches = 8, virtual_stages = 2, layers = 8, d_model = 256, seq_len = 128;
   int steps = 8, warmup = 2, cores = 0;
   bool lockstep = false;  // --executor lockstep: TrainOptions::pipeline_lockstep
+  // --checkpointing: train.activation_checkpointing. none: the chunks keep their forwards'
+  // activations (decision 0066); full: they keep their inputs and each backward runs its
+  // forward again (decision 0054).
+  std::string checkpointing = "none";
 };
 
 // One rank's steps after the warm-up.
@@ -140,6 +146,7 @@ meshrun::JobSpec SpecOf(const Options& o, const fs::path& data, int P, const std
   spec.train.steps = o.warmup + o.steps;
   spec.train.micro_batch_size = 1;
   spec.train.global_batch_size = o.micro_batches;
+  spec.train.activation_checkpointing = o.checkpointing;
   spec.train.lr = 1e-3;
   spec.train.min_lr = 1e-4;
   spec.train.warmup_steps = 1;
@@ -191,10 +198,25 @@ std::vector<meshrun::StatusOr<RankRecord>> RunRanks(const meshrun::JobSpec& spec
 
 // The operation kinds a schedule's list uses: 0 forward, 1 backward, 2 anything else (a
 // zero-bubble weight pass).
+// Whether the chunks keep their forwards' activations (decision 0066: no activation
+// checkpointing): then a backward runs no forward, but the pipeline's last chunk's, which has no
+// forward operation of its own, still runs its forward first.
+bool g_kept = false;
+
+// An operation's time on one core: cost[k] by its kind k, the last chunk's backward also its
+// forward when the chunks keep their activations.
+double OpCost(const PipeOp& op, int p, int P, int v, const double cost[3]);
+
 int KindIndex(const PipeOp& op) {
   if (op.kind == PipeOpKind::kForward) return 0;
   if (op.kind == PipeOpKind::kBackward) return 1;
   return 2;
+}
+
+double OpCost(const PipeOp& op, int p, int P, int v, const double cost[3]) {
+  const bool last = p == P - 1 && op.chunk == v - 1;
+  if (g_kept && last && op.kind == PipeOpKind::kBackward) return cost[0] + cost[1];
+  return cost[KindIndex(op)];
 }
 
 // The engine's timetable replayed (decision 0054): each slot, every rank runs its operation,
@@ -203,7 +225,7 @@ int KindIndex(const PipeOp& op) {
 // for the receive). `cost[k]` is the time of an operation of kind k on one core; the ranks share
 // `cores` cores. Returns each stage's bubble: its time not computing ÷ the pipeline's time.
 std::vector<double> ReplayTimetable(const std::vector<std::vector<PipeOp>>& ops,
-                                    const meshrun::PipeTimetable& table, int P,
+                                    const meshrun::PipeTimetable& table, int P, int v,
                                     const double cost[3], double cores) {
   const size_t slots = table.slots.size();
   auto op_at = [&](size_t t, int p) -> const PipeOp* {
@@ -241,7 +263,7 @@ std::vector<double> ReplayTimetable(const std::vector<std::vector<PipeOp>>& ops,
       if (e == 0) {
         const PipeOp* op = op_at(t, p);
         if (op != nullptr) {
-          k.left = cost[KindIndex(*op)];
+          k.left = OpCost(*op, p, P, v, cost);
           return;
         }
       } else if (!partners(t, p, e).empty()) {
@@ -329,7 +351,7 @@ std::vector<double> ReplayAsynchronous(const std::vector<std::vector<PipeOp>>& o
         }
         if (ready < 0) break;  // its input is not there yet
         const double start = std::max(free_at[p], ready);
-        const double end = start + cost[KindIndex(op)];
+        const double end = start + OpCost(op, p, P, v, cost);
         free_at[p] = end;
         busy[p] += end - start;
         if (op.kind == PipeOpKind::kForward) fwd_end[at(g, op.micro)] = end;
@@ -389,6 +411,15 @@ int main(int argc, char** argv) {
         return 2;
       }
       o.lockstep = e == "lockstep";
+    } else if (a == "--checkpointing") {
+      o.checkpointing = next();
+      if (o.checkpointing != "none" && o.checkpointing != "full") {
+        std::fprintf(stderr,
+                     "error: --checkpointing: '%s' (hint: none, the chunks keep their forwards' "
+                     "activations, or full, each backward runs its forward again)\n",
+                     o.checkpointing.c_str());
+        return 2;
+      }
     } else {
       std::fprintf(stderr,
                    "error: %s: unknown flag (hint: see the comment at the top of "
@@ -427,14 +458,16 @@ int main(int argc, char** argv) {
   std::printf(
       "# llama %d layers, d_model %d, seq_len %d, micro_batch 1, %d micro-batches; one "
       "thread per stage, the stages threads over the fake backend on %u cores; the quickest of %d "
-      "steps after %d warm-up; the %s executor\n",
+      "steps after %d warm-up; the %s executor; activation checkpointing %s (%s)\n",
       o.layers, o.d_model, o.seq_len, o.micro_batches, std::thread::hardware_concurrency(), o.steps,
-      o.warmup, o.lockstep ? "lockstep" : "asynchronous");
+      o.warmup, o.lockstep ? "lockstep" : "asynchronous", o.checkpointing.c_str(),
+      o.checkpointing == "none" ? "forwards kept" : "each backward runs its forward again");
   std::ostringstream json;
   json << "{\"bench\":\"pipeline\",\"micro_batches\":" << o.micro_batches
        << ",\"layers\":" << o.layers << ",\"d_model\":" << o.d_model << ",\"seq_len\":" << o.seq_len
        << ",\"steps\":" << o.steps << ",\"cores\":" << o.cores << ",\"executor\":\""
-       << (o.lockstep ? "lockstep" : "async") << "\",\"results\":[";
+       << (o.lockstep ? "lockstep" : "async") << "\",\"checkpointing\":\"" << o.checkpointing
+       << "\",\"results\":[";
   std::ostringstream table;
   bool first_row = true;
   double per_layer[2] = {0, 0};  // forward and backward seconds per layer (stages ≤ cores)
@@ -454,6 +487,7 @@ int main(int argc, char** argv) {
         std::printf("# %s: not run: %s\n", label.c_str(), s.ToString().c_str());
         continue;
       }
+      g_kept = meshrun::PipelineKeepsActivations(spec);
       const auto t0 = std::chrono::steady_clock::now();
       const auto ranks = RunRanks(spec, o.warmup, o.lockstep);
       const double wall =
@@ -504,7 +538,12 @@ int main(int argc, char** argv) {
       double a00 = 0, a01 = 0, a11 = 0, b0 = 0, b1 = 0;
       for (int p = 0; p < P; ++p) {
         double n[3] = {0, 0, 0};
-        for (const PipeOp& op : ops[p]) n[KindIndex(op)] += 1;
+        for (const PipeOp& op : ops[p]) {
+          n[KindIndex(op)] += 1;
+          if (g_kept && p == P - 1 && op.chunk == v - 1 && op.kind == PipeOpKind::kBackward) {
+            n[0] += 1;  // its forward
+          }
+        }
         const double nf = n[0], nb = n[1] + n[2];
         a00 += nf * nf, a01 += nf * nb, a11 += nb * nb, b0 += nf * busy[p], b1 += nb * busy[p];
       }
@@ -528,8 +567,8 @@ int main(int argc, char** argv) {
       const meshrun::StatusOr<meshrun::PipeTimetable> timetable =
           meshrun::BuildTimetable(ops, P, v, o.micro_batches);
       if (timetable.ok() && cost[0] > 0 && cost[1] > 0) {
-        lockstep = ReplayTimetable(ops, *timetable, P, cost, P);
-        shared = ReplayTimetable(ops, *timetable, P, cost, std::min<double>(P, o.cores));
+        lockstep = ReplayTimetable(ops, *timetable, P, v, cost, P);
+        shared = ReplayTimetable(ops, *timetable, P, v, cost, std::min<double>(P, o.cores));
         async = ReplayAsynchronous(ops, P, v, o.micro_batches, cost);
       }
       const double mean_engine = Mean(engine), mean_drained = Mean(drained);

@@ -97,6 +97,7 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   const int64_t N = static_cast<int64_t>(B) * T_;
   if (N <= capacity_tokens_) return;
   capacity_tokens_ = static_cast<int>(N);
+  kept_free_.clear();  // sets of the old shapes (PrepareBatch refuses to grow with sets kept)
   MemoryKindScope kind(MemoryKind::kActivations);
   const int64_t C = cfg_.d_model, V = cfg_.vocab_rows(), Hl = cfg_.n_head / cfg_.tp_size,
                 Cl = AttnWidth(), Fl = cfg_.ff() / cfg_.tp_size, Wl = QkvWidth(),
@@ -283,14 +284,15 @@ Status GPT2<T>::PrepareRope() {
 }
 
 template <typename T>
-Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t* positions,
-                             const T* stage_input) {
+Status GPT2<T>::PrepareBatch(const int32_t* inputs, int B, int Tn, const int32_t* positions) {
+  const int64_t N = static_cast<int64_t>(B) * Tn;
+  if (N > capacity_tokens_ && !kept_.empty()) {
+    return FailedPreconditionError("a batch of " + std::to_string(N) + " tokens while " +
+                                   std::to_string(kept_.size()) + " forwards of at most " +
+                                   std::to_string(capacity_tokens_) +
+                                   " are kept for their backward");
+  }
   EnsureActivations(B, Tn);
-  const Device dev = cfg_.device;
-  const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model;
-  // The active chunk's layers [lb, le) (every layer of a whole model).
-  const auto [lb, le] = ChunkLayers();
-  const bool first = ChunkFirst(), last_chunk = ChunkLast();
   // The batch's token ids and positions on the model's device (every call: the shape may
   // shrink and grow again, and every row is refilled).
   MESHRUN_RETURN_IF_ERROR(Upload(tokens_, inputs, N));
@@ -324,7 +326,19 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   }
   row_rope_ = !docs.empty();
   if (!cfg_.family().learned_positions) MESHRUN_RETURN_IF_ERROR(PrepareRope());
-  MESHRUN_RETURN_IF_ERROR(PrepareCpPositions());
+  return PrepareCpPositions();
+}
+
+template <typename T>
+Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t* positions,
+                             const T* stage_input) {
+  MESHRUN_RETURN_IF_ERROR(PrepareBatch(inputs, B, Tn, positions));
+  const Device dev = cfg_.device;
+  const int64_t N = static_cast<int64_t>(B) * Tn, C = cfg_.d_model;
+  // The active chunk's layers [lb, le) (every layer of a whole model).
+  const auto [lb, le] = ChunkLayers();
+  const bool first = ChunkFirst(), last_chunk = ChunkLast();
+  kept_output_ = nullptr;
 
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   T* x = encoded_.template data<T>();
@@ -618,13 +632,85 @@ StatusOr<double> GPT2<T>::ForwardBackward(const int32_t* inputs, const int32_t* 
 }
 
 template <typename T>
+void GPT2<T>::SwapKept(KeptForward& k) {
+  const auto [lb, le] = cfg_.ChunkLocalLayers(k.chunk);
+  for (int l = lb; l < le; ++l) std::swap(acts_[l], k.layers[l - lb]);
+  std::swap(encoded_, k.encoded);
+}
+
+template <typename T>
 Status GPT2<T>::StageForward(const int32_t* inputs, const T* stage_input, int B, int Tn,
-                             const int32_t* positions) {
-  return ForwardTrunk(inputs, B, Tn, positions, stage_input);
+                             const int32_t* positions, int keep_key) {
+  if (keep_key >= 0) {
+    if (cfg_.recompute != Recompute::kNone) {
+      return FailedPreconditionError(
+          "a kept forward under activation checkpointing (its backward recomputes)");
+    }
+    if (ChunkLast()) return FailedPreconditionError("the last chunk's forward is its backward's");
+    for (const KeptForward& k : kept_) {
+      if (k.key == keep_key) {
+        return FailedPreconditionError("forward " + std::to_string(keep_key) +
+                                       " kept twice before its backward");
+      }
+    }
+  }
+  MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions, stage_input));
+  if (keep_key < 0) return OkStatus();
+  // The forward's tensors go to the kept set; the chunk gets a free one (a set its previous
+  // backward freed, else new tensors of the same shapes).
+  if (kept_free_.size() < static_cast<size_t>(cfg_.num_chunks())) {
+    kept_free_.resize(static_cast<size_t>(cfg_.num_chunks()));
+  }
+  std::vector<KeptForward>& pool = kept_free_[static_cast<size_t>(chunk_)];
+  KeptForward k;
+  if (!pool.empty()) {
+    k = std::move(pool.back());
+    pool.pop_back();
+  } else {
+    MemoryKindScope kind(MemoryKind::kActivations);
+    auto like = [](const Tensor& t) {
+      return t.defined() ? Tensor::Empty(t.shape(), t.dtype(), t.device()) : Tensor();
+    };
+    const auto [lb, le] = ChunkLayers();
+    k.layers.resize(static_cast<size_t>(le - lb));
+    for (int l = lb; l < le; ++l) {
+      const LayerActs& a = acts_[l];
+      LayerActs& b = k.layers[static_cast<size_t>(l - lb)];
+      for (auto [to, from] : {std::pair{&b.ln1, &a.ln1},
+                              {&b.ln1_mean, &a.ln1_mean},
+                              {&b.ln1_rstd, &a.ln1_rstd},
+                              {&b.q, &a.q},
+                              {&b.k, &a.k},
+                              {&b.v, &a.v},
+                              {&b.att, &a.att},
+                              {&b.lse, &a.lse},
+                              {&b.atty, &a.atty},
+                              {&b.res2, &a.res2},
+                              {&b.ln2, &a.ln2},
+                              {&b.ln2_mean, &a.ln2_mean},
+                              {&b.ln2_rstd, &a.ln2_rstd},
+                              {&b.fch, &a.fch},
+                              {&b.fch_gelu, &a.fch_gelu},
+                              {&b.res3, &a.res3},
+                              {&b.k_all, &a.k_all},
+                              {&b.v_all, &a.v_all}}) {
+        *to = like(*from);
+      }
+    }
+    k.encoded = like(encoded_);
+  }
+  k.key = keep_key;
+  k.chunk = chunk_;
+  SwapKept(k);
+  const auto [lb, le] = ChunkLayers();
+  kept_output_ = le > lb ? k.layers.back().res3.template data<T>() : k.encoded.template data<T>();
+  kept_.push_back(std::move(k));
+  return OkStatus();
 }
 
 template <typename T>
 const T* GPT2<T>::stage_output() const {
+  if (kept_output_ != nullptr) return kept_output_;
   const auto [lb, le] = ChunkLayers();
   return le > lb ? acts_[le - 1].res3.template data<T>() : encoded_.template data<T>();
 }
@@ -640,9 +726,26 @@ StatusOr<double> GPT2<T>::StageForwardLoss(const int32_t* inputs, const T* stage
 template <typename T>
 StatusOr<double> GPT2<T>::StageForwardBackward(const int32_t* inputs, const T* stage_input,
                                                const int32_t* targets, const T* output_grad, int B,
-                                               int Tn, double grad_scale,
-                                               const int32_t* positions) {
-  MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions, stage_input));
+                                               int Tn, double grad_scale, const int32_t* positions,
+                                               int kept_key) {
+  if (kept_key < 0) {
+    MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions, stage_input));
+  } else {
+    // The kept forward's activations back in place, and what PrepareBatch leaves on the device
+    // (positions, masks, token ids) for this micro-batch again; its set is then free.
+    auto it = std::find_if(kept_.begin(), kept_.end(),
+                           [&](const KeptForward& k) { return k.key == kept_key; });
+    if (it == kept_.end() || it->chunk != chunk_) {
+      return FailedPreconditionError("the backward of forward " + std::to_string(kept_key) +
+                                     " of chunk " + std::to_string(chunk_) +
+                                     ", which was not kept");
+    }
+    MESHRUN_RETURN_IF_ERROR(PrepareBatch(inputs, B, Tn, positions));
+    kept_output_ = nullptr;
+    SwapKept(*it);
+    kept_free_[static_cast<size_t>(chunk_)].push_back(std::move(*it));
+    kept_.erase(it);
+  }
   // The head's backward runs with its forward, chunk by chunk: units 0 and L+1 (still gathered
   // from the forward) get their gradient buffers first.
   if (ChunkUsesEmbedding()) MESHRUN_RETURN_IF_ERROR(Hook(kBeforeBackward, 0));
@@ -815,7 +918,8 @@ int64_t GPT2<T>::WeightStashNumel(int B, int Tn) const {
 template <typename T>
 StatusOr<double> GPT2<T>::StageBackwardInput(int key, const int32_t* inputs, const T* stage_input,
                                              const int32_t* targets, const T* output_grad, int B,
-                                             int Tn, double grad_scale, const int32_t* positions) {
+                                             int Tn, double grad_scale, const int32_t* positions,
+                                             int kept_key) {
   for (const WeightStash& s : stashes_) {
     if (s.key == key) {
       return FailedPreconditionError("the input gradients of stash " + std::to_string(key) +
@@ -837,8 +941,8 @@ StatusOr<double> GPT2<T>::StageBackwardInput(int key, const int32_t* inputs, con
     stash.data = Tensor::Empty({std::max<int64_t>(numel, 1)}, ScalarTypeOf<T>(), cfg_.device);
   }
   stash_ = stash.data.template data<T>();
-  StatusOr<double> loss =
-      StageForwardBackward(inputs, stage_input, targets, output_grad, B, Tn, grad_scale, positions);
+  StatusOr<double> loss = StageForwardBackward(inputs, stage_input, targets, output_grad, B, Tn,
+                                               grad_scale, positions, kept_key);
   stash_ = nullptr;
   if (loss.ok()) stashes_.push_back(std::move(stash));
   return loss;

@@ -286,8 +286,12 @@ class GPT2 {
   // previous stage's output, B·seq_len·d_model on the device (null on the first stage).
   // StageForward runs the stage's layers without a backward and leaves their output in
   // stage_output() (not on the last stage, whose forward is its loss: ForwardLoss).
+  // keep_key ≥ 0 (no activation checkpointing; decision 0066): the micro-batch's activations
+  // (the chunk's layers and its input) are kept under that key until the backward that names
+  // it (kept_key below), which then runs from them instead of running the forward again.
+  // stage_output() stays valid until that backward.
   Status StageForward(const int32_t* inputs, const T* stage_input, int B, int seq_len,
-                      const int32_t* positions = nullptr);
+                      const int32_t* positions = nullptr, int keep_key = -1);
   // Which of the rank's model chunks the Stage* calls run (0 … config().num_chunks() − 1).
   void SetActiveChunk(int chunk) { chunk_ = chunk; }
   const T* stage_output() const;
@@ -295,10 +299,12 @@ class GPT2 {
   // of per-token losses, as ForwardBackward), the others from `output_grad` (the gradient of
   // their output, returning 0). Leaves the gradient of the stage's input in stage_input_grad()
   // (not on the first stage). Gradients accumulate across calls.
+  // kept_key ≥ 0: the forward kept under that key by StageForward (same chunk, same tokens:
+  // they give the backward its positions, masks and the embedding's rows) is not run again.
   StatusOr<double> StageForwardBackward(const int32_t* inputs, const T* stage_input,
                                         const int32_t* targets, const T* output_grad, int B,
                                         int seq_len, double grad_scale,
-                                        const int32_t* positions = nullptr);
+                                        const int32_t* positions = nullptr, int kept_key = -1);
   const T* stage_input_grad() const { return dres_.template data<T>(); }
   // Zero-bubble's split backward (decision 0059). StageBackwardInput is StageForwardBackward
   // with each block's weight gradients deferred: it computes the gradients of the stage's input
@@ -312,13 +318,15 @@ class GPT2 {
   StatusOr<double> StageBackwardInput(int key, const int32_t* inputs, const T* stage_input,
                                       const int32_t* targets, const T* output_grad, int B,
                                       int seq_len, double grad_scale,
-                                      const int32_t* positions = nullptr);
+                                      const int32_t* positions = nullptr, int kept_key = -1);
   Status StageBackwardWeight(int key);
   void set_weight_stash_limit(int stashes) { stash_limit_ = stashes; }
   int pending_weight_stashes() const { return static_cast<int>(stashes_.size()); }
   // Elements of one stash of the active chunk for B·seq_len tokens (all its layers; see
   // LayerStashLayout): the memory a pending micro-batch holds between its B and its W.
   int64_t WeightStashNumel(int B, int seq_len) const;
+  // Forwards kept (StageForward's keep_key) whose backward has not run yet.
+  int kept_forwards() const { return static_cast<int>(kept_.size()); }
   // Pipeline stages: the stage's forward for a loss-only pass (evaluation) on a last stage.
   StatusOr<double> StageForwardLoss(const int32_t* inputs, const T* stage_input,
                                     const int32_t* targets, int B, int seq_len,
@@ -331,6 +339,10 @@ class GPT2 {
     Tensor k_all, v_all;  // context parallel (allgather): K and V of the whole sequence
   };
   void EnsureActivations(int B, int seq_len);
+  // What a forward leaves on the device for its backward besides the activations: token ids,
+  // positions, masks, rotary tables, cp positions (EnsureActivations first; consumes the
+  // document starts). ForwardTrunk's first part; a kept forward's backward runs it again.
+  Status PrepareBatch(const int32_t* inputs, int B, int seq_len, const int32_t* positions);
   // Embedding, blocks and the final LayerNorm (everything but the head); on a pipeline stage
   // its part: from stage_input (not the first stage) through its layers (and the final norm on
   // the last).
@@ -452,7 +464,21 @@ class GPT2 {
   Tensor head_logits_;           // one chunk of the head's logits (then its dlogits)
   int64_t head_rows_ = 0;        // rows per chunk
   std::vector<LayerActs> acts_;  // per layer; what recompute drops are views of work_'s
-  LayerActs work_;               // under recompute: the dropped tensors of one layer
+  // A kept forward (decision 0066): one chunk's layer activations and its input (encoded_),
+  // swapped out of acts_ and encoded_ after the forward and back in for the backward. The
+  // sets a backward frees are reused by the chunk's next forwards (kept_free_, per chunk).
+  struct KeptForward {
+    int key = -1;
+    int chunk = 0;
+    std::vector<LayerActs> layers;
+    Tensor encoded;
+  };
+  // Swaps k's tensors with the active ones of its chunk (acts_ of its layers, encoded_).
+  void SwapKept(KeptForward& k);
+  std::vector<KeptForward> kept_;
+  std::vector<std::vector<KeptForward>> kept_free_;
+  const T* kept_output_ = nullptr;  // the last kept forward's output (stage_output())
+  LayerActs work_;                  // under recompute: the dropped tensors of one layer
   // Backward scratch.
   Tensor dres_, dln_, dqkv_, dq_, dk_, dv_, datt_, datty_, dfch_, dfch_gelu_, qkv_;
   // Zero-bubble's weight-gradient stashes, one per pending (micro-batch, chunk) `key`, freed by

@@ -208,8 +208,10 @@ std::vector<PipeOp> StageOps(const JobSpec& spec, int stage, int micro_batches) 
 // schedule, or (eval) for the loss-only forward of chunk `op.chunk`. Zero-bubble's B
 // (StageBackwardInput) calls the blocks' input-gradient hooks where a backward calls the
 // backward's, and its W (StageBackwardWeight) the weight-gradient hooks of the chunk's blocks.
+// keep: the chunks keep their forwards' activations (PipelineKeepsActivations), so a backward
+// runs no forward but the last chunk's.
 void SimulateOp(const GPT2Config& cfg, const std::vector<UnitInfo>& units, const PipeOp& op,
-                bool eval, bool split, FsdpSimulation& fsdp) {
+                bool eval, bool split, bool keep, FsdpSimulation& fsdp) {
   const int v = cfg.num_chunks(), L = cfg.stage_layers();
   const auto [lb, le] = cfg.ChunkLocalLayers(op.chunk);
   if (op.kind == PipeOpKind::kWeight) {
@@ -222,13 +224,15 @@ void SimulateOp(const GPT2Config& cfg, const std::vector<UnitInfo>& units, const
   const bool first = cfg.stage_first && op.chunk == 0;
   const bool last = cfg.stage_last && op.chunk == v - 1;
   const bool uses_embedding = units[0].padded > 0 && (first || (last && cfg.tie_embeddings));
-  // ForwardTrunk.
-  if (uses_embedding) fsdp.BeforeForward(0);
-  for (int l = lb; l < le; ++l) {
-    fsdp.BeforeForward(1 + l);
-    fsdp.AfterForward(1 + l);
+  // ForwardTrunk (not in the backward of a kept forward).
+  if (eval || op.kind == PipeOpKind::kForward || !keep || last) {
+    if (uses_embedding) fsdp.BeforeForward(0);
+    for (int l = lb; l < le; ++l) {
+      fsdp.BeforeForward(1 + l);
+      fsdp.AfterForward(1 + l);
+    }
+    if (last) fsdp.BeforeForward(L + 1);
   }
-  if (last) fsdp.BeforeForward(L + 1);
   if (eval || op.kind == PipeOpKind::kForward) return;
   // StageForwardBackward, then Backward.
   if (uses_embedding) fsdp.BeforeBackward(0);
@@ -422,6 +426,7 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
     FsdpSimulation fsdp(units, prefetch, bf16_gather, par.fsdp_reshard_after_forward);
     const std::vector<PipeOp> ops = StageOps(spec, stage, micro_batches);
     const bool split = par.pp_size > 1 && PpScheduleOf(par) == PpSchedule::kZeroBubble;
+    const bool keep = PipelineKeepsActivations(spec);
     const bool evaluates = !spec.data.val.empty() && spec.data.eval_every > 0;
     // A repeated block of operations asks for the same buffers each time, so once one
     // repetition leaves the pools as it found them, so does every later one: the run's rest is
@@ -438,7 +443,7 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
           const bool check = r > 0;
           auto before = check ? fsdp.State() : decltype(fsdp.State())();
           for (size_t i = run.first; i < run.first + run.length; ++i) {
-            SimulateOp(cfg, units, ops[i], /*eval=*/false, split, fsdp);
+            SimulateOp(cfg, units, ops[i], /*eval=*/false, split, keep, fsdp);
           }
           if (check && fsdp.State() == before) break;
         }
@@ -451,7 +456,7 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
         for (int batch = 0; batch < 2; ++batch) {
           for (int k = 0; k < cfg.num_chunks(); ++k) {
             SimulateOp(cfg, units, PipeOp{PipeOpKind::kForward, 0, k}, /*eval=*/true,
-                       /*split=*/false, fsdp);
+                       /*split=*/false, keep, fsdp);
           }
         }
         fsdp.ReleaseAll();
@@ -518,6 +523,18 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
   // Pipeline parallelism: the received inputs and output gradients held at once, one
   // micro-batch's activation each (an evaluation reuses one of them).
   acts += int64_t{pipe_buffers} * N * C;
+  // Pipeline parallelism without activation checkpointing (decision 0066): each chunk's kept
+  // forwards, the most at once, each its layers' activations (and, under cp allgather, their
+  // gathered K and V) and its input; the sets stay allocated for the chunk's later forwards.
+  if (PipelineKeepsActivations(spec)) {
+    const int v = cfg.num_chunks();
+    const std::vector<int> kept = MaxKeptForwards(StageOps(spec, stage, MicroBatchesOf(spec)), v);
+    const int64_t gathered = cp > 1 && CpCommOf(par) != CpComm::kRing ? 2 * cp * N * Cl : 0;
+    for (int k = 0; k < v; ++k) {
+      const auto [lb, le] = cfg.ChunkLocalLayers(k);
+      acts += int64_t{kept[static_cast<size_t>(k)]} * ((le - lb) * (layer + gathered) + N * C);
+    }
+  }
   // Pipeline parallelism on a host backend (the asynchronous executor, decision 0064): the ring
   // of send buffers each output is copied into, kept from the first step on. A device run
   // (NCCL) keeps the lockstep timetable, which sends from the model's own buffers.

@@ -118,6 +118,21 @@ int MaxPendingWeightGrads(const std::vector<PipeOp>& ops) {
   return most;
 }
 
+bool PipelineKeepsActivations(const JobSpec& spec) {
+  return spec.parallelism.pp_size > 1 && CheckpointingOf(spec.train) == Checkpointing::kNone;
+}
+
+std::vector<int> MaxKeptForwards(const std::vector<PipeOp>& ops, int virtual_stages) {
+  std::vector<int> kept(static_cast<size_t>(virtual_stages), 0), most(kept.size(), 0);
+  for (const PipeOp& op : ops) {
+    const size_t k = static_cast<size_t>(op.chunk);
+    if (op.kind == PipeOpKind::kForward) most[k] = std::max(most[k], ++kept[k]);
+    // A backward without a forward before it (the last chunk's) kept nothing.
+    if (op.kind == PipeOpKind::kBackward && kept[k] > 0) --kept[k];
+  }
+  return most;
+}
+
 std::vector<PipeOp> InterleavedSchedule(int stages, int stage, int micro_batches,
                                         int virtual_stages) {
   const int P = stages, v = virtual_stages, total = micro_batches * v;

@@ -75,6 +75,16 @@ std::vector<PipeOp> ZeroBubbleSchedule(int stages, int stage, int micro_batches)
 // weight-gradient stashes a rank keeps (0 for schedules without W).
 int MaxPendingWeightGrads(const std::vector<PipeOp>& ops);
 
+// Whether a pipeline's chunks keep each micro-batch's activations from its forward to its
+// backward (decision 0066): with pp and without activation checkpointing. Otherwise a chunk
+// keeps only its input, and the backward runs the forward again (decision 0054).
+bool PipelineKeepsActivations(const JobSpec& spec);
+
+// Per chunk of `ops` (a rank's operations, chunks 0 … virtual_stages − 1): the most of its
+// micro-batches whose forward has run and whose backward has not, at once (the forwards it
+// keeps; the pipeline's last chunk has no forward operation and keeps none).
+std::vector<int> MaxKeptForwards(const std::vector<PipeOp>& ops, int virtual_stages);
+
 // The operations rank `stage` runs under `schedule`, without the pipeline's last chunk's
 // forwards (its backward runs it).
 std::vector<PipeOp> PipelineOps(PpSchedule schedule, int stages, int stage, int micro_batches,

@@ -21,6 +21,7 @@
 #include "engine/model/gpt2.h"
 #include "engine/train/comm_volume.h"
 #include "engine/train/model_shape.h"
+#include "engine/train/pipeline.h"
 #include "engine/train/pipeline_cost.h"
 
 namespace meshrun {
@@ -210,9 +211,10 @@ PlanRow PredictPipeline(const JobSpec& s, const ClusterShape& cluster,
   }
 
   // Compute: the slowest stage's share of the step's FLOPs (a balanced split gives every stage
-  // 1/P of them), where every stage but the last runs its forward again before each backward
-  // (from the input it kept: a third of the model FLOPs more), then the bubble of its schedule
-  // on that stage's micro-batch time.
+  // 1/P of them), where under activation checkpointing every stage but the last runs its
+  // forward again before each backward (from the input it kept: a third of the model FLOPs
+  // more; without checkpointing it keeps the activations, decision 0066), then the bubble of
+  // its schedule on that stage's micro-batch time.
   const double tokens = static_cast<double>(s.train.global_batch_size) * s.model.seq_len;
   const double recompute = RecomputeFlopsPerToken(s);
   const double f = model_flops_per_token + recompute;
@@ -220,8 +222,9 @@ PlanRow PredictPipeline(const JobSpec& s, const ClusterShape& cluster,
   for (double c : split.stage_cost) total_cost += c;
   int slow_stage = 0;
   double slowest = 0;  // of the stages' FLOPs per token, the largest
+  const bool kept = PipelineKeepsActivations(s);
   for (int q = 0; q < P && total_cost > 0; ++q) {
-    const double again = q + 1 < P ? model_flops_per_token / 3 : 0;
+    const double again = !kept && q + 1 < P ? model_flops_per_token / 3 : 0;
     const double work = split.stage_cost[q] / total_cost * (f + again);
     if (work > slowest) {
       slowest = work;
@@ -233,7 +236,7 @@ PlanRow PredictPipeline(const JobSpec& s, const ClusterShape& cluster,
     // One micro-batch on that stage: forward, backward for inputs (with the forward run again
     // and what checkpointing recomputes), backward for weights: 1/3 of the model FLOPs each.
     const double t = row.compute_seconds / std::max(1, split.shape.micro_batches);
-    const double again = slow_stage + 1 < P ? model_flops_per_token / 3 : 0;
+    const double again = !kept && slow_stage + 1 < P ? model_flops_per_token / 3 : 0;
     const double all = f + again;
     MicroBatchTimes times;
     times.forward = t * model_flops_per_token / 3 / all;

@@ -502,6 +502,10 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
   // at most as many at once as the schedule has pending.
   model_->set_weight_stash_limit(MaxPendingWeightGrads(ops[stage_]));
   auto buffer = [&](Tensor& t) { return TakePipeBuffer(t, acts); };
+  // Without activation checkpointing a chunk keeps each micro-batch's activations from its
+  // forward to its backward (decision 0066); with it, only the input, and the backward runs the
+  // forward again (decision 0054).
+  const bool keep = PipelineKeepsActivations(spec_);
   // Per (chunk, micro-batch): the input received from the previous chunk and the gradient of
   // the output received from the next, each in a buffer of pipe_free_ from its receive until
   // the micro-batch's backward through the chunk ran.
@@ -546,27 +550,29 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
     MESHRUN_RETURN_IF_ERROR(fill(op.micro));
     if (op.kind == PipeOpKind::kForward) {
       MESHRUN_RETURN_IF_ERROR(
-          model_->StageForward(local_in_.data(), input, mb, Tl, local_pos_.data()));
+          model_->StageForward(local_in_.data(), input, mb, Tl, local_pos_.data(),
+                               keep ? static_cast<int>(slot_of(op.chunk, op.micro)) : -1));
       *send_forward = model_->stage_output();
       return OkStatus();
     }
-    // The backward runs the chunk's forward again from its kept input (a stage keeps only the
-    // inputs of its micro-batches in flight), then the backward. The step's last micro-batch
-    // makes each unit's gradients final.
+    // The backward runs from the forward's kept activations, or runs the chunk's forward again
+    // from its kept input; the last chunk's runs its forward (it has no forward operation).
+    // The step's last micro-batch makes each unit's gradients final.
     shards_->set_last_micro_batch(op.micro == M - 1);
     const float* output_grad =
         g == G - 1 ? nullptr : pipe_output_grads_[slot_of(op.chunk, op.micro)].data<float>();
+    const int kept = keep && g != G - 1 ? static_cast<int>(slot_of(op.chunk, op.micro)) : -1;
     double loss = 0;
     if (schedule == PpSchedule::kZeroBubble) {
       // B: input gradients now, the blocks' weight gradients at this micro-batch's W.
       MESHRUN_ASSIGN_OR_RETURN(
           loss, model_->StageBackwardInput(static_cast<int>(slot_of(op.chunk, op.micro)),
                                            local_in_.data(), input, local_tg_.data(), output_grad,
-                                           mb, Tl, grad_scale, local_pos_.data()));
+                                           mb, Tl, grad_scale, local_pos_.data(), kept));
     } else {
       MESHRUN_ASSIGN_OR_RETURN(
           loss, model_->StageForwardBackward(local_in_.data(), input, local_tg_.data(), output_grad,
-                                             mb, Tl, grad_scale, local_pos_.data()));
+                                             mb, Tl, grad_scale, local_pos_.data(), kept));
     }
     *loss_sum += loss;
     if (g > 0) *send_backward = model_->stage_input_grad();

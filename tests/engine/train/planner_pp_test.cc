@@ -4,6 +4,7 @@
 // `auto` chooses only what this build's engine runs. Worked out by hand on a 4-layer GPT-2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <tuple>
@@ -107,11 +108,26 @@ TEST(PlannerPipelineTest, EachStageIsPredictedAsTheEngineRunsIt) {
   EXPECT_EQ(s[3].of(MemoryKind::kParameters), layer + tables + 4 * 2 * 64);
   // Beside one micro-batch's activations, a stage holds what it received for the micro-batches
   // in flight (1 sequence × 64 tokens × d_model 64 floats = 16 KiB each): under 1F1B, P − p + 2
-  // on a middle stage p (its P − p in flight, the next one's input, an output gradient).
+  // on a middle stage p (its P − p in flight, the next one's input, an output gradient). Without
+  // activation checkpointing it also keeps the forwards of its P − p micro-batches in flight
+  // (decision 0066), each its layer's activations and its input, per token: ln1, res2, ln2,
+  // res3 and the input (5·64), two means and two rstds, q, k, v, att, atty (5·64), the lse of 4
+  // heads, fc and its GELU (2·256).
   const int64_t input = 1 * 64 * 64 * 4;
+  const int64_t kept = 64 * (5 * 64 + 4 + 5 * 64 + 4 + 2 * 256) * 4;
   EXPECT_EQ(PipelineBuffersAtPeak(four->spec, 1), 5);
   EXPECT_EQ(PipelineBuffersAtPeak(four->spec, 2), 4);
-  EXPECT_EQ(s[1].of(MemoryKind::kActivations) - s[2].of(MemoryKind::kActivations), input);
+  const int M = four->spec.train.global_batch_size / four->spec.train.micro_batch_size;
+  for (int p : {0, 1, 2, 3}) {
+    EXPECT_EQ(MaxKeptForwards(PipelineOps(PpSchedule::k1F1B, 4, p, M, 1), 1),
+              std::vector<int>{p < 3 ? std::min(4 - p, M) : 0});  // the last keeps none
+  }
+  EXPECT_EQ(s[1].of(MemoryKind::kActivations) - s[2].of(MemoryKind::kActivations), input + kept);
+  // With activation checkpointing a stage keeps only its inputs (decision 0054).
+  JobSpec full = four->spec;
+  full.train.activation_checkpointing = "full";
+  const std::vector<MemoryPrediction> sf = PredictStagesMemory(full);
+  EXPECT_EQ(sf[1].of(MemoryKind::kActivations) - sf[2].of(MemoryKind::kActivations), input);
   // Stage 0 reads tokens: it holds output gradients only, one at a time.
   EXPECT_EQ(PipelineBuffersAtPeak(four->spec, 0), 1);
   // ZB-H1 keeps 1F1B's receive buffers and adds stage p's min(p + 1, M) weight-gradient
@@ -144,9 +160,9 @@ TEST(PlannerPipelineTest, EachStageIsPredictedAsTheEngineRunsIt) {
 TEST(PlannerPipelineTest, TheStepAddsTheSchedulesBubble) {
   StatusOr<std::vector<PlanRow>> rows = Plan(FourLayers(), PpCluster(1, 4));
   ASSERT_TRUE(rows.ok());
-  // pp 2 × dp_replicate 2, m = 4 micro-batches, no checkpointing. The slowest stage is stage 0
-  // (2 layers and the forward again before each backward, against 2 layers and the head): F =
-  // W = t/4, B = t/2 (its input gradients and the forward run again).
+  // pp 2 × dp_replicate 2, m = 4 micro-batches, no checkpointing, so every stage keeps its
+  // forwards' activations (decision 0066). The slowest stage is stage 1 (2 layers and the head
+  // against 2 layers): F = B = W = t/3.
   const PlanRow* f = FindRow(*rows, 2, 2, PpSchedule::k1F1B);
   const PlanRow* zb = FindRow(*rows, 2, 2, PpSchedule::kZeroBubble);
   const PlanRow* in = FindRow(*rows, 2, 2, PpSchedule::kInterleaved1F1B, 2);
@@ -154,19 +170,19 @@ TEST(PlannerPipelineTest, TheStepAddsTheSchedulesBubble) {
   const double t = f->compute_seconds / 4;
   EXPECT_NEAR(f->bubble_seconds, 1 * t, 1e-12 * t);
   EXPECT_NEAR(f->pipeline_bubble_ratio, 1.0 / (4 + 1), 1e-12);  // (P−1)/(m+P−1)
-  EXPECT_NEAR(zb->bubble_seconds, t / 2, 1e-12 * t);            // (P−1)(F+B−W)
-  EXPECT_NEAR(zb->pipeline_bubble_ratio, 0.5 / (0.5 + 4), 1e-12);
+  EXPECT_NEAR(zb->bubble_seconds, t / 3, 1e-12 * t);            // (P−1)(F+B−W)
+  EXPECT_NEAR(zb->pipeline_bubble_ratio, (1.0 / 3) / (1.0 / 3 + 4), 1e-12);
   EXPECT_NEAR(in->pipeline_bubble_ratio, 1.0 / (2 * 4 + 1), 1e-12);  // (P−1)/(vm+P−1)
-  // Stage 0's compute: its share of the stages' cost, 2 layers of 4 (a layer 6 FLOPs per block
-  // parameter plus 12·d·seq, the head 6·V·d on stage 1), × 4/3 for the forward run again, × P of
-  // the flat mesh's step (which spreads all FLOPs over all 4 ranks).
+  // Stage 1's compute: its share of the stages' cost, 2 layers of 4 and the head (a layer 6
+  // FLOPs per block parameter plus 12·d·seq, the head 6·V·d), × P of the flat mesh's step
+  // (which spreads all FLOPs over all 4 ranks).
   const double layer = 6.0 * static_cast<double>(BlockParameterCount(FourLayers().model)) +
                        12.0 * 64 * 64,
                head = 6.0 * 256 * 64;
   const PlanRow* flat4 = FindRow(*rows, 1, 4, PpSchedule::k1F1B);
   ASSERT_NE(flat4, nullptr);
   EXPECT_NEAR(f->compute_seconds,
-              flat4->compute_seconds * 2 * (2 * layer / (4 * layer + head)) * 4 / 3,
+              flat4->compute_seconds * 2 * ((2 * layer + head) / (4 * layer + head)),
               1e-9 * f->compute_seconds);
   EXPECT_NEAR(f->step_seconds,
               f->compute_seconds + f->bubble_seconds + f->comm_seconds.at("pp") +
