@@ -24,6 +24,10 @@
 //             --executor lockstep (TrainOptions::pipeline_lockstep);
 //   cores     the same replay with the stages sharing --cores cores (a stage computes at
 //             min(1, cores / stages computing)): what this host can show.
+// The forward and backward times are fitted to the stages' busy times (least squares over the
+// stages' operation counts); where every stage runs as many forwards as backwards (kept
+// activations) the counts cannot separate them, and the busy time is split by FLOPs ("by
+// FLOPs": a backward twice a forward; zero-bubble's B and W one forward each).
 // m/th is measured ÷ theory, m/core measured ÷ cores, m/as measured ÷ async. Prints a table and
 // one JSON line.
 //
@@ -549,12 +553,32 @@ int main(int argc, char** argv) {
       }
       const double det = a00 * a11 - a01 * a01;
       double cost[3] = {0, b1 / a11, b1 / a11};
-      if (std::abs(det) > 1e-12) {
+      std::string fitted = "fitted";
+      if (std::abs(det) > 1e-9 * a00 * a11) {
         cost[0] = (b0 * a11 - b1 * a01) / det;
         cost[1] = cost[2] = (a00 * b1 - a01 * b0) / det;
+      } else {
+        // Every stage runs as many forwards as backwards (chunks that keep their activations:
+        // the last chunk's backward also runs its forward), so the busy times cannot tell F from
+        // B: they are split by FLOPs, a backward twice a forward (B and W one each when split).
+        const double r = schedule == PpSchedule::kZeroBubble ? 1.0 : 2.0;
+        double work = 0, time = 0;
+        for (int p = 0; p < P; ++p) {
+          double n[3] = {0, 0, 0};
+          for (const PipeOp& op : ops[p]) {
+            n[KindIndex(op)] += 1;
+            if (g_kept && p == P - 1 && op.chunk == v - 1 && op.kind == PipeOpKind::kBackward) {
+              n[0] += 1;
+            }
+          }
+          work += n[0] + r * (n[1] + n[2]);
+          time += busy[p];
+        }
+        cost[0] = work > 0 ? time / work : 0;
+        cost[1] = cost[2] = r * cost[0];
+        fitted = "by FLOPs";
       }
       const double layers_per_chunk = static_cast<double>(o.layers) / (P * v);
-      std::string fitted = "fitted";
       if (P <= o.cores && cost[0] > 0 && cost[1] > 0) {
         per_layer[0] = cost[0] / layers_per_chunk;
         per_layer[1] = cost[1] / layers_per_chunk;
