@@ -97,7 +97,9 @@ void GPT2<T>::EnsureActivations(int B, int Tn) {
   const int64_t N = static_cast<int64_t>(B) * T_;
   if (N <= capacity_tokens_) return;
   capacity_tokens_ = static_cast<int>(N);
-  kept_free_.clear();  // sets of the old shapes (PrepareBatch refuses to grow with sets kept)
+  // Free sets of the old shapes (PrepareBatch refuses to grow while forwards are kept).
+  layers_free_.clear();
+  encoded_free_.clear();
   MemoryKindScope kind(MemoryKind::kActivations);
   const int64_t C = cfg_.d_model, V = cfg_.vocab_rows(), Hl = cfg_.n_head / cfg_.tp_size,
                 Cl = AttnWidth(), Fl = cfg_.ff() / cfg_.tp_size, Wl = QkvWidth(),
@@ -339,6 +341,7 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   const auto [lb, le] = ChunkLayers();
   const bool first = ChunkFirst(), last_chunk = ChunkLast();
   kept_output_ = nullptr;
+  MESHRUN_RETURN_IF_ERROR(EnsureChunkActivations());
 
   auto P = [&](const std::string& name) { return param(*FindParam(name)); };
   T* x = encoded_.template data<T>();
@@ -632,13 +635,6 @@ StatusOr<double> GPT2<T>::ForwardBackward(const int32_t* inputs, const int32_t* 
 }
 
 template <typename T>
-void GPT2<T>::SwapKept(KeptForward& k) {
-  const auto [lb, le] = cfg_.ChunkLocalLayers(k.chunk);
-  for (int l = lb; l < le; ++l) std::swap(acts_[l], k.layers[l - lb]);
-  std::swap(encoded_, k.encoded);
-}
-
-template <typename T>
 Status GPT2<T>::StageForward(const int32_t* inputs, const T* stage_input, int B, int Tn,
                              const int32_t* positions, int keep_key) {
   if (keep_key >= 0) {
@@ -656,55 +652,77 @@ Status GPT2<T>::StageForward(const int32_t* inputs, const T* stage_input, int B,
   }
   MESHRUN_RETURN_IF_ERROR(ForwardTrunk(inputs, B, Tn, positions, stage_input));
   if (keep_key < 0) return OkStatus();
-  // The forward's tensors go to the kept set; the chunk gets a free one (a set its previous
-  // backward freed, else new tensors of the same shapes).
-  if (kept_free_.size() < static_cast<size_t>(cfg_.num_chunks())) {
-    kept_free_.resize(static_cast<size_t>(cfg_.num_chunks()));
-  }
-  std::vector<KeptForward>& pool = kept_free_[static_cast<size_t>(chunk_)];
+  // The forward's tensors go to the kept set. The chunk's layers are left without activations
+  // until its next forward or backward needs them (EnsureChunkActivations, or the backward's
+  // set swapped in), so a stage holds as many layer sets as forwards kept at once; the input
+  // (encoded_, shared by the chunks) is replaced at once by a free one.
   KeptForward k;
-  if (!pool.empty()) {
-    k = std::move(pool.back());
-    pool.pop_back();
-  } else {
-    MemoryKindScope kind(MemoryKind::kActivations);
-    auto like = [](const Tensor& t) {
-      return t.defined() ? Tensor::Empty(t.shape(), t.dtype(), t.device()) : Tensor();
-    };
-    const auto [lb, le] = ChunkLayers();
-    k.layers.resize(static_cast<size_t>(le - lb));
-    for (int l = lb; l < le; ++l) {
-      const LayerActs& a = acts_[l];
-      LayerActs& b = k.layers[static_cast<size_t>(l - lb)];
-      for (auto [to, from] : {std::pair{&b.ln1, &a.ln1},
-                              {&b.ln1_mean, &a.ln1_mean},
-                              {&b.ln1_rstd, &a.ln1_rstd},
-                              {&b.q, &a.q},
-                              {&b.k, &a.k},
-                              {&b.v, &a.v},
-                              {&b.att, &a.att},
-                              {&b.lse, &a.lse},
-                              {&b.atty, &a.atty},
-                              {&b.res2, &a.res2},
-                              {&b.ln2, &a.ln2},
-                              {&b.ln2_mean, &a.ln2_mean},
-                              {&b.ln2_rstd, &a.ln2_rstd},
-                              {&b.fch, &a.fch},
-                              {&b.fch_gelu, &a.fch_gelu},
-                              {&b.res3, &a.res3},
-                              {&b.k_all, &a.k_all},
-                              {&b.v_all, &a.v_all}}) {
-        *to = like(*from);
-      }
-    }
-    k.encoded = like(encoded_);
-  }
   k.key = keep_key;
   k.chunk = chunk_;
-  SwapKept(k);
   const auto [lb, le] = ChunkLayers();
+  k.layers.resize(static_cast<size_t>(le - lb));
+  for (int l = lb; l < le; ++l) std::swap(k.layers[static_cast<size_t>(l - lb)], acts_[l]);
+  k.encoded = encoded_;
+  if (!encoded_free_.empty()) {
+    encoded_ = encoded_free_.back();
+    encoded_free_.pop_back();
+  } else {
+    MemoryKindScope kind(MemoryKind::kActivations);
+    encoded_ = Tensor::Empty(k.encoded.shape(), k.encoded.dtype(), k.encoded.device());
+  }
   kept_output_ = le > lb ? k.layers.back().res3.template data<T>() : k.encoded.template data<T>();
   kept_.push_back(std::move(k));
+  return OkStatus();
+}
+
+template <typename T>
+Status GPT2<T>::EnsureChunkActivations() {
+  const auto [lb, le] = ChunkLayers();
+  if (le <= lb || acts_[lb].res3.defined()) return OkStatus();
+  if (layers_free_.size() < static_cast<size_t>(cfg_.num_chunks())) {
+    layers_free_.resize(static_cast<size_t>(cfg_.num_chunks()));
+  }
+  std::vector<std::vector<LayerActs>>& pool = layers_free_[static_cast<size_t>(chunk_)];
+  if (!pool.empty()) {
+    for (int l = lb; l < le; ++l) std::swap(acts_[l], pool.back()[static_cast<size_t>(l - lb)]);
+    pool.pop_back();
+    return OkStatus();
+  }
+  // A new set, shaped as one the chunk keeps (its layers are empty only while one is kept).
+  auto kept = std::find_if(kept_.begin(), kept_.end(),
+                           [&](const KeptForward& k) { return k.chunk == chunk_; });
+  if (kept == kept_.end()) {
+    return InternalError("chunk " + std::to_string(chunk_) +
+                         " has no activations and keeps no forward");
+  }
+  MemoryKindScope kind(MemoryKind::kActivations);
+  auto like = [](const Tensor& t) {
+    return t.defined() ? Tensor::Empty(t.shape(), t.dtype(), t.device()) : Tensor();
+  };
+  for (int l = lb; l < le; ++l) {
+    const LayerActs& a = kept->layers[static_cast<size_t>(l - lb)];
+    LayerActs& b = acts_[l];
+    for (auto [to, from] : {std::pair{&b.ln1, &a.ln1},
+                            {&b.ln1_mean, &a.ln1_mean},
+                            {&b.ln1_rstd, &a.ln1_rstd},
+                            {&b.q, &a.q},
+                            {&b.k, &a.k},
+                            {&b.v, &a.v},
+                            {&b.att, &a.att},
+                            {&b.lse, &a.lse},
+                            {&b.atty, &a.atty},
+                            {&b.res2, &a.res2},
+                            {&b.ln2, &a.ln2},
+                            {&b.ln2_mean, &a.ln2_mean},
+                            {&b.ln2_rstd, &a.ln2_rstd},
+                            {&b.fch, &a.fch},
+                            {&b.fch_gelu, &a.fch_gelu},
+                            {&b.res3, &a.res3},
+                            {&b.k_all, &a.k_all},
+                            {&b.v_all, &a.v_all}}) {
+      *to = like(*from);
+    }
+  }
   return OkStatus();
 }
 
@@ -742,8 +760,18 @@ StatusOr<double> GPT2<T>::StageForwardBackward(const int32_t* inputs, const T* s
     }
     MESHRUN_RETURN_IF_ERROR(PrepareBatch(inputs, B, Tn, positions));
     kept_output_ = nullptr;
-    SwapKept(*it);
-    kept_free_[static_cast<size_t>(chunk_)].push_back(std::move(*it));
+    const auto [lb, le] = ChunkLayers();
+    if (le > lb && acts_[lb].res3.defined()) {  // the chunk's current set is free now
+      if (layers_free_.size() < static_cast<size_t>(cfg_.num_chunks())) {
+        layers_free_.resize(static_cast<size_t>(cfg_.num_chunks()));
+      }
+      std::vector<LayerActs> free(static_cast<size_t>(le - lb));
+      for (int l = lb; l < le; ++l) std::swap(free[static_cast<size_t>(l - lb)], acts_[l]);
+      layers_free_[static_cast<size_t>(chunk_)].push_back(std::move(free));
+    }
+    for (int l = lb; l < le; ++l) std::swap(acts_[l], it->layers[static_cast<size_t>(l - lb)]);
+    encoded_free_.push_back(encoded_);
+    encoded_ = it->encoded;
     kept_.erase(it);
   }
   // The head's backward runs with its forward, chunk by chunk: units 0 and L+1 (still gathered

@@ -465,18 +465,20 @@ class GPT2 {
   int64_t head_rows_ = 0;        // rows per chunk
   std::vector<LayerActs> acts_;  // per layer; what recompute drops are views of work_'s
   // A kept forward (decision 0066): one chunk's layer activations and its input (encoded_),
-  // swapped out of acts_ and encoded_ after the forward and back in for the backward. The
-  // sets a backward frees are reused by the chunk's next forwards (kept_free_, per chunk).
+  // moved out of acts_ and encoded_ after the forward and swapped back in for the backward.
+  // The chunk's layers stay without activations in between until a forward of it needs some
+  // (EnsureChunkActivations: a set a backward freed, layers_free_, else new tensors); the
+  // input is replaced at once (encoded_free_, shared by the chunks).
   struct KeptForward {
     int key = -1;
     int chunk = 0;
     std::vector<LayerActs> layers;
     Tensor encoded;
   };
-  // Swaps k's tensors with the active ones of its chunk (acts_ of its layers, encoded_).
-  void SwapKept(KeptForward& k);
+  Status EnsureChunkActivations();
   std::vector<KeptForward> kept_;
-  std::vector<std::vector<KeptForward>> kept_free_;
+  std::vector<std::vector<std::vector<LayerActs>>> layers_free_;  // per chunk: free layer sets
+  std::vector<Tensor> encoded_free_;
   const T* kept_output_ = nullptr;  // the last kept forward's output (stage_output())
   LayerActs work_;                  // under recompute: the dropped tensors of one layer
   // Backward scratch.

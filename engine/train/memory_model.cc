@@ -523,17 +523,22 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
   // Pipeline parallelism: the received inputs and output gradients held at once, one
   // micro-batch's activation each (an evaluation reuses one of them).
   acts += int64_t{pipe_buffers} * N * C;
-  // Pipeline parallelism without activation checkpointing (decision 0066): each chunk's kept
-  // forwards, the most at once, each its layers' activations (and, under cp allgather, their
-  // gathered K and V) and its input; the sets stay allocated for the chunk's later forwards.
+  // Pipeline parallelism without activation checkpointing (decision 0066): the kept forwards.
+  // A chunk keeping K_k at most holds K_k sets of its layers' activations (and, under cp
+  // allgather, their gathered K and V), one of them the set above: its layers go without while
+  // the forward that filled them is kept. The inputs (n·d each) are shared by the chunks: one
+  // above plus one per forward kept at once over all chunks. Sets stay allocated once made.
   if (PipelineKeepsActivations(spec)) {
     const int v = cfg.num_chunks();
-    const std::vector<int> kept = MaxKeptForwards(StageOps(spec, stage, MicroBatchesOf(spec)), v);
+    const std::vector<PipeOp> stage_ops = StageOps(spec, stage, MicroBatchesOf(spec));
+    const std::vector<int> kept = MaxKeptForwards(stage_ops, v);
     const int64_t gathered = cp > 1 && CpCommOf(par) != CpComm::kRing ? 2 * cp * N * Cl : 0;
     for (int k = 0; k < v; ++k) {
       const auto [lb, le] = cfg.ChunkLocalLayers(k);
-      acts += int64_t{kept[static_cast<size_t>(k)]} * ((le - lb) * (layer + gathered) + N * C);
+      const int64_t extra = std::max(0, kept[static_cast<size_t>(k)] - 1);
+      acts += extra * (le - lb) * (layer + gathered);
     }
+    acts += int64_t{MaxKeptForwardsAtOnce(stage_ops)} * N * C;
   }
   // Pipeline parallelism on a host backend (the asynchronous executor, decision 0064): the ring
   // of send buffers each output is copied into, kept from the first step on. A device run

@@ -133,6 +133,25 @@ std::vector<int> MaxKeptForwards(const std::vector<PipeOp>& ops, int virtual_sta
   return most;
 }
 
+int MaxKeptForwardsAtOnce(const std::vector<PipeOp>& ops) {
+  int chunks = 1;
+  for (const PipeOp& op : ops) chunks = std::max(chunks, op.chunk + 1);
+  std::vector<int> kept(static_cast<size_t>(chunks), 0);
+  int total = 0, most = 0;
+  for (const PipeOp& op : ops) {
+    const size_t k = static_cast<size_t>(op.chunk);
+    if (op.kind == PipeOpKind::kForward) {
+      ++kept[k];
+      most = std::max(most, ++total);
+    }
+    if (op.kind == PipeOpKind::kBackward && kept[k] > 0) {
+      --kept[k];
+      --total;
+    }
+  }
+  return most;
+}
+
 std::vector<PipeOp> InterleavedSchedule(int stages, int stage, int micro_batches,
                                         int virtual_stages) {
   const int P = stages, v = virtual_stages, total = micro_batches * v;

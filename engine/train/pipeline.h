@@ -84,6 +84,8 @@ bool PipelineKeepsActivations(const JobSpec& spec);
 // micro-batches whose forward has run and whose backward has not, at once (the forwards it
 // keeps; the pipeline's last chunk has no forward operation and keeps none).
 std::vector<int> MaxKeptForwards(const std::vector<PipeOp>& ops, int virtual_stages);
+// The most forwards of `ops` kept at once over all chunks together.
+int MaxKeptForwardsAtOnce(const std::vector<PipeOp>& ops);
 
 // The operations rank `stage` runs under `schedule`, without the pipeline's last chunk's
 // forwards (its backward runs it).

@@ -199,6 +199,13 @@ TEST(PipelineKeepTest, EachChunkKeepsItsForwardsInFlight) {
     EXPECT_EQ(MaxKeptForwards(PipelineOps(PpSchedule::k1F1B, 4, p, 8, 1), 1),
               std::vector<int>{p < 3 ? 4 - p : 0});
   }
+  // All chunks together: the inputs kept at once.
+  for (int p = 0; p < 4; ++p) {
+    EXPECT_EQ(MaxKeptForwardsAtOnce(PipelineOps(PpSchedule::k1F1B, 4, p, 8, 1)), p < 3 ? 4 - p : 0);
+  }
+  const std::vector<PipeOp> interleaved = PipelineOps(PpSchedule::kInterleaved1F1B, 2, 0, 4, 2);
+  EXPECT_GE(MaxKeptForwardsAtOnce(interleaved), 4);
+  EXPECT_LE(MaxKeptForwardsAtOnce(interleaved), 4 + 2);
   // Fewer micro-batches than stages in flight: all of them.
   EXPECT_EQ(MaxKeptForwards(OneFOneBSchedule(4, 0, 2), 1), std::vector<int>{2});
   // Zero-bubble keeps 1F1B's (its F and B are in 1F1B's order).
