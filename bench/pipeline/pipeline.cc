@@ -9,25 +9,22 @@
 // (`loop`: without the wait in the grad norm's sum over pp after the last operation, where a
 // stage that finished waits for the stages before it to drain), beside four theories:
 //   theory    PipelineBubbleTheory (the exported theory): (P − 1)/(M + P − 1), (P − 1)/(v·M + P −
-//   1)
-//             interleaved (forward = backward, no communication);
-//   async     the same operation lists (a backward runs from its forward's kept activations,
-//             decision 0066, the last chunk's after its forward; with --checkpointing full
-//             each backward runs its forward again, decision 0054) run
-//             as soon as their inputs are there, one core per stage, with the forward and
-//             backward times fitted to the stages' busy time: an executor without lockstep, which
-//             the engine runs on host backends since decision 0064 (the default, --executor
-//             async);
+//             1) interleaved, (P − 1)/(3M + P − 1) zero-bubble (equal stages, F = B (= W), no
+//             communication);
+//   async     the same operation lists run as soon as their inputs are there, one core per
+//             stage, each operation taking its stage's measured time for its kind
+//             (StepMetrics::pipeline_op_seconds of the same step: forward, backward, weight, the
+//             last chunk's backward that runs its forward too): the schedule's bubble at the
+//             engine's own operation times, what an executor without lockstep (the engine's on
+//             host backends since decision 0064, the default --executor async) can reach;
 //   lockstep  the timetable (BuildTimetable) replayed with those times, one core per stage:
 //             each exchange completes when both ends have posted it: the engine's executor on
 //             device backends (NCCL), and on host backends before decision 0064 or with
 //             --executor lockstep (TrainOptions::pipeline_lockstep);
 //   cores     the same replay with the stages sharing --cores cores (a stage computes at
 //             min(1, cores / stages computing)): what this host can show.
-// The forward and backward times are fitted to the stages' busy times (least squares over the
-// stages' operation counts); where every stage runs as many forwards as backwards (kept
-// activations) the counts cannot separate them, and the busy time is split by FLOPs ("by
-// FLOPs": a backward twice a forward; zero-bubble's B and W one forward each).
+// With more stages than cores the operation times are the last run's with a core per stage,
+// per layer, scaled to this run's layers per chunk ("scaled").
 // m/th is measured ÷ theory, m/core measured ÷ cores, m/as measured ÷ async. Prints a table and
 // one JSON line.
 //
@@ -39,6 +36,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -89,6 +87,9 @@ struct Options {
 // One rank's steps after the warm-up.
 struct RankRecord {
   std::vector<double> step_seconds, bubble, theory, drain_seconds;
+  // Per step, the seconds of one operation of each kind (StepMetrics::pipeline_op_seconds ÷
+  // pipeline_ops; 0 where none ran): forward, backward, weight, the last chunk's backward.
+  std::vector<std::array<double, 4>> op_seconds;
 };
 
 // Records each step's times, and the step's time in the pp axis's collectives (the grad norm's
@@ -114,6 +115,11 @@ class BenchObserver : public meshrun::TrainObserver {
     out_->bubble.push_back(m.pipeline_bubble_ratio);
     out_->theory.push_back(m.pipeline_bubble_theory);
     out_->drain_seconds.push_back(drain);
+    std::array<double, 4> op{};
+    for (int k = 0; k < 4; ++k) {
+      op[k] = m.pipeline_ops[k] > 0 ? m.pipeline_op_seconds[k] / m.pipeline_ops[k] : 0;
+    }
+    out_->op_seconds.push_back(op);
   }
 
  private:
@@ -202,14 +208,12 @@ std::vector<meshrun::StatusOr<RankRecord>> RunRanks(const meshrun::JobSpec& spec
 
 // The operation kinds a schedule's list uses: 0 forward, 1 backward, 2 anything else (a
 // zero-bubble weight pass).
-// Whether the chunks keep their forwards' activations (decision 0066: no activation
-// checkpointing): then a backward runs no forward, but the pipeline's last chunk's, which has no
-// forward operation of its own, still runs its forward first.
-bool g_kept = false;
+// Each stage's time for one operation of each kind: forward, backward, weight gradients, and
+// the pipeline's last chunk's backward (which runs its forward too).
+using Costs = std::vector<std::array<double, 4>>;
 
-// An operation's time on one core: cost[k] by its kind k, the last chunk's backward also its
-// forward when the chunks keep their activations.
-double OpCost(const PipeOp& op, int p, int P, int v, const double cost[3]);
+// An operation's time on one core: its stage's time for its kind.
+double OpCost(const PipeOp& op, int p, int P, int v, const Costs& cost);
 
 int KindIndex(const PipeOp& op) {
   if (op.kind == PipeOpKind::kForward) return 0;
@@ -217,10 +221,10 @@ int KindIndex(const PipeOp& op) {
   return 2;
 }
 
-double OpCost(const PipeOp& op, int p, int P, int v, const double cost[3]) {
+double OpCost(const PipeOp& op, int p, int P, int v, const Costs& cost) {
   const bool last = p == P - 1 && op.chunk == v - 1;
-  if (g_kept && last && op.kind == PipeOpKind::kBackward) return cost[0] + cost[1];
-  return cost[KindIndex(op)];
+  const int k = op.kind == PipeOpKind::kBackward && last ? 3 : KindIndex(op);
+  return cost[static_cast<size_t>(p)][static_cast<size_t>(k)];
 }
 
 // The engine's timetable replayed (decision 0054): each slot, every rank runs its operation,
@@ -230,7 +234,7 @@ double OpCost(const PipeOp& op, int p, int P, int v, const double cost[3]) {
 // `cores` cores. Returns each stage's bubble: its time not computing ÷ the pipeline's time.
 std::vector<double> ReplayTimetable(const std::vector<std::vector<PipeOp>>& ops,
                                     const meshrun::PipeTimetable& table, int P, int v,
-                                    const double cost[3], double cores) {
+                                    const Costs& cost, double cores) {
   const size_t slots = table.slots.size();
   auto op_at = [&](size_t t, int p) -> const PipeOp* {
     const int i = table.slots[t][p];
@@ -329,7 +333,7 @@ std::vector<double> ReplayTimetable(const std::vector<std::vector<PipeOp>>& ops,
 // pipeline chunk g needs the forward of g − 1; a backward of g the backward of g + 1 (the last
 // chunk's backward the forward of the chunk before it). Returns each stage's bubble.
 std::vector<double> ReplayAsynchronous(const std::vector<std::vector<PipeOp>>& ops, int P, int v,
-                                       int M, const double cost[3]) {
+                                       int M, const Costs& cost) {
   const int G = P * v;
   // The end time of each (kind, g, m): forward and backward.
   std::vector<double> fwd_end(static_cast<size_t>(G) * M, -1), bwd_end(fwd_end.size(), -1);
@@ -474,7 +478,7 @@ int main(int argc, char** argv) {
        << "\",\"results\":[";
   std::ostringstream table;
   bool first_row = true;
-  double per_layer[2] = {0, 0};  // forward and backward seconds per layer (stages ≤ cores)
+  double per_layer[4] = {0, 0, 0, 0};  // each kind's seconds per layer (stages ≤ cores)
   for (int P : o.pp) {
     for (const std::string& name : o.schedules) {
       const PpSchedule schedule = *meshrun::ParsePpSchedule(name);
@@ -491,7 +495,6 @@ int main(int argc, char** argv) {
         std::printf("# %s: not run: %s\n", label.c_str(), s.ToString().c_str());
         continue;
       }
-      g_kept = meshrun::PipelineKeepsActivations(spec);
       const auto t0 = std::chrono::steady_clock::now();
       const auto ranks = RunRanks(spec, o.warmup, o.lockstep);
       const double wall =
@@ -530,67 +533,47 @@ int main(int argc, char** argv) {
         busy[p] = step[p] * (1 - drained[p]);
         theory = Mean(rec.theory);
       }
-      // The op times: busy_p = Σ_k n_pk·c_k, least squares over the stages (forward and
-      // backward; a third kind, if any, shares the backward's time per operation). With more
-      // stages than cores the stages' busy time is stretched by their sharing the cores: the
-      // times per layer of the last run with stages ≤ cores are used instead, scaled to this
-      // run's layers per chunk.
+      // The op times: each stage's own, measured in the chosen step (StepMetrics::
+      // pipeline_op_seconds ÷ pipeline_ops). With more stages than cores a stage's operations are
+      // stretched by its sharing the cores: the times per layer of the last run with stages ≤
+      // cores are used instead, scaled to this run's layers per chunk.
       std::vector<std::vector<PipeOp>> ops(P);
       for (int p = 0; p < P; ++p) {
         ops[p] = meshrun::PipelineOps(schedule, P, p, o.micro_batches, v);
       }
-      double a00 = 0, a01 = 0, a11 = 0, b0 = 0, b1 = 0;
-      for (int p = 0; p < P; ++p) {
-        double n[3] = {0, 0, 0};
-        for (const PipeOp& op : ops[p]) {
-          n[KindIndex(op)] += 1;
-          if (g_kept && p == P - 1 && op.chunk == v - 1 && op.kind == PipeOpKind::kBackward) {
-            n[0] += 1;  // its forward
-          }
-        }
-        const double nf = n[0], nb = n[1] + n[2];
-        a00 += nf * nf, a01 += nf * nb, a11 += nb * nb, b0 += nf * busy[p], b1 += nb * busy[p];
-      }
-      const double det = a00 * a11 - a01 * a01;
-      double cost[3] = {0, b1 / a11, b1 / a11};
-      std::string fitted = "fitted";
-      if (std::abs(det) > 1e-9 * a00 * a11) {
-        cost[0] = (b0 * a11 - b1 * a01) / det;
-        cost[1] = cost[2] = (a00 * b1 - a01 * b0) / det;
-      } else {
-        // Every stage runs as many forwards as backwards (chunks that keep their activations:
-        // the last chunk's backward also runs its forward), so the busy times cannot tell F from
-        // B: they are split by FLOPs, a backward twice a forward (B and W one each when split).
-        const double r = schedule == PpSchedule::kZeroBubble ? 1.0 : 2.0;
-        double work = 0, time = 0;
-        for (int p = 0; p < P; ++p) {
-          double n[3] = {0, 0, 0};
-          for (const PipeOp& op : ops[p]) {
-            n[KindIndex(op)] += 1;
-            if (g_kept && p == P - 1 && op.chunk == v - 1 && op.kind == PipeOpKind::kBackward) {
-              n[0] += 1;
-            }
-          }
-          work += n[0] + r * (n[1] + n[2]);
-          time += busy[p];
-        }
-        cost[0] = work > 0 ? time / work : 0;
-        cost[1] = cost[2] = r * cost[0];
-        fitted = "by FLOPs";
-      }
+      Costs cost(static_cast<size_t>(P));
+      for (int p = 0; p < P; ++p) cost[static_cast<size_t>(p)] = ranks[p]->op_seconds[best];
       const double layers_per_chunk = static_cast<double>(o.layers) / (P * v);
-      if (P <= o.cores && cost[0] > 0 && cost[1] > 0) {
-        per_layer[0] = cost[0] / layers_per_chunk;
-        per_layer[1] = cost[1] / layers_per_chunk;
-      } else if (per_layer[0] > 0) {
-        cost[0] = per_layer[0] * layers_per_chunk;
-        cost[1] = cost[2] = per_layer[1] * layers_per_chunk;
-        fitted = "scaled";
+      std::string source = "measured";
+      std::array<double, 4> mean_op{};  // per kind, over the stages that run it
+      for (int k = 0; k < 4; ++k) {
+        double sum = 0;
+        int n = 0;
+        for (int p = 0; p < P; ++p) {
+          const double c = cost[static_cast<size_t>(p)][static_cast<size_t>(k)];
+          if (c > 0) sum += c, ++n;
+        }
+        mean_op[static_cast<size_t>(k)] = n > 0 ? sum / n : 0;
+      }
+      if (P <= o.cores) {
+        for (int k = 0; k < 4; ++k)
+          per_layer[k] = mean_op[static_cast<size_t>(k)] / layers_per_chunk;
+      } else if (per_layer[1] > 0) {
+        for (auto& c : cost) {
+          for (int k = 0; k < 4; ++k) c[static_cast<size_t>(k)] = per_layer[k] * layers_per_chunk;
+        }
+        for (int k = 0; k < 4; ++k)
+          mean_op[static_cast<size_t>(k)] = per_layer[k] * layers_per_chunk;
+        source = "scaled";
+      }
+      bool timed = true;  // every operation has a time
+      for (int p = 0; p < P; ++p) {
+        for (const PipeOp& op : ops[p]) timed = timed && OpCost(op, p, P, v, cost) > 0;
       }
       std::vector<double> lockstep(P, 0), shared(P, 0), async(P, 0);
       const meshrun::StatusOr<meshrun::PipeTimetable> timetable =
           meshrun::BuildTimetable(ops, P, v, o.micro_batches);
-      if (timetable.ok() && cost[0] > 0 && cost[1] > 0) {
+      if (timetable.ok() && timed) {
         lockstep = ReplayTimetable(ops, *timetable, P, v, cost, P);
         shared = ReplayTimetable(ops, *timetable, P, v, cost, std::min<double>(P, o.cores));
         async = ReplayAsynchronous(ops, P, v, o.micro_batches, cost);
@@ -602,11 +585,12 @@ int main(int argc, char** argv) {
       char row[512];
       std::snprintf(row, sizeof(row),
                     "%-24s %7.3f %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f %6.2f "
-                    "%6.2f  F %.1f ms, B %.1f ms (%s)\n",
+                    "%6.2f  F %.1f, B %.1f, W %.1f, last B %.1f ms (%s)\n",
                     label.c_str(), Mean(step), 100 * theory, 100 * mean_async, 100 * mean_lockstep,
                     100 * mean_shared, 100 * mean_engine, 100 * mean_drained,
                     ratio(mean_drained, theory), ratio(mean_drained, mean_shared),
-                    ratio(mean_drained, mean_async), 1e3 * cost[0], 1e3 * cost[1], fitted.c_str());
+                    ratio(mean_drained, mean_async), 1e3 * mean_op[0], 1e3 * mean_op[1],
+                    1e3 * mean_op[2], 1e3 * mean_op[3], source.c_str());
       table << row;
       for (int p = 0; p < P; ++p) {
         std::snprintf(
@@ -636,8 +620,9 @@ int main(int argc, char** argv) {
            << ",\"measured_all_steps\":" << list(drained_mean)
            << ",\"ratio\":" << (theory > 0 ? mean_drained / theory : 0)
            << ",\"ratio_async\":" << ratio(mean_drained, mean_async)
-           << ",\"forward_seconds\":" << cost[0] << ",\"backward_seconds\":" << cost[1]
-           << ",\"op_times\":\"" << fitted << "\"}";
+           << ",\"op_seconds\":{\"forward\":" << mean_op[0] << ",\"backward\":" << mean_op[1]
+           << ",\"weight\":" << mean_op[2] << ",\"last_backward\":" << mean_op[3]
+           << "},\"op_times\":\"" << source << "\"}";
       first_row = false;
     }
   }

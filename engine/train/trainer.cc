@@ -490,6 +490,7 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
   const GPT2Config& cfg = model_->config();
   const int P = dims_->pp(), M = micro_batches, mb = spec_.train.micro_batch_size;
   pipe_wait_seconds_ = 0;
+  for (int k = 0; k < 4; ++k) pipe_op_seconds_[k] = 0, pipe_ops_[k] = 0;
   const int v = cfg.num_chunks(), G = P * v;
   const int Tl = spec_.model.seq_len / dims_->cp();
   const size_t acts = static_cast<size_t>(mb) * Tl * cfg.d_model;  // one activation, floats
@@ -534,8 +535,8 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
   };
   // Runs one of this rank's operations; the outputs to send are left in *send_forward (to the
   // next rank) and *send_backward (to the previous one), null when none.
-  auto run = [&](const PipeOp& op, const float** send_forward,
-                 const float** send_backward) -> Status {
+  auto run_op = [&](const PipeOp& op, const float** send_forward,
+                    const float** send_backward) -> Status {
     *send_forward = *send_backward = nullptr;
     if (op.kind == PipeOpKind::kWeight) {
       // The deferred weight gradients of a micro-batch whose B ran (nothing to send); the
@@ -579,6 +580,20 @@ Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Stat
     GivePipeBuffer(pipe_inputs_[slot_of(op.chunk, op.micro)]);
     GivePipeBuffer(pipe_output_grads_[slot_of(op.chunk, op.micro)]);
     return OkStatus();
+  };
+  // Each operation timed by its kind (StepMetrics::pipeline_op_seconds).
+  auto run = [&](const PipeOp& op, const float** send_forward,
+                 const float** send_backward) -> Status {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = run_op(op, send_forward, send_backward);
+    const bool last = op.chunk * P + stage_ == G - 1;
+    const int kind = op.kind == PipeOpKind::kForward  ? 0
+                     : op.kind == PipeOpKind::kWeight ? 2
+                     : last                           ? 3
+                                                      : 1;
+    pipe_op_seconds_[kind] += Seconds(t0, std::chrono::steady_clock::now());
+    ++pipe_ops_[kind];
+    return s;
   };
   const bool lockstep = pp->overlaps() || options_.pipeline_lockstep;
   if (!lockstep) {
@@ -790,6 +805,10 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
             std::max(waited, stats->AxisTotal(MeshAxis::kPp).exposed_seconds - pp_seconds_before);
       }
       m.pipeline_bubble_ratio = waited / m.step_seconds;
+      for (int k = 0; k < 4; ++k) {
+        m.pipeline_op_seconds[k] = pipe_op_seconds_[k];
+        m.pipeline_ops[k] = pipe_ops_[k];
+      }
     }
     // Beside it, the schedule's in theory (decision 0060), over the step's micro-batches.
     if (dims_->pp() > 1) {

@@ -46,6 +46,13 @@ struct StepMetrics {
   double pipeline_bubble_ratio = 0;
   // The schedule's bubble in theory (PipelineBubbleTheory; 0 without pp), to set beside it.
   double pipeline_bubble_theory = 0;
+  // Pipeline parallelism: this rank's seconds computing its operations in the step, by kind
+  // (PipeOpTime: forward, backward, weight gradients, and the backward of the pipeline's last
+  // chunk, which runs its forward too), each operation's own work with its tp, cp and FSDP calls
+  // but not the pipeline's sends and receives, and how many of each ran: what bench/pipeline
+  // replays the schedules with. Zeros without pp.
+  double pipeline_op_seconds[4] = {0, 0, 0, 0};
+  int pipeline_ops[4] = {0, 0, 0, 0};
   // This rank's communication by (charge, op) since its first step: seconds, bus bytes
   // (docs/parallelism.md) and calls; cumulative, like the Prometheus counters they feed.
   std::map<CommStats::Key, CommCounter> comm;
@@ -201,6 +208,9 @@ class Trainer {
   // Seconds this rank spent in the step's pipeline sends and receives (waiting on the stage
   // before or after it included): the measured bubble, StepMetrics::pipeline_bubble_ratio.
   double pipe_wait_seconds_ = 0;
+  // The step's operations by kind (forward, backward, weight): seconds and count.
+  double pipe_op_seconds_[4] = {0, 0, 0, 0};
+  int pipe_ops_[4] = {0, 0, 0, 0};
   // data.attention: document: the end-of-text id that ends a document; -1: causal only.
   int32_t document_end_ = -1;
   // Per token of the current rows (rows·T): where its document starts in its window, from the

@@ -4,6 +4,7 @@
 // sets are reused, and what it cannot do is refused.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "engine/core/tensor.h"
 #include "engine/model/gpt2.h"
 #include "engine/train/pipeline.h"
+#include "tests/engine/train/pipeline_mesh_runner.h"
 
 namespace meshrun {
 namespace {
@@ -221,6 +223,42 @@ TEST(PipelineKeepTest, EachChunkKeepsItsForwardsInFlight) {
   const std::vector<int> last =
       MaxKeptForwards(PipelineOps(PpSchedule::kInterleaved1F1B, 2, 1, 4, 2), 2);
   EXPECT_EQ(last[1], 0);
+}
+
+class PipelineKeepMeshTest : public PipelineMeshRunner {};
+
+// What a rank reports of its operations (StepMetrics::pipeline_ops, pipeline_op_seconds, which
+// bench/pipeline replays the schedules with): each kind's count on each stage, with time spent.
+TEST_F(PipelineKeepMeshTest, EachStageReportsItsOperationsByKind) {
+  struct Case {
+    const char* schedule;
+    int v;
+    std::array<int, 4> stage0, stage1;  // forward, backward, weight, the last chunk's backward
+  };
+  // M = 8 / 2 = 4 micro-batches; 4 layers.
+  for (const Case& c : {Case{"1f1b", 1, {4, 4, 0, 0}, {0, 0, 0, 4}},
+                        Case{"interleaved_1f1b", 2, {8, 8, 0, 0}, {4, 4, 0, 4}},
+                        Case{"zero_bubble", 1, {4, 4, 4, 0}, {0, 0, 4, 4}}}) {
+    SCOPED_TRACE(c.schedule);
+    JobSpec spec = Spec("llama", 4, PipeMesh{.P = 2});
+    spec.parallelism.pp_schedule = c.schedule;
+    if (c.v > 1) spec.parallelism.pp_virtual_stages = c.v;
+    spec.train.steps = 2;
+    const std::vector<StatusOr<PipeStepRecord>> ranks = Run(spec);
+    ASSERT_EQ(ranks.size(), 2u);
+    for (int p = 0; p < 2; ++p) {
+      ASSERT_TRUE(ranks[p].ok()) << ranks[p].status().ToString();
+      const PipeStepRecord& r = *ranks[p];
+      ASSERT_EQ(r.ops.size(), 2u);
+      const std::array<int, 4>& want = p == 0 ? c.stage0 : c.stage1;
+      for (size_t step = 0; step < 2; ++step) {
+        EXPECT_EQ(r.ops[step], want) << "stage " << p << " step " << step;
+        for (int k = 0; k < 4; ++k) {
+          EXPECT_EQ(r.op_seconds[step][k] > 0, want[k] > 0) << "stage " << p << " kind " << k;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

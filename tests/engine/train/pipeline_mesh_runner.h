@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -33,6 +34,9 @@ struct PipeStepRecord {
   std::vector<double> losses, grad_norms;
   std::vector<double> evals;    // the validation loss every 5 steps
   std::vector<double> bubbles;  // StepMetrics::pipeline_bubble_ratio
+  // StepMetrics::pipeline_ops and pipeline_op_seconds, per step.
+  std::vector<std::array<int, 4>> ops;
+  std::vector<std::array<double, 4>> op_seconds;
   // The rank's peak bytes of each kind over its run (Trainer::Run: from its start to its end,
   // evaluations included).
   MemoryBreakdown memory;
@@ -45,6 +49,11 @@ class PipeRecordSteps : public TrainObserver {
     out_->losses.push_back(m.loss);
     out_->grad_norms.push_back(m.grad_norm);
     out_->bubbles.push_back(m.pipeline_bubble_ratio);
+    std::array<int, 4> n{};
+    std::array<double, 4> t{};
+    for (int k = 0; k < 4; ++k) n[k] = m.pipeline_ops[k], t[k] = m.pipeline_op_seconds[k];
+    out_->ops.push_back(n);
+    out_->op_seconds.push_back(t);
   }
   void OnEval(const EvalMetrics& e) override { out_->evals.push_back(e.loss); }
 
