@@ -89,8 +89,9 @@ struct TrialResult {
   std::string transcript;   // `submit --follow` output: states, reasons, rank failures
   std::string logs;         // `meshrun logs JOB`: every rank's lines, "[rank R attempt A] …"
   // Moments that came too late and were tried again with another seed (RunTrial): the job had
-  // ended, or was within two checkpoint intervals of its end, when the harness got to the fault
-  // (a loaded machine slows the harness's `status` polls, not the job's steps).
+  // ended, or was within two checkpoint intervals of its end, when the harness got to the fault,
+  // or (sigterm-coordinator-at-barrier) no checkpoint's barrier was caught before the job's end
+  // (a loaded machine slows the harness's polls, not the job's steps).
   int missed = 0;
   bool too_late = false;  // this run's moment came too late; nothing was done to the job
 };
@@ -166,8 +167,10 @@ class ChaosCluster : public LocalCluster {
       if (!t.too_late) return t;
       if (missed == 2) {
         t.ok = false;
-        t.why = "three moments in a row came too late: the job was within " +
-                std::to_string(2 * o_.every) + " steps of its end before the fault (step " +
+        t.why = "three moments in a row came too late: the job within " +
+                std::to_string(2 * o_.every) +
+                " steps of its end before the fault, or no checkpoint barrier caught (last at "
+                "step " +
                 std::to_string(t.fault_at_step) + " of " + std::to_string(o_.steps) + ")";
         return t;
       }
@@ -210,6 +213,21 @@ class ChaosCluster : public LocalCluster {
       CleanUpStopped();
       return t;
     };
+    // A moment that came too late (the job near its end, or no barrier caught): the job ends
+    // untouched and the trial is reported so (RunTrial tries another seed).
+    auto too_late = [&]() {
+      t.too_late = true;
+      json end;
+      WaitStatus(
+          t.job_id,
+          [](const json& j) { return j["state"] == "SUCCEEDED" || j["state"] == "FAILED"; },
+          give_up, &end);
+      t.follow_exit = WaitExitCode(follow.pid, 20s);
+      if (t.follow_exit == -1) testing::Stop(follow, 2s);
+      follow.pid = -1;
+      t.trial_seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+      return t;
+    };
     // The job id is the follower's first line.
     while (t.job_id.empty() && Clock::now() < give_up) {
       const std::vector<std::string> lines = Lines(ReadFile(follow_log));
@@ -239,18 +257,8 @@ class ChaosCluster : public LocalCluster {
     if (!at_barrier && s.is_object() &&
         (s["state"] == "SUCCEEDED" ||
          (s["state"] == "RUNNING" && s["step"].get<int>() > o_.steps - 2 * o_.every))) {
-      // Too late: let the job end untouched, then report it (RunTrial tries another seed).
-      t.too_late = true;
       t.fault_at_step = s["step"].get<int>();
-      WaitStatus(
-          t.job_id,
-          [](const json& j) { return j["state"] == "SUCCEEDED" || j["state"] == "FAILED"; },
-          give_up, &s);
-      t.follow_exit = WaitExitCode(follow.pid, 20s);
-      if (t.follow_exit == -1) testing::Stop(follow, 2s);
-      follow.pid = -1;
-      t.trial_seconds = std::chrono::duration<double>(Clock::now() - begin).count();
-      return t;
+      return too_late();
     }
     if (!s.is_object() || s["state"] != "RUNNING") return fail("not RUNNING at the fault");
     t.fault_at_step = s["step"].get<int>();
@@ -279,8 +287,10 @@ class ChaosCluster : public LocalCluster {
         if (!TermCoordinator()) return fail("the coordinator did not exit within 20 s of SIGTERM");
         break;
       case Fault::kTermCoordinatorAtBarrier:
-        if (!TermCoordinatorAtBarrier(checkpoints, barrier, give_up, &t.fault_at_step,
-                                      &fault_time)) {
+        const int term =
+            TermCoordinatorAtBarrier(checkpoints, barrier, give_up, &t.fault_at_step, &fault_time);
+        if (term < 0 && coordinator_.pid > 0) return too_late();
+        if (term <= 0) {
           return fail("no checkpoint barrier from step " + std::to_string(barrier) +
                       " on to stop the coordinator in, or it did not exit");
         }
@@ -520,8 +530,10 @@ class ChaosCluster : public LocalCluster {
   // coordinator resumes): where an interval is longer than that, the stop comes later, the last
   // measured interval minus half that hold after the completion. `caught`: C; `fault_time`: the
   // SIGTERM. False when no barrier was caught before `give_up` or the coordinator did not exit.
-  bool TermCoordinatorAtBarrier(const fs::path& checkpoints, int from, Clock::time_point give_up,
-                                int* caught, Clock::time_point* fault_time) {
+  // 1: caught and exited; 0: caught, did not exit within 20 s; -1: no barrier caught (the
+  // coordinator runs on).
+  int TermCoordinatorAtBarrier(const fs::path& checkpoints, int from, Clock::time_point give_up,
+                               int* caught, Clock::time_point* fault_time) {
     const auto hold = std::chrono::milliseconds(500 * o_.heartbeat_timeout_s);
     Clock::duration lead{0};
     int newest = -1;  // the newest complete checkpoint seen, and when it was first seen
@@ -572,9 +584,9 @@ class ChaosCluster : public LocalCluster {
       const bool exited = testing::WaitExit(coordinator_.pid, 20s);
       if (!exited) testing::KillNow(coordinator_);
       coordinator_.pid = -1;
-      return exited;
+      return exited ? 1 : 0;
     }
-    return false;
+    return -1;
   }
 
   // Whether `pid` is stopped (state T in /proc/PID/stat) within `timeout`.
