@@ -963,10 +963,17 @@ StatusOr<double> GPT2<T>::StageBackwardInput(int key, const int32_t* inputs, con
   stash.key = key;
   stash.chunk = chunk_;
   stash.tokens = static_cast<int64_t>(B) * Tn;
-  const int64_t numel = WeightStashNumel(B, Tn);
-  {
+  const int64_t numel = std::max<int64_t>(WeightStashNumel(B, Tn), 1);
+  // A stash an earlier W freed, of this size, else a new one: a stash is megabytes, and a fresh
+  // mapping per micro-batch is paid again in page faults.
+  auto free = std::find_if(stash_free_.begin(), stash_free_.end(),
+                           [&](const Tensor& t) { return t.numel() == numel; });
+  if (free != stash_free_.end()) {
+    stash.data = *free;
+    stash_free_.erase(free);
+  } else {
     MemoryKindScope kind(MemoryKind::kActivations);
-    stash.data = Tensor::Empty({std::max<int64_t>(numel, 1)}, ScalarTypeOf<T>(), cfg_.device);
+    stash.data = Tensor::Empty({numel}, ScalarTypeOf<T>(), cfg_.device);
   }
   stash_ = stash.data.template data<T>();
   StatusOr<double> loss = StageForwardBackward(inputs, stage_input, targets, output_grad, B, Tn,
@@ -996,7 +1003,8 @@ Status GPT2<T>::StageBackwardWeight(int key) {
     if (status.ok()) status = BlockBackwardWeight(l, it->tokens, data + (l - lb) * per_layer);
     if (status.ok()) status = Hook(kAfterWeightGrad, 1 + l);
   }
-  stashes_.erase(it);  // freed: its W is done
+  stash_free_.push_back(it->data);  // free: its W is done; the next B reuses it
+  stashes_.erase(it);
   return status;
 }
 

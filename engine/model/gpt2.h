@@ -492,6 +492,7 @@ class GPT2 {
     Tensor data;
   };
   std::vector<WeightStash> stashes_;
+  std::vector<Tensor> stash_free_;  // stashes whose W ran, kept for the next B
   int stash_limit_ = 0;
   T* stash_ = nullptr;
 };
