@@ -4,12 +4,14 @@
 // with --generator: several simulated workers per process, each with its own connection). An
 // R-rank job is submitted and placed on all of them, and then every worker heartbeats at --hz
 // with one RankMetrics per rank per beat while a client probes the job summary (GetJob with
-// summary), a page of 500 ranks (ListRanks), a page of 500 workers (ListWorkers) and follows
-// the job with WatchJob(rank_metrics).
+// summary), a page of 500 ranks (ListRanks), a page of 500 workers (ListWorkers), the three
+// taking turns at going first after each 100 ms pause, and follows the job with
+// WatchJob(rank_metrics).
 //
 //   control_plane [--workers 1024] [--slots 8] [--tp 8] [--seconds 15] [--hz 1] [--unbatched]
 //                 [--generators 0 (auto: one per 256 workers)] [--coordinator PATH] [--cli PATH]
 //                 [--coordinator-log FILE (its log at info: SubmitJob's phases)]
+//                 [--generator-nice 0 (10: the generators yield the cores, as other hosts would)]
 //
 // Reports: time to connect the workers; SubmitJob latency (placement and persistence happen
 // inside it) and the time until every assignment reached its worker and every rank was
@@ -32,6 +34,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -121,6 +124,9 @@ struct Config {
   std::string cli;
   std::string coordinator_log;  // kept here, at --log-level info, when set
   bool unbatched = false;       // one session message per rank sample (before decision 0063)
+  // The generators' nice value: 10 stands in for their being other hosts (the coordinator's
+  // host keeps its cores for the coordinator and the probing client); 0: they compete.
+  int generator_nice = 0;
   // --generator: this process is a load generator for workers [first, first + count).
   bool generator = false;
   std::string address;
@@ -165,6 +171,9 @@ v1::SubmitJobRequest JobOfSize(int world, int tp) {
 // Prints "ready", "assigned <ranks> <unix ns of the last>" once every worker got its ranks, and
 // "window sent=<messages> samples=<rank samples> cpu=<seconds>" after SIGUSR2.
 int RunGenerator(const Config& cfg) {
+  if (cfg.generator_nice != 0 && setpriority(PRIO_PROCESS, 0, cfg.generator_nice) != 0) {
+    std::perror("setpriority");
+  }
   signal(SIGUSR1, OnWindowSignal);
   signal(SIGUSR2, OnWindowSignal);
   const int expected_ranks = cfg.count * cfg.slots;
@@ -341,9 +350,9 @@ int Run(const Config& cfg) {
   std::string w, address;
   words >> w >> w >> w >> address;
   std::printf(
-      "coordinator %s (pid %d), %d workers x %d slots in %d generator processes, "
+      "coordinator %s (pid %d), %d workers x %d slots in %d generator processes (nice %d), "
       "%d-rank job\n",
-      address.c_str(), coord.pid(), cfg.workers, cfg.slots, generators, world);
+      address.c_str(), coord.pid(), cfg.workers, cfg.slots, generators, cfg.generator_nice, world);
   std::fflush(stdout);
 
   // ---- Connect the workers, a share per generator process ------------------------------------
@@ -363,6 +372,7 @@ int Run(const Config& cfg) {
                                   "--slots",   std::to_string(cfg.slots),
                                   "--hz",      hz};
     if (cfg.unbatched) args.push_back("--unbatched");
+    args.insert(args.end(), {"--generator-nice", std::to_string(cfg.generator_nice)});
     gen->process =
         std::make_unique<testing::Subprocess>(args, state + ".gen" + std::to_string(g) + ".stderr");
     Generator* raw = gen.get();
@@ -546,28 +556,38 @@ int Run(const Config& cfg) {
   measuring = true;
   std::mt19937 random(7);
   const int pages = std::max(1, world / 500);
-  while (Since(t_steady) < cfg.seconds) {
-    auto t0 = Clock::now();
-    v1::GetJobResponse job;
-    if (get_summary(&job).ok()) summary_ms.push_back(Since(t0) * 1000);
+  // The three probes take turns at going first: the first call after the pause also pays for
+  // waking the client and finding a core on a machine the generators keep busy.
+  for (int round = 0; Since(t_steady) < cfg.seconds; ++round) {
+    auto summary = [&] {
+      const auto t0 = Clock::now();
+      v1::GetJobResponse job;
+      if (get_summary(&job).ok()) summary_ms.push_back(Since(t0) * 1000);
+    };
     // A page of 500 ranks somewhere in the job (the token names the first rank of the page).
-    const int page = static_cast<int>(random() % pages);
-    t0 = Clock::now();
-    v1::ListRanksResponse ranks;
-    if (list_ranks(page == 0 ? "" : "a1r" + std::to_string(page * 500), &ranks).ok() &&
-        ranks.ranks_size() > 0) {
-      rank_page_ms.push_back(Since(t0) * 1000);
-    }
+    auto rank_page = [&] {
+      const int page = static_cast<int>(random() % pages);
+      const auto t0 = Clock::now();
+      v1::ListRanksResponse ranks;
+      if (list_ranks(page == 0 ? "" : "a1r" + std::to_string(page * 500), &ranks).ok() &&
+          ranks.ranks_size() > 0) {
+        rank_page_ms.push_back(Since(t0) * 1000);
+      }
+    };
     // A page of 500 workers after a random one.
-    char after[48];
-    std::snprintf(after, sizeof(after), "after:sim-%05d",
-                  static_cast<int>(random() % std::max(1, cfg.workers - 500)));
-    v1::ListWorkersRequest wreq;
-    wreq.set_page_size(500);
-    wreq.set_page_token(after);
-    t0 = Clock::now();
-    v1::ListWorkersResponse workers;
-    if (list_workers(wreq, &workers).ok()) worker_page_ms.push_back(Since(t0) * 1000);
+    auto worker_page = [&] {
+      char after[48];
+      std::snprintf(after, sizeof(after), "after:sim-%05d",
+                    static_cast<int>(random() % std::max(1, cfg.workers - 500)));
+      v1::ListWorkersRequest wreq;
+      wreq.set_page_size(500);
+      wreq.set_page_token(after);
+      const auto t0 = Clock::now();
+      v1::ListWorkersResponse workers;
+      if (list_workers(wreq, &workers).ok()) worker_page_ms.push_back(Since(t0) * 1000);
+    };
+    const std::function<void()> probes[3] = {summary, rank_page, worker_page};
+    for (int i = 0; i < 3; ++i) probes[(round + i) % 3]();
     std::this_thread::sleep_for(milliseconds(100));
   }
   measuring = false;
@@ -665,6 +685,7 @@ int Run(const Config& cfg) {
       {"slots", cfg.slots},
       {"ranks", world},
       {"generators", generators},
+      {"generator_nice", cfg.generator_nice},
       {"hz", cfg.hz},
       {"steady_seconds", steady_s},
       {"connect_s", connect_s},
@@ -715,6 +736,10 @@ int main(int argc, char** argv) {
   app.add_flag("--unbatched", cfg.unbatched,
                "one session message per rank sample (default: a worker's samples of a step in "
                "one RankMetrics, as meshrun-worker sends them)");
+  app.add_option("--generator-nice", cfg.generator_nice,
+                 "the load generators' nice value (10: they stand in for other hosts and leave "
+                 "the coordinator's cores to it; 0: they compete with it)")
+      ->capture_default_str();
   // Internal: one load-generator process (started by the main process).
   app.add_flag("--generator", cfg.generator)->group("");
   app.add_option("--address", cfg.address)->group("");
