@@ -56,6 +56,11 @@ struct ElasticResult {
   double trial_seconds = 0;
   std::string status;  // the final `status -o json`
   std::string logs;    // the coordinator's log tail when it failed
+  // Moments that came too late and were tried again with another seed (RunTrial): the job had
+  // ended, or was too near its end for the change to take effect, when the harness got to the
+  // fault (a loaded machine slows the harness's polls, not the job's steps).
+  int missed = 0;
+  bool too_late = false;
 };
 
 class ElasticCluster : public LocalCluster {
@@ -102,8 +107,24 @@ class ElasticCluster : public LocalCluster {
   // A coordinator, no workers yet.
   bool Start(std::string* why) { return StartCoordinator(why); }
 
-  // One trial with fresh workers (named after the trial, so a killed one never comes back).
+  // One trial with fresh workers (named after the trial, so a killed one never comes back); a
+  // moment that comes too late is tried again with the seed + 1000, then + 2000, and fails the
+  // trial the third time.
   ElasticResult RunTrial(ElasticFault fault, uint64_t seed, double reference) {
+    for (int missed = 0;; ++missed) {
+      ElasticResult t = RunOnce(fault, seed + 1000 * static_cast<uint64_t>(missed), reference);
+      t.missed = missed;
+      if (!t.too_late) return t;
+      if (missed == 2) {
+        t.ok = false;
+        t.why = "three moments in a row came too late (last at step " +
+                std::to_string(t.fault_at_step) + " of " + std::to_string(o_.steps) + ")";
+        return t;
+      }
+    }
+  }
+
+  ElasticResult RunOnce(ElasticFault fault, uint64_t seed, double reference) {
     ElasticResult t;
     t.fault = fault;
     t.seed = seed;
@@ -157,9 +178,28 @@ class ElasticCluster : public LocalCluster {
       if (poll() && s["state"] == "RUNNING" && s["step"].get<int>() >= target) break;
       std::this_thread::sleep_for(50ms);
     }
+    // Too late (the job ended, or is too near its end for the change to take effect): the job
+    // ends untouched, and RunTrial tries another seed.
+    const int latest = fault == ElasticFault::kWorkerAdded ? o_.steps / 2 : o_.steps - 2 * o_.every;
+    auto too_late = [&]() {
+      t.too_late = true;
+      if (s.is_object()) t.fault_at_step = s["step"].get<int>();
+      while (Clock::now() < give_up) {
+        if (poll() && (s["state"] == "SUCCEEDED" || s["state"] == "FAILED")) break;
+        std::this_thread::sleep_for(100ms);
+      }
+      t.trial_seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+      StopWorkers();
+      return t;
+    };
+    if (s.is_object() && s["state"] == "SUCCEEDED") return too_late();
     if (!s.is_object() || s["state"] != "RUNNING") return fail("never RUNNING at the target step");
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     poll();
+    if (s.is_object() &&
+        (s["state"] == "SUCCEEDED" || (s["state"] == "RUNNING" && s["step"].get<int>() > latest))) {
+      return too_late();
+    }
     t.fault_at_step = s["step"].get<int>();
     t.world_before = s["world_size"].get<int>();
     const size_t meshes_before = s.contains("meshes") ? s["meshes"].size() : 0;

@@ -50,12 +50,13 @@ class ElasticTest : public ::testing::Test {
     const ElasticResult t = cluster.RunTrial(fault, seed, reference);
     std::printf(
         "trial %-12s seed %3llu: %s  fault at step %2d, world %d -> %d, resumed from %lld, "
-        "steps lost %lld, loss %.6f (undisturbed %.6f), fault to first step %.1f s, trial %.1f s\n",
-        chaos::ElasticFaultName(fault), static_cast<unsigned long long>(seed),
+        "steps lost %lld, loss %.6f (undisturbed %.6f), fault to first step %.1f s, trial %.1f s, "
+        "moments too late %d\n",
+        chaos::ElasticFaultName(fault), static_cast<unsigned long long>(t.seed),
         t.ok ? "ok  " : "FAIL", t.fault_at_step, t.world_before, t.world_after,
         static_cast<long long>(t.resumed_from), static_cast<long long>(t.steps_lost), t.final_loss,
-        reference, t.recovery_seconds, t.trial_seconds);
-    EXPECT_TRUE(t.ok) << chaos::ElasticFaultName(fault) << " seed " << seed << ": " << t.why
+        reference, t.recovery_seconds, t.trial_seconds, t.missed);
+    EXPECT_TRUE(t.ok) << chaos::ElasticFaultName(fault) << " seed " << t.seed << ": " << t.why
                       << "\n---- status\n"
                       << t.status << "\n---- coordinator log (tail)\n"
                       << t.logs;
