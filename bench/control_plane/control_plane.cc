@@ -155,7 +155,9 @@ v1::SubmitJobRequest JobOfSize(int world, int tp) {
   spec.name = "bench-job";
   spec.model.n_head = tp;
   spec.model.d_model = 8 * tp;
-  spec.parallelism = {groups / shard, shard, 1, tp, "allgather"};
+  spec.parallelism.dp_replicate_size = groups / shard;
+  spec.parallelism.dp_shard_size = shard;
+  spec.parallelism.tp_size = tp;
   spec.train.steps = 1000;
   spec.train.global_batch_size = groups;
   spec.train.micro_batch_size = 1;

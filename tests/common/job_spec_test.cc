@@ -212,7 +212,12 @@ TEST(JobSpecTest, AcceptsEveryCombinationThatDividesTheModelAndBatch) {
                                                   {1, 1, 4, 1}, {2, 2, 2, 2}, {1, 1, 1, 4}};
   for (const auto& [r, s, c, t] : meshes) {
     JobSpec spec = ValidSpec();
-    spec.parallelism = {r, s, c, t, "ring"};
+    spec.parallelism = ParallelismSpec{};
+    spec.parallelism.dp_replicate_size = r;
+    spec.parallelism.dp_shard_size = s;
+    spec.parallelism.cp_size = c;
+    spec.parallelism.tp_size = t;
+    spec.parallelism.cp_comm_strategy = "ring";
     spec.train.global_batch_size = 16;
     spec.train.micro_batch_size = 2;
     EXPECT_TRUE(ValidateJobSpec(spec, r * s * c * t).ok())
@@ -232,7 +237,10 @@ TEST(JobSpecTest, WarmupMayEqualStepsAndRatesMayBeZero) {
 
 TEST(JobSpecTest, MeshOfUsesTheParallelismSizes) {
   JobSpec spec = ValidSpec();
-  spec.parallelism = {2, 3, 1, 4, "allgather"};
+  spec.parallelism = ParallelismSpec{};
+  spec.parallelism.dp_replicate_size = 2;
+  spec.parallelism.dp_shard_size = 3;
+  spec.parallelism.tp_size = 4;
   StatusOr<ParallelDims> mesh = MeshOf(spec);
   ASSERT_TRUE(mesh.ok());
   EXPECT_EQ(mesh->world_size(), 24);

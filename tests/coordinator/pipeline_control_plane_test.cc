@@ -107,8 +107,12 @@ TEST(PipelinePlacementTest, TpThenCpInsideAWorkerStagesAcrossExhaustively) {
             } else if (whole_stages >= pp) {
               EXPECT_TRUE(PpUnitsWhole(*p, stage)) << "every stage fits whole somewhere";
             }
-            if (caps_hold_cp) EXPECT_TRUE(PpUnitsWhole(*p, c * t)) << "a cp group spans workers";
-            if (caps_hold_stages) EXPECT_TRUE(PpUnitsWhole(*p, stage));
+            if (caps_hold_cp) {
+              EXPECT_TRUE(PpUnitsWhole(*p, c * t)) << "a cp group spans workers";
+            }
+            if (caps_hold_stages) {
+              EXPECT_TRUE(PpUnitsWhole(*p, stage));
+            }
           }
         }
       }
@@ -367,8 +371,12 @@ TEST(PipelineMetricsTest, ARankWithoutABubbleHasNoBubbleSeriesAndTheJobTakesTheL
   ranks.Add(RankLabels{"node-0", {}, "cpu", 0}, s);
   const auto families = MetricsExporter::Collect(JobsSnapshot{}, {}, &ranks);
   for (const auto& f : families) {
-    if (f.name == "meshrun_rank_pipeline_bubble_ratio") EXPECT_TRUE(f.metric.empty());
-    if (f.name == "meshrun_rank_pipeline_bubble_theory_ratio") EXPECT_TRUE(f.metric.empty());
+    if (f.name == "meshrun_rank_pipeline_bubble_ratio") {
+      EXPECT_TRUE(f.metric.empty());
+    }
+    if (f.name == "meshrun_rank_pipeline_bubble_theory_ratio") {
+      EXPECT_TRUE(f.metric.empty());
+    }
   }
   StepAggregator agg(2, 64);
   EXPECT_FALSE(agg.Add(PpSample(0, 1, 0.25)).has_value());

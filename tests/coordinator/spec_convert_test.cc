@@ -19,7 +19,10 @@ TEST(SpecConvertTest, RoundTripsEveryField) {
   JobSpec spec;
   spec.name = "round-trip";
   spec.model.init_from = "/hf/gpt2";
-  spec.parallelism = {2, 2, 1, 2, "ring"};
+  spec.parallelism.dp_replicate_size = 2;
+  spec.parallelism.dp_shard_size = 2;
+  spec.parallelism.tp_size = 2;
+  spec.parallelism.cp_comm_strategy = "ring";
   spec.train.steps = 7;
   spec.train.seed = 99;
   spec.train.lr = 1e-3;

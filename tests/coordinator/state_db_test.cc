@@ -34,7 +34,7 @@ TEST(StateDbTest, RowsSurviveReopen) {
     j.last_checkpoint = "/c/step-00000009";
     j.seq_reserved = 4096;
     b.jobs.push_back(j);
-    b.attempts.push_back({"job-000001", 2, 1, 100, 0, "r"});
+    b.attempts.push_back({"job-000001", 2, 1, 100, 0, "r", "", "", ""});
     RankRow r;
     r.job_id = "job-000001";
     r.attempt = 2;
