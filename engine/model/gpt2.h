@@ -392,6 +392,17 @@ class GPT2 {
   Status AttentionBackward(LayerActs& a);
   // Sum over the tp group (after row-parallel layers in forward, column-parallel in backward).
   Status TpAllReduce(T* data, int64_t count);
+  // The UnitHooks call Hook makes (gpt2.cc).
+  enum HookKind {
+    kBeforeForward,
+    kAfterForward,
+    kBeforeBackward,
+    kAfterBackward,
+    kBeforeInputGrad,
+    kAfterInputGrad,
+    kBeforeWeightGrad,
+    kAfterWeightGrad
+  };
   Status Hook(int which, int unit);
   // Columns of the fused q|k|v output on this rank: (heads + 2·kv heads) · head_dim.
   int64_t QkvWidth() const {
