@@ -65,6 +65,27 @@ inline const char* FaultName(Fault f) {
   return "?";
 }
 
+// A trial whose fault moment came too late (Result::too_late: the job ended or was too near its
+// end when a slowed harness got there) is run again with the seed + 1000, then + 2000; the
+// third such moment fails the trial. `once(seed)` runs one; Result has ok, why, missed,
+// too_late and fault_at_step.
+template <typename Result, typename Once>
+Result RetryLateMoments(uint64_t seed, int steps, Once once) {
+  for (int missed = 0;; ++missed) {
+    Result t = once(seed + 1000 * static_cast<uint64_t>(missed));
+    t.missed = missed;
+    if (!t.too_late) return t;
+    if (missed == 2) {
+      t.ok = false;
+      t.why =
+          "three moments in a row came too late: the job ended, was too near its end, or "
+          "passed every checkpoint barrier before the fault (last at step " +
+          std::to_string(t.fault_at_step) + " of " + std::to_string(steps) + ")";
+      return t;
+    }
+  }
+}
+
 struct TrialResult {
   Fault fault = Fault::kKillRank;
   uint64_t seed = 0;
@@ -161,20 +182,8 @@ class ChaosCluster : public LocalCluster {
   // One trial; a moment that comes too late (see TrialResult::missed) is tried again with the
   // seed + 1000, then + 2000, and fails the trial the third time.
   TrialResult RunTrial(Fault fault, uint64_t seed, double reference) {
-    for (int missed = 0;; ++missed) {
-      TrialResult t = RunOnce(fault, seed + 1000 * static_cast<uint64_t>(missed), reference);
-      t.missed = missed;
-      if (!t.too_late) return t;
-      if (missed == 2) {
-        t.ok = false;
-        t.why = "three moments in a row came too late: the job within " +
-                std::to_string(2 * o_.every) +
-                " steps of its end before the fault, or no checkpoint barrier caught (last at "
-                "step " +
-                std::to_string(t.fault_at_step) + " of " + std::to_string(o_.steps) + ")";
-        return t;
-      }
-    }
+    return RetryLateMoments<TrialResult>(seed, o_.steps,
+                                         [&](uint64_t s) { return RunOnce(fault, s, reference); });
   }
 
   TrialResult RunOnce(Fault fault, uint64_t seed, double reference) {

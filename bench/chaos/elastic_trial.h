@@ -111,17 +111,8 @@ class ElasticCluster : public LocalCluster {
   // moment that comes too late is tried again with the seed + 1000, then + 2000, and fails the
   // trial the third time.
   ElasticResult RunTrial(ElasticFault fault, uint64_t seed, double reference) {
-    for (int missed = 0;; ++missed) {
-      ElasticResult t = RunOnce(fault, seed + 1000 * static_cast<uint64_t>(missed), reference);
-      t.missed = missed;
-      if (!t.too_late) return t;
-      if (missed == 2) {
-        t.ok = false;
-        t.why = "three moments in a row came too late (last at step " +
-                std::to_string(t.fault_at_step) + " of " + std::to_string(o_.steps) + ")";
-        return t;
-      }
-    }
+    return RetryLateMoments<ElasticResult>(
+        seed, o_.steps, [&](uint64_t s) { return RunOnce(fault, s, reference); });
   }
 
   ElasticResult RunOnce(ElasticFault fault, uint64_t seed, double reference) {

@@ -409,6 +409,9 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
     largest_shard = std::max(largest_shard, u.padded / n);
   }
   const int micro_batches = MicroBatchesOf(spec);
+  // The stage's operations (one backward per micro-batch without pp): the FSDP simulation, the
+  // kept forwards and the send ring all walk them.
+  const std::vector<PipeOp> stage_ops = StageOps(spec, stage, micro_batches);
   if (n == 1) {
     add(MemoryKind::kParameters, total);
     add(MemoryKind::kGradients, total);
@@ -424,7 +427,7 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
                              DeviceOf(spec.resources) == ComputeDevice::kCuda;
     const bool prefetch = DeviceOf(spec.resources) == ComputeDevice::kCuda;
     FsdpSimulation fsdp(units, prefetch, bf16_gather, par.fsdp_reshard_after_forward);
-    const std::vector<PipeOp> ops = StageOps(spec, stage, micro_batches);
+    const std::vector<PipeOp>& ops = stage_ops;
     const bool split = par.pp_size > 1 && PpScheduleOf(par) == PpSchedule::kZeroBubble;
     const bool keep = PipelineKeepsActivations(spec);
     const bool evaluates = !spec.data.val.empty() && spec.data.eval_every > 0;
@@ -530,7 +533,6 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
   // above plus one per forward kept at once over all chunks. Sets stay allocated once made.
   if (PipelineKeepsActivations(spec)) {
     const int v = cfg.num_chunks();
-    const std::vector<PipeOp> stage_ops = StageOps(spec, stage, MicroBatchesOf(spec));
     const std::vector<int> kept = MaxKeptForwards(stage_ops, v);
     const int64_t gathered = cp > 1 && CpCommOf(par) != CpComm::kRing ? 2 * cp * N * Cl : 0;
     for (int k = 0; k < v; ++k) {
@@ -544,8 +546,7 @@ MemoryPrediction PredictStage(const JobSpec& spec, int stage, const std::vector<
   // of send buffers each output is copied into, kept from the first step on. A device run
   // (NCCL) keeps the lockstep timetable, which sends from the model's own buffers.
   if (par.pp_size > 1 && DeviceOf(spec.resources) != ComputeDevice::kCuda) {
-    const int sends = PipelineSendBuffers(StageOps(spec, stage, MicroBatchesOf(spec)), par.pp_size,
-                                          cfg.num_chunks(), stage);
+    const int sends = PipelineSendBuffers(stage_ops, par.pp_size, cfg.num_chunks(), stage);
     add(MemoryKind::kCommunication, int64_t{sends} * N * C);
   }
   // Zero-bubble: the weight-gradient stashes pending at once (each allocated at its B's start,

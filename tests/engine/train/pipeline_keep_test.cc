@@ -7,6 +7,7 @@
 #include <array>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/core/tensor.h"
@@ -80,21 +81,24 @@ TEST(PipelineKeepTest, AKeptForwardsBackwardIsTheRecomputedOneBitForBit) {
       kept.InitDeterministic(3);
       again.set_weight_stash_limit(2 * M);
       kept.set_weight_stash_limit(2 * M);
+      // Both models on chunk k of micro-batch m (its document masks for the next call).
+      auto on = [&](int k, int m) {
+        const Batch& b = batch[static_cast<size_t>(m)];
+        for (GPT2<float>* model : {&again, &kept}) {
+          model->SetActiveChunk(k);
+          model->SetDocumentStarts(b.docs);
+        }
+        return std::make_tuple(&b, k == 0 ? nullptr : b.input.data(), k * M + m);
+      };
       int64_t allocated_after_first = 0;
       for (int round = 0; round < 2; ++round) {
         // Both chunks' forwards of every micro-batch, then their backwards in reverse (as an
         // interleaved warm-up and cool-down would), W right after each B when split.
         for (int m = 0; m < M; ++m) {
           for (int k = 0; k < 2; ++k) {
-            const Batch& b = batch[static_cast<size_t>(m)];
-            const float* input = k == 0 ? nullptr : b.input.data();
-            const int key = k * M + m;
-            again.SetActiveChunk(k);
-            kept.SetActiveChunk(k);
-            again.SetDocumentStarts(b.docs);
-            kept.SetDocumentStarts(b.docs);
-            ASSERT_TRUE(again.StageForward(b.tokens.data(), input, B, T).ok());
-            ASSERT_TRUE(kept.StageForward(b.tokens.data(), input, B, T, nullptr, key).ok());
+            const auto [b, input, key] = on(k, m);
+            ASSERT_TRUE(again.StageForward(b->tokens.data(), input, B, T).ok());
+            ASSERT_TRUE(kept.StageForward(b->tokens.data(), input, B, T, nullptr, key).ok());
             EXPECT_TRUE(SameBits(again.stage_output(), kept.stage_output(), N * C))
                 << "forward " << key;
           }
@@ -102,13 +106,8 @@ TEST(PipelineKeepTest, AKeptForwardsBackwardIsTheRecomputedOneBitForBit) {
         EXPECT_EQ(kept.kept_forwards(), 2 * M);
         for (int m = M - 1; m >= 0; --m) {
           for (int k = 1; k >= 0; --k) {
-            const Batch& b = batch[static_cast<size_t>(m)];
-            const float* input = k == 0 ? nullptr : b.input.data();
-            const int key = k * M + m;
-            again.SetActiveChunk(k);
-            kept.SetActiveChunk(k);
-            again.SetDocumentStarts(b.docs);
-            kept.SetDocumentStarts(b.docs);
+            const auto [bp, input, key] = on(k, m);
+            const Batch& b = *bp;
             if (split) {
               ASSERT_TRUE(again
                               .StageBackwardInput(key, b.tokens.data(), input, b.targets.data(),
