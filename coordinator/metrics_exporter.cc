@@ -102,7 +102,8 @@ void AppendRankFamilies(const RankSeries& ranks, std::vector<prometheus::MetricF
                        MetricType::Gauge);
   auto bubble_theory = Family("meshrun_rank_pipeline_bubble_theory_ratio",
                               "Pipeline parallelism: the bubble of the rank's schedule in theory "
-                              "(forward and backward of equal time; decision 0060), beside "
+                              "(zero_bubble's at the rank's measured forward, backward and "
+                              "weight times; decisions 0060, 0068), beside "
                               "meshrun_rank_pipeline_bubble_ratio; only ranks that report it.",
                               MetricType::Gauge);
   auto info = Family("meshrun_rank_info",

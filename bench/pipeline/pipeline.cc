@@ -8,9 +8,13 @@
 // pp axis's communication ÷ the step time), and of it the part inside the pipeline's timetable
 // (`loop`: without the wait in the grad norm's sum over pp after the last operation, where a
 // stage that finished waits for the stages before it to drain), beside four theories:
-//   theory    PipelineBubbleTheory (the exported theory): (P − 1)/(M + P − 1), (P − 1)/(v·M + P −
-//             1) interleaved, (P − 1)/(3M + P − 1) zero-bubble (equal stages, F = B (= W), no
+//   equal     PipelineBubbleTheory with equal operation times: (P − 1)/(M + P − 1), (P − 1)/(v·M
+//             + P − 1) interleaved, (P − 1)/(3M + P − 1) zero-bubble (equal stages, F = B = W, no
 //             communication);
+//   theory    the exported theory (StepMetrics::pipeline_bubble_theory), the stages' mean: the
+//             same for 1F1B and interleaved (their bubble does not depend on how F and B
+//             compare); zero-bubble's ZB-H1 formula at each stage's measured F + B and W
+//             (decision 0067);
 //   async     the same operation lists run as soon as their inputs are there, one core per
 //             stage, each operation taking its stage's measured time for its kind
 //             (StepMetrics::pipeline_op_seconds of the same step: forward, backward, weight, the
@@ -519,7 +523,10 @@ int main(int argc, char** argv) {
         if (slowest < best_seconds) best_seconds = slowest, best = k;
       }
       std::vector<double> step(P), engine(P), drained(P), drained_mean(P), busy(P);
+      // The exported theory, the mean of the stages' (zero-bubble's is at each stage's own
+      // operation times, decision 0067), and the equal-times figure beside it.
       double theory = 0;
+      const double textbook = meshrun::PipelineBubbleTheory(schedule, P, o.micro_batches, v);
       for (int p = 0; p < P; ++p) {
         const RankRecord& rec = *ranks[p];
         std::vector<double> d(rec.step_seconds.size());
@@ -531,7 +538,7 @@ int main(int argc, char** argv) {
         drained[p] = d[best];
         drained_mean[p] = Mean(d);
         busy[p] = step[p] * (1 - drained[p]);
-        theory = Mean(rec.theory);
+        theory += Mean(rec.theory) / P;
       }
       // The op times: each stage's own, measured in the chosen step (StepMetrics::
       // pipeline_op_seconds ÷ pipeline_ops). With more stages than cores a stage's operations are
@@ -584,10 +591,10 @@ int main(int argc, char** argv) {
       auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
       char row[512];
       std::snprintf(row, sizeof(row),
-                    "%-24s %7.3f %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f %6.2f "
-                    "%6.2f  F %.1f, B %.1f, W %.1f, last B %.1f ms (%s)\n",
-                    label.c_str(), Mean(step), 100 * theory, 100 * mean_async, 100 * mean_lockstep,
-                    100 * mean_shared, 100 * mean_engine, 100 * mean_drained,
+                    "%-24s %7.3f %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f "
+                    "%6.2f %6.2f  F %.1f, B %.1f, W %.1f, last B %.1f ms (%s)\n",
+                    label.c_str(), Mean(step), 100 * textbook, 100 * theory, 100 * mean_async,
+                    100 * mean_lockstep, 100 * mean_shared, 100 * mean_engine, 100 * mean_drained,
                     ratio(mean_drained, theory), ratio(mean_drained, mean_shared),
                     ratio(mean_drained, mean_async), 1e3 * mean_op[0], 1e3 * mean_op[1],
                     1e3 * mean_op[2], 1e3 * mean_op[3], source.c_str());
@@ -595,10 +602,11 @@ int main(int argc, char** argv) {
       for (int p = 0; p < P; ++p) {
         std::snprintf(
             row, sizeof(row),
-            "  stage %-16d %7.3f %8s %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f %6.2f %6.2f\n",
-            p, step[p], "", 100 * async[p], 100 * lockstep[p], 100 * shared[p], 100 * engine[p],
-            100 * drained[p], ratio(drained[p], theory), ratio(drained[p], shared[p]),
-            ratio(drained[p], async[p]));
+            "  stage %-16d %7.3f %8s %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %7.1f%% %6.2f %6.2f "
+            "%6.2f\n",
+            p, step[p], "", 100 * Mean(ranks[p]->theory), 100 * async[p], 100 * lockstep[p],
+            100 * shared[p], 100 * engine[p], 100 * drained[p], ratio(drained[p], theory),
+            ratio(drained[p], shared[p]), ratio(drained[p], async[p]));
         table << row;
       }
       std::printf("# %s: %.1f s\n", label.c_str(), wall);
@@ -612,7 +620,8 @@ int main(int argc, char** argv) {
       };
       json << (first_row ? "" : ",") << "{\"pp\":" << P << ",\"schedule\":\"" << name
            << "\",\"virtual_stages\":" << v << ",\"step_seconds\":" << list(step)
-           << ",\"theory\":" << theory << ",\"theory_asynchronous\":" << list(async)
+           << ",\"theory_equal_times\":" << textbook << ",\"theory\":" << theory
+           << ",\"theory_asynchronous\":" << list(async)
            << ",\"theory_timetable\":" << list(lockstep)
            << ",\"theory_timetable_cores\":" << list(shared)
            << ",\"measured_loop\":" << list(engine) << ",\"measured\":" << list(drained)
@@ -627,8 +636,9 @@ int main(int argc, char** argv) {
     }
   }
   json << "]}";
-  std::printf("%-24s %7s %8s %8s %8s %8s %8s %8s %6s %6s %6s\n", "schedule / stage", "step s",
-              "theory", "async", "lockstep", "cores", "loop", "measured", "m/th", "m/core", "m/as");
+  std::printf("%-24s %7s %8s %8s %8s %8s %8s %8s %8s %6s %6s %6s\n", "schedule / stage", "step s",
+              "equal", "theory", "async", "lockstep", "cores", "loop", "measured", "m/th", "m/core",
+              "m/as");
   std::printf("%s%s\n", table.str().c_str(), json.str().c_str());
   std::error_code ec;
   fs::remove_all(dir, ec);

@@ -28,6 +28,12 @@ template <typename T>
 GPT2<T>::GPT2(GPT2Config cfg, bool own_storage)
     : cfg_(cfg), layout_(GPT2ParamLayout(cfg)), units_(GPT2Units(cfg, layout_)) {
   num_params_ = units_.back().offset + units_.back().padded;
+  // Every parameter by its role and layer, once: the math below never looks a name up.
+  layer_handles_.resize(static_cast<size_t>(cfg_.stage_layers()));
+  for (const ParamInfo& p : layout_) {
+    ParamHandles& h = p.layer < 0 ? outer_handles_ : layer_handles_[static_cast<size_t>(p.layer)];
+    h.of[static_cast<size_t>(p.role)] = &p;
+  }
   unit_params_.assign(units_.size(), nullptr);
   unit_grads_.assign(units_.size(), nullptr);
   if (!own_storage) return;
@@ -51,6 +57,12 @@ const ParamInfo* GPT2<T>::FindParam(const std::string& name) const {
     if (p.name == name) return &p;
   }
   return nullptr;
+}
+
+template <typename T>
+const ParamInfo& GPT2<T>::HeadParam() const {
+  const ParamRole r = cfg_.tie_embeddings ? ParamRole::kTokenEmbedding : ParamRole::kHead;
+  return *outer_handles_[r];
 }
 
 template <typename T>
@@ -219,8 +231,7 @@ Status GPT2<T>::Forward(const int32_t* inputs, int B, int Tn, const int32_t* pos
     logits_ = Tensor::Empty({N, V}, ScalarTypeOf<T>(), cfg_.device);
   }
   return ops::MatmulForward(cfg_.device, logits_.template data<T>(), lnf_.template data<T>(),
-                            param(*FindParam(HeadWeightName(cfg_))), static_cast<const T*>(nullptr),
-                            N, C, V);
+                            param(HeadParam()), static_cast<const T*>(nullptr), N, C, V);
 }
 
 template <typename T>
@@ -328,22 +339,23 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   kept_output_ = nullptr;
   MESHRUN_RETURN_IF_ERROR(EnsureChunkActivations());
 
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  using R = ParamRole;
   T* x = encoded_.template data<T>();
   if (ChunkUsesEmbedding()) MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, 0));
   if (first) {
     // The token embedding is vocab-parallel: each tp rank adds its rows, the all-reduce sums
     // them.
-    const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
-    MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsForward(dev, x, tokens_data(), P(table),
-                                                      cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
+    MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsForward(dev, x, tokens_data(),
+                                                      W(-1, R::kTokenEmbedding), cfg_.vocab_first(),
+                                                      cfg_.vocab_rows(), N, C));
     MESHRUN_RETURN_IF_ERROR(TpAllReduce(x, N * C));
     if (cfg_.family().embedding_scale) {  // × √d_model, rounded to the compute dtype (Gemma)
       MESHRUN_RETURN_IF_ERROR(ops::Scale(
           dev, x, N * C, static_cast<double>(static_cast<T>(std::sqrt(static_cast<double>(C))))));
     }
     if (cfg_.family().learned_positions)
-      MESHRUN_RETURN_IF_ERROR(ops::AddRows(dev, x, P("wpe"), positions_data(), N, C));
+      MESHRUN_RETURN_IF_ERROR(
+          ops::AddRows(dev, x, W(-1, R::kPositionEmbedding), positions_data(), N, C));
   } else {
     // A later pipeline stage starts from the previous stage's output.
     if (stage_input == nullptr) return InvalidArgumentError("pipeline stage without its input");
@@ -358,23 +370,15 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
   const int L = cfg_.stage_layers();
   MESHRUN_RETURN_IF_ERROR(Hook(kBeforeForward, L + 1));
   const T* last = le > lb ? acts_[le - 1].res3.template data<T>() : x;
-  const auto [w, b] = NormNames(-1, 0);
   return NormForwardOp(lnf_.template data<T>(), lnf_mean_.template data<T>(),
-                       lnf_rstd_.template data<T>(), last, w, b);
+                       lnf_rstd_.template data<T>(), last, -1, 0);
 }
 
 template <typename T>
-std::pair<std::string, std::string> GPT2<T>::NormNames(int l, int which) const {
-  if (cfg_.llama()) {
-    if (l < 0) return {"norm.weight", ""};
-    return {"layers." + std::to_string(cfg_.GlobalLayer(l)) +
-                (which == 1 ? ".input_layernorm.weight" : ".post_attention_layernorm.weight"),
-            ""};
-  }
-  if (l < 0) return {"ln_f.weight", "ln_f.bias"};
-  const std::string h =
-      "h." + std::to_string(cfg_.GlobalLayer(l)) + (which == 1 ? ".ln_1." : ".ln_2.");
-  return {h + "weight", h + "bias"};
+std::pair<ParamRole, ParamRole> GPT2<T>::NormRoles(int l, int which) {
+  if (l < 0) return {ParamRole::kFinalNormWeight, ParamRole::kFinalNormBias};
+  if (which == 1) return {ParamRole::kNorm1Weight, ParamRole::kNorm1Bias};
+  return {ParamRole::kNorm2Weight, ParamRole::kNorm2Bias};
 }
 
 template <typename T>
@@ -392,35 +396,32 @@ StatusOr<const T*> GPT2<T>::NormWeight(const T* w) {
 }
 
 template <typename T>
-Status GPT2<T>::NormForwardOp(T* out, T* mean, T* rstd, const T* inp, const std::string& weight,
-                              const std::string& bias) {
+Status GPT2<T>::NormForwardOp(T* out, T* mean, T* rstd, const T* inp, int l, int which) {
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
+  const auto [weight, bias] = NormRoles(l, which);
   if (cfg_.family().norm == NormKind::kLayerNorm) {
-    return ops::LayerNormForward(cfg_.device, out, mean, rstd, inp, P(weight), P(bias), N, C,
+    return ops::LayerNormForward(cfg_.device, out, mean, rstd, inp, W(l, weight), W(l, bias), N, C,
                                  cfg_.ln_eps);
   }
-  MESHRUN_ASSIGN_OR_RETURN(const T* w, NormWeight(P(weight)));
+  MESHRUN_ASSIGN_OR_RETURN(const T* w, NormWeight(W(l, weight)));
   return ops::RMSNormForward(cfg_.device, out, rstd, inp, w, N, C, cfg_.ln_eps);
 }
 
 template <typename T>
 Status GPT2<T>::NormBackwardOp(T* dinp, const T* dout, const T* inp, const T* mean, const T* rstd,
-                               const std::string& weight, const std::string& bias, T* dweight,
-                               T* dbias) {
+                               int l, int which, T* dweight, T* dbias) {
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model;
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
-  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
+  const auto [weight, bias] = NormRoles(l, which);
   // Zero-bubble's B sends the parameter gradients to its stash (dweight, dbias) when given.
   if (cfg_.family().norm == NormKind::kLayerNorm) {
-    return ops::LayerNormBackward(cfg_.device, dinp, dweight ? dweight : G(weight),
-                                  dweight ? dbias : G(bias), dout, inp, P(weight), mean, rstd, N,
-                                  C);
+    return ops::LayerNormBackward(cfg_.device, dinp, dweight ? dweight : Grad(l, weight),
+                                  dweight ? dbias : Grad(l, bias), dout, inp, W(l, weight), mean,
+                                  rstd, N, C);
   }
   // ∂/∂w of x̂·(1 + w) is ∂/∂w of x̂·w: the gradient lands on w as it is stored.
-  MESHRUN_ASSIGN_OR_RETURN(const T* w, NormWeight(P(weight)));
-  return ops::RMSNormBackward(cfg_.device, dinp, dweight ? dweight : G(weight), dout, inp, w, rstd,
-                              N, C);
+  MESHRUN_ASSIGN_OR_RETURN(const T* w, NormWeight(W(l, weight)));
+  return ops::RMSNormBackward(cfg_.device, dinp, dweight ? dweight : Grad(l, weight), dout, inp, w,
+                              rstd, N, C);
 }
 
 template <typename T>
@@ -445,9 +446,8 @@ Status GPT2<T>::Norm(int l, int which, LayerActs& a, const T* inp) {
   Tensor& out = which == 1 ? a.ln1 : a.ln2;
   Tensor& mean = which == 1 ? a.ln1_mean : a.ln2_mean;
   Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
-  const auto [w, b] = NormNames(l, which);
   return NormForwardOp(out.template data<T>(), mean.template data<T>(), rstd.template data<T>(),
-                       inp, w, b);
+                       inp, l, which);
 }
 
 template <typename T>
@@ -455,8 +455,7 @@ Status GPT2<T>::NormBackward(int l, int which, LayerActs& a, const T* inp, T* di
                              T* dweight, T* dbias) {
   const Tensor& mean = which == 1 ? a.ln1_mean : a.ln2_mean;
   const Tensor& rstd = which == 1 ? a.ln1_rstd : a.ln2_rstd;
-  const auto [w, b] = NormNames(l, which);
-  return NormBackwardOp(dinp, dout, inp, mean.template data<T>(), rstd.template data<T>(), w, b,
+  return NormBackwardOp(dinp, dout, inp, mean.template data<T>(), rstd.template data<T>(), l, which,
                         dweight, dbias);
 }
 
@@ -465,30 +464,22 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
   const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = AttnWidth(),
                 Fl = cfg_.ff() / cfg_.tp_size;
-  const bool llama = cfg_.llama();
   const T* none = nullptr;
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
-  auto Popt = [&](const std::string& name) -> const T* {
-    const ParamInfo* p = FindParam(name);
-    return p != nullptr ? param(*p) : nullptr;
-  };
+  using R = ParamRole;
   LayerActs& a = acts_[l];
-  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
   // Attention block: qkv is column parallel (this rank's heads), the output projection row
   // parallel.
   MESHRUN_RETURN_IF_ERROR(Norm(l, 1, a, residual));
-  MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(
-      dev, qkv_.template data<T>(), a.ln1.template data<T>(),
-      P(h + (llama ? "self_attn.qkv.weight" : "attn.c_attn.weight")),
-      Popt(h + (llama ? "self_attn.qkv.bias" : "attn.c_attn.bias")), N, C, QkvWidth()));
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, qkv_.template data<T>(), a.ln1.template data<T>(),
+                                             W(l, R::kQkvWeight), W(l, R::kQkvBias), N, C,
+                                             QkvWidth()));
   MESHRUN_RETURN_IF_ERROR(AttentionForward(a));
   T* attproj = dln_.template data<T>();  // scratch: attproj is not needed for backward
-  MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(
-      dev, attproj, a.atty.template data<T>(),
-      P(h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight")), none, N, Cl, C));
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, attproj, a.atty.template data<T>(),
+                                             W(l, R::kOutWeight), none, N, Cl, C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(attproj, N * C));
   if (cfg_.family().linear_biases)
-    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, attproj, P(h + "attn.c_proj.bias"), N, C));
+    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, attproj, W(l, R::kOutBias), N, C));
   MESHRUN_RETURN_IF_ERROR(
       ops::ResidualForward(dev, a.res2.template data<T>(), residual, attproj, N * C));
   // MLP block: fc (gate|up) column parallel, proj (down) row parallel.
@@ -496,23 +487,23 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
   T* fcproj = dln_.template data<T>();
   if (cfg_.gated_mlp()) {
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, a.fch.template data<T>(),
-                                               a.ln2.template data<T>(),
-                                               P(h + "mlp.gate_up.weight"), none, N, C, 2 * Fl));
+                                               a.ln2.template data<T>(), W(l, R::kUpWeight), none,
+                                               N, C, 2 * Fl));
     MESHRUN_RETURN_IF_ERROR(
         GatedForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
-                                               P(h + "mlp.down_proj.weight"), none, N, Fl, C));
+                                               W(l, R::kDownWeight), none, N, Fl, C));
     MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
   } else {
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, a.fch.template data<T>(),
-                                               a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"),
-                                               P(h + "mlp.c_fc.bias"), N, C, Fl));
+                                               a.ln2.template data<T>(), W(l, R::kUpWeight),
+                                               W(l, R::kUpBias), N, C, Fl));
     MESHRUN_RETURN_IF_ERROR(
         ops::GeluForward(dev, a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
-                                               P(h + "mlp.c_proj.weight"), none, N, Fl, C));
+                                               W(l, R::kDownWeight), none, N, Fl, C));
     MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
-    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, fcproj, P(h + "mlp.c_proj.bias"), N, C));
+    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, fcproj, W(l, R::kDownBias), N, C));
   }
   return ops::ResidualForward(dev, a.res3.template data<T>(), a.res2.template data<T>(), fcproj,
                               N * C);
@@ -546,7 +537,7 @@ StatusOr<double> GPT2<T>::HeadLoss(const int32_t* host_targets, bool with_grad, 
   const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, V = cfg_.vocab_rows();
   const int64_t first = cfg_.vocab_first();
-  const ParamInfo& head = *FindParam(HeadWeightName(cfg_));
+  const ParamInfo& head = HeadParam();
   const T* w = param(head);
   T* dw = with_grad ? grad(head) : nullptr;
   T* losses = losses_.template data<T>();
@@ -780,7 +771,6 @@ Status GPT2<T>::Backward(const T* output_grad) {
   const int L = cfg_.stage_layers();
   const auto [lb, le] = ChunkLayers();
   const bool last_chunk = ChunkLast();
-  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
 
@@ -791,9 +781,8 @@ Status GPT2<T>::Backward(const T* output_grad) {
   if (!last_chunk) {
     MESHRUN_RETURN_IF_ERROR(ops::Copy(dev, dres, output_grad, sizeof(T) * N * C));
   } else {
-    const auto [w, b] = NormNames(-1, 0);
     MESHRUN_RETURN_IF_ERROR(NormBackwardOp(dres, dln, last, lnf_mean_.template data<T>(),
-                                           lnf_rstd_.template data<T>(), w, b));
+                                           lnf_rstd_.template data<T>(), -1, 0));
   }
   if (last_chunk) MESHRUN_RETURN_IF_ERROR(Hook(kAfterBackward, L + 1));
 
@@ -820,17 +809,18 @@ Status GPT2<T>::Backward(const T* output_grad) {
   // A later pipeline stage ends here: dres is the gradient of its input, sent upstream.
   if (ChunkFirst()) {
     // dres is the same on every tp rank: each adds it to its own vocabulary rows.
-    const std::string table = cfg_.llama() ? "embed_tokens" : "wte";
     if (cfg_.family().embedding_scale) {  // the forward's × √d_model
       MESHRUN_RETURN_IF_ERROR(
           ops::Scale(dev, dres, N * C,
                      static_cast<double>(static_cast<T>(std::sqrt(static_cast<double>(C))))));
     }
-    MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(
-        dev, G(table), dres, tokens_data(), cfg_.vocab_first(), cfg_.vocab_rows(), N, C));
+    MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(dev, Grad(-1, ParamRole::kTokenEmbedding),
+                                                       dres, tokens_data(), cfg_.vocab_first(),
+                                                       cfg_.vocab_rows(), N, C));
     if (cfg_.family().learned_positions) {
-      MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsBackward(dev, G("wpe"), dres, positions_data(), 0,
-                                                         cfg_.max_seq_len, N, C));
+      MESHRUN_RETURN_IF_ERROR(
+          ops::EmbeddingRowsBackward(dev, Grad(-1, ParamRole::kPositionEmbedding), dres,
+                                     positions_data(), 0, cfg_.max_seq_len, N, C));
     }
   }
   return ChunkUsesEmbedding() ? Hook(kAfterBackward, 0) : OkStatus();
@@ -841,19 +831,12 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = AttnWidth(),
                 Fl = cfg_.ff() / cfg_.tp_size;
-  const bool llama = cfg_.llama();
   T* const no_grad = nullptr;
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
-  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
-  auto Gopt = [&](const std::string& name) -> T* {
-    const ParamInfo* p = FindParam(name);
-    return p != nullptr ? grad(*p) : nullptr;
-  };
+  using R = ParamRole;
   auto zero = [&](const Tensor& t) { return ops::Zero(dev, t.raw(), t.nbytes()); };
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
   LayerActs& a = acts_[l];
-  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
   // MLP block: res3 = res2 + proj(act(fc(norm2(res2)))); dres flows to res2 unchanged. Each
   // input gradient's first write overwrites its buffer (no zeroing pass); the gated MLPs'
   // backward accumulates, so dfch_ starts from zero there.
@@ -861,39 +844,37 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   if (cfg_.gated_mlp()) MESHRUN_RETURN_IF_ERROR(zero(dfch_));
   if (cfg_.gated_mlp()) {
     MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
-        dev, dfch_gelu_.template data<T>(), G(h + "mlp.down_proj.weight"), no_grad, dres,
-        a.fch_gelu.template data<T>(), P(h + "mlp.down_proj.weight"), N, Fl, C, overwrite));
+        dev, dfch_gelu_.template data<T>(), Grad(l, R::kDownWeight), no_grad, dres,
+        a.fch_gelu.template data<T>(), W(l, R::kDownWeight), N, Fl, C, overwrite));
     MESHRUN_RETURN_IF_ERROR(GatedBackward(dfch_.template data<T>(), a.fch.template data<T>(),
                                           dfch_gelu_.template data<T>(), N, Fl));
-    MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
-        dev, dln, G(h + "mlp.gate_up.weight"), no_grad, dfch_.template data<T>(),
-        a.ln2.template data<T>(), P(h + "mlp.gate_up.weight"), N, C, 2 * Fl, overwrite));
+    MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, Grad(l, R::kUpWeight), no_grad,
+                                                dfch_.template data<T>(), a.ln2.template data<T>(),
+                                                W(l, R::kUpWeight), N, C, 2 * Fl, overwrite));
   } else {
-    MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "mlp.c_proj.bias"), dres, N, C));
+    MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, Grad(l, R::kDownBias), dres, N, C));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
-        dev, dfch_gelu_.template data<T>(), G(h + "mlp.c_proj.weight"), no_grad, dres,
-        a.fch_gelu.template data<T>(), P(h + "mlp.c_proj.weight"), N, Fl, C, overwrite));
+        dev, dfch_gelu_.template data<T>(), Grad(l, R::kDownWeight), no_grad, dres,
+        a.fch_gelu.template data<T>(), W(l, R::kDownWeight), N, Fl, C, overwrite));
     MESHRUN_RETURN_IF_ERROR(ops::GeluBackward(dev, dfch_.template data<T>(),
                                               a.fch.template data<T>(),
                                               dfch_gelu_.template data<T>(), N * Fl, overwrite));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
-        dev, dln, G(h + "mlp.c_fc.weight"), G(h + "mlp.c_fc.bias"), dfch_.template data<T>(),
-        a.ln2.template data<T>(), P(h + "mlp.c_fc.weight"), N, C, Fl, overwrite));
+        dev, dln, Grad(l, R::kUpWeight), Grad(l, R::kUpBias), dfch_.template data<T>(),
+        a.ln2.template data<T>(), W(l, R::kUpWeight), N, C, Fl, overwrite));
   }
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
   MESHRUN_RETURN_IF_ERROR(NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln));
   // Attention block: res2 = residual + proj(attn(qkv(norm1(residual)))).
   if (cfg_.family().linear_biases)
-    MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "attn.c_proj.bias"), dres, N, C));
-  const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
-  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, datty_.template data<T>(), G(o), no_grad, dres,
-                                              a.atty.template data<T>(), P(o), N, Cl, C,
-                                              overwrite));
-  MESHRUN_RETURN_IF_ERROR(AttentionBackward(a));
-  const std::string qkv = h + (llama ? "self_attn.qkv." : "attn.c_attn.");
-  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, G(qkv + "weight"), Gopt(qkv + "bias"),
-                                              dqkv_.template data<T>(), a.ln1.template data<T>(),
-                                              P(qkv + "weight"), N, C, QkvWidth(), overwrite));
+    MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, Grad(l, R::kOutBias), dres, N, C));
+  MESHRUN_RETURN_IF_ERROR(
+      ops::MatmulBackward(dev, datty_.template data<T>(), Grad(l, R::kOutWeight), no_grad, dres,
+                          a.atty.template data<T>(), W(l, R::kOutWeight), N, Cl, C, overwrite));
+  MESHRUN_RETURN_IF_ERROR(AttentionBackward(a, dqkv_.template data<T>()));
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
+      dev, dln, Grad(l, R::kQkvWeight), Grad(l, R::kQkvBias), dqkv_.template data<T>(),
+      a.ln1.template data<T>(), W(l, R::kQkvWeight), N, C, QkvWidth(), overwrite));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
   return NormBackward(l, 1, a, residual, dres, dln);
 }

@@ -4,6 +4,7 @@
 // engine/ops/ops.h, so the same model runs on cpu and cuda (GPT2Config::device).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -131,8 +132,35 @@ struct Box {
 
 // One parameter tensor, as this tp rank holds it: `offset` places it in the flat layout (the
 // own-storage buffer; under FSDP, its unit's gathered buffer at offset − unit offset).
+// What a parameter is to the transformer, whatever the architecture names it (GPT-2's
+// "h.3.mlp.c_fc.weight" and Llama's "layers.3.mlp.gate_up.weight" are both kUpWeight of layer
+// 3). The layout (GPT2ParamLayout) gives every parameter its role; the model resolves its
+// parameters by role once, at construction (GPT2::ParamHandles), and never by name.
+enum class ParamRole {
+  kTokenEmbedding,
+  kPositionEmbedding,
+  kNorm1Weight,  // the norm before attention
+  kNorm1Bias,
+  kQkvWeight,  // the fused q|k|v projection
+  kQkvBias,
+  kOutWeight,  // attention's output projection
+  kOutBias,
+  kNorm2Weight,  // the norm before the MLP
+  kNorm2Bias,
+  kUpWeight,  // the MLP's first projection (fused gate|up when gated)
+  kUpBias,
+  kDownWeight,  // the MLP's second projection
+  kDownBias,
+  kFinalNormWeight,
+  kFinalNormBias,
+  kHead,  // the untied head (tied: the token embedding is the head)
+  kCount
+};
+
 struct ParamInfo {
-  std::string name;                   // e.g. "h.0.attn.c_attn.weight" (docs/model.md)
+  std::string name;  // e.g. "h.0.attn.c_attn.weight" (docs/model.md)
+  ParamRole role = ParamRole::kTokenEmbedding;
+  int layer = -1;                     // the stage's local layer index; -1 outside the blocks
   std::vector<int64_t> shape;         // local shape; PyTorch layout, Linear weights (out, in)
   std::vector<int64_t> global_shape;  // the whole tensor
   // The boxes of the global tensor this rank holds; the local tensor is their row-major
@@ -230,6 +258,7 @@ class GPT2 {
 
   const GPT2Config& config() const { return cfg_; }
   const std::vector<ParamInfo>& params() const { return layout_; }
+  // By name, a linear scan (checkpoints, tests); the model's own reads go through handles.
   const ParamInfo* FindParam(const std::string& name) const;
   int64_t num_params() const { return num_params_; }
   bool owns_storage() const { return params_.defined(); }
@@ -389,7 +418,8 @@ class GPT2 {
   // Attention of one layer over local queries and (under cp) every rank's keys; split_qkv
   // first splits qkv_ into a.q, a.k, a.v (false: they are kept from the forward).
   Status AttentionForward(LayerActs& a, bool split_qkv = true);
-  Status AttentionBackward(LayerActs& a);
+  // The merged q, k, v gradient goes to dqkv (dqkv_, or zero-bubble's stash).
+  Status AttentionBackward(LayerActs& a, T* dqkv);
   // Sum over the tp group (after row-parallel layers in forward, column-parallel in backward).
   Status TpAllReduce(T* data, int64_t count);
   // The UnitHooks call Hook makes (gpt2.cc).
@@ -414,15 +444,13 @@ class GPT2 {
   // The weight a norm multiplies by: `w` itself, or 1 + w in norm_weight_ for the (1 + w)
   // RMSNorm (its gradient is w's).
   StatusOr<const T*> NormWeight(const T* w);
-  // A norm of the family's kind over N rows of d_model: weight (and LayerNorm's bias) by name.
-  Status NormForwardOp(T* out, T* mean, T* rstd, const T* inp, const std::string& weight,
-                       const std::string& bias);
-  Status NormBackwardOp(T* dinp, const T* dout, const T* inp, const T* mean, const T* rstd,
-                        const std::string& weight, const std::string& bias, T* dweight = nullptr,
-                        T* dbias = nullptr);
-  // The names of layer l's norm before attention (which 1) or the MLP (2), and of the final
-  // norm: weight and (LayerNorm) bias.
-  std::pair<std::string, std::string> NormNames(int l, int which) const;
+  // A norm of the family's kind over N rows of d_model: layer l's before attention (which 1)
+  // or the MLP (2), or (l = −1) the final norm.
+  Status NormForwardOp(T* out, T* mean, T* rstd, const T* inp, int l, int which);
+  Status NormBackwardOp(T* dinp, const T* dout, const T* inp, const T* mean, const T* rstd, int l,
+                        int which, T* dweight = nullptr, T* dbias = nullptr);
+  // The roles of that norm's weight and bias.
+  static std::pair<ParamRole, ParamRole> NormRoles(int l, int which);
   // The gated MLP's activation (SwiGLU or GeGLU) of fc's gate|up rows, forward and backward.
   Status GatedForward(T* out, const T* gate_up, int64_t N, int64_t F);
   Status GatedBackward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int64_t F);
@@ -444,9 +472,33 @@ class GPT2 {
   Status NormBackward(int l, int which, LayerActs& a, const T* inp, T* dinp, const T* dout,
                       T* dweight = nullptr, T* dbias = nullptr);
 
+  // The parameters of one layer (or of the embedding and final units) by role, resolved from
+  // the layout at construction; null where the architecture has none (a bias-free Llama).
+  struct ParamHandles {
+    std::array<const ParamInfo*, static_cast<size_t>(ParamRole::kCount)> of{};
+    const ParamInfo* operator[](ParamRole r) const { return of[static_cast<size_t>(r)]; }
+  };
+  // Parameter (weights) or gradient of role r of local layer l (−1: the embedding and final
+  // units'); one the architecture lacks is null.
+  const T* W(int l, ParamRole r) {
+    const ParamInfo* p = Handles(l)[r];
+    return p != nullptr ? param(*p) : nullptr;
+  }
+  T* Grad(int l, ParamRole r) {
+    const ParamInfo* p = Handles(l)[r];
+    return p != nullptr ? grad(*p) : nullptr;
+  }
+  const ParamHandles& Handles(int l) const {
+    return l < 0 ? outer_handles_ : layer_handles_[static_cast<size_t>(l)];
+  }
+  // The head's weight: the token embedding when tied.
+  const ParamInfo& HeadParam() const;
+
   GPT2Config cfg_;
   std::vector<ParamInfo> layout_;
   std::vector<UnitInfo> units_;
+  ParamHandles outer_handles_;               // embedding, positions, final norm, head
+  std::vector<ParamHandles> layer_handles_;  // per local layer
   const ModelParallel* par_ = nullptr;
   std::vector<T> rope_host_;  // [cos | sin], (T_, head_dim/2) each, this forward's positions
   Tensor rope_;               // the same on the device

@@ -150,7 +150,7 @@ Status GPT2<T>::AttentionForward(LayerActs& a, bool split_qkv) {
 }
 
 template <typename T>
-Status GPT2<T>::AttentionBackward(LayerActs& a) {
+Status GPT2<T>::AttentionBackward(LayerActs& a, T* dqkv) {
   const Device dev = cfg_.device;
   const int64_t B = B_, Tn = T_, Hl = cfg_.n_head / cfg_.tp_size, D = cfg_.head_dim();
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -229,8 +229,7 @@ Status GPT2<T>::AttentionBackward(LayerActs& a) {
     MESHRUN_RETURN_IF_ERROR(Rope(dq, /*backward=*/true));
     MESHRUN_RETURN_IF_ERROR(Rope(dk, /*backward=*/true));
   }
-  return ops::MergeQkvGrads(dev, dqkv_.template data<T>(), dq, dk, dv, B, Tn, Hl,
-                            cfg_.kv_heads() / cfg_.tp_size, D);
+  return ops::MergeQkvGrads(dev, dqkv, dq, dk, dv, B, Tn, Hl, cfg_.kv_heads() / cfg_.tp_size, D);
 }
 
 template Status GPT2<float>::Rope(float*, bool);
@@ -239,7 +238,7 @@ template Status GPT2<float>::PrepareCpPositions();
 template Status GPT2<double>::PrepareCpPositions();
 template Status GPT2<float>::AttentionForward(GPT2<float>::LayerActs&, bool);
 template Status GPT2<double>::AttentionForward(GPT2<double>::LayerActs&, bool);
-template Status GPT2<float>::AttentionBackward(GPT2<float>::LayerActs&);
-template Status GPT2<double>::AttentionBackward(GPT2<double>::LayerActs&);
+template Status GPT2<float>::AttentionBackward(GPT2<float>::LayerActs&, float*);
+template Status GPT2<double>::AttentionBackward(GPT2<double>::LayerActs&, double*);
 
 }  // namespace meshrun

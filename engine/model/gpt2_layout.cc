@@ -58,10 +58,14 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   int64_t offset = 0;
   int unit = 0;
   // A parameter holding `boxes` of a tensor of `global` shape, concatenated along dim 0.
-  auto add = [&](std::string name, std::vector<int64_t> global, std::vector<Box> boxes, double std,
-                 double value) {
+  int layer = -1;  // the local layer being laid out (-1: the embedding and final units)
+  using R = ParamRole;
+  auto add = [&](R role, std::string name, std::vector<int64_t> global, std::vector<Box> boxes,
+                 double std, double value) {
     ParamInfo p;
     p.name = std::move(name);
+    p.role = role;
+    p.layer = layer;
     p.global_shape = global;
     if (boxes.empty()) boxes.push_back({std::vector<int64_t>(global.size(), 0), global});
     p.shape = boxes[0].shape;
@@ -108,52 +112,60 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   const bool embedding = cfg.holds_embedding(), last = cfg.stage_last;
   if (!cfg.llama()) {
     if (embedding) {
-      add("wte", {V, C}, vocab_rows, w_std, 0);
+      add(R::kTokenEmbedding, "wte", {V, C}, vocab_rows, w_std, 0);
       // A tied last stage holds the position table too (unused there), so that its embedding
       // unit is laid out, sharded and updated exactly as the first stage's (decision 0054).
-      add("wpe", {cfg.max_seq_len, C}, {}, w_std, 0);
+      add(R::kPositionEmbedding, "wpe", {cfg.max_seq_len, C}, {}, w_std, 0);
     }
     end_unit();
     for (int64_t l : stage_layers) {
+      ++layer;
       const std::string h = "h." + std::to_string(l) + ".";
-      add(h + "ln_1.weight", {C}, {}, 0, 1);
-      add(h + "ln_1.bias", {C}, {}, 0, 0);
-      add(h + "attn.c_attn.weight", {Wqkv, C}, qkv_w, w_std, 0);
-      add(h + "attn.c_attn.bias", {Wqkv}, qkv_b, 0, 0);
-      add(h + "attn.c_proj.weight", {C, Cq}, {Box{{0, t * Hl * D}, {C, Hl * D}}}, proj_std, 0);
-      add(h + "attn.c_proj.bias", {C}, {}, 0, 0);
-      add(h + "ln_2.weight", {C}, {}, 0, 1);
-      add(h + "ln_2.bias", {C}, {}, 0, 0);
-      add(h + "mlp.c_fc.weight", {F, C}, {rows(t * Fl, Fl, C)}, w_std, 0);
-      add(h + "mlp.c_fc.bias", {F}, {Box{{t * Fl}, {Fl}}}, 0, 0);
-      add(h + "mlp.c_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std, 0);
-      add(h + "mlp.c_proj.bias", {C}, {}, 0, 0);
+      add(R::kNorm1Weight, h + "ln_1.weight", {C}, {}, 0, 1);
+      add(R::kNorm1Bias, h + "ln_1.bias", {C}, {}, 0, 0);
+      add(R::kQkvWeight, h + "attn.c_attn.weight", {Wqkv, C}, qkv_w, w_std, 0);
+      add(R::kQkvBias, h + "attn.c_attn.bias", {Wqkv}, qkv_b, 0, 0);
+      add(R::kOutWeight, h + "attn.c_proj.weight", {C, Cq}, {Box{{0, t * Hl * D}, {C, Hl * D}}},
+          proj_std, 0);
+      add(R::kOutBias, h + "attn.c_proj.bias", {C}, {}, 0, 0);
+      add(R::kNorm2Weight, h + "ln_2.weight", {C}, {}, 0, 1);
+      add(R::kNorm2Bias, h + "ln_2.bias", {C}, {}, 0, 0);
+      add(R::kUpWeight, h + "mlp.c_fc.weight", {F, C}, {rows(t * Fl, Fl, C)}, w_std, 0);
+      add(R::kUpBias, h + "mlp.c_fc.bias", {F}, {Box{{t * Fl}, {Fl}}}, 0, 0);
+      add(R::kDownWeight, h + "mlp.c_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std,
+          0);
+      add(R::kDownBias, h + "mlp.c_proj.bias", {C}, {}, 0, 0);
       end_unit();
     }
+    layer = -1;
     if (last) {
-      add("ln_f.weight", {C}, {}, 0, 1);
-      add("ln_f.bias", {C}, {}, 0, 0);
+      add(R::kFinalNormWeight, "ln_f.weight", {C}, {}, 0, 1);
+      add(R::kFinalNormBias, "ln_f.bias", {C}, {}, 0, 0);
     }
   } else {
     // A (1 + w) RMSNorm stores w: 0 is the identity scale.
     const double norm_init = cfg.family().norm == NormKind::kRMSNormOnePlus ? 0 : 1;
-    if (embedding) add("embed_tokens", {V, C}, vocab_rows, w_std, 0);
+    if (embedding) add(R::kTokenEmbedding, "embed_tokens", {V, C}, vocab_rows, w_std, 0);
     end_unit();
     for (int64_t l : stage_layers) {
+      ++layer;
       const std::string h = "layers." + std::to_string(l) + ".";
-      add(h + "input_layernorm.weight", {C}, {}, 0, norm_init);
-      add(h + "self_attn.qkv.weight", {Wqkv, C}, qkv_w, w_std, 0);
-      if (cfg.attention_bias) add(h + "self_attn.qkv.bias", {Wqkv}, qkv_b, 0, 0);
-      add(h + "self_attn.o_proj.weight", {C, Cq}, {Box{{0, t * Hl * D}, {C, Hl * D}}}, proj_std, 0);
-      add(h + "post_attention_layernorm.weight", {C}, {}, 0, norm_init);
-      add(h + "mlp.gate_up.weight", {2 * F, C}, {rows(t * Fl, Fl, C), rows(F + t * Fl, Fl, C)},
-          w_std, 0);
-      add(h + "mlp.down_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std, 0);
+      add(R::kNorm1Weight, h + "input_layernorm.weight", {C}, {}, 0, norm_init);
+      add(R::kQkvWeight, h + "self_attn.qkv.weight", {Wqkv, C}, qkv_w, w_std, 0);
+      if (cfg.attention_bias) add(R::kQkvBias, h + "self_attn.qkv.bias", {Wqkv}, qkv_b, 0, 0);
+      add(R::kOutWeight, h + "self_attn.o_proj.weight", {C, Cq},
+          {Box{{0, t * Hl * D}, {C, Hl * D}}}, proj_std, 0);
+      add(R::kNorm2Weight, h + "post_attention_layernorm.weight", {C}, {}, 0, norm_init);
+      add(R::kUpWeight, h + "mlp.gate_up.weight", {2 * F, C},
+          {rows(t * Fl, Fl, C), rows(F + t * Fl, Fl, C)}, w_std, 0);
+      add(R::kDownWeight, h + "mlp.down_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std,
+          0);
       end_unit();
     }
-    if (last) add("norm.weight", {C}, {}, 0, norm_init);
+    layer = -1;
+    if (last) add(R::kFinalNormWeight, "norm.weight", {C}, {}, 0, norm_init);
   }
-  if (last && !cfg.tie_embeddings) add("lm_head", {V, C}, vocab_rows, w_std, 0);
+  if (last && !cfg.tie_embeddings) add(R::kHead, "lm_head", {V, C}, vocab_rows, w_std, 0);
   end_unit();
   return out;
 }

@@ -111,43 +111,38 @@ Status GPT2<T>::BlockBackwardInput(int l, const T* residual, T* stash) {
   const Device dev = cfg_.device;
   const int64_t N = static_cast<int64_t>(B_) * T_, C = cfg_.d_model, Cl = AttnWidth(),
                 Fl = cfg_.ff() / cfg_.tp_size;
-  const bool llama = cfg_.llama();  // the parameters' names
   const bool gated = cfg_.gated_mlp(), layer_norm = cfg_.family().norm == NormKind::kLayerNorm;
   const int64_t Gl = gated ? 2 * Fl : Fl;
   const LayerStash s = LayerStashLayout(N);
   T* const none = nullptr;
-  auto P = [&](const std::string& name) { return param(*FindParam(name)); };
-  auto zero = [&](const Tensor& t) { return ops::Zero(dev, t.raw(), t.nbytes()); };
+  using R = ParamRole;
   auto keep = [&](int64_t at, const T* src, int64_t n) {
     return ops::Copy(dev, stash + at, src, sizeof(T) * n);
   };
   T* dres = dres_.template data<T>();
   T* dln = dln_.template data<T>();
   LayerActs& a = acts_[l];
-  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
   MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, stash + s.norms, sizeof(T) * (s.numel - s.norms)));
   // MLP block: the proj's (down's) output gradient is dres, its input the activation.
   MESHRUN_RETURN_IF_ERROR(keep(s.dmlp, dres, N * C));
   MESHRUN_RETURN_IF_ERROR(keep(s.act, a.fch_gelu.template data<T>(), N * Fl));
   const bool overwrite = false;  // the ops' accumulate flag (BlockBackward)
-  if (gated) MESHRUN_RETURN_IF_ERROR(zero(dfch_));
-  const std::string down = h + (gated ? "mlp.down_proj.weight" : "mlp.c_proj.weight");
+  // The up projection's output gradient is computed where W reads it: in the stash, not copied
+  // there (BlockBackward's dfch_ otherwise).
+  T* dfc = stash + s.dfc;
+  if (gated) MESHRUN_RETURN_IF_ERROR(ops::Zero(dev, dfc, sizeof(T) * N * Gl));
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dfch_gelu_.template data<T>(), none, none, dres,
-                                              a.fch_gelu.template data<T>(), P(down), N, Fl, C,
-                                              overwrite));
+                                              a.fch_gelu.template data<T>(), W(l, R::kDownWeight),
+                                              N, Fl, C, overwrite));
   if (gated) {
-    MESHRUN_RETURN_IF_ERROR(GatedBackward(dfch_.template data<T>(), a.fch.template data<T>(),
-                                          dfch_gelu_.template data<T>(), N, Fl));
+    MESHRUN_RETURN_IF_ERROR(
+        GatedBackward(dfc, a.fch.template data<T>(), dfch_gelu_.template data<T>(), N, Fl));
   } else {
-    MESHRUN_RETURN_IF_ERROR(ops::GeluBackward(dev, dfch_.template data<T>(),
-                                              a.fch.template data<T>(),
+    MESHRUN_RETURN_IF_ERROR(ops::GeluBackward(dev, dfc, a.fch.template data<T>(),
                                               dfch_gelu_.template data<T>(), N * Fl, overwrite));
   }
-  const std::string up = h + (gated ? "mlp.gate_up.weight" : "mlp.c_fc.weight");
-  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dfch_.template data<T>(),
-                                              a.ln2.template data<T>(), P(up), N, C, Gl,
-                                              overwrite));
-  MESHRUN_RETURN_IF_ERROR(keep(s.dfc, dfch_.template data<T>(), N * Gl));
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dfc, a.ln2.template data<T>(),
+                                              W(l, R::kUpWeight), N, C, Gl, overwrite));
   MESHRUN_RETURN_IF_ERROR(keep(s.ln2, a.ln2.template data<T>(), N * C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
   T* norm2 = stash + s.norms + (layer_norm ? 2 * C : C);
@@ -156,16 +151,14 @@ Status GPT2<T>::BlockBackwardInput(int l, const T* residual, T* stash) {
   // Attention block: the output projection's output gradient is dres now.
   MESHRUN_RETURN_IF_ERROR(keep(s.dattn, dres, N * C));
   MESHRUN_RETURN_IF_ERROR(keep(s.atty, a.atty.template data<T>(), N * Cl));
-  const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, datty_.template data<T>(), none, none, dres,
-                                              a.atty.template data<T>(), P(o), N, Cl, C,
-                                              overwrite));
-  MESHRUN_RETURN_IF_ERROR(AttentionBackward(a));
-  const std::string qkv = h + (llama ? "self_attn.qkv." : "attn.c_attn.");
-  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dqkv_.template data<T>(),
-                                              a.ln1.template data<T>(), P(qkv + "weight"), N, C,
-                                              QkvWidth(), overwrite));
-  MESHRUN_RETURN_IF_ERROR(keep(s.dqkv, dqkv_.template data<T>(), N * QkvWidth()));
+                                              a.atty.template data<T>(), W(l, R::kOutWeight), N, Cl,
+                                              C, overwrite));
+  // The qkv projection's output gradient likewise straight into the stash.
+  T* dqkv = stash + s.dqkv;
+  MESHRUN_RETURN_IF_ERROR(AttentionBackward(a, dqkv));
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dqkv, a.ln1.template data<T>(),
+                                              W(l, R::kQkvWeight), N, C, QkvWidth(), overwrite));
   MESHRUN_RETURN_IF_ERROR(keep(s.ln1, a.ln1.template data<T>(), N * C));
   MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
   T* norm1 = stash + s.norms;
@@ -178,52 +171,39 @@ Status GPT2<T>::BlockBackwardWeight(int l, int64_t N, const T* stash) {
   // weights are not read (MatmulBackward without dinp).
   const Device dev = cfg_.device;
   const int64_t C = cfg_.d_model, Cl = AttnWidth(), Fl = cfg_.ff() / cfg_.tp_size;
-  const bool llama = cfg_.llama();  // the parameters' names
   const bool gated = cfg_.gated_mlp(), layer_norm = cfg_.family().norm == NormKind::kLayerNorm;
   const int64_t Gl = gated ? 2 * Fl : Fl;
   const LayerStash s = LayerStashLayout(N);
   T* const none = nullptr;
   const T* no_weight = nullptr;
-  auto G = [&](const std::string& name) { return grad(*FindParam(name)); };
-  auto Gopt = [&](const std::string& name) -> T* {
-    const ParamInfo* p = FindParam(name);
-    return p != nullptr ? grad(*p) : nullptr;
-  };
-  const std::string h = (llama ? "layers." : "h.") + std::to_string(cfg_.GlobalLayer(l)) + ".";
+  using R = ParamRole;
   // MLP block.
   if (!gated)
-    MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, G(h + "mlp.c_proj.bias"), stash + s.dmlp, N, C));
-  const std::string down = h + (gated ? "mlp.down_proj.weight" : "mlp.c_proj.weight");
-  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(down), none, stash + s.dmlp,
-                                              stash + s.act, no_weight, N, Fl, C));
-  const std::string up = h + (gated ? "mlp.gate_up.weight" : "mlp.c_fc.weight");
-  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(up),
-                                              gated ? none : G(h + "mlp.c_fc.bias"), stash + s.dfc,
+    MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, Grad(l, R::kDownBias), stash + s.dmlp, N, C));
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, Grad(l, R::kDownWeight), none,
+                                              stash + s.dmlp, stash + s.act, no_weight, N, Fl, C));
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, Grad(l, R::kUpWeight),
+                                              gated ? none : Grad(l, R::kUpBias), stash + s.dfc,
                                               stash + s.ln2, no_weight, N, C, Gl));
   const T* norms = stash + s.norms;
   if (!layer_norm) {
-    MESHRUN_RETURN_IF_ERROR(
-        ops::Accumulate(dev, G(h + "post_attention_layernorm.weight"), norms + C, C));
+    MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, Grad(l, R::kNorm2Weight), norms + C, C));
   } else {
-    MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, G(h + "ln_2.weight"), norms + 2 * C, C));
-    MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, G(h + "ln_2.bias"), norms + 3 * C, C));
+    MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, Grad(l, R::kNorm2Weight), norms + 2 * C, C));
+    MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, Grad(l, R::kNorm2Bias), norms + 3 * C, C));
   }
   // Attention block.
   if (cfg_.family().linear_biases)
-    MESHRUN_RETURN_IF_ERROR(
-        ops::BiasBackward(dev, G(h + "attn.c_proj.bias"), stash + s.dattn, N, C));
-  const std::string o = h + (llama ? "self_attn.o_proj.weight" : "attn.c_proj.weight");
-  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(o), none, stash + s.dattn,
-                                              stash + s.atty, no_weight, N, Cl, C));
-  const std::string qkv = h + (llama ? "self_attn.qkv." : "attn.c_attn.");
-  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, G(qkv + "weight"), Gopt(qkv + "bias"),
-                                              stash + s.dqkv, stash + s.ln1, no_weight, N, C,
-                                              QkvWidth()));
-  if (!layer_norm) {
-    return ops::Accumulate(dev, G(h + "input_layernorm.weight"), norms, C);
-  }
-  MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, G(h + "ln_1.weight"), norms, C));
-  return ops::Accumulate(dev, G(h + "ln_1.bias"), norms + C, C);
+    MESHRUN_RETURN_IF_ERROR(ops::BiasBackward(dev, Grad(l, R::kOutBias), stash + s.dattn, N, C));
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, Grad(l, R::kOutWeight), none,
+                                              stash + s.dattn, stash + s.atty, no_weight, N, Cl,
+                                              C));
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, none, Grad(l, R::kQkvWeight),
+                                              Grad(l, R::kQkvBias), stash + s.dqkv, stash + s.ln1,
+                                              no_weight, N, C, QkvWidth()));
+  if (!layer_norm) return ops::Accumulate(dev, Grad(l, R::kNorm1Weight), norms, C);
+  MESHRUN_RETURN_IF_ERROR(ops::Accumulate(dev, Grad(l, R::kNorm1Weight), norms, C));
+  return ops::Accumulate(dev, Grad(l, R::kNorm1Bias), norms + C, C);
 }
 
 #define MESHRUN_INSTANTIATE(T)                                                              \

@@ -12,13 +12,13 @@ PipelineCosts PipelineCostsOf(const GPT2Config& whole_cfg, int seq_len) {
   whole.tp_rank = 0;
   whole.fsdp_size = 1;
   PipelineCosts c;
-  const std::string first_layer = whole.llama() ? "layers.0." : "h.0.";
   for (const ParamInfo& p : GPT2ParamLayout(whole)) {
     const double n = static_cast<double>(p.numel);
     if (p.unit == 0) {
       c.embedding += 6 * n;
-      if (p.name == HeadWeightName(whole)) c.head += 6 * n;  // the tied head multiplies by it
-    } else if (p.name.rfind(first_layer, 0) == 0) {
+      // The tied head multiplies by the token table.
+      if (whole.tie_embeddings && p.role == ParamRole::kTokenEmbedding) c.head += 6 * n;
+    } else if (p.layer == 0) {
       c.layer += 6 * n;
     } else if (p.unit == whole.n_layer + 1) {
       c.head += 6 * n;
@@ -335,8 +335,18 @@ int PipelineSendBuffers(const std::vector<PipeOp>& stage_ops, int stages, int vi
 
 double PipelineBubbleTheory(PpSchedule schedule, int stages, int micro_batches,
                             int virtual_stages) {
+  return PipelineBubbleTheory(schedule, stages, micro_batches, virtual_stages, 0, 0);
+}
+
+double PipelineBubbleTheory(PpSchedule schedule, int stages, int micro_batches, int virtual_stages,
+                            double forward_backward, double weight) {
   const double P = stages, M = micro_batches;
-  if (schedule == PpSchedule::kZeroBubble) return (P - 1) / (3 * M + P - 1);
+  if (schedule == PpSchedule::kZeroBubble) {
+    // Equal times unless both are measured: F + B = 2t, W = t.
+    if (forward_backward <= 0 || weight <= 0) forward_backward = 2, weight = 1;
+    const double bubble = (P - 1) * std::max(0.0, forward_backward - weight);
+    return bubble / (M * (forward_backward + weight) + bubble);
+  }
   const double v = schedule == PpSchedule::kInterleaved1F1B ? virtual_stages : 1;
   return (P - 1) / (v * M + P - 1);
 }

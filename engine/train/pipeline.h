@@ -142,11 +142,20 @@ inline constexpr int kPipeSendBuffers = 2;
 int PipelineSendBuffers(const std::vector<PipeOp>& stage_ops, int stages, int virtual_stages,
                         int stage);
 
-// The schedule's bubble in theory, with forward and backward of a chunk taking equal time and
-// no communication cost: (P − 1)/(M + P − 1) for 1F1B, (P − 1)/(v·M + P − 1) interleaved. For
-// zero_bubble, with F, B and W taking equal time t (a stage's work 3·M·t; ZB-H1's bubble
-// (P − 1)·(t_F + t_B − t_W) = (P − 1)·t): (P − 1)/(3·M + P − 1).
+// The schedule's bubble in theory, with every stage the same and no communication cost:
+// (P − 1)/(M + P − 1) for 1F1B and (P − 1)/(v·M + P − 1) interleaved, whatever a forward and a
+// backward take (both bubble and work scale with F + B). Zero-bubble's depends on how the
+// backward splits (decision 0067): ZB-H1's bubble is (P − 1)·(t_F + t_B − t_W) against a
+// stage's work M·(t_F + t_B + t_W), so
+//   (P − 1)(t_F + t_B − t_W) / (M (t_F + t_B + t_W) + (P − 1)(t_F + t_B − t_W)),
+// which with t_F = t_B = t_W is (P − 1)/(3·M + P − 1) — the figure this overload gives.
 double PipelineBubbleTheory(PpSchedule schedule, int stages, int micro_batches, int virtual_stages);
+// The same at a stage's measured operation times: `forward_backward` the seconds of one forward
+// plus one input-gradient backward (on the last stage its fused backward, which runs its forward
+// too), `weight` one weight-gradient pass. Only zero_bubble reads them; without both (≤ 0) it is
+// the equal-times figure above.
+double PipelineBubbleTheory(PpSchedule schedule, int stages, int micro_batches, int virtual_stages,
+                            double forward_backward, double weight);
 
 // "F0 F1 B0 F2 B1 B2" (with chunks "F0.1"; W for weight passes): a schedule as text (tests,
 // logs).

@@ -810,11 +810,17 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
         m.pipeline_ops[k] = pipe_ops_[k];
       }
     }
-    // Beside it, the schedule's in theory (decision 0060), over the step's micro-batches.
+    // Beside it, the schedule's in theory (decisions 0060, 0067), over the step's micro-batches
+    // and, for zero-bubble, at this stage's operation times of the step.
     if (dims_->pp() > 1) {
-      m.pipeline_bubble_theory = PipelineBubbleTheory(PpScheduleOf(spec_.parallelism), dims_->pp(),
-                                                      static_cast<int>(MicroBatchesPerStep(spec_)),
-                                                      model_->config().num_chunks());
+      auto each = [&](int k) {
+        return pipe_ops_[k] > 0 ? pipe_op_seconds_[k] / pipe_ops_[k] : 0.0;
+      };
+      const double forward_backward = pipe_ops_[3] > 0 ? each(3) : each(0) + each(1);
+      m.pipeline_bubble_theory =
+          PipelineBubbleTheory(PpScheduleOf(spec_.parallelism), dims_->pp(),
+                               static_cast<int>(MicroBatchesPerStep(spec_)),
+                               model_->config().num_chunks(), forward_backward, each(2));
     }
     m.tokens_per_second = tokens_per_step / m.step_seconds;
     m.tflops = m.tokens_per_second * flops_per_token / 1e12;

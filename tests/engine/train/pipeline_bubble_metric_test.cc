@@ -1,6 +1,7 @@
 // The pipeline's bubble in a rank's step metrics (decision 0060): under pp every rank reports
 // its measured bubble (a part of its step) and, beside it, its schedule's theory
-// (PipelineBubbleTheory over the step's micro-batches and the rank's chunks); without pp, neither.
+// (PipelineBubbleTheory over the step's micro-batches and the rank's chunks; zero-bubble's at
+// the rank's operation times of the step, decision 0067); without pp, neither.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -23,6 +24,8 @@ namespace fs = std::filesystem;
 
 struct BubbleSeen {
   std::vector<double> measured, theory;
+  // Per step, the seconds of one operation of each kind (pipeline_op_seconds ÷ pipeline_ops).
+  std::vector<std::vector<double>> op_seconds;
 };
 
 class RecordBubbles : public TrainObserver {
@@ -31,6 +34,11 @@ class RecordBubbles : public TrainObserver {
   void OnStep(const StepMetrics& m) override {
     out_->measured.push_back(m.pipeline_bubble_ratio);
     out_->theory.push_back(m.pipeline_bubble_theory);
+    std::vector<double> each(4, 0.0);
+    for (int k = 0; k < 4; ++k) {
+      if (m.pipeline_ops[k] > 0) each[k] = m.pipeline_op_seconds[k] / m.pipeline_ops[k];
+    }
+    out_->op_seconds.push_back(each);
   }
 
  private:
@@ -117,6 +125,43 @@ class PipelineBubbleMetricTest : public ::testing::Test {
 
   fs::path dir_;
 };
+
+// ZB-H1's bubble (P − 1)(t_F + t_B − t_W) over a stage's work M (t_F + t_B + t_W) plus it.
+TEST(PipelineBubbleTheoryTest, ZeroBubblesTheoryFollowsTheSplitOfTheBackward) {
+  // Equal times (F + B = 2t, W = t), given or not: (P − 1)/(3M + P − 1).
+  EXPECT_DOUBLE_EQ(PipelineBubbleTheory(PpSchedule::kZeroBubble, 2, 8, 1), 1.0 / 25);
+  EXPECT_DOUBLE_EQ(PipelineBubbleTheory(PpSchedule::kZeroBubble, 2, 8, 1, 2e-3, 1e-3), 1.0 / 25);
+  EXPECT_DOUBLE_EQ(PipelineBubbleTheory(PpSchedule::kZeroBubble, 4, 8, 1, 0, 0), 3.0 / 27);
+  // B twice W (F = W): (F + B − W) = 2W of a stage's 4W per micro-batch: 2/(32 + 2) at P 2.
+  EXPECT_DOUBLE_EQ(PipelineBubbleTheory(PpSchedule::kZeroBubble, 2, 8, 1, 3, 1), 2.0 / 34);
+  // A weight pass as long as forward and backward together leaves no bubble.
+  EXPECT_DOUBLE_EQ(PipelineBubbleTheory(PpSchedule::kZeroBubble, 2, 8, 1, 1, 1), 0.0);
+  // 1F1B and interleaved do not depend on the times.
+  EXPECT_DOUBLE_EQ(PipelineBubbleTheory(PpSchedule::k1F1B, 2, 8, 1, 3, 1), 1.0 / 9);
+  EXPECT_DOUBLE_EQ(PipelineBubbleTheory(PpSchedule::kInterleaved1F1B, 2, 8, 2, 3, 1), 1.0 / 17);
+}
+
+TEST_F(PipelineBubbleMetricTest, ZeroBubbleReportsItsTheoryAtEachStagesOperationTimes) {
+  const std::vector<BubbleSeen> ranks = Run(Spec(2, "zero_bubble", 1));
+  ASSERT_EQ(ranks.size(), 2u);
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    SCOPED_TRACE("stage " + std::to_string(rank));
+    const BubbleSeen& r = ranks[rank];
+    ASSERT_EQ(r.theory.size(), 2u);
+    for (size_t k = 0; k < r.theory.size(); ++k) {
+      const std::vector<double>& t = r.op_seconds[k];
+      // Stage 0 runs forwards and backwards; the last stage its fused backward; both weights.
+      const double forward_backward = rank == 0 ? t[0] + t[1] : t[3];
+      ASSERT_GT(forward_backward, 0.0);
+      ASSERT_GT(t[2], 0.0);
+      EXPECT_DOUBLE_EQ(r.theory[k], PipelineBubbleTheory(PpSchedule::kZeroBubble, 2, 4, 1,
+                                                         forward_backward, t[2]))
+          << "step " << k + 1;
+      // Not the equal-times figure (a measured B + F is not exactly twice W).
+      EXPECT_NE(r.theory[k], PipelineBubbleTheory(PpSchedule::kZeroBubble, 2, 4, 1));
+    }
+  }
+}
 
 TEST_F(PipelineBubbleMetricTest, EveryStageReportsItsScheduleTheoryBesideTheMeasurement) {
   for (const auto& [schedule, v] :
