@@ -231,8 +231,8 @@ double GPT2FlopsPerToken(const GPT2Config& cfg, int seq_len) {
     const bool table = p.name == "wte" || p.name == "embed_tokens";
     if (p.name != "wpe" && !(table && !cfg.tie_embeddings)) n += static_cast<double>(p.numel);
   }
-  return 6.0 * n +
-         12.0 * cfg.n_layer * (double{cfg.n_head} * cfg.head_dim()) * static_cast<double>(seq_len);
+  return 6.0 * n + 12.0 * cfg.n_layer * (static_cast<double>(cfg.n_head) * cfg.head_dim()) *
+                       static_cast<double>(seq_len);
 }
 
 namespace {

@@ -270,7 +270,6 @@ void Trainer::LocalTokens(const int32_t* inputs, const int32_t* targets, int row
 StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   const TrainSpec& tr = spec_.train;
   const int T = spec_.model.seq_len, B = tr.global_batch_size, mb = tr.micro_batch_size;
-  const int Tl = T / dims_->cp();
   std::vector<int32_t> inputs(static_cast<size_t>(mb) * T), targets(inputs.size());
   // This dp rank's sequences of the global batch (docs/data.md).
   const int dp = dims_->dp_replicate() * dims_->dp_shard();
@@ -295,28 +294,16 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
   // A batch without a single target (all prompt) has loss 0 and no gradient.
   const double grad_scale = batch_targets > 0 ? 1.0 / static_cast<double>(batch_targets) : 0.0;
 
-  // Forward and backward over the micro-batches; FSDP gathers and reduce-scatters per unit.
+  // Forward and backward over the micro-batches, as the schedule orders them (one stage, or
+  // the pipeline's); FSDP gathers and reduce-scatters per unit.
   shards_->ZeroGrad();
   double loss_sum = 0;
-  if (dims_->pp() > 1) {
-    // Every stage reads the tokens of each micro-batch itself (positions and document masks
-    // come from them); only activations and their gradients cross stages.
-    auto fill = [&](int m) -> Status {
-      const int first = m * mb;
-      MESHRUN_RETURN_IF_ERROR(
-          sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
-      for (int r = 0; masked_ && r < mb; ++r) {
-        const MixtureSampler::Window& w = windows[range.first + first + r];
-        MESHRUN_RETURN_IF_ERROR(MaskTargets(*train_data_[w.source], w.window * T + 1, T, loss_on,
-                                            targets.data() + int64_t{r} * T)
-                                    .status());
-      }
-      LocalTokens(inputs.data(), targets.data(), mb);
-      return OkStatus();
-    };
-    MESHRUN_RETURN_IF_ERROR(PipelineMicroBatches(range.count / mb, fill, grad_scale, &loss_sum));
-  }
-  for (int first = 0; dims_->pp() == 1 && first < range.count; first += mb) {
+  // Micro-batch m of this dp rank's sequences, for the model: its tokens and targets (the loss
+  // masks applied), each sequence's document starts under data.attention: document, this cp
+  // rank's part of them. Every pipeline stage reads the tokens itself (positions and document
+  // masks come from them); only activations and their gradients cross stages.
+  auto fill = [&](int m) -> Status {
+    const int first = m * mb;
     MESHRUN_RETURN_IF_ERROR(
         sampler_->Fill(step_, range.first + first, mb, inputs.data(), targets.data()));
     for (int r = 0; masked_ && r < mb; ++r) {
@@ -340,13 +327,13 @@ StatusOr<double> Trainer::Step(StepMetrics* metrics) {
       }
     }
     LocalTokens(inputs.data(), targets.data(), mb);
-    // In the last micro-batch each unit's gradients are final after its backward: the
-    // dp_replicate buckets start then, overlapping the rest of the backward.
-    shards_->set_last_micro_batch(first + mb >= range.count);
-    MESHRUN_ASSIGN_OR_RETURN(
-        double loss, model_->ForwardBackward(local_in_.data(), local_tg_.data(), mb, Tl, grad_scale,
-                                             local_pos_.data()));
-    loss_sum += loss;
+    return OkStatus();
+  };
+  const int micro_batches = range.count / mb;
+  if (dims_->pp() > 1) {
+    MESHRUN_RETURN_IF_ERROR(PipelineMicroBatches(micro_batches, fill, grad_scale, &loss_sum));
+  } else {
+    MESHRUN_RETURN_IF_ERROR(OneStageMicroBatches(micro_batches, fill, grad_scale, &loss_sum));
   }
   // Replicas sum their gradients; then clip by the global norm and update the shard.
   MESHRUN_RETURN_IF_ERROR(shards_->FinishGradients());
@@ -482,6 +469,22 @@ StatusOr<double> Trainer::SumOverWorld(double value, CommCharge charge) {
   MESHRUN_ASSIGN_OR_RETURN(double over_tp, SumOverGroup(Comm(MeshAxis::kTp), value, charge));
   MESHRUN_ASSIGN_OR_RETURN(double stage, SumOverGroup(Comm(MeshAxis::kDpCp), over_tp, charge));
   return SumOverGroup(Comm(MeshAxis::kPp), stage, charge);
+}
+
+Status Trainer::OneStageMicroBatches(int micro_batches, const std::function<Status(int)>& fill,
+                                     double grad_scale, double* loss_sum) {
+  const int mb = spec_.train.micro_batch_size, Tl = spec_.model.seq_len / dims_->cp();
+  for (int m = 0; m < micro_batches; ++m) {
+    MESHRUN_RETURN_IF_ERROR(fill(m));
+    // In the last micro-batch each unit's gradients are final after its backward: the
+    // dp_replicate buckets start then, overlapping the rest of the backward.
+    shards_->set_last_micro_batch(m + 1 == micro_batches);
+    MESHRUN_ASSIGN_OR_RETURN(
+        double loss, model_->ForwardBackward(local_in_.data(), local_tg_.data(), mb, Tl, grad_scale,
+                                             local_pos_.data()));
+    *loss_sum += loss;
+  }
+  return OkStatus();
 }
 
 Status Trainer::PipelineMicroBatches(int micro_batches, const std::function<Status(int)>& fill,

@@ -171,10 +171,17 @@ class Trainer {
   StatusOr<std::vector<double>> MaxOverRanks(std::vector<double> values);
   // The sum of `value` over every rank of the job: over tp, dp_cp, then the pipeline's stages.
   StatusOr<double> SumOverWorld(double value, CommCharge charge);
-  // Pipeline parallelism (decision 0054): this stage's 1F1B schedule over the step's
-  // micro-batches (engine/train/pipeline.h), activations and their gradients sent stage to stage
-  // over pp. fill(m) puts micro-batch m's tokens in local_in_/local_tg_/local_pos_. Adds the
-  // stage's loss sum (the last stage's; 0 elsewhere) to *loss_sum.
+  // The step's schedules: each runs the step's micro-batches through the model's stage-scoped
+  // calls, fill(m) first putting micro-batch m's tokens in local_in_/local_tg_/local_pos_ (and
+  // its document starts in the model), and adds the loss sum to *loss_sum. Step uses the same
+  // fill for both.
+  // One stage (pp 1): each micro-batch's forward and backward in turn (ForwardBackward, the
+  // whole model as one stage: embedding, every block, head and loss).
+  Status OneStageMicroBatches(int micro_batches, const std::function<Status(int)>& fill,
+                              double grad_scale, double* loss_sum);
+  // Pipeline parallelism (decision 0054): this stage's schedule over the step's micro-batches
+  // (engine/train/pipeline.h), activations and their gradients sent stage to stage over pp. The
+  // stage's loss sum is the last stage's; 0 elsewhere.
   Status PipelineMicroBatches(int micro_batches, const std::function<Status(int)>& fill,
                               double grad_scale, double* loss_sum);
   // Tied embeddings across the first and last stage: their embedding units' gradient shards are

@@ -310,8 +310,8 @@ TEST_F(AdversaryTextTest, CancelReasonWithControlsIsRefused) {
   ASSERT_EQ(assigned.size(), 2u);
   for (const auto& a : assigned) ASSERT_TRUE(worker_->Started(a));
 
-  for (const std::string reason : {std::string(kEvil), std::string("x\xc2\x9b"),
-                                   std::string("x\xe2\x81\xa7"), std::string("a\tb")}) {
+  for (const std::string& reason : {std::string(kEvil), std::string("x\xc2\x9b"),
+                                    std::string("x\xe2\x81\xa7"), std::string("a\tb")}) {
     grpc::Status s = Cancel(job, reason);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << EscapeText(reason);
     EXPECT_EQ(s.error_message().rfind("reason: ", 0), 0u) << EscapeText(s.error_message());

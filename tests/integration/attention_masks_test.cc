@@ -6,8 +6,8 @@
 //    × tp 2 and under cp 2 (allgather);
 //  - data.attention: document with a tiny Llama and a tiny GPT-2 (end-of-text id 2 from their
 //    config.json): the first-step loss equals a block-diagonal causal mask with positions
-//    restarting per document (≤ 1e-5), and cp 2 (ring) × tp 2, cp 2 (allgather), dp_shard 2
-//    and selective recompute equal one rank at every step;
+//    restarting per document (≤ 1e-5), and cp 2 (ring) × tp 2, cp 2 (allgather), dp_shard 2,
+//    selective recompute and pp 2 (1f1b, zero_bubble) equal one rank at every step;
 //  - data.attention: document with nothing that names the end-of-text token, or a value that
 //    is not causal|document: exit 2 naming data.attention.
 // Skips, saying why, only when the venv cannot be made (no python3-venv, PyPI unreachable).
@@ -113,6 +113,12 @@ TEST_F(AttentionMasksTest, DocumentMaskingMatchesABlockDiagonalReferenceOnEveryM
                  model + " cp 2 (allgather)");
     ExpectLosses(Train(spec, 2, {"parallelism.dp_shard_size=2"}), one, 1e-5, 1e-5,
                  model + " dp_shard 2");
+    // Pipeline stages fill their micro-batches through the same path as one stage: each
+    // stage's masks from its micro-batch's documents.
+    for (const std::string schedule : {"1f1b", "zero_bubble"}) {
+      ExpectLosses(Train(spec, 2, {"parallelism.pp_size=2", "parallelism.pp_schedule=" + schedule}),
+                   one, 1e-5, 1e-5, model + " pp 2 " + schedule);
+    }
     // Recompute runs the masked attention again in the backward.
     ExpectLosses(Train(spec, 1, {"train.activation_checkpointing=selective"}), one, 1e-5, 1e-5,
                  model + " selective recompute");

@@ -144,7 +144,9 @@ TEST(PipelineKeepTest, AKeptForwardsBackwardIsTheRecomputedOneBitForBit) {
         // The second round reuses the sets the first one's backwards freed.
         const int64_t now = AllocatorFor(cfg.device).Stats().allocated_bytes;
         if (round == 0) allocated_after_first = now;
-        if (round == 1) EXPECT_EQ(now, allocated_after_first);
+        if (round == 1) {
+          EXPECT_EQ(now, allocated_after_first);
+        }
       }
     }
   }

@@ -244,7 +244,9 @@ TEST(ZeroBubbleModelTest, SplitBackwardGivesTheWholeBackwardsGradientsBitForBit)
       const int64_t per_layer =
           N * (4 * C + qkv + atty + (llama ? 2 * F : F) + F) + (llama ? 2 : 4) * C;
       EXPECT_EQ(split.WeightStashNumel(B, T), cfg.n_layer * per_layer);
-      if (!llama) EXPECT_EQ(per_layer, 16 * N * C + 4 * C);  // GPT-2: 16·N·d_model + 4·d_model
+      if (!llama) {
+        EXPECT_EQ(per_layer, 16 * N * C + 4 * C);  // GPT-2: 16·N·d_model + 4·d_model
+      }
     }
   }
 }

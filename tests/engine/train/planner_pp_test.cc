@@ -67,7 +67,9 @@ TEST(PlannerPipelineTest, ListsEveryPipelineSizeAndScheduleOnce) {
     schedules.insert({p.pp_size, p.pp_schedule + "/" + std::to_string(p.pp_virtual_stages)});
     // The engine runs exactly what ValidateJobSpec accepts; the rest is a pipeline on paper.
     EXPECT_EQ(r.engine_runs, ValidateJobSpec(r.spec, 4).ok()) << MeshName(p);
-    if (p.pp_size == 1) EXPECT_TRUE(r.engine_runs);
+    if (p.pp_size == 1) {
+      EXPECT_TRUE(r.engine_runs);
+    }
   }
   // pp 2: 1f1b, zero_bubble, interleaved with 2 chunks per stage (2·2 ≤ 4 layers; 4 would not);
   // pp 4: 1f1b and zero_bubble (4·2 > 4 layers).
@@ -230,7 +232,9 @@ TEST(PlannerPipelineTest, AutoChoosesOnlyWhatThisBuildRuns) {
   ASSERT_TRUE(choice.ok()) << choice.status().ToString();
   EXPECT_TRUE(ValidateJobSpec(choice->spec, 4).ok());
   EXPECT_TRUE(choice->best.engine_runs);
-  if (choice->has_runner_up) EXPECT_TRUE(choice->runner_up.engine_runs);
+  if (choice->has_runner_up) {
+    EXPECT_TRUE(choice->runner_up.engine_runs);
+  }
 }
 
 TEST(PlannerPipelineTest, MeshNamesStartWithThePipeline) {
