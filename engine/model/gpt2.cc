@@ -209,6 +209,23 @@ Status GPT2<T>::Hook(int which, int unit) {
 }
 
 template <typename T>
+Status GPT2<T>::TpAfterMatmul(ParamRole r, T* out, int64_t count) {
+  return TpSplitOf(r) == TpSplit::kRow ? TpAllReduce(out, count) : OkStatus();
+}
+
+template <typename T>
+Status GPT2<T>::TpAfterMatmulInputGrad(ParamRole r, T* dinp, int64_t count) {
+  const TpSplit split = TpSplitOf(r);
+  return split == TpSplit::kColumn || split == TpSplit::kVocab ? TpAllReduce(dinp, count)
+                                                               : OkStatus();
+}
+
+template <typename T>
+Status GPT2<T>::TpAfterLookup(ParamRole r, T* out, int64_t count) {
+  return TpSplitOf(r) == TpSplit::kVocab ? TpAllReduce(out, count) : OkStatus();
+}
+
+template <typename T>
 Status GPT2<T>::TpAllReduce(T* data, int64_t count) {
   if constexpr (std::is_same_v<T, float>) {
     if (par_ != nullptr && par_->tp != nullptr && par_->tp->size() > 1) {
@@ -348,7 +365,7 @@ Status GPT2<T>::ForwardTrunk(const int32_t* inputs, int B, int Tn, const int32_t
     MESHRUN_RETURN_IF_ERROR(ops::EmbeddingRowsForward(dev, x, tokens_data(),
                                                       W(-1, R::kTokenEmbedding), cfg_.vocab_first(),
                                                       cfg_.vocab_rows(), N, C));
-    MESHRUN_RETURN_IF_ERROR(TpAllReduce(x, N * C));
+    MESHRUN_RETURN_IF_ERROR(TpAfterLookup(R::kTokenEmbedding, x, N * C));
     if (cfg_.family().embedding_scale) {  // × √d_model, rounded to the compute dtype (Gemma)
       MESHRUN_RETURN_IF_ERROR(ops::Scale(
           dev, x, N * C, static_cast<double>(static_cast<T>(std::sqrt(static_cast<double>(C))))));
@@ -477,7 +494,7 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
   T* attproj = dln_.template data<T>();  // scratch: attproj is not needed for backward
   MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, attproj, a.atty.template data<T>(),
                                              W(l, R::kOutWeight), none, N, Cl, C));
-  MESHRUN_RETURN_IF_ERROR(TpAllReduce(attproj, N * C));
+  MESHRUN_RETURN_IF_ERROR(TpAfterMatmul(R::kOutWeight, attproj, N * C));
   if (cfg_.family().linear_biases)
     MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, attproj, W(l, R::kOutBias), N, C));
   MESHRUN_RETURN_IF_ERROR(
@@ -493,7 +510,7 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
         GatedForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
                                                W(l, R::kDownWeight), none, N, Fl, C));
-    MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
+    MESHRUN_RETURN_IF_ERROR(TpAfterMatmul(R::kDownWeight, fcproj, N * C));
   } else {
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, a.fch.template data<T>(),
                                                a.ln2.template data<T>(), W(l, R::kUpWeight),
@@ -502,7 +519,7 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
         ops::GeluForward(dev, a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl));
     MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
                                                W(l, R::kDownWeight), none, N, Fl, C));
-    MESHRUN_RETURN_IF_ERROR(TpAllReduce(fcproj, N * C));
+    MESHRUN_RETURN_IF_ERROR(TpAfterMatmul(R::kDownWeight, fcproj, N * C));
     MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, fcproj, W(l, R::kDownBias), N, C));
   }
   return ops::ResidualForward(dev, a.res3.template data<T>(), a.res2.template data<T>(), fcproj,
@@ -593,7 +610,11 @@ StatusOr<double> GPT2<T>::HeadLoss(const int32_t* host_targets, bool with_grad, 
     }
   }
   // Each rank's head saw only its vocabulary rows: the input gradient is their sum.
-  if (with_grad) MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln_.template data<T>(), N * C));
+  if (with_grad) {
+    MESHRUN_RETURN_IF_ERROR(
+        TpAfterMatmulInputGrad(cfg_.tie_embeddings ? ParamRole::kTokenEmbedding : ParamRole::kHead,
+                               dln_.template data<T>(), N * C));
+  }
   return ops::Sum(dev, losses, N);
 }
 
@@ -863,7 +884,7 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
         dev, dln, Grad(l, R::kUpWeight), Grad(l, R::kUpBias), dfch_.template data<T>(),
         a.ln2.template data<T>(), W(l, R::kUpWeight), N, C, Fl, overwrite));
   }
-  MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
+  MESHRUN_RETURN_IF_ERROR(TpAfterMatmulInputGrad(R::kUpWeight, dln, N * C));
   MESHRUN_RETURN_IF_ERROR(NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln));
   // Attention block: res2 = residual + proj(attn(qkv(norm1(residual)))).
   if (cfg_.family().linear_biases)
@@ -875,7 +896,7 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(
       dev, dln, Grad(l, R::kQkvWeight), Grad(l, R::kQkvBias), dqkv_.template data<T>(),
       a.ln1.template data<T>(), W(l, R::kQkvWeight), N, C, QkvWidth(), overwrite));
-  MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
+  MESHRUN_RETURN_IF_ERROR(TpAfterMatmulInputGrad(R::kQkvWeight, dln, N * C));
   return NormBackward(l, 1, a, residual, dres, dln);
 }
 

@@ -157,6 +157,21 @@ enum class ParamRole {
   kCount
 };
 
+// Tensor parallelism's plan (Megatron; docs/model.md "Tensor parallel"): how each role's
+// parameter is split over the tp ranks. The layout cuts each parameter by it (GPT2ParamLayout)
+// and the model sums over tp where it says (GPT2::TpAfterMatmul and the two beside it); the
+// math itself names no split.
+enum class TpSplit {
+  kReplicated,  // whole on every rank (norms, positions, the biases added after a sum)
+  kColumn,      // output rows: each fused part (q|k|v, gate|up) by heads or units; a matmul's
+                // input gradient is a partial sum
+  kRow,         // input columns, matching a column split before it; a matmul's output is a
+                // partial sum
+  kVocab,       // vocabulary rows (token table, head): a lookup's output and the head's input
+                // gradient are partial sums
+};
+TpSplit TpSplitOf(ParamRole role);
+
 struct ParamInfo {
   std::string name;  // e.g. "h.0.attn.c_attn.weight" (docs/model.md)
   ParamRole role = ParamRole::kTokenEmbedding;
@@ -420,8 +435,14 @@ class GPT2 {
   Status AttentionForward(LayerActs& a, bool split_qkv = true);
   // The merged q, k, v gradient goes to dqkv (dqkv_, or zero-bubble's stash).
   Status AttentionBackward(LayerActs& a, T* dqkv);
-  // Sum over the tp group (after row-parallel layers in forward, column-parallel in backward).
+  // Sum over the tp group.
   Status TpAllReduce(T* data, int64_t count);
+  // Where the plan (TpSplitOf) makes a result a partial sum, its sum over tp: a matmul's output
+  // by the weight of role r (row split), its input gradient (column and vocabulary splits),
+  // and a lookup in the table of role r (vocabulary split). Elsewhere nothing.
+  Status TpAfterMatmul(ParamRole r, T* out, int64_t count);
+  Status TpAfterMatmulInputGrad(ParamRole r, T* dinp, int64_t count);
+  Status TpAfterLookup(ParamRole r, T* out, int64_t count);
   // The UnitHooks call Hook makes (gpt2.cc).
   enum HookKind {
     kBeforeForward,

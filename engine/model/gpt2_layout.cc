@@ -50,6 +50,20 @@ std::string HeadWeightName(const GPT2Config& cfg) {
   return "lm_head";
 }
 
+TpSplit TpSplitOf(ParamRole role) {
+  switch (role) {
+    case ParamRole::kTokenEmbedding:
+    case ParamRole::kHead: return TpSplit::kVocab;
+    case ParamRole::kQkvWeight:
+    case ParamRole::kQkvBias:
+    case ParamRole::kUpWeight:
+    case ParamRole::kUpBias: return TpSplit::kColumn;
+    case ParamRole::kOutWeight:
+    case ParamRole::kDownWeight: return TpSplit::kRow;
+    default: return TpSplit::kReplicated;  // norms, positions, biases added after a row's sum
+  }
+}
+
 std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   const int64_t C = cfg.d_model, V = cfg.vocab_size, L = cfg.n_layer;
   const int64_t tp = cfg.tp_size, t = cfg.tp_rank, pad = std::max(1, cfg.fsdp_size);
@@ -57,17 +71,58 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   std::vector<ParamInfo> out;
   int64_t offset = 0;
   int unit = 0;
-  // A parameter holding `boxes` of a tensor of `global` shape, concatenated along dim 0.
   int layer = -1;  // the local layer being laid out (-1: the embedding and final units)
   using R = ParamRole;
-  auto add = [&](R role, std::string name, std::vector<int64_t> global, std::vector<Box> boxes,
-                 double std, double value) {
+  const int64_t Vf = cfg.vocab_first(), Vl = cfg.vocab_rows();
+  // The boxes of a `global`-shaped parameter of `role` this tp rank holds, by the plan
+  // (TpSplitOf; Megatron's splits, docs/model.md): a column split takes the rank's 1/tp of the
+  // rows of each fused part (`parts`: the parts' global rows, q|k|v by heads and kv heads,
+  // gate|up by units; empty: one part), a row split its 1/tp of the columns, a vocabulary split
+  // its rows of the vocabulary (the last rank's may be fewer).
+  auto boxes_of = [&](R role, const std::vector<int64_t>& global, std::vector<int64_t> parts) {
+    const Box whole{std::vector<int64_t>(global.size(), 0), global};
+    std::vector<Box> boxes;
+    switch (TpSplitOf(role)) {
+      case TpSplit::kReplicated: boxes.push_back(whole); break;
+      case TpSplit::kColumn: {
+        if (parts.empty()) parts = {global[0]};
+        int64_t start = 0;
+        for (int64_t rows : parts) {
+          Box b = whole;
+          b.offset[0] = start + t * (rows / tp);
+          b.shape[0] = rows / tp;
+          boxes.push_back(b);
+          start += rows;
+        }
+        break;
+      }
+      case TpSplit::kRow: {
+        Box b = whole;
+        b.offset[1] = t * (global[1] / tp);
+        b.shape[1] = global[1] / tp;
+        boxes.push_back(b);
+        break;
+      }
+      case TpSplit::kVocab: {
+        Box b = whole;
+        b.offset[0] = Vf;
+        b.shape[0] = Vl;
+        boxes.push_back(b);
+        break;
+      }
+    }
+    return boxes;
+  };
+  // A parameter of `role` holding its boxes of a tensor of `global` shape, concatenated along
+  // dim 0.
+  auto add = [&](R role, std::string name, std::vector<int64_t> global, double std, double value,
+                 std::vector<int64_t> parts = {}) {
     ParamInfo p;
     p.name = std::move(name);
     p.role = role;
     p.layer = layer;
     p.global_shape = global;
-    if (boxes.empty()) boxes.push_back({std::vector<int64_t>(global.size(), 0), global});
+    std::vector<Box> boxes = boxes_of(role, global, std::move(parts));
     p.shape = boxes[0].shape;
     for (size_t b = 1; b < boxes.size(); ++b) p.shape[0] += boxes[b].shape[0];
     p.tp_sharded = p.shape != p.global_shape;
@@ -86,25 +141,10 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
     offset = (offset + pad - 1) / pad * pad;
     ++unit;
   };
-  // Megatron splits (docs/model.md): column parallel = a block of output rows per rank,
-  // row parallel = a block of input columns; the fused q/k/v rows are split by (kv) heads, the
-  // fused gate/up rows by MLP units, the vocabulary by rows.
-  auto rows = [&](int64_t first, int64_t count, int64_t cols) {
-    return Box{{first, 0}, {count, cols}};
-  };
-  const int64_t D = cfg.head_dim(), Hl = cfg.n_head / tp, Kl = cfg.kv_heads() / tp;
+  const int64_t D = cfg.head_dim();
   const int64_t Cq = int64_t{cfg.n_head} * D, Ck = int64_t{cfg.kv_heads()} * D;
-  const int64_t F = cfg.ff(), Fl = F / tp, Vf = cfg.vocab_first(), Vl = cfg.vocab_rows();
-  // q rows of this rank's heads, then k and v rows of its kv heads; the same for the bias.
-  std::vector<Box> qkv_w, qkv_b;
-  const int64_t part_first[3] = {t * Hl * D, Cq + t * Kl * D, Cq + Ck + t * Kl * D};
-  const int64_t part_rows[3] = {Hl * D, Kl * D, Kl * D};
-  for (int part = 0; part < 3; ++part) {
-    qkv_w.push_back(rows(part_first[part], part_rows[part], C));
-    qkv_b.push_back(Box{{part_first[part]}, {part_rows[part]}});
-  }
-  const int64_t Wqkv = Cq + 2 * Ck;
-  const std::vector<Box> vocab_rows = {rows(Vf, Vl, C)};
+  const int64_t F = cfg.ff(), Wqkv = Cq + 2 * Ck;
+  const std::vector<int64_t> qkv_parts = {Cq, Ck, Ck}, gate_up_parts = {F, F};
   // A pipeline stage holds its layers and, at the ends, the embedding unit and the final unit
   // (units stay numbered 0, 1 … layers, layers + 1; one a stage lacks is empty).
   std::vector<int64_t> stage_layers;  // the global index of each local layer, in order
@@ -112,60 +152,55 @@ std::vector<ParamInfo> GPT2ParamLayout(const GPT2Config& cfg) {
   const bool embedding = cfg.holds_embedding(), last = cfg.stage_last;
   if (!cfg.llama()) {
     if (embedding) {
-      add(R::kTokenEmbedding, "wte", {V, C}, vocab_rows, w_std, 0);
+      add(R::kTokenEmbedding, "wte", {V, C}, w_std, 0);
       // A tied last stage holds the position table too (unused there), so that its embedding
       // unit is laid out, sharded and updated exactly as the first stage's (decision 0054).
-      add(R::kPositionEmbedding, "wpe", {cfg.max_seq_len, C}, {}, w_std, 0);
+      add(R::kPositionEmbedding, "wpe", {cfg.max_seq_len, C}, w_std, 0);
     }
     end_unit();
     for (int64_t l : stage_layers) {
       ++layer;
       const std::string h = "h." + std::to_string(l) + ".";
-      add(R::kNorm1Weight, h + "ln_1.weight", {C}, {}, 0, 1);
-      add(R::kNorm1Bias, h + "ln_1.bias", {C}, {}, 0, 0);
-      add(R::kQkvWeight, h + "attn.c_attn.weight", {Wqkv, C}, qkv_w, w_std, 0);
-      add(R::kQkvBias, h + "attn.c_attn.bias", {Wqkv}, qkv_b, 0, 0);
-      add(R::kOutWeight, h + "attn.c_proj.weight", {C, Cq}, {Box{{0, t * Hl * D}, {C, Hl * D}}},
-          proj_std, 0);
-      add(R::kOutBias, h + "attn.c_proj.bias", {C}, {}, 0, 0);
-      add(R::kNorm2Weight, h + "ln_2.weight", {C}, {}, 0, 1);
-      add(R::kNorm2Bias, h + "ln_2.bias", {C}, {}, 0, 0);
-      add(R::kUpWeight, h + "mlp.c_fc.weight", {F, C}, {rows(t * Fl, Fl, C)}, w_std, 0);
-      add(R::kUpBias, h + "mlp.c_fc.bias", {F}, {Box{{t * Fl}, {Fl}}}, 0, 0);
-      add(R::kDownWeight, h + "mlp.c_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std,
-          0);
-      add(R::kDownBias, h + "mlp.c_proj.bias", {C}, {}, 0, 0);
+      add(R::kNorm1Weight, h + "ln_1.weight", {C}, 0, 1);
+      add(R::kNorm1Bias, h + "ln_1.bias", {C}, 0, 0);
+      add(R::kQkvWeight, h + "attn.c_attn.weight", {Wqkv, C}, w_std, 0, qkv_parts);
+      add(R::kQkvBias, h + "attn.c_attn.bias", {Wqkv}, 0, 0, qkv_parts);
+      add(R::kOutWeight, h + "attn.c_proj.weight", {C, Cq}, proj_std, 0);
+      add(R::kOutBias, h + "attn.c_proj.bias", {C}, 0, 0);
+      add(R::kNorm2Weight, h + "ln_2.weight", {C}, 0, 1);
+      add(R::kNorm2Bias, h + "ln_2.bias", {C}, 0, 0);
+      add(R::kUpWeight, h + "mlp.c_fc.weight", {F, C}, w_std, 0);
+      add(R::kUpBias, h + "mlp.c_fc.bias", {F}, 0, 0);
+      add(R::kDownWeight, h + "mlp.c_proj.weight", {C, F}, proj_std, 0);
+      add(R::kDownBias, h + "mlp.c_proj.bias", {C}, 0, 0);
       end_unit();
     }
     layer = -1;
     if (last) {
-      add(R::kFinalNormWeight, "ln_f.weight", {C}, {}, 0, 1);
-      add(R::kFinalNormBias, "ln_f.bias", {C}, {}, 0, 0);
+      add(R::kFinalNormWeight, "ln_f.weight", {C}, 0, 1);
+      add(R::kFinalNormBias, "ln_f.bias", {C}, 0, 0);
     }
   } else {
     // A (1 + w) RMSNorm stores w: 0 is the identity scale.
     const double norm_init = cfg.family().norm == NormKind::kRMSNormOnePlus ? 0 : 1;
-    if (embedding) add(R::kTokenEmbedding, "embed_tokens", {V, C}, vocab_rows, w_std, 0);
+    if (embedding) add(R::kTokenEmbedding, "embed_tokens", {V, C}, w_std, 0);
     end_unit();
     for (int64_t l : stage_layers) {
       ++layer;
       const std::string h = "layers." + std::to_string(l) + ".";
-      add(R::kNorm1Weight, h + "input_layernorm.weight", {C}, {}, 0, norm_init);
-      add(R::kQkvWeight, h + "self_attn.qkv.weight", {Wqkv, C}, qkv_w, w_std, 0);
-      if (cfg.attention_bias) add(R::kQkvBias, h + "self_attn.qkv.bias", {Wqkv}, qkv_b, 0, 0);
-      add(R::kOutWeight, h + "self_attn.o_proj.weight", {C, Cq},
-          {Box{{0, t * Hl * D}, {C, Hl * D}}}, proj_std, 0);
-      add(R::kNorm2Weight, h + "post_attention_layernorm.weight", {C}, {}, 0, norm_init);
-      add(R::kUpWeight, h + "mlp.gate_up.weight", {2 * F, C},
-          {rows(t * Fl, Fl, C), rows(F + t * Fl, Fl, C)}, w_std, 0);
-      add(R::kDownWeight, h + "mlp.down_proj.weight", {C, F}, {Box{{0, t * Fl}, {C, Fl}}}, proj_std,
-          0);
+      add(R::kNorm1Weight, h + "input_layernorm.weight", {C}, 0, norm_init);
+      add(R::kQkvWeight, h + "self_attn.qkv.weight", {Wqkv, C}, w_std, 0, qkv_parts);
+      if (cfg.attention_bias) add(R::kQkvBias, h + "self_attn.qkv.bias", {Wqkv}, 0, 0, qkv_parts);
+      add(R::kOutWeight, h + "self_attn.o_proj.weight", {C, Cq}, proj_std, 0);
+      add(R::kNorm2Weight, h + "post_attention_layernorm.weight", {C}, 0, norm_init);
+      add(R::kUpWeight, h + "mlp.gate_up.weight", {2 * F, C}, w_std, 0, gate_up_parts);
+      add(R::kDownWeight, h + "mlp.down_proj.weight", {C, F}, proj_std, 0);
       end_unit();
     }
     layer = -1;
-    if (last) add(R::kFinalNormWeight, "norm.weight", {C}, {}, 0, norm_init);
+    if (last) add(R::kFinalNormWeight, "norm.weight", {C}, 0, norm_init);
   }
-  if (last && !cfg.tie_embeddings) add(R::kHead, "lm_head", {V, C}, vocab_rows, w_std, 0);
+  if (last && !cfg.tie_embeddings) add(R::kHead, "lm_head", {V, C}, w_std, 0);
   end_unit();
   return out;
 }

@@ -144,7 +144,7 @@ Status GPT2<T>::BlockBackwardInput(int l, const T* residual, T* stash) {
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dfc, a.ln2.template data<T>(),
                                               W(l, R::kUpWeight), N, C, Gl, overwrite));
   MESHRUN_RETURN_IF_ERROR(keep(s.ln2, a.ln2.template data<T>(), N * C));
-  MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
+  MESHRUN_RETURN_IF_ERROR(TpAfterMatmulInputGrad(R::kUpWeight, dln, N * C));
   T* norm2 = stash + s.norms + (layer_norm ? 2 * C : C);
   MESHRUN_RETURN_IF_ERROR(NormBackward(l, 2, a, a.res2.template data<T>(), dres, dln, norm2,
                                        layer_norm ? norm2 + C : none));
@@ -160,7 +160,7 @@ Status GPT2<T>::BlockBackwardInput(int l, const T* residual, T* stash) {
   MESHRUN_RETURN_IF_ERROR(ops::MatmulBackward(dev, dln, none, none, dqkv, a.ln1.template data<T>(),
                                               W(l, R::kQkvWeight), N, C, QkvWidth(), overwrite));
   MESHRUN_RETURN_IF_ERROR(keep(s.ln1, a.ln1.template data<T>(), N * C));
-  MESHRUN_RETURN_IF_ERROR(TpAllReduce(dln, N * C));
+  MESHRUN_RETURN_IF_ERROR(TpAfterMatmulInputGrad(R::kQkvWeight, dln, N * C));
   T* norm1 = stash + s.norms;
   return NormBackward(l, 1, a, residual, dres, dln, norm1, layer_norm ? norm1 + C : none);
 }
