@@ -120,14 +120,14 @@ v1::RankSummary SummaryReport(const RunSummary& s) {
   r.set_peak_memory_bytes(s.peak_memory_bytes);
   *r.mutable_memory() = MemoryReport(s.memory);
   r.set_max_rss_bytes(s.max_rss_bytes);
-  auto bytes = [&](MeshAxis axis) {
+  // The mesh's own axes in their order (proto/mesh_axis.h), those the run reports.
+  for (MeshAxis axis : kMeshOwnAxes) {
     auto it = s.comm_bytes.find(axis);
-    return it == s.comm_bytes.end() ? 0.0 : it->second;
-  };
-  r.set_comm_bytes_tp(bytes(MeshAxis::kTp));
-  r.set_comm_bytes_cp(bytes(MeshAxis::kCp));
-  r.set_comm_bytes_dp_shard(bytes(MeshAxis::kDpShard));
-  r.set_comm_bytes_dp_replicate(bytes(MeshAxis::kDpReplicate));
+    if (it == s.comm_bytes.end()) continue;
+    v1::AxisBytes* a = r.add_comm_bytes();
+    a->set_axis(MeshAxisToProto(axis));
+    a->set_bytes(it->second);
+  }
   r.set_checkpoint(s.last_checkpoint);
   r.set_resumed_from_step(s.resumed_step);
   r.set_last_step(s.last_step);
@@ -188,10 +188,11 @@ std::string EvalLineJson(const v1::RankEval& e) {
 }
 
 std::string SummaryLineJson(const v1::RankSummary& s) {
-  const json comm = {{"tp", s.comm_bytes_tp()},
-                     {"cp", s.comm_bytes_cp()},
-                     {"dp_shard", s.comm_bytes_dp_shard()},
-                     {"dp_replicate", s.comm_bytes_dp_replicate()}};
+  json comm = json::object();
+  for (const v1::AxisBytes& a : s.comm_bytes()) {
+    const std::optional<MeshAxis> axis = MeshAxisFromProto(a.axis());
+    if (axis) comm[std::string(MeshAxisName(*axis))] = a.bytes();
+  }
   json losses = json::array();
   for (double loss : s.losses()) losses.push_back(loss);
   json line = {{"event", "summary"},

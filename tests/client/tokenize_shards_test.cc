@@ -342,7 +342,9 @@ TEST_F(TokenizeShardsTest, KilledMidWayAndRunAgainGivesTheSameFiles) {
     // Run again (other thread counts): the same files, byte for byte, the done shards reused.
     r = RunCli(meshrun_, args(out, 1 + attempt % 3), dir_ / "stderr.txt", 120);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    if (mid_way) EXPECT_NE(r.err.find(" reused)"), std::string::npos) << r.err;
+    if (mid_way) {
+      EXPECT_NE(r.err.find(" reused)"), std::string::npos) << r.err;
+    }
     std::vector<std::string> names;
     for (const auto& e : fs::directory_iterator(ref)) names.push_back(e.path().filename());
     std::vector<std::string> got;

@@ -71,6 +71,13 @@ TEST_F(PipelineNprocTest, TwoStagesTimesFsdpTrainLikeOneRankAndResumeUnderOne) {
   // shard exchanged, the grad norm and the loss summed).
   EXPECT_GE(pp.pp_bytes, 6.0 * 2 * (2 * 64 * 64 * 4)) << pp.cli.out;
   EXPECT_EQ(one.pp_bytes, 0.0);
+  // The summary's bytes per axis come from the mesh's axis list: pp among them under a
+  // pipeline (per rank per step: at least the 2 activations each stage sends), absent without.
+  ASSERT_TRUE(pp.summary.is_object()) << pp.cli.out;
+  EXPECT_GE(pp.summary["comm_bytes"].value("pp", 0.0), 2.0 * 64 * 64 * 4) << pp.summary.dump();
+  EXPECT_GT(pp.summary["comm_bytes"].value("dp_shard", 0.0), 0.0) << pp.summary.dump();
+  ASSERT_TRUE(one.summary.is_object()) << one.cli.out;
+  EXPECT_FALSE(one.summary["comm_bytes"].contains("pp")) << one.summary.dump();
   // The step-3 pp checkpoint resumed by one rank: steps 4–6 are the single-rank run's.
   fs::remove_all(temp_ / "pp" / "step-00000006");
   const PipeRun resumed = Train(1, "pp", {});

@@ -60,7 +60,9 @@ TEST(RankProtocol, CommandLineAndRankStart) {
   // (passive unless the worker's environment chose one: decision 0025).
   ASSERT_EQ(cmd.env.size(), 2u);
   EXPECT_EQ(EnvOf(cmd.env, "OMP_NUM_THREADS"), "4");  // 8 cores / 2 ranks on this worker
-  if (OpenMpWaitUnset()) EXPECT_EQ(EnvOf(cmd.env, "OMP_WAIT_POLICY"), "passive");
+  if (OpenMpWaitUnset()) {
+    EXPECT_EQ(EnvOf(cmd.env, "OMP_WAIT_POLICY"), "passive");
+  }
   const v1::RankStart start = StartOf(cmd);
   EXPECT_EQ(start.assignment().rank(), 3);
   EXPECT_EQ(start.assignment().world_size(), 4);

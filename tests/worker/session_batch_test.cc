@@ -139,7 +139,9 @@ TEST(SessionBatch, OneSamplePerMessageToACoordinatorThatDoesNotSayItTakesBatches
   EXPECT_EQ(sent.rank_step, Expected(3));
   EXPECT_EQ(sent.messages, 3 * 8 + 1);
   for (const auto& u : ups) {
-    if (u.has_metrics()) EXPECT_TRUE(u.metrics().samples().empty());
+    if (u.has_metrics()) {
+      EXPECT_TRUE(u.metrics().samples().empty());
+    }
   }
 }
 
