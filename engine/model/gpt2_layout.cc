@@ -260,11 +260,13 @@ double GPT2FlopsPerToken(const GPT2Config& cfg, int seq_len) {
   GPT2Config global = cfg.WholeModel();
   global.tp_size = 1;
   global.tp_rank = 0;
+  global.n_layer = 1;  // every block the same: one block's parameters, n_layer times
   // Every parameter but the position table and, with an untied head, the token table (a
   // lookup, no multiply-adds); a tied table counts once, as the head.
   for (const ParamInfo& p : GPT2ParamLayout(global)) {
-    const bool table = p.name == "wte" || p.name == "embed_tokens";
-    if (p.name != "wpe" && !(table && !cfg.tie_embeddings)) n += static_cast<double>(p.numel);
+    if (p.role == ParamRole::kPositionEmbedding) continue;
+    if (p.role == ParamRole::kTokenEmbedding && !cfg.tie_embeddings) continue;
+    n += static_cast<double>(p.numel) * (p.layer == 0 ? cfg.n_layer : 1);
   }
   return 6.0 * n + 12.0 * cfg.n_layer * (static_cast<double>(cfg.n_head) * cfg.head_dim()) *
                        static_cast<double>(seq_len);

@@ -40,18 +40,32 @@ ModelSpec Llama3_70B(int seq_len) {
   return m;
 }
 
+namespace {
+
+// The layout of `model` with one layer: the embedding unit, one block (every block is the same
+// size) and the final unit; the planner asks for counts per mesh, and an 80-layer layout is
+// 80 times the work.
+std::vector<ParamInfo> OneLayerLayout(const ModelSpec& model) {
+  GPT2Config cfg = GPT2ConfigOf(model);
+  cfg.n_layer = 1;
+  return GPT2ParamLayout(cfg);
+}
+
+}  // namespace
+
 int64_t ParameterCount(const ModelSpec& model) {
   int64_t n = 0;
-  for (const ParamInfo& p : GPT2ParamLayout(GPT2ConfigOf(model))) {
-    if (p.name != "wpe") n += p.numel;
+  for (const ParamInfo& p : OneLayerLayout(model)) {
+    if (p.role == ParamRole::kPositionEmbedding) continue;
+    n += p.layer == 0 ? p.numel * model.n_layer : p.numel;
   }
   return n;
 }
 
 int64_t BlockParameterCount(const ModelSpec& model) {
   int64_t n = 0;
-  for (const ParamInfo& p : GPT2ParamLayout(GPT2ConfigOf(model))) {
-    if (p.name.rfind("h.0.", 0) == 0 || p.name.rfind("layers.0.", 0) == 0) n += p.numel;
+  for (const ParamInfo& p : OneLayerLayout(model)) {
+    if (p.layer == 0) n += p.numel;
   }
   return n;
 }

@@ -11,6 +11,7 @@ PipelineCosts PipelineCostsOf(const GPT2Config& whole_cfg, int seq_len) {
   whole.tp_size = 1;
   whole.tp_rank = 0;
   whole.fsdp_size = 1;
+  whole.n_layer = 1;  // every block costs the same: the first one's parameters are the cost
   PipelineCosts c;
   for (const ParamInfo& p : GPT2ParamLayout(whole)) {
     const double n = static_cast<double>(p.numel);
