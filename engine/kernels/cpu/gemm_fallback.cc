@@ -238,9 +238,7 @@ void GemmFallback(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T
   }
 }
 
-template void GemmFallback<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
-                                  int64_t, const float*, int64_t, float, float*, int64_t);
-template void GemmFallback<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
-                                   int64_t, const double*, int64_t, double, double*, int64_t);
+template void GemmFallback<MESHRUN_ELEMENT_TYPE>(bool, bool, int64_t, int64_t, int64_t, MESHRUN_ELEMENT_TYPE, const MESHRUN_ELEMENT_TYPE*,
+                               int64_t, const MESHRUN_ELEMENT_TYPE*, int64_t, MESHRUN_ELEMENT_TYPE, MESHRUN_ELEMENT_TYPE*, int64_t);
 
 }  // namespace meshrun::cpu
