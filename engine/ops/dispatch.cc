@@ -168,11 +168,11 @@ Status AttentionForward(gpu::CudaContext& ctx, float* out, float* lse, const flo
                                MaskedAttention(q_lo));
 }
 
-Status AttentionBackward(gpu::CudaContext& ctx, float* dq, float* dk, float* dv,
-                         const float* dout, const float* q, const float* k, const float* v,
-                         const float* out, const float* lse, const int32_t* q_pos,
-                         const int32_t* k_pos, int64_t B, int64_t H, int64_t Tq, int64_t Tk,
-                         int64_t D, double scale, const int32_t* q_lo) {
+Status AttentionBackward(gpu::CudaContext& ctx, float* dq, float* dk, float* dv, const float* dout,
+                         const float* q, const float* k, const float* v, const float* out,
+                         const float* lse, const int32_t* q_pos, const int32_t* k_pos, int64_t B,
+                         int64_t H, int64_t Tq, int64_t Tk, int64_t D, double scale,
+                         const int32_t* q_lo) {
   return gpu::AttentionBackward(ctx, dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, B, H, Tq,
                                 Tk, D, scale, MaskedAttention(q_lo));
 }
@@ -183,15 +183,14 @@ Status Scale(gpu::CudaContext& ctx, float* x, int64_t n, double s) {
 }
 
 Status AdamW(gpu::CudaContext& ctx, float* param, const float* grad, float* m, float* v, int64_t n,
-             double lr, double beta1, double beta2, double eps, double weight_decay,
-             int64_t step) {
+             double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
   ctx.InvalidateWeights();
   return gpu::AdamW<float>(ctx, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step,
                            1.0f, nullptr);
 }
 
-Status Lion(gpu::CudaContext& ctx, float* param, const float* grad, float* m, int64_t n,
-            double lr, double beta1, double beta2, double weight_decay) {
+Status Lion(gpu::CudaContext& ctx, float* param, const float* grad, float* m, int64_t n, double lr,
+            double beta1, double beta2, double weight_decay) {
   ctx.InvalidateWeights();
   return gpu::Lion(ctx, param, grad, m, n, lr, beta1, beta2, weight_decay);
 }
@@ -202,12 +201,12 @@ Status Lion(gpu::CudaContext& ctx, float* param, const float* grad, float* m, in
 // The cuda branch of an op: its CUDA kernel on float32; double answers INVALID_ARGUMENT, and an
 // engine without the CUDA path UNAVAILABLE.
 #if MESHRUN_OPS_CUDA
-#define MESHRUN_CUDA_BRANCH(name, ...)                                              \
-  if constexpr (std::is_same_v<T, float>) {                                         \
-    MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, internal::ContextOf(dev));     \
-    return cuda_kernels::name(*ctx, __VA_ARGS__);                                   \
-  } else {                                                                          \
-    return OnlyFloat(#name);                                                        \
+#define MESHRUN_CUDA_BRANCH(name, ...)                                         \
+  if constexpr (std::is_same_v<T, float>) {                                    \
+    MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext* ctx, internal::ContextOf(dev)); \
+    return cuda_kernels::name(*ctx, __VA_ARGS__);                              \
+  } else {                                                                     \
+    return OnlyFloat(#name);                                                   \
   }
 #elif MESHRUN_WITH_CUDA
 #define MESHRUN_CUDA_BRANCH(name, ...) return OnlyFloat(#name);
@@ -218,32 +217,32 @@ Status Lion(gpu::CudaContext& ctx, float* param, const float* grad, float* m, in
 #define MESHRUN_OPS_ARGS(...) MESHRUN_PP_LIST(MESHRUN_PARAM_NAME, __VA_ARGS__)
 #define MESHRUN_OPS_PARAMS(...) MESHRUN_PP_LIST(MESHRUN_PARAM_DEF, __VA_ARGS__)
 
-#define MESHRUN_OP(name, ...)                                          \
-  template <typename T>                                                 \
-  Status name(Device dev, MESHRUN_OPS_PARAMS(__VA_ARGS__)) {            \
-    if (dev.type == DeviceType::kCpu) {                                \
-      cpu::name(MESHRUN_OPS_ARGS(__VA_ARGS__));                        \
-      return OkStatus();                                               \
-    }                                                                  \
-    MESHRUN_CUDA_BRANCH(name, MESHRUN_OPS_ARGS(__VA_ARGS__))           \
+#define MESHRUN_OP(name, ...)                                \
+  template <typename T>                                      \
+  Status name(Device dev, MESHRUN_OPS_PARAMS(__VA_ARGS__)) { \
+    if (dev.type == DeviceType::kCpu) {                      \
+      cpu::name(MESHRUN_OPS_ARGS(__VA_ARGS__));              \
+      return OkStatus();                                     \
+    }                                                        \
+    MESHRUN_CUDA_BRANCH(name, MESHRUN_OPS_ARGS(__VA_ARGS__)) \
   }
-#define MESHRUN_REDUCTION_OP(name, ...)                                        \
-  template <typename T>                                                        \
-  StatusOr<double> name(Device dev, MESHRUN_OPS_PARAMS(__VA_ARGS__)) {          \
+#define MESHRUN_REDUCTION_OP(name, ...)                                                \
+  template <typename T>                                                                \
+  StatusOr<double> name(Device dev, MESHRUN_OPS_PARAMS(__VA_ARGS__)) {                 \
     if (dev.type == DeviceType::kCpu) return cpu::name(MESHRUN_OPS_ARGS(__VA_ARGS__)); \
-    MESHRUN_CUDA_BRANCH(name, MESHRUN_OPS_ARGS(__VA_ARGS__))                   \
+    MESHRUN_CUDA_BRANCH(name, MESHRUN_OPS_ARGS(__VA_ARGS__))                           \
   }
 #if MESHRUN_FLOAT64  // float32 only: the product library holds them
 #define MESHRUN_FLOAT_OP(name, ...)
 #else
-#define MESHRUN_FLOAT_OP(name, ...)                                    \
-  Status name(Device dev, MESHRUN_OPS_PARAMS(__VA_ARGS__)) {            \
-    using T = float; /* MESHRUN_CUDA_BRANCH's type */                  \
-    if (dev.type == DeviceType::kCpu) {                                \
-      cpu::name(MESHRUN_OPS_ARGS(__VA_ARGS__));                        \
-      return OkStatus();                                               \
-    }                                                                  \
-    MESHRUN_CUDA_BRANCH(name, MESHRUN_OPS_ARGS(__VA_ARGS__))           \
+#define MESHRUN_FLOAT_OP(name, ...)                               \
+  Status name(Device dev, MESHRUN_OPS_PARAMS(__VA_ARGS__)) {      \
+    using T [[maybe_unused]] = float; /* MESHRUN_CUDA_BRANCH's */ \
+    if (dev.type == DeviceType::kCpu) {                           \
+      cpu::name(MESHRUN_OPS_ARGS(__VA_ARGS__));                   \
+      return OkStatus();                                          \
+    }                                                             \
+    MESHRUN_CUDA_BRANCH(name, MESHRUN_OPS_ARGS(__VA_ARGS__))      \
   }
 #endif
 #include "engine/ops/op_table.inc"

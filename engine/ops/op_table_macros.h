@@ -14,11 +14,17 @@
 // Up to 20 arguments.
 #define MESHRUN_PP_CAT(a, b) MESHRUN_PP_CAT_(a, b)
 #define MESHRUN_PP_CAT_(a, b) a##b
-#define MESHRUN_PP_NARGS(...) MESHRUN_PP_NARGS_(__VA_ARGS__, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1)
-#define MESHRUN_PP_NARGS_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, n, ...) n
+#define MESHRUN_PP_NARGS(...)                                                                     \
+  MESHRUN_PP_NARGS_(__VA_ARGS__, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, \
+                    2, 1)
+#define MESHRUN_PP_NARGS_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, \
+                          _17, _18, _19, _20, n, ...)                                            \
+  n
 // f applied to each argument, joined by commas (LIST) or by nothing (EACH).
-#define MESHRUN_PP_LIST(f, ...) MESHRUN_PP_CAT(MESHRUN_PP_LIST_, MESHRUN_PP_NARGS(__VA_ARGS__))(f, __VA_ARGS__)
-#define MESHRUN_PP_EACH(f, ...) MESHRUN_PP_CAT(MESHRUN_PP_EACH_, MESHRUN_PP_NARGS(__VA_ARGS__))(f, __VA_ARGS__)
+#define MESHRUN_PP_LIST(f, ...) \
+  MESHRUN_PP_CAT(MESHRUN_PP_LIST_, MESHRUN_PP_NARGS(__VA_ARGS__))(f, __VA_ARGS__)
+#define MESHRUN_PP_EACH(f, ...) \
+  MESHRUN_PP_CAT(MESHRUN_PP_EACH_, MESHRUN_PP_NARGS(__VA_ARGS__))(f, __VA_ARGS__)
 #define MESHRUN_PP_LIST_1(f, x) f x
 #define MESHRUN_PP_EACH_1(f, x) f(x)
 #define MESHRUN_PP_LIST_2(f, x, ...) f x, MESHRUN_PP_LIST_1(f, __VA_ARGS__)

@@ -174,7 +174,6 @@ float Bf16BitsToFloat(uint16_t b) {
   return f;
 }
 
-
 }  // namespace
 
 Status SetMatmulPrecision(Device dev, MatmulPrecision precision) {

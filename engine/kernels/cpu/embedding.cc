@@ -46,9 +46,12 @@ void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
   }
 }
 
-template void EmbeddingForward<MESHRUN_ELEMENT_TYPE>(MESHRUN_ELEMENT_TYPE*, const int32_t*, const int32_t*, const MESHRUN_ELEMENT_TYPE*,
-                                   const MESHRUN_ELEMENT_TYPE*, int64_t, int64_t);
-template void EmbeddingBackward<MESHRUN_ELEMENT_TYPE>(MESHRUN_ELEMENT_TYPE*, MESHRUN_ELEMENT_TYPE*, const MESHRUN_ELEMENT_TYPE*, const int32_t*, const int32_t*,
-                                    int64_t, int64_t);
+#define MESHRUN_INSTANTIATE(T)                                                                  \
+  template void EmbeddingForward<T>(T*, const int32_t*, const int32_t*, const T*, const T*,     \
+                                    int64_t, int64_t);                                          \
+  template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, const int32_t*, int64_t, \
+                                     int64_t);
+MESHRUN_INSTANTIATE(MESHRUN_ELEMENT_TYPE)  // float; double in the float64 twin (element_type.h)
+#undef MESHRUN_INSTANTIATE
 
 }  // namespace meshrun::cpu

@@ -238,7 +238,10 @@ void GemmFallback(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T
   }
 }
 
-template void GemmFallback<MESHRUN_ELEMENT_TYPE>(bool, bool, int64_t, int64_t, int64_t, MESHRUN_ELEMENT_TYPE, const MESHRUN_ELEMENT_TYPE*,
-                               int64_t, const MESHRUN_ELEMENT_TYPE*, int64_t, MESHRUN_ELEMENT_TYPE, MESHRUN_ELEMENT_TYPE*, int64_t);
+#define MESHRUN_INSTANTIATE(T)                                                               \
+  template void GemmFallback<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, \
+                                const T*, int64_t, T, T*, int64_t);
+MESHRUN_INSTANTIATE(MESHRUN_ELEMENT_TYPE)  // float; double in the float64 twin (element_type.h)
+#undef MESHRUN_INSTANTIATE
 
 }  // namespace meshrun::cpu

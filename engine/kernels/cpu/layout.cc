@@ -148,7 +148,7 @@ void AddRows(T* x, const T* table, const int32_t* idx, int64_t N, int64_t C) {
   }
 }
 
-MESHRUN_INSTANTIATE_CPU_KERNELS(SplitHeads, MergeQkvGrads, HeadsToRows, RowsToHeads, BlocksToSequence,
-                                SequenceToBlocks, AddBias, BiasBackward, AddRows)
+MESHRUN_INSTANTIATE_CPU_KERNELS(SplitHeads, MergeQkvGrads, HeadsToRows, RowsToHeads,
+                                BlocksToSequence, SequenceToBlocks, AddBias, BiasBackward, AddRows)
 
 }  // namespace meshrun::cpu

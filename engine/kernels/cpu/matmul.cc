@@ -322,8 +322,11 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
   }
 }
 
-template void Gemm<MESHRUN_ELEMENT_TYPE>(bool, bool, int64_t, int64_t, int64_t, MESHRUN_ELEMENT_TYPE, const MESHRUN_ELEMENT_TYPE*, int64_t,
-                       const MESHRUN_ELEMENT_TYPE*, int64_t, MESHRUN_ELEMENT_TYPE, MESHRUN_ELEMENT_TYPE*, int64_t);
+#define MESHRUN_INSTANTIATE(T)                                                                 \
+  template void Gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
+                        int64_t, T, T*, int64_t);
+MESHRUN_INSTANTIATE(MESHRUN_ELEMENT_TYPE)  // float; double in the float64 twin (element_type.h)
+#undef MESHRUN_INSTANTIATE
 MESHRUN_INSTANTIATE_CPU_KERNELS(MatmulForward, MatmulBackward)
 
 #if !MESHRUN_FLOAT64
