@@ -48,8 +48,9 @@ Status NotBuilt(const char* op) {
 
 }  // namespace internal
 
+#if MESHRUN_WITH_CUDA
 using internal::ContextOf;
-#if !MESHRUN_WITH_CUDA
+#else
 using internal::NotBuilt;
 #endif
 
