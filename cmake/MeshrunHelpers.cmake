@@ -16,6 +16,29 @@ function(meshrun_add_library name)
   target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
 endfunction()
 
+# The float64 twin of a library (decision 0067): the product instantiates its templated ops,
+# kernels and model for float only; the finite-difference gradient tests need them in float64.
+# With the tests configured, the twin <product>_float64 compiles the given SOURCES of the product a
+# second time with MESHRUN_FLOAT64=1 (engine/core/element_type.h: the files then instantiate
+# double and leave out what is not a template) and the product's flags, definitions, include
+# directories and libraries; it links the product and DEPS (other twins). Only tests link a twin,
+# so nothing instantiated for double reaches the binaries.
+#   meshrun_float64_twin(PRODUCT SOURCES a.cc b.cc [DEPS twin1 twin2])
+function(meshrun_float64_twin product)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  if(MESHRUN_TESTS STREQUAL "OFF")
+    return()
+  endif()
+  set(twin ${product}_float64)
+  add_library(${twin} STATIC EXCLUDE_FROM_ALL ${ARG_SOURCES})
+  target_compile_definitions(${twin} PRIVATE
+    $<TARGET_PROPERTY:${product},COMPILE_DEFINITIONS> MESHRUN_FLOAT64=1)
+  target_compile_options(${twin} PRIVATE $<TARGET_PROPERTY:${product},COMPILE_OPTIONS>)
+  target_include_directories(${twin} PRIVATE $<TARGET_PROPERTY:${product},INCLUDE_DIRECTORIES>)
+  target_link_libraries(${twin} PRIVATE $<TARGET_PROPERTY:${product},LINK_LIBRARIES>)
+  target_link_libraries(${twin} PUBLIC ${ARG_DEPS} ${product})
+endfunction()
+
 function(meshrun_add_executable name)
   cmake_parse_arguments(ARG "" "OUTPUT_NAME" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})

@@ -12,6 +12,7 @@
 
 namespace meshrun {
 
+#if !MESHRUN_FLOAT64  // not a template: the product library holds it (element_type.h)
 void DocumentStarts(const int32_t* inputs, int B, int Tn, int32_t eot, int32_t* starts) {
   for (int b = 0; b < B; ++b) {
     const int32_t* in = inputs + static_cast<int64_t>(b) * Tn;
@@ -23,6 +24,7 @@ void DocumentStarts(const int32_t* inputs, int B, int Tn, int32_t eot, int32_t* 
     }
   }
 }
+#endif
 
 template <typename T>
 GPT2<T>::GPT2(GPT2Config cfg, bool own_storage)
@@ -900,7 +902,6 @@ Status GPT2<T>::BlockBackward(int l, const T* residual) {
   return NormBackward(l, 1, a, residual, dres, dln);
 }
 
-template class GPT2<float>;
-template class GPT2<double>;
+template class GPT2<MESHRUN_ELEMENT_TYPE>;  // float; double in the float64 twin
 
 }  // namespace meshrun

@@ -12,6 +12,7 @@
 
 #include "common/job_spec.h"
 #include "common/status.h"
+#include "engine/core/element_type.h"
 #include "engine/core/tensor.h"
 
 namespace meshrun {
@@ -581,6 +582,8 @@ class GPT2 {
   T* stash_ = nullptr;
 };
 
+// Instantiated for float in meshrun_model; GPT2<double> exists only in the test-only float64 twin
+// (meshrun_model_float64) that the finite-difference gradient test links (decision 0067).
 extern template class GPT2<float>;
 extern template class GPT2<double>;
 

@@ -232,13 +232,11 @@ Status GPT2<T>::AttentionBackward(LayerActs& a, T* dqkv) {
   return ops::MergeQkvGrads(dev, dqkv, dq, dk, dv, B, Tn, Hl, cfg_.kv_heads() / cfg_.tp_size, D);
 }
 
-template Status GPT2<float>::Rope(float*, bool);
-template Status GPT2<double>::Rope(double*, bool);
-template Status GPT2<float>::PrepareCpPositions();
-template Status GPT2<double>::PrepareCpPositions();
-template Status GPT2<float>::AttentionForward(GPT2<float>::LayerActs&, bool);
-template Status GPT2<double>::AttentionForward(GPT2<double>::LayerActs&, bool);
-template Status GPT2<float>::AttentionBackward(GPT2<float>::LayerActs&, float*);
-template Status GPT2<double>::AttentionBackward(GPT2<double>::LayerActs&, double*);
+// float; double in the float64 twin (element_type.h).
+using Model = GPT2<MESHRUN_ELEMENT_TYPE>;
+template Status Model::Rope(MESHRUN_ELEMENT_TYPE*, bool);
+template Status Model::PrepareCpPositions();
+template Status Model::AttentionForward(Model::LayerActs&, bool);
+template Status Model::AttentionBackward(Model::LayerActs&, MESHRUN_ELEMENT_TYPE*);
 
 }  // namespace meshrun

@@ -215,8 +215,7 @@ Status GPT2<T>::BlockBackwardWeight(int l, int64_t N, const T* stash) {
   template Status GPT2<T>::StageBackwardWeight(int);                                        \
   template Status GPT2<T>::BlockBackwardInput(int, const T*, T*);                           \
   template Status GPT2<T>::BlockBackwardWeight(int, int64_t, const T*);
-MESHRUN_INSTANTIATE(float)
-MESHRUN_INSTANTIATE(double)
+MESHRUN_INSTANTIATE(MESHRUN_ELEMENT_TYPE)  // float; double in the float64 twin (element_type.h)
 #undef MESHRUN_INSTANTIATE
 
 }  // namespace meshrun

@@ -44,6 +44,13 @@ void AdamW(T* param, const T* grad, T* m, T* v, int64_t n, double lr, double bet
 }
 
 template <typename T>
+double Sum(const T* x, int64_t n) {
+  double sum = 0;  // serial, in order: the loss sum every rank computes alike
+  for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]);
+  return sum;
+}
+
+template <typename T>
 double SumOfSquares(const T* x, int64_t n) {
   const int64_t n_chunks = (n + kChunk - 1) / kChunk;
   thread_local std::vector<double> partial;
@@ -71,13 +78,6 @@ void Scale(T* x, int64_t n, double s) {
   for (int64_t i = 0; i < n; ++i) x[i] *= st;
 }
 
-#define MESHRUN_INSTANTIATE(T)                                                                  \
-  template void AdamW<T>(T*, const T*, T*, T*, int64_t, double, double, double, double, double, \
-                         int64_t);                                                              \
-  template double SumOfSquares<T>(const T*, int64_t);                                           \
-  template void Scale<T>(T*, int64_t, double);
-MESHRUN_INSTANTIATE(float)
-MESHRUN_INSTANTIATE(double)
-#undef MESHRUN_INSTANTIATE
+MESHRUN_INSTANTIATE_CPU_KERNELS(AdamW, Sum, SumOfSquares, Scale)
 
 }  // namespace meshrun::cpu

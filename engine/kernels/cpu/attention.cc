@@ -427,16 +427,6 @@ void AttentionMerge(T* out_a, T* lse_a, const T* out_b, const T* lse_b, int64_t 
   }
 }
 
-#define MESHRUN_INSTANTIATE(T)                                                                     \
-  template void AttentionForward<T>(T*, T*, const T*, const T*, const T*, const int32_t*,          \
-                                    const int32_t*, int64_t, int64_t, int64_t, int64_t, int64_t,   \
-                                    double, const int32_t*);                                       \
-  template void AttentionBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, \
-                                     const T*, const int32_t*, const int32_t*, int64_t, int64_t,   \
-                                     int64_t, int64_t, int64_t, double, const int32_t*);           \
-  template void AttentionMerge<T>(T*, T*, const T*, const T*, int64_t, int64_t);
-MESHRUN_INSTANTIATE(float)
-MESHRUN_INSTANTIATE(double)
-#undef MESHRUN_INSTANTIATE
+MESHRUN_INSTANTIATE_CPU_KERNELS(AttentionForward, AttentionBackward, AttentionMerge)
 
 }  // namespace meshrun::cpu

@@ -12,7 +12,8 @@ namespace meshrun::cpu {
 
 template <typename T>
 void SoftmaxCrossEntropy(T* losses, T* dlogits, const T* logits, const int32_t* targets, int64_t N,
-                         int64_t V, T grad_scale) {
+                         int64_t V, double grad_scale_arg) {
+  const T grad_scale = static_cast<T>(grad_scale_arg);
   // No __restrict anywhere: dlogits may be logits. Each element is read before it is written
   // at the same index, which is safe for the vectorized loops too.
 #pragma omp parallel for schedule(static) if (internal::WorthParallel(N * V))
@@ -70,9 +71,6 @@ void SoftmaxCrossEntropy(T* losses, T* dlogits, const T* logits, const int32_t* 
   }
 }
 
-template void SoftmaxCrossEntropy<float>(float*, float*, const float*, const int32_t*, int64_t,
-                                         int64_t, float);
-template void SoftmaxCrossEntropy<double>(double*, double*, const double*, const int32_t*, int64_t,
-                                          int64_t, double);
+MESHRUN_INSTANTIATE_CPU_KERNELS(SoftmaxCrossEntropy)
 
 }  // namespace meshrun::cpu

@@ -51,8 +51,7 @@ void EmbeddingBackward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens,
                                     int64_t, int64_t);                                          \
   template void EmbeddingBackward<T>(T*, T*, const T*, const int32_t*, const int32_t*, int64_t, \
                                      int64_t);
-MESHRUN_INSTANTIATE(float)
-MESHRUN_INSTANTIATE(double)
+MESHRUN_INSTANTIATE(MESHRUN_ELEMENT_TYPE)  // float; double in the float64 twin (element_type.h)
 #undef MESHRUN_INSTANTIATE
 
 }  // namespace meshrun::cpu

@@ -62,9 +62,6 @@ void GeluBackward(T* dinp, const T* inp, const T* dout, int64_t n, bool accumula
   }
 }
 
-template void GeluForward<float>(float*, const float*, int64_t);
-template void GeluForward<double>(double*, const double*, int64_t);
-template void GeluBackward<float>(float*, const float*, const float*, int64_t, bool);
-template void GeluBackward<double>(double*, const double*, const double*, int64_t, bool);
+MESHRUN_INSTANTIATE_CPU_KERNELS(GeluForward, GeluBackward)
 
 }  // namespace meshrun::cpu

@@ -238,9 +238,10 @@ void GemmFallback(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T
   }
 }
 
-template void GemmFallback<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*,
-                                  int64_t, const float*, int64_t, float, float*, int64_t);
-template void GemmFallback<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*,
-                                   int64_t, const double*, int64_t, double, double*, int64_t);
+#define MESHRUN_INSTANTIATE(T)                                                               \
+  template void GemmFallback<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, \
+                                const T*, int64_t, T, T*, int64_t);
+MESHRUN_INSTANTIATE(MESHRUN_ELEMENT_TYPE)  // float; double in the float64 twin (element_type.h)
+#undef MESHRUN_INSTANTIATE
 
 }  // namespace meshrun::cpu

@@ -101,13 +101,6 @@ void LayerNormBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* in
   }
 }
 
-#define MESHRUN_INSTANTIATE(T)                                                                     \
-  template void LayerNormForward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,    \
-                                    double);                                                       \
-  template void LayerNormBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, \
-                                     int64_t, int64_t);
-MESHRUN_INSTANTIATE(float)
-MESHRUN_INSTANTIATE(double)
-#undef MESHRUN_INSTANTIATE
+MESHRUN_INSTANTIATE_CPU_KERNELS(LayerNormForward, LayerNormBackward)
 
 }  // namespace meshrun::cpu

@@ -148,19 +148,7 @@ void AddRows(T* x, const T* table, const int32_t* idx, int64_t N, int64_t C) {
   }
 }
 
-#define MESHRUN_LAYOUT_OPS(T)                                                                     \
-  template void SplitHeads<T>(T*, T*, T*, const T*, int64_t, int64_t, int64_t, int64_t, int64_t); \
-  template void MergeQkvGrads<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t,     \
-                                 int64_t, int64_t);                                               \
-  template void HeadsToRows<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);                 \
-  template void RowsToHeads<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);                 \
-  template void BlocksToSequence<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);            \
-  template void SequenceToBlocks<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);            \
-  template void AddBias<T>(T*, const T*, int64_t, int64_t);                                       \
-  template void BiasBackward<T>(T*, const T*, int64_t, int64_t);                                  \
-  template void AddRows<T>(T*, const T*, const int32_t*, int64_t, int64_t);
-MESHRUN_LAYOUT_OPS(float)
-MESHRUN_LAYOUT_OPS(double)
-#undef MESHRUN_LAYOUT_OPS
+MESHRUN_INSTANTIATE_CPU_KERNELS(SplitHeads, MergeQkvGrads, HeadsToRows, RowsToHeads,
+                                BlocksToSequence, SequenceToBlocks, AddBias, BiasBackward, AddRows)
 
 }  // namespace meshrun::cpu

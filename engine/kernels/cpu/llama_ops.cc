@@ -241,7 +241,8 @@ void VocabShardLoss(T* losses, T* lse, const T* all_stats, const int32_t* target
 
 template <typename T>
 void VocabShardGrad(T* dlogits, const T* logits, const T* lse, const int32_t* targets,
-                    int64_t first, int64_t N, int64_t V, T grad_scale) {
+                    int64_t first, int64_t N, int64_t V, double grad_scale_arg) {
+  const T grad_scale = static_cast<T>(grad_scale_arg);
 #pragma omp parallel for schedule(static) if (internal::WorthParallel(N * V))
   for (int64_t i = 0; i < N; ++i) {
     const T* l = logits + i * V;
@@ -257,26 +258,9 @@ void VocabShardGrad(T* dlogits, const T* logits, const T* lse, const int32_t* ta
   }
 }
 
-#define MESHRUN_LLAMA_OPS(T)                                                                      \
-  template void RMSNormForward<T>(T*, T*, const T*, const T*, int64_t, int64_t, double);          \
-  template void RMSNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t,       \
-                                   int64_t);                                                      \
-  template void SwiGLUForward<T>(T*, const T*, int64_t, int64_t);                                 \
-  template void GeGLUForward<T>(T*, const T*, int64_t, int64_t);                                  \
-  template void GeGLUBackward<T>(T*, const T*, const T*, int64_t, int64_t);                       \
-  template void SwiGLUBackward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
-  template void RopeForward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);                \
-  template void RopeBackward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);               \
-  template void EmbeddingRowsForward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t,  \
-                                        int64_t);                                                 \
-  template void EmbeddingRowsBackward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, \
-                                         int64_t);                                                \
-  template void VocabShardStats<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t);      \
-  template void VocabShardLoss<T>(T*, T*, const T*, const int32_t*, int64_t, int64_t);            \
-  template void VocabShardGrad<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t,       \
-                                  int64_t, T);
-MESHRUN_LLAMA_OPS(float)
-MESHRUN_LLAMA_OPS(double)
-#undef MESHRUN_LLAMA_OPS
+MESHRUN_INSTANTIATE_CPU_KERNELS(RMSNormForward, RMSNormBackward, SwiGLUForward, SwiGLUBackward,
+                                GeGLUForward, GeGLUBackward, RopeForward, RopeBackward,
+                                EmbeddingRowsForward, EmbeddingRowsBackward, VocabShardStats,
+                                VocabShardLoss, VocabShardGrad)
 
 }  // namespace meshrun::cpu

@@ -223,6 +223,7 @@ constexpr int64_t kBiasCols = 64;
 
 }  // namespace
 
+#if !MESHRUN_FLOAT64  // not templates: the product library holds them (element_type.h)
 const char* GemmBackend() {
 #ifdef MESHRUN_HAVE_OPENBLAS
   const std::string others = Choice().description;
@@ -253,6 +254,7 @@ const char* OpenBlasCoreTypeHint() {
 const char* KernelIsa() {
   return internal::TileGemmIsa();
 }
+#endif
 
 template <typename T>
 void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, T alpha, const T* A,
@@ -322,14 +324,12 @@ void MatmulBackward(T* dinp, T* dweight, T* dbias, const T* dout, const T* inp, 
 
 #define MESHRUN_INSTANTIATE(T)                                                                 \
   template void Gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, \
-                        int64_t, T, T*, int64_t);                                              \
-  template void MatmulForward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t); \
-  template void MatmulBackward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t,  \
-                                  int64_t, bool);
-MESHRUN_INSTANTIATE(float)
-MESHRUN_INSTANTIATE(double)
+                        int64_t, T, T*, int64_t);
+MESHRUN_INSTANTIATE(MESHRUN_ELEMENT_TYPE)  // float; double in the float64 twin (element_type.h)
 #undef MESHRUN_INSTANTIATE
+MESHRUN_INSTANTIATE_CPU_KERNELS(MatmulForward, MatmulBackward)
 
+#if !MESHRUN_FLOAT64
 double MeasureMatmulFlops() {
   const int64_t n = 512;
   std::vector<float> a(n * n), b(n * n), c(n * n);
@@ -353,5 +353,6 @@ double MeasureMatmulFlops() {
   }
   return 2.0 * n * n * n / best;
 }
+#endif
 
 }  // namespace meshrun::cpu

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "engine/core/element_type.h"
 #include "engine/kernels/cpu/simd.h"
 
 #if MESHRUN_SIMD_X86
@@ -135,6 +136,7 @@ TileGemmFn<T> TileGemm(bool trans_a) {
   return trans_a ? base::TileGemmImpl<T, true> : base::TileGemmImpl<T, false>;
 }
 
+#if !MESHRUN_FLOAT64  // not a template: the product library holds it (element_type.h)
 const char* TileGemmIsa() {
   switch (Chosen()) {
     case Isa::kAvx512: return "avx512";
@@ -143,8 +145,8 @@ const char* TileGemmIsa() {
   }
   return "sse2";
 }
+#endif
 
-template TileGemmFn<float> TileGemm<float>(bool);
-template TileGemmFn<double> TileGemm<double>(bool);
+template TileGemmFn<MESHRUN_ELEMENT_TYPE> TileGemm<MESHRUN_ELEMENT_TYPE>(bool);
 
 }  // namespace meshrun::cpu::internal
