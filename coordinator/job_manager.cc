@@ -633,12 +633,18 @@ Status JobManager::Load() {
     j.events.set_reserved(j.row.seq_reserved);
     if (j.row.state == v1::JOB_STATE_PENDING) queue_.Add(j.row.seq, job_id, j.device());
     j.ranks_loaded = j.row.attempt == 0;
+    if (j.row.state != v1::JOB_STATE_RUNNING && j.row.state != v1::JOB_STATE_PENDING) continue;
+    // The attempts a re-mesh ended, which are not restarts (the restart budget and `restarts`
+    // leave them out), from their rows.
+    MESHRUN_ASSIGN_OR_RETURN(std::vector<AttemptRow> attempts, db->LoadAttempts(job_id));
+    for (const AttemptRow& a : attempts) {
+      if (a.state == static_cast<int>(AttemptState::kRemeshed)) ++j.remesh_attempts;
+    }
     if (j.row.state != v1::JOB_STATE_RUNNING) continue;
 
     // A running attempt: its ranks keep their slots and wait for their workers' reports.
     MESHRUN_ASSIGN_OR_RETURN(std::vector<RankRecord> ranks,
                              journal_.LoadRanks(job_id, j.row.attempt));
-    MESHRUN_ASSIGN_OR_RETURN(std::vector<AttemptRow> attempts, db->LoadAttempts(job_id));
     auto attempt = std::make_unique<Attempt>();
     attempt->number = j.row.attempt;
     for (const AttemptRow& a : attempts) {

@@ -182,7 +182,8 @@ void JobManager::StartAttemptLocked(Job& job, const Placement& placement,
     r.local_world_size = placement.local_world_size[p.worker];
   }
   job.row.attempt = a.number;
-  job.row.restarts = a.number - 1;
+  // Restarts are the attempts a failure ended; a re-mesh's stop is not one (decision 0056).
+  job.row.restarts = a.number - 1 - job.remesh_attempts;
   NoteAttemptMeshLocked(job, a);
   Txn txn(job);
   txn.batch.attempts.push_back(ToAttemptRow(job, a));

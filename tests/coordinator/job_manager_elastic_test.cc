@@ -80,6 +80,8 @@ TEST_F(ElasticJobManagerTest, ADrainCheckpointsAndReMeshesWithoutARestart) {
   EXPECT_TRUE(workers_.TakeAssignments("b").empty()) << "a drained worker got ranks";
   ASSERT_EQ(job.meshes_size(), 2);
   EXPECT_EQ(job.meshes(1).cause(), "drained");
+  // The re-mesh used no restart: attempt 2 of a job that never failed.
+  EXPECT_EQ(job.restarts(), 0);
 }
 
 TEST_F(ElasticJobManagerTest, AFixedWorldJobKeepsItsMeshAndWaits) {
