@@ -198,6 +198,16 @@ Status CheckModel(const ModelSpec& m) {
                                   "use 10000 (Llama 2) or 500000 (Llama 3)"));
   MESHRUN_RETURN_IF_ERROR(AtLeast("model.sliding_window", m.sliding_window, 0,
                                   "use 0 (no window) or the keys each query sees, e.g. 4096"));
+  // A window the family's Hugging Face class cannot hold would train a model that init_from and
+  // export cannot carry (GPT2LMHeadModel and GemmaForCausalLM have none; Llama's layout is
+  // exported as Mistral's, which has one).
+  if (m.sliding_window > 0 && (m.arch == "gpt2" || m.arch == "gemma")) {
+    return Invalid("model.sliding_window",
+                   Str(m.sliding_window) + " with arch " + m.arch + ", whose Hugging Face class (" +
+                       (m.arch == "gpt2" ? "GPT2LMHeadModel" : "GemmaForCausalLM") +
+                       ") has no sliding window: an exported model would attend to every key",
+                   "remove model.sliding_window, or use arch llama (exported as Mistral)");
+  }
   const bool gpt2 = m.arch == "gpt2";
   if (gpt2) {
     // Fields of the Llama family only: a gpt2 spec that sets them means another architecture.

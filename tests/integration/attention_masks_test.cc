@@ -157,6 +157,16 @@ TEST(AttentionMasksSpecTest, DocumentMaskingNeedsAnEndOfTextTokenAndAKnownValue)
       dir / "err", 60);
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_NE(r.err.find("model.sliding_window"), std::string::npos) << r.err;
+  // A family whose Hugging Face class has no window: refused, naming the field and the fix.
+  for (const std::string arch : {"gpt2", "gemma"}) {
+    r = testing::RunCli(meshrun,
+                        {"validate", "-f", (dir / "job.yaml").string(), "--set",
+                         "model.arch=" + arch, "--set", "model.sliding_window=8"},
+                        dir / ("window-" + arch + ".err"), 60);
+    EXPECT_EQ(r.exit_code, 2) << arch << ": " << r.err;
+    EXPECT_NE(r.err.find("model.sliding_window"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("no sliding window"), std::string::npos) << r.err;
+  }
   fs::remove_all(dir);
 }
 
