@@ -97,8 +97,7 @@ TEST(Gpt2LayoutTest, EveryBlockResolvesTheRolesItsArchitectureHas) {
     ASSERT_EQ(per_layer.size(), 3u);  // the embedding and final units (-1), layers 0 and 1
     for (int l = 0; l < 2; ++l) {
       for (ParamRole r : {ParamRole::kNorm1Weight, ParamRole::kQkvWeight, ParamRole::kOutWeight,
-                          ParamRole::kNorm2Weight, ParamRole::kUpWeight,
-                          ParamRole::kDownWeight}) {
+                          ParamRole::kNorm2Weight, ParamRole::kUpWeight, ParamRole::kDownWeight}) {
         EXPECT_EQ(per_layer[l][r], 1) << "layer " << l << " role " << static_cast<int>(r);
       }
       // Biases where the architecture has them: every linear's for GPT-2, q|k|v's for this
