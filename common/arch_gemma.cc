@@ -18,6 +18,7 @@ Architecture GemmaArchitecture() {
           .embedding_scale = true,
           .free_head_dim = true,
           .tied_by_default = true,
+          .sliding_window = false,
           .hf_model_types = {"gemma"},
           .hf_class = "GemmaForCausalLM"};
 }

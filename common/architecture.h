@@ -45,6 +45,9 @@ struct Architecture {
   bool free_head_dim;
   // model.tie_embeddings when the spec leaves it out (as the family's checkpoints are).
   bool tied_by_default;
+  // model.sliding_window is accepted: the family's Hugging Face class (or the one its export
+  // writes, Mistral's for the Llama layout) holds a window, so init_from and export carry it.
+  bool sliding_window;
   // Hugging Face: the model_type values of config.json read as this family (the first is what an
   // export writes unless the family's exporter says otherwise) and the class an export names.
   std::vector<std::string_view> hf_model_types;

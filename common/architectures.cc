@@ -47,6 +47,7 @@ Architecture Gpt2Architecture() {
           .embedding_scale = false,
           .free_head_dim = false,
           .tied_by_default = true,
+          .sliding_window = false,
           .hf_model_types = {"gpt2"},
           .hf_class = "GPT2LMHeadModel"};
 }
@@ -65,6 +66,7 @@ Architecture LlamaArchitecture() {
           .embedding_scale = false,
           .free_head_dim = false,
           .tied_by_default = false,
+          .sliding_window = true,
           .hf_model_types = {"llama", "mistral", "qwen2"},
           .hf_class = "LlamaForCausalLM"};
 }

@@ -199,14 +199,18 @@ Status CheckModel(const ModelSpec& m) {
   MESHRUN_RETURN_IF_ERROR(AtLeast("model.sliding_window", m.sliding_window, 0,
                                   "use 0 (no window) or the keys each query sees, e.g. 4096"));
   // A window the family's Hugging Face class cannot hold would train a model that init_from and
-  // export cannot carry (GPT2LMHeadModel and GemmaForCausalLM have none; Llama's layout is
-  // exported as Mistral's, which has one).
-  if (m.sliding_window > 0 && (m.arch == "gpt2" || m.arch == "gemma")) {
+  // export cannot carry (Architecture::sliding_window).
+  if (m.sliding_window > 0 && FindArchitecture(m.arch) != nullptr &&
+      !FindArchitecture(m.arch)->sliding_window) {
+    std::vector<std::string> with;
+    for (const Architecture& a : Architectures()) {
+      if (a.sliding_window) with.push_back(std::string(a.name));
+    }
     return Invalid("model.sliding_window",
                    Str(m.sliding_window) + " with arch " + m.arch + ", whose Hugging Face class (" +
-                       (m.arch == "gpt2" ? "GPT2LMHeadModel" : "GemmaForCausalLM") +
+                       std::string(FindArchitecture(m.arch)->hf_class) +
                        ") has no sliding window: an exported model would attend to every key",
-                   "remove model.sliding_window, or use arch llama (exported as Mistral)");
+                   "remove model.sliding_window, or use arch " + JoinOr(with));
   }
   const bool gpt2 = m.arch == "gpt2";
   if (gpt2) {
