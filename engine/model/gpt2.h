@@ -245,10 +245,6 @@ struct ModelParallel {
 // document. A sequence's first tokens belong to a document that started before it: position 0.
 void DocumentStarts(const int32_t* inputs, int B, int T, int32_t eot, int32_t* starts);
 
-// The parameter the head multiplies by: the token table when tied ("wte", "embed_tokens"),
-// else "lm_head".
-std::string HeadWeightName(const GPT2Config& cfg);
-
 // Rows of logits the head computes at once for `tokens` rows of a vocabulary of `vocab`:
 // all of them up to 2^23 floats (32 MiB), fewer beyond (the logits of GPT-2 at 1,024 tokens are
 // 200 MiB otherwise).

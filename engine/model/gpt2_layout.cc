@@ -45,11 +45,6 @@ int64_t GPT2Config::vocab_rows() const {
   return std::min<int64_t>(vocab_size, per * (tp_rank + 1)) - vocab_first();
 }
 
-std::string HeadWeightName(const GPT2Config& cfg) {
-  if (cfg.tie_embeddings) return cfg.llama() ? "embed_tokens" : "wte";
-  return "lm_head";
-}
-
 TpSplit TpSplitOf(ParamRole role) {
   switch (role) {
     case ParamRole::kTokenEmbedding:
