@@ -497,32 +497,32 @@ Status GPT2<T>::BlockForward(int l, const T* residual) {
   MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, attproj, a.atty.template data<T>(),
                                              W(l, R::kOutWeight), none, N, Cl, C));
   MESHRUN_RETURN_IF_ERROR(TpAfterMatmul(R::kOutWeight, attproj, N * C));
-  if (cfg_.family().linear_biases)
-    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, attproj, W(l, R::kOutBias), N, C));
+  if (const T* bias = W(l, R::kOutBias); bias != nullptr) {
+    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, attproj, bias, N, C));
+  }
   MESHRUN_RETURN_IF_ERROR(
       ops::ResidualForward(dev, a.res2.template data<T>(), residual, attproj, N * C));
   // MLP block: fc (gate|up) column parallel, proj (down) row parallel.
   MESHRUN_RETURN_IF_ERROR(Norm(l, 2, a, a.res2.template data<T>()));
   T* fcproj = dln_.template data<T>();
-  if (cfg_.gated_mlp()) {
-    MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, a.fch.template data<T>(),
-                                               a.ln2.template data<T>(), W(l, R::kUpWeight), none,
-                                               N, C, 2 * Fl));
+  // fc is gate|up (2·Fl rows, no bias) under a gated MLP, else Fl rows and GPT-2's bias (a role
+  // the architecture lacks reads null); the row-parallel proj's bias is added after the sum.
+  const bool gated = cfg_.gated_mlp();
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, a.fch.template data<T>(),
+                                             a.ln2.template data<T>(), W(l, R::kUpWeight),
+                                             W(l, R::kUpBias), N, C, gated ? 2 * Fl : Fl));
+  if (gated) {
     MESHRUN_RETURN_IF_ERROR(
         GatedForward(a.fch_gelu.template data<T>(), a.fch.template data<T>(), N, Fl));
-    MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
-                                               W(l, R::kDownWeight), none, N, Fl, C));
-    MESHRUN_RETURN_IF_ERROR(TpAfterMatmul(R::kDownWeight, fcproj, N * C));
   } else {
-    MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, a.fch.template data<T>(),
-                                               a.ln2.template data<T>(), W(l, R::kUpWeight),
-                                               W(l, R::kUpBias), N, C, Fl));
     MESHRUN_RETURN_IF_ERROR(
         ops::GeluForward(dev, a.fch_gelu.template data<T>(), a.fch.template data<T>(), N * Fl));
-    MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
-                                               W(l, R::kDownWeight), none, N, Fl, C));
-    MESHRUN_RETURN_IF_ERROR(TpAfterMatmul(R::kDownWeight, fcproj, N * C));
-    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, fcproj, W(l, R::kDownBias), N, C));
+  }
+  MESHRUN_RETURN_IF_ERROR(ops::MatmulForward(dev, fcproj, a.fch_gelu.template data<T>(),
+                                             W(l, R::kDownWeight), none, N, Fl, C));
+  MESHRUN_RETURN_IF_ERROR(TpAfterMatmul(R::kDownWeight, fcproj, N * C));
+  if (const T* bias = W(l, R::kDownBias); bias != nullptr) {
+    MESHRUN_RETURN_IF_ERROR(ops::AddBias(dev, fcproj, bias, N, C));
   }
   return ops::ResidualForward(dev, a.res3.template data<T>(), a.res2.template data<T>(), fcproj,
                               N * C);
