@@ -30,6 +30,7 @@
 #include "proto/spec_convert.h"
 #include "rank/checkpoint_lock.h"
 #include "rank/rank_main.h"
+#include "rank/stop_signals.h"
 #include "supervisor/line_splitter.h"
 
 namespace meshrun::client {
@@ -112,6 +113,9 @@ int LaunchRanks(const TrainFlags& o, const JobSpec& spec, const ParallelDims& di
 }
 
 int RunTrain(const TrainFlags& o) {
+  // One rank trains in this process: its stop signals go to one watcher thread, never to a
+  // thread that computes (rank/stop_signals.h); before the planner or any other thread starts.
+  if (o.nproc <= 1) rank::BlockStopSignals();
   // The spec's one parse and one validation on this side; the ranks validate it once more.
   StatusOr<JobSpec> spec = LoadSpec(o.file, o.overrides, o.nproc);
   if (!spec.ok()) return ReportError(spec.status());

@@ -23,6 +23,7 @@
 #include "proto/spec_convert.h"
 #include "rank/checkpoint_lock.h"
 #include "rank/spec_intake.h"
+#include "rank/stop_signals.h"
 #include "rpc/grpc_store.h"
 
 namespace meshrun::rank {
@@ -40,31 +41,9 @@ int ReportError(const Status& status) {
   return ExitCodeFor(status);
 }
 
-// Set by SIGINT/SIGTERM; the trainer stops at the next step boundary (all ranks at the same
-// one), checkpoints and returns. One-shot: a second signal kills.
+// Set by the first SIGINT/SIGTERM (rank/stop_signals.h); the trainer stops at the next step
+// boundary (all ranks at the same one), checkpoints and returns. A second signal ends the process.
 volatile std::sig_atomic_t g_stop_requested = 0;
-bool g_announce_stop = false;
-
-extern "C" void OnStopSignal(int) {
-  g_stop_requested = 1;
-  if (g_announce_stop) {
-    static const char kMessage[] =
-        "\ninterrupt: stopping at the end of this step (with a checkpoint when checkpoint.dir is "
-        "set); press Ctrl-C again to stop at once\n";
-    ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
-    (void)ignored;
-  }
-}
-
-void InstallStopHandlers(bool announce) {
-  g_announce_stop = announce;
-  struct sigaction sa {};
-  sa.sa_handler = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART | SA_RESETHAND;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
 
 // The trainer's reports as RankReport messages.
 class ReportingObserver final : public TrainObserver {
@@ -242,7 +221,7 @@ int RunRank(const v1::RankStart& start, ReportSink* sink, const RankRunOptions& 
   // A coordinator's job marks its checkpoints with its id; a standalone run (no store
   // address) leaves them unmarked, as it owns its folder.
   if (!a.store().address().empty()) train.checkpoint_owner = a.job_id();
-  InstallStopHandlers(options.interactive);
+  ArmStopSignals(&g_stop_requested, options.interactive);
   train.stop_requested = &g_stop_requested;
   StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(*spec, train, ctx);
   if (!trainer.ok()) return ReportError(trainer.status());
@@ -276,6 +255,7 @@ class SupervisedSink final : public ReportSink {
 }  // namespace
 
 int RankMain() {
+  BlockStopSignals();  // before any thread starts (rank/stop_signals.h)
   StatusOr<v1::RankStart> start = ReadRankStart(STDIN_FILENO);
   if (!start.ok()) return ReportError(start.status());
   SupervisedSink sink(kReportFd, start->echo_reports());

@@ -110,10 +110,12 @@ TEST_F(PipelineNprocTest, ZeroBubbleTwoStagesTimesTpTrainLikeOneRank) {
 TEST_F(PipelineNprocTest, ValidateShowsThePpCoordinateAndAcceptsZeroBubble) {
   const fs::path binary = fs::path(std::getenv("MESHRUN_BINARY_DIR")) / "bin/meshrun";
   const std::string tiny = (fs::path(std::getenv("MESHRUN_SOURCE_DIR")) / "examples/tiny.yaml");
+  // Not the example's own folder: validate reads what a user's runs left there.
+  const std::string ckpt = "checkpoint.dir=" + (temp_ / "validate-ckpt").string();
   const testing::CliResult json_out =
       testing::RunCli(binary,
                       {"validate", "-f", tiny, "-o", "json", "--set", "parallelism.pp_size=2",
-                       "--set", "parallelism.tp_size=2"},
+                       "--set", "parallelism.tp_size=2", "--set", ckpt},
                       temp_ / "validate.stderr", 60);
   ASSERT_EQ(json_out.exit_code, 0) << json_out.err;
   const json report = json::parse(json_out.out);
@@ -125,7 +127,8 @@ TEST_F(PipelineNprocTest, ValidateShowsThePpCoordinateAndAcceptsZeroBubble) {
   EXPECT_EQ(report["ranks"][3]["coords"],
             json::parse(R"({"pp":1,"dp_replicate":0,"dp_shard":0,"cp":0,"tp":1})"));
   const testing::CliResult table = testing::RunCli(
-      binary, {"validate", "-f", tiny, "--set", "parallelism.pp_size=2"}, temp_ / "v2.stderr", 60);
+      binary, {"validate", "-f", tiny, "--set", "parallelism.pp_size=2", "--set", ckpt},
+      temp_ / "v2.stderr", 60);
   ASSERT_EQ(table.exit_code, 0) << table.err;
   EXPECT_NE(table.out.find("rank  pp  dp_replicate  dp_shard  cp  tp\n"
                            "   0   0             0         0   0   0\n"
@@ -135,7 +138,7 @@ TEST_F(PipelineNprocTest, ValidateShowsThePpCoordinateAndAcceptsZeroBubble) {
   const testing::CliResult zb =
       testing::RunCli(binary,
                       {"validate", "-f", tiny, "--set", "parallelism.pp_size=2", "--set",
-                       "parallelism.pp_schedule=zero_bubble"},
+                       "parallelism.pp_schedule=zero_bubble", "--set", ckpt},
                       temp_ / "v3.stderr", 60);
   EXPECT_EQ(zb.exit_code, 0) << zb.err;
 }
