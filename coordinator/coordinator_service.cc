@@ -412,7 +412,17 @@ void CoordinatorServiceImpl::HandleWorkerSessionRequest(
     case v1::WorkerSessionRequest::kRankExited:
       jobs_.OnRankExited(*id, request.rank_exited());
       break;
-    case v1::WorkerSessionRequest::kMetrics: jobs_.OnRankMetrics(*id, request.metrics()); break;
+    case v1::WorkerSessionRequest::kMetrics: {
+      jobs_.OnRankMetrics(*id, request.metrics());
+      // A heartbeat riding on the batch (decision 0070): after its samples, as one of its own.
+      if (request.metrics().has_heartbeat()) {
+        const v1::Heartbeat& beat = request.metrics().heartbeat();
+        Status listed = CheckRunningList("metrics.heartbeat", beat.running_size());
+        if (listed.ok()) listed = jobs_.OnRunning(*id, beat.running());
+        if (!listed.ok()) return stream->Finish(listed);
+      }
+      break;
+    }
     case v1::WorkerSessionRequest::kLogs: jobs_.OnLogs(*id, request.logs()); break;
     case v1::WorkerSessionRequest::kCheckpointSaved:
       jobs_.OnCheckpointSaved(*id, request.checkpoint_saved());

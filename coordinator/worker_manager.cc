@@ -250,6 +250,7 @@ StatusOr<std::string> WorkerManager::OpenSession(
   SetDuration(config_.lease_ttl, accepted.mutable_accepted()->mutable_lease_ttl());
   SetDuration(heartbeat_interval(), accepted.mutable_accepted()->mutable_heartbeat_interval());
   accepted.mutable_accepted()->set_metrics_batches(true);  // RankMetrics.samples (decision 0063)
+  accepted.mutable_accepted()->set_heartbeat_with_metrics(true);  // RankMetrics.heartbeat (0070)
   stream->Send(accepted);
   while (!w.outbox.empty()) {
     if (!stream->Send(w.outbox.front())) break;

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "proto/duration.h"
 #include "rpc/backoff.h"
@@ -91,6 +92,11 @@ int SessionClient::sessions_opened() const {
 int SessionClient::registrations() const {
   std::lock_guard<std::mutex> lock(mu_);
   return registrations_;
+}
+
+int SessionClient::heartbeats_carried() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return heartbeats_carried_;
 }
 
 bool SessionClient::SleepFor(milliseconds d) {
@@ -205,6 +211,7 @@ Status SessionClient::RunSession() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     metrics_batches_ = first.accepted().metrics_batches() && options_.max_metrics_batch > 1;
+    heartbeat_with_metrics_ = metrics_batches_ && first.accepted().heartbeat_with_metrics();
     session_up_ = true;
     connected_ = true;
     ++sessions_opened_;
@@ -237,8 +244,33 @@ Status SessionClient::RunSession() {
 void SessionClient::WriterLoop(
     grpc::ClientReaderWriterInterface<v1::WorkerSessionRequest, v1::WorkerSessionResponse>* stream,
     milliseconds interval) {
+  Clock::time_point next_heartbeat = Clock::now() + interval;
+  // When a batch of samples last went up, and whether the heartbeat due now already waited for
+  // the next one (decision 0070).
+  std::optional<Clock::time_point> last_batch;
+  bool deferred = false;
+  // The heartbeat as it stands now: the running ranks and the free slots (taken unlocked).
+  auto heartbeat_now = [&] {
+    v1::Heartbeat beat;
+    for (v1::RunningRank& r : handler_->RunningRanks()) *beat.add_running() = r;
+    beat.set_free_slots(handler_->FreeSlots());
+    return beat;
+  };
   // Writes one queued message; false when the stream broke (a critical one goes back first).
   auto write_front = [&](std::unique_lock<std::mutex>& lock) {
+    // A batch of samples with the next heartbeat due within half an interval carries it, and the
+    // heartbeat's timer starts again (decision 0070): one session message a step where there
+    // were two. Its snapshot is taken before the batch leaves the queue, and it rides only when
+    // nothing else is queued behind the batch, so a rank_exited queued before it still reaches
+    // the coordinator first, as with a heartbeat of its own.
+    std::optional<v1::Heartbeat> beat;
+    if (heartbeat_with_metrics_ && queue_.front().has_metrics() &&
+        Clock::now() + interval / 2 >= next_heartbeat) {
+      lock.unlock();
+      beat = heartbeat_now();
+      lock.lock();
+      if (queue_.empty()) return true;  // Stop() or a reconnect emptied it meanwhile
+    }
     v1::WorkerSessionRequest m = std::move(queue_.front());
     queue_.pop_front();
     size_t bytes = m.ByteSizeLong();
@@ -256,6 +288,13 @@ void SessionClient::WriterLoop(
         queue_.pop_front();
       }
     }
+    if (m.has_metrics()) last_batch = Clock::now();
+    if (beat && m.has_metrics() && queue_.empty()) {
+      *m.mutable_metrics()->mutable_heartbeat() = std::move(*beat);
+      next_heartbeat = Clock::now() + interval;
+      deferred = false;
+      ++heartbeats_carried_;
+    }
     queued_bytes_ -= std::min(queued_bytes_, bytes);
     ++writing_;
     lock.unlock();
@@ -269,7 +308,6 @@ void SessionClient::WriterLoop(
     cv_.notify_all();
     return ok;
   };
-  Clock::time_point next_heartbeat = Clock::now() + interval;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait_until(lock, next_heartbeat,
@@ -291,18 +329,27 @@ void SessionClient::WriterLoop(
       if (!queue_.empty() && !write_front(lock)) return;
       continue;
     }
-    // A heartbeat is due. Take the running ranks first, then send what is queued: an exit the
+    // A heartbeat is due. While samples flow (a batch went up within the interval) it waits
+    // half an interval more, once, for the next batch to carry it: otherwise a step that
+    // always comes just after the heartbeat would never carry one. Any session message keeps
+    // the lease, and half an interval more is at most a sixth of it.
+    if (heartbeat_with_metrics_ && !deferred && last_batch &&
+        Clock::now() - *last_batch < interval) {
+      next_heartbeat = Clock::now() + interval / 2;
+      deferred = true;
+      continue;
+    }
+    // Take the running ranks first, then send what is queued: an exit the
     // snapshot no longer shows was queued before it, so it reaches the coordinator first.
     lock.unlock();
     v1::WorkerSessionRequest beat;
-    for (v1::RunningRank& r : handler_->RunningRanks())
-      *beat.mutable_heartbeat()->add_running() = r;
-    beat.mutable_heartbeat()->set_free_slots(handler_->FreeSlots());
+    *beat.mutable_heartbeat() = heartbeat_now();
     lock.lock();
     for (size_t n = queue_.size(); n > 0 && !queue_.empty(); --n) {
       if (!write_front(lock)) return;
       if (!session_up_ || stopping_) return;
     }
+    if (Clock::now() < next_heartbeat) continue;  // the last batch carried it
     ++writing_;
     lock.unlock();
     const bool ok = stream->Write(beat);
@@ -311,6 +358,7 @@ void SessionClient::WriterLoop(
     cv_.notify_all();
     if (!ok) return;
     next_heartbeat = Clock::now() + interval;
+    deferred = false;
   }
 }
 

@@ -84,6 +84,8 @@ class SessionClient {
   int sessions_opened() const;
   // Registrations accepted so far (a lease that ran out adds one).
   int registrations() const;
+  // Heartbeats that went up inside a batch of samples (RankMetrics.heartbeat) so far.
+  int heartbeats_carried() const;
 
  private:
   void Run();
@@ -107,6 +109,7 @@ class SessionClient {
   bool connected_ = false;                      // guarded by mu_
   int writing_ = 0;                             // guarded by mu_: messages being written now
   bool metrics_batches_ = false;                // guarded by mu_: the session accepts them
+  bool heartbeat_with_metrics_ = false;         // guarded by mu_: a batch may carry the heartbeat
   std::deque<v1::WorkerSessionRequest> queue_;  // guarded by mu_
   size_t queued_bytes_ = 0;                     // guarded by mu_
   size_t dropped_ = 0;                          // guarded by mu_
@@ -117,6 +120,7 @@ class SessionClient {
   std::chrono::milliseconds heartbeat_{0};      // guarded by mu_
   int sessions_opened_ = 0;                     // guarded by mu_
   int registrations_ = 0;                       // guarded by mu_
+  int heartbeats_carried_ = 0;                  // guarded by mu_
   std::thread thread_;
 };
 

@@ -9,6 +9,7 @@
 // WatchJob(rank_metrics).
 //
 //   control_plane [--workers 1024] [--slots 8] [--tp 8] [--seconds 15] [--hz 1] [--unbatched]
+//                 [--separate-heartbeats]
 //                 [--generators 0 (auto: one per 256 workers)] [--coordinator PATH] [--cli PATH]
 //                 [--coordinator-log FILE (its log at info: SubmitJob's phases)]
 //                 [--generator-nice 0 (10: the generators yield the cores, as other hosts would)]
@@ -124,6 +125,8 @@ struct Config {
   std::string cli;
   std::string coordinator_log;  // kept here, at --log-level info, when set
   bool unbatched = false;       // one session message per rank sample (before decision 0063)
+  // The heartbeat in a message of its own, not on the step's batch (before decision 0070).
+  bool separate_heartbeats = false;
   // The generators' nice value: 10 stands in for their being other hosts (the coordinator's
   // host keeps its cores for the coordinator and the probing client); 0: they compete.
   int generator_nice = 0;
@@ -245,8 +248,13 @@ int RunGenerator(const Config& cfg) {
         }
         std::vector<v1::RunningRank> running;
         for (const auto& a : ranks) running.push_back(testing::FakeGrpcWorker::Running(a));
-        sim.worker->Heartbeat(running);
-        ++sent;
+        // As meshrun-worker sends it to this coordinator (SessionAccepted.heartbeat_with_metrics):
+        // on the step's batch; alone before the ranks run, --unbatched or --separate-heartbeats.
+        const bool carried = !cfg.unbatched && !cfg.separate_heartbeats && !ranks.empty();
+        if (!carried) {
+          sim.worker->Heartbeat(running);
+          ++sent;
+        }
         // As meshrun-worker sends them to this coordinator (SessionAccepted.metrics_batches):
         // the worker's ranks' samples of the step in one RankMetrics; --unbatched: one each.
         v1::WorkerSessionRequest batch;
@@ -270,6 +278,11 @@ int RunGenerator(const Config& cfg) {
           }
         }
         if (!cfg.unbatched && !ranks.empty()) {
+          if (carried) {
+            v1::Heartbeat* beat = batch.mutable_metrics()->mutable_heartbeat();
+            for (const v1::RunningRank& r : running) *beat->add_running() = r;
+            beat->set_free_slots(cfg.slots - static_cast<int>(running.size()));
+          }
           sim.worker->Send(batch);
           ++sent;
         }
@@ -374,6 +387,7 @@ int Run(const Config& cfg) {
                                   "--slots",   std::to_string(cfg.slots),
                                   "--hz",      hz};
     if (cfg.unbatched) args.push_back("--unbatched");
+    if (cfg.separate_heartbeats) args.push_back("--separate-heartbeats");
     args.insert(args.end(), {"--generator-nice", std::to_string(cfg.generator_nice)});
     gen->process =
         std::make_unique<testing::Subprocess>(args, state + ".gen" + std::to_string(g) + ".stderr");
@@ -697,6 +711,7 @@ int Run(const Config& cfg) {
       {"session_msgs_per_s", msgs_per_s},
       {"rank_samples_per_s", window_samples / steady_s},
       {"metrics_batched", !cfg.unbatched},
+      {"heartbeat_on_batch", !cfg.unbatched && !cfg.separate_heartbeats},
       {"summary_ms", {{"p50", sm.p50}, {"p99", sm.p99}, {"n", sm.n}}},
       {"rank_page_ms", {{"p50", rp.p50}, {"p99", rp.p99}, {"n", rp.n}}},
       {"worker_page_ms", {{"p50", wp.p50}, {"p99", wp.p99}, {"n", wp.n}}},
@@ -738,6 +753,9 @@ int main(int argc, char** argv) {
   app.add_flag("--unbatched", cfg.unbatched,
                "one session message per rank sample (default: a worker's samples of a step in "
                "one RankMetrics, as meshrun-worker sends them)");
+  app.add_flag("--separate-heartbeats", cfg.separate_heartbeats,
+               "a worker's heartbeat in a message of its own (default: on the step's batch of "
+               "samples, as meshrun-worker sends it to a coordinator that reads it there)");
   app.add_option("--generator-nice", cfg.generator_nice,
                  "the load generators' nice value (10: they stand in for other hosts and leave "
                  "the coordinator's cores to it; 0: they compete with it)")

@@ -143,5 +143,56 @@ TEST_F(MetricsBatchTest, ABatchTooLargeOrWithoutARankEndsTheSession) {
   EXPECT_EQ(c->finished()->message().rfind("metrics.sample.rank", 0), 0u);
 }
 
+// A heartbeat riding on a batch (RankMetrics.heartbeat, decision 0070) is handled after the
+// samples exactly as a heartbeat message: a running rank of an attempt the coordinator does not
+// count gets a stop order, and a list over --max-ranks-per-report ends the session.
+TEST_F(MetricsBatchTest, AHeartbeatOnABatchIsHandledAsAHeartbeat) {
+  auto a = Connect("a", 2);
+  auto b = Connect("b", 2);
+  EXPECT_TRUE(a->sent(v1::WorkerSessionResponse::kAccepted)[0].accepted().heartbeat_with_metrics());
+  std::vector<int> ranks_a, ranks_b;
+  const std::string id = RunningJob(a, b, &ranks_a, &ranks_b);
+  auto watch = Watch(id);
+  const size_t before = watch->events().size();
+  const size_t stops = a->sent(v1::WorkerSessionResponse::kStop).size();
+
+  v1::WorkerSessionRequest up;
+  for (int r : ranks_a) AddBatchSample(up.mutable_metrics(), id, r, 1);
+  v1::Heartbeat* beat = up.mutable_metrics()->mutable_heartbeat();
+  for (int r : ranks_a) {
+    v1::RunningRank* rr = beat->add_running();
+    rr->set_job_id(id);
+    rr->set_attempt(1);
+    rr->set_rank(r);
+  }
+  v1::RunningRank* stray = beat->add_running();  // a rank of an attempt nobody placed here
+  stray->set_job_id("job-404");
+  stray->set_attempt(1);
+  stray->set_rank(0);
+  service_->HandleWorkerSessionRequest(a, up);
+  EXPECT_FALSE(a->finished().has_value());
+  std::vector<v1::JobEvent> events = watch->events();
+  events.erase(events.begin(), events.begin() + static_cast<long>(before));
+  EXPECT_EQ(CountSamples(events).first, 2);  // the samples went in
+  const auto stop_orders = a->sent(v1::WorkerSessionResponse::kStop);
+  ASSERT_EQ(stop_orders.size(), stops + 1);  // and the heartbeat was read
+  EXPECT_EQ(stop_orders.back().stop().job_id(), "job-404");
+
+  v1::WorkerSessionRequest too_many;
+  AddBatchSample(too_many.mutable_metrics(), id, ranks_b[0], 2);
+  for (int i = 0; i < 4'097; ++i) {
+    v1::RunningRank* rr = too_many.mutable_metrics()->mutable_heartbeat()->add_running();
+    rr->set_job_id("job-404");
+    rr->set_attempt(1);
+    rr->set_rank(i);
+  }
+  service_->HandleWorkerSessionRequest(b, too_many);
+  ASSERT_TRUE(b->finished().has_value());
+  EXPECT_EQ(b->finished()->code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(b->finished()->message().rfind("--max-ranks-per-report: metrics.heartbeat.running", 0),
+            0u)
+      << b->finished()->message();
+}
+
 }  // namespace
 }  // namespace meshrun::coordinator

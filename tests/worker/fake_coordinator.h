@@ -73,6 +73,7 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
     SetDuration(accepted.mutable_accepted()->mutable_lease_ttl(), lease);
     SetDuration(accepted.mutable_accepted()->mutable_heartbeat_interval(), heartbeat);
     accepted.mutable_accepted()->set_metrics_batches(metrics_batches);
+    accepted.mutable_accepted()->set_heartbeat_with_metrics(heartbeat_with_metrics);
     stream->Write(accepted);
     bool done = false;
     std::thread writer([&] {
@@ -184,6 +185,8 @@ class FakeCoordinator final : public v1::CoordinatorService::Service {
 
   // What SessionAccepted.metrics_batches says to sessions opened from now on.
   std::atomic<bool> metrics_batches{false};
+  // What SessionAccepted.heartbeat_with_metrics says (decision 0070).
+  std::atomic<bool> heartbeat_with_metrics{false};
 
   // Queues a message down every open session (the first to pick it up sends it).
   void SendDown(v1::WorkerSessionResponse m) {

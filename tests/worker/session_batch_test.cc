@@ -1,10 +1,12 @@
 // SessionClient's metrics batches (decision 0063): to a coordinator whose SessionAccepted says
 // metrics_batches, the rank samples queued one after another go up as one RankMetrics (every
 // sample once, in order, at most max_metrics_batch per message, a rank exit never held back
-// or reordered); to one that does not, one sample per message as before.
+// or reordered); to one that does not, one sample per message as before. A heartbeat due soon
+// rides on a batch (decision 0070) where the coordinator says it reads it there.
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <thread>
 
 #include "tests/worker/fake_coordinator.h"
 #include "worker/session_client.h"
@@ -160,6 +162,65 @@ TEST(SessionBatch, ASampleSentAloneWaitsOnlyTheLingerBeforeGoingUp) {
       fake.WaitFor([](const BatchUps& u) { return SamplesOf(u).rank_step.size() == 1; }, 5s));
   EXPECT_EQ(SamplesOf(fake.up()).rank_step, (std::vector<std::pair<int, int>>{{2, 7}}));
   session.Stop();
+}
+
+// Heartbeats up: on their own, and inside batches of samples (RankMetrics.heartbeat).
+std::pair<int, int> HeartbeatsOf(const BatchUps& ups) {
+  int alone = 0, carried = 0;
+  for (const auto& u : ups) {
+    if (u.has_heartbeat()) ++alone;
+    if (u.has_metrics() && u.metrics().has_heartbeat()) ++carried;
+  }
+  return {alone, carried};
+}
+
+// A worker's 8 samples a step, one step per heartbeat interval, for `steps` steps.
+void StepEveryInterval(FakeCoordinator& fake, int steps, int* carried_by_client, BatchUps* ups) {
+  fake.metrics_batches = true;
+  fake.heartbeat = 200ms;
+  FakeServer server(&fake);
+  ASSERT_TRUE(server.ok());
+  BatchTestHandler handler;
+  SessionClient session(testing::StubFor(server.address()), BatchTestOptions(), &handler);
+  session.Start();
+  ASSERT_TRUE(fake.WaitForOpens(1));
+  for (int step = 1; step <= steps; ++step) {
+    for (int r = 0; r < 8; ++r) session.Send(SampleOf(r, step));
+    std::this_thread::sleep_for(200ms);
+  }
+  ASSERT_TRUE(session.Flush(5s));
+  *carried_by_client = session.heartbeats_carried();
+  session.Stop();
+  *ups = fake.up();
+}
+
+// Decision 0070: with a step about every heartbeat interval, the heartbeat rides on the step's
+// batch (one session message a step where there were two) and the worker stays alive to the
+// coordinator: no interval passes without a heartbeat of either kind.
+TEST(SessionBatch, AHeartbeatDueSoonRidesOnTheStepsBatch) {
+  FakeCoordinator fake;
+  fake.heartbeat_with_metrics = true;
+  int carried_by_client = 0;
+  BatchUps ups;
+  StepEveryInterval(fake, 10, &carried_by_client, &ups);
+  const auto [alone, carried] = HeartbeatsOf(ups);
+  EXPECT_EQ(carried, carried_by_client);
+  EXPECT_GE(carried, 5) << alone << " heartbeats on their own";
+  EXPECT_LT(alone, carried) << "most heartbeats should ride on a batch";
+  // About one heartbeat an interval over the ~2 s, of either kind.
+  EXPECT_GE(alone + carried, 8);
+  EXPECT_EQ(SamplesOf(ups).rank_step.size(), 80u);
+}
+
+TEST(SessionBatch, HeartbeatsGoAloneToACoordinatorThatDoesNotReadThemInBatches) {
+  FakeCoordinator fake;  // heartbeat_with_metrics false: a coordinator from before decision 0070
+  int carried_by_client = 0;
+  BatchUps ups;
+  StepEveryInterval(fake, 5, &carried_by_client, &ups);
+  const auto [alone, carried] = HeartbeatsOf(ups);
+  EXPECT_EQ(carried, 0);
+  EXPECT_EQ(carried_by_client, 0);
+  EXPECT_GE(alone, 4);
 }
 
 }  // namespace
