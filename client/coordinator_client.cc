@@ -6,12 +6,14 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
 #include <thread>
 
 #include "common/tls.h"
+#include "proto/mesh_axis.h"
 #include "rpc/backoff.h"
 #include "rpc/grpc_status.h"
 
@@ -391,14 +393,43 @@ json JobListEntryJson(const v1::Job& job) {
               {"message", job.message()}};
 }
 
+std::vector<std::string> RankAxisHeaders(bool pipelined) {
+  std::vector<std::string> out;
+  for (MeshAxis axis : kMeshOwnAxes) {
+    if (!AxisShown(axis, pipelined)) continue;
+    std::string name = MeshAxisName(axis);
+    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    out.push_back(std::move(name));
+  }
+  return out;
+}
+
+std::vector<std::string> RankAxisCells(const v1::RankInfo& r, bool pipelined) {
+  std::vector<std::string> out;
+  for (const AxisPlace& a : RankAxes(r)) {
+    if (AxisShown(a.axis, pipelined)) out.push_back(std::to_string(a.index));
+  }
+  return out;
+}
+
+std::string RankAxesText(const v1::RankInfo& r) {
+  const bool pipelined = RankPipelined(r);
+  std::string out;
+  for (const AxisPlace& a : RankAxes(r)) {
+    if (!AxisShown(a.axis, pipelined)) continue;
+    if (!out.empty()) out += ' ';
+    out += std::string(MeshAxisName(a.axis)) + "=" + std::to_string(a.index);
+  }
+  return out;
+}
+
 json RankJson(const v1::RankInfo& r) {
+  // Every own axis, by name (the list's order: pp first).
+  json coords = json::object();
+  for (const AxisPlace& a : RankAxes(r)) coords[MeshAxisName(a.axis)] = a.index;
   return json{{"rank", r.rank()},
               {"worker", r.worker_name().empty() ? r.worker_id() : r.worker_name()},
-              {"coords", json{{"dp_replicate", r.coords().dp_replicate()},
-                              {"dp_shard", r.coords().dp_shard()},
-                              {"cp", r.coords().cp()},
-                              {"tp", r.coords().tp()},
-                              {"pp", r.coords().pp()}}},
+              {"coords", std::move(coords)},
               {"state", RankStateName(r.state())},
               {"local_rank", r.local_rank()},
               {"pid", r.pid()},

@@ -133,6 +133,13 @@ nlohmann::ordered_json JobMeshesJson(const v1::Job& job);
 nlohmann::ordered_json WorkerJson(const v1::WorkerInfo& w);  // workers -o json, one entry
 nlohmann::ordered_json RankJson(const v1::RankInfo& r);      // status -o json, one rank
 
+// A table of ranks' coordinates, from the mesh's list of axes (proto/mesh_axis.h): the headers
+// ("PP" on a pipelined mesh, "DP_REPLICATE", …) and one rank's cells, outermost axis first.
+std::vector<std::string> RankAxisHeaders(bool pipelined);
+std::vector<std::string> RankAxisCells(const v1::RankInfo& r, bool pipelined);
+// "dp_replicate=0 dp_shard=1 cp=0 tp=0" (pp= first on a pipelined mesh), for a line about a rank.
+std::string RankAxesText(const v1::RankInfo& r);
+
 // A table for people: a header row and left-aligned columns two spaces apart; every cell
 // escaped with EscapeText (common/escape.h).
 void PrintTable(std::ostream& out, const std::vector<std::vector<std::string>>& rows);

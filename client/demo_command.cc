@@ -17,6 +17,7 @@
 #include "client/progress.h"
 #include "client/submit_command.h"
 #include "client/up_command.h"
+#include "proto/mesh_axis.h"
 
 namespace meshrun::client {
 namespace {
@@ -138,13 +139,16 @@ int RunDemo(const DemoFlags& f) {
   // Where the ranks ran.
   if (StatusOr<v1::Job> full = (*client)->GetJob(*job_id); full.ok() && full->ranks_size() > 0) {
     // The mesh order, as in `status` and `validate`.
-    std::vector<std::vector<std::string>> rows = {
-        {"  RANK", "WORKER", "DP_REPLICATE", "DP_SHARD", "CP", "TP", "STATE"}};
+    const bool pipelined = RankPipelined(full->ranks(0));
+    std::vector<std::string> header = {"  RANK", "WORKER"};
+    for (std::string& h : RankAxisHeaders(pipelined)) header.push_back(std::move(h));
+    header.push_back("STATE");
+    std::vector<std::vector<std::string>> rows = {std::move(header)};
     for (const v1::RankInfo& r : full->ranks()) {
-      rows.push_back({"  " + std::to_string(r.rank()), r.worker_name(),
-                      std::to_string(r.coords().dp_replicate()),
-                      std::to_string(r.coords().dp_shard()), std::to_string(r.coords().cp()),
-                      std::to_string(r.coords().tp()), RankStateName(r.state())});
+      std::vector<std::string> row = {"  " + std::to_string(r.rank()), r.worker_name()};
+      for (std::string& cell : RankAxisCells(r, pipelined)) row.push_back(std::move(cell));
+      row.push_back(RankStateName(r.state()));
+      rows.push_back(std::move(row));
     }
     PrintTable(std::cout, rows);
   }

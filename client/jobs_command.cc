@@ -17,6 +17,7 @@
 #include "client/coordinator_client.h"
 #include "client/progress.h"
 #include "common/escape.h"
+#include "proto/mesh_axis.h"
 #include "rpc/backoff.h"
 
 namespace meshrun::client {
@@ -60,30 +61,29 @@ Status ParseWhere(const std::string& where, v1::MeshCoordsFilter* out) {
     }
     const bool number =
         eq != std::string::npos && used == part.size() - eq - 1 && value >= 0 && value <= INT32_MAX;
-    if (!number || (axis != "pp" && axis != "dp_replicate" && axis != "dp_shard" && axis != "cp" &&
-                    axis != "tp")) {
-      return InvalidArgumentError(
-          "--where: '" + part +
-          "' is not AXIS=N (hint: e.g. --where dp_shard=3,tp=0; axes pp, dp_replicate, "
-          "dp_shard, cp, tp)");
+    // One of the mesh's own axes, by its name (proto/mesh_axis.h's list).
+    std::optional<MeshAxis> named = MeshAxisFromName(axis);
+    if (named && std::find(kMeshOwnAxes.begin(), kMeshOwnAxes.end(), *named) == kMeshOwnAxes.end())
+      named.reset();
+    if (!number || !named) {
+      std::string names;
+      for (MeshAxis a : kMeshOwnAxes)
+        names += std::string(names.empty() ? "" : ", ") + MeshAxisName(a);
+      return InvalidArgumentError("--where: '" + part +
+                                  "' is not AXIS=N (hint: e.g. --where dp_shard=3,tp=0; axes " +
+                                  names + ")");
     }
     const int v = static_cast<int>(value);
-    if (axis == "pp") out->set_pp(v);
-    if (axis == "dp_replicate") out->set_dp_replicate(v);
-    if (axis == "dp_shard") out->set_dp_shard(v);
-    if (axis == "cp") out->set_cp(v);
-    if (axis == "tp") out->set_tp(v);
+    switch (*named) {
+      case MeshAxis::kPp: out->set_pp(v); break;
+      case MeshAxis::kDpReplicate: out->set_dp_replicate(v); break;
+      case MeshAxis::kDpShard: out->set_dp_shard(v); break;
+      case MeshAxis::kCp: out->set_cp(v); break;
+      case MeshAxis::kTp: out->set_tp(v); break;
+      default: break;
+    }
   }
   return OkStatus();
-}
-
-// Whether a rank's mesh has pipeline stages (its axes list a pp axis of size > 1): then the
-// rank table shows the PP column.
-bool Pipelined(const v1::RankInfo& r) {
-  for (const v1::MeshAxisCoord& a : r.axes()) {
-    if (a.axis() == v1::MESH_AXIS_PP && a.size() > 1) return true;
-  }
-  return r.coords().pp() > 0;
 }
 
 std::vector<std::string> RankRow(const v1::RankInfo& r, bool with_pp) {
@@ -96,11 +96,9 @@ std::vector<std::string> RankRow(const v1::RankInfo& r, bool with_pp) {
   }
   std::vector<std::string> row = {std::to_string(r.rank()),
                                   r.worker_name().empty() ? r.worker_id() : r.worker_name()};
-  if (with_pp) row.push_back(std::to_string(r.coords().pp()));
+  for (std::string& cell : RankAxisCells(r, with_pp)) row.push_back(std::move(cell));
   for (std::string cell :
-       {std::to_string(r.coords().dp_replicate()), std::to_string(r.coords().dp_shard()),
-        std::to_string(r.coords().cp()), std::to_string(r.coords().tp()), RankStateName(r.state()),
-        r.pid() > 0 ? std::to_string(r.pid()) : "-", exit}) {
+       {RankStateName(r.state()), r.pid() > 0 ? std::to_string(r.pid()) : "-", exit}) {
     row.push_back(std::move(cell));
   }
   return row;
@@ -394,14 +392,12 @@ int RunStatus(const JobFlags& f) {
     if (ranks.empty()) return;
     std::vector<std::vector<std::string>> rows;
     // A pipelined job's table has a PP column (outermost, as the mesh orders its axes).
-    if (!header_printed) with_pp = Pipelined(ranks.front());
+    if (!header_printed) with_pp = RankPipelined(ranks.front());
     if (!header_printed) {
       std::cout << '\n';
       std::vector<std::string> header = {"RANK", "WORKER"};
-      if (with_pp) header.push_back("PP");
-      for (const char* h : {"DP_REPLICATE", "DP_SHARD", "CP", "TP", "STATE", "PID", "EXIT"}) {
-        header.push_back(h);
-      }
+      for (std::string& h : RankAxisHeaders(with_pp)) header.push_back(std::move(h));
+      for (const char* h : {"STATE", "PID", "EXIT"}) header.push_back(h);
       rows.push_back(std::move(header));
       header_printed = true;
     }

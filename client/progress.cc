@@ -66,12 +66,6 @@ class ProgressView {
   std::string bar_;
 };
 
-std::string CoordsText(const v1::MeshCoords& c) {
-  return "dp_replicate=" + std::to_string(c.dp_replicate()) +
-         " dp_shard=" + std::to_string(c.dp_shard()) + " cp=" + std::to_string(c.cp()) +
-         " tp=" + std::to_string(c.tp());
-}
-
 }  // namespace
 
 bool CoordinatorGone(const Status& s) {
@@ -169,8 +163,8 @@ StatusOr<FollowResult> FollowJob(CoordinatorClient& client, const std::string& j
       case v1::JobEvent::kRankStateChanged: {
         const v1::RankInfo& r = e.rank_state_changed().rank();
         if (r.state() == v1::RANK_STATE_FAILED || r.state() == v1::RANK_STATE_LOST) {
-          std::string text = "rank " + std::to_string(r.rank()) + " (" + CoordsText(r.coords()) +
-                             ") on " + r.worker_name() + ": " + RankStateName(r.state());
+          std::string text = "rank " + std::to_string(r.rank()) + " (" + RankAxesText(r) + ") on " +
+                             r.worker_name() + ": " + RankStateName(r.state());
           if (r.signal() != 0) {
             text += ", signal " + std::to_string(r.signal());
           } else if (r.exit_code() != 0) {

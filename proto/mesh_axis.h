@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/parallel_dims.h"
 #include "meshrun/v1/types.pb.h"
@@ -93,6 +94,53 @@ void AddMeshAxes(const ParallelDims& mesh, const MeshCoords& c, Repeated* out) {
     a->set_size(mesh.AxisSize(axis));
     a->set_index(CoordOn(c, axis));
   }
+}
+
+// A rank's place on one of its mesh's own axes.
+struct AxisPlace {
+  MeshAxis axis;
+  int size;  // 0 when a peer that predates RankInfo.axes did not say
+  int index;
+};
+
+// A rank's places on its mesh's own axes, outermost first: RankInfo.axes as the coordinator
+// lists them; from the per-axis MeshCoords (sizes unknown) when a coordinator sent no list. What
+// every table, line and JSON object of a rank's coordinates is made from.
+inline std::vector<AxisPlace> RankAxes(const v1::RankInfo& r) {
+  std::vector<AxisPlace> out;
+  for (const v1::MeshAxisCoord& a : r.axes()) {
+    const std::optional<MeshAxis> axis = MeshAxisFromProto(a.axis());
+    if (axis) out.push_back({*axis, a.size(), a.index()});
+  }
+  if (!out.empty()) return out;
+  const v1::MeshCoords& c = r.coords();
+  for (MeshAxis axis : kMeshOwnAxes) {
+    int index = 0;
+    switch (axis) {
+      case MeshAxis::kPp: index = c.pp(); break;
+      case MeshAxis::kDpReplicate: index = c.dp_replicate(); break;
+      case MeshAxis::kDpShard: index = c.dp_shard(); break;
+      case MeshAxis::kCp: index = c.cp(); break;
+      case MeshAxis::kTp: index = c.tp(); break;
+      default: break;
+    }
+    out.push_back({axis, 0, index});
+  }
+  return out;
+}
+
+// Whether a rank's mesh has pipeline stages (a pp axis of size > 1, or a stage past the first).
+inline bool RankPipelined(const v1::RankInfo& r) {
+  for (const AxisPlace& a : RankAxes(r)) {
+    if (a.axis == MeshAxis::kPp && (a.size > 1 || a.index > 0)) return true;
+  }
+  return false;
+}
+
+// The axes a table or a line of ranks shows: every own axis, pp only on a pipelined mesh (as
+// ParallelDims::ToString writes a mesh).
+inline bool AxisShown(MeshAxis axis, bool pipelined) {
+  return axis != MeshAxis::kPp || pipelined;
 }
 
 }  // namespace meshrun

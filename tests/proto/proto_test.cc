@@ -427,5 +427,44 @@ TEST(DurationTest, HugeDurationsSaturateInsteadOfOverflowing) {
   EXPECT_EQ(meshrun::DurationToMillis(d).count(), 999);
 }
 
+// What every table, line and JSON object of a rank's coordinates is made from: the list of
+// axes as sent, or the per-axis fields of a coordinator that sent no list; pp shown only on a
+// pipelined mesh.
+TEST(TypesTest, ARanksAxesComeFromItsListOrFromTheFieldsOfAnOlderPeer) {
+  RankInfo listed;
+  const std::pair<MeshAxis, int> sizes[] = {{MESH_AXIS_PP, 2},
+                                            {MESH_AXIS_DP_REPLICATE, 1},
+                                            {MESH_AXIS_DP_SHARD, 2},
+                                            {MESH_AXIS_CP, 1},
+                                            {MESH_AXIS_TP, 2}};
+  int index = 0;
+  for (auto [axis, size] : sizes) {
+    MeshAxisCoord* a = listed.add_axes();
+    a->set_axis(axis);
+    a->set_size(size);
+    a->set_index(size > 1 ? (index++ % 2) : 0);
+  }
+  const std::vector<meshrun::AxisPlace> places = meshrun::RankAxes(listed);
+  ASSERT_EQ(places.size(), 5u);
+  EXPECT_EQ(places[0].axis, meshrun::MeshAxis::kPp);
+  EXPECT_EQ(places[0].size, 2);
+  EXPECT_EQ(places[2].index, 1);  // dp_shard
+  EXPECT_TRUE(meshrun::RankPipelined(listed));
+
+  RankInfo older;  // no list: the fields, sizes unknown
+  older.mutable_coords()->set_dp_shard(3);
+  older.mutable_coords()->set_tp(1);
+  const std::vector<meshrun::AxisPlace> fields = meshrun::RankAxes(older);
+  ASSERT_EQ(fields.size(), 5u);
+  EXPECT_EQ(fields[0].axis, meshrun::MeshAxis::kPp);
+  EXPECT_EQ(fields[2].index, 3);
+  EXPECT_EQ(fields[4].index, 1);
+  EXPECT_EQ(fields[4].size, 0);
+  EXPECT_FALSE(meshrun::RankPipelined(older));
+  EXPECT_FALSE(meshrun::AxisShown(meshrun::MeshAxis::kPp, false));
+  EXPECT_TRUE(meshrun::AxisShown(meshrun::MeshAxis::kPp, true));
+  EXPECT_TRUE(meshrun::AxisShown(meshrun::MeshAxis::kTp, false));
+}
+
 }  // namespace
 }  // namespace meshrun::v1
