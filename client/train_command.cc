@@ -27,6 +27,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/train/trainer.h"
+#include "proto/mesh_axis.h"
 #include "proto/spec_convert.h"
 #include "rank/checkpoint_lock.h"
 #include "rank/rank_main.h"
@@ -71,10 +72,9 @@ v1::RankStart StandaloneStart(const JobSpec& spec, const ParallelDims& dims, int
   a->set_rank(rank);
   a->set_world_size(dims.world_size());
   const MeshCoords c = dims.CoordsOf(rank);
-  a->mutable_coords()->set_dp_replicate(c.dp_replicate);
-  a->mutable_coords()->set_dp_shard(c.dp_shard);
-  a->mutable_coords()->set_cp(c.cp);
-  a->mutable_coords()->set_tp(c.tp);
+  // As the coordinator assigns them: the fields (pp included) and the mesh's list of axes.
+  SetProtoCoords(c, a->mutable_coords());
+  AddMeshAxes(dims, c, a->mutable_axes());
   a->set_local_rank(rank);
   a->set_local_world_size(dims.world_size());
   *a->mutable_spec() = JobSpecToProto(spec);
