@@ -327,6 +327,11 @@ class JobManager {
     std::vector<RankRef> ranks;  // sorted
   };
   std::atomic<uint64_t> generation_{1};
+  // Tick's check of the workers holding ranks (guarded by mu_): the roster and job generations
+  // it last ran at, and ticks since; it runs when either changed, and every 50th tick anyway.
+  uint64_t holders_checked_roster_ = 0;
+  uint64_t holders_checked_jobs_ = 0;
+  int ticks_since_holders_check_ = 0;
   std::mutex heartbeat_mu_;
   std::unordered_map<std::string, CachedReport> heartbeats_;  // guarded by heartbeat_mu_
 };

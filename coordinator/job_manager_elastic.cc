@@ -240,11 +240,8 @@ void JobManager::FinishRemeshLocked(Txn& txn, Attempt& attempt) {
 }
 
 void JobManager::ElasticTickLocked() {
-  const std::vector<LiveWorker> live = workers_.LiveWorkers();
-  std::set<std::string> drained;
-  for (const LiveWorker& w : live) {
-    if (w.drained) drained.insert(w.worker_id);
-  }
+  std::set<std::string> drained;  // usually none: no copy of every live worker per tick
+  for (std::string& id : workers_.DrainedWorkers()) drained.insert(std::move(id));
   const MonoTime now = clock_.Monotonic();
   const std::vector<std::string> active(active_.begin(), active_.end());
   for (const std::string& job_id : active) {

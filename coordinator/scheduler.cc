@@ -30,6 +30,13 @@ std::vector<std::string> SlotBook::WorkersWithHolders() const {
   return out;
 }
 
+std::vector<std::string_view> SlotBook::WorkerIdsWithHolders() const {
+  std::vector<std::string_view> out;
+  out.reserve(holders_.size());
+  for (const auto& [worker, refs] : holders_) out.push_back(worker);
+  return out;
+}
+
 void SlotBook::SetForeign(const std::string& worker, int ranks) {
   if (ranks > 0) {
     foreign_[worker] = ranks;

@@ -17,6 +17,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -37,6 +38,8 @@ class SlotBook {
   std::set<RankRef> Holders(const std::string& worker) const;
   // Workers with at least one holder.
   std::vector<std::string> WorkersWithHolders() const;
+  // The same as views into the book: valid until it changes.
+  std::vector<std::string_view> WorkerIdsWithHolders() const;
   // Ranks `worker` runs that no live attempt counts; 0 forgets them.
   void SetForeign(const std::string& worker, int ranks);
   // Forgets the holders (after they were released) and the foreign ranks of `worker`.

@@ -103,6 +103,7 @@ Status WorkerManager::Load() {
     by_name_[w.row.name] = id;
     workers_[id] = std::move(w);
   }
+  roster_generation_.fetch_add(1);
   return OkStatus();
 }
 
@@ -210,6 +211,7 @@ StatusOr<WorkerManager::Registered> WorkerManager::Register(const v1::RegisterWo
     workers_[updated.row.worker_id] = std::move(updated);
     w = &workers_.at(by_name_[r.name()]);
   }
+  roster_generation_.fetch_add(1);  // a new worker, or one back (perhaps from LOST)
   out.response.set_worker_id(w->row.worker_id);
   out.response.set_session_token(w->row.session_token);
   SetDuration(config_.lease_ttl, out.response.mutable_lease_ttl());
@@ -309,6 +311,7 @@ std::vector<std::string> WorkerManager::ExpireLeases() {
     lost.push_back(id);
   }
   if (db_ != nullptr && !batch.empty()) (void)db_->Commit(batch, Durability::kDurable);
+  if (!lost.empty()) roster_generation_.fetch_add(1);
   return lost;
 }
 
@@ -349,7 +352,9 @@ StatusOr<std::string> WorkerManager::SetDrained(const std::string& name, bool dr
     return NotFoundError("name: no worker named '" + EscapeText(CutUtf8(name, 128)) +
                          "' is registered (hint: meshrun workers lists them)");
   }
-  workers_.at(it->second).drained = drained;
+  Worker& w = workers_.at(it->second);
+  if (w.drained != drained) drained_count_.fetch_add(drained ? 1 : -1);
+  w.drained = drained;
   return it->second;
 }
 
@@ -375,6 +380,26 @@ std::vector<LiveWorker> WorkerManager::LiveWorkers() const {
   }
   std::sort(out.begin(), out.end(),
             [](const LiveWorker& a, const LiveWorker& b) { return a.name < b.name; });
+  return out;
+}
+
+std::vector<std::string> WorkerManager::NotLive(const std::vector<std::string_view>& ids) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (std::string_view id : ids) {
+    auto it = workers_.find(id);
+    if (it == workers_.end() || it->second.row.lost) out.emplace_back(id);
+  }
+  return out;
+}
+
+std::vector<std::string> WorkerManager::DrainedWorkers() const {
+  if (drained_count_.load() == 0) return {};  // the usual case: no lock, no scan
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [id, w] : workers_) {
+    if (w.drained && !w.row.lost) out.push_back(id);
+  }
   return out;
 }
 

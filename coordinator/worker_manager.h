@@ -17,7 +17,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -57,6 +59,33 @@ class WorkerView {
   virtual ~WorkerView() = default;
   // Every worker whose lease is live, ordered by name.
   virtual std::vector<LiveWorker> LiveWorkers() const = 0;
+  // Of `ids`, those that are not a live worker (unknown, or LOST), in their order. The
+  // coordinator's tick asks this of every worker holding ranks, ten times a second: no copy of
+  // the live ones (at 4,096 workers LiveWorkers took 6.8 ms of the tick, under the job lock).
+  virtual std::vector<std::string> NotLive(const std::vector<std::string_view>& ids) const {
+    std::set<std::string, std::less<>> live;
+    for (LiveWorker& w : LiveWorkers()) live.insert(std::move(w.worker_id));
+    std::vector<std::string> out;
+    for (std::string_view id : ids) {
+      if (live.find(id) == live.end()) out.emplace_back(id);
+    }
+    return out;
+  }
+  // A number that changes whenever a worker registers, comes back or is marked LOST: the tick's
+  // check of the workers holding ranks runs when it (or the jobs) changed. This default changes
+  // on every call, so a view without it is checked every tick.
+  virtual uint64_t RosterGeneration() const {
+    static std::atomic<uint64_t> calls{0};
+    return calls.fetch_add(1) + 1;
+  }
+  // The ids of the live workers that are drained (`meshrun workers drain`).
+  virtual std::vector<std::string> DrainedWorkers() const {
+    std::vector<std::string> out;
+    for (LiveWorker& w : LiveWorkers()) {
+      if (w.drained) out.push_back(std::move(w.worker_id));
+    }
+    return out;
+  }
   // Sends down the worker's session, or keeps the message until a session opens. Messages to
   // an unknown or LOST worker are dropped.
   virtual void Send(const std::string& worker_id, const v1::WorkerSessionResponse& message) = 0;
@@ -124,6 +153,9 @@ class WorkerManager final : public WorkerView {
 
   // WorkerView.
   std::vector<LiveWorker> LiveWorkers() const override;
+  std::vector<std::string> NotLive(const std::vector<std::string_view>& ids) const override;
+  std::vector<std::string> DrainedWorkers() const override;
+  uint64_t RosterGeneration() const override { return roster_generation_.load(); }
   void Send(const std::string& worker_id, const v1::WorkerSessionResponse& message) override;
 
  private:
@@ -156,7 +188,9 @@ class WorkerManager final : public WorkerView {
   const WorkerManagerConfig config_;
 
   mutable std::mutex mu_;
-  std::map<std::string, Worker> workers_;       // by worker_id; guarded by mu_
+  std::map<std::string, Worker, std::less<>> workers_;  // by worker_id; guarded by mu_
+  std::atomic<uint64_t> roster_generation_{1};          // RosterGeneration: bumped under mu_
+  std::atomic<int> drained_count_{0};           // workers with `drained` set; changed under mu_
   std::map<std::string, std::string> by_name_;  // name -> worker_id
   struct Session {
     std::string worker_id;

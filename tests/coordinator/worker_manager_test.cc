@@ -194,6 +194,37 @@ TEST_F(WorkerManagerTest, SilentWorkerIsLostAfterItsLease) {
   EXPECT_EQ(manager_->LiveWorkers().size(), 1u);
 }
 
+// The tick's look at the workers holding ranks runs when the roster changed (decision 0072):
+// a registration, a return and a LOST change RosterGeneration; a message, a drain and the
+// lookups do not. NotLive names unknown and LOST ids; DrainedWorkers the drained live ones.
+TEST_F(WorkerManagerTest, TheRosterGenerationMovesOnlyWhenLivenessChanges) {
+  const uint64_t g0 = manager_->RosterGeneration();
+  auto r = manager_->Register(Reg("a"));
+  ASSERT_TRUE(r.ok());
+  const uint64_t g1 = manager_->RosterGeneration();
+  EXPECT_NE(g1, g0);
+  auto stream = std::make_shared<FakeSessionStream>();
+  ASSERT_TRUE(manager_->OpenSession(Open(r->response), stream).ok());
+  ASSERT_TRUE(manager_->Touch(stream.get()).ok());
+  EXPECT_TRUE(manager_->DrainedWorkers().empty());
+  ASSERT_TRUE(manager_->SetDrained("a", true).ok());
+  EXPECT_EQ(manager_->DrainedWorkers(), std::vector<std::string>{"wkr-1"});
+  ASSERT_TRUE(manager_->SetDrained("a", false).ok());
+  EXPECT_TRUE(manager_->DrainedWorkers().empty());
+  EXPECT_EQ(manager_->NotLive({"wkr-1", "wkr-9"}), std::vector<std::string>{"wkr-9"});
+  EXPECT_TRUE(manager_->ExpireLeases().empty());
+  EXPECT_EQ(manager_->RosterGeneration(), g1);
+
+  clock_.Advance(milliseconds(10'000));
+  EXPECT_EQ(manager_->ExpireLeases(), std::vector<std::string>{"wkr-1"});
+  const uint64_t g2 = manager_->RosterGeneration();
+  EXPECT_NE(g2, g1);
+  EXPECT_EQ(manager_->NotLive({"wkr-1"}), std::vector<std::string>{"wkr-1"});
+  ASSERT_TRUE(manager_->Register(Reg("a")).ok());  // back
+  EXPECT_NE(manager_->RosterGeneration(), g2);
+  EXPECT_TRUE(manager_->NotLive({"wkr-1"}).empty());
+}
+
 TEST_F(WorkerManagerTest, RegistrationsSurviveARestart) {
   testing::TempDir dir;
   v1::RegisterWorkerResponse reg;
