@@ -413,9 +413,10 @@ std::vector<std::string> RankAxisCells(const v1::RankInfo& r, bool pipelined) {
 }
 
 std::string RankAxesText(const v1::RankInfo& r) {
-  const bool pipelined = RankPipelined(r);
+  const std::vector<AxisPlace> places = RankAxes(r);
+  const bool pipelined = RankPipelined(places);
   std::string out;
-  for (const AxisPlace& a : RankAxes(r)) {
+  for (const AxisPlace& a : places) {
     if (!AxisShown(a.axis, pipelined)) continue;
     if (!out.empty()) out += ' ';
     out += std::string(MeshAxisName(a.axis)) + "=" + std::to_string(a.index);

@@ -24,12 +24,6 @@ std::set<RankRef> SlotBook::Holders(const std::string& worker) const {
   return it == holders_.end() ? std::set<RankRef>{} : it->second;
 }
 
-std::vector<std::string> SlotBook::WorkersWithHolders() const {
-  std::vector<std::string> out;
-  for (const auto& [worker, refs] : holders_) out.push_back(worker);
-  return out;
-}
-
 std::vector<std::string_view> SlotBook::WorkerIdsWithHolders() const {
   std::vector<std::string_view> out;
   out.reserve(holders_.size());

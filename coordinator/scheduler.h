@@ -36,9 +36,7 @@ class SlotBook {
   void Release(const std::string& worker, const RankRef& ref);
   // The ranks holding slots on `worker` (a copy: callers release while iterating).
   std::set<RankRef> Holders(const std::string& worker) const;
-  // Workers with at least one holder.
-  std::vector<std::string> WorkersWithHolders() const;
-  // The same as views into the book: valid until it changes.
+  // Workers with at least one holder, as views into the book: valid until it changes.
   std::vector<std::string_view> WorkerIdsWithHolders() const;
   // Ranks `worker` runs that no live attempt counts; 0 forgets them.
   void SetForeign(const std::string& worker, int ranks);

@@ -130,11 +130,14 @@ inline std::vector<AxisPlace> RankAxes(const v1::RankInfo& r) {
 }
 
 // Whether a rank's mesh has pipeline stages (a pp axis of size > 1, or a stage past the first).
-inline bool RankPipelined(const v1::RankInfo& r) {
-  for (const AxisPlace& a : RankAxes(r)) {
+inline bool RankPipelined(const std::vector<AxisPlace>& places) {
+  for (const AxisPlace& a : places) {
     if (a.axis == MeshAxis::kPp && (a.size > 1 || a.index > 0)) return true;
   }
   return false;
+}
+inline bool RankPipelined(const v1::RankInfo& r) {
+  return RankPipelined(RankAxes(r));
 }
 
 // The axes a table or a line of ranks shows: every own axis, pp only on a pipelined mesh (as

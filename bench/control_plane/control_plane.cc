@@ -278,11 +278,8 @@ int RunGenerator(const Config& cfg) {
           }
         }
         if (!cfg.unbatched && !ranks.empty()) {
-          if (carried) {
-            v1::Heartbeat* beat = batch.mutable_metrics()->mutable_heartbeat();
-            for (const v1::RunningRank& r : running) *beat->add_running() = r;
-            beat->set_free_slots(cfg.slots - static_cast<int>(running.size()));
-          }
+          if (carried)
+            *batch.mutable_metrics()->mutable_heartbeat() = sim.worker->HeartbeatOf(running);
           sim.worker->Send(batch);
           ++sent;
         }

@@ -14,7 +14,7 @@
 //   theory    the exported theory (StepMetrics::pipeline_bubble_theory), the stages' mean: the
 //             same for 1F1B and interleaved (their bubble does not depend on how F and B
 //             compare); zero-bubble's ZB-H1 formula at each stage's measured F + B and W
-//             (decision 0067);
+//             (decision 0068);
 //   async     the same operation lists run as soon as their inputs are there, one core per
 //             stage, each operation taking its stage's measured time for its kind
 //             (StepMetrics::pipeline_op_seconds of the same step: forward, backward, weight, the
@@ -524,7 +524,7 @@ int main(int argc, char** argv) {
       }
       std::vector<double> step(P), engine(P), drained(P), drained_mean(P), busy(P);
       // The exported theory, the mean of the stages' (zero-bubble's is at each stage's own
-      // operation times, decision 0067), and the equal-times figure beside it.
+      // operation times, decision 0068), and the equal-times figure beside it.
       double theory = 0;
       const double textbook = meshrun::PipelineBubbleTheory(schedule, P, o.micro_batches, v);
       for (int p = 0; p < P; ++p) {

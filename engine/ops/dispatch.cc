@@ -90,24 +90,13 @@ Status MixedBackward(gpu::CudaContext& ctx, float* dinp, float* dweight, float* 
   }
   // Each GEMM on its own, with the float32 GEMM as the fallback where cuBLASLt has no bf16
   // algorithm for the layout (see MixedForward).
-  if (dinp != nullptr) {
-    const Status s = gpu::MatmulBackwardMixed(ctx, dinp, nullptr, dout16, inp16, w16, N, C, OC);
-    if (s.code() == StatusCode::kUnimplemented) {
-      MESHRUN_RETURN_IF_ERROR(
-          gpu::MatmulBackward<float>(ctx, dinp, nullptr, nullptr, dout, inp, weight, N, C, OC));
-    } else {
-      MESHRUN_RETURN_IF_ERROR(s);
-    }
-  }
-  if (dweight != nullptr) {
-    const Status s = gpu::MatmulBackwardMixed(ctx, nullptr, dweight, dout16, inp16, w16, N, C, OC);
-    if (s.code() == StatusCode::kUnimplemented) {
-      MESHRUN_RETURN_IF_ERROR(
-          gpu::MatmulBackward<float>(ctx, nullptr, dweight, nullptr, dout, inp, weight, N, C, OC));
-    } else {
-      MESHRUN_RETURN_IF_ERROR(s);
-    }
-  }
+  auto one = [&](float* di, float* dw) -> Status {
+    const Status s = gpu::MatmulBackwardMixed(ctx, di, dw, dout16, inp16, w16, N, C, OC);
+    if (s.code() != StatusCode::kUnimplemented) return s;
+    return gpu::MatmulBackward<float>(ctx, di, dw, nullptr, dout, inp, weight, N, C, OC);
+  };
+  if (dinp != nullptr) MESHRUN_RETURN_IF_ERROR(one(dinp, nullptr));
+  if (dweight != nullptr) MESHRUN_RETURN_IF_ERROR(one(nullptr, dweight));
   if (dbias != nullptr) return gpu::ColumnSum(ctx, dbias, dout, N, OC, OC);
   return OkStatus();
 }

@@ -145,7 +145,7 @@ int PipelineSendBuffers(const std::vector<PipeOp>& stage_ops, int stages, int vi
 // The schedule's bubble in theory, with every stage the same and no communication cost:
 // (P − 1)/(M + P − 1) for 1F1B and (P − 1)/(v·M + P − 1) interleaved, whatever a forward and a
 // backward take (both bubble and work scale with F + B). Zero-bubble's depends on how the
-// backward splits (decision 0067): ZB-H1's bubble is (P − 1)·(t_F + t_B − t_W) against a
+// backward splits (decision 0068): ZB-H1's bubble is (P − 1)·(t_F + t_B − t_W) against a
 // stage's work M·(t_F + t_B + t_W), so
 //   (P − 1)(t_F + t_B − t_W) / (M (t_F + t_B + t_W) + (P − 1)(t_F + t_B − t_W)),
 // which with t_F = t_B = t_W is (P − 1)/(3·M + P − 1) — the figure this overload gives.

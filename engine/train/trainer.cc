@@ -813,7 +813,7 @@ StatusOr<RunSummary> Trainer::Run(TrainObserver* observer) {
         m.pipeline_ops[k] = pipe_ops_[k];
       }
     }
-    // Beside it, the schedule's in theory (decisions 0060, 0067), over the step's micro-batches
+    // Beside it, the schedule's in theory (decisions 0060, 0068), over the step's micro-batches
     // and, for zero-bubble, at this stage's operation times of the step.
     if (dims_->pp() > 1) {
       auto each = [&](int k) {

@@ -33,9 +33,9 @@ TEST(SlotBookTest, HoldersAndForeignRanksCountAsUsed) {
   book.Release("w", {"job-1", 1, 0});
   book.SetForeign("w", 0);
   EXPECT_EQ(book.Used("w"), 1);
-  EXPECT_EQ(book.WorkersWithHolders(), std::vector<std::string>{"w"});
+  EXPECT_EQ(book.WorkerIdsWithHolders(), std::vector<std::string_view>{"w"});
   book.Release("w", {"job-1", 1, 1});
-  EXPECT_TRUE(book.WorkersWithHolders().empty());
+  EXPECT_TRUE(book.WorkerIdsWithHolders().empty());
   EXPECT_TRUE(book.InUse().empty());
   EXPECT_EQ(book.Used("unknown"), 0);
 }

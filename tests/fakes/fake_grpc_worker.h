@@ -77,9 +77,15 @@ class FakeGrpcWorker {
   // Up messages the tests send most.
   bool Heartbeat(const std::vector<v1::RunningRank>& running = {}) {
     v1::WorkerSessionRequest m;
-    for (const auto& r : running) *m.mutable_heartbeat()->add_running() = r;
-    m.mutable_heartbeat()->set_free_slots(slots_ - static_cast<int>(running.size()));
+    *m.mutable_heartbeat() = HeartbeatOf(running);
     return Send(m);
+  }
+  // The heartbeat of this worker running `running` (alone, or on a batch of samples).
+  v1::Heartbeat HeartbeatOf(const std::vector<v1::RunningRank>& running) const {
+    v1::Heartbeat beat;
+    for (const auto& r : running) *beat.add_running() = r;
+    beat.set_free_slots(slots_ - static_cast<int>(running.size()));
+    return beat;
   }
   bool Started(const v1::RankAssignment& a, int pid = 4242) {
     v1::WorkerSessionRequest m;

@@ -1,7 +1,7 @@
 // The pipeline's bubble in a rank's step metrics (decision 0060): under pp every rank reports
 // its measured bubble (a part of its step) and, beside it, its schedule's theory
 // (PipelineBubbleTheory over the step's micro-batches and the rank's chunks; zero-bubble's at
-// the rank's operation times of the step, decision 0067); without pp, neither.
+// the rank's operation times of the step, decision 0068); without pp, neither.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
