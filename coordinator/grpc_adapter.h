@@ -6,13 +6,18 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include "common/status.h"
@@ -34,6 +39,10 @@ struct AdapterLimits {
   // stream's slot is freed as soon as its call ends (client cancel or disconnect included).
   size_t max_watch_streams = 1'024;
   size_t max_watch_streams_per_caller = 128;
+  // How long an event for a WatchJob client with batch_events waits for the events behind it
+  // before it is written (0: written at once, as without batch_events): one write per linger
+  // instead of one per event (decision 0073).
+  std::chrono::microseconds watch_linger{5'000};
 };
 
 // The open WatchJob calls and the `authorization` header each was accepted with, so that a
@@ -65,12 +74,49 @@ class WatchRegistry {
   std::unordered_map<std::string, size_t> by_caller_;  // open entries per caller, guarded by mu_
 };
 
+// Ends the linger of WatchJob streams with batch_events (decision 0073): one thread wakes each
+// lingering stream `linger` after it asked, so that the events that queued meanwhile go out in
+// one write. A stream gone by then is skipped. Thread-safe.
+class LingerTimer {
+ public:
+  class Lingering {
+   public:
+    virtual ~Lingering() = default;
+    virtual void LingerEnded() = 0;
+  };
+  explicit LingerTimer(std::chrono::microseconds linger);
+  ~LingerTimer();
+  LingerTimer(const LingerTimer&) = delete;
+  LingerTimer& operator=(const LingerTimer&) = delete;
+
+  // Calls who->LingerEnded() on the timer's thread `linger` from now, if `who` still lives.
+  void After(std::weak_ptr<Lingering> who);
+
+ private:
+  struct Due {
+    std::chrono::steady_clock::time_point when;
+    std::weak_ptr<Lingering> stream;
+  };
+  void Run();
+
+  const std::chrono::microseconds linger_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Due> due_;  // in deadline order (every one is its request's time + linger_)
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
 class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
  public:
   // `auth` null: every call is allowed (tests of the handler path).
   CoordinatorGrpcService(CoordinatorServiceHandler& handler, AdapterLimits limits,
                          const Authorizer* auth = nullptr)
-      : handler_(handler), limits_(limits), auth_(auth) {}
+      : handler_(handler),
+        limits_(limits),
+        auth_(auth),
+        linger_(limits.watch_linger.count() > 0 ? std::make_unique<LingerTimer>(limits.watch_linger)
+                                                : nullptr) {}
 
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* ctx,
                                       const v1::SubmitJobRequest* request,
@@ -124,6 +170,7 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   const AdapterLimits limits_;
   const Authorizer* const auth_;
   WatchRegistry watches_;
+  std::unique_ptr<LingerTimer> linger_;  // null: no linger
 };
 
 }  // namespace meshrun::coordinator

@@ -117,5 +117,116 @@ TEST(WatchBatchTest, CoalescedEventsArriveOnceAndInOrder) {
   server->Shutdown();
 }
 
+// A watcher that keeps up (decision 0073): each event that finds no write in flight waits a
+// few milliseconds for the events behind it, so a worker's messages a millisecond apart reach
+// the watcher in a few responses, not one each; none is lost, reordered or left behind when
+// the job ends while the stream lingers.
+TEST(WatchBatchTest, EventsThatFindNoWriteInFlightLingerForTheOnesBehindThem) {
+  testing::TempDir dir;
+  CoordinatorConfig config;
+  config.listen = "127.0.0.1:0";
+  config.metrics_listen = "127.0.0.1:0";
+  config.state_dir = dir.path();
+  auto started = CoordinatorServer::Start(config);
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  std::unique_ptr<CoordinatorServer> server = std::move(started).value();
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server->port()),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::CoordinatorService::NewStub(channel);
+  FakeGrpcWorker worker(channel, "w", 1);
+  ASSERT_TRUE(worker.Register().ok());
+  worker.Open();
+  ASSERT_TRUE(worker.WaitAccepted());
+  v1::SubmitJobResponse submitted;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    ASSERT_TRUE(stub->SubmitJob(&ctx, testing::SubmitRequest(1, 1, 1, 1), &submitted).ok());
+  }
+  auto assigned = worker.TakeAssignments(1);
+  ASSERT_EQ(assigned.size(), 1u);
+  worker.Started(assigned[0]);
+
+  // Two watchers, read as events come: one with batch_events, one without (one event each).
+  auto watch = [&](grpc::ClientContext& ctx, bool batch) {
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(60));
+    v1::WatchJobRequest wreq;
+    wreq.set_job_id(submitted.job_id());
+    wreq.set_rank_metrics(true);
+    wreq.set_skip_logs(true);
+    wreq.set_batch_events(batch);
+    return stub->WatchJob(&ctx, wreq);
+  };
+  struct Seen {
+    int responses = 0;
+    std::vector<int64_t> rank_steps;
+    bool in_order = true;
+    bool ended_with_success = false;
+  };
+  auto read_all = [](grpc::ClientReaderInterface<v1::WatchJobResponse>* reader, Seen* seen) {
+    uint64_t last = 0;
+    v1::WatchJobResponse resp;
+    while (reader->Read(&resp)) {
+      ++seen->responses;
+      auto take = [&](const v1::JobEvent& e) {
+        seen->in_order = seen->in_order && e.sequence() > last;
+        last = e.sequence();
+        if (e.has_metrics() && e.metrics().has_rank()) {
+          seen->rank_steps.push_back(e.metrics().step());
+        }
+        seen->ended_with_success =
+            e.has_state_changed() && e.state_changed().state() == v1::JOB_STATE_SUCCEEDED;
+      };
+      take(resp.event());
+      for (const v1::JobEvent& e : resp.more_events()) take(e);
+    }
+  };
+  const auto began = std::chrono::steady_clock::now();
+  grpc::ClientContext batched_ctx, single_ctx;
+  auto batched = watch(batched_ctx, true);
+  auto single = watch(single_ctx, false);
+  Seen batched_seen, single_seen;
+  std::thread batched_reader(read_all, batched.get(), &batched_seen);
+  std::thread single_reader(read_all, single.get(), &single_seen);
+
+  // 100 steps, one session message each, a millisecond apart: 200 events (the rank's sample
+  // and the job-level one of its step). The job then succeeds while the last ones linger.
+  constexpr int kSteps = 100;
+  for (int step = 1; step <= kSteps; ++step) {
+    v1::WorkerSessionRequest m;
+    v1::MetricsSample* s = m.mutable_metrics()->add_samples();
+    s->set_job_id(submitted.job_id());
+    s->set_attempt(1);
+    s->set_rank(0);
+    s->set_step(step);
+    s->set_step_seconds(0.25);
+    s->set_loss(3.0);
+    ASSERT_TRUE(worker.Send(m));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  worker.Exited(assigned[0], 0);
+  batched_reader.join();
+  single_reader.join();
+  const double elapsed_ms = std::chrono::duration<double, std::milli>(
+                                std::chrono::steady_clock::now() - began)
+                                .count();
+  EXPECT_TRUE(batched->Finish().ok());
+  EXPECT_TRUE(single->Finish().ok());
+
+  for (const Seen* seen : {&batched_seen, &single_seen}) {
+    EXPECT_TRUE(seen->in_order);
+    EXPECT_TRUE(seen->ended_with_success);
+    ASSERT_EQ(seen->rank_steps.size(), static_cast<size_t>(kSteps));
+    for (int i = 0; i < kSteps; ++i) EXPECT_EQ(seen->rank_steps[i], i + 1);
+  }
+  // Without batch_events: a response per event (≥ 200). With it: lingers of 5 ms follow one
+  // another, so at most one write per 5 ms of the watch (~100 ms of messages: ~25; without
+  // the linger, about one per message).
+  EXPECT_GE(single_seen.responses, 2 * kSteps);
+  EXPECT_LE(batched_seen.responses, elapsed_ms / 5 + 4)
+      << "the events were not held for the ones behind (" << elapsed_ms << " ms)";
+  server->Shutdown();
+}
+
 }  // namespace
 }  // namespace meshrun::coordinator
