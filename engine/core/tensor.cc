@@ -3,11 +3,14 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <stdexcept>
+
+#include "engine/core/counted_address.h"
 
 #if MESHRUN_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -66,19 +69,19 @@ namespace {
 thread_local MemoryKind current_kind = MemoryKind::kOther;
 
 MemoryLedger& LedgerOf(DeviceType device) {
-  static MemoryLedger* ledgers = new MemoryLedger[2];  // never destroyed (tensors may outlive main)
-  return ledgers[device == DeviceType::kCpu ? 0 : 1];
+  static MemoryLedger* ledgers = new MemoryLedger[3];  // never destroyed (tensors may outlive main)
+  return ledgers[static_cast<int>(device)];
 }
 
 int LedgerIndex(DeviceType device) {
-  return device == DeviceType::kCpu ? 0 : 1;
+  return static_cast<int>(device);
 }
 
 }  // namespace
 
 // A MemoryAccountScope's ledgers; kept alive by every tensor counted in it.
 struct MemoryAccount {
-  MemoryLedger ledgers[2];
+  MemoryLedger ledgers[3];  // by DeviceType
 };
 
 namespace {
@@ -181,7 +184,49 @@ class CountingCpuAllocator final : public Allocator {
   MemoryStats stats_;
 };
 
+// The counting device's allocator: counts like the CPU's and hands out addresses of
+// counted_address.h's range, distinct per buffer and 64-byte aligned, so that pointer arithmetic
+// and identity work.
+class CountingDeviceAllocator final : public Allocator {
+ public:
+  void* Allocate(size_t bytes) override {
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    const uint64_t at = next_.fetch_add(rounded + 64, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.allocated_bytes += static_cast<int64_t>(rounded);
+    stats_.reserved_bytes += static_cast<int64_t>(rounded);
+    if (stats_.allocated_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.allocated_bytes;
+    return reinterpret_cast<void*>(kCountedAddressBase + (at % kCountedAddressSpan));
+  }
+  void Free(void* ptr, size_t bytes) override {
+    if (ptr == nullptr) return;
+    const size_t rounded = (bytes + 63) / 64 * 64;
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.allocated_bytes -= static_cast<int64_t>(rounded);
+    stats_.reserved_bytes -= static_cast<int64_t>(rounded);
+  }
+  MemoryStats Stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void ResetPeak() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_bytes = stats_.allocated_bytes;
+  }
+  Device device() const override { return Device{DeviceType::kCount, 0}; }
+
+ private:
+  std::atomic<uint64_t> next_{0};
+  mutable std::mutex mu_;
+  MemoryStats stats_;
+};
+
 }  // namespace
+
+Allocator& CountingAllocator() {
+  static CountingDeviceAllocator* allocator = new CountingDeviceAllocator();  // never destroyed
+  return *allocator;
+}
 
 Allocator& CpuAllocator() {
   static CountingCpuAllocator* allocator = new CountingCpuAllocator();  // never destroyed
@@ -190,6 +235,7 @@ Allocator& CpuAllocator() {
 
 Allocator& AllocatorFor(Device device) {
   if (device.type == DeviceType::kCpu) return CpuAllocator();
+  if (device.type == DeviceType::kCount) return CountingAllocator();
 #if MESHRUN_WITH_CUDA
   return gpu::CudaAllocator(device.index);
 #else
@@ -235,6 +281,8 @@ Tensor Tensor::Zeros(std::vector<int64_t> shape, ScalarType dtype, Device device
   Tensor t = Empty(std::move(shape), dtype, device);
   if (device.type == DeviceType::kCpu) {
     std::memset(t.raw(), 0, t.nbytes());
+  } else if (device.type == DeviceType::kCount) {
+    // nothing to zero: the counting device holds no data
   } else {
 #if MESHRUN_WITH_CUDA
     // cudaMemset runs on the legacy stream, which the engine's non-blocking compute stream does
@@ -260,6 +308,7 @@ Tensor Tensor::View(int64_t element_offset, std::vector<int64_t> shape) const {
 }
 
 void Tensor::Fill(double value) {
+  if (device_.type == DeviceType::kCount) return;  // no data there
   if (device_.type != DeviceType::kCpu) {
     throw std::runtime_error("Tensor::Fill: cpu tensors only (ops::Fill fills device buffers)");
   }

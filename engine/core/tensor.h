@@ -14,7 +14,11 @@
 namespace meshrun {
 
 enum class ScalarType { kFloat32, kFloat64, kBFloat16, kInt32 };
-enum class DeviceType { kCpu, kCuda };
+// kCount, the counting device: tensors there have shapes, kinds and addresses but no memory,
+// and every op on it does nothing (engine/ops), so running the engine's own step on it counts
+// exactly what the step allocates, by kind, without computing or allocating (the planner's
+// memory figures, engine/train/counted_step.h). Its addresses are never dereferenced.
+enum class DeviceType { kCpu, kCuda, kCount };
 
 struct Device {
   DeviceType type = DeviceType::kCpu;
@@ -95,6 +99,8 @@ class Allocator {
 
 // The process-wide CPU allocator: 64-byte aligned blocks, counted. Thread-safe.
 Allocator& CpuAllocator();
+// The counting device's: counts as the CPU's does, hands out addresses that map nothing.
+Allocator& CountingAllocator();
 Allocator& AllocatorFor(Device device);
 
 // A dense, row-major tensor. Copying a Tensor copies the reference, not the data.

@@ -209,6 +209,7 @@ Status Lion(gpu::CudaContext& ctx, float* param, const float* grad, float* m, in
 #define MESHRUN_OP(name, ...)                                \
   template <typename T>                                      \
   Status name(Device dev, MESHRUN_OPS_PARAMS(__VA_ARGS__)) { \
+    if (dev.type == DeviceType::kCount) return OkStatus();   \
     if (dev.type == DeviceType::kCpu) {                      \
       cpu::name(MESHRUN_OPS_ARGS(__VA_ARGS__));              \
       return OkStatus();                                     \
@@ -218,6 +219,7 @@ Status Lion(gpu::CudaContext& ctx, float* param, const float* grad, float* m, in
 #define MESHRUN_REDUCTION_OP(name, ...)                                                \
   template <typename T>                                                                \
   StatusOr<double> name(Device dev, MESHRUN_OPS_PARAMS(__VA_ARGS__)) {                 \
+    if (dev.type == DeviceType::kCount) return 0.0;                                    \
     if (dev.type == DeviceType::kCpu) return cpu::name(MESHRUN_OPS_ARGS(__VA_ARGS__)); \
     MESHRUN_CUDA_BRANCH(name, MESHRUN_OPS_ARGS(__VA_ARGS__))                           \
   }
@@ -227,6 +229,7 @@ Status Lion(gpu::CudaContext& ctx, float* param, const float* grad, float* m, in
 #define MESHRUN_FLOAT_OP(name, ...)                               \
   Status name(Device dev, MESHRUN_OPS_PARAMS(__VA_ARGS__)) {      \
     using T [[maybe_unused]] = float; /* MESHRUN_CUDA_BRANCH's */ \
+    if (dev.type == DeviceType::kCount) return OkStatus();        \
     if (dev.type == DeviceType::kCpu) {                           \
       cpu::name(MESHRUN_OPS_ARGS(__VA_ARGS__));                   \
       return OkStatus();                                          \

@@ -63,6 +63,7 @@ bool CudaBuilt() {
 }
 
 Status CopyFromHost(Device dev, void* dst, const void* host_src, size_t bytes) {
+  if (dev.type == DeviceType::kCount) return OkStatus();
   if (dev.type == DeviceType::kCpu) {
     if (bytes > 0) std::memcpy(dst, host_src, bytes);
     return OkStatus();
@@ -81,6 +82,11 @@ Status CopyFromHost(Device dev, void* dst, const void* host_src, size_t bytes) {
 }
 
 Status CopyToHost(Device dev, void* host_dst, const void* src, size_t bytes) {
+  if (dev.type == DeviceType::kCount) {
+    // What a counting run reads back (losses, norms) reads as zeros.
+    if (bytes > 0) std::memset(host_dst, 0, bytes);
+    return OkStatus();
+  }
   if (dev.type == DeviceType::kCpu) {
     if (bytes > 0) std::memcpy(host_dst, src, bytes);
     return OkStatus();
@@ -96,6 +102,7 @@ Status CopyToHost(Device dev, void* host_dst, const void* src, size_t bytes) {
 }
 
 Status Copy(Device dev, void* dst, const void* src, size_t bytes) {
+  if (dev.type == DeviceType::kCount) return OkStatus();
   if (dev.type == DeviceType::kCpu) {
     if (bytes > 0) std::memmove(dst, src, bytes);
     return OkStatus();
@@ -112,6 +119,7 @@ Status Copy(Device dev, void* dst, const void* src, size_t bytes) {
 }
 
 Status Zero(Device dev, void* dst, size_t bytes) {
+  if (dev.type == DeviceType::kCount) return OkStatus();
   if (dev.type == DeviceType::kCpu) {
     if (bytes > 0) std::memset(dst, 0, bytes);
     return OkStatus();
@@ -128,7 +136,7 @@ Status Zero(Device dev, void* dst, size_t bytes) {
 }
 
 Status Synchronize(Device dev) {
-  if (dev.type == DeviceType::kCpu) return OkStatus();
+  if (dev.type == DeviceType::kCpu || dev.type == DeviceType::kCount) return OkStatus();
 #if MESHRUN_WITH_CUDA
   MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
   return ctx->Synchronize();
@@ -138,7 +146,9 @@ Status Synchronize(Device dev) {
 }
 
 StatusOr<void*> ComputeStreamOf(Device dev) {
-  if (dev.type == DeviceType::kCpu) return static_cast<void*>(nullptr);
+  if (dev.type == DeviceType::kCpu || dev.type == DeviceType::kCount) {
+    return static_cast<void*>(nullptr);
+  }
 #if MESHRUN_WITH_CUDA
   MESHRUN_ASSIGN_OR_RETURN(gpu::CudaContext * ctx, ContextOf(dev));
   return static_cast<void*>(ctx->stream());
@@ -179,6 +189,7 @@ float Bf16BitsToFloat(uint16_t b) {
 
 Status SetMatmulPrecision(Device dev, MatmulPrecision precision) {
   const bool bf16 = precision == MatmulPrecision::kBf16;
+  if (dev.type == DeviceType::kCount) return OkStatus();
   if (dev.type == DeviceType::kCpu) {
     if (!bf16) return OkStatus();
     return InvalidArgumentError(
@@ -208,7 +219,7 @@ MatmulPrecision MatmulPrecisionOf(Device dev) {
 }
 
 Status CastToBf16(Device dev, uint16_t* dst, const float* src, int64_t n) {
-  if (n <= 0) return OkStatus();
+  if (n <= 0 || dev.type == DeviceType::kCount) return OkStatus();
   if (dev.type == DeviceType::kCpu) {
     for (int64_t i = 0; i < n; ++i) dst[i] = FloatToBf16Bits(src[i]);
     return OkStatus();
@@ -222,7 +233,7 @@ Status CastToBf16(Device dev, uint16_t* dst, const float* src, int64_t n) {
 }
 
 Status CastFromBf16(Device dev, float* dst, const uint16_t* src, int64_t n) {
-  if (n <= 0) return OkStatus();
+  if (n <= 0 || dev.type == DeviceType::kCount) return OkStatus();
   if (dev.type == DeviceType::kCpu) {
     for (int64_t i = 0; i < n; ++i) dst[i] = Bf16BitsToFloat(src[i]);
     return OkStatus();

@@ -167,6 +167,7 @@ void ShardedState::InitDeterministic(uint64_t seed) {
     model_->InitDeterministic(seed);
     return;
   }
+  if (device().type == DeviceType::kCount) return;  // no values there to set
   // Computed on the host, then copied to the shard's device (a failure there is sticky and
   // surfaces at the next op).
   const bool on_host = device().type == DeviceType::kCpu;

@@ -111,7 +111,7 @@ Communicator* Trainer::Comm(MeshAxis axis) const {
 }
 
 Status Trainer::Init() {
-  MESHRUN_RETURN_IF_ERROR(CheckTrainingDevice(spec_.resources.device));
+  if (!options_.counting) MESHRUN_RETURN_IF_ERROR(CheckTrainingDevice(spec_.resources.device));
   cpu::SetNumThreads(spec_.resources.threads);
   MESHRUN_ASSIGN_OR_RETURN(ParallelDims dims, MeshOf(spec_));
   dims_ = dims;
@@ -156,7 +156,9 @@ Status Trainer::Init() {
   const bool bf16 = PrecisionOf(spec_.train) == TrainPrecision::kBf16;
   if (DeviceOf(spec_.resources) == ComputeDevice::kCuda)
     cfg.device = Device{DeviceType::kCuda, ctx_.cuda_device};
-  if (bf16 && cfg.device.type != DeviceType::kCuda) {
+  if (options_.counting) {
+    cfg.device = Device{DeviceType::kCount, 0};
+  } else if (bf16 && cfg.device.type != DeviceType::kCuda) {
     return InvalidArgumentError(
         "train.precision: 'bf16' needs resources.device: cuda; the CPU engine computes in float32 "
         "(hint: use precision: fp32 on cpu)");
@@ -168,7 +170,7 @@ Status Trainer::Init() {
   // Under FSDP the model owns no full buffers: its units are gathered when used (sharding.h).
   const bool fsdp = cfg.fsdp_size > 1;
   model_ = std::make_unique<GPT2<float>>(cfg, /*own_storage=*/!fsdp);
-  if (AttentionMaskOf(spec_.data) == AttentionMask::kDocument) {
+  if (AttentionMaskOf(spec_.data) == AttentionMask::kDocument && !options_.counting) {
     MESHRUN_ASSIGN_OR_RETURN(document_end_, DocumentEndOf(spec_));
   }
   shards_ = std::make_unique<ShardedState>(model_.get(), Comm(MeshAxis::kDpShardCp),
@@ -198,9 +200,27 @@ Status Trainer::Init() {
   // matches (`meshrun train` fills it before the ranks start).
   const LoadOptions load = LoadOptionsOf(spec_);
   // One stream per source of data.train (one for a single path; docs/data.md "Mixtures").
-  const std::vector<DataSource> sources = TrainSources(spec_.data);
+  std::vector<DataSource> sources = TrainSources(spec_.data);
   std::vector<MixtureSampler::Source> mixture;
   train_data_.clear();
+  if (options_.counting) {
+    // No data is read: the tokens' values never reach the counting device's no-op kernels.
+    auto zeros = [&] {
+      TokenStream s;
+      s.format = "text";
+      s.tokens.assign(static_cast<size_t>(spec_.train.global_batch_size + 1) *
+                          static_cast<size_t>(spec_.model.seq_len + 1),
+                      0);
+      s.max_token_id = 0;
+      return s;
+    };
+    for (const DataSource& source : sources) {
+      train_data_.push_back(std::make_unique<TokenStream>(zeros()));
+      mixture.push_back({train_data_.back().get(), source.weight});
+    }
+    sources.clear();
+    if (!spec_.data.val.empty()) val_data_ = std::make_unique<TokenStream>(zeros());
+  }
   for (size_t i = 0; i < sources.size(); ++i) {
     const std::string field = TrainSourceField(spec_.data, i);
     MESHRUN_ASSIGN_OR_RETURN(TokenStream train,
@@ -211,7 +231,7 @@ Status Trainer::Init() {
     MESHRUN_RETURN_IF_ERROR(CheckStreamLossMask(*train_data_.back(), spec_, field));
     mixture.push_back({train_data_.back().get(), sources[i].weight});
   }
-  if (!spec_.data.val.empty()) {
+  if (!spec_.data.val.empty() && !options_.counting) {
     MESHRUN_ASSIGN_OR_RETURN(TokenStream val, LoadTokens(spec_.data.val, spec_.data.format, load));
     val_data_ = std::make_unique<TokenStream>(std::move(val));
     MESHRUN_RETURN_IF_ERROR(CheckStreamVocab(*val_data_, spec_, "data.val"));
@@ -227,13 +247,17 @@ Status Trainer::Init() {
                              static_cast<uint64_t>(spec_.train.seed), order));
   sampler_ = std::make_unique<MixtureSampler>(std::move(sampler));
 
-  if (!spec_.model.init_from.empty()) {
+  if (options_.counting) {
+    // nothing to load or initialise: the counting device holds no values
+  } else if (!spec_.model.init_from.empty()) {
     // Each rank reads only the slices it holds: its tp shard, and under FSDP its piece of it.
     MESHRUN_RETURN_IF_ERROR(LoadHuggingFaceShard(spec_.model.init_from, cfg, shards_.get()));
   } else {
     shards_->InitDeterministic(static_cast<uint64_t>(spec_.train.seed));
   }
-  peak_flops_ = options_.peak_flops > 0 ? options_.peak_flops : MeasureCpuGemmPeakFlops();
+  peak_flops_ = options_.peak_flops > 0 ? options_.peak_flops
+                : options_.counting       ? 1.0
+                                          : MeasureCpuGemmPeakFlops();
   return OkStatus();
 }
 

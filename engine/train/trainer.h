@@ -124,6 +124,11 @@ struct TrainOptions {
   // for tests and bench/pipeline, which compare the two. The memory model predicts the
   // asynchronous executor's memory.
   bool pipeline_lockstep = false;
+  // Counting (engine/train/counted_step.h): the rank runs on the counting device, which
+  // allocates and computes nothing; data.train and data.val are not read (each stream is
+  // `counting_tokens` zeros, at least a batch and a window), no device is checked and no GEMM
+  // peak measured. What the run allocates, by kind, is what the real run allocates.
+  bool counting = false;
 };
 
 // Owns the model, optimizer state and data of one rank. Not thread-safe; one per process.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/model/gpt2.h"
+#include "engine/train/counted_step.h"
 #include "engine/train/memory_model.h"
 #include "engine/train/pipeline.h"
 #include "tests/engine/train/pipeline_mesh_runner.h"
@@ -85,10 +86,14 @@ class PipelineMemoryTest : public PipelineMeshRunner,
       const int stage = static_cast<int>(rank) / per_stage;
       const MemoryPrediction& want = stages[static_cast<size_t>(stage)];
       const MemoryPrediction one = PredictRankMemory(spec, stage);
+      const StatusOr<CountedRank> counted = CountRank(spec, static_cast<int>(rank));
+      ASSERT_TRUE(counted.ok()) << counted.status().ToString();
       for (int k = 0; k < kNumMemoryKinds - 1; ++k) {
         const int64_t got = ranks[rank]->memory.peak[k];
         EXPECT_EQ(got, want.bytes[k])
             << "stage " << stage << ": " << MemoryKindName(static_cast<MemoryKind>(k));
+        EXPECT_EQ(counted->memory.peak[k], got)
+            << "counted, stage " << stage << ": " << MemoryKindName(static_cast<MemoryKind>(k));
         EXPECT_EQ(one.bytes[k], want.bytes[k]);
         largest.peak[k] = std::max(largest.peak[k], got);
       }

@@ -1,0 +1,56 @@
+#include "engine/train/counted_step.h"
+
+#include <memory>
+#include <utility>
+
+#include "engine/comm/comm_stats.h"
+#include "engine/comm/counting_backend.h"
+#include "engine/comm/mesh_comms.h"
+#include "engine/comm/store.h"
+#include "engine/train/trainer.h"
+
+namespace meshrun {
+
+StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank) {
+  MESHRUN_ASSIGN_OR_RETURN(ParallelDims dims, MeshOf(spec));
+  if (rank < 0 || rank >= dims.world_size()) {
+    return InvalidArgumentError("CountRank: rank " + std::to_string(rank) +
+                                " is outside the mesh's " + std::to_string(dims.world_size()));
+  }
+  JobSpec run = spec;
+  // Two steps (the pools grow in the first; the second reuses them) with an evaluation after
+  // each when there is validation data; nothing read, resumed or written.
+  run.train.steps = 2;
+  run.train.warmup_steps = 1;
+  if (!run.data.val.empty()) run.data.eval_every = 1;
+  run.checkpoint.dir.clear();
+  run.checkpoint.resume = "never";
+
+  MemoryAccountScope account;  // this thread's counts only
+  auto stats = std::make_shared<CommStats>();
+  RankContext ctx;
+  ctx.rank = rank;
+  if (dims.world_size() > 1) {
+    CountingBackend backend(/*overlaps=*/DeviceOf(spec.resources) == ComputeDevice::kCuda);
+    MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
+                             MeshComms::Create(dims, rank, std::make_shared<InMemoryStore>(),
+                                               backend, stats));
+    ctx.comms = std::move(comms);
+  }
+  TrainOptions options;
+  options.counting = true;
+  MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                           Trainer::Create(run, options, std::move(ctx)));
+  MESHRUN_ASSIGN_OR_RETURN(RunSummary summary, trainer->Run(nullptr));
+  CountedRank out;
+  out.memory = MemoryBreakdownOf(DeviceType::kCount);
+  if (summary.steps > 0) {
+    for (MeshAxis axis : kAllMeshAxes) {
+      const double bytes = stats->AxisTotal(axis).bytes;
+      if (bytes > 0) out.comm_bytes[axis] = bytes / static_cast<double>(summary.steps);
+    }
+  }
+  return out;
+}
+
+}  // namespace meshrun

@@ -1,0 +1,110 @@
+// CountRank (engine/train/counted_step.h): the engine's own step on the counting device. Here:
+// a 70B Llama rank counts in well under a second without allocating its memory, and its figures
+// follow the spec as the engine does (sharding divides, activation checkpointing drops
+// activations). That the counts equal what the real step allocates, byte for byte, is asserted
+// beside the measurements: pipeline_memory_test (every pp mesh) and optimizer_mesh_test (the
+// equivalence meshes, both optimizers).
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <chrono>
+
+#include "common/job_spec_yaml.h"
+#include "engine/train/counted_step.h"
+#include "engine/train/memory_model.h"
+
+namespace meshrun {
+namespace {
+
+int64_t MaxRssBytes() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+JobSpec Llama70B(int tp, int dp_shard, int pp, const std::string& ac) {
+  JobSpec spec;
+  spec.name = "llama3-70b";
+  spec.model.arch = "llama";
+  spec.model.n_layer = 80;
+  spec.model.n_head = 64;
+  spec.model.n_kv_head = 8;
+  spec.model.d_model = 8192;
+  spec.model.d_ff = 28672;
+  spec.model.seq_len = 8192;
+  spec.model.vocab_size = 128256;
+  spec.model.tie_embeddings = false;
+  spec.train.global_batch_size = 64 * dp_shard;
+  spec.train.micro_batch_size = 1;
+  spec.train.precision = "bf16";
+  spec.train.activation_checkpointing = ac;
+  spec.data.train = "/dev/null";
+  spec.resources.device = "cuda";
+  spec.parallelism.tp_size = tp;
+  spec.parallelism.dp_shard_size = dp_shard;
+  spec.parallelism.pp_size = pp;
+  return spec;
+}
+
+int64_t Total(const MemoryBreakdown& m) {
+  int64_t t = 0;
+  for (int k = 0; k < kNumMemoryKinds; ++k) t += m.peak[k];
+  return t;
+}
+
+TEST(CountedStepTest, ASeventyBillionRankCountsFastWithoutItsMemory) {
+  const JobSpec spec = Llama70B(8, 128, 1, "full");
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec).ToString();
+  const int64_t rss_before = MaxRssBytes();
+  const auto t0 = std::chrono::steady_clock::now();
+  const StatusOr<CountedRank> counted = CountRank(spec, 0);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(counted.ok()) << counted.status().ToString();
+  // 70.6e9 parameters over tp 8 × dp_shard 128: ~69 M floats of shard each for parameters,
+  // gradients and two moments, and gathered layers of ~860 M / 8 parameters in bf16.
+  const int64_t params = counted->memory.peak[static_cast<int>(MemoryKind::kParameters)];
+  const int64_t optimizer = counted->memory.peak[static_cast<int>(MemoryKind::kOptimizer)];
+  EXPECT_GT(params, int64_t{200} << 20);
+  EXPECT_EQ(optimizer, 2 * 4 * (optimizer / 8));
+  EXPECT_GT(Total(counted->memory), int64_t{4} << 30);  // activations of 8,192 tokens and more
+  EXPECT_LT(MaxRssBytes() - rss_before, int64_t{512} << 20) << "the count allocated for real";
+  EXPECT_LT(seconds, 2.0);
+  EXPECT_GT(counted->comm_bytes.at(MeshAxis::kTp), 0);
+  const MemoryPrediction model = PredictRankMemory(spec);
+  for (int k = 0; k < kNumMemoryKinds - 1; ++k) {
+    EXPECT_EQ(counted->memory.peak[k], model.bytes[k]) << MemoryKindName(static_cast<MemoryKind>(k));
+  }
+  std::printf("70B rank (tp 8 x dp_shard 128, full AC): counted in %.3f s, %.2f GiB\n", seconds,
+              static_cast<double>(Total(counted->memory)) / (1 << 30));
+}
+
+TEST(CountedStepTest, TheCountsFollowTheSpecAsTheEngineDoes) {
+  const StatusOr<CountedRank> none = CountRank(Llama70B(8, 16, 1, "none"), 0);
+  const StatusOr<CountedRank> full = CountRank(Llama70B(8, 16, 1, "full"), 0);
+  const StatusOr<CountedRank> wider = CountRank(Llama70B(8, 32, 1, "full"), 0);
+  const StatusOr<CountedRank> staged = CountRank(Llama70B(8, 16, 4, "full"), 0);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  ASSERT_TRUE(wider.ok()) << wider.status().ToString();
+  ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+  const int act = static_cast<int>(MemoryKind::kActivations);
+  const int opt = static_cast<int>(MemoryKind::kOptimizer);
+  EXPECT_GT(none->memory.peak[act], 4 * full->memory.peak[act]);
+  EXPECT_EQ(none->memory.peak[opt], full->memory.peak[opt]);
+  // Twice the shards: half the optimizer state (up to FSDP's padding).
+  EXPECT_NEAR(static_cast<double>(wider->memory.peak[opt]),
+              static_cast<double>(full->memory.peak[opt]) / 2,
+              1e-3 * static_cast<double>(full->memory.peak[opt]));
+  // A quarter of the layers on the first of 4 stages (its embedding besides).
+  EXPECT_LT(staged->memory.peak[opt], full->memory.peak[opt] / 3);
+  EXPECT_GT(staged->comm_bytes.at(MeshAxis::kPp), 0);
+}
+
+TEST(CountedStepTest, ARankOutsideTheMeshIsRefused) {
+  const StatusOr<CountedRank> counted = CountRank(Llama70B(8, 2, 1, "full"), 16);
+  EXPECT_EQ(counted.status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshrun
