@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/memory_estimate.h"
+#include "engine/train/counted_step.h"
 #include "engine/train/memory_model.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
@@ -126,6 +127,39 @@ TEST_P(OptimizerMeshTest, LionOnThisMeshTrainsLikeOneRank) {
     ASSERT_EQ(s.losses.size(), alone.losses.size());
     for (size_t k = 0; k < s.losses.size(); ++k) {
       EXPECT_NEAR(s.losses[k], alone.losses[k], 1e-5 * alone.losses[k]) << "step " << k + 1;
+    }
+  }
+}
+
+// The counting device (engine/train/counted_step.h) against the real step, for both optimizers:
+// every rank of the mesh, run as a thread on the CPU over the fake backend, peaks at exactly the
+// bytes of each kind its count says, and moves exactly the bus bytes per axis its count says.
+TEST_P(OptimizerMeshTest, EveryRankAllocatesAndSendsWhatItsCountSays) {
+  for (const std::string optimizer : {"adamw", "lion"}) {
+    SCOPED_TRACE(optimizer);
+    JobSpec spec = LionSpec(GetParam());
+    spec.train.optimizer = optimizer;
+    spec.train.steps = 2;
+    const std::vector<StatusOr<PipeStepRecord>> ranks = RunMeshInProcess(spec);
+    ASSERT_FALSE(ranks.empty());
+    for (size_t rank = 0; rank < ranks.size(); ++rank) {
+      SCOPED_TRACE("rank " + std::to_string(rank));
+      ASSERT_TRUE(ranks[rank].ok()) << ranks[rank].status().ToString();
+      const StatusOr<CountedRank> counted = CountRank(spec, static_cast<int>(rank));
+      ASSERT_TRUE(counted.ok()) << counted.status().ToString();
+      // Every kind but "other" (token ids and host tables mirrored on the device).
+      for (int k = 0; k < kNumMemoryKinds - 1; ++k) {
+        EXPECT_EQ(counted->memory.peak[k], ranks[rank]->memory.peak[k])
+            << MemoryKindName(static_cast<MemoryKind>(k));
+      }
+      EXPECT_GT(counted->memory.peak[static_cast<int>(MemoryKind::kOptimizer)], 0);
+      const double steps = static_cast<double>(ranks[rank]->losses.size());
+      for (const auto& [axis, bytes] : ranks[rank]->comm_bytes) {
+        const auto it = counted->comm_bytes.find(axis);
+        const double got = it == counted->comm_bytes.end() ? 0 : it->second;
+        EXPECT_NEAR(got, bytes / steps, 1e-9 * bytes) << MeshAxisName(axis);
+      }
+      EXPECT_EQ(counted->comm_bytes.size(), ranks[rank]->comm_bytes.size());
     }
   }
 }

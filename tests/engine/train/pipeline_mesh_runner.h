@@ -40,6 +40,8 @@ struct PipeStepRecord {
   // The rank's peak bytes of each kind over its run (Trainer::Run: from its start to its end,
   // evaluations included).
   MemoryBreakdown memory;
+  // The bus bytes the rank moved over each axis up to its last step (StepMetrics::comm).
+  std::map<MeshAxis, double> comm_bytes;
 };
 
 class PipeRecordSteps : public TrainObserver {
@@ -54,6 +56,10 @@ class PipeRecordSteps : public TrainObserver {
     for (int k = 0; k < 4; ++k) n[k] = m.pipeline_ops[k], t[k] = m.pipeline_op_seconds[k];
     out_->ops.push_back(n);
     out_->op_seconds.push_back(t);
+    out_->comm_bytes.clear();
+    for (const auto& [key, counter] : m.comm) {
+      if (key.first.kind == CommKind::kAxis) out_->comm_bytes[key.first.axis] += counter.bytes;
+    }
   }
   void OnEval(const EvalMetrics& e) override { out_->evals.push_back(e.loss); }
 
