@@ -1,5 +1,6 @@
 #include "engine/train/counted_step.h"
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -11,7 +12,7 @@
 
 namespace meshrun {
 
-StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank) {
+StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank, const CountOptions& count) {
   MESHRUN_ASSIGN_OR_RETURN(ParallelDims dims, MeshOf(spec));
   if (rank < 0 || rank >= dims.world_size()) {
     return InvalidArgumentError("CountRank: rank " + std::to_string(rank) +
@@ -23,6 +24,14 @@ StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank) {
   run.train.steps = 2;
   run.train.warmup_steps = 1;
   if (!run.data.val.empty()) run.data.eval_every = 1;
+  if (!count.every_micro_batch) {
+    const int64_t micro = MicroBatchesPerStep(spec);
+    const int64_t enough = dims.pp() > 1 ? 2 * int64_t{dims.pp()} : 2;
+    if (micro > enough) {
+      run.train.global_batch_size = static_cast<int>(enough * spec.parallelism.dp_replicate_size *
+                                    spec.parallelism.dp_shard_size * spec.train.micro_batch_size);
+    }
+  }
   run.checkpoint.dir.clear();
   run.checkpoint.resume = "never";
 
@@ -51,6 +60,28 @@ StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank) {
     }
   }
   return out;
+}
+
+StatusOr<int64_t> CountPeakBytes(const JobSpec& spec) {
+  MESHRUN_ASSIGN_OR_RETURN(ParallelDims dims, MeshOf(spec));
+  int64_t most = 0;
+  for (int stage = 0; stage < dims.pp(); ++stage) {
+    MeshCoords first;
+    first.pp = stage;
+    MeshCoords last{.dp_replicate = dims.dp_replicate() - 1,
+                    .dp_shard = dims.dp_shard() - 1,
+                    .cp = dims.cp() - 1,
+                    .tp = dims.tp() - 1,
+                    .pp = stage};
+    for (const MeshCoords& c : {first, last}) {
+      MESHRUN_ASSIGN_OR_RETURN(CountedRank counted, CountRank(spec, dims.RankOf(c)));
+      int64_t sum = 0;
+      for (int k = 0; k < kNumMemoryKinds; ++k) sum += counted.memory.peak[k];
+      most = std::max(most, sum);
+      if (first == last) break;
+    }
+  }
+  return most;
 }
 
 }  // namespace meshrun

@@ -24,8 +24,22 @@ struct CountedRank {
   std::map<MeshAxis, double> comm_bytes;
 };
 
+struct CountOptions {
+  // Count every micro-batch of the step. By default a step counts as many as it takes for the
+  // peaks to stop growing: 2 without pp, 2·pp_size with it (fewer when the step has fewer), as
+  // the pools and the schedule's buffers are full by then; counted_step_test holds the two
+  // equal. Bytes per step are the counted step's, so comm_bytes counts every micro-batch only
+  // with this set.
+  bool every_micro_batch = false;
+};
+
 // Rank `rank` of `spec` (valid), counted on this thread. Its figures do not depend on the
 // host: a cuda job counts as it would run on its GPU (with NCCL's asynchronous calls).
-StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank);
+StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank, const CountOptions& options = {});
+
+// The most bytes any rank of `spec` holds at once: over the pipeline's stages, the largest of
+// the first rank's and the last rank's (FSDP's padding and the vocabulary's remainder rows fall
+// on one or the other) sum of every kind's peak.
+StatusOr<int64_t> CountPeakBytes(const JobSpec& spec);
 
 }  // namespace meshrun

@@ -8,6 +8,8 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <string>
+#include <vector>
 
 #include "common/job_spec_yaml.h"
 #include "engine/train/counted_step.h"
@@ -99,6 +101,62 @@ TEST(CountedStepTest, TheCountsFollowTheSpecAsTheEngineDoes) {
   // A quarter of the layers on the first of 4 stages (its embedding besides).
   EXPECT_LT(staged->memory.peak[opt], full->memory.peak[opt] / 3);
   EXPECT_GT(staged->comm_bytes.at(MeshAxis::kPp), 0);
+}
+
+// A step counts 2 micro-batches (2·pp_size with pp) unless asked for all: the peaks are the same
+// as with every one of 32 (or 64), on meshes with FSDP, HSDP, tp, cp and every pp schedule.
+TEST(CountedStepTest, AFewMicroBatchesPeakAsHighAsAllOfThem) {
+  struct Case {
+    std::string arch;
+    int P, R, S, C, T;
+    std::string schedule;
+    std::string ac;
+  };
+  const std::vector<Case> cases = {
+      {"gpt2", 1, 1, 2, 1, 2, "1f1b", "none"},     {"llama", 1, 2, 2, 1, 1, "1f1b", "full"},
+      {"llama", 1, 1, 2, 2, 1, "1f1b", "selective"}, {"gpt2", 2, 1, 2, 1, 2, "1f1b", "none"},
+      {"llama", 4, 1, 1, 2, 1, "1f1b", "full"},     {"gpt2", 2, 2, 1, 1, 1, "interleaved_1f1b", "none"},
+      {"llama", 4, 1, 1, 1, 1, "zero_bubble", "none"}, {"gpt2", 2, 1, 2, 1, 2, "zero_bubble", "full"},
+  };
+  for (const Case& c : cases) {
+    JobSpec spec;
+    spec.model.arch = c.arch;
+    spec.model.n_layer = 8;
+    spec.model.n_head = 4;
+    spec.model.d_model = 32;
+    spec.model.seq_len = 16;
+    spec.model.vocab_size = 256;
+    if (c.arch == "llama") {
+      spec.model.n_kv_head = 2;
+      spec.model.d_ff = 64;
+      spec.model.tie_embeddings = false;
+    }
+    spec.parallelism.pp_size = c.P;
+    spec.parallelism.dp_replicate_size = c.R;
+    spec.parallelism.dp_shard_size = c.S;
+    spec.parallelism.cp_size = c.C;
+    spec.parallelism.tp_size = c.T;
+    spec.parallelism.pp_schedule = c.schedule;
+    if (c.schedule == "interleaved_1f1b") spec.parallelism.pp_virtual_stages = 2;
+    spec.train.activation_checkpointing = c.ac;
+    spec.train.micro_batch_size = 1;
+    spec.train.global_batch_size = (c.P > 1 ? 64 : 32) * c.R * c.S;
+    spec.data.train = "/dev/null";
+    ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec).ToString();
+    const ParallelDims dims = *MeshOf(spec);
+    for (int rank : {0, dims.world_size() - 1}) {
+      SCOPED_TRACE(c.arch + " pp" + std::to_string(c.P) + " " + c.schedule + " ac " + c.ac +
+                   " rank " + std::to_string(rank));
+      const StatusOr<CountedRank> few = CountRank(spec, rank);
+      const StatusOr<CountedRank> all = CountRank(spec, rank, {.every_micro_batch = true});
+      ASSERT_TRUE(few.ok()) << few.status().ToString();
+      ASSERT_TRUE(all.ok()) << all.status().ToString();
+      for (int k = 0; k < kNumMemoryKinds; ++k) {
+        EXPECT_EQ(few->memory.peak[k], all->memory.peak[k])
+            << MemoryKindName(static_cast<MemoryKind>(k));
+      }
+    }
+  }
 }
 
 TEST(CountedStepTest, ARankOutsideTheMeshIsRefused) {

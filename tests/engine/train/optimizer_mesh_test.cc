@@ -145,7 +145,9 @@ TEST_P(OptimizerMeshTest, EveryRankAllocatesAndSendsWhatItsCountSays) {
     for (size_t rank = 0; rank < ranks.size(); ++rank) {
       SCOPED_TRACE("rank " + std::to_string(rank));
       ASSERT_TRUE(ranks[rank].ok()) << ranks[rank].status().ToString();
-      const StatusOr<CountedRank> counted = CountRank(spec, static_cast<int>(rank));
+      // Every micro-batch, so that the bytes per step are the whole step's.
+      const StatusOr<CountedRank> counted =
+          CountRank(spec, static_cast<int>(rank), {.every_micro_batch = true});
       ASSERT_TRUE(counted.ok()) << counted.status().ToString();
       // Every kind but "other" (token ids and host tables mirrored on the device).
       for (int k = 0; k < kNumMemoryKinds - 1; ++k) {
@@ -153,6 +155,12 @@ TEST_P(OptimizerMeshTest, EveryRankAllocatesAndSendsWhatItsCountSays) {
             << MemoryKindName(static_cast<MemoryKind>(k));
       }
       EXPECT_GT(counted->memory.peak[static_cast<int>(MemoryKind::kOptimizer)], 0);
+      // The default count (2 of the step's micro-batches) peaks as high.
+      const StatusOr<CountedRank> few = CountRank(spec, static_cast<int>(rank));
+      ASSERT_TRUE(few.ok()) << few.status().ToString();
+      for (int k = 0; k < kNumMemoryKinds; ++k) {
+        EXPECT_EQ(few->memory.peak[k], counted->memory.peak[k]);
+      }
       const double steps = static_cast<double>(ranks[rank]->losses.size());
       for (const auto& [axis, bytes] : ranks[rank]->comm_bytes) {
         const auto it = counted->comm_bytes.find(axis);
