@@ -15,7 +15,7 @@
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/train/device.h"
-#include "engine/train/memory_model.h"
+#include "engine/train/counted_step.h"
 #include "engine/train/trainer.h"
 
 namespace meshrun::client {
@@ -222,11 +222,13 @@ Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
   if (options.host_memory_bytes >= 0) {
     const double host =
         options.host_memory_bytes > 0 ? options.host_memory_bytes : HostMemoryBytes();
-    // The engine's memory model where its integer sizes are safe (it walks the real layout);
-    // the lower bound, computed in double, refuses absurd sizes by itself.
+    // The engine's own step, counted (engine/train/counted_step.h: the largest rank's buffers,
+    // allocated on the counting device), where its integer sizes are safe; the lower bound,
+    // computed in double, refuses absurd sizes by itself.
     double rank_bytes = 0;
     if (EstimateRankMemory(spec, mesh).total() < 1e15) {
-      rank_bytes = static_cast<double>(PredictRankMemory(spec).peak_bytes);
+      MESHRUN_ASSIGN_OR_RETURN(const int64_t counted, CountPeakBytes(spec));
+      rank_bytes = static_cast<double>(counted);
     }
     MESHRUN_RETURN_IF_ERROR(CheckJobFitsHost(spec, mesh, options.ranks_on_host, host, rank_bytes));
   }

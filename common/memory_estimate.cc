@@ -99,16 +99,19 @@ RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& m
 }
 
 Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_on_host,
-                       double available_bytes, const std::string& flag) {
+                       double available_bytes, const std::string& flag, double rank_bytes) {
   if (available_bytes <= 0) return OkStatus();
   const RankMemoryEstimate e = EstimateRankMemory(spec, mesh);
-  const double need = e.total() * std::max(1, ranks_on_host);
+  const double per_rank = rank_bytes > 0 ? rank_bytes : e.total();
+  const double need = per_rank * std::max(1, ranks_on_host);
   if (need <= available_bytes) return OkStatus();
   char params[32];
   std::snprintf(params, sizeof params, "%.3g", e.parameters);
   return ResourceExhaustedError(
-      "model: " + std::string(params) + " parameters (" + Sizes(spec.model) + ") need at least " +
-      Bytes(e.total()) + " per rank, " + Bytes(need) + " for the " +
+      "model: " + std::string(params) + " parameters (" + Sizes(spec.model) + ") need " +
+      (rank_bytes > 0 ? Bytes(per_rank) + " per rank (the engine's own step, counted)"
+                      : "at least " + Bytes(e.total()) + " per rank") +
+      ", " + Bytes(need) + " for the " +
       std::to_string(std::max(1, ranks_on_host)) + " ranks on this host, over the " +
       Bytes(available_bytes) + " of the worker's " + flag +
       " (hint: use a smaller model, or more tp_size/dp_shard_size to shard it)");
@@ -151,7 +154,7 @@ Status CheckJobFitsHost(const JobSpec& spec, const ParallelDims& mesh, int ranks
   std::string message =
       field + ": " + Sizes(m) + " make " + params + " parameters; one rank needs " +
       (rank_bytes > 0
-           ? Bytes(per_rank) + " (the engine's memory model over " + mesh.ToString() + ")"
+           ? Bytes(per_rank) + " (the engine's own step, counted, over " + mesh.ToString() + ")"
            : "at least " + Bytes(e.total()) +
                  " (float32 parameters, gradients and the optimizer's state over " +
                  mesh.ToString() +

@@ -29,8 +29,9 @@ RankMemoryEstimate EstimateRankMemory(const JobSpec& spec, const ParallelDims& m
 
 // OK when `ranks_on_host` ranks of the estimate fit in `available_bytes` (0: no check), else
 // RESOURCE_EXHAUSTED naming model sizes and `flag` (the worker's --memory-bytes).
+// rank_bytes > 0: one rank's need counted by the engine (CountRank) in place of the estimate.
 Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_on_host,
-                       double available_bytes, const std::string& flag);
+                       double available_bytes, const std::string& flag, double rank_bytes = 0);
 
 // The check `meshrun validate` and the start of `train`/`submit` run (client/preflight.h): OK
 // when `ranks_on_host` ranks of the estimate fit in `host_bytes` (0: no check), else

@@ -6,6 +6,7 @@
 #include "common/hf_config.h"
 #include "common/memory_estimate.h"
 #include "common/path_policy.h"
+#include "engine/train/counted_step.h"
 #include "proto/spec_convert.h"
 
 namespace meshrun::rank {
@@ -55,9 +56,16 @@ StatusOr<JobSpec> SpecOfRankStart(const v1::RankStart& start) {
   // the same check runs here, before anything is allocated.
   if (!spec.model.init_from.empty() && start.memory_bytes() > 0 && spec.resources.device == "cpu") {
     MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
+    // This rank's own step, counted on the counting device (engine/train/counted_step.h) where
+    // the sizes are safe for it; the estimate, in double, refuses absurd ones by itself.
+    double rank_bytes = 0;
+    if (EstimateRankMemory(spec, mesh).total() < 1e15) {
+      MESHRUN_ASSIGN_OR_RETURN(CountedRank counted, CountRank(spec, a.rank()));
+      for (int k = 0; k < kNumMemoryKinds; ++k) rank_bytes += counted.memory.peak[k];
+    }
     MESHRUN_RETURN_IF_ERROR(CheckRankMemory(spec, mesh, std::max(1, a.local_world_size()),
                                             static_cast<double>(start.memory_bytes()),
-                                            "--memory-bytes"));
+                                            "--memory-bytes", rank_bytes));
   }
   return spec;
 }

@@ -112,7 +112,7 @@ Communicator* Trainer::Comm(MeshAxis axis) const {
 
 Status Trainer::Init() {
   if (!options_.counting) MESHRUN_RETURN_IF_ERROR(CheckTrainingDevice(spec_.resources.device));
-  cpu::SetNumThreads(spec_.resources.threads);
+  if (!options_.counting) cpu::SetNumThreads(spec_.resources.threads);  // no kernel runs then
   MESHRUN_ASSIGN_OR_RETURN(ParallelDims dims, MeshOf(spec_));
   dims_ = dims;
   if (ctx_.comms == nullptr && dims.world_size() != 1) {

@@ -91,7 +91,7 @@ TEST(MemoryEstimateTest, CheckJobFitsHostNamesTheFieldThatDrivesTheEstimate) {
   // A fuller model's figure (the engine's memory model) replaces the lower bound.
   const Status exact = CheckJobFitsHost(JobSpec(), Mesh(1, 1, 1, 1), 1, one * 1.5, one * 2);
   EXPECT_FALSE(exact.ok());
-  EXPECT_NE(exact.message().find("(the engine's memory model over"), std::string::npos)
+  EXPECT_NE(exact.message().find("(the engine's own step, counted, over"), std::string::npos)
       << exact.message();
 }
 
