@@ -52,9 +52,10 @@ StatusOr<JobSpec> SpecOfRankStart(const v1::RankStart& start) {
   }
   MESHRUN_RETURN_IF_ERROR(FillModelFromInitFrom(a.spec().model(), &spec));
   MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, a.world_size()));
-  // The worker checked one rank's memory when the sizes were in the spec; with sizes read here,
-  // the same check runs here, before anything is allocated.
-  if (!spec.model.init_from.empty() && start.memory_bytes() > 0 && spec.resources.device == "cpu") {
+  // The worker checked a lower bound of one rank's memory when the sizes were in the spec (it
+  // does not link the engine); here, before anything is allocated, the rank checks its own step
+  // counted, with the sizes read from init_from when they came from there.
+  if (start.memory_bytes() > 0 && spec.resources.device == "cpu") {
     MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
     // This rank's own step, counted on the counting device (engine/train/counted_step.h) where
     // the sizes are safe for it; the estimate, in double, refuses absurd ones by itself.

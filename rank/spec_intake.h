@@ -20,7 +20,10 @@ namespace meshrun::rank {
 Status FillModelFromInitFrom(const v1::ModelSpec& sent, JobSpec* spec);
 
 // JobSpecFromProto(start.assignment().spec()), threads and file roots from RankStart,
-// FillModelFromInitFrom, then ValidateJobSpec against the assignment's world size.
+// FillModelFromInitFrom, then ValidateJobSpec against the assignment's world size. On cpu with
+// the worker's --memory-bytes: RESOURCE_EXHAUSTED when the ranks on this host cannot hold this
+// rank's step as the counting device counts it (engine/train/counted_step.h), before anything
+// is allocated.
 StatusOr<JobSpec> SpecOfRankStart(const v1::RankStart& start);
 
 }  // namespace meshrun::rank

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/memory_estimate.h"
 #include "engine/train/counted_step.h"
 #include "proto/spec_convert.h"
 #include "rank/spec_intake.h"
@@ -79,6 +80,43 @@ TEST_F(SpecIntakeTest, ARankThatCannotFitIsRefusedWithItsCountedBytes) {
   EXPECT_NE(refused.status().message().find("(the engine's own step, counted)"),
             std::string::npos)
       << refused.status().message();
+}
+
+// Sizes in the spec: the worker let it through on its lower bound (parameters, gradients, moments
+// and one micro-batch's activations), but the step's own count (with the head's and the
+// attention's buffers, the gathered and communication buffers) does not fit, so the rank stops
+// before allocating.
+TEST_F(SpecIntakeTest, TheRankRefusesWhatTheWorkersLowerBoundLetThrough) {
+  v1::RankStart start = StartWith(128, 1);
+  JobSpec spec = *JobSpecFromProto(start.assignment().spec());
+  spec.model.init_from.clear();
+  spec.model.arch = "llama";
+  spec.model.n_layer = 2;
+  spec.model.n_head = 4;
+  spec.model.n_kv_head = 2;
+  spec.model.d_model = 64;
+  spec.model.d_ff = 128;
+  spec.model.vocab_size = 256;
+  spec.model.tie_embeddings = false;
+  spec.model.seq_len = 256;
+  spec.train.micro_batch_size = 8;
+  spec.train.global_batch_size = 8;
+  ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec).ToString();
+  *start.mutable_assignment()->mutable_spec() = JobSpecToProto(spec);
+  const double bound = EstimateRankMemory(spec, *MeshOf(spec)).total();
+  const StatusOr<CountedRank> counted = CountRank(spec, 0);
+  ASSERT_TRUE(counted.ok()) << counted.status().ToString();
+  double exact = 0;
+  for (int k = 0; k < kNumMemoryKinds; ++k) exact += counted->memory.peak[k];
+  ASSERT_LT(bound, exact) << "the case must sit between the two";
+
+  start.set_memory_bytes(static_cast<int64_t>((bound + exact) / 2));
+  const StatusOr<JobSpec> refused = SpecOfRankStart(start);
+  ASSERT_EQ(refused.status().code(), StatusCode::kResourceExhausted) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("(the engine's own step, counted)"),
+            std::string::npos);
+  start.set_memory_bytes(static_cast<int64_t>(exact) + 1);
+  EXPECT_TRUE(SpecOfRankStart(start).ok());
 }
 
 }  // namespace
