@@ -1,7 +1,8 @@
 // bench/memory: what FSDP and activation checkpointing save, measured through the product.
 // Each row runs `meshrun train --nproc S` (one process per rank, OMP_NUM_THREADS=1) and prints,
-// per memory kind, the memory model's prediction beside the measured peak (the maximum over
-// ranks of the engine's counts), the whole peak, and the kernel's max RSS of the largest rank.
+// per memory kind, the memory model's prediction and the engine's own step counted on the
+// counting device (CountRank, every rank) beside the measured peak (the maximum over ranks of the
+// engine's counts), the whole peak, and the kernel's max RSS of the largest rank.
 // A second table times activation checkpointing on one rank at GPT-2-small shapes.
 //
 //   memory [--shards 1,2,4,8] [--modes none,selective,full] [--steps N] [--no-gpt2]
@@ -9,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "common/job_spec_yaml.h"
+#include "engine/train/counted_step.h"
 #include "engine/train/memory_model.h"
 
 namespace {
@@ -135,7 +138,7 @@ int main(int argc, char** argv) {
   json rows = json::array();
   std::printf(
       "FSDP × activation checkpointing: 8 layers, d_model 512, seq 64, micro batch 1, "
-      "%d steps, one thread per rank; MiB, predicted / measured (max over ranks)\n\n",
+      "%d steps, one thread per rank; MiB, memory model / counted / measured (max over ranks)\n\n",
       steps);
   std::printf(
       "| dp_shard | AC | parameters | gradients | optimizer | activations | "
@@ -155,6 +158,23 @@ int main(int argc, char** argv) {
         return 1;
       }
       const meshrun::MemoryPrediction want = meshrun::PredictRankMemory(*spec);
+      // The engine's own step counted on the counting device, every rank (each kind's largest,
+      // as the summary reports it): engine/train/counted_step.h.
+      meshrun::MemoryBreakdown counted;
+      int64_t counted_peak = 0;
+      for (int r = 0; r < s; ++r) {
+        meshrun::StatusOr<meshrun::CountedRank> c = meshrun::CountRank(*spec, r);
+        if (!c.ok()) {
+          std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
+          return 1;
+        }
+        int64_t total = 0;
+        for (int k = 0; k < meshrun::kNumMemoryKinds; ++k) {
+          counted.peak[k] = std::max(counted.peak[k], c->memory.peak[k]);
+          if (k < 5) total += c->memory.peak[k];
+        }
+        counted_peak = std::max(counted_peak, total);
+      }
       std::vector<std::string> args = {
           "train", "-f", spec_file.string(), "--nproc", std::to_string(s), "-o", "json"};
       for (const std::string& x : sets) {
@@ -171,18 +191,24 @@ int main(int argc, char** argv) {
       for (int k = 0; k < 5; ++k) {
         const double got = summary["memory"][kKinds[k]];
         const double pred = static_cast<double>(want.bytes[k]);
-        std::printf(" %.1f / %.1f |", MiB(pred), MiB(got));
+        const double count = static_cast<double>(counted.peak[k]);
+        std::printf(" %.1f / %.1f / %.1f |", MiB(pred), MiB(count), MiB(got));
         row["predicted"][kKinds[k]] = pred;
+        row["counted"][kKinds[k]] = count;
         row["measured"][kKinds[k]] = got;
-        if (got > 0 || pred > 0)
+        if (got > 0 || pred > 0 || count > 0) {
           worst = std::max(worst, std::fabs(pred - got) / std::max(got, 1.0));
+          worst = std::max(worst, std::fabs(count - got) / std::max(got, 1.0));
+        }
       }
       const auto& b = base.count(mode) ? base[mode] : std::pair<double, double>{0, 0};
-      std::printf(" %.1f / %.1f | %s | %.1f | %s |\n", MiB(want.peak_bytes), MiB(peak),
+      std::printf(" %.1f / %.1f / %.1f | %s | %.1f | %s |\n", MiB(want.peak_bytes),
+                  MiB(static_cast<double>(counted_peak)), MiB(peak),
                   b.first > 0 ? (std::to_string(peak / b.first).substr(0, 4) + "×").c_str() : "",
                   MiB(rss),
                   b.second > 0 ? (std::to_string(rss / b.second).substr(0, 4) + "×").c_str() : "");
       row["predicted_peak_bytes"] = want.peak_bytes;
+      row["counted_peak_bytes"] = counted_peak;
       row["peak_memory_bytes"] = peak;
       row["max_rss_bytes"] = rss;
       row["worst_part_error"] = worst;
