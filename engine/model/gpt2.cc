@@ -286,7 +286,8 @@ Status GPT2<T>::PrepareRope() {
   const int64_t rows = row_rope_ ? static_cast<int64_t>(B_) * T_ : T_;
   const int64_t n = rows * half;
   rope_host_.resize(static_cast<size_t>(2 * n));
-  for (int64_t t = 0; t < rows; ++t) {
+  // The counting device takes no values: only the table's buffer below counts.
+  for (int64_t t = 0; t < rows && cfg_.device.type != DeviceType::kCount; ++t) {
     const int32_t pos = row_rope_ ? row_positions_[t] : seq_positions_[t];
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(pos) * inv[i];
