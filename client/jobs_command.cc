@@ -74,6 +74,10 @@ Status ParseWhere(const std::string& where, v1::MeshCoordsFilter* out) {
                                   names + ")");
     }
     const int v = static_cast<int>(value);
+    // The list (read by coordinators that know it) and the named field (by older ones).
+    v1::MeshAxisCoord* entry = out->add_axes();
+    entry->set_axis(MeshAxisToProto(*named));
+    entry->set_index(v);
     switch (*named) {
       case MeshAxis::kPp: out->set_pp(v); break;
       case MeshAxis::kDpReplicate: out->set_dp_replicate(v); break;

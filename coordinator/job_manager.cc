@@ -15,6 +15,7 @@
 #include "common/escape.h"
 #include "common/job_spec.h"
 #include "coordinator/proto_time.h"
+#include "proto/mesh_axis.h"
 #include "proto/spec_convert.h"
 
 namespace meshrun::coordinator {
@@ -403,6 +404,34 @@ Status JobManager::ListRanks(const v1::ListRanksRequest& request, v1::ListRanksR
                                     ") (hint: use 0 to " + std::to_string(sizes[i] - 1) + ")");
       }
       fixed[i] = values[i];
+    }
+    // The list form: each entry an axis of the mesh (in `sizes`' order) and its index.
+    const std::array<MeshAxis, 5> order = {MeshAxis::kPp, MeshAxis::kDpReplicate,
+                                           MeshAxis::kDpShard, MeshAxis::kCp, MeshAxis::kTp};
+    for (int e = 0; e < c.axes_size(); ++e) {
+      const v1::MeshAxisCoord& a = c.axes(e);
+      const std::string field = "coords.axes[" + std::to_string(e) + "]";
+      const std::optional<MeshAxis> axis = MeshAxisFromProto(a.axis());
+      const auto at = axis ? std::find(order.begin(), order.end(), *axis) : order.end();
+      if (at == order.end()) {
+        return InvalidArgumentError(field + ".axis: " + v1::MeshAxis_Name(a.axis()) +
+                                    " is not one of the mesh's own axes (hint: pp, dp_replicate, "
+                                    "dp_shard, cp or tp)");
+      }
+      const int i = static_cast<int>(at - order.begin());
+      if (a.index() < 0 || a.index() >= sizes[i]) {
+        return InvalidArgumentError(field + ".index: " + std::to_string(a.index()) +
+                                    " is outside the mesh's " + MeshAxisName(*axis) + " (size " +
+                                    std::to_string(sizes[i]) + ") (hint: use 0 to " +
+                                    std::to_string(sizes[i] - 1) + ")");
+      }
+      if (fixed[i] >= 0 && fixed[i] != a.index()) {
+        return InvalidArgumentError(field + ": " + MeshAxisName(*axis) + "=" +
+                                    std::to_string(a.index()) + " contradicts " + names[i] + "=" +
+                                    std::to_string(fixed[i]) +
+                                    " (hint: give each axis once, or the same index in both)");
+      }
+      fixed[i] = a.index();
     }
   }
   const int64_t world = static_cast<int64_t>(attempt->ranks.size());

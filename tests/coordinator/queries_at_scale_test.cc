@@ -167,8 +167,40 @@ TEST_F(QueriesAtScaleTest, FiltersByStateWorkerAndCoordinates) {
            r.state() == v1::RANK_STATE_ASSIGNED;
   });
 
-  // Out of the mesh, and a token this coordinator did not issue: INVALID_ARGUMENT.
+  // The list form (MeshCoordsFilter.axes, what the CLI's --where sends besides the fields):
+  // the same ranks; an axis in both forms must agree.
+  req.clear_coords();
+  req.clear_states();
+  auto fix = [&](v1::MeshAxis axis, int index) {
+    v1::MeshAxisCoord* a = req.mutable_coords()->add_axes();
+    a->set_axis(axis);
+    a->set_index(index);
+  };
+  fix(v1::MESH_AXIS_DP_SHARD, 3);
+  fix(v1::MESH_AXIS_TP, 5);
+  expect_same(req, [](const v1::RankInfo& r) {
+    return r.coords().dp_shard() == 3 && r.coords().tp() == 5;
+  });
+  req.mutable_coords()->set_tp(5);
+  expect_same(req, [](const v1::RankInfo& r) {
+    return r.coords().dp_shard() == 3 && r.coords().tp() == 5;
+  });
   v1::ListRanksResponse resp;
+  req.mutable_coords()->set_tp(4);
+  Status contradiction = jobs_->ListRanks(req, &resp);
+  EXPECT_EQ(contradiction.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(contradiction.message().find("coords.axes[1]: tp=5 contradicts coords.tp=4"),
+            std::string::npos)
+      << contradiction.message();
+  req.clear_coords();
+  fix(v1::MESH_AXIS_DP_CP, 0);  // a group, not one of the mesh's own axes
+  EXPECT_EQ(jobs_->ListRanks(req, &resp).code(), StatusCode::kInvalidArgument);
+  req.clear_coords();
+  fix(v1::MESH_AXIS_TP, 8);
+  EXPECT_EQ(jobs_->ListRanks(req, &resp).code(), StatusCode::kInvalidArgument);
+
+  // Out of the mesh, and a token this coordinator did not issue: INVALID_ARGUMENT.
+  req.clear_coords();
   req.mutable_coords()->set_tp(8);
   EXPECT_EQ(jobs_->ListRanks(req, &resp).code(), StatusCode::kInvalidArgument);
   req.clear_coords();
