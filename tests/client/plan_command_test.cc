@@ -55,6 +55,35 @@ TEST_F(PlanCommandTest, TheTableExplainsTheBestAndUnknownDevicesExitTwo) {
   EXPECT_NE(bad.err.find("--device: 'tpu' is not a known device"), std::string::npos) << bad.err;
 }
 
+// The plan's pick, counted on the engine's own step (decision 0074): the same figure as its row,
+// on a pipelined pick too (tiny with 8 layers over 8 ranks of a 1 GiB device leaves pp rows).
+TEST_F(PlanCommandTest, ThePicksMemoryIsCountedOnTheEnginesOwnStep) {
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--per-node", "2"},
+        std::vector<std::string>{"--per-node", "8", "--set", "model.n_layer=16", "--set",
+                                 "model.d_model=256", "--set", "train.global_batch_size=64",
+                                 "--memory-gib", "0.05"}}) {
+    std::vector<std::string> args = {"plan", "-f", (Source() / "examples/tiny.yaml").string(),
+                                     "--device", "a100"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    testing::CliResult r = Run(args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const size_t at = r.out.find("Counted: the engine's own step for #");
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+    const size_t bytes = line.find(" GiB ("), of_table = line.find("(the table: ");
+    ASSERT_NE(bytes, std::string::npos) << line;
+    ASSERT_NE(of_table, std::string::npos) << line;
+    const long long counted = std::stoll(line.substr(bytes + 6));
+    const long long table = std::stoll(line.substr(of_table + 12));
+    EXPECT_GT(counted, 0) << line;
+    EXPECT_EQ(counted, table) << line;
+    if (extra.size() > 2) {
+      EXPECT_NE(line.find("(pp 8,"), std::string::npos) << "a pipelined pick: " << line;
+    }
+  }
+}
+
 TEST_F(PlanCommandTest, CalibrateMeasuresThisHostAndRefusesOtherDevices) {
   testing::CliResult r = Run({"plan", "-f", (Source() / "examples/tiny.yaml").string(),
                               "--per-node", "2", "--calibrate", "--top", "3"});
