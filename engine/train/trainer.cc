@@ -204,22 +204,25 @@ Status Trainer::Init() {
   std::vector<MixtureSampler::Source> mixture;
   train_data_.clear();
   if (options_.counting) {
-    // No data is read: the tokens' values never reach the counting device's no-op kernels.
-    auto zeros = [&] {
+    // No data is read: the tokens' values never reach the counting device's no-op kernels. The
+    // training windows cycle over two; evaluation gets as many windows as a global batch, so it
+    // runs its batches as on real data.
+    auto zeros = [&](int64_t windows) {
       TokenStream s;
       s.format = "text";
-      s.tokens.assign(static_cast<size_t>(spec_.train.global_batch_size + 1) *
-                          static_cast<size_t>(spec_.model.seq_len + 1),
+      s.tokens.assign(static_cast<size_t>(windows) * static_cast<size_t>(spec_.model.seq_len + 1),
                       0);
       s.max_token_id = 0;
       return s;
     };
     for (const DataSource& source : sources) {
-      train_data_.push_back(std::make_unique<TokenStream>(zeros()));
+      train_data_.push_back(std::make_unique<TokenStream>(zeros(2)));
       mixture.push_back({train_data_.back().get(), source.weight});
     }
     sources.clear();
-    if (!spec_.data.val.empty()) val_data_ = std::make_unique<TokenStream>(zeros());
+    if (!spec_.data.val.empty()) {
+      val_data_ = std::make_unique<TokenStream>(zeros(spec_.train.global_batch_size + 1));
+    }
   }
   for (size_t i = 0; i < sources.size(); ++i) {
     const std::string field = TrainSourceField(spec_.data, i);
