@@ -25,27 +25,6 @@ namespace meshrun::client {
 
 namespace {
 
-// The most any rank of `spec` holds of the kinds the planner's rows add up (every kind but
-// "other": token ids and host tables mirrored on the device), counted on the engine's own step
-// (engine/train/counted_step.h): over the stages, the first and the last rank of each.
-StatusOr<int64_t> CountPlannedPeak(const JobSpec& spec) {
-  MESHRUN_ASSIGN_OR_RETURN(ParallelDims dims, MeshOf(spec));
-  int64_t most = 0;
-  for (int stage = 0; stage < dims.pp(); ++stage) {
-    MeshCoords first;
-    first.pp = stage;
-    const MeshCoords last{dims.dp_replicate() - 1, dims.dp_shard() - 1, dims.cp() - 1,
-                          dims.tp() - 1, stage};
-    for (const MeshCoords& c : {first, last}) {
-      MESHRUN_ASSIGN_OR_RETURN(CountedRank counted, CountRank(spec, dims.RankOf(c)));
-      int64_t sum = 0;
-      for (int k = 0; k < kNumMemoryKinds - 1; ++k) sum += counted.memory.peak[k];
-      most = std::max(most, sum);
-    }
-  }
-  return most;
-}
-
 using json = nlohmann::ordered_json;
 
 struct PlanOptions {
@@ -235,13 +214,14 @@ int RunPlan(const PlanOptions& o) {
     }
   }
   if (pick->engine_runs) {
-    StatusOr<int64_t> counted = CountPlannedPeak(pick->spec);
+    // The kinds the rows add up: without "other".
+    StatusOr<int64_t> counted = CountPeakBytes(pick->spec, /*with_other=*/false);
     if (!counted.ok()) return ReportError(counted.status());
     const ParallelismSpec& p = pick->spec.parallelism;
     std::printf(
-        "Counted: the engine's own step for #%zu (pp %d, dp_replicate %d, dp_shard %d, cp %d, tp %d, "
-        "activation_checkpointing %s) holds %.3f GiB (%lld bytes) on its largest rank (the "
-        "table: %lld bytes)\n",
+        "Counted: the engine's own step for #%zu (pp %d, dp_replicate %d, dp_shard %d, cp %d, "
+        "tp %d, activation_checkpointing %s) holds %.3f GiB (%lld bytes) on its largest rank "
+        "(the table: %lld bytes)\n",
         static_cast<size_t>(pick - rows->data()) + 1, p.pp_size, p.dp_replicate_size,
         p.dp_shard_size, p.cp_size, p.tp_size, pick->spec.train.activation_checkpointing.c_str(),
         static_cast<double>(*counted) / (1024.0 * 1024 * 1024), static_cast<long long>(*counted),

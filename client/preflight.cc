@@ -14,8 +14,8 @@
 #include "engine/data/token_stream.h"
 #include "engine/io/checkpoint.h"
 #include "engine/model/hf_checkpoint.h"
-#include "engine/train/device.h"
 #include "engine/train/counted_step.h"
+#include "engine/train/device.h"
 #include "engine/train/trainer.h"
 
 namespace meshrun::client {

@@ -111,9 +111,8 @@ Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_
       "model: " + std::string(params) + " parameters (" + Sizes(spec.model) + ") need " +
       (rank_bytes > 0 ? Bytes(per_rank) + " per rank (the engine's own step, counted)"
                       : "at least " + Bytes(e.total()) + " per rank") +
-      ", " + Bytes(need) + " for the " +
-      std::to_string(std::max(1, ranks_on_host)) + " ranks on this host, over the " +
-      Bytes(available_bytes) + " of the worker's " + flag +
+      ", " + Bytes(need) + " for the " + std::to_string(std::max(1, ranks_on_host)) +
+      " ranks on this host, over the " + Bytes(available_bytes) + " of the worker's " + flag +
       " (hint: use a smaller model, or more tp_size/dp_shard_size to shard it)");
 }
 

@@ -7,9 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -292,20 +292,16 @@ class WriteQueue {
           final_ = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
         }
       }
-      if (!queue_.empty()) {
-        if (linger_ && !finishing_ && queue_.size() < kLingerFlushResponses) {
-          writing_ = false;
-          if (!lingering_) lingering_ = linger = true;
-        } else {
-          writing_ = false;
-          next = StartCoalescedLocked();
-        }
-      } else {
-        writing_ = false;
-        if (finishing_ && !finish_called_ && !lingering_) {
+      writing_ = false;  // and lingering_ is false: never both
+      if (queue_.empty()) {
+        if (finishing_ && !finish_called_) {
           finish_called_ = finish = true;
           final = final_;
         }
+      } else if (linger_ && !finishing_ && queue_.size() < kLingerFlushResponses) {
+        lingering_ = linger = true;
+      } else {
+        next = StartCoalescedLocked();
       }
     }
     if (linger) linger_();
@@ -379,8 +375,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
                const AdapterLimits& limits, const Status& allowed, WatchRegistry& registry,
                std::optional<std::string> authorization, const std::string& caller,
                LingerTimer* timer)
-      : stream_(std::make_shared<WatchStream>(this, limits.max_watch_queue,
-                                              request.batch_events(), timer)),
+      : stream_(std::make_shared<WatchStream>(this, limits.max_watch_queue, request.batch_events(),
+                                              timer)),
         registry_(registry) {
     if (!allowed.ok()) {
       stream_->Finish(allowed);
@@ -421,8 +417,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::WatchJobResponse>
   uint64_t registered_ = 0;
 };
 
-WatchStream::WatchStream(WatchReactor* reactor, size_t max_queue, bool coalesce,
-                         LingerTimer* timer)
+WatchStream::WatchStream(WatchReactor* reactor, size_t max_queue, bool coalesce, LingerTimer* timer)
     : queue_(reactor, max_queue, coalesce,
              coalesce && timer != nullptr
                  ? std::function<void()>([this, timer] { timer->After(weak_from_this()); })

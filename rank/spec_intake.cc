@@ -62,7 +62,7 @@ StatusOr<JobSpec> SpecOfRankStart(const v1::RankStart& start) {
     double rank_bytes = 0;
     if (EstimateRankMemory(spec, mesh).total() < 1e15) {
       MESHRUN_ASSIGN_OR_RETURN(CountedRank counted, CountRank(spec, a.rank()));
-      for (int k = 0; k < kNumMemoryKinds; ++k) rank_bytes += counted.memory.peak[k];
+      rank_bytes = static_cast<double>(counted.Total());
     }
     MESHRUN_RETURN_IF_ERROR(CheckRankMemory(spec, mesh, std::max(1, a.local_world_size()),
                                             static_cast<double>(start.memory_bytes()),

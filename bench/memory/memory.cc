@@ -168,12 +168,10 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "%s\n", c.status().ToString().c_str());
           return 1;
         }
-        int64_t total = 0;
         for (int k = 0; k < meshrun::kNumMemoryKinds; ++k) {
           counted.peak[k] = std::max(counted.peak[k], c->memory.peak[k]);
-          if (k < 5) total += c->memory.peak[k];
         }
-        counted_peak = std::max(counted_peak, total);
+        counted_peak = std::max(counted_peak, c->Total(/*with_other=*/false));
       }
       std::vector<std::string> args = {
           "train", "-f", spec_file.string(), "--nproc", std::to_string(s), "-o", "json"};

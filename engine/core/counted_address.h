@@ -11,10 +11,11 @@ namespace meshrun {
 inline constexpr uint64_t kCountedAddressBase = 0x4000'0000'0000'0000ull;
 inline constexpr uint64_t kCountedAddressSpan = 0x1000'0000'0000'0000ull;
 
-// True for an address of a counting-device buffer (or inside one, or just past its end).
+// True for an address of a counting-device buffer, inside one or just past its end (buffers
+// are handed out from the start of the range and never past its end, nor reused).
 inline bool IsCountedAddress(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
-  return a >= kCountedAddressBase && a <= kCountedAddressBase + kCountedAddressSpan + (1u << 20);
+  return a >= kCountedAddressBase && a <= kCountedAddressBase + kCountedAddressSpan;
 }
 
 }  // namespace meshrun

@@ -126,6 +126,34 @@ void ResetMemoryBreakdownPeak(DeviceType device) {
 
 namespace {
 
+// The bookkeeping both allocators below share: live, peak and reserved bytes of the blocks
+// handed out, each rounded up to 64 bytes.
+class CountedBlocks : public Allocator {
+ public:
+  static size_t Rounded(size_t bytes) { return (bytes + 63) / 64 * 64; }
+  MemoryStats Stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void ResetPeak() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_bytes = stats_.allocated_bytes;
+  }
+
+ protected:
+  // A block of `rounded` bytes handed out (> 0) or given back (< 0).
+  void Count(int64_t rounded) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.allocated_bytes += rounded;
+    stats_.reserved_bytes += rounded;
+    if (stats_.allocated_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.allocated_bytes;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  MemoryStats stats_;
+};
+
 // Counts every byte it hands out. The engine allocates its buffers once per run, so a caching
 // layer would buy nothing on CPU. Blocks of kMappedBlock and more are mapped and unmapped on
 // their own, so a freed buffer leaves the process's resident set (glibc would otherwise serve
@@ -136,12 +164,12 @@ namespace {
 // fresh mapping per call — oneDNN's sgemm packs into a 1.2–4.7 MB buffer it allocates per call,
 // and each of them page-faulted and zeroed those pages again, 7% of a GPT-2 124M step on CPU
 // (decision 0065).
-class CountingCpuAllocator final : public Allocator {
+class CountingCpuAllocator final : public CountedBlocks {
  public:
   static constexpr size_t kMappedBlock = size_t{1} << 20;
 
   void* Allocate(size_t bytes) override {
-    const size_t rounded = (bytes + 63) / 64 * 64;
+    const size_t rounded = Rounded(bytes);
     void* p = nullptr;
     if (rounded >= kMappedBlock) {
       // Page-aligned, hence 64-byte aligned.
@@ -151,74 +179,42 @@ class CountingCpuAllocator final : public Allocator {
       p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
     }
     if (p == nullptr) throw std::bad_alloc();
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.allocated_bytes += static_cast<int64_t>(rounded);
-    stats_.reserved_bytes += static_cast<int64_t>(rounded);
-    if (stats_.allocated_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.allocated_bytes;
+    Count(static_cast<int64_t>(rounded));
     return p;
   }
   void Free(void* ptr, size_t bytes) override {
     if (ptr == nullptr) return;
-    const size_t rounded = (bytes + 63) / 64 * 64;
+    const size_t rounded = Rounded(bytes);
     if (rounded >= kMappedBlock) {
       ::munmap(ptr, rounded);
     } else {
       std::free(ptr);
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.allocated_bytes -= static_cast<int64_t>(rounded);
-    stats_.reserved_bytes -= static_cast<int64_t>(rounded);
-  }
-  MemoryStats Stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-  void ResetPeak() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.peak_bytes = stats_.allocated_bytes;
+    Count(-static_cast<int64_t>(rounded));
   }
   Device device() const override { return Device{DeviceType::kCpu, 0}; }
-
- private:
-  mutable std::mutex mu_;
-  MemoryStats stats_;
 };
 
 // The counting device's allocator: counts like the CPU's and hands out addresses of
 // counted_address.h's range, distinct per buffer and 64-byte aligned, so that pointer arithmetic
-// and identity work.
-class CountingDeviceAllocator final : public Allocator {
+// and identity work. Addresses are never reused, so every byte of every buffer stays inside the
+// range: the range holds 2^60 bytes of allocations, far beyond any process's counts.
+class CountingDeviceAllocator final : public CountedBlocks {
  public:
   void* Allocate(size_t bytes) override {
-    const size_t rounded = (bytes + 63) / 64 * 64;
+    const size_t rounded = Rounded(bytes);
     const uint64_t at = next_.fetch_add(rounded + 64, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.allocated_bytes += static_cast<int64_t>(rounded);
-    stats_.reserved_bytes += static_cast<int64_t>(rounded);
-    if (stats_.allocated_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.allocated_bytes;
-    return reinterpret_cast<void*>(kCountedAddressBase + (at % kCountedAddressSpan));
+    if (at + rounded + 64 > kCountedAddressSpan) throw std::bad_alloc();
+    Count(static_cast<int64_t>(rounded));
+    return reinterpret_cast<void*>(kCountedAddressBase + at);
   }
   void Free(void* ptr, size_t bytes) override {
-    if (ptr == nullptr) return;
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.allocated_bytes -= static_cast<int64_t>(rounded);
-    stats_.reserved_bytes -= static_cast<int64_t>(rounded);
-  }
-  MemoryStats Stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-  void ResetPeak() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.peak_bytes = stats_.allocated_bytes;
+    if (ptr != nullptr) Count(-static_cast<int64_t>(Rounded(bytes)));
   }
   Device device() const override { return Device{DeviceType::kCount, 0}; }
 
  private:
   std::atomic<uint64_t> next_{0};
-  mutable std::mutex mu_;
-  MemoryStats stats_;
 };
 
 }  // namespace

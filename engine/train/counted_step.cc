@@ -28,8 +28,9 @@ StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank, const CountOption
     const int64_t micro = MicroBatchesPerStep(spec);
     const int64_t enough = dims.pp() > 1 ? 2 * int64_t{dims.pp()} : 2;
     if (micro > enough) {
-      run.train.global_batch_size = static_cast<int>(enough * spec.parallelism.dp_replicate_size *
-                                    spec.parallelism.dp_shard_size * spec.train.micro_batch_size);
+      run.train.global_batch_size =
+          static_cast<int>(enough * spec.parallelism.dp_replicate_size *
+                           spec.parallelism.dp_shard_size * spec.train.micro_batch_size);
     }
   }
   run.checkpoint.dir.clear();
@@ -41,9 +42,9 @@ StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank, const CountOption
   ctx.rank = rank;
   if (dims.world_size() > 1) {
     CountingBackend backend(/*overlaps=*/DeviceOf(spec.resources) == ComputeDevice::kCuda);
-    MESHRUN_ASSIGN_OR_RETURN(std::unique_ptr<MeshComms> comms,
-                             MeshComms::Create(dims, rank, std::make_shared<InMemoryStore>(),
-                                               backend, stats));
+    MESHRUN_ASSIGN_OR_RETURN(
+        std::unique_ptr<MeshComms> comms,
+        MeshComms::Create(dims, rank, std::make_shared<InMemoryStore>(), backend, stats));
     ctx.comms = std::move(comms);
   }
   TrainOptions options;
@@ -62,22 +63,20 @@ StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank, const CountOption
   return out;
 }
 
-StatusOr<int64_t> CountPeakBytes(const JobSpec& spec) {
+StatusOr<int64_t> CountPeakBytes(const JobSpec& spec, bool with_other) {
   MESHRUN_ASSIGN_OR_RETURN(ParallelDims dims, MeshOf(spec));
   int64_t most = 0;
   for (int stage = 0; stage < dims.pp(); ++stage) {
     MeshCoords first;
     first.pp = stage;
-    MeshCoords last{.dp_replicate = dims.dp_replicate() - 1,
-                    .dp_shard = dims.dp_shard() - 1,
-                    .cp = dims.cp() - 1,
-                    .tp = dims.tp() - 1,
-                    .pp = stage};
+    const MeshCoords last{.dp_replicate = dims.dp_replicate() - 1,
+                          .dp_shard = dims.dp_shard() - 1,
+                          .cp = dims.cp() - 1,
+                          .tp = dims.tp() - 1,
+                          .pp = stage};
     for (const MeshCoords& c : {first, last}) {
       MESHRUN_ASSIGN_OR_RETURN(CountedRank counted, CountRank(spec, dims.RankOf(c)));
-      int64_t sum = 0;
-      for (int k = 0; k < kNumMemoryKinds; ++k) sum += counted.memory.peak[k];
-      most = std::max(most, sum);
+      most = std::max(most, counted.Total(with_other));
       if (first == last) break;
     }
   }

@@ -22,6 +22,14 @@ struct CountedRank {
   MemoryBreakdown memory;
   // The bus bytes (docs/parallelism.md) the rank moves per step over each axis of its mesh.
   std::map<MeshAxis, double> comm_bytes;
+
+  // The sum of every kind's peak; without "other" (token ids and host tables mirrored on the
+  // device), the kinds the memory model and the planner's rows add up.
+  int64_t Total(bool with_other = true) const {
+    int64_t sum = 0;
+    for (int k = 0; k < kNumMemoryKinds - (with_other ? 0 : 1); ++k) sum += memory.peak[k];
+    return sum;
+  }
 };
 
 struct CountOptions {
@@ -39,7 +47,7 @@ StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank, const CountOption
 
 // The most bytes any rank of `spec` holds at once: over the pipeline's stages, the largest of
 // the first rank's and the last rank's (FSDP's padding and the vocabulary's remainder rows fall
-// on one or the other) sum of every kind's peak.
-StatusOr<int64_t> CountPeakBytes(const JobSpec& spec);
+// on one or the other) CountedRank::Total(with_other).
+StatusOr<int64_t> CountPeakBytes(const JobSpec& spec, bool with_other = true);
 
 }  // namespace meshrun

@@ -259,8 +259,8 @@ Status Trainer::Init() {
     shards_->InitDeterministic(static_cast<uint64_t>(spec_.train.seed));
   }
   peak_flops_ = options_.peak_flops > 0 ? options_.peak_flops
-                : options_.counting       ? 1.0
-                                          : MeasureCpuGemmPeakFlops();
+                : options_.counting     ? 1.0
+                                        : MeasureCpuGemmPeakFlops();
   return OkStatus();
 }
 

@@ -19,44 +19,69 @@ namespace {
 using std::chrono::seconds;
 using testing::FakeGrpcWorker;
 
-TEST(WatchBatchTest, CoalescedEventsArriveOnceAndInOrder) {
-  testing::TempDir dir;
-  CoordinatorConfig config;
-  config.listen = "127.0.0.1:0";
-  config.metrics_listen = "127.0.0.1:0";
-  config.state_dir = dir.path();
-  auto started = CoordinatorServer::Start(config);
-  ASSERT_TRUE(started.ok()) << started.status().ToString();
-  std::unique_ptr<CoordinatorServer> server = std::move(started).value();
-  const std::string address = "127.0.0.1:" + std::to_string(server->port());
-  // The watcher's window stays at its initial 64 KiB (no BDP growth): the events below need
-  // several times that, so the coordinator's writes must wait for the reader.
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-  auto stub = v1::CoordinatorService::NewStub(channel);
-
-  FakeGrpcWorker worker(channel, "w", 1);
-  ASSERT_TRUE(worker.Register().ok());
-  worker.Open();
-  ASSERT_TRUE(worker.WaitAccepted());
-  v1::SubmitJobResponse submitted;
-  {
+// A coordinator, one fake worker and a 1-rank job whose rank has started.
+class WatchBatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    CoordinatorConfig config;
+    config.listen = "127.0.0.1:0";
+    config.metrics_listen = "127.0.0.1:0";
+    config.state_dir = dir_.path();
+    auto started = CoordinatorServer::Start(config);
+    ASSERT_TRUE(started.ok()) << started.status().ToString();
+    server_ = std::move(started).value();
+    // A watcher's window stays at its initial 64 KiB (no BDP growth): the first test's events
+    // need several times that, so the coordinator's writes must wait for the reader.
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    channel_ = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(server_->port()),
+                                         grpc::InsecureChannelCredentials(), args);
+    stub_ = v1::CoordinatorService::NewStub(channel_);
+    worker_ = std::make_unique<FakeGrpcWorker>(channel_, "w", 1);
+    ASSERT_TRUE(worker_->Register().ok());
+    worker_->Open();
+    ASSERT_TRUE(worker_->WaitAccepted());
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
-    ASSERT_TRUE(stub->SubmitJob(&ctx, testing::SubmitRequest(1, 1, 1, 1), &submitted).ok());
+    ASSERT_TRUE(stub_->SubmitJob(&ctx, testing::SubmitRequest(1, 1, 1, 1), &submitted_).ok());
+    auto assigned = worker_->TakeAssignments(1);
+    ASSERT_EQ(assigned.size(), 1u);
+    assigned_ = assigned[0];
+    worker_->Started(assigned_);
   }
-  auto assigned = worker.TakeAssignments(1);
-  ASSERT_EQ(assigned.size(), 1u);
-  worker.Started(assigned[0]);
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+  }
+
+  // One step's rank sample of the job's rank.
+  void AddSample(v1::WorkerSessionRequest* m, int step) const {
+    v1::MetricsSample* s = m->mutable_metrics()->add_samples();
+    s->set_job_id(submitted_.job_id());
+    s->set_attempt(1);
+    s->set_rank(0);
+    s->set_step(step);
+    s->set_step_seconds(0.25);
+    s->set_loss(3.0);
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+  std::unique_ptr<FakeGrpcWorker> worker_;
+  v1::SubmitJobResponse submitted_;
+  v1::RankAssignment assigned_;
+};
+
+TEST_F(WatchBatchTest, CoalescedEventsArriveOnceAndInOrder) {
   auto get_job = [&] {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
     v1::GetJobRequest req;
-    req.set_job_id(submitted.job_id());
+    req.set_job_id(submitted_.job_id());
     req.set_summary(true);
     v1::GetJobResponse resp;
-    EXPECT_TRUE(stub->GetJob(&ctx, req, &resp).ok());
+    EXPECT_TRUE(stub_->GetJob(&ctx, req, &resp).ok());
     return resp.job();
   };
   ASSERT_TRUE(testing::WaitFor([&] { return get_job().state() == v1::JOB_STATE_RUNNING; }));
@@ -64,26 +89,20 @@ TEST(WatchBatchTest, CoalescedEventsArriveOnceAndInOrder) {
   grpc::ClientContext watch_ctx;
   watch_ctx.set_deadline(std::chrono::system_clock::now() + seconds(60));
   v1::WatchJobRequest wreq;
-  wreq.set_job_id(submitted.job_id());
+  wreq.set_job_id(submitted_.job_id());
   wreq.set_rank_metrics(true);
   wreq.set_skip_logs(true);
   wreq.set_batch_events(true);
-  auto reader = stub->WatchJob(&watch_ctx, wreq);
+  auto reader = stub_->WatchJob(&watch_ctx, wreq);
 
   // 2,000 steps of the one rank, 50 to a session message: 4,000 events of ~100 bytes.
   constexpr int kSteps = 2000;
   for (int first = 1; first <= kSteps; first += 50) {
     v1::WorkerSessionRequest m;
     for (int step = first; step < first + 50; ++step) {
-      v1::MetricsSample* s = m.mutable_metrics()->add_samples();
-      s->set_job_id(submitted.job_id());
-      s->set_attempt(1);
-      s->set_rank(0);
-      s->set_step(step);
-      s->set_step_seconds(0.25);
-      s->set_loss(3.0);
+      AddSample(&m, step);
     }
-    ASSERT_TRUE(worker.Send(m));
+    ASSERT_TRUE(worker_->Send(m));
   }
   ASSERT_TRUE(testing::WaitFor([&] { return get_job().step() == kSteps; }, seconds(60)));
 
@@ -114,48 +133,22 @@ TEST(WatchBatchTest, CoalescedEventsArriveOnceAndInOrder) {
     EXPECT_EQ(rank_steps[i], i + 1);
     EXPECT_EQ(job_steps[i], i + 1);
   }
-  server->Shutdown();
 }
 
 // A watcher that keeps up (decision 0073): each event that finds no write in flight waits a
 // few milliseconds for the events behind it, so a worker's messages a millisecond apart reach
 // the watcher in a few responses, not one each; none is lost, reordered or left behind when
 // the job ends while the stream lingers.
-TEST(WatchBatchTest, EventsThatFindNoWriteInFlightLingerForTheOnesBehindThem) {
-  testing::TempDir dir;
-  CoordinatorConfig config;
-  config.listen = "127.0.0.1:0";
-  config.metrics_listen = "127.0.0.1:0";
-  config.state_dir = dir.path();
-  auto started = CoordinatorServer::Start(config);
-  ASSERT_TRUE(started.ok()) << started.status().ToString();
-  std::unique_ptr<CoordinatorServer> server = std::move(started).value();
-  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(server->port()),
-                                     grpc::InsecureChannelCredentials());
-  auto stub = v1::CoordinatorService::NewStub(channel);
-  FakeGrpcWorker worker(channel, "w", 1);
-  ASSERT_TRUE(worker.Register().ok());
-  worker.Open();
-  ASSERT_TRUE(worker.WaitAccepted());
-  v1::SubmitJobResponse submitted;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
-    ASSERT_TRUE(stub->SubmitJob(&ctx, testing::SubmitRequest(1, 1, 1, 1), &submitted).ok());
-  }
-  auto assigned = worker.TakeAssignments(1);
-  ASSERT_EQ(assigned.size(), 1u);
-  worker.Started(assigned[0]);
-
+TEST_F(WatchBatchTest, EventsThatFindNoWriteInFlightLingerForTheOnesBehindThem) {
   // Two watchers, read as events come: one with batch_events, one without (one event each).
   auto watch = [&](grpc::ClientContext& ctx, bool batch) {
     ctx.set_deadline(std::chrono::system_clock::now() + seconds(60));
     v1::WatchJobRequest wreq;
-    wreq.set_job_id(submitted.job_id());
+    wreq.set_job_id(submitted_.job_id());
     wreq.set_rank_metrics(true);
     wreq.set_skip_logs(true);
     wreq.set_batch_events(batch);
-    return stub->WatchJob(&ctx, wreq);
+    return stub_->WatchJob(&ctx, wreq);
   };
   struct Seen {
     int responses = 0;
@@ -194,22 +187,15 @@ TEST(WatchBatchTest, EventsThatFindNoWriteInFlightLingerForTheOnesBehindThem) {
   constexpr int kSteps = 100;
   for (int step = 1; step <= kSteps; ++step) {
     v1::WorkerSessionRequest m;
-    v1::MetricsSample* s = m.mutable_metrics()->add_samples();
-    s->set_job_id(submitted.job_id());
-    s->set_attempt(1);
-    s->set_rank(0);
-    s->set_step(step);
-    s->set_step_seconds(0.25);
-    s->set_loss(3.0);
-    ASSERT_TRUE(worker.Send(m));
+    AddSample(&m, step);
+    ASSERT_TRUE(worker_->Send(m));
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  worker.Exited(assigned[0], 0);
+  worker_->Exited(assigned_, 0);
   batched_reader.join();
   single_reader.join();
-  const double elapsed_ms = std::chrono::duration<double, std::milli>(
-                                std::chrono::steady_clock::now() - began)
-                                .count();
+  const double elapsed_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
   EXPECT_TRUE(batched->Finish().ok());
   EXPECT_TRUE(single->Finish().ok());
 
@@ -225,7 +211,6 @@ TEST(WatchBatchTest, EventsThatFindNoWriteInFlightLingerForTheOnesBehindThem) {
   EXPECT_GE(single_seen.responses, 2 * kSteps);
   EXPECT_LE(batched_seen.responses, elapsed_ms / 5 + 4)
       << "the events were not held for the ones behind (" << elapsed_ms << " ms)";
-  server->Shutdown();
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // before allocating anything, against the worker's --memory-bytes, with its own step counted on
 // the counting device (engine/train/counted_step.h): a Llama whose d_ff cannot fit is refused
 // naming the counted bytes; one that fits is accepted.
+#include "rank/spec_intake.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,7 +14,6 @@
 #include "common/memory_estimate.h"
 #include "engine/train/counted_step.h"
 #include "proto/spec_convert.h"
-#include "rank/spec_intake.h"
 
 namespace meshrun::rank {
 namespace {
@@ -77,8 +78,7 @@ TEST_F(SpecIntakeTest, ARankThatCannotFitIsRefusedWithItsCountedBytes) {
   const StatusOr<JobSpec> refused = SpecOfRankStart(start);
   ASSERT_EQ(refused.status().code(), StatusCode::kResourceExhausted) << refused.status().ToString();
   EXPECT_NE(refused.status().message().find("--memory-bytes"), std::string::npos);
-  EXPECT_NE(refused.status().message().find("(the engine's own step, counted)"),
-            std::string::npos)
+  EXPECT_NE(refused.status().message().find("(the engine's own step, counted)"), std::string::npos)
       << refused.status().message();
 }
 
@@ -113,8 +113,7 @@ TEST_F(SpecIntakeTest, TheRankRefusesWhatTheWorkersLowerBoundLetThrough) {
   start.set_memory_bytes(static_cast<int64_t>((bound + exact) / 2));
   const StatusOr<JobSpec> refused = SpecOfRankStart(start);
   ASSERT_EQ(refused.status().code(), StatusCode::kResourceExhausted) << refused.status().ToString();
-  EXPECT_NE(refused.status().message().find("(the engine's own step, counted)"),
-            std::string::npos);
+  EXPECT_NE(refused.status().message().find("(the engine's own step, counted)"), std::string::npos);
   start.set_memory_bytes(static_cast<int64_t>(exact) + 1);
   EXPECT_TRUE(SpecOfRankStart(start).ok());
 }
