@@ -111,15 +111,29 @@ void JobEventLog::Publish(v1::JobEvent&& event) {
   }
   std::deque<v1::JobEvent>& tier = TierOf(event);
   size_t& bytes = BytesOf(tier);
-  bytes += event.ByteSizeLong();
   tier.push_back(std::move(event));
+  // Sized after the move (a move does not carry the cached size), so that the eviction below
+  // reads it back instead of sizing the event again.
+  bytes += tier.back().ByteSizeLong();
   // By count and by bytes; the newest event always stays (one event is bounded by the
   // field limits checked on arrival).
   while (tier.size() > 1 && (tier.size() > LimitOf(tier) || bytes > ByteLimitOf(tier))) {
     if (&tier == &logs_) logs_dropped_ = true;
-    bytes -= std::min(bytes, tier.front().ByteSizeLong());
+    // The size ByteSizeLong cached when the event came in: nothing changes a stored event.
+    bytes -= std::min(bytes, static_cast<size_t>(tier.front().GetCachedSize()));
+    if (&tier == &rank_metrics_ && spare_rank_samples_.size() < kSpares) {
+      spare_rank_samples_.push_back(std::move(tier.front()));
+    }
     tier.pop_front();
   }
+}
+
+v1::JobEvent JobEventLog::SpareRankSampleEvent() {
+  auto hold = Hold();
+  if (spare_rank_samples_.empty()) return v1::JobEvent();
+  v1::JobEvent event = std::move(spare_rank_samples_.back());
+  spare_rank_samples_.pop_back();
+  return event;
 }
 
 uint64_t JobEventLog::first_retained_durable() const {
@@ -157,12 +171,14 @@ void JobEventLog::ReleaseRetained() {
   durable_ = {};
   logs_ = {};
   rank_metrics_ = {};
+  spare_rank_samples_ = {};
   durable_bytes_ = log_bytes_ = rank_metrics_bytes_ = 0;
 }
 
 void JobEventLog::ReleaseRankMetrics() {
   auto hold = Hold();
   rank_metrics_ = {};
+  spare_rank_samples_ = {};
   rank_metrics_bytes_ = 0;
 }
 

@@ -84,6 +84,11 @@ class JobEventLog {
   // watchers whose stream refuses it are forgotten.
   void Publish(const v1::JobEvent& event);
   void Publish(v1::JobEvent&& event);
+  // An event to fill with a rank's metrics sample: one the rank-sample tier let go of, with its
+  // sample's strings and lists still allocated (assigning a sample into it reuses them), or a
+  // new one. The ingest path's one event per rank sample otherwise cost an allocation and a
+  // free of each of its parts.
+  v1::JobEvent SpareRankSampleEvent();
 
   // Sends the retained events with sequence ≥ from that match, oldest first, merged with
   // `older` (events before the retained ones, e.g. read back from StateDb). Returns false if
@@ -151,6 +156,8 @@ class JobEventLog {
   std::atomic<int64_t> reserved_{0};
   EventLimits limits_;
   std::deque<v1::JobEvent> durable_, logs_, rank_metrics_;
+  std::vector<v1::JobEvent> spare_rank_samples_;  // evicted from rank_metrics_, at most kSpares
+  static constexpr size_t kSpares = 64;
   size_t durable_bytes_ = 0, log_bytes_ = 0, rank_metrics_bytes_ = 0;  // serialized, per tier
   bool logs_dropped_ = false;
   std::vector<Watcher> watchers_;

@@ -117,7 +117,8 @@ bool IngestBook::AddLocked(JobIngest& entry, const std::string& worker_id,
   }
   const JobIngest::RankSlot& slot = job->ranks[static_cast<size_t>(s.rank())];
   if (slot.worker_id != worker_id) return false;
-  v1::JobEvent event;
+  // Stamp sets the event's other fields; the sample replaces the spare's in place.
+  v1::JobEvent event = job->job->events.SpareRankSampleEvent();
   v1::MetricsSample* sample = event.mutable_metrics();
   *sample = s;
   // Label values from closed sets only (MetricsIngest::Clean): an op or axis outside them
