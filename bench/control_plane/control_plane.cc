@@ -174,7 +174,8 @@ v1::SubmitJobRequest JobOfSize(int world, int tp) {
 // ---- Load generator -------------------------------------------------------------------------
 
 // Prints "ready", "assigned <ranks> <unix ns of the last>" once every worker got its ranks, and
-// "window sent=<messages> samples=<rank samples> cpu=<seconds>" after SIGUSR2.
+// "window sent=<messages> samples=<rank samples> heartbeats=<heartbeats> cpu=<seconds>" after
+// SIGUSR2.
 int RunGenerator(const Config& cfg) {
   if (cfg.generator_nice != 0 && setpriority(PRIO_PROCESS, 0, cfg.generator_nice) != 0) {
     std::perror("setpriority");
@@ -230,7 +231,7 @@ int RunGenerator(const Config& cfg) {
   std::fflush(stdout);
 
   std::atomic<bool> stop{false};
-  std::atomic<int64_t> sent{0}, samples{0};
+  std::atomic<int64_t> sent{0}, samples{0}, heartbeats{0};
   std::thread driver([&] {
     const auto period = std::chrono::duration<double>(1.0 / cfg.hz);
     // Generators start their periods at different offsets, as independent hosts would.
@@ -254,6 +255,7 @@ int RunGenerator(const Config& cfg) {
         if (!carried) {
           sim.worker->Heartbeat(running);
           ++sent;
+          ++heartbeats;
         }
         // As meshrun-worker sends them to this coordinator (SessionAccepted.metrics_batches):
         // the worker's ranks' samples of the step in one RankMetrics; --unbatched: one each.
@@ -280,6 +282,7 @@ int RunGenerator(const Config& cfg) {
         if (!cfg.unbatched && !ranks.empty()) {
           if (carried)
             *batch.mutable_metrics()->mutable_heartbeat() = sim.worker->HeartbeatOf(running);
+          heartbeats += carried ? 1 : 0;
           sim.worker->Send(batch);
           ++sent;
         }
@@ -287,17 +290,19 @@ int RunGenerator(const Config& cfg) {
       next += std::chrono::duration_cast<Clock::duration>(period);
     }
   });
-  int64_t sent0 = 0, samples0 = 0;
+  int64_t sent0 = 0, samples0 = 0, heartbeats0 = 0;
   double cpu0 = 0;
   while (true) {
     const int sig = g_window_signal.exchange(0);
     if (sig == SIGUSR1) {
       sent0 = sent;
       samples0 = samples;
+      heartbeats0 = heartbeats;
       cpu0 = SelfCpuSeconds();
     } else if (sig == SIGUSR2) {
-      std::printf("window sent=%lld samples=%lld cpu=%.4f\n", static_cast<long long>(sent - sent0),
-                  static_cast<long long>(samples - samples0), SelfCpuSeconds() - cpu0);
+      std::printf("window sent=%lld samples=%lld heartbeats=%lld cpu=%.4f\n",
+                  static_cast<long long>(sent - sent0), static_cast<long long>(samples - samples0),
+                  static_cast<long long>(heartbeats - heartbeats0), SelfCpuSeconds() - cpu0);
       std::fflush(stdout);
       break;
     }
@@ -318,7 +323,7 @@ struct Generator {
   std::mutex mu;
   bool ready = false;
   int64_t assigned_ns = 0;
-  int64_t window_sent = -1, window_samples = 0;
+  int64_t window_sent = -1, window_samples = 0, window_heartbeats = 0;
   double window_cpu = 0;
 };
 
@@ -394,16 +399,18 @@ int Run(const Config& cfg) {
         std::optional<std::string> line = raw->process->ReadLine(seconds(3600));
         if (!line) return;
         std::lock_guard<std::mutex> lock(raw->mu);
-        long long a = 0, b = 0;
+        long long a = 0, b = 0, h = 0;
         double c = 0;
         if (*line == "ready") {
           raw->ready = true;
         } else if (std::sscanf(line->c_str(), "assigned %lld %lld", &a, &b) == 2) {
           raw->assigned_ns = b;
-        } else if (std::sscanf(line->c_str(), "window sent=%lld samples=%lld cpu=%lf", &a, &b,
-                               &c) == 3) {
+        } else if (std::sscanf(line->c_str(),
+                               "window sent=%lld samples=%lld heartbeats=%lld cpu=%lf", &a, &b, &h,
+                               &c) == 4) {
           raw->window_sent = a;
           raw->window_samples = b;
+          raw->window_heartbeats = h;
           raw->window_cpu = c;
           return;
         }
@@ -611,11 +618,12 @@ int Run(const Config& cfg) {
   while (!all([](const Generator& g) { return g.window_sent >= 0; }) && Since(t_window) < 30) {
     std::this_thread::sleep_for(milliseconds(10));
   }
-  int64_t window_sent = 0, window_samples = 0;
+  int64_t window_sent = 0, window_samples = 0, window_heartbeats = 0;
   double generators_cpu_s = 0;
   all([&](const Generator& g) {
     window_sent += std::max<int64_t>(0, g.window_sent);
     window_samples += g.window_samples;
+    window_heartbeats += g.window_heartbeats;
     generators_cpu_s += g.window_cpu;
     return true;
   });
@@ -660,6 +668,10 @@ int Run(const Config& cfg) {
   const double us_per_msg = window_sent > 0 ? 1e6 * coord_cpu_s / window_sent : 0;
   const double us_per_sample = window_samples > 0 ? 1e6 * coord_cpu_s / window_samples : 0;
   const double gen_us_per_msg = window_sent > 0 ? 1e6 * generators_cpu_s / window_sent : 0;
+  // What a session message was when every heartbeat and every rank sample travelled alone (and
+  // still do under --unbatched --separate-heartbeats): the coordinator's CPU per item it ingests.
+  const int64_t items = window_samples + window_heartbeats;
+  const double us_per_item = items > 0 ? 1e6 * coord_cpu_s / items : 0;
   const double gen_us_per_sample = window_samples > 0 ? 1e6 * generators_cpu_s / window_samples : 0;
 
   std::printf("\n%-48s %12s\n", "measure", "value");
@@ -683,6 +695,7 @@ int Run(const Config& cfg) {
   std::printf("%-48s %12.1f\n", "coordinator CPU, steady state [% of a core]", cpu_pct);
   std::printf("%-48s %12.2f\n", "coordinator CPU per session message [us]", us_per_msg);
   std::printf("%-48s %12.2f\n", "coordinator CPU per rank sample [us]", us_per_sample);
+  std::printf("%-48s %12.2f\n", "coordinator CPU per heartbeat or rank sample [us]", us_per_item);
   std::printf("%-48s %12.2f\n", "load generators' CPU per session message [us]", gen_us_per_msg);
   std::printf("%-48s %12.2f\n", "load generators' CPU per rank sample [us]", gen_us_per_sample);
   std::printf("%-48s %12.1f\n", "coordinator RSS, end of steady state [MiB]", after.rss_mib);
@@ -716,6 +729,8 @@ int Run(const Config& cfg) {
       {"status_cli_s", status_s},
       {"coordinator_cpu_pct", cpu_pct},
       {"coordinator_us_per_msg", us_per_msg},
+      {"coordinator_us_per_item", us_per_item},
+      {"heartbeats_per_s", window_heartbeats / steady_s},
       {"coordinator_us_per_rank_sample", us_per_sample},
       {"generators_us_per_msg", gen_us_per_msg},
       {"generators_us_per_rank_sample", gen_us_per_sample},
