@@ -19,8 +19,9 @@
 // reported RUNNING; p50/p99 of the summary, the rank page and the worker page under load, and
 // of the forwarding delay of a rank's metrics sample from its worker to a WatchJob client; the
 // wall time of `meshrun status JOB` (summary and first page); the coordinator's CPU over the
-// steady state (/proc/PID/stat before and after) divided by the session messages and by the
-// rank samples the generators sent in that window, and the generators' own CPU (getrusage in
+// steady state (/proc/PID/stat before and after) divided by the session messages, by the
+// rank samples and by the heartbeats and rank samples together (decision 0075) the generators
+// sent in that window, and the generators' own CPU (getrusage in
 // each, same window) likewise; the coordinator's RSS. A table, then one JSON line.
 // Wall-clock figures from a shared machine: noisy.
 #include <signal.h>
