@@ -223,13 +223,8 @@ Status CheckBeforeTraining(const JobSpec& spec, const ParallelDims& mesh,
     const double host =
         options.host_memory_bytes > 0 ? options.host_memory_bytes : HostMemoryBytes();
     // The engine's own step, counted (engine/train/counted_step.h: the largest rank's buffers,
-    // allocated on the counting device), where its integer sizes are safe; the lower bound,
-    // computed in double, refuses absurd sizes by itself.
-    double rank_bytes = 0;
-    if (EstimateRankMemory(spec, mesh).total() < 1e15) {
-      MESHRUN_ASSIGN_OR_RETURN(const int64_t counted, CountPeakBytes(spec));
-      rank_bytes = static_cast<double>(counted);
-    }
+    // allocated on the counting device).
+    MESHRUN_ASSIGN_OR_RETURN(const double rank_bytes, CountedRankBytes(spec));
     MESHRUN_RETURN_IF_ERROR(CheckJobFitsHost(spec, mesh, options.ranks_on_host, host, rank_bytes));
   }
   return OkStatus();

@@ -14,8 +14,12 @@ std::string Bytes(double b) {
   char buf[64];
   if (b >= 1e15) {
     std::snprintf(buf, sizeof buf, "%.3g bytes", b);
-  } else {
+  } else if (b >= 1024.0 * 1024.0 * 1024.0) {
     std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  } else if (b >= 1024.0 * 1024.0) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024.0));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.0f bytes", b);
   }
   return buf;
 }
@@ -111,8 +115,10 @@ Status CheckRankMemory(const JobSpec& spec, const ParallelDims& mesh, int ranks_
       "model: " + std::string(params) + " parameters (" + Sizes(spec.model) + ") need " +
       (rank_bytes > 0 ? Bytes(per_rank) + " per rank (the engine's own step, counted)"
                       : "at least " + Bytes(e.total()) + " per rank") +
-      ", " + Bytes(need) + " for the " + std::to_string(std::max(1, ranks_on_host)) +
-      " ranks on this host, over the " + Bytes(available_bytes) + " of the worker's " + flag +
+      (ranks_on_host > 1 ? ", " + Bytes(need) + " for the " + std::to_string(ranks_on_host) +
+                               " ranks on this host"
+                         : std::string()) +
+      ", over the " + Bytes(available_bytes) + " of the worker's " + flag +
       " (hint: use a smaller model, or more tp_size/dp_shard_size to shard it)");
 }
 

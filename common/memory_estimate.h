@@ -1,10 +1,10 @@
-// A quick estimate of one rank's peak memory for a job spec, from the model sizes and the
-// mesh alone, so that a worker can refuse a rank that cannot fit before it starts (a spec with
-// d_model or d_ff 2^31−1 would otherwise end in bad_alloc, or take the machine down first).
-// It counts what the engine's memory model (engine/train/memory_model.h, which the worker does
-// not link) counts for GPT-2 and the Llama family (d_ff, grouped-query heads, an untied head),
-// less FSDP's gathered units and communication buffers; a test holds the two together.
-// Pure: values in, a value out. Computed in double, so no size overflows.
+// A quick lower bound of one rank's peak memory for a job spec, from the model sizes and the
+// mesh alone, in double so that no size overflows: the guard in front of the engine's own count
+// (engine/train/counted_step.h, CountedRankBytes), which refuses by it alone sizes too large for
+// the engine's integer shapes (d_model or d_ff 2^31−1 would otherwise wrap them), and the
+// message's sizes and field. It counts what the engine allocates for GPT-2 and the Llama family
+// (d_ff, grouped-query heads, an untied head) less FSDP's gathered units and communication
+// buffers; a test holds it under the engine's figure. Pure: values in, a value out.
 #pragma once
 
 #include <string>

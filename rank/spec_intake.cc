@@ -52,18 +52,13 @@ StatusOr<JobSpec> SpecOfRankStart(const v1::RankStart& start) {
   }
   MESHRUN_RETURN_IF_ERROR(FillModelFromInitFrom(a.spec().model(), &spec));
   MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, a.world_size()));
-  // The worker checked a lower bound of one rank's memory when the sizes were in the spec (it
-  // does not link the engine); here, before anything is allocated, the rank checks its own step
-  // counted, with the sizes read from init_from when they came from there.
+  // The worker counted this rank's step when the sizes were in the spec; with sizes read from
+  // init_from only the rank knows them, so here, before anything is allocated, it counts its
+  // own step too (milliseconds).
   if (start.memory_bytes() > 0 && spec.resources.device == "cpu") {
     MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
-    // This rank's own step, counted on the counting device (engine/train/counted_step.h) where
-    // the sizes are safe for it; the estimate, in double, refuses absurd ones by itself.
-    double rank_bytes = 0;
-    if (EstimateRankMemory(spec, mesh).total() < 1e15) {
-      MESHRUN_ASSIGN_OR_RETURN(CountedRank counted, CountRank(spec, a.rank()));
-      rank_bytes = static_cast<double>(counted.Total());
-    }
+    // This rank's own step, counted on the counting device (engine/train/counted_step.h).
+    MESHRUN_ASSIGN_OR_RETURN(const double rank_bytes, CountedRankBytes(spec, a.rank()));
     MESHRUN_RETURN_IF_ERROR(CheckRankMemory(spec, mesh, std::max(1, a.local_world_size()),
                                             static_cast<double>(start.memory_bytes()),
                                             "--memory-bytes", rank_bytes));

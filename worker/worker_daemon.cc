@@ -15,6 +15,7 @@
 #include "common/escape.h"
 #include "common/memory_estimate.h"
 #include "common/parallel_dims.h"
+#include "engine/train/counted_step.h"
 #include "proto/duration.h"
 #include "proto/spec_convert.h"
 #include "worker/worker_metrics.h"
@@ -139,9 +140,30 @@ StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssi
   const bool sizes_known = spec.model.init_from.empty() ||
                            (a.spec().model().has_n_layer() && a.spec().model().has_d_model() &&
                             a.spec().model().has_vocab_size() && a.spec().model().has_seq_len());
-  if (spec.resources.device == "cpu" && sizes_known) {
-    MESHRUN_RETURN_IF_ERROR(CheckRankMemory(
-        spec, mesh, local, static_cast<double>(config_.memory_bytes), "--memory-bytes"));
+  // The rank's own step counted on the counting device (engine/train/counted_step.h): every
+  // buffer the rank would allocate, so a rank that cannot fit is refused before it starts: on
+  // cpu against this worker's --memory-bytes shared by its local ranks, on cuda against the
+  // largest of its GPUs (NVML's memory; the CUDA context and cuBLAS's workspace come on top).
+  const bool cpu = spec.resources.device == "cpu";
+  uint64_t gpu_bytes = 0;
+  const GpuDevice* largest = nullptr;
+  for (const GpuDevice& g : config_.gpus) {
+    if (g.memory_bytes > gpu_bytes) {
+      gpu_bytes = g.memory_bytes;
+      largest = &g;
+    }
+  }
+  if (sizes_known && ((cpu && config_.memory_bytes > 0) || (!cpu && largest != nullptr))) {
+    MESHRUN_ASSIGN_OR_RETURN(const double rank_bytes, CountedRankBytes(spec, a.rank()));
+    if (cpu) {
+      MESHRUN_RETURN_IF_ERROR(CheckRankMemory(spec, mesh, local,
+                                              static_cast<double>(config_.memory_bytes),
+                                              "--memory-bytes", rank_bytes));
+    } else {
+      MESHRUN_RETURN_IF_ERROR(
+          CheckRankMemory(spec, mesh, 1, static_cast<double>(gpu_bytes),
+                          "largest GPU (" + largest->name + ", " + largest->id + ")", rank_bytes));
+    }
   }
   const fs::path dir = fs::path(config_.work_dir) / a.job_id() / std::to_string(a.attempt());
   std::error_code ec;

@@ -1,16 +1,39 @@
 // WorkerMetrics (see worker_metrics.h) over prometheus-cpp's pull exposer.
 #include "worker/worker_metrics.h"
 
+#include <dlfcn.h>
 #include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/registry.h>
+#include <pthread.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <exception>
 
 #include "common/metrics_http.h"
+
+// The exposer's HTTP threads (civetweb's) ask for 100 KiB stacks, and glibc takes the static
+// TLS of every library loaded at start out of each thread's stack: the worker links the engine
+// (to count a rank's step before starting it, engine/train/counted_step.h), and with it
+// OpenBLAS, whose static TLS alone is 60 KiB, which left a civetweb thread too little to format
+// a request's path (a SIGSEGV in vsnprintf, seen in worker_nvml_test). The worker defines
+// pthread_attr_setstacksize (exported from its executables, worker/CMakeLists.txt) so that no
+// thread of its libraries starts with less than kMinThreadStack; glibc's does the rest.
+namespace {
+constexpr size_t kMinThreadStack = size_t{1} << 20;
+}  // namespace
+
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
+  using SetStackSize = int (*)(pthread_attr_t*, size_t);
+  static const auto glibc =
+      reinterpret_cast<SetStackSize>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  if (glibc == nullptr) return ENOSYS;
+  return glibc(attr, std::max(size, kMinThreadStack));
+}
 
 namespace meshrun {
 

@@ -4,6 +4,7 @@
 #include <memory>
 #include <utility>
 
+#include "common/memory_estimate.h"
 #include "engine/comm/comm_stats.h"
 #include "engine/comm/counting_backend.h"
 #include "engine/comm/mesh_comms.h"
@@ -81,6 +82,17 @@ StatusOr<int64_t> CountPeakBytes(const JobSpec& spec, bool with_other) {
     }
   }
   return most;
+}
+
+StatusOr<double> CountedRankBytes(const JobSpec& spec, int rank) {
+  MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
+  if (EstimateRankMemory(spec, mesh).total() >= 1e15) return 0.0;
+  if (rank < 0) {
+    MESHRUN_ASSIGN_OR_RETURN(const int64_t most, CountPeakBytes(spec));
+    return static_cast<double>(most);
+  }
+  MESHRUN_ASSIGN_OR_RETURN(CountedRank counted, CountRank(spec, rank));
+  return static_cast<double>(counted.Total());
 }
 
 }  // namespace meshrun

@@ -50,4 +50,10 @@ StatusOr<CountedRank> CountRank(const JobSpec& spec, int rank, const CountOption
 // on one or the other) CountedRank::Total(with_other).
 StatusOr<int64_t> CountPeakBytes(const JobSpec& spec, bool with_other = true);
 
+// The bytes one rank of `spec` needs: `rank`'s own step counted (CountRank, with "other"), or,
+// with rank < 0, the largest rank's (CountPeakBytes). 0 where the sizes are too large for the
+// engine's integer shapes (a lower bound computed in double, common/memory_estimate.h, above
+// 1e15 bytes): the caller's check refuses those by that bound alone.
+StatusOr<double> CountedRankBytes(const JobSpec& spec, int rank = -1);
+
 }  // namespace meshrun
