@@ -131,45 +131,71 @@ TEST_P(OptimizerMeshTest, LionOnThisMeshTrainsLikeOneRank) {
   }
 }
 
-// The counting device (engine/train/counted_step.h) against the real step, for both optimizers:
-// every rank of the mesh, run as a thread on the CPU over the fake backend, peaks at exactly the
-// bytes of each kind its count says, and moves exactly the bus bytes per axis its count says.
-TEST_P(OptimizerMeshTest, EveryRankAllocatesAndSendsWhatItsCountSays) {
-  for (const std::string optimizer : {"adamw", "lion"}) {
-    SCOPED_TRACE(optimizer);
-    JobSpec spec = LionSpec(GetParam());
-    spec.train.optimizer = optimizer;
-    spec.train.steps = 2;
-    const std::vector<StatusOr<PipeStepRecord>> ranks = RunMeshInProcess(spec);
-    ASSERT_FALSE(ranks.empty());
-    for (size_t rank = 0; rank < ranks.size(); ++rank) {
-      SCOPED_TRACE("rank " + std::to_string(rank));
-      ASSERT_TRUE(ranks[rank].ok()) << ranks[rank].status().ToString();
-      // Every micro-batch, so that the bytes per step are the whole step's.
-      const StatusOr<CountedRank> counted =
-          CountRank(spec, static_cast<int>(rank), {.every_micro_batch = true});
-      ASSERT_TRUE(counted.ok()) << counted.status().ToString();
-      // Every kind but "other" (token ids and host tables mirrored on the device).
-      for (int k = 0; k < kNumMemoryKinds - 1; ++k) {
-        EXPECT_EQ(counted->memory.peak[k], ranks[rank]->memory.peak[k])
-            << MemoryKindName(static_cast<MemoryKind>(k));
-      }
-      EXPECT_GT(counted->memory.peak[static_cast<int>(MemoryKind::kOptimizer)], 0);
-      // The default count (2 of the step's micro-batches) peaks as high.
-      const StatusOr<CountedRank> few = CountRank(spec, static_cast<int>(rank));
-      ASSERT_TRUE(few.ok()) << few.status().ToString();
-      for (int k = 0; k < kNumMemoryKinds; ++k) {
-        EXPECT_EQ(few->memory.peak[k], counted->memory.peak[k]);
-      }
-      const double steps = static_cast<double>(ranks[rank]->losses.size());
-      for (const auto& [axis, bytes] : ranks[rank]->comm_bytes) {
-        const auto it = counted->comm_bytes.find(axis);
-        const double got = it == counted->comm_bytes.end() ? 0 : it->second;
-        EXPECT_NEAR(got, bytes / steps, 1e-9 * bytes) << MeshAxisName(axis);
-      }
-      EXPECT_EQ(counted->comm_bytes.size(), ranks[rank]->comm_bytes.size());
-    }
+// The architectures the counted step is held to: GPT-2; a Llama with grouped-query heads,
+// biases on q, k and v (Qwen2's) and a sliding window shorter than the sequence (Mistral's);
+// Gemma (GeGLU, (1+w) RMSNorm, scaled embeddings, a head_dim that is not d_model/n_head).
+// (Two key/value heads of the four, or four under tp 4: tp divides them.)
+void SetArchitecture(const std::string& arch, JobSpec* spec) {
+  spec->model.arch = arch;
+  const int kv_heads = spec->parallelism.tp_size > 2 ? 4 : 2;
+  if (arch == "llama") {
+    spec->model.n_kv_head = kv_heads;
+    spec->model.d_ff = 48;
+    spec->model.attention_bias = true;
+    spec->model.sliding_window = 12;
+    spec->model.tie_embeddings = false;
+  } else if (arch == "gemma") {
+    spec->model.n_kv_head = kv_heads;
+    spec->model.d_ff = 40;
+    spec->model.head_dim = 12;
   }
+}
+
+// The counting device (engine/train/counted_step.h) against the real step, for both optimizers,
+// the three architectures and the three activation-checkpointing modes: every rank of the mesh,
+// run as a thread on the CPU over the fake backend, peaks at exactly the bytes of each kind its
+// count says, and moves exactly the bus bytes per axis its count says.
+TEST_P(OptimizerMeshTest, EveryRankAllocatesAndSendsWhatItsCountSays) {
+  for (const std::string arch : {"gpt2", "llama", "gemma"})
+    for (const std::string recompute : {"none", "selective", "full"})
+      for (const std::string optimizer : {"adamw", "lion"}) {
+        SCOPED_TRACE(arch + ", activation_checkpointing " + recompute + ", " + optimizer);
+        JobSpec spec = LionSpec(GetParam());
+        SetArchitecture(arch, &spec);
+        spec.train.activation_checkpointing = recompute;
+        spec.train.optimizer = optimizer;
+        spec.train.steps = 2;
+        ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec).ToString();
+        const std::vector<StatusOr<PipeStepRecord>> ranks = RunMeshInProcess(spec);
+        ASSERT_FALSE(ranks.empty());
+        for (size_t rank = 0; rank < ranks.size(); ++rank) {
+          SCOPED_TRACE("rank " + std::to_string(rank));
+          ASSERT_TRUE(ranks[rank].ok()) << ranks[rank].status().ToString();
+          // Every micro-batch, so that the bytes per step are the whole step's.
+          const StatusOr<CountedRank> counted =
+              CountRank(spec, static_cast<int>(rank), {.every_micro_batch = true});
+          ASSERT_TRUE(counted.ok()) << counted.status().ToString();
+          // Every kind but "other" (token ids and host tables mirrored on the device).
+          for (int k = 0; k < kNumMemoryKinds - 1; ++k) {
+            EXPECT_EQ(counted->memory.peak[k], ranks[rank]->memory.peak[k])
+                << MemoryKindName(static_cast<MemoryKind>(k));
+          }
+          EXPECT_GT(counted->memory.peak[static_cast<int>(MemoryKind::kOptimizer)], 0);
+          // The default count (2 of the step's micro-batches) peaks as high.
+          const StatusOr<CountedRank> few = CountRank(spec, static_cast<int>(rank));
+          ASSERT_TRUE(few.ok()) << few.status().ToString();
+          for (int k = 0; k < kNumMemoryKinds; ++k) {
+            EXPECT_EQ(few->memory.peak[k], counted->memory.peak[k]);
+          }
+          const double steps = static_cast<double>(ranks[rank]->losses.size());
+          for (const auto& [axis, bytes] : ranks[rank]->comm_bytes) {
+            const auto it = counted->comm_bytes.find(axis);
+            const double got = it == counted->comm_bytes.end() ? 0 : it->second;
+            EXPECT_NEAR(got, bytes / steps, 1e-9 * bytes) << MeshAxisName(axis);
+          }
+          EXPECT_EQ(counted->comm_bytes.size(), ranks[rank]->comm_bytes.size());
+        }
+      }
 }
 
 // The meshes of tests/integration/parallel_test.cc's MeshEquivalence.
