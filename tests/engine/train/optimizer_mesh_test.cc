@@ -181,6 +181,14 @@ TEST_P(OptimizerMeshTest, EveryRankAllocatesAndSendsWhatItsCountSays) {
                 << MemoryKindName(static_cast<MemoryKind>(k));
           }
           EXPECT_GT(counted->memory.peak[static_cast<int>(MemoryKind::kOptimizer)], 0);
+          // The planner's memory model (rank 0's coordinates) says the same.
+          if (rank == 0) {
+            const MemoryPrediction model = PredictRankMemory(spec);
+            for (int k = 0; k < kNumMemoryKinds - 1; ++k) {
+              EXPECT_EQ(model.bytes[k], ranks[rank]->memory.peak[k])
+                  << "memory model, " << MemoryKindName(static_cast<MemoryKind>(k));
+            }
+          }
           // The default count (2 of the step's micro-batches) peaks as high.
           const StatusOr<CountedRank> few = CountRank(spec, static_cast<int>(rank));
           ASSERT_TRUE(few.ok()) << few.status().ToString();
