@@ -170,8 +170,14 @@ Status Trainer::Init() {
   // Under FSDP the model owns no full buffers: its units are gathered when used (sharding.h).
   const bool fsdp = cfg.fsdp_size > 1;
   model_ = std::make_unique<GPT2<float>>(cfg, /*own_storage=*/!fsdp);
-  if (AttentionMaskOf(spec_.data) == AttentionMask::kDocument && !options_.counting) {
-    MESHRUN_ASSIGN_OR_RETURN(document_end_, DocumentEndOf(spec_));
+  if (AttentionMaskOf(spec_.data) == AttentionMask::kDocument) {
+    if (options_.counting) {
+      // Where documents start changes no buffer's size, only that they are given: the count's
+      // zeros end one at every token, and the step allocates what document masks need.
+      document_end_ = 0;
+    } else {
+      MESHRUN_ASSIGN_OR_RETURN(document_end_, DocumentEndOf(spec_));
+    }
   }
   shards_ = std::make_unique<ShardedState>(model_.get(), Comm(MeshAxis::kDpShardCp),
                                            Comm(MeshAxis::kDpReplicate), Comm(MeshAxis::kTp),

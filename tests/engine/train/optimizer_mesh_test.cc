@@ -53,6 +53,47 @@ class OptimizerMeshTest : public ::testing::TestWithParam<OptimizerMesh> {
       }
       out << '\n';
     }
+    // A byte-level tokenizer (ids 0..255 the bytes, 256 its end-of-text token) for document
+    // masks and instruction data, and instruction records rendered by a template.
+    fs::create_directories(*dir_ / "tokenizer");
+    std::ofstream(*dir_ / "tokenizer" / "tokenizer.json") << ByteTokenizerJson();
+    std::ofstream jsonl(*dir_ / "train.jsonl");
+    for (int i = 0; i < 60; ++i) {
+      jsonl << R"({"prompt": "q)" << i % 13 << R"(", "completion": "a)" << i * 3 % 11 << R"("})"
+            << '\n';
+    }
+  }
+  static std::string ByteTokenizerJson() {
+    auto byte_level = [](int b) {  // GPT-2's bytes_to_unicode, as UTF-8
+      auto direct = [](int k) {
+        return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
+      };
+      int cp = b;
+      if (!direct(b)) {
+        cp = 256;
+        for (int k = 0; k < b; ++k) cp += direct(k) ? 0 : 1;
+      }
+      std::string u;
+      if (cp < 0x80) {
+        u.push_back(static_cast<char>(cp));
+      } else {
+        u.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+        u.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+      }
+      return u;
+    };
+    std::string vocab;
+    for (int b = 0; b < 256; ++b) {
+      std::string key = byte_level(b);
+      if (key == "\"" || key == "\\") key = "\\" + key;
+      vocab += (b ? "," : "") + std::string("\"") + key + "\":" + std::to_string(b);
+    }
+    vocab += ",\"<|endoftext|>\":256";
+    return R"({"version":"1.0","normalizer":null,)"
+           R"("pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"use_regex":true},)"
+           R"("added_tokens":[{"id":256,"content":"<|endoftext|>","special":true}],)"
+           R"("model":{"type":"BPE","vocab":{)" +
+           vocab + R"(},"merges":[]}})";
   }
   static void TearDownTestSuite() {
     std::error_code ec;
@@ -151,59 +192,79 @@ void SetArchitecture(const std::string& arch, JobSpec* spec) {
   }
 }
 
+// The data the counted step is held to: plain text (bytes), documents (data.attention:
+// document, through a tokenizer with an end-of-text token) and instruction records (JSONL
+// rendered by a template: loss masks, and each sample its own document). The count reads none
+// of it (zeros), so what the data holds must change no buffer's size.
+void SetData(const std::string& data, const fs::path& dir, JobSpec* spec) {
+  if (data == "text") return;
+  spec->model.vocab_size = 260;
+  spec->data.tokenizer = (dir / "tokenizer").string();
+  spec->data.attention = "document";
+  if (data == "instructions") {
+    spec->data.train = (dir / "train.jsonl").string();
+    spec->data.format = "auto";
+    spec->data.chat_template = "Q: {prompt}\nA: {completion}";
+  }
+}
+
 // The counting device (engine/train/counted_step.h) against the real step, for both optimizers,
-// the three architectures and the three activation-checkpointing modes: every rank of the mesh,
-// run as a thread on the CPU over the fake backend, peaks at exactly the bytes of each kind its
-// count says, and moves exactly the bus bytes per axis its count says.
+// the three architectures, the three activation-checkpointing modes and the three kinds of data:
+// every rank of the mesh, run as a thread on the CPU over the fake backend, peaks at exactly the
+// bytes of each kind its count says, and moves exactly the bus bytes per axis its count says.
 TEST_P(OptimizerMeshTest, EveryRankAllocatesAndSendsWhatItsCountSays) {
-  for (const std::string arch : {"gpt2", "llama", "gemma"})
-    for (const std::string recompute : {"none", "selective", "full"})
-      for (const std::string optimizer : {"adamw", "lion"}) {
-        SCOPED_TRACE(arch + ", activation_checkpointing " + recompute + ", " + optimizer);
-        JobSpec spec = LionSpec(GetParam());
-        SetArchitecture(arch, &spec);
-        spec.train.activation_checkpointing = recompute;
-        spec.train.optimizer = optimizer;
-        spec.train.steps = 2;
-        ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec).ToString();
-        const std::vector<StatusOr<PipeStepRecord>> ranks = RunMeshInProcess(spec);
-        ASSERT_FALSE(ranks.empty());
-        for (size_t rank = 0; rank < ranks.size(); ++rank) {
-          SCOPED_TRACE("rank " + std::to_string(rank));
-          ASSERT_TRUE(ranks[rank].ok()) << ranks[rank].status().ToString();
-          // Every micro-batch, so that the bytes per step are the whole step's.
-          const StatusOr<CountedRank> counted =
-              CountRank(spec, static_cast<int>(rank), {.every_micro_batch = true});
-          ASSERT_TRUE(counted.ok()) << counted.status().ToString();
-          // Every kind but "other" (token ids and host tables mirrored on the device).
-          for (int k = 0; k < kNumMemoryKinds - 1; ++k) {
-            EXPECT_EQ(counted->memory.peak[k], ranks[rank]->memory.peak[k])
-                << MemoryKindName(static_cast<MemoryKind>(k));
-          }
-          EXPECT_GT(counted->memory.peak[static_cast<int>(MemoryKind::kOptimizer)], 0);
-          // The planner's memory model (rank 0's coordinates) says the same.
-          if (rank == 0) {
-            const MemoryPrediction model = PredictRankMemory(spec);
-            for (int k = 0; k < kNumMemoryKinds - 1; ++k) {
-              EXPECT_EQ(model.bytes[k], ranks[rank]->memory.peak[k])
-                  << "memory model, " << MemoryKindName(static_cast<MemoryKind>(k));
+  for (const std::string data : {"text", "documents", "instructions"})
+    for (const std::string arch : {"gpt2", "llama", "gemma"})
+      for (const std::string recompute : {"none", "selective", "full"})
+        for (const std::string optimizer : {"adamw", "lion"}) {
+          SCOPED_TRACE(data + ", " + arch + ", activation_checkpointing " + recompute + ", " +
+                       optimizer);
+          JobSpec spec = LionSpec(GetParam());
+          SetArchitecture(arch, &spec);
+          SetData(data, *dir_, &spec);
+          spec.train.activation_checkpointing = recompute;
+          spec.train.optimizer = optimizer;
+          spec.train.steps = 2;
+          ASSERT_TRUE(ValidateJobSpec(spec).ok()) << ValidateJobSpec(spec).ToString();
+          const std::vector<StatusOr<PipeStepRecord>> ranks = RunMeshInProcess(spec);
+          ASSERT_FALSE(ranks.empty());
+          for (size_t rank = 0; rank < ranks.size(); ++rank) {
+            SCOPED_TRACE("rank " + std::to_string(rank));
+            ASSERT_TRUE(ranks[rank].ok()) << ranks[rank].status().ToString();
+            // Every micro-batch, so that the bytes per step are the whole step's.
+            const StatusOr<CountedRank> counted =
+                CountRank(spec, static_cast<int>(rank), {.every_micro_batch = true});
+            ASSERT_TRUE(counted.ok()) << counted.status().ToString();
+            // Every kind, "other" too (token ids, positions and document bounds mirrored on
+            // the device: without the count giving documents, 1,408 against 1,536 bytes).
+            for (int k = 0; k < kNumMemoryKinds; ++k) {
+              EXPECT_EQ(counted->memory.peak[k], ranks[rank]->memory.peak[k])
+                  << MemoryKindName(static_cast<MemoryKind>(k));
             }
+            EXPECT_GT(counted->memory.peak[static_cast<int>(MemoryKind::kOptimizer)], 0);
+            // The planner's memory model (rank 0's coordinates) says the same.
+            if (rank == 0) {
+              const MemoryPrediction model = PredictRankMemory(spec);
+              for (int k = 0; k < kNumMemoryKinds - 1; ++k) {
+                EXPECT_EQ(model.bytes[k], ranks[rank]->memory.peak[k])
+                    << "memory model, " << MemoryKindName(static_cast<MemoryKind>(k));
+              }
+            }
+            // The default count (2 of the step's micro-batches) peaks as high.
+            const StatusOr<CountedRank> few = CountRank(spec, static_cast<int>(rank));
+            ASSERT_TRUE(few.ok()) << few.status().ToString();
+            for (int k = 0; k < kNumMemoryKinds; ++k) {
+              EXPECT_EQ(few->memory.peak[k], counted->memory.peak[k]);
+            }
+            const double steps = static_cast<double>(ranks[rank]->losses.size());
+            for (const auto& [axis, bytes] : ranks[rank]->comm_bytes) {
+              const auto it = counted->comm_bytes.find(axis);
+              const double got = it == counted->comm_bytes.end() ? 0 : it->second;
+              EXPECT_NEAR(got, bytes / steps, 1e-9 * bytes) << MeshAxisName(axis);
+            }
+            EXPECT_EQ(counted->comm_bytes.size(), ranks[rank]->comm_bytes.size());
           }
-          // The default count (2 of the step's micro-batches) peaks as high.
-          const StatusOr<CountedRank> few = CountRank(spec, static_cast<int>(rank));
-          ASSERT_TRUE(few.ok()) << few.status().ToString();
-          for (int k = 0; k < kNumMemoryKinds; ++k) {
-            EXPECT_EQ(few->memory.peak[k], counted->memory.peak[k]);
-          }
-          const double steps = static_cast<double>(ranks[rank]->losses.size());
-          for (const auto& [axis, bytes] : ranks[rank]->comm_bytes) {
-            const auto it = counted->comm_bytes.find(axis);
-            const double got = it == counted->comm_bytes.end() ? 0 : it->second;
-            EXPECT_NEAR(got, bytes / steps, 1e-9 * bytes) << MeshAxisName(axis);
-          }
-          EXPECT_EQ(counted->comm_bytes.size(), ranks[rank]->comm_bytes.size());
         }
-      }
 }
 
 // The meshes of tests/integration/parallel_test.cc's MeshEquivalence.
