@@ -160,6 +160,16 @@ int ParallelDims::IndexInGroup(int rank, MeshAxis axis) const {
   return index;
 }
 
+int ParallelDims::GroupIndexOf(int rank, MeshAxis axis) const {
+  const DimMask mask = SpannedDims(axis);
+  const std::array<int, kNumDims> coords = ToArray(CoordsOf(rank));
+  int index = 0;
+  for (int d = 0; d < kNumDims; ++d) {
+    if (!mask[d]) index = index * sizes_[d] + coords[d];
+  }
+  return index;
+}
+
 std::vector<std::vector<int>> ParallelDims::Groups(MeshAxis axis) const {
   std::vector<std::vector<int>> groups;
   groups.reserve(world_size() / AxisSize(axis));

@@ -94,6 +94,10 @@ class ParallelDims {
   // Position of `rank` in GroupOf(rank, axis): the row-major index over the spanned axes,
   // e.g. d = r·S + s for dp and s·C + c for dp_shard_cp.
   int IndexInGroup(int rank, MeshAxis axis) const;
+  // Position of `rank`'s group in Groups(axis), without enumerating them: the row-major index
+  // over the axes `axis` does not span (groups are ordered by their first member, whose
+  // spanned coordinates are 0).
+  int GroupIndexOf(int rank, MeshAxis axis) const;
 
   // "dp_replicate=1 dp_shard=2 cp=1 tp=2 (world size 4)"; with pp > 1 prefixed "pp=2 ".
   std::string ToString() const;

@@ -101,6 +101,7 @@ TEST(ParallelDimsPpTest, GroupsOfEveryAxisPartitionTheWorldAndMatchBruteForce) {
           ++seen[group[i]];
           ASSERT_EQ(dims.GroupOf(group[i], axis), group);
           ASSERT_EQ(dims.IndexInGroup(group[i], axis), static_cast<int>(i));
+          ASSERT_EQ(dims.GroupIndexOf(group[i], axis), static_cast<int>(&group - groups.data()));
         }
       }
       ASSERT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));

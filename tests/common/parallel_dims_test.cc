@@ -123,6 +123,7 @@ TEST(ParallelDimsTest, GroupsMatchBruteForceForEveryMeshUpTo64) {
           ++seen[g];
           ASSERT_EQ(dims.GroupOf(g, axis), group);
           ASSERT_EQ(dims.IndexInGroup(g, axis), static_cast<int>(i));
+          ASSERT_EQ(dims.GroupIndexOf(g, axis), static_cast<int>(&group - groups.data()));
           for (int d = 0; d < 4; ++d) {
             if (!spans[d]) {
               ASSERT_EQ(coords[g][d], coords[group[0]][d]);
