@@ -25,9 +25,12 @@
 #include "engine/data/token_stream.h"
 #include "engine/data/tokenizer.h"
 #include "tests/client/cli_runner.h"
+#include "tests/fakes/byte_level.h"
 
 namespace meshrun {
 namespace {
+
+using testing::ByteLevelChar;
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -37,30 +40,11 @@ using ::meshrun::testing::RunCli;
 constexpr const char* kLlama3 =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
-std::string Mapped(unsigned char b) {
-  int cp = b;
-  auto direct = [](int k) {
-    return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
-  };
-  if (!direct(b)) {
-    cp = 256;
-    for (int k = 0; k < b; ++k) cp += direct(k) ? 0 : 1;
-  }
-  std::string out;
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return out;
-}
-
 // Bytes, merges that make whole words and a newline pair, and <|endoftext|>.
 json TestTokenizer(const json& pre) {
   json vocab = json::object();
-  for (int b = 0; b < 256; ++b) vocab[Mapped(static_cast<unsigned char>(b))] = b;
-  const std::string sp = Mapped(' '), nl = Mapped('\n');
+  for (int b = 0; b < 256; ++b) vocab[ByteLevelChar(b)] = b;
+  const std::string sp = ByteLevelChar(' '), nl = ByteLevelChar('\n');
   const std::vector<std::pair<std::string, std::string>> merges = {
       {"t", "h"}, {"th", "e"},      {sp, "the"}, {"a", "n"}, {"an", "d"}, {sp, "and"}, {"o", "r"},
       {sp, "w"},  {sp + "w", "or"}, {nl, nl},    {"i", "n"}, {"in", "g"}, {".", nl},   {sp, sp}};

@@ -20,9 +20,12 @@
 #include <vector>
 
 #include "tests/client/cli_runner.h"
+#include "tests/fakes/byte_level.h"
 
 namespace meshrun {
 namespace {
+
+using testing::ByteLevelChar;
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -167,23 +170,8 @@ TEST_F(HfExportTest, FromScratchKeepsMeshrunsIdsAndWritesAGenerationConfig) {
 // vocab_size − 1 would name an ordinary byte).
 TEST_F(HfExportTest, FromScratchTakesEosFromTheJobsTokenizer) {
   // Id 0 is <|endoftext|>, ids 1..256 the bytes in GPT-2's byte-level alphabet.
-  auto byte_char = [](int b) {
-    auto direct = [](int k) {
-      return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
-    };
-    int cp = b;
-    if (!direct(b)) {
-      cp = 256;
-      for (int k = 0; k < b; ++k) cp += direct(k) ? 0 : 1;
-    }
-    std::string out;
-    if (cp < 0x80) return std::string(1, static_cast<char>(cp));
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    return out;
-  };
   json vocab = json::object();
-  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b + 1;
+  for (int b = 0; b < 256; ++b) vocab[ByteLevelChar(b)] = b + 1;
   const json tokenizer = {
       {"version", "1.0"},
       {"normalizer", nullptr},

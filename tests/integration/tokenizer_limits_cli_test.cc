@@ -13,9 +13,12 @@
 #include <string>
 
 #include "tests/client/cli_runner.h"
+#include "tests/fakes/byte_level.h"
 
 namespace meshrun {
 namespace {
+
+using testing::ByteLevelChar;
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -23,26 +26,6 @@ using json = nlohmann::json;
 fs::path LimitsBuildDir() {
   const char* dir = std::getenv("MESHRUN_BINARY_DIR");
   return dir != nullptr ? fs::path(dir) : fs::path("build");
-}
-
-// GPT-2's bytes_to_unicode character for byte b, as UTF-8.
-std::string ByteLevelChar(int b) {
-  auto direct = [](int k) {
-    return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
-  };
-  int cp = b;
-  if (!direct(b)) {
-    cp = 256;
-    for (int k = 0; k < b; ++k) cp += direct(k) ? 0 : 1;
-  }
-  std::string out;
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return out;
 }
 
 class TokenizerLimitsCliTest : public ::testing::Test {

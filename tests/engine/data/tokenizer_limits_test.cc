@@ -8,34 +8,17 @@
 #include <string>
 
 #include "engine/data/tokenizer.h"
+#include "tests/fakes/byte_level.h"
 
 namespace meshrun {
 namespace {
+
+using testing::ByteLevelChar;
 
 using json = nlohmann::json;
 
 constexpr const char* kLimitsLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-// The ByteLevel alphabet's character for byte b (GPT-2's bytes_to_unicode), as UTF-8.
-std::string ByteLevelChar(int b) {
-  auto direct = [](int k) {
-    return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
-  };
-  int cp = b;
-  if (!direct(b)) {
-    cp = 256;
-    for (int k = 0; k < b; ++k) cp += direct(k) ? 0 : 1;
-  }
-  std::string out;
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return out;
-}
 
 // Ids 0..255 are the bytes (no merges): a Split on `pattern` (Isolated), then ByteLevel; or,
 // with an empty pattern, ByteLevel with its own GPT-2 regex.

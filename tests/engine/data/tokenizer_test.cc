@@ -11,46 +11,28 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/data/token_stream.h"
+#include "tests/fakes/byte_level.h"
 
 namespace meshrun {
 namespace {
 
+using testing::ByteLevelChar;
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-// The ByteLevel alphabet's character for byte b, as UTF-8.
-std::string Mapped(unsigned char b) {
-  int cp = b;
-  const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-  if (!direct) {
-    int n = 0;
-    for (int k = 0; k < b; ++k) {
-      const bool d = (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
-      if (!d) ++n;
-    }
-    cp = 256 + n;
-  }
-  std::string out;
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-  return out;
-}
 
 // Ids 0..255 are the bytes; then the merges below in rank order; then two added tokens.
 json TinyTokenizer(const json& pre_tokenizer) {
   json vocab = json::object();
-  for (int b = 0; b < 256; ++b) vocab[Mapped(static_cast<unsigned char>(b))] = b;
-  const std::vector<std::pair<std::string, std::string>> merges = {{"l", "l"},
-                                                                   {"h", "e"},
-                                                                   {"he", "ll"},
-                                                                   {"hell", "o"},
-                                                                   {Mapped(' '), "w"},
-                                                                   {"o", "r"},
-                                                                   {Mapped(' ') + "w", "or"}};
+  for (int b = 0; b < 256; ++b) vocab[ByteLevelChar(b)] = b;
+  const std::vector<std::pair<std::string, std::string>> merges = {
+      {"l", "l"},
+      {"h", "e"},
+      {"he", "ll"},
+      {"hell", "o"},
+      {ByteLevelChar(' '), "w"},
+      {"o", "r"},
+      {ByteLevelChar(' ') + "w", "or"}};
   json m = json::array();
   int id = 256;
   for (const auto& [a, b] : merges) {

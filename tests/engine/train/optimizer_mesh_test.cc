@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "engine/train/optimizer.h"
 #include "engine/train/trainer.h"
 #include "tests/engine/train/pipeline_mesh_runner.h"
+#include "tests/fakes/byte_level.h"
 
 namespace meshrun {
 namespace {
@@ -64,36 +66,17 @@ class OptimizerMeshTest : public ::testing::TestWithParam<OptimizerMesh> {
     }
   }
   static std::string ByteTokenizerJson() {
-    auto byte_level = [](int b) {  // GPT-2's bytes_to_unicode, as UTF-8
-      auto direct = [](int k) {
-        return (k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || k >= 0xAE;
-      };
-      int cp = b;
-      if (!direct(b)) {
-        cp = 256;
-        for (int k = 0; k < b; ++k) cp += direct(k) ? 0 : 1;
-      }
-      std::string u;
-      if (cp < 0x80) {
-        u.push_back(static_cast<char>(cp));
-      } else {
-        u.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-        u.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-      }
-      return u;
-    };
-    std::string vocab;
-    for (int b = 0; b < 256; ++b) {
-      std::string key = byte_level(b);
-      if (key == "\"" || key == "\\") key = "\\" + key;
-      vocab += (b ? "," : "") + std::string("\"") + key + "\":" + std::to_string(b);
-    }
-    vocab += ",\"<|endoftext|>\":256";
-    return R"({"version":"1.0","normalizer":null,)"
-           R"("pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"use_regex":true},)"
-           R"("added_tokens":[{"id":256,"content":"<|endoftext|>","special":true}],)"
-           R"("model":{"type":"BPE","vocab":{)" +
-           vocab + R"(},"merges":[]}})";
+    nlohmann::json vocab = nlohmann::json::object();
+    for (int b = 0; b < 256; ++b) vocab[testing::ByteLevelChar(b)] = b;
+    vocab["<|endoftext|>"] = 256;
+    const nlohmann::json j = {
+        {"version", "1.0"},
+        {"normalizer", nullptr},
+        {"pre_tokenizer",
+         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+        {"added_tokens", {{{"id", 256}, {"content", "<|endoftext|>"}, {"special", true}}}},
+        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+    return j.dump();
   }
   static void TearDownTestSuite() {
     std::error_code ec;
