@@ -277,4 +277,10 @@ v1::JobSpec ResolvedJobSpecProto(const v1::JobSpec& submitted, const JobSpec& re
   return p;
 }
 
+bool ModelSizesSent(const v1::JobSpec& proto) {
+  const v1::ModelSpec& m = proto.model();
+  return m.init_from().empty() ||
+         (m.has_n_layer() && m.has_d_model() && m.has_vocab_size() && m.has_seq_len());
+}
+
 }  // namespace meshrun

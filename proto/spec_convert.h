@@ -32,4 +32,9 @@ StatusOr<JobSpec> ValidateProtoJobSpec(const v1::JobSpec& proto);
 // fields it left out stay unset (each rank reads them from config.json, not the placeholders).
 v1::JobSpec ResolvedJobSpecProto(const v1::JobSpec& submitted, const JobSpec& resolved);
 
+// Whether the model's sizes travel in `proto` (no model.init_from, or one with n_layer, d_model,
+// vocab_size and seq_len given): then the worker knows them and checks a rank's memory before it
+// starts; otherwise only the rank does, once it has read init_from's config.json.
+bool ModelSizesSent(const v1::JobSpec& proto);
+
 }  // namespace meshrun

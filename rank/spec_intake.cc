@@ -52,10 +52,10 @@ StatusOr<JobSpec> SpecOfRankStart(const v1::RankStart& start) {
   }
   MESHRUN_RETURN_IF_ERROR(FillModelFromInitFrom(a.spec().model(), &spec));
   MESHRUN_RETURN_IF_ERROR(ValidateJobSpec(spec, a.world_size()));
-  // The worker counted this rank's step when the sizes were in the spec; with sizes read from
-  // init_from only the rank knows them, so here, before anything is allocated, it counts its
-  // own step too (milliseconds).
-  if (start.memory_bytes() > 0 && spec.resources.device == "cpu") {
+  // The worker counted this rank's step before starting it when the sizes were in the spec
+  // (ModelSizesSent); with sizes read from init_from only the rank knows them, so then it counts
+  // its own step here, before anything is allocated.
+  if (start.memory_bytes() > 0 && spec.resources.device == "cpu" && !ModelSizesSent(a.spec())) {
     MESHRUN_ASSIGN_OR_RETURN(ParallelDims mesh, MeshOf(spec));
     // This rank's own step, counted on the counting device (engine/train/counted_step.h).
     MESHRUN_ASSIGN_OR_RETURN(const double rank_bytes, CountedRankBytes(spec, a.rank()));

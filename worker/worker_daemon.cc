@@ -135,11 +135,9 @@ StatusOr<WorkerDaemon::Prepared> WorkerDaemon::PrepareAttempt(const v1::RankAssi
                                 std::to_string(mesh.world_size()) +
                                 " (hint: a coordinator of another version sent it)");
   }
-  // With model.init_from and sizes left out, the sizes are the rank's to read: the estimate
+  // With model.init_from and sizes left out, the sizes are the rank's to read: a count here
   // would be of placeholders, so the rank checks its memory once it knows them.
-  const bool sizes_known = spec.model.init_from.empty() ||
-                           (a.spec().model().has_n_layer() && a.spec().model().has_d_model() &&
-                            a.spec().model().has_vocab_size() && a.spec().model().has_seq_len());
+  const bool sizes_known = ModelSizesSent(a.spec());
   // The rank's own step counted on the counting device (engine/train/counted_step.h): every
   // buffer the rank would allocate, so a rank that cannot fit is refused before it starts: on
   // cpu against this worker's --memory-bytes shared by its local ranks, on cuda against the
