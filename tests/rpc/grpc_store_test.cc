@@ -177,7 +177,10 @@ TEST(GrpcStore, BootstrapsAGlooMesh) {
     });
   }
   for (auto& t : ranks) t.join();
-  for (int r = 0; r < 4; ++r) ASSERT_TRUE(results[r].ok()) << r << ": " << results[r].ToString();
+  // Every rank's status, not only the first that failed: a peer's error explains the others'.
+  std::string statuses;
+  for (int r = 0; r < 4; ++r) statuses += std::to_string(r) + ": " + results[r].ToString() + "\n";
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(results[r].ok()) << statuses;
   // dp_shard groups {0,2} and {1,3}.
   EXPECT_EQ(sums, (std::vector<float>{4, 6, 4, 6}));
 }
